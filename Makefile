@@ -1,0 +1,46 @@
+# Two commands do all set-up on a fresh machine:  make book  and  make test.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+BUILD := _build
+# studies to re-execute (make reproduce STUDIES="02 05" PROFILE=full)
+STUDIES ?= $(patsubst notebooks/%.ipynb,%,$(wildcard notebooks/[0-9][0-9]_*.ipynb))
+PROFILE ?= auto
+
+.PHONY: venv book test test-lib test-notebooks test-book reproduce clean
+
+venv: $(STAMP)
+$(STAMP): requirements.txt pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
+	touch $(STAMP)
+
+# Render the book from the committed, already executed notebooks (execute_notebooks: off).
+book: $(STAMP)
+	$(PY) -m servelab.book prepare
+	$(VENV)/bin/jupyter-book build . --builder html -W -n --keep-going
+	@echo "The book: $(CURDIR)/$(BUILD)/html/index.html"
+
+test: test-lib test-notebooks test-book
+
+test-lib: $(STAMP)
+	$(PY) -m pytest -q tests || [ $$? -eq 5 ]
+
+# Every study notebook in the smoke profile (profile="auto" picks it without CUDA), writing to scratch.
+test-notebooks: $(STAMP)
+	SERVELAB_RESULTS=$$(mktemp -d) $(PY) -m pytest -q --nbval-lax -p no:cacheprovider notebooks || [ $$? -eq 5 ]
+
+test-book: book
+	$(PY) -m servelab.book check $(BUILD)/html
+
+# Re-execute studies with papermill into book/studies (PROFILE=full on a GPU).
+reproduce: $(STAMP)
+	for s in $(STUDIES); do \
+	  $(PY) -m papermill --cwd notebooks notebooks/$$s.ipynb book/studies/$$s.ipynb -p profile $(PROFILE) $(PARAMS); \
+	done
+
+clean:
+	rm -rf $(BUILD)

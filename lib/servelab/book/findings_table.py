@@ -1,0 +1,157 @@
+"""The findings table: each of the seed's 22 claims, its RTX 2070 value, its H200 value and verdict.
+
+``findings_table`` joins the seed's claims with the H200 findings and the study pages; the
+``render_*`` functions turn it into MyST for the landing page and the findings page. Nothing here is
+typed: every value comes from ``data/seed/claims.csv`` (the seed's) or a ``findings.csv`` (the H200's).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pandas as pd
+
+from servelab.book.claim_links import claim_target
+from servelab.book.studies import STUDIES, StudyPage
+
+NOT_MEASURED = "not yet measured"
+BADGES = {"holds": "bdg-success", "changes": "bdg-warning", "fails": "bdg-danger", NOT_MEASURED: "bdg-secondary"}
+TABLE_CLASS = "servelab-findings"  # the browser test and `check` find the table by this class
+TABLE_COLUMNS = ["id", "study", "claim", "rtx2070_value", "h200_value", "verdict", "reason", "link",
+                 "device_name", "started_utc", "git_commit"]
+_PUNCT = re.compile(r"([!-/:-@\[-`{-~])")
+
+
+class FindingsMismatch(RuntimeError):
+    """Findings and pages disagree, e.g. a measured claim whose page still says "not yet measured"."""
+
+
+def format_value(value: str) -> str:
+    """A measured value for reading: 3 significant figures, thousands separators; text passes through.
+
+    >>> format_value("7.641234"), format_value("4223.1"), format_value("0.012345"), format_value("36864")
+    ('7.64', '4,223', '0.0123', '36,864')
+    """
+    text = str(value).strip()
+    try:
+        x = float(text.replace(",", ""))
+    except ValueError:
+        return text
+    if not math.isfinite(x):
+        return text
+    if x == 0:
+        return "0"
+    if x == int(x) and abs(x) < 1e15:
+        return f"{int(x):,}"
+    decimals = max(0, 2 - math.floor(math.log10(abs(x))))
+    return f"{x:,.{decimals}f}"
+
+
+def md_text(text: str) -> str:
+    """Plain text safe inside MyST: every ASCII punctuation mark escaped, on one line."""
+    return _PUNCT.sub(r"\\\1", " ".join(str(text).split()))
+
+
+def one_line(text: str, limit: int = 160) -> str:
+    """The first sentence of a note, cut at ``limit`` characters: the landing page's one-line reason."""
+    text = " ".join(str(text).split())
+    first = re.split(r"(?<=[.;])\s", text, maxsplit=1)[0]
+    return first if len(first) <= limit else first[: limit - 1].rstrip() + "…"
+
+
+def findings_table(seed: pd.DataFrame, findings: pd.DataFrame, pages: list[StudyPage]) -> pd.DataFrame:
+    """One row per seed claim, in claim order, with the H200 value and verdict where measured.
+
+    Raises FindingsMismatch when a claim has H200 findings but its page is still the placeholder:
+    the executed notebook belongs in ``book/studies`` before the book may show the numbers.
+    """
+    page_of = {p.study.slug: p for p in pages}
+    measured = findings.set_index("id") if len(findings) else pd.DataFrame()
+    issue_of = {s.slug: s.issue for s in STUDIES}
+    rows, stale = [], []
+    for claim in seed.itertuples():
+        page = page_of[claim.study]
+        row = {"id": claim.id, "study": claim.study, "claim": claim.claim, "rtx2070_value": claim.rtx2070_value,
+               "link": claim_target(page, claim.id), "device_name": "", "started_utc": "", "git_commit": ""}
+        if claim.id in measured.index:
+            f = measured.loc[claim.id]
+            if not page.measured:
+                stale.append(f"{claim.id} ({page.source.name})")
+            unit = str(f["unit"]).strip()
+            row.update(h200_value=f"{format_value(f['measured_value'])} {unit}".strip(), verdict=f["verdict"],
+                       reason=str(f["note"]), device_name=str(f["device_name"] or ""),
+                       started_utc=str(f["started_utc"] or ""), git_commit=str(f["git_commit"] or ""))
+        else:
+            issue = issue_of[claim.study]
+            where = f"issue #{issue}" if issue else "a later issue"
+            row.update(h200_value=NOT_MEASURED, verdict=NOT_MEASURED,
+                       reason=f"Study {int(claim.study[:2])} is not yet measured on the H200 ({where}).")
+        rows.append(row)
+    if stale:
+        raise FindingsMismatch("H200 findings exist for claims whose study page is still the 'not yet measured' "
+                               "placeholder: " + ", ".join(stale) + ". Add the executed notebook to book/studies "
+                               "and delete the placeholder.")
+    return pd.DataFrame(rows, columns=TABLE_COLUMNS)
+
+
+def verdict_counts(table: pd.DataFrame) -> dict[str, int]:
+    """How many claims hold, change, fail or are not yet measured (every key present)."""
+    counts = table["verdict"].value_counts()
+    return {k: int(counts.get(k, 0)) for k in BADGES}
+
+
+def render_summary(table: pd.DataFrame) -> str:
+    """One sentence: how many of the claims were measured and how the verdicts fall."""
+    c = verdict_counts(table)
+    measured = len(table) - c[NOT_MEASURED]
+    if measured == 0:
+        return (f"None of the seed's {len(table)} claims has been measured on the H200 yet; "
+                f"the table lists them with their RTX 2070 values.\n")
+    return (f"Of the seed's {len(table)} claims, {measured} have been measured on the H200: "
+            f"{c['holds']} hold, {c['changes']} change and {c['fails']} fail; "
+            f"{c[NOT_MEASURED]} are not yet measured.\n")
+
+
+def _badge(verdict: str) -> str:
+    return f"{{{BADGES[verdict]}}}`{verdict}`"
+
+
+def _list_table(header: list[str], rows: list[list[str]], widths: list[int]) -> str:
+    lines = [":::{list-table}", ":header-rows: 1", f":class: {TABLE_CLASS}", f":widths: {' '.join(map(str, widths))}", ""]
+    for cells in [header] + rows:
+        lines.append(f"* - {cells[0]}")
+        lines.extend(f"  - {c}" for c in cells[1:])
+    lines.append(":::")
+    return "\n".join(lines) + "\n"
+
+
+def render_landing_table(table: pd.DataFrame) -> str:
+    """The compact table of the landing page: claim, RTX 2070, H200, verdict, one-line reason."""
+    header = ["Claim", "The seed's claim", "RTX 2070", "H200", "Verdict", "Why"]
+    rows = [[f"[{r.id}]({r.link})", md_text(r.claim), md_text(r.rtx2070_value), md_text(r.h200_value),
+             _badge(r.verdict), md_text(one_line(r.reason))] for r in table.itertuples()]
+    return _list_table(header, rows, [6, 26, 14, 14, 10, 30])
+
+
+def render_by_study(table: pd.DataFrame) -> str:
+    """The findings page: one section per study with its run's provenance and the full notes."""
+    out = []
+    for s in STUDIES:
+        part = table[table["study"] == s.slug]
+        if part.empty:
+            continue
+        out.append(f"## Study {s.number}: {md_text(s.title)}\n")
+        measured = part[part["verdict"] != NOT_MEASURED]
+        if len(measured):
+            r = measured.iloc[0]
+            out.append(f"Measured on {md_text(r.device_name)}, run started {md_text(r.started_utc)}, "
+                       f"commit `{r.git_commit[:12]}`. [The study's page]({part.iloc[0].link.split('#')[0]}).\n")
+        else:
+            out.append(f"{md_text(part.iloc[0].reason)} [The study's page]({part.iloc[0].link.split('#')[0]}) "
+                       f"lists its question and the seed's claims.\n")
+        header = ["Claim", "The seed's claim", "RTX 2070", "H200", "Verdict", "Reason"]
+        rows = [[f"[{r.id}]({r.link})", md_text(r.claim), md_text(r.rtx2070_value), md_text(r.h200_value),
+                 _badge(r.verdict), md_text(r.reason)] for r in part.itertuples()]
+        out.append(_list_table(header, rows, [6, 24, 14, 14, 10, 32]))
+    return "\n".join(out)

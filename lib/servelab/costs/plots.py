@@ -1,0 +1,115 @@
+"""Study 2 figures: every curve against its roofline floor, the seed's values marked."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import seaborn as sns
+
+from servelab.costs.verdicts import SEED_DECODE_US_PER_TOKEN, SEED_PREFILL_US_PER_TOKEN
+
+MODE_LABELS = {"hf_eager": "HF eager", "hf_cuda_graph": "HF in a CUDA graph", "engine": "servelab engine"}
+
+
+def _ok(df):
+    d = df[df["status"] == "ok"].copy()
+    d["mode_label"] = d["mode"].map(MODE_LABELS).fillna(d["mode"])
+    return d
+
+
+def prefill_cost(steps: pd.DataFrame, ceilings, device_name: str):
+    """µs/token and achieved TFLOP/s against prompt length, per model and batch, with floor and ceiling."""
+    d = _ok(steps)
+    d = d[d["phase"] == "prefill"]
+    models = sorted(d["model"].unique())
+    fig, axes = plt.subplots(2, len(models), figsize=(6 * len(models), 8), squeeze=False)
+    for j, m in enumerate(models):
+        dm = d[d["model"] == m]
+        ax = axes[0, j]
+        sns.lineplot(data=dm, x="new_tokens", y="us_per_token", hue="batch", style="mode_label", marker="o",
+                     palette="viridis", ax=ax)
+        floor = (dm.assign(floor_us_per_token=dm["floor_ms"] * 1e3 / (dm["batch"] * dm["new_tokens"]))
+                 .groupby("new_tokens")["floor_us_per_token"].min())
+        ax.plot(floor.index, floor.values, "k--", label="roofline floor")
+        ax.axhspan(*SEED_PREFILL_US_PER_TOKEN, color="tab:red", alpha=0.12, label="RTX 2070 (seed): 30–70 µs/token")
+        ax.set(xscale="log", yscale="log", xlabel="prompt length (tokens)", ylabel="prefill cost (µs/token)",
+               title=f"{m}: prefill cost")
+        ax.legend(fontsize=7)
+        ax = axes[1, j]
+        sns.lineplot(data=dm, x="new_tokens", y="achieved_tflop_s", hue="batch", style="mode_label", marker="o",
+                     palette="viridis", ax=ax)
+        ax.axhline(ceilings.matmul_tflop_s, color="k", ls="--", label=f"measured bf16 matmul ceiling")
+        ax.set(xscale="log", xlabel="prompt length (tokens)", ylabel="achieved TFLOP/s", title=f"{m}: prefill throughput")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"Prefill on {device_name}, bf16, random-initialised architecture-exact models", y=1.0)
+    fig.tight_layout()
+    return fig
+
+
+def decode_cost(steps: pd.DataFrame, device_name: str):
+    """Decode step time against context length, per batch size and mode, with the roofline floor."""
+    d = _ok(steps)
+    d = d[d["phase"] == "decode"]
+    models = sorted(d["model"].unique())
+    modes = [m for m in MODE_LABELS.values() if m in set(d["mode_label"])]
+    fig, axes = plt.subplots(len(models), len(modes) + 1, figsize=(5 * (len(modes) + 1), 4.2 * len(models)),
+                             squeeze=False)
+    for i, m in enumerate(models):
+        dm = d[d["model"] == m]
+        for j, mode in enumerate(modes):
+            ax = axes[i, j]
+            dd = dm[dm["mode_label"] == mode]
+            sns.lineplot(data=dd, x="context", y="median_ms", hue="batch", marker="o", palette="viridis", ax=ax,
+                         legend=j == 0)
+            for b, g in dd.groupby("batch"):
+                g = g.sort_values("context")
+                ax.errorbar(g["context"], g["median_ms"], yerr=[g["median_ms"] - g["p25_ms"], g["p75_ms"] - g["median_ms"]],
+                            fmt="none", ecolor="grey", alpha=0.6)
+            floor = dm.drop_duplicates(["batch", "context"]).sort_values("context")
+            for b, g in floor.groupby("batch"):
+                ax.plot(g["context"], g["floor_ms"], ":", color="k", alpha=0.5)
+            ax.set(xscale="log", yscale="log", xlabel="context (tokens)", ylabel="decode step (ms)",
+                   title=f"{m}: {mode}\n(dotted: roofline floor per batch)")
+        ax = axes[i, -1]
+        one = dm[dm["batch"] == 1]
+        sns.lineplot(data=one, x="context", y="us_per_token", hue="mode_label", marker="o", ax=ax)
+        f1 = one.drop_duplicates("context").sort_values("context")
+        ax.plot(f1["context"], f1["floor_ms"] * 1e3, "k--", label="roofline floor")
+        ax.axhspan(*SEED_DECODE_US_PER_TOKEN, color="tab:red", alpha=0.12, label="RTX 2070 (seed)")
+        ax.set(xscale="log", yscale="log", xlabel="context (tokens)", ylabel="µs/token",
+               title=f"{m}: single-request decode")
+        ax.legend(fontsize=7)
+    fig.suptitle(f"Decode on {device_name}, bf16; whiskers: interquartile range", y=1.0)
+    fig.tight_layout()
+    return fig
+
+
+def pct_of_floor(steps: pd.DataFrame, device_name: str):
+    """Heatmaps of % of the roofline floor reached, decode, per model and mode (batch × context)."""
+    d = _ok(steps)
+    d = d[d["phase"] == "decode"]
+    keys = sorted(d.groupby(["model", "mode_label"]).groups)
+    fig, axes = plt.subplots(1, len(keys), figsize=(4.5 * len(keys), 3.8), squeeze=False)
+    for ax, (m, mode) in zip(axes[0], keys):
+        t = d[(d["model"] == m) & (d["mode_label"] == mode)].pivot_table(index="batch", columns="context",
+                                                                          values="pct_of_floor")
+        sns.heatmap(t, annot=True, fmt=".1f", cmap="mako", vmin=0, vmax=100, cbar=False, ax=ax)
+        ax.set(title=f"{m}\n{mode}", xlabel="context (tokens)", ylabel="batch")
+    fig.suptitle(f"Decode: % of the roofline floor reached on {device_name} (100 = at the floor)", y=1.02)
+    fig.tight_layout()
+    return fig
+
+
+def cost_model_fit(predicted: pd.DataFrame, title: str):
+    """Measured against predicted step time: the cost model's fit."""
+    d = predicted
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    sns.scatterplot(data=d, x="median_ms", y="predicted_ms", hue="phase", style="model", ax=ax)
+    lim = [d[["median_ms", "predicted_ms"]].min().min() * 0.8, d[["median_ms", "predicted_ms"]].max().max() * 1.2]
+    ax.plot(lim, lim, "k--", lw=1, label="exact")
+    ax.set(xscale="log", yscale="log", xlim=lim, ylim=lim, xlabel="measured step (ms)", ylabel="cost model (ms)",
+           title=title)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig

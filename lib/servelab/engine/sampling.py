@@ -1,0 +1,52 @@
+"""Turning a step's logits into tokens: greedy, temperature, top-p, per-request seeds.
+
+Greedy rows are an ``argmax`` over the whole batch at once. Sampled rows without a seed share one
+batched draw; a row with a seed draws from its own ``torch.Generator``, so a seeded request produces
+the same tokens whatever else runs in the batch (given the same logits).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from servelab.engine.sequence import SamplingParams
+
+
+def top_p_filter(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Zero every token outside the smallest set whose probabilities sum to ``top_p`` (per row); renormalise.
+
+    ``probs`` [n, vocab], ``top_p`` [n]. The most likely token always survives.
+    """
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    before = sorted_p.cumsum(dim=-1) - sorted_p  # mass of the tokens ranked above each one
+    sorted_p = sorted_p.masked_fill(before >= top_p[:, None], 0.0)
+    out = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+    return out / out.sum(dim=-1, keepdim=True)
+
+
+def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list) -> torch.Tensor:
+    """One token per row of ``logits`` [n, vocab]; returns LongTensor [n] on the logits' device."""
+    n = logits.shape[0]
+    if len(params) != n or len(generators) != n:
+        raise ValueError(f"need one SamplingParams and one generator (or None) per row; got {len(params)}, "
+                         f"{len(generators)} for {n} rows")
+    tokens = logits.argmax(dim=-1)
+    rows = [i for i, p in enumerate(params) if not p.greedy]
+    if not rows:
+        return tokens
+    idx = torch.tensor(rows, device=logits.device)
+    temps = torch.tensor([params[i].temperature for i in rows], device=logits.device, dtype=torch.float32)
+    probs = torch.softmax(logits[idx].float() / temps[:, None], dim=-1)
+    if any(params[i].top_p < 1 for i in rows):
+        top_p = torch.tensor([params[i].top_p for i in rows], device=logits.device, dtype=torch.float32)
+        probs = top_p_filter(probs, top_p)
+    seeded = [j for j, i in enumerate(rows) if generators[i] is not None]
+    drawn = torch.empty(len(rows), dtype=torch.long, device=logits.device)
+    unseeded = [j for j in range(len(rows)) if generators[rows[j]] is None]
+    if unseeded:
+        u = torch.tensor(unseeded, device=logits.device)
+        drawn[u] = torch.multinomial(probs[u], 1).squeeze(1)
+    for j in seeded:
+        drawn[j] = torch.multinomial(probs[j], 1, generator=generators[rows[j]])[0]
+    tokens[idx] = drawn
+    return tokens

@@ -1,0 +1,118 @@
+"""The device record: what a number was measured on, stored with every result."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field, asdict
+
+
+def _smi(query: str) -> dict:
+    """Read a few fields from ``nvidia-smi`` (driver, clocks, temperature, power); {} without it."""
+    if shutil.which("nvidia-smi") is None:
+        return {}
+    try:
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits", "-i", "0"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout.strip()
+    except (subprocess.SubprocessError, OSError):
+        return {}
+    return dict(zip(query.split(","), [v.strip() for v in out.split(",")]))
+
+
+CLOCK_FIELDS = "clocks.sm,clocks.mem,clocks.max.sm,temperature.gpu,power.draw"
+
+
+def read_clocks() -> dict:
+    """SM/memory clocks (MHz), temperature (°C) and power (W) right now, stamped in UTC."""
+    now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return {"utc": now, **_smi(CLOCK_FIELDS)}
+
+
+def sdpa_priority_order() -> list[str]:
+    """SDPA's backend priority order as this torch build will try them."""
+    import torch
+
+    try:
+        order = torch._C._get_sdp_priority_order()
+    except AttributeError:  # older torch: no public order, record that
+        return ["unknown"]
+    from torch.nn.attention import SDPBackend
+
+    names = []
+    for b in order:
+        try:
+            b = SDPBackend(int(b)) if not hasattr(b, "name") else b
+        except (ValueError, TypeError):
+            pass
+        name = getattr(b, "name", str(b))
+        names.append(re.sub(r"^.*\.", "", name).lower())
+    return names
+
+
+@dataclass
+class DeviceRecord:
+    """Everything needed to say where and with what a result was measured."""
+
+    name: str
+    slug: str
+    kind: str  # "cuda" or "cpu"
+    sm_count: int | None
+    memory_gib: float | None
+    compute_capability: str | None
+    driver: str | None
+    cuda: str | None
+    cudnn: int | None
+    torch: str
+    transformers: str | None
+    python: str
+    cpu: str
+    sdpa_priority: list[str]
+    clocks_start: dict = field(default_factory=dict)
+    clocks_end: dict = field(default_factory=dict)
+
+    def close(self) -> "DeviceRecord":
+        """Stamp the clocks at the end of the run (call when measuring is done)."""
+        self.clocks_end = read_clocks() if self.kind == "cuda" else {}
+        return self
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def summary(self) -> str:
+        if self.kind == "cuda":
+            return (f"{self.name} ({self.sm_count} SMs, {self.memory_gib:.0f} GiB, sm{self.compute_capability}), "
+                    f"driver {self.driver}, CUDA {self.cuda}, torch {self.torch}, transformers {self.transformers}; "
+                    f"SDPA order {' > '.join(self.sdpa_priority)}")
+        return f"CPU {self.cpu}, torch {self.torch}, transformers {self.transformers}"
+
+
+def slugify(name: str) -> str:
+    s = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    return s or "unknown"
+
+
+def device_record(device=None) -> DeviceRecord:
+    """Record the device that ``device`` (default: CUDA if present, else CPU) names."""
+    import torch
+
+    try:
+        import transformers
+        tf_version = transformers.__version__
+    except ImportError:
+        tf_version = None
+    dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    cpu = platform.processor() or platform.machine()
+    common = dict(torch=torch.__version__, transformers=tf_version, python=platform.python_version(), cpu=cpu,
+                  sdpa_priority=sdpa_priority_order())
+    if dev.type == "cuda":
+        props = torch.cuda.get_device_properties(dev)
+        smi = _smi("driver_version")
+        return DeviceRecord(name=props.name, slug=slugify(props.name), kind="cuda", sm_count=props.multi_processor_count,
+                            memory_gib=props.total_memory / 2**30, compute_capability=f"{props.major}{props.minor}",
+                            driver=smi.get("driver_version"), cuda=torch.version.cuda,
+                            cudnn=torch.backends.cudnn.version(), clocks_start=read_clocks(), **common)
+    return DeviceRecord(name=f"cpu ({cpu})", slug="cpu", kind="cpu", sm_count=None, memory_gib=None,
+                        compute_capability=None, driver=None, cuda=None, cudnn=None, **common)

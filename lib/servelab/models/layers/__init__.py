@@ -1,0 +1,1 @@
+"""Building blocks of the project's own model code: norms, rotary embeddings, paged attention."""

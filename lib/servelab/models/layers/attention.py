@@ -1,0 +1,110 @@
+"""Attention over a paged KV cache for a flat, ragged batch of tokens.
+
+One step's tokens sit in one flat tensor: first the *decode* tokens (one query per sequence, in
+order), then the *prefill* segments (a chunk of new tokens per sequence, possibly after cached
+context). Every token's K/V is first written into the pool at its slot; then
+
+- decode tokens attend to their sequence's whole cache through the block table (``decode.py``);
+- a prefill segment attends causally to its cached context plus itself. Without cached context the
+  new K/V are used directly (SDPA's fused causal kernels); with context (chunked prefill, prefix
+  caching) the sequence's K/V are read back from the pool and masked by position.
+
+``backend="reference"`` treats every decode as a one-token prefill segment: slow, simple, the
+baseline that the batched decode kernels are tested against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from servelab.models.layers.decode import DECODE_BACKENDS
+
+
+@dataclass
+class PrefillSegment:
+    """One sequence's chunk of new tokens in the flat batch."""
+
+    q_start: int                 # index of its first token in the flat batch
+    q_len: int                   # new tokens this step
+    context_len: int             # tokens already cached before this chunk
+    block_table: torch.Tensor    # LongTensor [blocks] on the model's device (read only when context_len > 0)
+
+
+@dataclass
+class AttentionMetadata:
+    """Where a step's K/V go and what each query attends to."""
+
+    slot_mapping: torch.Tensor                 # LongTensor [T]: pool slot of each token's new K/V
+    num_decode_tokens: int = 0                 # the first num_decode_tokens tokens are decodes
+    decode_context_lens: torch.Tensor | None = None  # LongTensor [num_decode]: keys each attends to (incl. itself)
+    decode_block_tables: torch.Tensor | None = None  # LongTensor [num_decode, max_blocks], padded with any valid id
+    prefills: list[PrefillSegment] = field(default_factory=list)
+
+
+def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """[heads_kv, L, D] -> [heads_kv * groups, L, D], each KV head repeated for its query heads."""
+    return x if groups == 1 else x.repeat_interleave(groups, dim=0)
+
+
+def prefill_attention(q, k_new, v_new, seg: PrefillSegment, k_pool, v_pool, scale: float) -> torch.Tensor:
+    """Causal attention of one segment: q [n, H, D] over context + new keys; returns [n, H, D]."""
+    heads, kv_heads = q.shape[1], k_new.shape[1]
+    groups = heads // kv_heads
+    if seg.context_len == 0:
+        k, v = k_new, v_new
+        mask, causal = None, True
+    else:
+        total = seg.context_len + seg.q_len
+        k = k_pool[seg.block_table].flatten(0, 1)[:total]  # [total, kv_heads, D]
+        v = v_pool[seg.block_table].flatten(0, 1)[:total]
+        q_pos = torch.arange(seg.context_len, total, device=q.device)
+        mask = torch.arange(total, device=q.device)[None, :] <= q_pos[:, None]  # key position <= query position
+        causal = False
+    qh = q.transpose(0, 1)                              # [H, n, D]
+    kh = _repeat_kv(k.transpose(0, 1), groups)          # [H, L, D]
+    vh = _repeat_kv(v.transpose(0, 1), groups)
+    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=causal, scale=scale)
+    return out.transpose(0, 1)
+
+
+class PagedAttention(nn.Module):
+    """Writes the step's K/V into layer ``layer`` of a KV pool, then attends (see the module docstring)."""
+
+    def __init__(self, layer: int, heads: int, kv_heads: int, head_dim: int, scale: float, backend: str = "gather"):
+        super().__init__()
+        if heads % kv_heads:
+            raise ValueError(f"heads ({heads}) must be a multiple of kv_heads ({kv_heads})")
+        if backend != "reference" and backend not in DECODE_BACKENDS:
+            raise ValueError(f"unknown attention backend {backend!r}; use 'reference' or one of {sorted(DECODE_BACKENDS)}")
+        self.layer, self.heads, self.kv_heads, self.head_dim = layer, heads, kv_heads, head_dim
+        self.scale = scale
+        self.backend = backend
+
+    def forward(self, q, k, v, meta: AttentionMetadata, kv) -> torch.Tensor:
+        """q [T, H, D], k/v [T, H_kv, D] -> [T, H*D]."""
+        kv.write(self.layer, meta.slot_mapping, k, v)
+        k_pool, v_pool = kv.k[self.layer], kv.v[self.layer]
+        nd = meta.num_decode_tokens
+        if meta.prefills or self.backend == "reference":
+            out = torch.empty_like(q)
+        if nd:
+            if self.backend == "reference":
+                lens = meta.decode_context_lens.tolist()
+                for i in range(nd):
+                    seg = PrefillSegment(i, 1, lens[i] - 1, meta.decode_block_tables[i].long())
+                    out[i:i + 1] = prefill_attention(q[i:i + 1], k[i:i + 1], v[i:i + 1], seg, k_pool, v_pool,
+                                                     self.scale)
+            else:
+                dec = DECODE_BACKENDS[self.backend](q[:nd], k_pool, v_pool, meta.decode_block_tables,
+                                                    meta.decode_context_lens, self.scale)
+                if not meta.prefills:  # pure decode step: no copy (the CUDA-graph path)
+                    return dec.reshape(nd, -1)
+                out[:nd] = dec
+        for seg in meta.prefills:
+            sl = slice(seg.q_start, seg.q_start + seg.q_len)
+            out[sl] = prefill_attention(q[sl], k[sl], v[sl], seg, k_pool, v_pool, self.scale)
+        return out.reshape(q.shape[0], -1)

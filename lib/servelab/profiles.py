@@ -1,0 +1,54 @@
+"""Notebook profiles and parameter validation.
+
+``profile="auto"`` means ``full`` when a CUDA device exists and ``smoke`` otherwise; ``smoke`` uses
+tiny configs and sizes that run on two CPU cores in a minute or two (CI).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+PROFILES = ("auto", "full", "smoke")
+
+
+class ParameterError(ValueError):
+    """A notebook or CLI parameter is wrong; the message says which and what is allowed."""
+
+
+def resolve_profile(profile: str) -> str:
+    if profile not in PROFILES:
+        raise ParameterError(f"profile must be one of {PROFILES}, got {profile!r}")
+    if profile != "auto":
+        return profile
+    import torch
+
+    return "full" if torch.cuda.is_available() else "smoke"
+
+
+def check_choice(name: str, value, choices: Iterable) -> None:
+    choices = tuple(choices)
+    if value not in choices:
+        raise ParameterError(f"{name} must be one of {choices}, got {value!r}")
+
+
+def check_positive_ints(name: str, values, *, maximum: int | None = None) -> list[int]:
+    """A non-empty list of positive ints (optionally ≤ maximum), returned sorted and de-duplicated."""
+    if isinstance(values, (int,)) and not isinstance(values, bool):
+        values = [values]
+    if isinstance(values, str) or not isinstance(values, Iterable):
+        raise ParameterError(f"{name} must be a list of positive integers, got {values!r}")
+    values = list(values)
+    if not values:
+        raise ParameterError(f"{name} must not be empty")
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise ParameterError(f"{name} must hold positive integers, got {v!r}")
+        if maximum is not None and v > maximum:
+            raise ParameterError(f"{name} values must be <= {maximum}, got {v}")
+    return sorted(set(values))
+
+
+def check_int_range(name: str, value, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ParameterError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
+    return value
