@@ -66,6 +66,8 @@ def step_sweep(model, model_name: str, points: list[StepPoint], modes: list[str]
             del fn, before
         except torch.OutOfMemoryError:
             row.update(status="oom")
+        except getattr(torch, "AcceleratorError", ()):
+            raise  # a device-side fault poisons the CUDA context: stop rather than record every later point as failed
         except RuntimeError as e:  # a mode that cannot run this point is reported as such
             row.update(status=f"error: {str(e).splitlines()[0][:120]}")
         finally:

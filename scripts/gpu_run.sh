@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Run studies on the GPU machine in one go: install the carried wheels, execute each notebook with papermill
+# (profile full) into book/studies/, run extra commands, and pack everything into $OUT/results.tgz.
+#
+#   scripts/gpu_run.sh [-t SECONDS_PER_STUDY] STUDY... [-- EXTRA COMMAND...]
+#
+# Logs go to $OUT/run.log; a one-line-per-study summary is printed last.
+set -uo pipefail
+per=300
+if [ "${1:-}" = "-t" ]; then per=$2; shift 2; fi
+studies=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do studies+=("$1"); shift; done
+[ "${1:-}" = "--" ] && shift
+extra=("$@")
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+log=$OUT/run.log
+export PYTHONUNBUFFERED=1 MPLBACKEND=Agg TOKENIZERS_PARALLELISM=false
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || { echo "wheel install failed" | tee -a "$log"; exit 1; }
+fi
+export PYTHONPATH=/tmp/site:$PWD/lib
+{ date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv;
+  python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"; } >>"$log" 2>&1
+mkdir -p book/studies data/results
+summary=$OUT/summary.txt; : >"$summary"
+for s in "${studies[@]}"; do
+  t0=$(date +%s)
+  timeout "$per" python3 -m papermill --cwd notebooks "notebooks/$s.ipynb" "book/studies/$s.ipynb" \
+      -p profile full --log-output --no-progress-bar >>"$OUT/$s.log" 2>&1
+  rc=$?
+  echo "$s rc=$rc $(( $(date +%s) - t0 ))s" | tee -a "$summary" >>"$log"
+  grep -E "PapermillExecutionError|Error|error" "$OUT/$s.log" | tail -5 >>"$summary" || true
+done
+if [ ${#extra[@]} -gt 0 ]; then
+  t0=$(date +%s)
+  timeout "$per" bash -c "${extra[*]}" >>"$OUT/extra.log" 2>&1
+  echo "extra rc=$? $(( $(date +%s) - t0 ))s: ${extra[*]}" | tee -a "$summary" >>"$log"
+  tail -25 "$OUT/extra.log" >>"$summary"
+fi
+tar czf "$OUT/results.tgz" book/studies data/results 2>>"$log"
+ls -la "$OUT" >>"$log"
+cat "$summary"

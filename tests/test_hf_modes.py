@@ -1,0 +1,37 @@
+import torch
+
+from servelab.hf_modes.cuda_graph import static_step
+from servelab.hf_modes.eager import eager_step
+from servelab.models import load_model
+
+
+def test_eager_step_resets_the_cache_to_its_context():
+    m = load_model("config:tiny-qwen2").model
+    fn, reset = eager_step(m, batch=2, new_tokens=1, context=16)
+    assert fn().shape == (2, 1, m.config.vocab_size)
+    fn()  # the cache grows by one token per step ...
+    reset()
+    fn()  # ... and reset() puts it back, so repeated timed steps see the same context
+
+
+def test_static_step_writes_at_the_context_slot_every_time():
+    """Repeated steps must keep writing slot `context` (transformers 5.x advances an internal counter)."""
+    m = load_model("config:tiny-llama").model
+    step, rewind, cache = static_step(m, batch=1, new_tokens=1, context=8)
+    step()
+    step.fill_context()
+    before = cache.layers[0].keys.clone()
+    for _ in range(5):  # without rewind() the 2nd step would write past the 9-slot cache
+        rewind()
+        step()
+    after = cache.layers[0].keys
+    changed = (after != before).any(dim=-1).any(dim=1)[0]  # per slot
+    assert changed.nonzero().flatten().tolist() == [8]
+
+
+def test_static_step_prefill_stays_in_bounds():
+    m = load_model("config:tiny-qwen2").model
+    step, rewind, cache = static_step(m, batch=2, new_tokens=16, context=0)
+    for _ in range(3):
+        rewind()
+        assert torch.isfinite(step()).all()
