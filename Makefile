@@ -9,7 +9,7 @@ BUILD := _build
 STUDIES ?= $(patsubst notebooks/%.ipynb,%,$(wildcard notebooks/[0-9][0-9]_*.ipynb))
 PROFILE ?= auto
 
-.PHONY: venv book test test-lib test-notebooks test-book reproduce clean
+.PHONY: venv book test test-lib test-notebooks test-book browser reproduce clean
 
 venv: $(STAMP)
 $(STAMP): requirements.txt pyproject.toml
@@ -33,8 +33,15 @@ test-lib: $(STAMP)
 test-notebooks: $(STAMP)
 	SERVELAB_RESULTS=$$(mktemp -d) $(PY) -m pytest -q --nbval-lax -p no:cacheprovider notebooks || [ $$? -eq 5 ]
 
-test-book: book
+# Check the built book, then open every page in headless Chromium (screenshots: tests/_artifacts/).
+test-book: book browser
 	$(PY) -m servelab.book check $(BUILD)/html
+	SERVELAB_BOOK_HTML=$(BUILD)/html $(PY) -m pytest -q -p no:cacheprovider tests/browser
+
+# Debian's chromium and its driver, for the browser test; skipped where they are installed.
+browser:
+	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then echo "chromium: $$(/usr/bin/chromedriver --version)"; \
+	else apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; fi
 
 # Re-execute studies with papermill into book/studies (PROFILE=full on a GPU).
 reproduce: $(STAMP)

@@ -1,6 +1,6 @@
 """Where a claim's row in the findings table links to: the claim's section on its study page.
 
-- A placeholder page carries one labelled section per claim (``claim-f2-1``, from the generated
+- A placeholder page carries one labelled section per claim (label ``claim-f2-1``, from the generated
   seed-claims include), so the link lands on the claim itself.
 - An executed notebook links to its "Findings" heading (the study-page structure in the methodology
   asks for one), found in the notebook's markdown cells; without one, to the page's top.
@@ -54,8 +54,8 @@ def _findings_anchor(path: Path, mtime_ns: int) -> str | None:  # mtime_ns: re-r
 
 def claim_target(page: StudyPage, claim_id: str) -> str:
     """A ``project:`` link target for one claim on its study's page."""
+    if not page.measured:  # a label, global to the book (MyST resolves `#label` across documents)
+        return f"project:#{claim_anchor(claim_id)}"
     doc = f"project:/{page.study.docname}{page.source.suffix}"
-    if not page.measured:
-        return f"{doc}#{claim_anchor(claim_id)}"
     anchor = findings_anchor(page)
     return f"{doc}#{anchor}" if anchor else doc

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+import string
 
 import pandas as pd
 
@@ -20,7 +21,9 @@ BADGES = {"holds": "bdg-success", "changes": "bdg-warning", "fails": "bdg-danger
 TABLE_CLASS = "servelab-findings"  # the browser test and `check` find the table by this class
 TABLE_COLUMNS = ["id", "study", "claim", "rtx2070_value", "h200_value", "verdict", "reason", "link",
                  "device_name", "started_utc", "git_commit"]
-_PUNCT = re.compile(r"([!-/:-@\[-`{-~])")
+# marks with inline meaning in MyST (emphasis, code, links, roles, math, tables, HTML, entities)
+_INLINE = set("\\`*_[]<>$" + "{}|~&")
+_ORDERED_ITEM = re.compile(r"^(\d+)([.)])(\s)")
 
 
 class FindingsMismatch(RuntimeError):
@@ -49,8 +52,11 @@ def format_value(value: str) -> str:
 
 
 def md_text(text: str) -> str:
-    """Plain text safe inside MyST: every ASCII punctuation mark escaped, on one line."""
-    return _PUNCT.sub(r"\\\1", " ".join(str(text).split()))
+    """Plain text safe inside MyST, on one line: marks with a meaning are backslash-escaped."""
+    text = " ".join(str(text).split())
+    # any punctuation opening the text could start a list, heading, comment, target or fence there
+    out = "".join("\\" + c if c in _INLINE or (i == 0 and c in string.punctuation) else c for i, c in enumerate(text))
+    return _ORDERED_ITEM.sub(r"\1\\\2\3", out)
 
 
 def one_line(text: str, limit: int = 160) -> str:
@@ -85,7 +91,7 @@ def findings_table(seed: pd.DataFrame, findings: pd.DataFrame, pages: list[Study
         else:
             issue = issue_of[claim.study]
             where = f"issue #{issue}" if issue else "a later issue"
-            row.update(h200_value=NOT_MEASURED, verdict=NOT_MEASURED,
+            row.update(h200_value="—", verdict=NOT_MEASURED,
                        reason=f"Study {int(claim.study[:2])} is not yet measured on the H200 ({where}).")
         rows.append(row)
     if stale:
@@ -146,9 +152,9 @@ def render_by_study(table: pd.DataFrame) -> str:
         if len(measured):
             r = measured.iloc[0]
             out.append(f"Measured on {md_text(r.device_name)}, run started {md_text(r.started_utc)}, "
-                       f"commit `{r.git_commit[:12]}`. [The study's page]({part.iloc[0].link.split('#')[0]}).\n")
+                       f"commit `{r.git_commit[:12]}`. {{doc}}`The study's page </{s.docname}>`.\n")
         else:
-            out.append(f"{md_text(part.iloc[0].reason)} [The study's page]({part.iloc[0].link.split('#')[0]}) "
+            out.append(f"{md_text(part.iloc[0].reason)} {{doc}}`The study's page </{s.docname}>` "
                        f"lists its question and the seed's claims.\n")
         header = ["Claim", "The seed's claim", "RTX 2070", "H200", "Verdict", "Reason"]
         rows = [[f"[{r.id}]({r.link})", md_text(r.claim), md_text(r.rtx2070_value), md_text(r.h200_value),

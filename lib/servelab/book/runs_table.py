@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from servelab.book.findings_table import TABLE_CLASS, format_value, md_text
+from servelab.book.findings_table import format_value, md_text
 from servelab.book.studies import study_by_slug
 
 
@@ -22,7 +22,7 @@ def render_runs_table(runs: pd.DataFrame) -> str:
              "* - " + "\n  - ".join(header)]
     for r in runs.itertuples():
         study = study_by_slug(r.study)
-        cells = [f"[Study {study.number}](project:/{study.docname})", md_text(r.device_name or "?"),
+        cells = [f"{{doc}}`Study {study.number} </{study.docname}>`", md_text(r.device_name or "?"),
                  md_text(r.started_utc or "?"), md_text(f"{r.torch} / {r.cuda} / {r.driver}"),
                  _num(r.copy_gb_s), _num(r.matmul_tflop_s) + (f" ({md_text(r.matmul_dtype)})" if r.matmul_dtype else "")]
         lines.append("* - " + "\n  - ".join(cells))

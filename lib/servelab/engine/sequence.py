@@ -103,10 +103,17 @@ class Sequence:
         return len(self.prompt_token_ids) + self.params.max_tokens
 
     def token_ids(self, start: int, end: int) -> list[int]:
+        """Tokens at positions [start, end) of prompt + outputs (no copy of the whole sequence)."""
         p = len(self.prompt_token_ids)
         if end <= p:
             return self.prompt_token_ids[start:end]
-        return (self.prompt_token_ids + self.output_token_ids)[start:end]
+        if start >= p:
+            return self.output_token_ids[start - p:end - p]
+        return self.prompt_token_ids[start:] + self.output_token_ids[:end - p]
+
+    def token_at(self, i: int) -> int:
+        p = len(self.prompt_token_ids)
+        return self.prompt_token_ids[i] if i < p else self.output_token_ids[i - p]
 
     @property
     def is_finished(self) -> bool:

@@ -30,6 +30,7 @@ def static_step(model, batch: int, new_tokens: int, context: int, *, seed: int =
         return model(input_ids=ids, position_ids=pos, cache_position=cache_position, past_key_values=cache,
                      use_cache=True, logits_to_keep=1).logits
 
+    @torch.inference_mode()  # the counters were created in inference mode; updating them needs it too
     def rewind():
         for layer in cache.layers:
             if getattr(layer, "is_initialized", False) and hasattr(layer, "cumulative_length"):

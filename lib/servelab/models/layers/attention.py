@@ -5,9 +5,8 @@ order), then the *prefill* segments (a chunk of new tokens per sequence, possibl
 context). Every token's K/V is first written into the pool at its slot; then
 
 - decode tokens attend to their sequence's whole cache through the block table (``decode.py``);
-- a prefill segment attends causally to its cached context plus itself. Without cached context the
-  new K/V are used directly (SDPA's fused causal kernels); with context (chunked prefill, prefix
-  caching) the sequence's K/V are read back from the pool and masked by position.
+- a prefill segment attends causally to its cached context plus itself (``prefill.py``): segments
+  without cached context in one varlen flash-attention call where available, others one by one.
 
 ``backend="reference"`` treats every decode as a one-token prefill segment: slow, simple, the
 baseline that the batched decode kernels are tested against.
@@ -18,20 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from servelab.models.layers.decode import DECODE_BACKENDS
-
-
-@dataclass
-class PrefillSegment:
-    """One sequence's chunk of new tokens in the flat batch."""
-
-    q_start: int                 # index of its first token in the flat batch
-    q_len: int                   # new tokens this step
-    context_len: int             # tokens already cached before this chunk
-    block_table: torch.Tensor    # LongTensor [blocks] on the model's device (read only when context_len > 0)
+from servelab.models.layers.prefill import PrefillSegment, prefill_attention, varlen_prefill
 
 
 @dataclass
@@ -43,32 +32,10 @@ class AttentionMetadata:
     decode_context_lens: torch.Tensor | None = None  # LongTensor [num_decode]: keys each attends to (incl. itself)
     decode_block_tables: torch.Tensor | None = None  # LongTensor [num_decode, max_blocks], padded with any valid id
     prefills: list[PrefillSegment] = field(default_factory=list)
-
-
-def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
-    """[heads_kv, L, D] -> [heads_kv * groups, L, D], each KV head repeated for its query heads."""
-    return x if groups == 1 else x.repeat_interleave(groups, dim=0)
-
-
-def prefill_attention(q, k_new, v_new, seg: PrefillSegment, k_pool, v_pool, scale: float) -> torch.Tensor:
-    """Causal attention of one segment: q [n, H, D] over context + new keys; returns [n, H, D]."""
-    heads, kv_heads = q.shape[1], k_new.shape[1]
-    groups = heads // kv_heads
-    if seg.context_len == 0:
-        k, v = k_new, v_new
-        mask, causal = None, True
-    else:
-        total = seg.context_len + seg.q_len
-        k = k_pool[seg.block_table].flatten(0, 1)[:total]  # [total, kv_heads, D]
-        v = v_pool[seg.block_table].flatten(0, 1)[:total]
-        q_pos = torch.arange(seg.context_len, total, device=q.device)
-        mask = torch.arange(total, device=q.device)[None, :] <= q_pos[:, None]  # key position <= query position
-        causal = False
-    qh = q.transpose(0, 1)                              # [H, n, D]
-    kh = _repeat_kv(k.transpose(0, 1), groups)          # [H, L, D]
-    vh = _repeat_kv(v.transpose(0, 1), groups)
-    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=causal, scale=scale)
-    return out.transpose(0, 1)
+    # the first ``varlen_segments`` prefills have no cached context and run as one varlen call
+    varlen_segments: int = 0
+    varlen_cu_seqlens: torch.Tensor | None = None  # IntTensor [varlen_segments + 1], offsets from their first token
+    varlen_max_len: int = 0
 
 
 class PagedAttention(nn.Module):
@@ -104,7 +71,13 @@ class PagedAttention(nn.Module):
                 if not meta.prefills:  # pure decode step: no copy (the CUDA-graph path)
                     return dec.reshape(nd, -1)
                 out[:nd] = dec
-        for seg in meta.prefills:
+        prefills = meta.prefills
+        if meta.varlen_segments:
+            first, last = prefills[0], prefills[meta.varlen_segments - 1]
+            sl = slice(first.q_start, last.q_start + last.q_len)
+            out[sl] = varlen_prefill(q[sl], k[sl], v[sl], meta.varlen_cu_seqlens, meta.varlen_max_len, self.scale)
+            prefills = prefills[meta.varlen_segments:]
+        for seg in prefills:
             sl = slice(seg.q_start, seg.q_start + seg.q_len)
             out[sl] = prefill_attention(q[sl], k[sl], v[sl], seg, k_pool, v_pool, self.scale)
         return out.reshape(q.shape[0], -1)
