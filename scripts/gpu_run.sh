@@ -13,7 +13,7 @@ studies=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do studies+=("$1"); shift; d
 extra=("$@")
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 log=$OUT/run.log
-export PYTHONUNBUFFERED=1 MPLBACKEND=Agg TOKENIZERS_PARALLELISM=false
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false  # no MPLBACKEND: notebooks need the inline backend
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     || { echo "wheel install failed" | tee -a "$log"; exit 1; }

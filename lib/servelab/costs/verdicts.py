@@ -43,32 +43,41 @@ def f21_prefill(steps: pd.DataFrame, mode: str = "hf_eager") -> dict:
 
 
 def f22_decode(steps: pd.DataFrame, mode: str = "hf_eager") -> dict:
-    """F2.2: single-request decode: constant with context? bandwidth-bound? µs/token against the seed's."""
+    """F2.2: single-request decode: constant with context? bandwidth-bound? µs/token against the seed's.
+
+    The value compared with the seed is ``mode``'s (HF eager, as the seed ran it). Whether decode is
+    bandwidth-bound is judged on the fastest mode measured: if even that runs far above the memory floor,
+    the step is bound by launches and framework overhead, not by HBM.
+    """
     d = _ok(steps)
-    d = d[(d["phase"] == "decode") & (d["mode"] == mode) & (d["batch"] == 1)]
-    if d.empty:
+    d = d[(d["phase"] == "decode") & (d["batch"] == 1)]
+    if d.empty or not (d["mode"] == mode).any():
         return dict(id="F2.2", verdict="fails", measured_value="not measured", note="no batch-1 decode points ran")
-    by_model = d.groupby("model")
-    variation = (by_model["median_ms"].max() / by_model["median_ms"].min() - 1) * 100
-    pct_floor = by_model["pct_of_floor"].median()
-    us = d["us_per_token"]
-    flat = bool((variation <= FLAT_PCT).all())
-    bandwidth_bound = bool((pct_floor >= LAUNCH_BOUND_PCT).all())
+
+    def describe(g):
+        by_model = g.groupby("model")
+        variation = (by_model["median_ms"].max() / by_model["median_ms"].min() - 1) * 100
+        return variation.max(), g["pct_of_floor"].min(), g["pct_of_floor"].max()
+
+    seedlike = d[d["mode"] == mode]
+    fastest_mode = d.groupby("mode")["median_ms"].median().idxmin()
+    var, lo, hi = describe(seedlike)
+    fvar, flo, fhi = describe(d[d["mode"] == fastest_mode])
+    us = seedlike["us_per_token"]
+    flat = fvar <= FLAT_PCT
+    bandwidth_bound = flo >= LAUNCH_BOUND_PCT
     in_band = us.max() >= SEED_DECODE_US_PER_TOKEN[0] and us.min() <= SEED_DECODE_US_PER_TOKEN[1]
-    if bandwidth_bound and flat:
-        verdict = "holds" if in_band else "changes"
-    else:
-        verdict = "fails" if not bandwidth_bound else "changes"
-    note = (f"{mode}: flat with context within {variation.max():.0f}% "
-            f"but at only {pct_floor.min():.1f}–{pct_floor.max():.1f}% of the memory floor: "
-            if flat else f"{mode}: varies by up to {variation.max():.0f}% with context, at "
-            f"{pct_floor.min():.1f}–{pct_floor.max():.1f}% of the memory floor: ")
-    note += ("launch/CPU-bound, not bandwidth-bound, on the H200" if not bandwidth_bound
-             else "bandwidth-bound as the seed said")
+    verdict = "fails" if not bandwidth_bound else ("holds" if flat and in_band else "changes")
+    note = (f"{mode}: {lo:.1f}–{hi:.1f}% of the memory floor, varying {var:.0f}% across contexts")
+    if fastest_mode != mode:
+        note += f"; {fastest_mode}: {flo:.1f}–{fhi:.1f}% of the floor, varying {fvar:.0f}% across contexts"
+    note += ("; decode here is bound by kernel launches and framework overhead, not by HBM bandwidth"
+             if not bandwidth_bound else "; bandwidth-bound, as the seed said")
     return dict(id="F2.2", verdict=verdict, measured_value=f"{us.min():.0f}–{us.max():.0f}", note=note)
 
 
-def f23_sim_defaults(steps: pd.DataFrame, amortized_batch: int = 64, mode: str | None = None) -> dict:
+def f23_sim_defaults(steps: pd.DataFrame, amortized_batch: int = 64, context: int = 512,
+                     mode: str | None = None) -> dict:
     """F2.3: do the RTX 2070's costs (the simulator's defaults) carry to the H200 at server-level batching?
 
     Compares the amortized per-token costs measured here (prefill at long prompts, decode at
@@ -83,7 +92,10 @@ def f23_sim_defaults(steps: pd.DataFrame, amortized_batch: int = 64, mode: str |
     if len(batches) and amortized_batch not in set(batches):  # the largest batch measured up to the one asked for
         amortized_batch = int(batches[batches <= amortized_batch].max() if (batches <= amortized_batch).any()
                               else batches.min())
-    dec = d[(d["phase"] == "decode") & (d["mode"] == mode) & (d["batch"] == amortized_batch)]["us_per_token"]
+    dec = d[(d["phase"] == "decode") & (d["mode"] == mode) & (d["batch"] == amortized_batch)]
+    if len(dec) and context not in set(dec["context"]):
+        context = int(dec["context"].min())
+    dec = dec[dec["context"] == context]["us_per_token"]
     if pre.empty or dec.empty:
         return dict(id="F2.3", verdict="changes", measured_value="not measured",
                     note=f"needs long prefills and {mode} decode at batch {amortized_batch}")
@@ -91,7 +103,7 @@ def f23_sim_defaults(steps: pd.DataFrame, amortized_batch: int = 64, mode: str |
     ratio = seed_mid / pre.median()
     holds = 0.5 <= ratio <= 2.0
     note = (f"amortized on the H200: prefill {pre.median():.1f} µs/token, decode {dec.median():.1f} µs/token at batch "
-            f"{amortized_batch} ({mode}); the RTX 2070's prefill cost is {ratio:.0f}× the H200's, so defaults must be "
+            f"{amortized_batch} and context {context} ({mode}); the RTX 2070's prefill cost is {ratio:.0f}× the H200's, so defaults must be "
             "re-fitted per GPU (the cost model below); the simulator's fidelity against the real server is issue 7's")
     return dict(id="F2.3", verdict="holds" if holds else "changes",
                 measured_value=f"{pre.median():.1f} / {dec.median():.1f}", note=note)
