@@ -1,0 +1,223 @@
+"""Study 4's measuring pieces, on CPU: bytes per token, capacity, compaction sweep, decode variation, overlap, verdicts."""
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from servelab.kv.bytes_per_token import KVGeometry, bytes_per_token_table, model_config
+from servelab.kv.capacity import (LengthDistribution, capacity_table, contiguous_fill, fixed_length_capacity,
+                                  paged_fill)
+from servelab.kv.compaction import plan_compaction
+from servelab.kv.compaction_bench import compaction_sweep, fragmented_manager, mover_ratio
+from servelab.kv.decode_scaling import variation_summary
+from servelab.kv.overlap import OverlapRig, overlap_experiment, overlap_summary
+from servelab.kv import verdicts
+from servelab.kv.params import study_params
+from servelab.profiles import ParameterError
+
+
+# ---- F4.1 ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("spec, attention, per_token_fp16", [
+    ("config:gpt2", "MHA", 36 * 1024),                      # the seed's 36 KB/token
+    ("config:qwen2-0.5b", "GQA", 2 * 24 * 2 * 64 * 2),
+    ("config:llama-3-8b", "GQA", 2 * 32 * 8 * 128 * 2),
+    ("config:gpt-bigcode-santacoder", "MQA", 2 * 24 * 1 * 128 * 2),
+])
+def test_geometry_formula_for_full_configs(spec, attention, per_token_fp16):
+    g = KVGeometry.from_config(model_config(spec))
+    assert g.attention == attention
+    assert g.kv_bytes_per_token(2) == per_token_fp16
+
+
+def test_hf_cache_and_pool_match_formula_on_tiny_models():
+    cases = [("config:tiny-qwen2", "float32", True), ("config:tiny-gpt-bigcode", "float32", True),
+             ("config:gpt2", "float16", False)]
+    df = bytes_per_token_table(cases, "cpu", batch=2, tokens=8, pool_blocks=2, block_size=4)
+    assert (df["status"] == "ok").all()
+    assert df["exact"].all()
+    hf = df[df["hf_checked"]]
+    assert (hf["hf_bytes_per_token"] == hf["formula_bytes"]).all()
+    assert (hf["cached_tokens"] == 16).all()
+    assert df.loc[df.model == "config:gpt2", "pool_bytes_per_token"].item() == 36864
+    row = verdicts.f41(df)
+    assert row["verdict"] == "holds" and "36,864" in row["measured_value"]
+
+
+def test_f41_changes_when_a_measurement_disagrees():
+    df = bytes_per_token_table([("config:tiny-qwen2", "float32", True)], "cpu", tokens=4, pool_blocks=1, block_size=4)
+    df.loc[0, "exact"] = False
+    assert verdicts.f41(df)["verdict"] == "changes"
+
+
+def test_failed_case_is_a_row_not_an_exception():
+    df = bytes_per_token_table([("/nonexistent/model", "float32", True)], "cpu")
+    assert df["status"].iloc[0].startswith("error")
+    assert verdicts.f41(df)["verdict"] == "fails"
+
+
+# ---- capacity -----------------------------------------------------------------------------------------
+def test_contiguous_and_paged_fill_count_by_hand():
+    lengths = np.array([10, 20, 5, 40, 7] * 10)
+    c = contiguous_fill(lengths, budget_tokens=200, max_len=64)
+    assert c["sequences"] == 3 and c["tokens_stored"] == 35 and c["slots_reserved"] == 192
+    p = paged_fill(lengths, num_blocks=10, block_size=8)
+    # 10→2 blocks, 20→3, 5→1, 40→5 would need 11 in all: stops after three sequences (6 blocks)
+    assert p["sequences"] == 3 and p["tokens_stored"] == 35 and p["slots_reserved"] == 48
+
+
+def test_capacity_table_paged_beats_contiguous_and_small_blocks_waste_least():
+    dist = LengthDistribution(max_len=2048)
+    df = capacity_table(32 * 1024, 2**30, dist, [16, 256], trials=2, seed=1)
+    med = df.groupby(["layout", "block_size"])[["sequences", "fragmentation_pct"]].median()
+    assert med.loc[("paged", 16), "sequences"] > med.loc[("contiguous", 2048), "sequences"]
+    assert med.loc[("paged", 16), "fragmentation_pct"] < med.loc[("paged", 256), "fragmentation_pct"]
+    assert (df["fragmentation_pct"].between(0, 100)).all()
+
+
+def test_length_distribution_respects_max_len_and_rejects_bad_parameters():
+    p, o = LengthDistribution(max_len=100).sample(5000, np.random.default_rng(0))
+    assert (p >= 1).all() and (o >= 1).all() and (p + o <= 100).all()
+    with pytest.raises(ValueError):
+        LengthDistribution(prompt_sigma=0)
+    with pytest.raises(ValueError):
+        LengthDistribution(max_len=1)
+
+
+def test_fixed_length_capacity():
+    df = fixed_length_capacity(1024, 1024 * 4096, [100, 4096], max_len=4096, block_size=16)
+    got = {(r.length, r.layout.split()[0]): r.sequences for r in df.itertuples()}
+    assert got[(100, "contiguous")] == 1 and got[(100, "paged")] == 256 // 7
+    assert got[(4096, "paged")] == 1
+    with pytest.raises(ValueError):
+        fixed_length_capacity(1024, 1024 * 4096, [5000], max_len=4096, block_size=16)
+
+
+# ---- F4.3 ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("frac", [0.0, 0.2, 1.0])
+def test_fragmented_manager_needs_exactly_the_requested_moves(frac):
+    bm = fragmented_manager(100, 4, 0.4, frac, np.random.default_rng(0))
+    plan = plan_compaction(bm)
+    assert plan.live == 40 and plan.moved == round(40 * frac)
+
+
+def test_fragmented_manager_refuses_impossible_states():
+    with pytest.raises(ValueError, match="cannot move"):
+        fragmented_manager(10, 4, 0.8, 1.0, np.random.default_rng(0))
+    with pytest.raises(ValueError):
+        fragmented_manager(10, 4, 1.0, 0.5, np.random.default_rng(0))
+
+
+def test_compaction_sweep_rows_and_bandwidth():
+    df = compaction_sweep(2, 2, 8, torch.float32, "cpu", block_sizes=[4, 16], pool_mib=[1],
+                          move_fractions=[0.5], copy_gb_s=10.0, repeats=2, warmup=1)
+    assert len(df) == 4 and (df["status"] == "ok").all()
+    assert (df["gb_s"] > 0).all()
+    # bandwidth = read + write of the moved bytes over the median time
+    r = df.iloc[0]
+    assert r["gb_s"] == pytest.approx(2 * r["bytes_moved"] / (r["median_ms"] * 1e-3) / 1e9)
+    assert set(df.loc[df.method == "gather_scatter", "kernel_launches"]) == {2}
+    assert (df.loc[df.method == "block_loop", "kernel_launches"] == df.loc[df.method == "block_loop",
+                                                                            "blocks_moved"]).all()
+    assert len(mover_ratio(df)) == 2
+    assert verdicts.f43(df, 10.0)["verdict"] in {"holds", "changes"}
+
+
+def test_compaction_sweep_records_a_pool_too_small():
+    df = compaction_sweep(2, 2, 8, torch.float32, "cpu", block_sizes=[4096], pool_mib=[1], move_fractions=[0.5])
+    assert df["status"].iloc[0].startswith("skipped")
+
+
+def test_f43_verdicts():
+    base = dict(status="ok", method="gather_scatter")
+    assert verdicts.f43(pd.DataFrame([dict(base, gb_s=50.0)]), 400)["verdict"] == "holds"
+    assert verdicts.f43(pd.DataFrame([dict(base, gb_s=2000.0)]), 4000)["verdict"] == "changes"
+
+
+# ---- F4.2 ---------------------------------------------------------------------------------------------
+def _steps(mode, batch, kv_gb_s, fixed_ms, floor_pct):
+    ctx = np.array([128, 256, 512, 1024])
+    kv = batch * ctx * 36864.0
+    ms = fixed_ms + kv / (kv_gb_s * 1e9) * 1e3
+    return pd.DataFrame(dict(model="m", mode=mode, batch=batch, context=ctx, kv_bytes=kv, bytes=kv + 2.5e8,
+                             median_ms=ms, status="ok", achieved_gb_s=(kv + 2.5e8) / (ms * 1e-3) / 1e9,
+                             pct_of_floor=floor_pct))
+
+
+def test_variation_summary_recovers_marginal_bandwidth():
+    s = variation_summary(_steps("hf_cuda_graph", 64, kv_gb_s=3000.0, fixed_ms=0.3, floor_pct=60))
+    assert s["marginal_kv_gb_s"].item() == pytest.approx(3000.0, rel=1e-6)
+    assert s["fit_r2"].item() == pytest.approx(1.0)
+    assert s["variation_pct"].item() > 100
+
+
+def test_f42_verdicts_by_regime():
+    flat_launch = _steps("hf_eager", 1, kv_gb_s=3000.0, fixed_ms=60.0, floor_pct=0.5)
+    grows = _steps("hf_cuda_graph", 64, kv_gb_s=3000.0, fixed_ms=0.3, floor_pct=60)
+    flat_mem = _steps("hf_cuda_graph", 1, kv_gb_s=1e9, fixed_ms=1.0, floor_pct=80)
+    assert verdicts.f42(variation_summary(pd.concat([flat_launch, grows])), 4000)["verdict"] == "changes"
+    assert verdicts.f42(variation_summary(grows), 4000)["verdict"] == "fails"
+    assert verdicts.f42(variation_summary(flat_mem), 4000)["verdict"] == "holds"
+
+
+# ---- F4.4 ---------------------------------------------------------------------------------------------
+def test_overlap_rig_on_cpu_runs_three_conditions():
+    calls = {"d": 0, "c": 0}
+    rig = OverlapRig(lambda: calls.__setitem__("d", calls["d"] + 1), lambda: calls.__setitem__("c", calls["c"] + 1),
+                     decode_steps=3, device="cpu")
+    runs = overlap_experiment(rig, rounds=4, warmup_rounds=0)
+    assert set(runs["condition"]) == {"compaction_alone", "decode_alone", "serialised"}
+    assert calls == {"d": 3 * 4 * 2, "c": 4 * 2}
+    assert runs.loc[runs.condition == "decode_alone", "compaction_ms"].isna().all()
+    with pytest.raises(ValueError):
+        rig.run("concurrent")
+    with pytest.raises(ValueError):
+        OverlapRig(lambda: None, lambda: None, decode_steps=0, device="cpu")
+    assert verdicts.f44(overlap_summary(runs), on_cuda=False)["verdict"] == "fails"
+
+
+def _runs(c_alone, c_conc, d=2.0, rounds=30, seed=0):
+    rng = np.random.default_rng(seed)
+    n = lambda m: m * (1 + 0.01 * rng.standard_normal(rounds))  # noqa: E731
+    rows = []
+    for r in range(rounds):
+        ca, cc, da, dc = n(c_alone)[r], n(c_conc)[r], n(d)[r], n(d)[r]
+        rows += [dict(round=r, condition="compaction_alone", compaction_ms=ca, decode_ms=np.nan, total_ms=ca),
+                 dict(round=r, condition="decode_alone", compaction_ms=np.nan, decode_ms=da, total_ms=da),
+                 dict(round=r, condition="serialised", compaction_ms=ca, decode_ms=da, total_ms=ca + da),
+                 dict(round=r, condition="concurrent", compaction_ms=cc, decode_ms=dc, total_ms=max(cc, dc))]
+    return pd.DataFrame(rows)
+
+
+@pytest.mark.parametrize("c_conc, verdict", [(2.0 / 1.3, "holds"), (2.0 / 1.05, "changes"), (2.6, "fails")])
+def test_f44_verdicts(c_conc, verdict):
+    s = overlap_summary(_runs(2.0, c_conc))
+    assert s["compaction_speedup"] == pytest.approx(2.0 / c_conc, rel=0.02)
+    assert s["compaction_speedup_ci_low"] <= s["compaction_speedup"] <= s["compaction_speedup_ci_high"]
+    assert verdicts.f44(s, on_cuda=True)["verdict"] == verdict
+
+
+def test_overlap_summary_wall_saving():
+    s = overlap_summary(_runs(2.0, 2.0, d=2.0))
+    assert s["wall_saving_pct"] == pytest.approx(50, abs=2)   # serialised 4 ms, overlapped 2 ms
+    assert s["overlap_pct"] == pytest.approx(100, abs=4)
+
+
+# ---- parameters ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("bad", [
+    dict(repeats=0), dict(block_sizes=[]), dict(block_sizes=[0]), dict(decode_contexts=[64]),
+    dict(decode_contexts=[64, 4096]),                 # past GPT-2's 1,024 positions (tiny-gpt2 has 1,024 too)
+    dict(compaction_move_fractions=[0]), dict(compaction_methods=["memcpy"]), dict(bpt_cases=[["config:gpt2", "int8", True]]),
+    dict(bpt_cases=[["config:gpt2", "float16"]]), dict(capacity_model="config:nope"), dict(unknown=1),
+    dict(decode_modes=["hf_cuda_graph"]) if not torch.cuda.is_available() else dict(decode_modes=["warp"]),
+])
+def test_bad_parameters_are_refused(bad):
+    with pytest.raises(ParameterError):
+        study_params("smoke", **bad)
+
+
+def test_profiles_resolve():
+    p = study_params("smoke")
+    assert p["profile"] == "smoke" and p["decode_model"] == "config:tiny-gpt2"
+    full = study_params("full", decode_modes=["hf_eager"])
+    assert full["decode_model"] == "config:gpt2" and max(full["decode_contexts"]) < 1024
