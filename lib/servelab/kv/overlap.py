@@ -231,7 +231,11 @@ def build_rig(model, *, batch: int, context: int, pool_mib: int, block_size: int
     fallback = None
     if mode == "hf_cuda_graph":
         try:
-            decode_fn, _ = cuda_graph_step(model, batch, 1, context)
+            replay, rewind = cuda_graph_step(model, batch, 1, context)
+
+            def decode_fn():
+                rewind()  # tiny kernels that put the static cache's write counter back; replays would overrun it
+                replay()
         except RuntimeError as e:  # a model HF cannot capture still gets measured, eagerly, and says so
             mode, fallback = "hf_eager", f"CUDA graph capture failed: {str(e).splitlines()[0][:160]}"
             torch.cuda.synchronize()
