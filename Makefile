@@ -19,9 +19,10 @@ $(STAMP): requirements.txt pyproject.toml
 	touch $(STAMP)
 
 # Render the book from the committed, already executed notebooks (execute_notebooks: off).
+# --all: a full build every time, so that changed static files and data includes are never stale.
 book: $(STAMP)
-	$(PY) -m servelab.book prepare
-	$(VENV)/bin/jupyter-book build . --builder html -W -n --keep-going
+	$(PY) -m servelab.book prepare --root .
+	$(VENV)/bin/jupyter-book build . --all --builder html -W -n --keep-going
 	@echo "The book: $(CURDIR)/$(BUILD)/html/index.html"
 
 test: test-lib test-notebooks test-book

@@ -77,3 +77,20 @@ def test_bad_arguments():
         move_blocks(pool, [1, 2], [3])
     with pytest.raises(ValueError, match="stream"):
         compact(pool, bm, stream=object())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("method", ["gather_scatter", "block_loop"])
+def test_compaction_on_a_side_stream_preserves_kv_on_cuda(method):
+    bm, cpu_pool = fragmented()
+    pool = KVPool(3, cpu_pool.num_blocks, cpu_pool.block_size, 2, 4, dtype=torch.bfloat16, device="cuda")
+    pool.kv.copy_(cpu_pool.kv)
+    before = contents(bm, cpu_pool)
+    side = torch.cuda.Stream()
+    plan = compact(pool, bm, method=method, stream=side)
+    torch.cuda.current_stream().wait_stream(side)
+    assert plan.moved > 0
+    for s, layers in before.items():
+        for layer, (k0, v0) in enumerate(layers):
+            k1, v1 = pool.gather(layer, bm.block_table(s), bm.num_tokens(s))
+            assert torch.equal(k0, k1.cpu()) and torch.equal(v0, v1.cpu())

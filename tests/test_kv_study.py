@@ -1,4 +1,4 @@
-"""Study 4's measuring pieces, on CPU: bytes per token, capacity, compaction sweep, decode variation, overlap, verdicts."""
+"""Study 4's measuring pieces on CPU: bytes/token, capacity, compaction sweep, decode variation, overlap, verdicts."""
 
 import numpy as np
 import pandas as pd
@@ -197,6 +197,15 @@ def test_f44_verdicts(c_conc, verdict):
     assert verdicts.f44(s, on_cuda=True)["verdict"] == verdict
 
 
+def test_f44_over_several_regimes_needs_all_for_holds():
+    fast = dict(overlap_summary(_runs(2.0, 2.0 / 1.3)), decode_batch=1, decode_mode="hf_cuda_graph")
+    slow = dict(overlap_summary(_runs(2.0, 2.6, seed=1)), decode_batch=64, decode_mode="hf_cuda_graph")
+    row = verdicts.f44(pd.DataFrame([fast, slow]), on_cuda=True)
+    assert row["verdict"] == "changes"
+    assert "decode batch 1 (hf_cuda_graph)" in row["note"] and "decode batch 64" in row["note"]
+    assert verdicts.f44(pd.DataFrame([fast, fast]), on_cuda=True)["verdict"] == "holds"
+
+
 def test_overlap_summary_wall_saving():
     s = overlap_summary(_runs(2.0, 2.0, d=2.0))
     assert s["wall_saving_pct"] == pytest.approx(50, abs=2)   # serialised 4 ms, overlapped 2 ms
@@ -207,7 +216,8 @@ def test_overlap_summary_wall_saving():
 @pytest.mark.parametrize("bad", [
     dict(repeats=0), dict(block_sizes=[]), dict(block_sizes=[0]), dict(decode_contexts=[64]),
     dict(decode_contexts=[64, 4096]),                 # past GPT-2's 1,024 positions (tiny-gpt2 has 1,024 too)
-    dict(compaction_move_fractions=[0]), dict(compaction_methods=["memcpy"]), dict(bpt_cases=[["config:gpt2", "int8", True]]),
+    dict(compaction_move_fractions=[0]), dict(compaction_methods=["memcpy"]),
+    dict(bpt_cases=[["config:gpt2", "int8", True]]),
     dict(bpt_cases=[["config:gpt2", "float16"]]), dict(capacity_model="config:nope"), dict(unknown=1),
     dict(decode_modes=["hf_cuda_graph"]) if not torch.cuda.is_available() else dict(decode_modes=["warp"]),
 ])
@@ -221,3 +231,27 @@ def test_profiles_resolve():
     assert p["profile"] == "smoke" and p["decode_model"] == "config:tiny-gpt2"
     full = study_params("full", decode_modes=["hf_eager"])
     assert full["decode_model"] == "config:gpt2" and max(full["decode_contexts"]) < 1024
+
+
+def test_f42_flat_but_far_from_floor_changes():
+    launch_bound = _steps("hf_eager", 1, kv_gb_s=3000.0, fixed_ms=60.0, floor_pct=0.5)
+    row = verdicts.f42(variation_summary(launch_bound), 4000)
+    assert row["verdict"] == "changes" and "never near the memory floor" in row["note"]
+
+
+def test_compaction_sweep_skips_points_with_nothing_to_move():
+    df = compaction_sweep(2, 2, 8, torch.float32, "cpu", block_sizes=[4], pool_mib=[1], move_fractions=[0.0001],
+                          repeats=1, warmup=0)
+    assert (df["status"] == "skipped: no block to move").all()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_overlap_rig_on_cuda_times_all_four_conditions():
+    a = torch.randn(1 << 20, device="cuda")
+    b = torch.empty_like(a)
+    rig = OverlapRig(lambda: torch.mul(a, 2.0, out=b), lambda: b.copy_(a), decode_steps=2, device="cuda")
+    runs = overlap_experiment(rig, rounds=3, warmup_rounds=1)
+    assert set(runs["condition"]) == set(rig.conditions) and len(rig.conditions) == 4
+    conc = runs[runs.condition == "concurrent"]
+    assert (conc["compaction_ms"] > 0).all() and (conc["decode_ms"] > 0).all()
+    assert (conc["total_ms"] >= conc[["compaction_ms", "decode_ms"]].max(axis=1) * 0.99).all()

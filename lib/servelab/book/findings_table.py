@@ -24,6 +24,7 @@ TABLE_COLUMNS = ["id", "study", "claim", "rtx2070_value", "h200_value", "verdict
 # marks with inline meaning in MyST (emphasis, code, links, roles, math, tables, HTML, entities)
 _INLINE = set("\\`*_[]<>$" + "{}|~&")
 _ORDERED_ITEM = re.compile(r"^(\d+)([.)])(\s)")
+_LONG_INT = re.compile(r"(?<![\d.,])\d{4,}(?![\d.,]\d)")
 
 
 class FindingsMismatch(RuntimeError):
@@ -31,16 +32,19 @@ class FindingsMismatch(RuntimeError):
 
 
 def format_value(value: str) -> str:
-    """A measured value for reading: 3 significant figures, thousands separators; text passes through.
+    """A measured value for reading: 3 significant figures and thousands separators for a number;
+    in text (a range such as "21923–47819"), thousands separators for long integers only.
 
-    >>> format_value("7.641234"), format_value("4223.1"), format_value("0.012345"), format_value("36864")
-    ('7.64', '4,223', '0.0123', '36,864')
+    >>> format_value("7.641234"), format_value("4223.1"), format_value("0.012345"), format_value("7.80")
+    ('7.64', '4,223', '0.0123', '7.8')
+    >>> format_value("21923–47819"), format_value("7.8 / 275.2"), format_value("n=2")
+    ('21,923–47,819', '7.8 / 275.2', 'n=2')
     """
     text = str(value).strip()
     try:
         x = float(text.replace(",", ""))
     except ValueError:
-        return text
+        return _LONG_INT.sub(lambda m: f"{int(m.group(0)):,}", text)
     if not math.isfinite(x):
         return text
     if x == 0:
@@ -48,7 +52,19 @@ def format_value(value: str) -> str:
     if x == int(x) and abs(x) < 1e15:
         return f"{int(x):,}"
     decimals = max(0, 2 - math.floor(math.log10(abs(x))))
-    return f"{x:,.{decimals}f}"
+    shown = f"{x:,.{decimals}f}"
+    return shown.rstrip("0").rstrip(".") if "." in shown else shown
+
+
+def format_utc(stamp: str) -> str:
+    """An ISO time stamp as "2026-12-02 11:31 UTC" (unparseable text passes through)."""
+    try:
+        t = pd.Timestamp(stamp)
+    except (ValueError, TypeError):
+        return str(stamp)
+    if t.tzinfo is not None:
+        t = t.tz_convert("UTC")
+    return t.strftime("%Y-%m-%d %H:%M UTC")
 
 
 def md_text(text: str) -> str:
@@ -92,7 +108,7 @@ def findings_table(seed: pd.DataFrame, findings: pd.DataFrame, pages: list[Study
             issue = issue_of[claim.study]
             where = f"issue #{issue}" if issue else "a later issue"
             row.update(h200_value="—", verdict=NOT_MEASURED,
-                       reason=f"Study {int(claim.study[:2])} is not yet measured on the H200 ({where}).")
+                       reason=f"Study {int(claim.study[:2])} has not run on the H200 yet ({where}).")
         rows.append(row)
     if stale:
         raise FindingsMismatch("H200 findings exist for claims whose study page is still the 'not yet measured' "
@@ -140,18 +156,20 @@ def render_landing_table(table: pd.DataFrame) -> str:
     return _list_table(header, rows, [6, 26, 14, 14, 10, 30])
 
 
-def render_by_study(table: pd.DataFrame) -> str:
-    """The findings page: one section per study with its run's provenance and the full notes."""
+def render_by_study(table: pd.DataFrame, titles: dict[str, str] | None = None) -> str:
+    """The findings page: one section per study (titled as its page, ``titles[slug]``) with its run's
+    provenance and the full notes."""
     out = []
     for s in STUDIES:
         part = table[table["study"] == s.slug]
         if part.empty:
             continue
-        out.append(f"## Study {s.number}: {md_text(s.title)}\n")
+        title = (titles or {}).get(s.slug) or f"Study {s.number}: {s.title}"
+        out.append(f"## {md_text(title)}\n")
         measured = part[part["verdict"] != NOT_MEASURED]
         if len(measured):
             r = measured.iloc[0]
-            out.append(f"Measured on {md_text(r.device_name)}, run started {md_text(r.started_utc)}, "
+            out.append(f"Measured on {md_text(r.device_name)}, run started {md_text(format_utc(r.started_utc))}, "
                        f"commit `{r.git_commit[:12]}`. {{doc}}`The study's page </{s.docname}>`.\n")
         else:
             out.append(f"{md_text(part.iloc[0].reason)} {{doc}}`The study's page </{s.docname}>` "

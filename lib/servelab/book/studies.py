@@ -72,6 +72,26 @@ class StudyPage:
         """True when the page is an executed notebook, False for the "not yet measured" placeholder."""
         return self.source.suffix == ".ipynb"
 
+    @property
+    def title(self) -> str:
+        """The page's own title (its first ``# `` heading), so other pages name it as it names itself."""
+        return page_title(self.source) or f"Study {self.study.number}: {self.study.title}"
+
+
+def page_title(source: Path) -> str | None:
+    """The first level-1 heading of a MyST page or of a notebook's markdown cells, without the ``# ``."""
+    if source.suffix == ".ipynb":
+        import nbformat
+
+        texts = [c.source for c in nbformat.read(source, as_version=4).cells if c.cell_type == "markdown"]
+    else:
+        texts = [source.read_text(encoding="utf-8")]
+    for text in texts:
+        for line in text.splitlines():
+            if line.startswith("# "):
+                return line[2:].strip()
+    return None
+
 
 def study_pages(studies_dir: Path = STUDIES_DIR) -> list[StudyPage]:
     """The source of every study's page; raises PageConflict with the fix when one is ambiguous or missing."""

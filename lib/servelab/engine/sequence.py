@@ -79,6 +79,7 @@ class Sequence:
     finish_reason: FinishReason | None = None
     num_preemptions: int = 0
     generator: object = None                  # torch.Generator for seeded sampling (set by the engine)
+    kv_slots: list[int] = field(default_factory=list)  # pool slots reserved for positions 0, 1, … (to a block end)
 
     def __post_init__(self):
         ids = list(self.prompt_token_ids)

@@ -19,7 +19,10 @@ from tqdm.auto import tqdm
 
 @dataclass(frozen=True)
 class KVGeometry:
-    """What sets the size of one token's K/V: layers, KV heads and head size (a ``ModelShape`` stand-in for ``KVPool``)."""
+    """What sets the size of one token's K/V: layers, KV heads, head size.
+
+    Duck-types as a ``ModelShape`` for ``KVPool.for_model``/``block_bytes`` (families ``ModelShape`` lacks, e.g. MQA).
+    """
 
     layers: int
     heads: int
@@ -67,7 +70,8 @@ def hf_cache_bytes(model, batch: int, tokens: int, seed: int = 0) -> dict:
     return dict(tensor_bytes=sum(t.numel() * t.element_size() for t in tensors),
                 storage_bytes=sum(storages.values()),
                 cached_tokens=batch * cache.get_seq_length(), cache_layers=len(cache.layers),
-                cache_tensor_shape=str(tuple(tensors[0].shape)), cache_dtype=str(tensors[0].dtype).replace("torch.", ""))
+                cache_tensor_shape=str(tuple(tensors[0].shape)),
+                cache_dtype=str(tensors[0].dtype).replace("torch.", ""))
 
 
 def pool_bytes(geom: KVGeometry, dtype, device, num_blocks: int = 8, block_size: int = 16) -> dict:

@@ -34,7 +34,13 @@ class LengthDistribution:
     output_median: float = 250.0
     output_sigma: float = 0.8
     max_len: int = 4096
-    source: str = "assumption: ShareGPT-like lognormal (median prompt 200, output 250 tokens), not a fit"
+    origin: str = "assumed ShareGPT-like chat traffic, not a fit to data"
+
+    @property
+    def source(self) -> str:
+        """Where the lengths come from, with every parameter (for figure captions and the CSVs)."""
+        return (f"{self.origin}: lognormal prompt (median {self.prompt_median:g}, σ {self.prompt_sigma:g}) + "
+                f"output (median {self.output_median:g}, σ {self.output_sigma:g}) tokens, ≤ {self.max_len:,}")
 
     def __post_init__(self):
         for name in ("prompt_median", "output_median", "prompt_sigma", "output_sigma"):
@@ -52,7 +58,7 @@ class LengthDistribution:
         return prompt, output
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "source": self.source}
 
 
 def snapshot_lengths(dist: LengthDistribution, n: int, phase: str, rng: np.random.Generator) -> np.ndarray:
@@ -117,7 +123,8 @@ def capacity_table(bytes_per_token: int, budget_bytes: int, dist: LengthDistribu
     return df
 
 
-def fixed_length_capacity(bytes_per_token: int, budget_bytes: int, lengths, max_len: int, block_size: int) -> pd.DataFrame:
+def fixed_length_capacity(bytes_per_token: int, budget_bytes: int, lengths, max_len: int,
+                          block_size: int) -> pd.DataFrame:
     """Sequences of exactly ``L`` tokens that fit: contiguous at ``max_len`` each vs paged blocks (arithmetic)."""
     rows = []
     budget_tokens = budget_bytes // bytes_per_token

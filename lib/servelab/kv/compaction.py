@@ -92,8 +92,9 @@ def compact(pool, manager: BlockManager, method: str = "gather_scatter", stream=
     """Compact ``pool`` and rewrite ``manager``'s block tables; return the plan that was carried out.
 
     With a CUDA ``stream`` the copies are queued on it after everything already queued on the current stream
-    (so the K/V being moved are complete). Before reading the pool through the new block tables from another
-    stream, wait for it: ``torch.cuda.current_stream().wait_stream(stream)``.
+    (so the K/V being moved are complete), and this returns at once. The block tables are rewritten immediately
+    and the source blocks are free again, so before the next read *or write* of the pool on another stream
+    (a new sequence may be given a source block), wait for it: ``torch.cuda.current_stream().wait_stream(stream)``.
     """
     import contextlib
 

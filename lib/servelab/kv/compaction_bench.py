@@ -76,6 +76,11 @@ def compaction_sweep(layers: int, kv_heads: int, head_dim: int, dtype, device, *
             pool = KVPool(layers, num_blocks, bs, kv_heads, head_dim, dtype, device).fill_random(gen)
             for frac in move_fractions:
                 plan = plan_compaction(fragmented_manager(num_blocks, bs, live_fraction, frac, rng))
+                if plan.moved == 0:
+                    rows += [dict(base, move_fraction=frac, method=m, blocks_moved=0, live_blocks=plan.live,
+                                  status="skipped: no block to move") for m in methods]
+                    bar.update(len(methods))
+                    continue
                 src_idx, dst_idx = block_index(pool, plan.src), block_index(pool, plan.dst)
                 for method in methods:
                     row = dict(base, move_fraction=frac, method=method, blocks_moved=plan.moved,
@@ -117,7 +122,7 @@ def compaction_sweep(layers: int, kv_heads: int, head_dim: int, dtype, device, *
 
 
 def mover_ratio(comp: pd.DataFrame) -> pd.DataFrame:
-    """Per (pool, block size, fraction moved): the per-block loop's time over gather/scatter's (> 1: the loop is slower)."""
+    """Per (pool, block size, fraction moved): the per-block loop's time over gather/scatter's (> 1: loop slower)."""
     ok = comp[comp["status"] == "ok"]
     wide = ok.pivot_table(index=["pool_mib", "block_size", "move_fraction", "blocks_moved"], columns="method",
                           values="median_ms").dropna()

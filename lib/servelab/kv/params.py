@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+from servelab.hf_modes import MODES
 from servelab.kv.compaction import MOVERS
 from servelab.models.loader import CONFIG_PREFIX, shipped_configs
 from servelab.profiles import ParameterError, check_choice, check_int_range, check_positive_ints, resolve_profile
 
 DTYPES = ("float32", "bfloat16", "float16")
-DECODE_MODES = ("hf_eager", "hf_cuda_graph")
 
 DEFAULTS = {
     "full": dict(
@@ -21,8 +21,8 @@ DEFAULTS = {
         decode_batches=[1, 16, 64], decode_contexts=[64, 128, 256, 512, 1000], repeats=10,
         compaction_pool_mib=[1024, 4096, 16384], compaction_move_fractions=[0.1, 0.5],
         compaction_methods=list(MOVERS),
-        overlap_pool_mib=8192, overlap_block_size=16, overlap_move_fraction=0.5, overlap_batch=64,
-        overlap_context=512, overlap_rounds=30),
+        overlap_pool_mib=8192, overlap_block_size=16, overlap_move_fraction=0.5, overlap_batches=[1, 64],
+        overlap_context=512, overlap_rounds=50),
     "smoke": dict(
         bpt_cases=[["config:tiny-gpt2", "float32", True], ["config:tiny-qwen2", "float32", True],
                    ["config:tiny-llama", "float32", True], ["config:tiny-gpt-bigcode", "float32", True],
@@ -33,7 +33,7 @@ DEFAULTS = {
         decode_model="config:tiny-gpt2", decode_dtype="float32", decode_modes=["hf_eager"],
         decode_batches=[1, 4], decode_contexts=[16, 64, 256], repeats=3,
         compaction_pool_mib=[4, 16], compaction_move_fractions=[0.1, 0.5], compaction_methods=list(MOVERS),
-        overlap_pool_mib=16, overlap_block_size=16, overlap_move_fraction=0.5, overlap_batch=2,
+        overlap_pool_mib=16, overlap_block_size=16, overlap_move_fraction=0.5, overlap_batches=[2],
         overlap_context=64, overlap_rounds=5),
 }
 
@@ -86,7 +86,7 @@ def study_params(profile: str = "auto", **overrides) -> dict:
     if not p["decode_modes"]:
         raise ParameterError("decode_modes must not be empty")
     for m in p["decode_modes"]:
-        check_choice("decode_modes", m, DECODE_MODES)
+        check_choice("decode_modes", m, MODES)  # the engine's mode joins MODES when it lands
     import torch
 
     if "hf_cuda_graph" in p["decode_modes"] and not torch.cuda.is_available():
@@ -110,7 +110,7 @@ def study_params(profile: str = "auto", **overrides) -> dict:
     check_int_range("overlap_pool_mib", p["overlap_pool_mib"], 1, 1 << 20)
     check_int_range("overlap_block_size", p["overlap_block_size"], 1, 4096)
     p["overlap_move_fraction"] = _check_fraction("overlap_move_fraction", p["overlap_move_fraction"])
-    check_int_range("overlap_batch", p["overlap_batch"], 1, 4096)
+    p["overlap_batches"] = check_positive_ints("overlap_batches", p["overlap_batches"], maximum=4096)
     check_int_range("overlap_context", p["overlap_context"], 1, 1 << 20)
     check_int_range("overlap_rounds", p["overlap_rounds"], 3, 10000)
     # a position past the model's table is a device-side assert on CUDA, which kills the whole run: refuse it here

@@ -61,7 +61,7 @@ def capacity(cap: pd.DataFrame, fixed: pd.DataFrame, model: str, budget_gib: flo
     axes[2].set(xlabel="", ylabel="reserved but unused KV slots (%)", title="sampled lengths: fragmentation")
     for ax in axes[1:]:
         ax.tick_params(axis="x", rotation=30, labelsize=8)
-    fig.suptitle(f"{model}: KV capacity of a {budget_gib:g} GiB budget. Lengths: {source}", fontsize=10)
+    fig.suptitle(f"{model}: KV capacity of a {budget_gib:g} GiB budget\nLengths: {source}", fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -123,25 +123,30 @@ def compaction_bandwidth(comp: pd.DataFrame, ceil_gb_s: float, device_name: str)
 
 
 def overlap(runs: pd.DataFrame, device_name: str):
-    """Left: each part's time per condition (median, IQR); right: every round's compaction time, alone vs during decode."""
-    long = runs.melt(id_vars=["round", "condition"], value_vars=["compaction_ms", "decode_ms", "total_ms"],
-                     var_name="part", value_name="ms").dropna()
-    long["part"] = long["part"].str.replace("_ms", "")
+    """Per decode batch: each part's time per condition (median, IQR), and every round's compaction time."""
     from servelab.kv.overlap import CONDITIONS
 
+    runs = runs if "decode_batch" in runs else runs.assign(decode_batch=0)
+    batches = sorted(runs["decode_batch"].unique())
     order = [c for c in CONDITIONS if c in set(runs["condition"])]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.3))
-    sns.barplot(data=long, x="condition", y="ms", hue="part", estimator="median", errorbar=("pi", 50), order=order,
-                ax=axes[0])
-    axes[0].set(xlabel="", ylabel="time (ms, median and IQR)", title="parts and whole, per condition")
-    axes[0].tick_params(axis="x", rotation=15)
-    c = runs.dropna(subset=["compaction_ms"])
-    c_order = [o for o in order if o in set(c["condition"])]
-    sns.stripplot(data=c, x="condition", y="compaction_ms", order=c_order, ax=axes[1], alpha=0.6)
-    sns.pointplot(data=c, x="condition", y="compaction_ms", order=c_order, estimator="median", errorbar=None,
-                  color="k", linestyles="none", markers="_", markersize=20, ax=axes[1])
-    axes[1].set(xlabel="", ylabel="compaction time (ms)", title="compaction time, every round (black: median)")
-    axes[1].tick_params(axis="x", rotation=15)
-    fig.suptitle(f"Compaction during decode on {device_name}", y=1.02)
+    fig, axes = plt.subplots(len(batches), 2, figsize=(12, 4.2 * len(batches)), squeeze=False)
+    for (ax_parts, ax_comp), b in zip(axes, batches):
+        rb = runs[runs["decode_batch"] == b]
+        long = rb.melt(id_vars=["round", "condition"], value_vars=["compaction_ms", "decode_ms", "total_ms"],
+                       var_name="part", value_name="ms").dropna()
+        long["part"] = long["part"].str.replace("_ms", "")
+        sns.barplot(data=long, x="condition", y="ms", hue="part", estimator="median", errorbar=("pi", 50),
+                    order=order, ax=ax_parts)
+        ax_parts.set(xlabel="", ylabel="time (ms, median and IQR)", title=f"decode batch {b}: parts and whole")
+        ax_parts.tick_params(axis="x", rotation=15)
+        c = rb.dropna(subset=["compaction_ms"])
+        c_order = [o for o in order if o in set(c["condition"])]
+        sns.stripplot(data=c, x="condition", y="compaction_ms", order=c_order, ax=ax_comp, alpha=0.6)
+        sns.pointplot(data=c, x="condition", y="compaction_ms", order=c_order, estimator="median", errorbar=None,
+                      color="k", linestyles="none", markers="_", markersize=20, ax=ax_comp)
+        ax_comp.set(xlabel="", ylabel="compaction time (ms)",
+                    title=f"decode batch {b}: compaction time, every round (black: median)")
+        ax_comp.tick_params(axis="x", rotation=15)
+    fig.suptitle(f"Compaction during decode on {device_name}", y=1.01)
     fig.tight_layout()
     return fig

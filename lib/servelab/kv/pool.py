@@ -127,7 +127,7 @@ class KVPool:
         return k, v
 
     def copy_blocks(self, pairs) -> None:
-        """Copy whole blocks ``src → dst`` in every layer, K and V (copy-on-write from ``BlockManager.take_copies``)."""
+        """Copy whole blocks ``src → dst`` in every layer, K and V (the pairs of ``BlockManager.take_copies``)."""
         import torch
 
         if not pairs:

@@ -1,0 +1,18 @@
+"""Study 5: attention kernels — every variant behind one call signature, checked against a float64
+reference, swept over prefill and decode shapes, and judged against the measured ceilings.
+
+    attn = VARIANTS["sdpa_flash"].build(AttentionShape.prefill(arch, 4096), "cuda")
+    out = attn(q, k, v)
+"""
+
+from servelab.attention.masks import Mask, ragged_documents
+from servelab.attention.shapes import Architecture, AttentionShape
+from servelab.attention.variants import VARIANTS, Unavailable, Variant, get_variant
+from servelab.attention.reference import reference_attention, relative_error, tolerance
+from servelab.attention.point import TimingPolicy, measure_point
+from servelab.attention.sweep import add_roofline, decode_sweep, mask_factories, mask_sweep, prefill_sweep
+from servelab.attention.params import study_params
+
+__all__ = ["Mask", "ragged_documents", "Architecture", "AttentionShape", "VARIANTS", "Unavailable", "Variant",
+           "get_variant", "reference_attention", "relative_error", "tolerance", "TimingPolicy", "measure_point",
+           "add_roofline", "decode_sweep", "mask_factories", "mask_sweep", "prefill_sweep", "study_params"]

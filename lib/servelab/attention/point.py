@@ -1,0 +1,134 @@
+"""One measured point: a variant at a shape, checked, then measured, or recorded as why not.
+
+Order: build (untimed; compile time recorded) → first call, compared with the float64 reference
+(a variant whose error exceeds its dtype's tolerance is recorded ``incorrect`` and not timed) → peak
+memory of one call → timing (CUDA events, median and quartiles over repeats, after warm-up).
+
+Every failure becomes a row with a ``status`` instead of an exception, so a sweep always finishes:
+``unsupported`` (the variant or backend refuses the shape), ``oom``, ``incorrect``, ``error``.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass
+
+from servelab.attention.backends import picked_backend
+from servelab.attention.memory import peak_bytes
+from servelab.attention.reference import check_output
+from servelab.attention.shapes import AttentionShape
+from servelab.attention.variants import Unavailable, Variant
+from servelab.measure import time_fn
+
+STATUSES = ("ok", "incorrect", "unsupported", "oom", "error", "skipped")
+
+
+@dataclass(frozen=True)
+class TimingPolicy:
+    """How long to time each point: repeats sized so one point takes about ``target_ms`` of device time."""
+
+    target_ms: float = 200.0
+    min_repeats: int = 3
+    max_repeats: int = 30
+    warmup: int = 2
+
+    def repeats_for(self, call_ms: float) -> int:
+        if call_ms <= 0:
+            return self.max_repeats
+        return int(min(self.max_repeats, max(self.min_repeats, self.target_ms // call_ms)))
+
+
+def _sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _free(device) -> None:
+    import torch
+
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:200] if text else ''}"
+
+
+def measure_point(variant: Variant, shape: AttentionShape, inputs, reference, rows, *, dtype, device,
+                  policy: TimingPolicy = TimingPolicy(), detect_backend: bool = True, rotation=()) -> dict:
+    """Check and measure ``variant`` on ``inputs`` (q, k, v) of ``shape``; returns one tidy row.
+
+    ``reference`` holds the float64 outputs of query ``rows`` for the first ``reference.shape[0]``
+    sequences (shared by all variants on these inputs). ``rotation``: extra (q, k, v) sets the timed
+    calls cycle through, so that small inputs are read from HBM and not from the L2 cache.
+    Times are in ms, memory in bytes, FLOPs counted over the allowed (query, key) pairs only.
+    """
+    import torch
+
+    device = torch.device(device)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    row = dict(variant=variant.name, family=variant.family, implementation=variant.implementation(device),
+               **shape.describe(), dtype=str(dtype).replace("torch.", ""), backend=variant.backend or "",
+               flops=shape.flops, min_bytes=shape.min_bytes(itemsize), kv_bytes=shape.kv_bytes(itemsize),
+               input_bytes=shape.input_bytes(itemsize), status="ok", reason="", rel_error=float("nan"),
+               tolerance=float("nan"), build_s=float("nan"), peak_mem_bytes=float("nan"),
+               peak_mem_incl_inputs_bytes=float("nan"))
+    q, k, v = inputs
+    stage = "build"
+    try:
+        t0 = time.perf_counter()
+        attn = variant.build(shape, device)
+        stage = "first call"
+        out = attn(q, k, v)  # compiles FlexAttention on first use: part of the build time
+        _sync(device)
+        row["build_s"] = time.perf_counter() - t0
+        if variant.name in ("sdpa_default", "sdpa_repeat_kv") and detect_backend:
+            row["backend"] = picked_backend(lambda: attn(q, k, v))
+        stage = "correctness"
+        check = check_output(out, q, k, v, shape.mask, reference=reference, rows=rows)
+        del out
+        row.update(rel_error=check.rel_error, tolerance=check.tolerance)
+        if not check.ok:
+            row.update(status="incorrect", reason=f"relative error {check.rel_error:.2e} > {check.tolerance:.0e}")
+            return row
+        stage = "memory"
+        if device.type == "cuda" or variant.family != "flex":
+            peak = peak_bytes(lambda: attn(q, k, v), device)
+            row.update(peak_mem_bytes=peak, peak_mem_incl_inputs_bytes=peak + row["input_bytes"])
+        else:  # the CPU's tensor counter cannot see inside FlexAttention's higher-order op
+            row["reason"] = "peak memory not measured: eager FlexAttention on the CPU"
+        stage = "timing"
+        _sync(device)
+        t0 = time.perf_counter()
+        attn(q, k, v)
+        _sync(device)
+        call_ms = (time.perf_counter() - t0) * 1e3
+        sets = [inputs, *rotation]
+        turn = [0]
+
+        def next_set():
+            turn[0] = (turn[0] + 1) % len(sets)
+
+        timing = time_fn(lambda: attn(*sets[turn[0]]), warmup=policy.warmup, repeats=policy.repeats_for(call_ms),
+                         device=device, before_each=next_set if len(sets) > 1 else None)
+        sets = None
+        row.update(timing.as_row())
+    except Unavailable as e:
+        row.update(status="unsupported", reason=str(e))
+    except torch.OutOfMemoryError as e:
+        row.update(status="oom", reason=f"out of memory at {stage}: {_first_line(e)[:160]}")
+    except RuntimeError as e:
+        # a forced SDPA backend that refuses its inputs raises here ("No available kernel")
+        refused = stage == "first call" and ("kernel" in str(e).lower() or "backend" in str(e).lower())
+        row.update(status="unsupported" if refused else "error", reason=f"at {stage}: {_first_line(e)}")
+    except Exception as e:  # noqa: BLE001 - a sweep records every failure and carries on
+        row.update(status="error", reason=f"at {stage}: {_first_line(e)}")
+    attn = out = None  # noqa: F841 - drop the failed call's tensors before handing memory back
+    if row["status"] != "ok":
+        _free(device)
+    return row

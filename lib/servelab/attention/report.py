@@ -1,0 +1,48 @@
+"""Tables the page shows next to the figures: outcomes per variant, where variants ran out of memory,
+and GQA done natively (``enable_gqa``) against repeating K/V heads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from servelab.attention.verdicts import config_label
+
+
+def outcomes(df: pd.DataFrame) -> pd.DataFrame:
+    """Per variant: points per status and the worst relative error against the float64 reference."""
+    counts = df.pivot_table(index="variant", columns="status", values="q_len", aggfunc="size", fill_value=0)
+    worst = df.groupby("variant")["rel_error"].max().rename("max_rel_error")
+    tol = df.groupby("variant")["tolerance"].max().rename("tolerance")
+    return counts.join(worst).join(tol).reset_index()
+
+
+def first_failures(df: pd.DataFrame, statuses=("oom",)) -> pd.DataFrame:
+    """The shortest length at which each (configuration, variant) first hit one of ``statuses``, with the
+    longest length it did run at and that run's peak memory (bytes, Q/K/V included)."""
+    cols = ["config", "variant", "first_failure_len", "status", "longest_ok_len", "peak_at_longest_ok_bytes"]
+    rows = []
+    for (arch, d, var), g in df.groupby(["arch", "head_dim", "variant"]):
+        bad = g[g["status"].isin(statuses)]
+        if bad.empty:
+            continue
+        at = int(bad["q_len"].min())
+        ran = g[g["status"].eq("ok") & (g["q_len"] < at)]
+        rows.append(dict(config=config_label(arch, d), variant=var, first_failure_len=at,
+                         status=bad.loc[bad["q_len"].idxmin(), "status"],
+                         longest_ok_len=int(ran["q_len"].max()) if len(ran) else np.nan,
+                         peak_at_longest_ok_bytes=ran.loc[ran["q_len"].idxmax(), "peak_mem_incl_inputs_bytes"]
+                         if len(ran) else np.nan))
+    return pd.DataFrame(rows, columns=cols)
+
+
+def gqa_comparison(df: pd.DataFrame) -> pd.DataFrame:
+    """Per shape: time with K/V heads repeated / time with ``enable_gqa`` (both SDPA's default dispatch)."""
+    ok = df[df["status"].eq("ok") & df["variant"].isin(["sdpa_default", "sdpa_repeat_kv"])]
+    keys = ["arch", "heads", "kv_heads", "head_dim", "batch", "q_len", "kv_len"]
+    t = ok.pivot_table(index=keys, columns="variant", values="median_ms")
+    if not {"sdpa_default", "sdpa_repeat_kv"} <= set(t.columns):
+        return pd.DataFrame(columns=keys + ["repeat_over_gqa"])
+    t = t.dropna()
+    t["repeat_over_gqa"] = t["sdpa_repeat_kv"] / t["sdpa_default"]
+    return t.reset_index()

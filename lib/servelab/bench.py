@@ -1,0 +1,342 @@
+"""``python -m servelab.bench``: the engine's benchmarks, on your GPU, with any model the loader accepts.
+
+    python -m servelab.bench                       # Qwen2-0.5B shape in bf16: every row of bench.csv
+    python -m servelab.bench --model ./my-model --num-requests 64 --quick
+    python -m servelab.bench --smoke               # tiny config on the CPU, seconds (CI)
+
+Rows of ``bench.csv`` (``data/results/<device>/engine/``), each beside its roofline bound measured in
+the same run (copy and matmul ceilings):
+
+- ``decode_ms_b{B}_ctx{C}``: one decode step's forward (a CUDA-graph replay, input copies included)
+  for B sequences with C cached tokens; bound: weights + KV bytes at the copy ceiling;
+- ``offline_tok_s``: output tokens/s on the offline workload (random prompts, prompt and output
+  lengths uniform in [min, max], EOS ignored); bound: ``offline_floor_s``;
+- ``hf_offline_tok_s``: HF ``generate`` with static batching on the same workload (a time-capped
+  first batch; see ``hf_baseline.py`` for why that favours HF), and ``engine_speedup_vs_hf``;
+- ``prefill_mfu_{T}``: model FLOPs of a T-token prefill of ``--mfu-model`` per second, over the
+  measured matmul ceiling.
+
+Also written: ``decode.csv`` (engine backends beside HF eager and HF in a CUDA graph), ``offline.csv``,
+``exactness.csv`` (greedy agreement and logit error against HF, same weights).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+
+import pandas as pd
+
+from servelab.profiles import ParameterError
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    model: str
+    mfu_model: str
+    dtype: str
+    device: str
+    decode_points: tuple[tuple[int, int], ...]   # (batch, context)
+    mfu_tokens: int
+    num_requests: int
+    min_len: int
+    max_len: int
+    hf_batch: int
+    hf_budget_s: float
+    exactness_models: tuple[str, ...]
+    exactness_prompts: int
+    exactness_steps: int
+    repeats: int
+    time_budget_s: float
+    seed: int
+
+
+GOALS = {"decode_ms_b1_ctx128": ("<=", 0.6), "decode_ms_b64_ctx512": ("<=", 0.8), "offline_tok_s": (">=", 40000),
+         "engine_speedup_vs_hf": (">=", 20), "prefill_mfu_4096": (">=", 0.5)}
+
+
+def make_plan(args) -> BenchPlan:
+    import torch
+
+    if args.smoke:
+        return BenchPlan("config:tiny-qwen2", "config:tiny-llama", "float32", "cpu", ((1, 16), (4, 32)), 128,
+                         args.num_requests or 8, 8, 24, 8, 2.0, ("config:tiny-gpt2",), 2, 8, 3,
+                         args.time_budget, args.seed)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    quick = args.quick
+    return BenchPlan(args.model, args.mfu_model, args.dtype, device, ((1, 128), (64, 512)), args.mfu_tokens,
+                     args.num_requests or 256, args.min_len, args.max_len, args.hf_batch,
+                     10.0 if quick else 20.0, () if quick else ("config:gpt2",), 4, 32,
+                     10 if quick else 30, args.time_budget, args.seed)
+
+
+class Clock:
+    def __init__(self, budget_s: float):
+        self.t0, self.budget = time.perf_counter(), budget_s
+
+    def left(self) -> float:
+        return self.budget - (time.perf_counter() - self.t0)
+
+
+def _free(device: str) -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _row(metric, value, unit, bound=None, note=""):
+    """A bench row; ``pct_of_roofline`` is 100 at the roofline (floor/measured for times, measured/bound for rates)."""
+    if bound is None or value is None or value != value:
+        pct = float("nan")
+    elif unit in ("ms",):
+        pct = 100.0 * bound / value
+    else:
+        pct = 100.0 * value / bound
+    op, goal = GOALS.get(metric, (None, float("nan")))
+    meets = None if op is None or value != value else (value <= goal if op == "<=" else value >= goal)
+    return {"metric": metric, "value": value, "unit": unit, "roofline_bound": bound, "pct_of_roofline": pct,
+            "goal": f"{op} {goal:g}" if op else "", "meets_goal": meets, "note": note}
+
+
+def run_bench(plan: BenchPlan, *, write: bool = True, progress: bool = True, log=print) -> dict[str, pd.DataFrame]:
+    """Run every section the time budget allows; returns the tables (and writes them unless ``write=False``)."""
+    import torch
+
+    from servelab.engine import Engine, EngineConfig
+    from servelab.engine.bench.exactness import greedy_agreement
+    from servelab.engine.bench.hf_baseline import hf_static_throughput
+    from servelab.engine.bench.offline import offline_floor_s, run_offline
+    from servelab.engine.bench.step import engine_step
+    from servelab.engine.bench.workload import offline_workload
+    from servelab.measure import Roofline, device_record, measure_ceilings, time_fn
+    from servelab.models import ModelShape, load_model
+    from servelab.models.layers.decode import DECODE_BACKENDS
+    from servelab.results import StudyResults
+
+    clock = Clock(plan.time_budget_s)
+    dev = device_record(plan.device)
+    cuda = dev.kind == "cuda"
+    log(dev.summary())
+    ceil = measure_ceilings(plan.device)
+    roof = Roofline.from_ceilings(ceil)
+    log(f"ceilings: copy {ceil.copy_gb_s:,.0f} GB/s, matmul {ceil.matmul_tflop_s:,.1f} TFLOP/s ({ceil.matmul_dtype})")
+    rows, decode_rows, offline_rows, exact = [], [], [], []
+    dtype_bytes = torch.empty(0, dtype=getattr(torch, plan.dtype)).element_size()
+    lm = load_model(plan.model, dtype=plan.dtype, device=plan.device, seed=plan.seed, load_tokenizer=False)
+    hf = lm.model
+    shape = ModelShape.from_config(hf.config)
+    backends = ["triton", "gather"] if cuda and "triton" in DECODE_BACKENDS else ["gather"]
+
+    # ---- decode steps: engine backends, HF eager, HF in a CUDA graph, the floor -----------------------------
+    best_backend, best_at_largest = backends[0], float("inf")
+    for batch, ctx in plan.decode_points:
+        flops, nbytes = shape.decode_flops(batch, ctx), shape.decode_bytes(batch, ctx, dtype_bytes)
+        floor = float(roof.floor_ms(flops, nbytes))
+        impls = [(f"engine_{b}", b) for b in backends] + [("hf_eager", None)] + ([("hf_cuda_graph", None)] if cuda else [])
+        best = float("nan")
+        for impl, backend in impls:
+            status, t, note = "ok", None, ""
+            try:
+                if backend is not None:
+                    fn, before = engine_step(hf, batch, 1, ctx, seed=plan.seed, attention_backend=backend)
+                    note = f"graphs={fn.engine.num_graphs}"
+                elif impl == "hf_eager":
+                    from servelab.hf_modes import eager_step
+                    fn, before = eager_step(hf, batch, 1, ctx, seed=plan.seed)
+                else:
+                    from servelab.hf_modes import cuda_graph_step
+                    fn, before = cuda_graph_step(hf, batch, 1, ctx, seed=plan.seed)
+                repeats = plan.repeats if backend is not None or impl == "hf_cuda_graph" else max(3, plan.repeats // 3)
+                t = time_fn(fn, warmup=3, repeats=repeats, device=plan.device, before_each=before)
+            except Exception as e:  # record and go on: one failing variant must not end the run
+                status, note = ("oom" if "out of memory" in str(e).lower() else "error"), f"{type(e).__name__}: {e}"[:300]
+            finally:
+                fn = before = None
+                _free(plan.device)
+            ms = t.median_ms if t else float("nan")
+            decode_rows.append({"impl": impl, "batch": batch, "context": ctx, "median_ms": ms,
+                                "p25_ms": t.p25_ms if t else float("nan"), "p75_ms": t.p75_ms if t else float("nan"),
+                                "floor_ms": floor, "pct_of_floor": 100 * floor / ms if t else float("nan"),
+                                "status": status, "note": note})
+            if backend is not None and t and not ms >= best:
+                best = ms
+                if (batch, ctx) == plan.decode_points[-1] and ms < best_at_largest:
+                    best_backend, best_at_largest = backend, ms
+            log(f"decode b={batch} ctx={ctx} {impl}: {ms:.3f} ms (floor {floor:.3f}) {status} {note[:80]}")
+        fastest = min((r for r in decode_rows if r["batch"] == batch and r["context"] == ctx
+                       and r["impl"].startswith("engine") and r["status"] == "ok"),
+                      key=lambda r: r["median_ms"], default=None)
+        rows.append(_row(f"decode_ms_b{batch}_ctx{ctx}", best, "ms", floor,
+                         f"engine forward ({fastest['impl']}), CUDA-graph replay incl. input copies; "
+                         f"median of {plan.repeats}" if fastest and cuda else
+                         ("eager forward (no CUDA)" if fastest else "failed")))
+
+    # ---- offline throughput ---------------------------------------------------------------------------------
+    work = offline_workload(plan.num_requests, plan.min_len, plan.max_len, vocab=shape.vocab, seed=plan.seed)
+    floor_s = offline_floor_s(shape, work, roof, dtype_bytes)
+    bound_tok_s = work.output_tokens / floor_s
+    engine_tok_s = float("nan")
+    try:
+        cfg = EngineConfig(max_model_len=-(-work.max_total_len // 256) * 256, max_num_seqs=min(256, plan.num_requests),
+                           max_num_batched_tokens=8192, attention_backend=best_backend)
+        t0 = time.perf_counter()
+        engine = Engine.from_hf(hf, cfg)
+        build_s = time.perf_counter() - t0
+        warm = offline_workload(min(16, plan.num_requests), 8, 32, vocab=shape.vocab, seed=plan.seed + 1)
+        run_offline(engine, warm)  # first-use costs (Triton compile, allocator growth) outside the timing
+        res = run_offline(engine, work, progress=progress)
+        engine_tok_s = res["tok_s"]
+        st = engine.stats()
+        offline_rows.append({"impl": "engine", **res, "build_s": build_s, **{k: st[k] for k in (
+            "num_blocks", "kv_pool_gib", "attention_backend", "varlen_prefill", "cuda_graphs", "graph_capture_s",
+            "graph_steps", "eager_steps")}})
+        note = (f"{work.num_requests} requests, lengths U[{plan.min_len}, {plan.max_len}], "
+                f"{work.output_tokens} output tokens in {res['elapsed_s']:.2f} s; backend {st['attention_backend']}, "
+                f"varlen prefill {st['varlen_prefill']}, {st['graph_steps']} graph / {st['eager_steps']} eager steps, "
+                f"{res['preemptions']} preemptions, {st['num_blocks']} KV blocks")
+        log(f"offline: {engine_tok_s:,.0f} tok/s ({note})")
+    except Exception as e:
+        note = f"failed: {type(e).__name__}: {e}"[:300]
+        log(note)
+        traceback.print_exc()
+    finally:
+        engine = None
+        _free(plan.device)
+    rows.append(_row("offline_tok_s", engine_tok_s, "tok/s", bound_tok_s, note))
+
+    hf_tok_s = float("nan")
+    budget = min(plan.hf_budget_s, max(0.0, clock.left() - 60))
+    if budget >= 1:
+        try:
+            res = hf_static_throughput(hf, work, batch_size=plan.hf_batch, time_budget_s=budget)
+            hf_tok_s = res["tok_s"]
+            offline_rows.append({"impl": "hf_generate_static", **res})
+            note = (f"HF generate, static batch of {res['batch_size']} (the workload's first requests), "
+                    f"{res['generated_steps']} steps in {res['elapsed_s']:.1f} s"
+                    + ("" if res["complete"] else " (time-capped: an upper bound on HF's full-workload rate)"))
+        except Exception as e:
+            note = f"failed: {type(e).__name__}: {e}"[:300]
+        finally:
+            _free(plan.device)
+    else:
+        note = "skipped: time budget"
+    log(f"hf offline: {hf_tok_s:,.0f} tok/s ({note})")
+    rows.append(_row("hf_offline_tok_s", hf_tok_s, "tok/s", bound_tok_s, note))
+    rows.append(_row("engine_speedup_vs_hf", engine_tok_s / hf_tok_s if hf_tok_s == hf_tok_s else float("nan"), "x",
+                     None, "offline_tok_s / hf_offline_tok_s"))
+
+    # ---- exactness against HF in this dtype ------------------------------------------------------------------
+    for spec in (plan.model,) + plan.exactness_models:
+        if clock.left() < 45:
+            log(f"exactness {spec}: skipped (time budget)")
+            continue
+        try:
+            other = hf if spec == plan.model else load_model(spec, dtype=plan.dtype, device=plan.device,
+                                                             seed=plan.seed, load_tokenizer=False).model
+            vocab = other.config.vocab_size
+            g = torch.Generator().manual_seed(plan.seed)
+            prompts = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (7, 33, 120, 300)[:plan.exactness_prompts]]
+            eng = Engine.from_hf(other, EngineConfig(max_num_seqs=8, max_num_batched_tokens=1024, max_model_len=512,
+                                                     num_blocks=256, attention_backend=best_backend,
+                                                     graph_batch_sizes=(1, 2, 4)))
+            df = greedy_agreement(other, eng, prompts, plan.exactness_steps)
+            df.insert(0, "model", spec)
+            df.insert(1, "dtype", plan.dtype)
+            exact.append(df)
+            log(f"exactness {spec}: tokens agree for {df['tokens_agree'].tolist()} of {plan.exactness_steps} steps; "
+                f"max |logit err| {df['logit_max_abs_err'].max():.3g}")
+        except Exception as e:
+            log(f"exactness {spec}: failed: {type(e).__name__}: {e}")
+        finally:
+            eng = other = None
+            _free(plan.device)
+    lm = hf = None
+    _free(plan.device)
+
+    # ---- prefill MFU -----------------------------------------------------------------------------------------
+    mfu, note = float("nan"), "skipped: time budget"
+    if clock.left() > 20:
+        try:
+            big = load_model(plan.mfu_model, dtype=plan.dtype, device=plan.device, seed=plan.seed,
+                             load_tokenizer=False).model
+            bshape = ModelShape.from_config(big.config)
+            fn, _ = engine_step(big, 1, plan.mfu_tokens, 0, seed=plan.seed)
+            big = None
+            t = time_fn(fn, warmup=3, repeats=max(5, plan.repeats // 3), device=plan.device)
+            flops = bshape.prefill_flops(plan.mfu_tokens)
+            mfu = float(roof.achieved_tflop_s(t.median_ms, flops)) / ceil.matmul_tflop_s
+            note = (f"{plan.mfu_model}, one {plan.mfu_tokens}-token prompt: {t.median_ms:.2f} ms "
+                    f"(p25 {t.p25_ms:.2f}, p75 {t.p75_ms:.2f}), {flops / 1e12:.2f} TFLOP; ceiling "
+                    f"{ceil.matmul_tflop_s:.0f} TFLOP/s ({ceil.matmul_dtype} {ceil.matmul_n}^3)")
+        except Exception as e:
+            note = f"failed: {type(e).__name__}: {e}"[:300]
+        finally:
+            fn = big = None
+            _free(plan.device)
+    log(f"prefill MFU: {mfu:.3f} ({note})")
+    rows.append(_row(f"prefill_mfu_{plan.mfu_tokens}", mfu, "fraction of matmul ceiling", 1.0, note))
+
+    tables = {"bench": pd.DataFrame(rows), "decode": pd.DataFrame(decode_rows),
+              "offline": pd.DataFrame(offline_rows),
+              "exactness": pd.concat(exact, ignore_index=True) if exact else pd.DataFrame()}
+    if write:
+        res = StudyResults("engine", dev, {k: v for k, v in plan.__dict__.items()}, ceil)
+        for name, df in tables.items():
+            if len(df):
+                res.write(name, df)
+        res.finish(wall_s=time.perf_counter() - clock.t0)
+        log(f"wrote {', '.join(res.files)} under {res.dir}")
+    return tables
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="python -m servelab.bench", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="config:qwen2-0.5b", help="any spec the model loader accepts")
+    p.add_argument("--mfu-model", default="config:qwen2-1.5b", help="model for the prefill-MFU row")
+    p.add_argument("--mfu-tokens", type=int, default=4096)
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if present)")
+    p.add_argument("--num-requests", type=int, default=None, help="offline workload size (default 256)")
+    p.add_argument("--min-len", type=int, default=100)
+    p.add_argument("--max-len", type=int, default=1024)
+    p.add_argument("--hf-batch", type=int, default=64, help="HF static batch size for the baseline")
+    p.add_argument("--time-budget", type=float, default=230.0, help="seconds; late sections are skipped past it")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="fewer repeats, shorter HF baseline, no GPT-2 exactness")
+    p.add_argument("--smoke", action="store_true", help="tiny config on the CPU in seconds (CI)")
+    p.add_argument("--no-write", action="store_true", help="print only; write no results")
+    args = p.parse_args(argv)
+    for name in ("mfu_tokens", "min_len", "max_len", "hf_batch"):
+        if getattr(args, name) < 1:
+            raise ParameterError(f"--{name.replace('_', '-')} must be >= 1")
+    if args.num_requests is not None and args.num_requests < 1:
+        raise ParameterError("--num-requests must be >= 1")
+    if args.max_len < args.min_len:
+        raise ParameterError("--max-len must be >= --min-len")
+    return args
+
+
+def main(argv=None) -> int:
+    try:
+        args = parse_args(argv)
+    except ParameterError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    plan = make_plan(args)
+    tables = run_bench(plan, write=not args.no_write, progress=not args.smoke)
+    with pd.option_context("display.width", 200, "display.max_colwidth", 60):
+        print("\n" + tables["bench"][["metric", "value", "unit", "roofline_bound", "pct_of_roofline", "goal",
+                                      "meets_goal"]].to_string(index=False, float_format=lambda v: f"{v:,.4g}"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""Engine settings, validated when the engine is built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from servelab.profiles import ParameterError
+
+ATTENTION_BACKENDS = ("auto", "gather", "triton", "reference")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    block_size: int = 16                   # tokens per KV block
+    max_num_seqs: int = 256                # running sequences at once (also the largest decode graph)
+    max_num_batched_tokens: int = 8192     # tokens per step (prefill chunks + decodes)
+    max_model_len: int | None = None       # prompt + output tokens per request; None: min(model's, 4096)
+    memory_fraction: float = 0.9           # of the GPU's memory the engine may fill (weights, activations, KV)
+    num_blocks: int | None = None          # fix the KV pool size instead (required sense on CPU: default 4096)
+    cuda_graphs: bool = True               # capture decode steps (CUDA only)
+    attention_backend: str = "auto"        # "auto": triton where it imports on CUDA, else gather
+    graph_batch_sizes: tuple[int, ...] | None = None  # decode batch buckets to capture; None: 1, 2, 4, … max_num_seqs
+
+    def __post_init__(self):
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ParameterError(f"{name} must be a positive integer, got {v!r}")
+        for name in ("max_model_len", "num_blocks"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ParameterError(f"{name} must be a positive integer or None, got {v!r}")
+        if self.graph_batch_sizes is not None:
+            sizes = tuple(self.graph_batch_sizes)
+            if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= self.max_num_seqs
+                                for b in sizes):
+                raise ParameterError(f"graph_batch_sizes must be integers in [1, max_num_seqs], got {sizes!r}")
+            object.__setattr__(self, "graph_batch_sizes", tuple(sorted(set(sizes))))
+        if not isinstance(self.memory_fraction, (int, float)) or not 0 < self.memory_fraction <= 1:
+            raise ParameterError(f"memory_fraction must be in (0, 1], got {self.memory_fraction!r}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ParameterError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ParameterError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
+                                 f"({self.max_num_seqs}): every running sequence must be able to decode each step")

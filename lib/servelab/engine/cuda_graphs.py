@@ -1,0 +1,105 @@
+"""Decode steps captured as CUDA graphs, one per (batch, blocks) bucket, replayed with fresh inputs.
+
+A decode step of a small model is a few hundred short kernels; launched from Python each costs
+microseconds of CPU time, far more than the GPU needs to run it. A graph launches them all at once.
+Graph shapes are fixed, so a step of ``b`` sequences whose longest needs ``n`` blocks runs in the
+smallest captured bucket ``(B >= b, NB >= n)``; the ``B - b`` padding rows write their K/V into a
+scratch block that no sequence owns and attend to it alone, so they cost time but change nothing.
+Which block widths get their own graphs depends on the attention backend: the gather backend's cost
+grows with the width, so widths are bucketed by powers of two; a paged kernel that reads only each
+sequence's real length needs one width.
+
+A step's inputs travel in one host-to-device copy: token ids, positions, slots, context lengths and
+each sequence's row in the device block table (``DeviceBlockTables``), which the graph gathers itself.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import torch
+
+from servelab.engine.block_tables import DeviceBlockTables
+from servelab.models.layers.attention import AttentionMetadata
+
+GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+IDS, POSITIONS, SLOTS, CONTEXT_LENS, TABLE_ROWS = range(5)
+
+
+def power_of_two_buckets(maximum: int, smallest: int = 1) -> list[int]:
+    """``smallest, 2·smallest, 4·smallest, …`` up to and including ``maximum``."""
+    out, b = [], smallest
+    while b < maximum:
+        out.append(b)
+        b *= 2
+    return out + [maximum]
+
+
+class DecodeGraphs:
+    """Captured decode steps of ``model`` on ``pool``; ``run(...)`` replays the right bucket."""
+
+    def __init__(self, model, pool, tables: DeviceBlockTables, *, max_batch: int, scratch_block: int,
+                 block_widths: list[int] | None = None, batch_sizes=None):
+        self.model, self.pool, self.tables = model, pool, tables
+        # explicit sizes are captured as given; by default powers of two up to max_batch, and max_batch
+        self.batch_sizes = (sorted(set(batch_sizes)) if batch_sizes is not None
+                            else sorted({b for b in GRAPH_BATCH_SIZES if b < max_batch} | {max_batch}))
+        self.block_widths = sorted(block_widths or [tables.max_blocks])
+        self.scratch_slot = scratch_block * pool.block_size
+        B = self.batch_sizes[-1]
+        self.padding = torch.tensor([0, 0, self.scratch_slot, 1, tables.pad_row], dtype=torch.long)
+        self.inputs = self.padding[:, None].repeat(1, B).to(pool.device)  # [5, B]
+        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.memory_pool = None
+
+    def _forward(self, b: int, w: int):
+        x = self.inputs[:, :b]
+        tables = self.tables.device_table[:, :w][x[TABLE_ROWS]]  # gathered inside the graph
+        meta = AttentionMetadata(slot_mapping=x[SLOTS], num_decode_tokens=b, decode_context_lens=x[CONTEXT_LENS],
+                                 decode_block_tables=tables)
+        return self.model(x[IDS], x[POSITIONS], meta, self.pool)
+
+    @torch.inference_mode()
+    def capture(self, progress=None) -> None:
+        """Capture every bucket, largest first so that smaller graphs reuse the largest one's memory."""
+        self.memory_pool = torch.cuda.graph_pool_handle()
+        for b in reversed(self.batch_sizes):
+            for w in reversed(self.block_widths):
+                self._forward(b, w)  # warm-up: lazy initialisation (cuBLAS handles, Triton compiles) outside capture
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.memory_pool):
+                    out = self._forward(b, w)
+                self.graphs[(b, w)] = (graph, out)
+                if progress is not None:
+                    progress.update(1)
+        torch.cuda.synchronize()
+
+    @property
+    def num_graphs(self) -> int:
+        return len(self.batch_sizes) * len(self.block_widths)
+
+    def bucket(self, batch: int, blocks: int) -> tuple[int, int] | None:
+        """The smallest captured ``(B, NB)`` that holds the step, or None if it is larger than all."""
+        i = bisect.bisect_left(self.batch_sizes, batch)
+        j = bisect.bisect_left(self.block_widths, blocks)
+        if i == len(self.batch_sizes) or j == len(self.block_widths):
+            return None
+        return self.batch_sizes[i], self.block_widths[j]
+
+    def run(self, ids: list[int], positions: list[int], slots: list[int], table_rows: list[int]) -> torch.Tensor | None:
+        """Replay for ``len(ids)`` decode tokens; logits ``[len(ids), vocab]`` (a view of the graph's output).
+
+        ``positions[i]`` is the new token's position, so it attends to ``positions[i] + 1`` keys.
+        """
+        b = len(ids)
+        key = self.bucket(b, max(positions) // self.pool.block_size + 1)
+        if key is None or key not in self.graphs:
+            return None
+        B, _ = key
+        host = self.padding[:, None].repeat(1, B)
+        host[:, :b] = torch.tensor([ids, positions, slots, [p + 1 for p in positions], table_rows], dtype=torch.long)
+        self.inputs[:, :B].copy_(host, non_blocking=True)
+        graph, out = self.graphs[key]
+        graph.replay()
+        return out[:b]

@@ -1,0 +1,196 @@
+"""The engine: requests in, tokens out, one step at a time.
+
+    engine = Engine.from_spec("config:qwen2-0.5b", dtype="bfloat16", device="cuda")
+    seq = engine.add_request(prompt_ids, SamplingParams(max_tokens=64, temperature=0.7, seed=1))
+    for event in engine.stream():      # TokenEvent(seq_id, token_id, finished, finish_reason)
+        ...
+
+Each ``step()`` asks the scheduler for a batch, runs it (``ModelRunner``) and hands the sampled
+tokens back to the scheduler, which appends them, finishes sequences and frees their blocks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+
+import torch
+
+from servelab.engine.config import EngineConfig
+from servelab.engine.memory import MemoryPlan, plan_gpu_memory
+from servelab.engine.model_runner import ModelRunner, max_blocks_per_sequence
+from servelab.engine.scheduler import Scheduler, TokenBudgetScheduler, TokenEvent
+from servelab.engine.sequence import SamplingParams, Sequence
+from servelab.kv.block_manager import BlockManager
+from servelab.kv.pool import KVPool
+from servelab.models.layers.prefill import varlen_available, varlen_self_check
+from servelab.profiles import ParameterError
+
+CPU_DEFAULT_BLOCKS = 4096
+
+
+def resolve_backend(name: str, device: torch.device) -> str:
+    """``auto`` is the Triton paged kernel on CUDA where Triton imports, else the gather backend."""
+    from servelab.models.layers.decode import DECODE_BACKENDS
+
+    if name == "auto":
+        return "triton" if device.type == "cuda" and "triton" in DECODE_BACKENDS else "gather"
+    if name != "reference" and name not in DECODE_BACKENDS:
+        raise ParameterError(f"attention backend {name!r} is not available here (have {sorted(DECODE_BACKENDS)})")
+    return name
+
+
+def eos_ids(config) -> tuple[int, ...]:
+    e = getattr(config, "eos_token_id", None)
+    if e is None:
+        return ()
+    return tuple(e) if isinstance(e, (list, tuple)) else (int(e),)
+
+
+class Engine:
+    def __init__(self, model, config: EngineConfig | None = None, *, eos_token_ids: Iterable[int] | None = None,
+                 scheduler_cls: type[Scheduler] = TokenBudgetScheduler, graph_progress=None):
+        self.config = cfg = config or EngineConfig()
+        self.model = model
+        p = next(model.parameters())
+        self.device, self.dtype = p.device, p.dtype
+        self.max_model_len = min(cfg.max_model_len or 4096, model.max_positions)
+        if cfg.max_model_len is not None and cfg.max_model_len > model.max_positions:
+            raise ParameterError(f"max_model_len={cfg.max_model_len} exceeds the model's {model.max_positions} positions")
+        self.backend = resolve_backend(cfg.attention_backend, self.device)
+        for block in model.layers:  # the model was built with some backend; the engine's choice wins
+            block.attn.backend = self.backend
+        max_blocks = max_blocks_per_sequence(self.max_model_len, cfg.block_size)
+        self.memory_plan: MemoryPlan | None = None
+        if cfg.num_blocks is not None:
+            num_blocks = cfg.num_blocks
+        elif self.device.type == "cuda":
+            self.memory_plan = plan_gpu_memory(model, cfg, self.max_model_len, self.backend)
+            num_blocks = self.memory_plan.num_blocks
+        else:
+            num_blocks = CPU_DEFAULT_BLOCKS
+        self.num_blocks = num_blocks
+        # one extra block that no sequence owns: padding rows of a CUDA graph write there
+        self.pool = KVPool.for_model(model.shape, num_blocks + 1, cfg.block_size, self.dtype, self.device)
+        self.pool.kv.zero_()  # masked-out keys still enter P·V as 0·value: never let that be 0·NaN
+        self.block_manager = BlockManager(num_blocks, cfg.block_size)
+        self.scheduler = scheduler_cls(self.block_manager, max_num_seqs=cfg.max_num_seqs,
+                                       max_num_batched_tokens=cfg.max_num_batched_tokens,
+                                       eos_token_ids=tuple(eos_token_ids) if eos_token_ids is not None
+                                       else eos_ids(model.config))
+        self.runner = ModelRunner(model, self.pool, self.block_manager, scratch_block=num_blocks,
+                                  max_num_seqs=cfg.max_num_seqs, max_blocks=max_blocks)
+        self.varlen_status = "not tried (CPU or 32-bit)"
+        if varlen_available(torch.empty(0, device=self.device, dtype=self.dtype)):
+            s = model.shape
+            why_not = varlen_self_check(self.device, self.dtype, s.heads, s.kv_heads, s.head_dim)
+            self.runner.varlen = why_not is None
+            self.varlen_status = "on" if why_not is None else f"off: {why_not}"
+        self.num_graphs = 0
+        self.graph_capture_s = 0.0
+        if cfg.cuda_graphs and self.device.type == "cuda":
+            t0 = time.perf_counter()
+            self.num_graphs = self.runner.capture_cuda_graphs(cfg.max_num_seqs, graph_progress, cfg.graph_batch_sizes)
+            self.graph_capture_s = time.perf_counter() - t0
+        self.steps = 0
+
+    # ---- construction -----------------------------------------------------------------------------
+    @classmethod
+    def from_hf(cls, hf_model, config: EngineConfig | None = None, **kw) -> "Engine":
+        """An engine running the project's model code with ``hf_model``'s weights (same dtype and device)."""
+        from servelab.models.native import native_from_hf
+
+        cfg = config or EngineConfig()
+        positions = _max_positions(hf_model.config)
+        if cfg.max_model_len is not None and cfg.max_model_len > positions:
+            raise ParameterError(f"max_model_len={cfg.max_model_len} exceeds the model's {positions} positions")
+        limit = cfg.max_model_len or min(4096, positions)
+        model = native_from_hf(hf_model, max_positions=limit)
+        return cls(model, cfg, **kw)
+
+    @classmethod
+    def from_spec(cls, spec: str, *, dtype="bfloat16", device=None, config: EngineConfig | None = None,
+                  seed: int = 0, **kw) -> "Engine":
+        """Load ``spec`` with the model loader (``config:<name>``, a directory or a hub id) and build an engine."""
+        from servelab.models import load_model
+
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        lm = load_model(spec, dtype=dtype, device=device, seed=seed, load_tokenizer=False)
+        engine = cls.from_hf(lm.model, config, **kw)
+        del lm
+        if torch.device(device).type == "cuda":
+            torch.cuda.empty_cache()
+        return engine
+
+    # ---- requests ---------------------------------------------------------------------------------
+    def add_request(self, prompt_token_ids, params: SamplingParams | None = None, *,
+                    arrival_s: float | None = None) -> Sequence:
+        params = params or SamplingParams()
+        seq = Sequence(list(prompt_token_ids), params, arrival_s=time.perf_counter() if arrival_s is None else arrival_s)
+        vocab = self.model.shape.vocab
+        if max(seq.prompt_token_ids) >= vocab:
+            raise ParameterError(f"prompt token ids must be < vocab size {vocab}")
+        if seq.max_total_tokens > self.max_model_len:
+            raise ParameterError(f"prompt ({len(seq.prompt_token_ids)}) + max_tokens ({params.max_tokens}) exceeds "
+                                 f"max_model_len={self.max_model_len}")
+        if params.seed is not None:
+            seq.generator = torch.Generator(device=self.device).manual_seed(params.seed)
+        self.scheduler.add(seq)
+        return seq
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---- running ----------------------------------------------------------------------------------
+    def step(self) -> list[TokenEvent]:
+        """Schedule, run and postprocess one step; the tokens it produced."""
+        batch = self.scheduler.schedule()
+        if not batch.items:
+            if batch.preempted or not self.has_unfinished():
+                return []
+            raise RuntimeError(f"scheduler produced no work with {len(self.scheduler.waiting)} waiting and "
+                               f"{len(self.scheduler.running)} running sequences")
+        for seq in batch.preempted:
+            self.runner.release(seq.seq_id)
+        sampled = self.runner.execute(batch)
+        self.steps += 1
+        events = self.scheduler.postprocess(batch, sampled)
+        for ev in events:
+            if ev.finished:
+                self.runner.release(ev.seq_id)
+        return events
+
+    def stream(self) -> Iterator[TokenEvent]:
+        """Step until every request finished, yielding tokens as they are produced."""
+        while self.has_unfinished():
+            yield from self.step()
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None,
+                 *, progress: bool = False) -> list[list[int]]:
+        """Run ``prompts`` to completion; output token ids per prompt, in order."""
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        if len(plist) != len(prompts):
+            raise ParameterError(f"got {len(plist)} SamplingParams for {len(prompts)} prompts")
+        seqs = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
+        bar = None
+        if progress:
+            from tqdm.auto import tqdm
+
+            bar = tqdm(total=sum(s.params.max_tokens for s in seqs), unit="tok", desc="generate")
+        for ev in self.stream():
+            if bar is not None:
+                bar.update(1)
+        if bar is not None:
+            bar.close()
+        return [s.output_token_ids for s in seqs]
+
+    def stats(self) -> dict:
+        return {"num_blocks": self.num_blocks, "block_size": self.config.block_size,
+                "kv_pool_gib": self.pool.nbytes / 2**30, "attention_backend": self.backend, "varlen_prefill": self.varlen_status,
+                "cuda_graphs": self.num_graphs, "graph_capture_s": self.graph_capture_s, "steps": self.steps,
+                "graph_steps": self.runner.graph_steps, "eager_steps": self.runner.eager_steps,
+                "preemptions": self.scheduler.num_preemptions}
+
+
+def _max_positions(config) -> int:
+    return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 4096)

@@ -1,0 +1,83 @@
+"""Runs one scheduled batch through the model: inputs, forward (CUDA graph or eager), sampling.
+
+A decode-only step that fits a captured bucket replays a CUDA graph; everything else (prefill
+chunks, mixed steps, steps larger than any bucket, CPU runs) runs eagerly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from servelab.engine.block_tables import DeviceBlockTables
+from servelab.engine.cuda_graphs import DecodeGraphs, power_of_two_buckets
+from servelab.engine.sampling import sample
+from servelab.engine.scheduler import ScheduledBatch
+from servelab.engine.step_inputs import build_step_inputs
+from servelab.kv.block_manager import BlockManager
+
+
+class ModelRunner:
+    """Owns the model and the KV pool; ``execute(batch)`` returns one sampled token (or None) per item."""
+
+    def __init__(self, model, pool, bm: BlockManager, *, scratch_block: int, max_num_seqs: int, max_blocks: int):
+        self.model, self.pool, self.bm = model, pool, bm
+        self.scratch_block = scratch_block  # a pool block the block manager never hands out
+        self.device = pool.device
+        self.tables = DeviceBlockTables(bm, max_num_seqs, max_blocks, scratch_block, pool.device)
+        self.graphs: DecodeGraphs | None = None
+        self.varlen = False          # set by the engine once varlen prefill passed its self-check here
+        self.graph_steps = 0
+        self.eager_steps = 0
+
+    def release(self, seq_id) -> None:
+        """A sequence finished or was preempted: its block-table row is free."""
+        self.tables.release(seq_id)
+
+    def capture_cuda_graphs(self, max_batch: int, progress=None, batch_sizes=None) -> int:
+        """Capture decode graphs for batches up to ``max_batch`` (block tables up to their full width)."""
+        if self.device.type != "cuda":
+            raise RuntimeError("CUDA graphs need a CUDA device")
+        backend = self.model.layers[0].attn.backend
+        max_blocks = self.tables.max_blocks
+        widths = power_of_two_buckets(max_blocks, smallest=min(8, max_blocks)) if backend == "gather" else [max_blocks]
+        self.graphs = DecodeGraphs(self.model, self.pool, self.tables, max_batch=max_batch,
+                                   scratch_block=self.scratch_block, block_widths=widths,
+                                   batch_sizes=batch_sizes)
+        if progress is not None:
+            progress.reset(total=self.graphs.num_graphs)
+        self.graphs.capture(progress)
+        return self.graphs.num_graphs
+
+    @torch.inference_mode()
+    def logits(self, batch: ScheduledBatch):
+        """``(logits [S, vocab], items)`` for the S items of ``batch`` that sample this step."""
+        if self.graphs is not None and batch.is_decode_only:
+            items = batch.items
+            positions = [it.start for it in items]
+            slots = [it.slots[0] for it in items]
+            rows = self.tables.rows_for([it.seq.seq_id for it in items], positions, slots)
+            out = self.graphs.run([it.seq.token_at(it.start) for it in items], positions, slots, rows)
+            if out is not None:
+                self.graph_steps += 1
+                keep = [i for i, it in enumerate(items) if it.samples]
+                if len(keep) < len(items):  # a one-token prefill chunk that does not finish its prompt
+                    out = out[torch.tensor(keep, device=out.device)]
+                return out, [items[i] for i in keep]
+        self.eager_steps += 1
+        x = build_step_inputs(batch, self.tables, self.device, varlen=self.varlen)
+        out = self.model(x.input_ids, x.positions, x.meta, self.pool, x.logits_indices)
+        return out, x.sampling_items
+
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch) -> list[int | None]:
+        for src, dst in self.bm.take_copies():  # copy-on-write of shared blocks, before any K/V is written
+            self.pool.copy_blocks([(src, dst)])
+        logits, items = self.logits(batch)
+        tokens = sample(logits, [it.seq.params for it in items], [it.seq.generator for it in items]).tolist() \
+            if items else []
+        by_seq = {it.seq.seq_id: t for it, t in zip(items, tokens)}
+        return [by_seq.get(it.seq.seq_id) for it in batch.items]
+
+
+def max_blocks_per_sequence(max_model_len: int, block_size: int) -> int:
+    return -(-max_model_len // block_size)

@@ -1,0 +1,228 @@
+"""The scheduler: which sequences run in the next step, and how many tokens each.
+
+The interface is all a policy implements and all the engine (or a simulator, with no GPU) calls:
+
+- ``add(seq)``: a request arrives;
+- ``schedule() -> ScheduledBatch``: pick the step's work, reserving KV blocks through the
+  ``BlockManager``; when blocks run out the policy decides: queue the newcomer, or preempt a running
+  sequence (its blocks are freed and it is recomputed later);
+- ``postprocess(batch, sampled) -> list[TokenEvent]``: account for the computed tokens, append the
+  sampled ones, finish sequences (EOS, stop ids, max_tokens) and free their blocks.
+
+The bookkeeping every policy shares (admission limits, postprocess, preemption) lives in
+``Scheduler``; a policy only writes ``schedule``. ``TokenBudgetScheduler`` is the default.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import deque
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from servelab.engine.sequence import FinishReason, Sequence, SequenceStatus
+from servelab.kv.block_manager import BlockManager, OutOfBlocks
+from servelab.profiles import ParameterError
+
+
+@dataclass(slots=True)
+class ScheduledSequence:
+    """One sequence's share of a step: tokens [start, start + num_tokens) and where their K/V go."""
+
+    seq: Sequence
+    start: int                 # == seq.num_computed_tokens when scheduled
+    num_tokens: int
+    slots: list[int]           # pool slot of each of these tokens
+
+    @property
+    def samples(self) -> bool:
+        """Whether this step ends the sequence's uncomputed tokens, so its last logits give a new token."""
+        return self.start + self.num_tokens == self.seq.num_tokens
+
+    @property
+    def is_decode(self) -> bool:
+        return self.num_tokens == 1
+
+
+@dataclass
+class ScheduledBatch:
+    items: list[ScheduledSequence] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)  # sent back to the queue in this step
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(it.num_tokens for it in self.items)
+
+    @property
+    def is_decode_only(self) -> bool:
+        return bool(self.items) and all(it.is_decode for it in self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+class TokenEvent(NamedTuple):
+    """A token produced for a request, as the engine yields it."""
+
+    seq_id: int
+    token_id: int
+    finished: bool
+    finish_reason: FinishReason | None
+
+
+class Scheduler(ABC):
+    """Queues, running set and KV blocks; subclasses decide what runs (``schedule``)."""
+
+    def __init__(self, block_manager: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int,
+                 eos_token_ids: tuple[int, ...] = ()):
+        if max_num_seqs < 1:
+            raise ParameterError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
+        if max_num_batched_tokens < max_num_seqs:
+            raise ParameterError(f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_num_seqs "
+                                 f"({max_num_seqs}) so that every running sequence can decode each step")
+        self.bm = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.eos_token_ids = tuple(eos_token_ids)
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in admission order: the last is the first to be preempted
+        self.num_preemptions = 0
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.bm.num_blocks * self.bm.block_size
+
+    def add(self, seq: Sequence) -> None:
+        """Queue a request. Refuses one that could never fit the KV pool, even alone."""
+        if seq.max_total_tokens > self.capacity_tokens:
+            raise ParameterError(f"request {seq.seq_id} needs up to {seq.max_total_tokens} tokens of KV cache; "
+                                 f"the pool holds {self.capacity_tokens}")
+        seq.status = SequenceStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @abstractmethod
+    def schedule(self) -> ScheduledBatch:
+        """Choose this step's work; an empty batch when nothing can run."""
+
+    # ---- shared mechanics ---------------------------------------------------------------------------
+    def _reserve(self, seq: Sequence, end: int) -> None:
+        """Make sure positions ``[0, end)`` have slots, reserving whole blocks (to the end of ``end``'s block).
+
+        Reserving to the block end allocates exactly the blocks the tokens need, but asks the block
+        manager once per block instead of once per token: a decode step of 256 sequences would
+        otherwise spend milliseconds in it. Raises ``OutOfBlocks`` with nothing changed.
+        """
+        have = len(seq.kv_slots)
+        if end <= have:
+            return
+        target = -(-end // self.bm.block_size) * self.bm.block_size
+        if have == 0 and seq.seq_id not in self.bm:
+            self.bm.allocate(seq.seq_id, target)
+            seq.kv_slots = self.bm.slot_mapping(seq.seq_id, 0, target)
+        else:
+            seq.kv_slots += self.bm.append(seq.seq_id, target - have)
+
+    def _admit(self, seq: Sequence, num_tokens: int) -> ScheduledSequence:
+        """Move a waiting sequence to running with blocks for its first ``num_tokens`` tokens."""
+        self._reserve(seq, num_tokens)  # raises OutOfBlocks with nothing changed
+        self.waiting.remove(seq)
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+        return ScheduledSequence(seq, 0, num_tokens, seq.kv_slots[:num_tokens])
+
+    def _preempt(self, seq: Sequence) -> None:
+        """Free a running sequence's blocks; it goes to the front of the queue to be recomputed."""
+        self.bm.free(seq.seq_id)
+        seq.kv_slots = []
+        self.running.remove(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def postprocess(self, batch: ScheduledBatch, sampled: list[int | None]) -> list[TokenEvent]:
+        """Advance each scheduled sequence; ``sampled[i]`` is item i's new token (None if it did not sample)."""
+        if len(sampled) != len(batch.items):
+            raise ValueError(f"need one sampled entry per scheduled item, got {len(sampled)} for {len(batch.items)}")
+        events = []
+        for it, tok in zip(batch.items, sampled):
+            seq = it.seq
+            seq.num_computed_tokens = done = it.start + it.num_tokens
+            if done != len(seq.prompt_token_ids) + len(seq.output_token_ids):  # a chunk that does not sample
+                continue
+            if tok is None:
+                raise ValueError(f"sequence {seq.seq_id} completed its tokens but no token was sampled")
+            seq.output_token_ids.append(tok)
+            reason = self._finish_reason(seq, tok)
+            if reason is not None:
+                self._finish(seq, reason)
+            events.append(TokenEvent(seq.seq_id, tok, reason is not None, reason))
+        return events
+
+    def _finish_reason(self, seq: Sequence, tok: int) -> FinishReason | None:
+        p = seq.params
+        if tok in p.stop_token_ids:
+            return FinishReason.STOP
+        if not p.ignore_eos and tok in self.eos_token_ids:
+            return FinishReason.EOS
+        if len(seq.output_token_ids) >= p.max_tokens:
+            return FinishReason.LENGTH
+        return None
+
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+        self.bm.free(seq.seq_id)
+        seq.kv_slots = []
+        self.running.remove(seq)
+
+
+class TokenBudgetScheduler(Scheduler):
+    """Continuous batching under a token budget, oldest first.
+
+    Each step: every running sequence gets its next tokens (one to decode, or the next prefill chunk),
+    oldest first, while the budget lasts; when a sequence's blocks run out, the newest running
+    sequence is preempted (recompute) until it fits. Then waiting requests are admitted first come,
+    first served, each with a prefill chunk that fits the remaining budget and the free blocks; the
+    first that does not fit stops admission (it queues). No admission in a step that preempted, so a
+    preempted sequence is not readmitted at once only to be preempted again.
+    """
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.max_num_batched_tokens
+        for seq in list(self.running):
+            if budget == 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:  # preempted earlier in this loop
+                continue
+            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
+            start = seq.num_computed_tokens
+            while True:
+                try:
+                    self._reserve(seq, start + n)  # raises with nothing changed when blocks run out
+                    break
+                except OutOfBlocks:
+                    victim = self.running[-1]  # the newest running sequence gives its blocks back
+                    self._preempt(victim)
+                    batch.preempted.append(victim)
+                    if victim is seq:
+                        break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue
+            batch.items.append(ScheduledSequence(seq, start, n, seq.kv_slots[start:start + n]))
+            budget -= n
+        if batch.preempted:
+            return batch
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            n = min(seq.num_uncomputed_tokens, budget)
+            if not self.bm.can_allocate(n):
+                break
+            batch.items.append(self._admit(seq, n))
+            budget -= n
+        return batch

@@ -1,0 +1,70 @@
+"""From a scheduled batch to the tensors one forward needs: flat token ids, positions and attention metadata.
+
+Decode items (one token each) come first in the flat batch, then prefill chunks, as the attention
+layer expects. ``order`` maps flat positions back to the scheduler's items.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from servelab.engine.scheduler import ScheduledBatch, ScheduledSequence
+from servelab.engine.block_tables import DeviceBlockTables
+from servelab.models.layers.attention import AttentionMetadata
+from servelab.models.layers.prefill import PrefillSegment
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor        # LongTensor [T]
+    positions: torch.Tensor        # LongTensor [T]
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor   # LongTensor [S]: flat index of each sampling item's last token
+    sampling_items: list[ScheduledSequence]  # the S items that sample, in logits order
+
+
+def build_step_inputs(batch: ScheduledBatch, tables: DeviceBlockTables, device, *, varlen: bool = False) -> StepInputs:
+    """``varlen``: run the context-free prefill segments as one varlen attention call (when there are two or more)."""
+    decodes = [it for it in batch.items if it.is_decode]
+    fresh = [it for it in batch.items if not it.is_decode and it.start == 0]
+    prefills = fresh + [it for it in batch.items if not it.is_decode and it.start > 0]
+    ordered = decodes + prefills
+    ids, pos, slots = [], [], []
+    for it in ordered:
+        ids += it.seq.token_ids(it.start, it.start + it.num_tokens)
+        pos += range(it.start, it.start + it.num_tokens)
+        slots += it.slots
+    meta = AttentionMetadata(slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
+                             num_decode_tokens=len(decodes))
+    bm = tables.bm
+    if decodes:
+        positions = [it.start for it in decodes]
+        rows = tables.rows_for([it.seq.seq_id for it in decodes], positions, [it.slots[0] for it in decodes])
+        meta.decode_context_lens = torch.tensor([p + 1 for p in positions], dtype=torch.long, device=device)
+        meta.decode_block_tables = tables.gather(rows, max(positions) // bm.block_size + 1)
+    q = len(decodes)
+    for it in prefills:
+        table = (torch.tensor(bm.block_table(it.seq.seq_id), dtype=torch.long, device=device)
+                 if it.start > 0 else None)  # only read back when there is cached context
+        meta.prefills.append(PrefillSegment(q, it.num_tokens, it.start, table))
+        q += it.num_tokens
+    if varlen and len(fresh) >= 2:
+        lens = [it.num_tokens for it in fresh]
+        offsets = [0]
+        for n in lens:
+            offsets.append(offsets[-1] + n)
+        meta.varlen_segments = len(fresh)
+        meta.varlen_cu_seqlens = torch.tensor(offsets, dtype=torch.int32, device=device)
+        meta.varlen_max_len = max(lens)
+    sampling, last = [], []
+    q = 0
+    for it in ordered:
+        q += it.num_tokens
+        if it.samples:
+            sampling.append(it)
+            last.append(q - 1)
+    return StepInputs(torch.tensor(ids, dtype=torch.long, device=device),
+                      torch.tensor(pos, dtype=torch.long, device=device), meta,
+                      torch.tensor(last, dtype=torch.long, device=device), sampling)
