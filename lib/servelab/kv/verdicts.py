@@ -73,7 +73,7 @@ def f42(summary: pd.DataFrame, copy_gb_s: float) -> dict:
     if len(mb):
         best = mb.loc[mb["marginal_kv_gb_s"].idxmax()]
         why += (f"; there each extra token of context is read at up to {best.marginal_kv_gb_s:,.0f} GB/s "
-                f"({100 * best.marginal_kv_gb_s / copy_gb_s:.0f}% of the copy ceiling, {best.mode} b={best.batch})")
+                f"({100 * best.marginal_kv_gb_s / copy_gb_s:.0f}% of the copy ceiling, {best['mode']} b={best['batch']})")
     parts = [f"{r.mode} b={r.batch}: {r.variation_pct:.0f}% ({r.pct_of_floor_at_max_context:.0f}% of floor)"
              for r in s.itertuples()]
     measured = f"{s['variation_pct'].min():.1f}–{s['variation_pct'].max():.0f}%"
