@@ -10,7 +10,8 @@
 
 Warnings (printed, not failures), for a study page built from an executed notebook: it shows no figure
 (usually: the notebook ran with a non-inline matplotlib backend and lost its plots); it has no
-"Findings" section for the findings table to link to.
+"Findings" section for the findings table to link to; it lacks a section of the study-page structure
+(findings, seed vs H200, limitations, how to re-run).
 """
 
 from __future__ import annotations
@@ -81,6 +82,29 @@ def remote_resources(soup: BeautifulSoup) -> list[str]:
     return found
 
 
+# The sections every study page has (methodology, "The structure of a study page"), as heading patterns.
+STUDY_SECTIONS = {"Findings": r"findings", "Seed vs H200": r"seed vs", "Limitations": r"limitation",
+                  "How to re-run": r"re-?run|reproduc"}
+
+
+def missing_sections(soup: BeautifulSoup) -> list[str]:
+    """Which of the study page's required sections no heading of the page names."""
+    headings = " | ".join(h.get_text(" ", strip=True).lower() for h in soup.select("main h2, main h3"))
+    return [name for name, pattern in STUDY_SECTIONS.items() if not re.search(pattern, headings)]
+
+
+def rendered_text(soup: BeautifulSoup) -> str:
+    """The page's text as rendered for reading: code a reader is shown as code (notebook inputs, code
+    blocks, inline literals) left out, cell outputs kept, since MyST source in an output is a defect."""
+    main = BeautifulSoup(str(soup.find("main") or soup), "html.parser")
+    for el in main.select(".cell_input, code.literal"):
+        el.decompose()
+    for el in main.select("div[class*='highlight-']"):
+        if not el.find_parent(class_="cell_output"):
+            el.decompose()
+    return main.get_text(" ")
+
+
 def _ids(soup: BeautifulSoup) -> set[str]:
     return {t["id"] for t in soup.find_all(id=True)} | {t["name"] for t in soup.find_all("a", attrs={"name": True})}
 
@@ -104,8 +128,7 @@ def check_book(html_dir: Path, seed_csv: Path = SEED_CLAIMS_CSV) -> CheckReport:
     for rel, soup in soups.items():
         for url in remote_resources(soup):
             report.problems.append(f"{rel}: loads {url} from the network")
-        main = soup.find("main") or soup
-        text = main.get_text(" ")
+        text = rendered_text(soup)
         if UNRENDERED.search(text):
             report.problems.append(f"{rel}: unrendered MyST in the page: {UNRENDERED.search(text).group(0)!r}")
         for a in soup.find_all("a", href=True):
@@ -149,6 +172,9 @@ def check_book(html_dir: Path, seed_csv: Path = SEED_CLAIMS_CSV) -> CheckReport:
         if not soup.find(id=re.compile(r"^findings")):
             report.warnings.append(f"{s.html_path}: no section titled 'Findings…'; the findings table links to the "
                                    f"page's top instead")
+        missing = missing_sections(soup)
+        if missing:
+            report.warnings.append(f"{s.html_path}: the study-page structure lacks a section on {', '.join(missing)}")
 
     css = sorted((html_dir / "_static").rglob("*.css")) if (html_dir / "_static").is_dir() else []
     for path in css:

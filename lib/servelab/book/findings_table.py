@@ -17,7 +17,7 @@ from servelab.book.claim_links import claim_target
 from servelab.book.studies import STUDIES, StudyPage
 
 NOT_MEASURED = "not yet measured"
-BADGES = {"holds": "bdg-success", "changes": "bdg-warning", "fails": "bdg-danger", NOT_MEASURED: "bdg-secondary"}
+BADGES = {"holds": "bdg-success", "changes": "bdg-warning", "fails": "bdg-danger", NOT_MEASURED: "bdg-muted"}
 TABLE_CLASS = "servelab-findings"  # the browser test and `check` find the table by this class
 TABLE_COLUMNS = ["id", "study", "claim", "rtx2070_value", "h200_value", "verdict", "reason", "link",
                  "device_name", "started_utc", "git_commit"]
@@ -76,10 +76,20 @@ def md_text(text: str) -> str:
 
 
 def one_line(text: str, limit: int = 160) -> str:
-    """The first sentence of a note, cut at ``limit`` characters: the landing page's one-line reason."""
+    """The first sentence (or clause before a semicolon) of a note, at most ``limit`` characters: the
+    landing page's one-line reason; "…" says the findings page has more."""
     text = " ".join(str(text).split())
     first = re.split(r"(?<=[.;])\s", text, maxsplit=1)[0]
-    return first if len(first) <= limit else first[: limit - 1].rstrip() + "…"
+    if len(first) > limit:
+        return first[: limit - 1].rstrip(" ,;") + "…"
+    if first.endswith(";") or (first != text and not first.endswith(".")):
+        return first.rstrip(" ,;") + "…"
+    return first
+
+
+def _text(value) -> str:
+    """A provenance field as text; missing (None, NaN) is empty."""
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
 
 
 def findings_table(seed: pd.DataFrame, findings: pd.DataFrame, pages: list[StudyPage]) -> pd.DataFrame:
@@ -102,8 +112,8 @@ def findings_table(seed: pd.DataFrame, findings: pd.DataFrame, pages: list[Study
                 stale.append(f"{claim.id} ({page.source.name})")
             unit = str(f["unit"]).strip()
             row.update(h200_value=f"{format_value(f['measured_value'])} {unit}".strip(), verdict=f["verdict"],
-                       reason=str(f["note"]), device_name=str(f["device_name"] or ""),
-                       started_utc=str(f["started_utc"] or ""), git_commit=str(f["git_commit"] or ""))
+                       reason=str(f["note"]), device_name=_text(f["device_name"]),
+                       started_utc=_text(f["started_utc"]), git_commit=_text(f["git_commit"]))
         else:
             issue = issue_of[claim.study]
             where = f"issue #{issue}" if issue else "a later issue"

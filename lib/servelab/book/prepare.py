@@ -35,13 +35,14 @@ class Prepared:
     unchanged: list[Path] = field(default_factory=list)
     counts: dict = field(default_factory=dict)
     measured_pages: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         c = self.counts
         return (f"prepared the book: {len(self.written)} generated files written, {len(self.unchanged)} unchanged; "
                 f"claims: {c.get('holds', 0)} hold, {c.get('changes', 0)} change, {c.get('fails', 0)} fail, "
                 f"{c.get('not yet measured', 0)} not yet measured; executed study pages: "
-                f"{', '.join(self.measured_pages) or 'none'}")
+                f"{', '.join(self.measured_pages) or 'none'}" + "".join(f"\n  warning: {w}" for w in self.warnings))
 
 
 def prepare_checkout(root: Path, results_root: Path | None = None, *, device: str = BOOK_DEVICE) -> Prepared:
@@ -78,12 +79,16 @@ def prepare(results_root: Path | None = None, *, device: str = BOOK_DEVICE, stud
     table = findings_table(seed, book_findings(results_root, device), pages)
     report.counts = verdict_counts(table)
     report.measured_pages = [p.study.slug for p in pages if p.measured]
+    runs = book_runs(results_root, device)
+    for slug in sorted(set(report.measured_pages) - set(runs["study"])):
+        report.warnings.append(f"book/studies/{slug}.ipynb is an executed notebook, but the results hold no "
+                               f"{device!r} run of {slug} (a smoke run, or results not committed?)")
 
     files = {
         "findings_summary.md": render_summary(table),
         "findings_table.md": render_landing_table(table),
         "findings_by_study.md": render_by_study(table, {p.study.slug: p.title for p in pages}),
-        "runs_table.md": render_runs_table(book_runs(results_root, device)),
+        "runs_table.md": render_runs_table(runs),
         "reproduce.md": render_reproduce(notebooks_dir),
         "engine_bench.md": render_engine_bench(find_bench(results_root, device)),
     }

@@ -36,13 +36,13 @@ class Study:
 
 
 STUDIES: tuple[Study, ...] = (
-    Study(1, "01_scheduling", "Scheduling: FCFS, EagerContBatch and ChunkedPrefill", None),
-    Study(2, "02_gpu_costs", "What prefill and decode cost on the GPU", None),
-    Study(3, "03_speculative", "Speculative decoding: Qwen2-0.5B drafting for Qwen2-1.5B", None),
+    Study(1, "01_scheduling", "Scheduling: FCFS, EagerContBatch and ChunkedPrefill", 6),
+    Study(2, "02_gpu_costs", "What prefill and decode cost on the GPU", 2),
+    Study(3, "03_speculative", "Speculative decoding: Qwen2-0.5B drafting for Qwen2-1.5B", 8),
     Study(4, "04_kv_cache", "KV cache costs and the paged KV cache", 4),
     Study(5, "05_attention", "Attention kernels", 3),
-    Study(6, "06_hf_assisted", "HuggingFace assisted generation", None),
-    Study(7, "07_prefix_cache", "Prefix caching", None),
+    Study(6, "06_hf_assisted", "HuggingFace assisted generation", 8),
+    Study(7, "07_prefix_cache", "Prefix caching", 9),
 )
 
 

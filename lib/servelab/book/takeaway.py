@@ -7,10 +7,17 @@ markdown (an admonition), which the book renders as a box (``nb_render_markdown_
 from __future__ import annotations
 
 
-def takeaway(title: str, text: str, kind: str = "tip"):
+class TakeawayMarkdown(str):
+    """The box's markdown; a cell ending in ``takeaway(...)`` then shows no ``Out[]`` echo of it."""
+
+    def _ipython_display_(self):
+        pass
+
+
+def takeaway(title: str, text: str, kind: str = "tip") -> TakeawayMarkdown:
     """Display a takeaway admonition; returns the markdown string too (for tests)."""
     from IPython.display import Markdown, display
 
     md = f":::{{admonition}} {title}\n:class: {kind}\n{text.strip()}\n:::\n"
     display(Markdown(md))
-    return md
+    return TakeawayMarkdown(md)
