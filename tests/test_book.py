@@ -202,6 +202,7 @@ def test_text_is_escaped_for_myst_and_cut_to_one_line():
     assert md_text("(label)= x") == r"\(label)= x" and md_text("- item") == r"\- item"
     assert md_text("1. first") == r"1\. first" and md_text("*x*") == r"\*x\*" and md_text("3.2 ms") == "3.2 ms"
     assert one_line("First sentence. Second one.") == "First sentence."
+    assert one_line("a clause; then more") == "a clause…" and one_line("all of it") == "all of it"
     assert one_line("x" * 300).endswith("…") and len(one_line("x" * 300)) == 160
 
 
@@ -223,7 +224,7 @@ def test_findings_table_joins_seed_h200_and_pages(tmp_path, studies_dir):
     assert f":class: {TABLE_CLASS}" in md
     assert md.count("\n* - ") == 23  # header + 22 claims
     assert "[F5.1](project:/book/studies/05_attention.ipynb#findings)" in md
-    assert "{bdg-warning}`changes`" in md and "{bdg-secondary}`not yet measured`" in md
+    assert "{bdg-warning}`changes`" in md and "{bdg-muted}`not yet measured`" in md
     assert r"a \| pipe, \*stars\* and \$dollars\$" in md
     assert "cuDNN attention is the default on sm90." in md and "fuses the softmax" not in md  # one line
 
@@ -266,7 +267,7 @@ def test_prepare_writes_deterministic_includes(tmp_path, studies_dir):
     names = sorted(p.relative_to(gen).as_posix() for p in first.written)
     assert names == sorted(["findings_summary.md", "findings_table.md", "findings_by_study.md", "runs_table.md",
                             "reproduce.md", "engine_bench.md"] + [f"claims/{s.slug}.md" for s in STUDIES])
-    assert first.measured_pages == ["05_attention"] and first.counts["holds"] == 1
+    assert first.measured_pages == ["05_attention"] and first.counts["holds"] == 1 and not first.warnings
     snapshot = {p: p.read_bytes() for p in gen.rglob("*.md")}
     second = prepare(results, **kwargs)
     assert not second.written and len(second.unchanged) == len(snapshot)
@@ -336,3 +337,33 @@ def test_prepare_checkout_builds_another_clones_book(tmp_path, monkeypatch):
     assert (clone / "book" / "_generated" / "findings_table.md").exists()
     assert (clone / "book" / "_static" / "mathjax").is_dir()
     assert "Study 1" in (clone / "book" / "_generated" / "runs_table.md").read_text()
+
+
+def test_prepare_warns_about_an_executed_page_without_an_h200_run(tmp_path, studies_dir):
+    (studies_dir / "05_attention.md").unlink()
+    executed_notebook(studies_dir / "05_attention.ipynb")
+    write_run(tmp_path / "results", "cpu", "05_attention", F5)  # e.g. a smoke run copied into the book
+    report = prepare(tmp_path / "results", studies_dir=studies_dir, notebooks_dir=tmp_path / "nb",
+                     generated_dir=tmp_path / "gen", mathjax_target=None)
+    assert report.warnings == ["book/studies/05_attention.ipynb is an executed notebook, but the results hold no "
+                               "'h200' run of 05_attention (a smoke run, or results not committed?)"]
+    assert "\n  warning: book/studies/05_attention.ipynb" in report.summary()
+
+
+def test_mathjax_is_vendored_from_the_installed_package(tmp_path):
+    from servelab.book.mathjax import ENTRY, PARTS, MathJaxMissing, mathjax_source, vendor_mathjax
+
+    src = mathjax_source()  # the pinned sphinx-mathjax-offline ships MathJax 3
+    assert "MathJax" in (src / ENTRY).read_text(errors="replace")
+    target = tmp_path / "mathjax"
+    (target / "stale.js").parent.mkdir(parents=True)
+    (target / "stale.js").write_text("old")
+    entry = vendor_mathjax(target, src)
+    assert entry == target / ENTRY and entry.is_file() and not (target / "stale.js").exists()
+    assert all((target / p).exists() for p in PARTS)
+    assert any((target / "output" / "chtml" / "fonts" / "woff-v2").glob("*.woff"))  # fonts for offline math
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    (partial / ENTRY).write_text("//")
+    with pytest.raises(MathJaxMissing, match="MathJax part input/tex not found"):
+        vendor_mathjax(tmp_path / "out", partial)

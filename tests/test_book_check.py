@@ -84,6 +84,18 @@ def test_broken_internal_links_and_anchors(site):
     assert len(problems) == 2, problems
 
 
+def test_myst_shown_as_code_is_not_a_problem(site):
+    (site / STUDIES[4].html_path).write_text(page(
+        "<div class='cell_input'><pre>takeaway(':::{admonition} x')</pre></div>"
+        "<p>Write <code class='docutils literal'>:::{admonition}</code> like this:</p>"
+        "<div class='highlight-markdown'><pre>:::{admonition} Title</pre></div>"))
+    assert check_book(site).ok, check_book(site).problems
+    (site / STUDIES[4].html_path).write_text(page(
+        "<div class='cell_output'><div class='output text_plain highlight-myst-ansi'><pre>':::{admonition} F5.1'"
+        "</pre></div></div>"))
+    assert "unrendered MyST" in "\n".join(check_book(site).problems)
+
+
 def test_unrendered_myst_and_missing_mathjax(site):
     (site / STUDIES[4].html_path).write_text(page("<p>:::{admonition} F5.1 :class: tip</p>"))
     (site / "_static" / "mathjax" / "tex-chtml.js").unlink()
@@ -106,11 +118,18 @@ def test_an_executed_study_page_without_figures_or_findings_is_a_warning(site):
     (site / "_sources" / "book" / "studies").mkdir(parents=True)
     (site / "_sources" / "book" / "studies" / "02_gpu_costs.ipynb").write_text("{}")
     report = check_book(site)
-    assert report.ok and len(report.warnings) == 2, report.warnings
+    assert report.ok and len(report.warnings) == 3, report.warnings
     assert "02_gpu_costs.html: executed notebook with no figure" in report.warnings[0]
     assert "02_gpu_costs.html: no section titled 'Findings…'" in report.warnings[1]
+    assert report.warnings[2].endswith("lacks a section on Findings, Seed vs H200, Limitations, How to re-run")
     assert "warning: book/studies/02_gpu_costs.html" in report.summary()
-    (site / "book/studies/02_gpu_costs.html").write_text(page("<h1 id='claim-f2-1'>Study 2</h1><img src='a.png'>"
-                                                              "<section id='findings'></section>"))
+    (site / "book/studies/02_gpu_costs.html").write_text(page(
+        "<h1 id='claim-f2-1'>Study 2</h1><img src='a.png'><section id='findings'><h2>Findings</h2></section>"
+        "<h2>Seed vs H200, and limitations</h2><h2>Re-run this study</h2>"))
     (site / "book/studies/a.png").write_bytes(b"png")
     assert not check_book(site).warnings
+
+
+def test_cli_check_passes_a_good_site(site, capsys):
+    assert main(["check", str(site)]) == 0
+    assert "all good" in capsys.readouterr().out

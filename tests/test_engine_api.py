@@ -117,3 +117,62 @@ def test_varlen_prefill_plumbing(monkeypatch, hf):
     engine.runner.varlen = True
     assert engine.generate(prompts, SamplingParams(max_tokens=3)) == plain
     assert calls[0] == [0, 6, 8, 26]
+
+
+def test_compile_falls_back_to_eager_when_it_fails_or_disagrees(hf, monkeypatch):
+    from servelab.models import llama
+
+    def broken(self, **kw):
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(llama.LlamaModel, "compile_blocks", broken)
+    engine = Engine.from_hf(hf, EngineConfig(block_size=4, num_blocks=32, compile=True))
+    assert engine.compile_status.startswith("off: compile failed: RuntimeError")
+
+    def wrong(self, **kw):
+        pre, post = llama.attention_inputs, llama.attention_outputs
+        self.block_fns = (pre, lambda *a: tuple(x * 2 for x in post(*a)))
+
+    monkeypatch.setattr(llama.LlamaModel, "compile_blocks", wrong)
+    engine = Engine.from_hf(hf, EngineConfig(block_size=4, num_blocks=32, compile=True))
+    assert engine.compile_status.startswith("off: compiled logits differ")
+    assert engine.model.block_fns == (llama.attention_inputs, llama.attention_outputs)
+
+
+@pytest.mark.skipif(not __import__("os").environ.get("SERVELAB_SLOW_TESTS"),
+                    reason="torch.compile on a CPU takes about a minute; set SERVELAB_SLOW_TESTS=1")
+def test_compiled_blocks_give_the_same_greedy_tokens(hf):
+    prompts = [PROMPT, PROMPT[:2], PROMPT * 3]
+    plain = Engine.from_hf(hf, EngineConfig(block_size=4, num_blocks=64)).generate(prompts, SamplingParams(max_tokens=5))
+    engine = Engine.from_hf(hf, EngineConfig(block_size=4, num_blocks=64, compile=True))
+    assert engine.compile_status.startswith("on")
+    assert engine.generate(prompts, SamplingParams(max_tokens=5)) == plain
+
+
+def test_kv_plan_fills_the_memory_fraction_and_refuses_when_one_request_does_not_fit():
+    from servelab.engine.memory import plan_kv_blocks
+
+    gib = 2**30
+    common = dict(total=100 * gib, free=90 * gib, weights=2 * gib, activation_peak=3 * gib, decode_extra=gib, reserve=gib,
+                  bytes_per_block=gib // 1024, max_blocks_per_seq=128)
+    plan = plan_kv_blocks(fraction=0.5, max_num_seqs=10**6, **common)
+    assert plan.num_blocks == (50 - 2 - 3 - 1 - 1) * 1024 and not plan.capped
+    capped = plan_kv_blocks(fraction=0.5, max_num_seqs=4, **common)
+    assert capped.num_blocks == 4 * 128 and capped.capped  # no more than max_num_seqs full-length requests
+    tight = plan_kv_blocks(fraction=0.9, max_num_seqs=10**6, **{**common, "free": 20 * gib})
+    assert tight.num_blocks == (20 - 3 - 1 - 1) * 1024  # what is free now bounds the budget
+    with pytest.raises(MemoryError, match="one request"):
+        plan_kv_blocks(fraction=0.0705, max_num_seqs=8, **common)  # 0.05 GiB left
+
+
+def test_multi_step_decoding_stops_mid_group_and_keeps_seeded_sampling(hf):
+    free_run = Engine.from_hf(hf, EngineConfig(block_size=4, num_blocks=64)).generate(
+        [PROMPT], SamplingParams(max_tokens=12, ignore_eos=True))[0]
+    stop = free_run[5]
+    params = [SamplingParams(max_tokens=12, stop_token_ids=(stop,)),
+              SamplingParams(max_tokens=12, temperature=1.0, seed=4, ignore_eos=True)]
+    one = Engine.from_hf(hf, EngineConfig(block_size=4, num_blocks=64)).generate([PROMPT, PROMPT[:3]], params)
+    multi = Engine.from_hf(hf, EngineConfig(block_size=4, num_blocks=64, decode_steps=8))
+    assert multi.generate([PROMPT, PROMPT[:3]], params) == one
+    assert one[0] == free_run[:free_run.index(stop) + 1]
+    assert multi.runner.decode_groups > 0 and multi.block_manager.num_used_blocks == 0

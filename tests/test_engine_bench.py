@@ -50,3 +50,17 @@ def test_offline_floor_is_the_sum_of_prefill_and_per_step_floors():
                             shape.kv_bytes_per_token(2)) for k in range(1, 10)]
     expected = float(roof.compute_ms(flops)) / 1e3 + sum(float(d) for d in decode) / 1e3
     assert offline_floor_s(shape, one, roof) == pytest.approx(expected, rel=1e-6)
+
+
+def test_decode_plot_draws_every_implementation_and_the_floor():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from servelab.engine.bench.plots import plot_decode_steps
+
+    df = pd.DataFrame([{"impl": i, "batch": b, "context": c, "median_ms": m, "floor_ms": 0.2, "status": "ok"}
+                       for i, m in (("hf_eager", 60.0), ("engine_triton", 0.9)) for b, c in ((1, 128), (64, 512))])
+    ax = plot_decode_steps(df)
+    labels = ax.get_legend_handles_labels()[1]
+    assert {"hf_eager", "engine_triton", "roofline floor"} <= set(labels)
+    assert ax.get_yscale() == "log" and "ms" in ax.get_ylabel()

@@ -52,3 +52,11 @@ def test_row_count_mismatch_is_an_error():
 
     with pytest.raises(ValueError, match="one SamplingParams"):
         sample(torch.zeros(2, 4), [SamplingParams()], [None, None])
+
+
+def test_uniform_batch_fast_path_draws_from_the_softmax():
+    logits = torch.tensor([[1.0, 0.0, -1.0]]).repeat(20000, 1)
+    torch.manual_seed(0)
+    got = sample(logits, [SamplingParams(temperature=1.0)] * 20000, [None] * 20000)
+    freq = torch.bincount(got, minlength=3).float() / 20000
+    torch.testing.assert_close(freq, torch.softmax(logits[0], -1), atol=0.015, rtol=0)

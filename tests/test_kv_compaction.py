@@ -45,7 +45,7 @@ def test_plan_moves_only_blocks_beyond_the_prefix():
     assert plan.moved > 0 and 0 < plan.fraction_moved <= 1
 
 
-@pytest.mark.parametrize("method", ["gather_scatter", "block_loop"])
+@pytest.mark.parametrize("method", ["gather_scatter", "gather_scatter_wide", "block_loop"])
 def test_compaction_preserves_kv_bit_for_bit(method):
     bm, pool = fragmented()
     before = contents(bm, pool)
@@ -67,6 +67,16 @@ def test_compacted_manager_keeps_allocating_after_the_prefix():
     assert bm.allocate("new", 1) == [plan.live]
 
 
+def test_wide_view_reinterprets_bytes_only_when_they_fit():
+    from servelab.kv.compaction import wide_view
+
+    bf16 = torch.zeros(2, 3, 8, dtype=torch.bfloat16)
+    assert wide_view(bf16).dtype == torch.int64 and wide_view(bf16).shape == (2, 3, 2)
+    odd = torch.zeros(2, 3, 6, dtype=torch.bfloat16)          # 12 bytes per row: not whole 64-bit words
+    assert wide_view(odd) is odd
+    assert wide_view(torch.zeros(4, dtype=torch.float64)).dtype == torch.float64
+
+
 def test_bad_arguments():
     bm, pool = fragmented()
     with pytest.raises(ValueError, match="method"):
@@ -80,7 +90,7 @@ def test_bad_arguments():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("method", ["gather_scatter", "block_loop"])
+@pytest.mark.parametrize("method", ["gather_scatter", "gather_scatter_wide", "block_loop"])
 def test_compaction_on_a_side_stream_preserves_kv_on_cuda(method):
     bm, cpu_pool = fragmented()
     pool = KVPool(3, cpu_pool.num_blocks, cpu_pool.block_size, 2, 4, dtype=torch.bfloat16, device="cuda")

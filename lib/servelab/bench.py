@@ -52,6 +52,7 @@ class BenchPlan:
     repeats: int
     time_budget_s: float
     seed: int
+    try_compile: bool = True   # also measure the engine with torch.compile'd blocks (slow to compile on a CPU)
 
 
 GOALS = {"decode_ms_b1_ctx128": ("<=", 0.6), "decode_ms_b64_ctx512": ("<=", 0.8), "offline_tok_s": (">=", 40000),
@@ -64,7 +65,7 @@ def make_plan(args) -> BenchPlan:
     if args.smoke:
         return BenchPlan("config:tiny-qwen2", "config:tiny-llama", "float32", "cpu", ((1, 16), (4, 32)), 128,
                          args.num_requests or 8, 8, 24, 8, 2.0, ("config:tiny-gpt2",), 2, 8, 3,
-                         args.time_budget, args.seed)
+                         args.time_budget, args.seed, try_compile=False)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     quick = args.quick
     return BenchPlan(args.model, args.mfu_model, args.dtype, device, ((1, 128), (64, 512)), args.mfu_tokens,
@@ -135,18 +136,23 @@ def run_bench(plan: BenchPlan, *, write: bool = True, progress: bool = True, log
     backends = ["triton", "gather"] if cuda and "triton" in DECODE_BACKENDS else ["gather"]
 
     # ---- decode steps: engine backends, HF eager, HF in a CUDA graph, the floor -----------------------------
-    best_backend, best_at_largest = backends[0], float("inf")
+    variants = [(f"engine_{b}", b, False) for b in backends]
+    if plan.try_compile:
+        variants.append((f"engine_{backends[0]}_compiled", backends[0], True))
+    best_variant, best_at_largest = variants[0], float("inf")
     for batch, ctx in plan.decode_points:
         flops, nbytes = shape.decode_flops(batch, ctx), shape.decode_bytes(batch, ctx, dtype_bytes)
         floor = float(roof.floor_ms(flops, nbytes))
-        impls = [(f"engine_{b}", b) for b in backends] + [("hf_eager", None)] + ([("hf_cuda_graph", None)] if cuda else [])
+        impls = variants + [("hf_eager", None, False)] + ([("hf_cuda_graph", None, False)] if cuda else [])
         best = float("nan")
-        for impl, backend in impls:
+        for impl, backend, compiled in impls:
             status, t, note = "ok", None, ""
             try:
                 if backend is not None:
-                    fn, before = engine_step(hf, batch, 1, ctx, seed=plan.seed, attention_backend=backend)
-                    note = f"graphs={fn.engine.num_graphs}"
+                    fn, before = engine_step(hf, batch, 1, ctx, seed=plan.seed, attention_backend=backend,
+                                             compile=compiled)
+                    st = fn.engine.stats()
+                    note = f"graphs={st['cuda_graphs']}, compile {st['compile']}"
                 elif impl == "hf_eager":
                     from servelab.hf_modes import eager_step
                     fn, before = eager_step(hf, batch, 1, ctx, seed=plan.seed)
@@ -168,7 +174,7 @@ def run_bench(plan: BenchPlan, *, write: bool = True, progress: bool = True, log
             if backend is not None and t and not ms >= best:
                 best = ms
                 if (batch, ctx) == plan.decode_points[-1] and ms < best_at_largest:
-                    best_backend, best_at_largest = backend, ms
+                    best_variant, best_at_largest = (impl, backend, compiled), ms
             log(f"decode b={batch} ctx={ctx} {impl}: {ms:.3f} ms (floor {floor:.3f}) {status} {note[:80]}")
         fastest = min((r for r in decode_rows if r["batch"] == batch and r["context"] == ctx
                        and r["impl"].startswith("engine") and r["status"] == "ok"),
@@ -183,9 +189,11 @@ def run_bench(plan: BenchPlan, *, write: bool = True, progress: bool = True, log
     floor_s = offline_floor_s(shape, work, roof, dtype_bytes)
     bound_tok_s = work.output_tokens / floor_s
     engine_tok_s = float("nan")
+    _, best_backend, best_compile = best_variant
+    log(f"offline engine: {best_variant[0]} (fastest decode at the largest point)")
     try:
         cfg = EngineConfig(max_model_len=-(-work.max_total_len // 256) * 256, max_num_seqs=min(256, plan.num_requests),
-                           max_num_batched_tokens=8192, attention_backend=best_backend)
+                           max_num_batched_tokens=8192, attention_backend=best_backend, compile=best_compile)
         t0 = time.perf_counter()
         engine = Engine.from_hf(hf, cfg)
         build_s = time.perf_counter() - t0
@@ -195,11 +203,11 @@ def run_bench(plan: BenchPlan, *, write: bool = True, progress: bool = True, log
         engine_tok_s = res["tok_s"]
         st = engine.stats()
         offline_rows.append({"impl": "engine", **res, "build_s": build_s, **{k: st[k] for k in (
-            "num_blocks", "kv_pool_gib", "attention_backend", "varlen_prefill", "cuda_graphs", "graph_capture_s",
+            "num_blocks", "kv_pool_gib", "attention_backend", "varlen_prefill", "compile", "cuda_graphs", "graph_capture_s",
             "graph_steps", "eager_steps")}})
         note = (f"{work.num_requests} requests, lengths U[{plan.min_len}, {plan.max_len}], "
                 f"{work.output_tokens} output tokens in {res['elapsed_s']:.2f} s; backend {st['attention_backend']}, "
-                f"varlen prefill {st['varlen_prefill']}, {st['graph_steps']} graph / {st['eager_steps']} eager steps, "
+                f"varlen prefill {st['varlen_prefill']}, compile {st['compile']}, {st['graph_steps']} graph / {st['eager_steps']} eager steps, "
                 f"{res['preemptions']} preemptions, {st['num_blocks']} KV blocks")
         log(f"offline: {engine_tok_s:,.0f} tok/s ({note})")
     except Exception as e:
@@ -232,56 +240,70 @@ def run_bench(plan: BenchPlan, *, write: bool = True, progress: bool = True, log
     rows.append(_row("engine_speedup_vs_hf", engine_tok_s / hf_tok_s if hf_tok_s == hf_tok_s else float("nan"), "x",
                      None, "offline_tok_s / hf_offline_tok_s"))
 
-    # ---- exactness against HF in this dtype ------------------------------------------------------------------
-    for spec in (plan.model,) + plan.exactness_models:
-        if clock.left() < 45:
-            log(f"exactness {spec}: skipped (time budget)")
-            continue
-        try:
-            other = hf if spec == plan.model else load_model(spec, dtype=plan.dtype, device=plan.device,
-                                                             seed=plan.seed, load_tokenizer=False).model
-            vocab = other.config.vocab_size
-            g = torch.Generator().manual_seed(plan.seed)
-            prompts = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (7, 33, 120, 300)[:plan.exactness_prompts]]
-            eng = Engine.from_hf(other, EngineConfig(max_num_seqs=8, max_num_batched_tokens=1024, max_model_len=512,
-                                                     num_blocks=256, attention_backend=best_backend,
-                                                     graph_batch_sizes=(1, 2, 4)))
-            df = greedy_agreement(other, eng, prompts, plan.exactness_steps)
-            df.insert(0, "model", spec)
-            df.insert(1, "dtype", plan.dtype)
-            exact.append(df)
-            log(f"exactness {spec}: tokens agree for {df['tokens_agree'].tolist()} of {plan.exactness_steps} steps; "
-                f"max |logit err| {df['logit_max_abs_err'].max():.3g}")
-        except Exception as e:
-            log(f"exactness {spec}: failed: {type(e).__name__}: {e}")
-        finally:
-            eng = other = None
-            _free(plan.device)
-    lm = hf = None
-    _free(plan.device)
-
     # ---- prefill MFU -----------------------------------------------------------------------------------------
-    mfu, note = float("nan"), "skipped: time budget"
-    if clock.left() > 20:
+    mfu, notes, big = float("nan"), [], None
+    for compiled in ([False, True] if plan.try_compile else [False]):
+        if clock.left() < 20:
+            notes.append(f"compile={compiled}: skipped (time budget)")
+            continue
+        fn = None
         try:
-            big = load_model(plan.mfu_model, dtype=plan.dtype, device=plan.device, seed=plan.seed,
-                             load_tokenizer=False).model
-            bshape = ModelShape.from_config(big.config)
-            fn, _ = engine_step(big, 1, plan.mfu_tokens, 0, seed=plan.seed)
-            big = None
+            if big is None:
+                big = load_model(plan.mfu_model, dtype=plan.dtype, device=plan.device, seed=plan.seed,
+                                 load_tokenizer=False).model
+                bshape = ModelShape.from_config(big.config)
+            fn, _ = engine_step(big, 1, plan.mfu_tokens, 0, seed=plan.seed, compile=compiled)
+            status = fn.engine.stats()["compile"]
             t = time_fn(fn, warmup=3, repeats=max(5, plan.repeats // 3), device=plan.device)
             flops = bshape.prefill_flops(plan.mfu_tokens)
-            mfu = float(roof.achieved_tflop_s(t.median_ms, flops)) / ceil.matmul_tflop_s
-            note = (f"{plan.mfu_model}, one {plan.mfu_tokens}-token prompt: {t.median_ms:.2f} ms "
-                    f"(p25 {t.p25_ms:.2f}, p75 {t.p75_ms:.2f}), {flops / 1e12:.2f} TFLOP; ceiling "
-                    f"{ceil.matmul_tflop_s:.0f} TFLOP/s ({ceil.matmul_dtype} {ceil.matmul_n}^3)")
+            this = float(roof.achieved_tflop_s(t.median_ms, flops)) / ceil.matmul_tflop_s
+            notes.append(f"compile {status}: {t.median_ms:.2f} ms (p25 {t.p25_ms:.2f}, p75 {t.p75_ms:.2f}) = {this:.3f}")
+            mfu = this if not this <= mfu else mfu
         except Exception as e:
-            note = f"failed: {type(e).__name__}: {e}"[:300]
+            notes.append(f"compile={compiled} failed: {type(e).__name__}: {e}"[:200])
         finally:
-            fn = big = None
+            fn = None
             _free(plan.device)
+    big = None
+    _free(plan.device)
+    note = (f"{plan.mfu_model}, one {plan.mfu_tokens}-token prompt, {bshape.prefill_flops(plan.mfu_tokens) / 1e12:.2f} "
+            f"TFLOP against the {ceil.matmul_tflop_s:.0f} TFLOP/s ceiling ({ceil.matmul_dtype} {ceil.matmul_n}^3); "
+            if notes and "bshape" in locals() else "") + "; ".join(notes)
     log(f"prefill MFU: {mfu:.3f} ({note})")
     rows.append(_row(f"prefill_mfu_{plan.mfu_tokens}", mfu, "fraction of matmul ceiling", 1.0, note))
+
+    # ---- exactness against HF in this dtype ------------------------------------------------------------------
+    for spec in (plan.model,) + plan.exactness_models:
+        for compiled in sorted({False, best_compile}):
+            if clock.left() < 30:
+                log(f"exactness {spec} compile={compiled}: skipped (time budget)")
+                continue
+            eng = other = None
+            try:
+                other = hf if spec == plan.model else load_model(spec, dtype=plan.dtype, device=plan.device,
+                                                                 seed=plan.seed, load_tokenizer=False).model
+                vocab = other.config.vocab_size
+                g = torch.Generator().manual_seed(plan.seed)
+                prompts = [torch.randint(0, vocab, (n,), generator=g).tolist()
+                           for n in (7, 33, 120, 300)[:plan.exactness_prompts]]
+                eng = Engine.from_hf(other, EngineConfig(max_num_seqs=8, max_num_batched_tokens=1024, max_model_len=512,
+                                                         num_blocks=256, attention_backend=best_backend,
+                                                         compile=compiled, graph_batch_sizes=(1, 2, 4)))
+                df = greedy_agreement(other, eng, prompts, plan.exactness_steps)
+                df.insert(0, "model", spec)
+                df.insert(1, "dtype", plan.dtype)
+                df.insert(2, "engine", f"{eng.backend}, compile {eng.compile_status}, "
+                                       f"{'CUDA graphs' if eng.num_graphs else 'eager'}")
+                exact.append(df)
+                log(f"exactness {spec} compile={compiled}: tokens agree for {df['tokens_agree'].tolist()} of "
+                    f"{plan.exactness_steps} steps; max |logit err| {df['logit_max_abs_err'].max():.3g}")
+            except Exception as e:
+                log(f"exactness {spec}: failed: {type(e).__name__}: {e}")
+            finally:
+                eng = other = None
+                _free(plan.device)
+    lm = hf = None
+    _free(plan.device)
 
     tables = {"bench": pd.DataFrame(rows), "decode": pd.DataFrame(decode_rows),
               "offline": pd.DataFrame(offline_rows),

@@ -54,6 +54,15 @@ class LiveTensorBytes(TorchDispatchMode):
         return out
 
 
+def method(device) -> str:
+    """How ``peak_bytes`` measures on ``device``, in words (for notes and captions)."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        return "max_memory_allocated during one call"
+    return "bytes of live tensors during one call (CPU tensor tracker)"
+
+
 def peak_bytes(call, device) -> int:
     """Peak bytes allocated by ``call()`` beyond those allocated before it (output included)."""
     import torch

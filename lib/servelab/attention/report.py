@@ -46,3 +46,19 @@ def gqa_comparison(df: pd.DataFrame) -> pd.DataFrame:
     t = t.dropna()
     t["repeat_over_gqa"] = t["sdpa_repeat_kv"] / t["sdpa_default"]
     return t.reset_index()
+
+
+def best_point(df: pd.DataFrame, column: str = "pct_of_floor") -> pd.Series:
+    """The measured point with the highest ``column`` (e.g. % of the roofline floor, GB/s)."""
+    ok = df[df["status"].eq("ok")].dropna(subset=[column])
+    if ok.empty:
+        raise ValueError(f"no measured point has a {column}")
+    return ok.loc[ok[column].idxmax()]
+
+
+def gqa_summary(gqa: pd.DataFrame) -> pd.DataFrame:
+    """``gqa_comparison`` per model and phase (prefill: many queries; decode: one): median and range of
+    time(repeat K/V) / time(enable_gqa)."""
+    g = gqa.assign(phase=np.where(gqa["q_len"].eq(1), "decode", "prefill"))
+    return (g.groupby(["arch", "heads", "kv_heads", "phase"])["repeat_over_gqa"]
+            .agg(shapes="size", median="median", min="min", max="max").reset_index())

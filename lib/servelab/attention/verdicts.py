@@ -53,18 +53,18 @@ def speedup_vs_naive(prefill: pd.DataFrame, variant: str = "sdpa_default") -> pd
     return out
 
 
-def f51(prefill: pd.DataFrame, primary: tuple[str, int]) -> dict:
+def f51(prefill: pd.DataFrame, primary: tuple[str, int], length: int = SEED_COMPARISON_LENGTH) -> dict:
     """F5.1 at the seed's 2,048 tokens for the primary configuration (the range over all in the note)."""
     sp = speedup_vs_naive(prefill)
-    at = sp[sp["q_len"].eq(SEED_COMPARISON_LENGTH)]
+    at = sp[sp["q_len"].eq(length)]
     mine = at[(at["arch"] == primary[0]) & (at["head_dim"] == primary[1])]
     if mine.empty:
-        raise ValueError(f"F5.1 needs naive and sdpa_default at {SEED_COMPARISON_LENGTH} tokens for {primary}")
+        raise ValueError(f"F5.1 needs naive and sdpa_default at {length} tokens for {primary}")
     x = float(mine["speedup"].iloc[0])
     verdict = "fails" if x <= 1 else ("holds" if _within(x, SEED_SPEEDUP) else "changes")
-    backend = _ok(prefill).query("variant == 'sdpa_default' and q_len == @SEED_COMPARISON_LENGTH "
+    backend = _ok(prefill).query("variant == 'sdpa_default' and q_len == @length "
                                  "and arch == @primary[0] and head_dim == @primary[1]")["backend"]
-    note = (f"causal prefill, batch 1, {config_label(*primary)}; SDPA's default ran "
+    note = (f"causal prefill, batch 1, {length:,} tokens, {config_label(*primary)}; SDPA's default ran "
             f"{backend.iloc[0] if len(backend) else '?'}; over all {len(at)} configurations "
             f"{at['speedup'].min():.1f}–{at['speedup'].max():.1f}×; rule: holds within {AGREEMENT:g}× of the seed")
     return dict(id="F5.1", claim=CLAIMS["F5.1"], seed_value=SEED_SPEEDUP, measured_value=round(x, 2), unit="×",
@@ -105,8 +105,10 @@ def growth_exponents(prefill: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def f52(growth: pd.DataFrame, primary: tuple[str, int]) -> dict:
-    """F5.2 on the first (L, 32·L) pair, primary configuration, peak memory including the inputs."""
+def f52(growth: pd.DataFrame, primary: tuple[str, int],
+        method: str = "max_memory_allocated during one call") -> dict:
+    """F5.2 on the first (L, 32·L) pair, primary configuration, peak memory including the inputs
+    (``method`` names how the peak was measured, for the note)."""
     g = growth[(growth["arch"] == primary[0]) & (growth["head_dim"] == primary[1])]
     if g.empty:
         raise ValueError(f"F5.2 needs peak memory at L and {SEED_GROWTH}·L for {primary}")
@@ -122,7 +124,7 @@ def f52(growth: pd.DataFrame, primary: tuple[str, int]) -> dict:
         verdict = "changes"
     short, long = int(first["short"].iloc[0]), int(first["long"].iloc[0])
     w = first["growth_working"]
-    note = (f"{short}→{long} tokens, {config_label(*primary)}; peak = max_memory_allocated during one call, "
+    note = (f"{short:,}→{long:,} tokens, {config_label(*primary)}; peak = {method}, "
             f"Q/K/V included (beyond the inputs: naive {w['naive']:.0f}×, SDPA {w['sdpa_default']:.1f}×); "
             f"rule: holds if both within {AGREEMENT:g}× of the seed")
     return dict(id="F5.2", claim=CLAIMS["F5.2"], seed_value="25× naive, 2.4× SDPA",
@@ -151,11 +153,12 @@ def comparison_length(df: pd.DataFrame, length_col: str = "q_len", start: int = 
     return int(max(L for L in lengths if L >= start and base <= everywhere(L)))
 
 
-def spreads(prefill: pd.DataFrame, decode: pd.DataFrame | None = None, decode_batch: int = 1) -> pd.DataFrame:
+def spreads(prefill: pd.DataFrame, decode: pd.DataFrame | None = None, decode_batch: int = 1,
+            start: int = SEED_COMPARISON_LENGTH) -> pd.DataFrame:
     """Slowest / fastest time across kernels for each configuration, and across configurations for each
     kernel (kernels that ran on all of them), at the longest like-for-like length: causal prefill, and,
     given ``decode``, decode at ``decode_batch`` sequences (where the K/V head count sets the bytes)."""
-    parts = [_spread(prefill, "q_len", "prefill")]
+    parts = [_spread(prefill, "q_len", "prefill", start)]
     if decode is not None:
         d = decode[decode["batch"].eq(decode_batch)]
         if len(_ok(d)):
@@ -203,11 +206,14 @@ def f53(spread: pd.DataFrame) -> dict:
 
 
 def findings(prefill: pd.DataFrame, primary: tuple[str, int], pairs: list[list[int]],
-             decode: pd.DataFrame | None = None) -> tuple[list[dict], list[str]]:
-    """The F5.1–F5.3 rows that the data supports, and a message for each that it does not."""
+             decode: pd.DataFrame | None = None, length: int = SEED_COMPARISON_LENGTH,
+             decode_batch: int = 1, memory_method: str = "max_memory_allocated during one call"
+             ) -> tuple[list[dict], list[str]]:
+    """The F5.1–F5.3 rows that the data supports, and a message for each that it does not
+    (``length``: the comparison point, the seed's 2,048 tokens unless a test says otherwise)."""
     rows, problems = [], []
-    for make in (lambda: f51(prefill, primary), lambda: f52(memory_growth(prefill, pairs), primary),
-                 lambda: f53(spreads(prefill, decode))):
+    for make in (lambda: f51(prefill, primary, length), lambda: f52(memory_growth(prefill, pairs), primary, memory_method),
+                 lambda: f53(spreads(prefill, decode, decode_batch, start=length))):
         try:
             rows.append(make())
         except ValueError as e:

@@ -19,10 +19,12 @@ class EngineConfig:
     num_blocks: int | None = None          # fix the KV pool size instead (required sense on CPU: default 4096)
     cuda_graphs: bool = True               # capture decode steps (CUDA only)
     attention_backend: str = "auto"        # "auto": triton where it imports on CUDA, else gather
+    decode_steps: int = 1                  # decode steps run back to back per scheduling round (multi-step)
+    compile: bool = False                  # torch.compile the blocks' elementwise work (checked against eager first)
     graph_batch_sizes: tuple[int, ...] | None = None  # decode batch buckets to capture; None: 1, 2, 4, … max_num_seqs
 
     def __post_init__(self):
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "decode_steps"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ParameterError(f"{name} must be a positive integer, got {v!r}")

@@ -40,6 +40,7 @@ class DecodeGraphs:
 
     def __init__(self, model, pool, tables: DeviceBlockTables, *, max_batch: int, scratch_block: int,
                  block_widths: list[int] | None = None, batch_sizes=None):
+        """Nothing is captured until ``capture()``; uncaptured, ``forward`` runs the same step eagerly."""
         self.model, self.pool, self.tables = model, pool, tables
         # explicit sizes are captured as given; by default powers of two up to max_batch, and max_batch
         self.batch_sizes = (sorted(set(batch_sizes)) if batch_sizes is not None
@@ -87,6 +88,26 @@ class DecodeGraphs:
             return None
         return self.batch_sizes[i], self.block_widths[j]
 
+    def load(self, host: torch.Tensor) -> None:
+        """Copy a step's packed inputs ``[5, B]`` (ids, positions, slots, context lengths, table rows) in."""
+        self.inputs[:, :host.shape[1]].copy_(host, non_blocking=True)
+
+    def forward(self, key: tuple[int, int]) -> torch.Tensor:
+        """Run bucket ``key`` on the loaded inputs: a graph replay, or (uncaptured, e.g. on a CPU) the same forward."""
+        if key in self.graphs:
+            graph, out = self.graphs[key]
+            graph.replay()
+            return out
+        with torch.inference_mode():
+            return self._forward(*key)
+
+    def pack(self, ids, positions, slots, table_rows, batch: int) -> torch.Tensor:
+        """Host tensor ``[5, batch]``: the step's inputs followed by padding rows."""
+        b = len(ids)
+        host = self.padding[:, None].repeat(1, batch)
+        host[:, :b] = torch.tensor([ids, positions, slots, [p + 1 for p in positions], table_rows], dtype=torch.long)
+        return host
+
     def run(self, ids: list[int], positions: list[int], slots: list[int], table_rows: list[int]) -> torch.Tensor | None:
         """Replay for ``len(ids)`` decode tokens; logits ``[len(ids), vocab]`` (a view of the graph's output).
 
@@ -96,10 +117,34 @@ class DecodeGraphs:
         key = self.bucket(b, max(positions) // self.pool.block_size + 1)
         if key is None or key not in self.graphs:
             return None
-        B, _ = key
-        host = self.padding[:, None].repeat(1, B)
-        host[:, :b] = torch.tensor([ids, positions, slots, [p + 1 for p in positions], table_rows], dtype=torch.long)
-        self.inputs[:, :B].copy_(host, non_blocking=True)
-        graph, out = self.graphs[key]
-        graph.replay()
-        return out[:b]
+        self.load(self.pack(ids, positions, slots, table_rows, key[0]))
+        return self.forward(key)[:b]
+
+    def run_steps(self, first_ids: list[int], steps: list[list[tuple[int, int, int]]], sample_fn) -> torch.Tensor | None:
+        """``K = len(steps)`` decode steps back to back, each feeding its sampled tokens to the next on the device.
+
+        ``steps[j][i] = (position, slot, table_row)`` of sequence i at step j, or None where it sits out (it
+        becomes a padding row). ``sample_fn(logits [b, vocab]) -> tokens [b]`` runs on the device. Returns
+        the tokens ``[K, b]`` (on the device; one copy to the host ends the whole group).
+        """
+        b, k = len(first_ids), len(steps)
+        need = max(e[0] for step in steps for e in step if e is not None) // self.pool.block_size + 1
+        key = self.bucket(b, need)
+        if key is None or (self.graphs and key not in self.graphs):
+            return None
+        B = key[0]
+        pad = self.padding.tolist()
+        rows = []  # built as lists and converted once: per-element tensor writes would cost milliseconds
+        for step in steps:
+            cols = [pad if e is None else (0, e[0], e[1], e[0] + 1, e[2]) for e in step] + [pad] * (B - b)
+            rows.append(list(zip(*cols)))
+        host = torch.tensor(rows, dtype=torch.long)  # [K, 5, B]
+        host[0, 0, :b] = torch.tensor(first_ids, dtype=torch.long)
+        staged = host.to(self.inputs.device, non_blocking=True)
+        tokens = []
+        for j in range(k):
+            self.inputs[:, :B].copy_(staged[j])
+            if j:
+                self.inputs[0, :b].copy_(tokens[-1])  # the tokens sampled a step ago are this step's inputs
+            tokens.append(sample_fn(self.forward(key)[:b]))
+        return torch.stack(tokens)

@@ -19,7 +19,7 @@ import torch
 from servelab.engine.config import EngineConfig
 from servelab.engine.memory import MemoryPlan, plan_gpu_memory
 from servelab.engine.model_runner import ModelRunner, max_blocks_per_sequence
-from servelab.engine.scheduler import Scheduler, TokenBudgetScheduler, TokenEvent
+from servelab.engine.scheduler import ScheduledBatch, ScheduledSequence, Scheduler, TokenBudgetScheduler, TokenEvent
 from servelab.engine.sequence import SamplingParams, Sequence
 from servelab.kv.block_manager import BlockManager
 from servelab.kv.pool import KVPool
@@ -86,6 +86,9 @@ class Engine:
             why_not = varlen_self_check(self.device, self.dtype, s.heads, s.kv_heads, s.head_dim)
             self.runner.varlen = why_not is None
             self.varlen_status = "on" if why_not is None else f"off: {why_not}"
+        self.compile_status = "off"
+        if cfg.compile:
+            self.compile_status = compile_with_check(model, self.pool, num_blocks)
         self.num_graphs = 0
         self.graph_capture_s = 0.0
         if cfg.cuda_graphs and self.device.type == "cuda":
@@ -152,12 +155,46 @@ class Engine:
                                f"{len(self.scheduler.running)} running sequences")
         for seq in batch.preempted:
             self.runner.release(seq.seq_id)
-        sampled = self.runner.execute(batch)
-        self.steps += 1
-        events = self.scheduler.postprocess(batch, sampled)
+        events = self._decode_group(batch) if self.config.decode_steps > 1 and batch.is_decode_only else None
+        if events is None:
+            sampled = self.runner.execute(batch)
+            self.steps += 1
+            events = self.scheduler.postprocess(batch, sampled)
         for ev in events:
             if ev.finished:
                 self.runner.release(ev.seq_id)
+        return events
+
+    def _decode_group(self, batch: ScheduledBatch) -> list[TokenEvent] | None:
+        """Multi-step decoding: up to ``decode_steps`` decode steps for this batch before scheduling again.
+
+        Each sequence runs as many as it has tokens left (``max_tokens``) and free blocks allow; EOS or a
+        stop token found mid-group ends it there, and the tokens computed after it are dropped (the price:
+        up to ``decode_steps - 1`` wasted tokens per such request, and newcomers wait up to that many
+        steps). The tokens are those single steps would give: same inputs, same kernels, same sampling.
+        """
+        if not all(it.samples for it in batch.items):
+            return None
+        steps = []
+        for it in batch.items:
+            seq = it.seq
+            k = min(self.config.decode_steps, seq.params.max_tokens - len(seq.output_token_ids))
+            if k > 1 and not self.scheduler.reserve(seq, it.start + k):
+                k = 1
+            steps.append(k)
+        if max(steps) == 1:
+            return None
+        tokens = self.runner.decode_group(batch.items, steps)
+        if tokens is None:
+            return None  # no bucket holds it: one ordinary step (the extra reservations stay for later)
+        events = []
+        for j in range(max(steps)):
+            items = [(ScheduledSequence(it.seq, it.start + j, 1, [it.seq.kv_slots[it.start + j]]), tokens[j][i])
+                     for i, (it, k) in enumerate(zip(batch.items, steps)) if j < k and not it.seq.is_finished]
+            if not items:
+                break
+            events += self.scheduler.postprocess(ScheduledBatch([it for it, _ in items]), [t for _, t in items])
+            self.steps += 1
         return events
 
     def stream(self) -> Iterator[TokenEvent]:
@@ -187,9 +224,43 @@ class Engine:
     def stats(self) -> dict:
         return {"num_blocks": self.num_blocks, "block_size": self.config.block_size,
                 "kv_pool_gib": self.pool.nbytes / 2**30, "attention_backend": self.backend, "varlen_prefill": self.varlen_status,
+                "compile": self.compile_status,
                 "cuda_graphs": self.num_graphs, "graph_capture_s": self.graph_capture_s, "steps": self.steps,
                 "graph_steps": self.runner.graph_steps, "eager_steps": self.runner.eager_steps,
+                "decode_steps": self.config.decode_steps, "decode_groups": self.runner.decode_groups,
                 "preemptions": self.scheduler.num_preemptions}
+
+
+@torch.inference_mode()
+def compile_with_check(model, pool, scratch_block: int) -> str:
+    """``model.compile_blocks()``, kept only if a compiled forward runs and agrees with the eager one.
+
+    The check runs a two-sequence prefill whose K/V go to the scratch block; it also pays the first
+    compilation, so the first real step does not.
+    """
+    from servelab.models.layers.attention import AttentionMetadata
+    from servelab.models.layers.prefill import PrefillSegment
+
+    eager_fns = model.block_fns
+    n = min(pool.block_size, 8)
+    dev = pool.device
+    ids = torch.randint(0, model.shape.vocab, (2 * n,), generator=torch.Generator().manual_seed(0)).to(dev)
+    pos = torch.arange(n, device=dev).repeat(2)
+    meta = AttentionMetadata(slot_mapping=scratch_block * pool.block_size + pos,
+                             prefills=[PrefillSegment(0, n, 0, None), PrefillSegment(n, n, 0, None)])
+    ref = model(ids, pos, meta, pool).float()
+    try:
+        model.compile_blocks()
+        got = model(ids, pos, meta, pool).float()
+    except Exception as e:  # a compiler failure must not take the engine down: run eagerly, say why
+        model.block_fns = eager_fns
+        return f"off: compile failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    err = (got - ref).abs().max().item()
+    scale = ref.abs().max().item()
+    if not err <= 0.05 * scale + 1e-4:
+        model.block_fns = eager_fns
+        return f"off: compiled logits differ from eager by {err:.3g} (scale {scale:.3g})"
+    return f"on (max |logit diff| vs eager {err:.2g})"
 
 
 def _max_positions(config) -> int:

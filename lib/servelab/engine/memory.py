@@ -64,27 +64,41 @@ def profile_activation_peak(model, config, max_model_len: int, max_num_seqs: int
     return int(peak)
 
 
+def plan_kv_blocks(*, total: int, free: int, weights: int, activation_peak: int, decode_extra: int,
+                   fraction: float, bytes_per_block: int, max_blocks_per_seq: int, max_num_seqs: int,
+                   reserve: int = RESERVE_BYTES) -> MemoryPlan:
+    """Pure arithmetic of the plan (bytes in, blocks out); ``plan_gpu_memory`` measures its inputs.
+
+    The KV budget is ``fraction × total`` minus what is already allocated (weights) and what a step will
+    need on top (activation peak, decode extras, reserve), and never more than is free right now (other
+    processes may hold memory). Raises ``MemoryError`` when not even one full-length request fits.
+    """
+    overhead = activation_peak + decode_extra + reserve
+    budget = min(int(fraction * total) - weights - overhead, free - overhead)
+    by_memory = max(budget, 0) // bytes_per_block
+    ceiling = max_num_seqs * max_blocks_per_seq
+    n = min(by_memory, ceiling)
+    if n < max_blocks_per_seq:
+        raise MemoryError(f"the KV budget ({budget / 2**30:.2f} GiB) holds {by_memory} blocks; one request of full "
+                          f"length needs {max_blocks_per_seq}. Raise memory_fraction or lower "
+                          f"max_num_batched_tokens / max_num_seqs / max_model_len.")
+    return MemoryPlan(total, weights, activation_peak, decode_extra, reserve, max(budget, 0), bytes_per_block,
+                      int(n), by_memory > ceiling)
+
+
 def plan_gpu_memory(model, config, max_model_len: int, backend: str) -> MemoryPlan:
+    """Measure weights and the activation peak on the GPU, then ``plan_kv_blocks``."""
     s = model.shape
     dev = next(model.parameters()).device
     dtype = next(model.parameters()).dtype
     esize = torch.tensor([], dtype=dtype).element_size()
-    free, total = torch.cuda.mem_get_info(dev)
     weights = torch.cuda.memory_allocated(dev)
     peak = profile_activation_peak(model, config, max_model_len, config.max_num_seqs)
+    free, total = torch.cuda.mem_get_info(dev)
     max_blocks = -(-max_model_len // config.block_size)
     # gathered K and V of the largest decode batch, and SDPA's contiguous copy of them
     gathered = 4 * config.max_num_seqs * max_blocks * config.block_size * s.kv_dim * esize if backend == "gather" else 0
-    logits = config.max_num_seqs * s.vocab * (esize + 4 * 4)  # the graph's logits + softmax/sort copies in fp32
-    extra = gathered + logits
-    bpb = KVPool.block_bytes(s, config.block_size, dtype)
-    budget = int(config.memory_fraction * total) - weights - peak - extra - RESERVE_BYTES
-    budget = min(budget, free - peak - extra - RESERVE_BYTES)  # other processes may hold memory too
-    by_memory = max(budget, 0) // bpb
-    ceiling = config.max_num_seqs * max_blocks
-    n = min(by_memory, ceiling)
-    if n < max_blocks:
-        raise MemoryError(f"the KV budget ({budget / 2**30:.2f} GiB) holds {by_memory} blocks; one request of "
-                          f"max_model_len={max_model_len} needs {max_blocks}. Raise memory_fraction or lower "
-                          f"max_num_batched_tokens / max_num_seqs / max_model_len.")
-    return MemoryPlan(total, weights, peak, extra, RESERVE_BYTES, max(budget, 0), bpb, int(n), by_memory > ceiling)
+    logits = config.max_num_seqs * s.vocab * (esize + 4 * 4)  # the graph's logits + softmax/sampling copies in fp32
+    return plan_kv_blocks(total=total, free=free, weights=weights, activation_peak=peak, decode_extra=gathered + logits,
+                          fraction=config.memory_fraction, bytes_per_block=KVPool.block_bytes(s, config.block_size, dtype),
+                          max_blocks_per_seq=max_blocks, max_num_seqs=config.max_num_seqs)

@@ -28,6 +28,7 @@ class ModelRunner:
         self.varlen = False          # set by the engine once varlen prefill passed its self-check here
         self.graph_steps = 0
         self.eager_steps = 0
+        self.decode_groups = 0       # multi-step decode rounds (each counted in graph_steps/eager_steps too)
 
     def release(self, seq_id) -> None:
         """A sequence finished or was preempted: its block-table row is free."""
@@ -67,6 +68,35 @@ class ModelRunner:
         x = build_step_inputs(batch, self.tables, self.device, varlen=self.varlen)
         out = self.model(x.input_ids, x.positions, x.meta, self.pool, x.logits_indices)
         return out, x.sampling_items
+
+    @torch.inference_mode()
+    def decode_group(self, items, steps: list[int]) -> list[list[int]] | None:
+        """Run ``K = max(steps)`` decode steps back to back; item i takes part in its first ``steps[i]``.
+
+        Every item must be a decode whose slots for positions ``start … start + steps[i] - 1`` are reserved.
+        Tokens sampled in one step are the next step's inputs without a trip to the host; the host sees
+        all of them once, at the end: ``tokens[j][i]`` (entries past ``steps[i]`` are meaningless).
+        Returns None when no captured bucket holds the group.
+        """
+        if self.graphs is None:  # CPU or graphs off: the same packed-input path, run eagerly
+            self.graphs = DecodeGraphs(self.model, self.pool, self.tables, max_batch=self.tables.pad_row,
+                                       scratch_block=self.scratch_block)
+        last = [it.start + k - 1 for it, k in zip(items, steps)]
+        rows = self.tables.rows_for([it.seq.seq_id for it in items], last,
+                                    [it.seq.kv_slots[p] for it, p in zip(items, last)])
+        plan = [[(it.start + j, it.seq.kv_slots[it.start + j], r) if j < k else None
+                 for it, k, r in zip(items, steps, rows)] for j in range(max(steps))]
+        params, gens = [it.seq.params for it in items], [it.seq.generator for it in items]
+        tokens = self.graphs.run_steps([it.seq.token_at(it.start) for it in items], plan,
+                                       lambda logits: sample(logits, params, gens))
+        if tokens is None:
+            return None
+        self.decode_groups += 1
+        if self.graphs.graphs:
+            self.graph_steps += len(plan)
+        else:
+            self.eager_steps += len(plan)
+        return tokens.tolist()
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> list[int | None]:

@@ -30,10 +30,17 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list)
     if len(params) != n or len(generators) != n:
         raise ValueError(f"need one SamplingParams and one generator (or None) per row; got {len(params)}, "
                          f"{len(generators)} for {n} rows")
-    tokens = logits.argmax(dim=-1)
     rows = [i for i, p in enumerate(params) if not p.greedy]
     if not rows:
-        return tokens
+        return logits.argmax(dim=-1)
+    t0, p0 = params[0].temperature, params[0].top_p
+    if len(rows) == n and p0 == 1 and all(g is None for g in generators) \
+            and all(p.temperature == t0 and p.top_p == 1 for p in params):
+        # the common batch (one temperature, no top-p, no seeds): a whole-batch draw, no per-row indexing;
+        # argmax(p / E) with E ~ Exp(1) picks token i with probability p_i (the exponential race)
+        probs = torch.softmax(logits.float() / t0, dim=-1)
+        return probs.div_(torch.empty_like(probs).exponential_()).argmax(dim=-1)
+    tokens = logits.argmax(dim=-1)
     idx = torch.tensor(rows, device=logits.device)
     temps = torch.tensor([params[i].temperature for i in rows], device=logits.device, dtype=torch.float32)
     probs = torch.softmax(logits[idx].float() / temps[:, None], dim=-1)

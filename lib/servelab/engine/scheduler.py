@@ -125,6 +125,17 @@ class Scheduler(ABC):
         else:
             seq.kv_slots += self.bm.append(seq.seq_id, target - have)
 
+    def reserve(self, seq: Sequence, end: int) -> bool:
+        """Reserve slots for positions up to ``end`` if blocks are free (no preemption); whether it did.
+
+        Multi-step decoding uses this to run several decode steps of a scheduled batch at once.
+        """
+        try:
+            self._reserve(seq, end)
+        except OutOfBlocks:
+            return False
+        return True
+
     def _admit(self, seq: Sequence, num_tokens: int) -> ScheduledSequence:
         """Move a waiting sequence to running with blocks for its first ``num_tokens`` tokens."""
         self._reserve(seq, num_tokens)  # raises OutOfBlocks with nothing changed

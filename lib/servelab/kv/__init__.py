@@ -10,7 +10,7 @@ The engine writes K/V through slot mappings and reads through block tables; the 
 whether a request fits and is told ``OutOfBlocks`` when it does not.
 
 Study 4 (``notebooks/04_kv_cache.ipynb``): ``bytes_per_token`` (F4.1), ``capacity``, ``decode_scaling`` (F4.2),
-``compaction_bench`` (F4.3), ``overlap`` (F4.4), ``verdicts``, ``plots``, ``params``.
+``compaction_bench`` (F4.3), ``overlap`` and ``overlap_probes`` (F4.4), ``verdicts``, ``plots``, ``params``.
 """
 
 from servelab.kv.block_manager import BlockManager, OutOfBlocks

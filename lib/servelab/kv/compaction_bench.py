@@ -5,8 +5,8 @@ fraction of the live blocks sits beyond the live prefix; ``plan_compaction`` the
 Each mover copies them (the block tables are not rewritten, so the same plan can be timed repeatedly).
 
 Bandwidth is counted as a copy's: bytes read + bytes written of the useful data, ``2 × blocks moved × bytes per
-block`` per second, so it compares directly with the measured copy ceiling. ``gather_scatter`` physically moves
-twice that (through its temporary); ``block_loop`` issues one kernel per block and is bound by launches when
+block`` per second, so it compares directly with the measured copy ceiling. The gather/scatter movers physically
+move twice that (through their temporary); ``block_loop`` issues one kernel per block and is bound by launches when
 blocks are small.
 """
 
@@ -17,7 +17,8 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from servelab.kv.block_manager import BlockManager
-from servelab.kv.compaction import MOVERS, block_index, move_block_loop, move_gather_scatter, plan_compaction
+from servelab.kv.compaction import (MOVERS, block_index, move_block_loop, move_gather_scatter,
+                                    move_gather_scatter_wide, plan_compaction)
 from servelab.measure.timing import time_fn
 
 
@@ -85,10 +86,12 @@ def compaction_sweep(layers: int, kv_heads: int, head_dim: int, dtype, device, *
                 for method in methods:
                     row = dict(base, move_fraction=frac, method=method, blocks_moved=plan.moved,
                                live_blocks=plan.live, bytes_moved=plan.moved * per_block,
-                               kernel_launches=2 if method == "gather_scatter" else plan.moved)
+                               kernel_launches=plan.moved if method == "block_loop" else 2)
                     try:
                         if method == "gather_scatter":
                             fn = lambda: move_gather_scatter(pool, src_idx, dst_idx)  # noqa: E731
+                        elif method == "gather_scatter_wide":
+                            fn = lambda: move_gather_scatter_wide(pool, src_idx, dst_idx)  # noqa: E731
                         else:
                             fn = lambda: move_block_loop(pool, plan.src, plan.dst)  # noqa: E731
                         t = time_fn(fn, warmup=warmup, repeats=repeats, device=device)
@@ -123,7 +126,7 @@ def compaction_sweep(layers: int, kv_heads: int, head_dim: int, dtype, device, *
 
 def mover_ratio(comp: pd.DataFrame) -> pd.DataFrame:
     """Per (pool, block size, fraction moved): the per-block loop's time over gather/scatter's (> 1: loop slower)."""
-    ok = comp[comp["status"] == "ok"]
+    ok = comp[(comp["status"] == "ok") & comp["method"].isin(["block_loop", "gather_scatter"])]
     wide = ok.pivot_table(index=["pool_mib", "block_size", "move_fraction", "blocks_moved"], columns="method",
                           values="median_ms").dropna()
     if not {"block_loop", "gather_scatter"} <= set(wide.columns):

@@ -1,11 +1,13 @@
 """F4.4: compaction during active decode: alone, serialised, and overlapped on two CUDA streams.
 
-Four conditions, each timed as one unit of work:
+Five conditions, each timed as one unit of work:
 
 - ``compaction_alone``: one compaction on the side stream;
 - ``decode_alone``:     ``decode_steps`` decode steps on the main stream;
 - ``serialised``:       the decode steps, then the compaction (side stream waits for main);
-- ``concurrent``:       the compaction queued on the side stream, the decode steps on the main stream at once.
+- ``concurrent``:       the compaction queued on the side stream, the decode steps on the main stream at once;
+- ``concurrent_prioritised``: the same, with the decode on a high-priority stream (the GPU's block scheduler then
+  hands freed SMs to the decode's kernels first, instead of to the compaction's remaining thread blocks).
 
 CUDA events on each stream give the compaction's own time (side stream), the decode's own time (main stream)
 and the whole (from the first launch to both streams done). Conditions are interleaved in a random order
@@ -17,7 +19,6 @@ decode is active; (b) compaction + decode take less wall time overlapped than se
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Callable
 
@@ -25,7 +26,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-CONDITIONS = ("compaction_alone", "decode_alone", "serialised", "concurrent")
+CONDITIONS = ("compaction_alone", "decode_alone", "serialised", "concurrent", "concurrent_prioritised")
 
 
 class OverlapRig:
@@ -45,6 +46,8 @@ class OverlapRig:
         if self.cuda:
             self.main = torch.cuda.current_stream(device)
             self.side = torch.cuda.Stream(device)
+            # out-of-range priorities map to the highest the device has (lower number = higher priority)
+            self.high = torch.cuda.Stream(device, priority=-100)
 
     @property
     def conditions(self) -> tuple[str, ...]:
@@ -80,6 +83,7 @@ class OverlapRig:
 
         ev = {k: torch.cuda.Event(enable_timing=True) for k in ("start", "c0", "c1", "d0", "d1", "end")}
         main, side = self.main, self.side
+        decode_stream = self.high if condition == "concurrent_prioritised" else main
         ev["start"].record(main)
 
         def compaction():
@@ -90,9 +94,11 @@ class OverlapRig:
                 ev["c1"].record(side)
 
         def decode():
-            ev["d0"].record(main)
-            self._decode()
-            ev["d1"].record(main)
+            decode_stream.wait_stream(main)  # a no-op on main itself
+            with torch.cuda.stream(decode_stream):
+                ev["d0"].record(decode_stream)
+                self._decode()
+                ev["d1"].record(decode_stream)
 
         if condition == "compaction_alone":
             compaction()
@@ -101,10 +107,11 @@ class OverlapRig:
         elif condition == "serialised":
             decode()
             compaction()
-        else:  # concurrent: compaction queued first on the side stream, decode on main right behind it
+        else:  # concurrent: compaction queued first on the side stream, decode right behind it
             compaction()
             decode()
         main.wait_stream(side)
+        main.wait_stream(decode_stream)
         ev["end"].record(main)
         ev["end"].synchronize()
         ran_c = condition != "decode_alone"
@@ -139,7 +146,7 @@ def _ratio_ci(a, b, seed: int = 0) -> tuple[float, float]:
 
 
 def overlap_summary(runs: pd.DataFrame) -> dict:
-    """The numbers the verdict needs, with their uncertainty.
+    """The numbers the verdict needs, with their uncertainty (and the ``prioritised_*`` ones where measured).
 
     - ``compaction_speedup`` = median compaction time alone / during decode (> 1: faster during decode), its
       95% bootstrap CI and a two-sided Mann-Whitney p-value;
@@ -173,29 +180,18 @@ def overlap_summary(runs: pd.DataFrame) -> dict:
         decode_slowdown=med["concurrent"]["decode_ms"] / med["decode_alone"]["decode_ms"],
         overlap_pct=100.0 * saved / min(med["compaction_alone"]["compaction_ms"], med["decode_alone"]["decode_ms"]),
     )
+    if "concurrent_prioritised" in g:
+        p = med["concurrent_prioritised"]
+        plo, phi = _ratio_ci(g["concurrent_prioritised"]["total_ms"], t_ser)
+        out.update(
+            prioritised_compaction_ms=p["compaction_ms"], prioritised_decode_ms=p["decode_ms"],
+            prioritised_total_ms=p["total_ms"],
+            prioritised_compaction_speedup=med["compaction_alone"]["compaction_ms"] / p["compaction_ms"],
+            prioritised_decode_slowdown=p["decode_ms"] / med["decode_alone"]["decode_ms"],
+            prioritised_wall_saving_pct=100.0 * (1 - p["total_ms"] / med["serialised"]["total_ms"]),
+            prioritised_wall_saving_ci_low_pct=100.0 * (1 - phi), prioritised_wall_saving_ci_high_pct=100.0 * (1 - plo),
+        )
     return out
-
-
-def clocks_during(fn: Callable[[], object], seconds: float = 1.0) -> dict:
-    """SM/memory clocks (MHz) and power (W) sampled by ``nvidia-smi`` halfway through ``seconds`` of ``fn`` calls.
-
-    Tests the 'clocks' explanation: does the GPU run faster clocks when both streams are busy?
-    """
-    import torch
-
-    from servelab.measure.device import read_clocks
-
-    sample = {}
-    timer = threading.Timer(seconds / 2, lambda: sample.update(read_clocks()))
-    t0 = time.perf_counter()
-    timer.start()
-    calls = 0
-    while time.perf_counter() - t0 < seconds or timer.is_alive():
-        fn()
-        calls += 1
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-    return dict(calls=calls, **sample)
 
 
 def build_rig(model, *, batch: int, context: int, pool_mib: int, block_size: int, move_fraction: float,
@@ -254,33 +250,3 @@ def build_rig(model, *, batch: int, context: int, pool_mib: int, block_size: int
                 decode_mode=mode, decode_mode_note=fallback, decode_steps=steps,
                 probe_compaction_ms=t_comp, probe_decode_step_ms=t_step)
     return OverlapRig(decode_fn, compact_fn, steps, dev), info
-
-
-def kernel_comparison(rig: OverlapRig, calls: int = 5) -> pd.DataFrame:
-    """Per-kernel GPU time (µs per call, torch.profiler) of the compaction's kernels alone and during decode.
-
-    The compaction's kernels are those of ``compaction_alone``. During decode, a kernel of the same name may also
-    belong to the decode (an embedding is an index_select too), so the decode's own share, measured in
-    ``decode_alone``, is subtracted. A kernel that takes longer during decode competes for memory bandwidth or
-    SMs; one that takes less ran at higher clocks.
-    """
-    from servelab.measure.kernel_profile import profile_call
-
-    prof = {c: profile_call(lambda c=c: rig.run(c), calls=calls, warmup=1, top=200) for c in CONDITIONS}
-    per = {c: {name: (n, us) for name, n, us in p.top_kernels} for c, p in prof.items()}
-    rows = []
-    for name, (n, us) in per["compaction_alone"].items():
-        n_d, us_d = per["decode_alone"].get(name, (0, 0.0))
-        n_c, us_c = per["concurrent"].get(name, (0, np.nan))
-        during = us_c - us_d
-        rows.append(dict(kernel=name, launches_per_call=n, alone_us=us, during_decode_us=during,
-                         ratio=during / us if us else np.nan, shared_with_decode=n_d > 0))
-    totals = pd.DataFrame([dict(kernel=f"[all kernels, {c}]", launches_per_call=p.kernels, gpu_busy_ms=p.gpu_busy_ms,
-                                wall_ms=p.wall_ms) for c, p in prof.items()])
-    return pd.concat([pd.DataFrame(rows), totals], ignore_index=True)
-
-
-def clocks_by_condition(rig: OverlapRig, seconds: float = 1.0) -> pd.DataFrame:
-    """SM and memory clocks and power while each condition runs back to back for ``seconds`` (CUDA only)."""
-    return pd.DataFrame([dict(condition=c, **clocks_during(lambda c=c: rig.run(c), seconds))
-                         for c in rig.conditions])

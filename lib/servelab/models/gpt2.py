@@ -1,7 +1,8 @@
 """The GPT-2 family over a flat ragged batch with a paged KV cache.
 
 Learned absolute position embeddings, pre-LayerNorm blocks, a GELU MLP and an LM head tied to the
-token embedding. HF stores GPT-2's projections as ``Conv1D`` (weight ``[in, out]``); they are
+token embedding. Blocks are split around attention into two tensor-only functions, as in
+``llama.py``, so that ``compile_blocks`` can fuse their elementwise work. HF stores GPT-2's projections as ``Conv1D`` (weight ``[in, out]``); they are
 transposed into ``nn.Linear`` layout when weights are loaded.
 """
 
@@ -19,6 +20,22 @@ from servelab.models.shape import ModelShape
 ACTIVATIONS = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "tanh", "gelu": "none"}
 
 
+def attention_inputs(h, delta, ln_w, ln_b, eps: float, qkv_w, qkv_b, heads: int, head_dim: int):
+    """``h (+ delta)`` -> (residual stream, q, k, v each [T, H, D])."""
+    if delta is not None:
+        h = h + delta
+    qkv = F.linear(F.layer_norm(h, (h.shape[-1],), ln_w, ln_b, eps), qkv_w, qkv_b)
+    q, k, v = qkv.view(-1, 3, heads, head_dim).unbind(1)
+    return h, q, k, v
+
+
+def attention_outputs(h, attn, proj_w, proj_b, ln_w, ln_b, eps: float, fc_w, fc_b, out_w, out_b, approximate: str):
+    """-> (residual stream after attention, MLP output still to be added)."""
+    h = h + F.linear(attn, proj_w, proj_b)
+    x = F.gelu(F.linear(F.layer_norm(h, (h.shape[-1],), ln_w, ln_b, eps), fc_w, fc_b), approximate=approximate)
+    return h, F.linear(x, out_w, out_b)
+
+
 class GPT2Block(nn.Module):
     def __init__(self, layer: int, s: ModelShape, eps: float, approximate: str, backend: str):
         super().__init__()
@@ -31,11 +48,15 @@ class GPT2Block(nn.Module):
         self.fc = nn.Linear(s.hidden, s.intermediate)
         self.mlp_proj = nn.Linear(s.intermediate, s.hidden)
 
-    def forward(self, h, meta, kv):
-        s = self.s
-        q, k, v = self.qkv(self.ln_1(h)).view(-1, 3, s.heads, s.head_dim).unbind(1)
-        h = h + self.attn_proj(self.attn(q, k, v, meta, kv))
-        return h + self.mlp_proj(F.gelu(self.fc(self.ln_2(h)), approximate=self.approximate))
+    def forward(self, h, delta, meta, kv, fns):
+        """``(h, delta)`` -> ``(h, delta)``: the residual stream and the MLP output not yet added to it."""
+        s, (pre, post) = self.s, fns
+        h, q, k, v = pre(h, delta, self.ln_1.weight, self.ln_1.bias, self.ln_1.eps, self.qkv.weight, self.qkv.bias,
+                         s.heads, s.head_dim)
+        attn = self.attn(q, k, v, meta, kv)
+        return post(h, attn, self.attn_proj.weight, self.attn_proj.bias, self.ln_2.weight, self.ln_2.bias,
+                    self.ln_2.eps, self.fc.weight, self.fc.bias, self.mlp_proj.weight, self.mlp_proj.bias,
+                    self.approximate)
 
 
 class GPT2Model(nn.Module):
@@ -62,15 +83,22 @@ class GPT2Model(nn.Module):
                                     for i in range(s.layers))
         self.ln_f = nn.LayerNorm(s.hidden, eps=config.layer_norm_epsilon)
         self.lm_head = nn.Linear(s.hidden, s.vocab, bias=False)
+        self.block_fns = (attention_inputs, attention_outputs)
         self.tie_weights()
 
     def tie_weights(self) -> None:
         self.lm_head.weight = self.wte.weight
 
+    def compile_blocks(self, **compile_kw) -> None:
+        """Run the blocks' elementwise work through ``torch.compile`` (one compilation serves every layer)."""
+        kw = {"dynamic": True, "fullgraph": True, **compile_kw}
+        self.block_fns = (torch.compile(attention_inputs, **kw), torch.compile(attention_outputs, **kw))
+
     def forward(self, input_ids, positions, meta: AttentionMetadata, kv, logits_indices=None):
-        h = self.wte(input_ids) + self.wpe(positions)
+        h, delta = self.wte(input_ids) + self.wpe(positions), None
         for block in self.layers:
-            h = block(h, meta, kv)
+            h, delta = block(h, delta, meta, kv, self.block_fns)
+        h = h + delta
         if logits_indices is not None:
             h = h[logits_indices]
         return self.lm_head(self.ln_f(h))

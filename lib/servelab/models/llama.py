@@ -3,6 +3,13 @@
 Qwen2 is Llama with biases on the q/k/v projections. q/k/v are fused into one matmul and gate/up
 into another (fewer, larger kernels); the fusion happens when Hugging Face weights are loaded
 (``load_hf_state_dict``), so any checkpoint the model loader accepts works.
+
+A block is two pure functions around attention: ``attention_inputs`` (residual add, RMSNorm, qkv,
+RoPE) and ``attention_outputs`` (o_proj, residual, RMSNorm, MLP). They take tensors only, so one
+``torch.compile`` of each serves every layer (``compile_blocks``): Inductor fuses their elementwise
+work (norms, RoPE, SiLU·up, residual adds) into a few kernels, which matters most for decode, where
+a step is a long chain of tiny kernels. The residual add of one block's MLP output is deferred to the
+next block's ``attention_inputs``, where it fuses with the norm.
 """
 
 from __future__ import annotations
@@ -12,15 +19,32 @@ import torch.nn.functional as F
 from torch import nn
 
 from servelab.models.layers.attention import AttentionMetadata, PagedAttention
-from servelab.models.layers.norm import RMSNorm
+from servelab.models.layers.norm import RMSNorm, rms_norm
 from servelab.models.layers.rotary import RotaryEmbedding, apply_rotary
 from servelab.models.shape import ModelShape
+
+
+def attention_inputs(h, delta, norm_w, eps: float, qkv_w, qkv_b, cos, sin, heads: int, kv_heads: int, head_dim: int):
+    """``h (+ delta)`` -> (residual stream, q [T, H, D], k, v [T, H_kv, D])."""
+    if delta is not None:
+        h = h + delta
+    qkv = F.linear(rms_norm(h, norm_w, eps), qkv_w, qkv_b)
+    q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+    q, k = apply_rotary(q.view(-1, heads, head_dim), k.view(-1, kv_heads, head_dim), cos, sin)
+    return h, q, k, v.view(-1, kv_heads, head_dim)
+
+
+def attention_outputs(h, attn, o_w, norm_w, eps: float, gate_up_w, down_w):
+    """-> (residual stream after attention, MLP output still to be added)."""
+    h = h + F.linear(attn, o_w)
+    gate, up = F.linear(rms_norm(h, norm_w, eps), gate_up_w).chunk(2, dim=-1)
+    return h, F.linear(F.silu(gate) * up, down_w)
 
 
 class LlamaBlock(nn.Module):
     def __init__(self, layer: int, s: ModelShape, eps: float, backend: str):
         super().__init__()
-        self.s = s
+        self.s, self.eps = s, eps
         self.input_norm = RMSNorm(s.hidden, eps)
         self.qkv = nn.Linear(s.hidden, s.q_dim + 2 * s.kv_dim, bias=s.qkv_bias)
         self.attn = PagedAttention(layer, s.heads, s.kv_heads, s.head_dim, s.head_dim ** -0.5, backend)
@@ -29,17 +53,14 @@ class LlamaBlock(nn.Module):
         self.gate_up = nn.Linear(s.hidden, 2 * s.intermediate, bias=False)
         self.down = nn.Linear(s.intermediate, s.hidden, bias=False)
 
-    def forward(self, h, rope, meta, kv):
-        s = self.s
-        x = self.input_norm(h)
-        q, k, v = self.qkv(x).split([s.q_dim, s.kv_dim, s.kv_dim], dim=-1)
-        q = q.view(-1, s.heads, s.head_dim)
-        k = k.view(-1, s.kv_heads, s.head_dim)
-        v = v.view(-1, s.kv_heads, s.head_dim)
-        q, k = apply_rotary(q, k, *rope)
-        h = h + self.o_proj(self.attn(q, k, v, meta, kv))
-        gate, up = self.gate_up(self.post_norm(h)).chunk(2, dim=-1)
-        return h + self.down(F.silu(gate) * up)
+    def forward(self, h, delta, rope, meta, kv, fns):
+        """``(h, delta)`` -> ``(h, delta)``: the residual stream and the MLP output not yet added to it."""
+        s, (pre, post) = self.s, fns
+        h, q, k, v = pre(h, delta, self.input_norm.weight, self.eps, self.qkv.weight, self.qkv.bias, *rope,
+                         s.heads, s.kv_heads, s.head_dim)
+        attn = self.attn(q, k, v, meta, kv)
+        return post(h, attn, self.o_proj.weight, self.post_norm.weight, self.eps, self.gate_up.weight,
+                    self.down.weight)
 
 
 class LlamaModel(nn.Module):
@@ -61,17 +82,24 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(LlamaBlock(i, s, config.rms_norm_eps, attention_backend) for i in range(s.layers))
         self.norm = RMSNorm(s.hidden, config.rms_norm_eps)
         self.lm_head = nn.Linear(s.hidden, s.vocab, bias=False)
+        self.block_fns = (attention_inputs, attention_outputs)
         self.tie_weights()
 
     def tie_weights(self) -> None:
         if self.shape.tied_embeddings:
             self.lm_head.weight = self.embed.weight
 
+    def compile_blocks(self, **compile_kw) -> None:
+        """Run the blocks' elementwise work through ``torch.compile`` (one compilation serves every layer)."""
+        kw = {"dynamic": True, "fullgraph": True, **compile_kw}
+        self.block_fns = (torch.compile(attention_inputs, **kw), torch.compile(attention_outputs, **kw))
+
     def forward(self, input_ids, positions, meta: AttentionMetadata, kv, logits_indices=None):
-        h = self.embed(input_ids)
+        h, delta = self.embed(input_ids), None
         rope = self.rotary(positions, h.dtype)  # once per step, shared by every layer
         for block in self.layers:
-            h = block(h, rope, meta, kv)
+            h, delta = block(h, delta, rope, meta, kv, self.block_fns)
+        h = h + delta
         if logits_indices is not None:
             h = h[logits_indices]
         return self.lm_head(self.norm(h))

@@ -43,20 +43,21 @@ def prepared_step(engine: Engine, batch: int, new_tokens: int, context: int, *, 
 
 
 def step_engine_config(batch: int, new_tokens: int, context: int, block_size: int = 16,
-                       attention_backend: str = "auto") -> EngineConfig:
+                       attention_backend: str = "auto", compile: bool = False) -> EngineConfig:
     """The smallest engine that holds the step: one graph bucket (the batch) for a decode step."""
     total = context + new_tokens + 1
     blocks = batch * -(-total // block_size) + 1
     # the whole preparing prefill runs in one step, so that every sequence reaches `context` together
     return EngineConfig(block_size=block_size, max_num_seqs=batch, max_num_batched_tokens=batch * max(new_tokens,
                         context, 1), max_model_len=total, num_blocks=blocks, graph_batch_sizes=(batch,),
-                        cuda_graphs=new_tokens == 1, attention_backend=attention_backend)
+                        cuda_graphs=new_tokens == 1, attention_backend=attention_backend, compile=compile)
 
 
 def engine_step(model, batch: int, new_tokens: int, context: int, *, seed: int = 0,
-                attention_backend: str = "auto"):
+                attention_backend: str = "auto", compile: bool = False):
     """``(fn, None)``: ``fn()`` runs the project's engine forward for the step (see the module docstring)."""
-    engine = Engine.from_hf(model, step_engine_config(batch, new_tokens, context, attention_backend=attention_backend))
+    engine = Engine.from_hf(model, step_engine_config(batch, new_tokens, context, attention_backend=attention_backend,
+                                                      compile=compile))
     step = prepared_step(engine, batch, new_tokens, context, seed=seed)
 
     def fn():
