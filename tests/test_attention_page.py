@@ -46,7 +46,9 @@ def test_tables_and_findings_from_a_run_with_failures(run):
     assert all(r["verdict"] in ("holds", "changes", "fails") for r in rows)
     reco = recommend.recommend(recommend.regimes(pre, dec, masks, long_from=256, small_batch=1))
     assert {"prefill, sliding window mask", "prefill, document mask"} <= set(reco["regime"])
-    assert not reco["recommended"].isin(["sdpa_cudnn"]).any()     # never ran on the CPU
+    assert not reco["recommended"].isin(["sdpa_cudnn", "flex"]).any()     # never timed on the CPU
+    flex = masks[masks["variant"].eq("flex")]
+    assert set(flex["status"]) == {"untimed"} and (flex["rel_error"] < flex["tolerance"]).all()
     gqa = report.gqa_comparison(dec)
     assert (gqa["repeat_over_gqa"] > 0).all()
     summary = report.gqa_summary(gqa)

@@ -99,3 +99,33 @@ def test_profiles_have_the_seed_comparison_points():
     full = study_params("full")
     assert 2048 in full["prefill_lengths"] and [256, 8192] in full["growth_pairs"]
     assert max(full["decode_kv_lens"]) == 131072 and full["decode_batches"][-1] == 256
+
+
+def test_refused_grouped_heads_are_measured_repeated_with_the_reason(monkeypatch):
+    import warnings
+
+    import torch.nn.functional as F
+
+    real = F.scaled_dot_product_attention
+
+    def picky(q, k, v, *, enable_gqa=False, **kw):
+        if enable_gqa:
+            warnings.warn("For dense input, both fused kernels require the same num_heads")
+            raise RuntimeError("No available kernel. Aborting execution.")
+        return real(q, k, v, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", picky)
+    row = _point(get_variant("sdpa_flash"), AttentionShape.prefill(ARCH, 64))
+    assert row["status"] == "ok" and row["gqa"].startswith("repeat_kv")
+    assert "same num_heads" in row["reason"]
+
+
+def test_backend_is_read_from_kernel_names():
+    from servelab.attention.backends import backend_from_kernels, priority_order
+
+    # names as the H200's profiler printed them (2026-12-02)
+    assert backend_from_kernels("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7") == "cudnn"
+    assert backend_from_kernels("void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits") == "flash"
+    assert backend_from_kernels("fmha_cutlassF_bf16_aligned_64x64_rf_sm80(PyTorchMemEffAttention") == "efficient"
+    assert backend_from_kernels("ampere_bf16_s16816gemm; softmax_warp_forward") == "math"
+    assert set(priority_order("cpu")) <= {"flash", "efficient", "math", "cudnn"}

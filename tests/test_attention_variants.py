@@ -63,3 +63,52 @@ def test_masked_variants_differ_from_unmasked():
 def test_unknown_variant_is_a_clear_error():
     with pytest.raises(ValueError, match="unknown attention variant"):
         get_variant("flash3")
+
+
+def test_forced_backend_refusing_grouped_heads_falls_back_to_repeated_heads(monkeypatch):
+    """If a backend refuses enable_gqa, the variant repeats K/V heads, says so, and stays correct."""
+    import torch.nn.functional as F
+
+    real = F.scaled_dot_product_attention
+
+    def picky(q, k, v, *, enable_gqa=False, **kw):
+        if enable_gqa:
+            raise RuntimeError("No available kernel. Aborting execution.")
+        return real(q, k, v, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", picky)
+    shape = AttentionShape.prefill(GQA, 64)
+    q, k, v = shape.random_inputs(torch.float32, "cpu")
+    attn = get_variant("sdpa_flash").build(shape, "cpu")
+    out = attn(q, k, v)
+    assert attn.gqa.startswith("repeat_kv") and "refused" in attn.gqa
+    assert relative_error(out, reference_attention(q, k, v, shape.mask)) < tolerance(torch.float32)
+    assert get_variant("sdpa_repeat_kv").build(shape, "cpu").gqa == "repeat_kv"
+    assert get_variant("sdpa_math").build(AttentionShape.prefill(MHA, 16), "cpu").gqa == "mha"
+
+
+def test_held_backend_is_entered_once_not_per_call(monkeypatch):
+    """Timing µs-scale kernels must not include sdpa_kernel's host cost on every call."""
+    import contextlib
+
+    from servelab.attention import variants
+
+    entered = []
+
+    @contextlib.contextmanager
+    def counting(name):
+        entered.append(name)
+        yield
+
+    monkeypatch.setattr(variants, "forced", counting)
+    shape = AttentionShape.prefill(GQA, 32)
+    q, k, v = shape.random_inputs(torch.float32, "cpu")
+    attn = get_variant("sdpa_math").build(shape, "cpu")
+    attn(q, k, v)
+    assert entered == ["math"]            # alone, each call forces its backend
+    with attn.held():
+        for _ in range(5):
+            attn(q, k, v)
+    assert entered == ["math", "math"]    # held: once for all five
+    get_variant("sdpa_default").build(shape, "cpu")(q, k, v)
+    assert entered == ["math", "math"]    # the default dispatch forces nothing

@@ -86,3 +86,10 @@ def test_report_tables():
     assert (g["repeat_over_gqa"] == 2.0).all()
     out = report.outcomes(df).set_index("variant")
     assert out.loc["naive", "oom"] == 2 and out.loc["naive", "ok"] == 4
+
+
+def test_shapes_over_a_budget_do_not_block_a_recommendation():
+    df = _rows({"naive": lambda L, d: 10.0, "sdpa_flash": lambda L, d: 2.0})
+    skipped = df.iloc[:2].assign(q_len=10**6, kv_len=10**6, status="skipped", median_ms=None)
+    table = recommend.recommend({"all": pd.concat([df, skipped])})
+    assert table.iloc[0]["recommended"] == "sdpa_flash" and table.iloc[0]["shapes"] == 6

@@ -9,7 +9,10 @@ and returns the first that accepts the inputs. ``kernel_names`` confirms it from
 from __future__ import annotations
 
 import contextlib
+import functools
 import warnings
+
+from servelab.measure.device import settle_sdpa
 
 # our names → torch.nn.attention.SDPBackend members
 BACKENDS = {"flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION", "cudnn": "CUDNN_ATTENTION",
@@ -28,11 +31,42 @@ def sdpa_backend(name: str):
     return getattr(SDPBackend, BACKENDS[name])
 
 
-def priority_order() -> list[str]:
-    """The backends SDPA tries, in order, in our names (backends torch does not name here are dropped)."""
+def priority_order(device=None) -> list[str]:
+    """The backends SDPA tries, in order, in our names (backends torch does not name here are dropped).
+
+    On sm90 torch moves cuDNN to the front of the global order at the first SDPA call on the GPU (the
+    H200 run of 2026-12-02 showed flash first before any call and cuDNN first after), so the order is
+    read after one small call on ``device`` (default: CUDA when present).
+    """
+    import torch
+
     from servelab.measure.device import sdpa_priority_order
 
+    device = torch.device(device if device is not None else ("cuda" if torch.cuda.is_available() else "cpu"))
+    _settle(device.type, device.index)
     return [_ORDER_NAMES[n] for n in sdpa_priority_order() if n in _ORDER_NAMES]
+
+
+@functools.cache
+def _settle(kind: str, index) -> None:
+    """One tiny SDPA call on the device, so any lazy reordering of the backends has happened."""
+    if kind == "cuda":
+        settle_sdpa(f"{kind}:{index}" if index is not None else kind)
+
+
+# kernel-name fragments → backend: how the profiler tells which backend really ran
+_KERNEL_MARKS = (("cudnn", "cudnn"), ("flash_fwd", "flash"), ("fmha", "efficient"), ("cutlassf", "efficient"),
+                 ("mem_eff", "efficient"))
+
+
+def backend_from_kernels(names: str) -> str:
+    """The SDPA backend that kernel names (from ``kernel_names``) belong to; 'math' when no fused
+    attention kernel appears (the unfused path is matmuls and a softmax)."""
+    low = names.lower()
+    for mark, backend in _KERNEL_MARKS:
+        if mark in low:
+            return backend
+    return "math" if low else ""
 
 
 @contextlib.contextmanager
@@ -77,7 +111,8 @@ def kernel_names(call, top: int = 3) -> str:
 
 
 def dispatch_table(shapes, dtype, device) -> "pd.DataFrame":  # noqa: F821
-    """For each (label, AttentionShape): the backend SDPA's default picks, and on CUDA the kernels that ran."""
+    """For each (label, AttentionShape): the backend SDPA's default picks by replay (``picked``), and on CUDA
+    the kernels the profiler saw and the backend they belong to (``ran``); ``agree`` cross-checks the two."""
     import pandas as pd
     import torch
     import torch.nn.functional as F
@@ -88,12 +123,14 @@ def dispatch_table(shapes, dtype, device) -> "pd.DataFrame":  # noqa: F821
         causal = s.mask.kind == "causal"
         call = lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal,  # noqa: E731
                                                       enable_gqa=s.arch.group > 1)
-        row = dict(shape=label, **s.describe())
+        row = dict(shape=label, **s.describe(), priority=" > ".join(priority_order(device)))
         try:
             row["picked"] = picked_backend(call)
             row["kernels"] = kernel_names(call) if torch.device(device).type == "cuda" else ""
+            row["ran"] = backend_from_kernels(row["kernels"]) or row["picked"]
         except RuntimeError as e:  # an OOM or a refusal is a result here, not a crash
-            row["picked"], row["kernels"] = "error", str(e).splitlines()[0][:160]
+            row["picked"], row["kernels"], row["ran"] = "error", str(e).splitlines()[0][:160], ""
+        row["agree"] = row["picked"] == row["ran"]
         rows.append(row)
         del q, k, v
     return pd.DataFrame(rows)

@@ -20,11 +20,11 @@ DEFAULTS = {
         prefill_lengths=[256, 512, 1024, 2048, 4096, 8192, 16384, 32768],
         variants=["naive", "sdpa_default", "sdpa_flash", "sdpa_efficient", "sdpa_cudnn", "sdpa_math",
                   "sdpa_repeat_kv"],
-        decode_kv_lens=[128, 512, 2048, 8192, 32768, 131072], decode_batches=[1, 4, 16, 64, 256],
+        decode_kv_lens=[128, 512, 2048, 8192, 32768, 131072], decode_batches=[1, 8, 64, 256],
         max_kv_gib=8.0, mask_model="llama-3-8b", mask_lengths=[2048, 8192, 32768],
         mask_variants=["sdpa_default", "flex"], window=1024, document_tokens=1024,
         growth_pairs=[[256, 8192], [1024, 32768]], target_ms=150.0, max_repeats=30, warmup=2, max_call_ms=1500.0,
-        long_from=8192, small_batch=4),
+        long_from=8192, small_batch=8),
     "smoke": dict(
         dtype="float32", models=["tiny-qwen2", "tiny-llama"], head_dims=[16, 32],
         prefill_lengths=[64, 256, 2048],

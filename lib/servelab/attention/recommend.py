@@ -18,9 +18,10 @@ def rank_variants(df: pd.DataFrame) -> pd.DataFrame:
     """Per variant over the shapes of ``df``: geometric-mean slowdown against the best at each shape,
     shapes where it ran, median % of the roofline floor, and the SDPA backends it ran on."""
     ok = df[df["status"].eq("ok")].copy()
-    shapes = df[SHAPE_KEYS].drop_duplicates().shape[0]
+    shapes = ok[SHAPE_KEYS].drop_duplicates().shape[0]   # shapes some variant ran (not those over a budget)
     if ok.empty:
         return pd.DataFrame(columns=["variant", "slowdown", "shapes_ran", "shapes", "pct_of_floor", "backends"])
+    ok["median_ms"] = ok["median_ms"].astype(float)
     ok["slowdown"] = ok["median_ms"] / ok.groupby(SHAPE_KEYS)["median_ms"].transform("min")
     out = ok.groupby("variant").agg(
         slowdown=("slowdown", lambda s: float(stats.gmean(s))), shapes_ran=("slowdown", "size"),

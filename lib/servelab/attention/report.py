@@ -14,7 +14,10 @@ def outcomes(df: pd.DataFrame) -> pd.DataFrame:
     counts = df.pivot_table(index="variant", columns="status", values="q_len", aggfunc="size", fill_value=0)
     worst = df.groupby("variant")["rel_error"].max().rename("max_rel_error")
     tol = df.groupby("variant")["tolerance"].max().rename("tolerance")
-    return counts.join(worst).join(tol).reset_index()
+    out = counts.join(worst).join(tol)
+    if "gqa" in df:  # how grouped K/V heads were fed to each variant
+        out = out.join(df.groupby("variant")["gqa"].agg(lambda s: ", ".join(sorted({g for g in s if isinstance(g, str) and g}))))
+    return out.reset_index()
 
 
 def first_failures(df: pd.DataFrame, statuses=("oom",)) -> pd.DataFrame:

@@ -22,6 +22,7 @@ SDPA variants take causal masks as ``is_causal=True`` and other masks as a dense
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import warnings
@@ -81,29 +82,70 @@ def _build_naive(shape: AttentionShape, device) -> AttentionFn:
             scores = scores.masked_fill(blocked, float("-inf"))
         return torch.matmul(torch.softmax(scores, dim=-1), v)
 
+    naive.gqa = "repeat_kv" if group > 1 else "mha"
     return naive
+
+
+class SdpaCall:
+    """One SDPA call with a fixed mask and backend; ``gqa`` says how grouped K/V heads were handled.
+
+    ``native``: ``enable_gqa=True``; ``repeat_kv``: K/V heads repeated before the call, either by design
+    (the ``sdpa_repeat_kv`` variant) or because a forced backend refused ``enable_gqa`` on the first call
+    (then ``gqa`` says so, and every later call repeats too); ``mha``: nothing to group.
+    """
+
+    def __init__(self, shape: AttentionShape, device, backend: str | None, repeat_kv: bool):
+        kind = shape.mask.kind
+        self.backend = backend
+        self.is_causal = kind == "causal"
+        self.attn_mask = None if kind in ("none", "causal") else shape.mask.dense(shape.q_len, shape.kv_len, device)
+        self.group = shape.arch.group
+        self.gqa = "mha" if self.group == 1 else ("repeat_kv" if repeat_kv else "native")
+        self._calls = 0
+        self._held = False
+
+    @contextlib.contextmanager
+    def held(self):
+        """Hold the forced backend across many calls. Entering ``sdpa_kernel`` costs tens of µs of host
+        time; per call, that would land in the timing of µs-scale decode kernels and make a forced
+        backend look slower than the same backend chosen by the default dispatch."""
+        with forced(self.backend):
+            self._held = True
+            try:
+                yield
+            finally:
+                self._held = False
+
+    def _sdpa(self, q, k, v):
+        import torch.nn.functional as F
+
+        if self.gqa.startswith("repeat_kv"):
+            k, v = _repeat_kv(k, v, self.group)
+        with contextlib.nullcontext() if self._held or self.backend is None else forced(self.backend):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=self.attn_mask, is_causal=self.is_causal,
+                                                  enable_gqa=self.gqa == "native")
+
+    def __call__(self, q, k, v):
+        import torch
+
+        self._calls += 1
+        if self._calls > 1 or self.gqa != "native" or self.backend is None:
+            return self._sdpa(q, k, v)
+        try:
+            return self._sdpa(q, k, v)
+        except torch.OutOfMemoryError:
+            raise
+        except RuntimeError:
+            # the forced backend may refuse grouped heads but take repeated ones: measure it that way
+            self.gqa = "repeat_kv (backend refused enable_gqa)"
+            return self._sdpa(q, k, v)
 
 
 def _sdpa_builder(backend: str | None, repeat_kv: bool = False):
     def build(shape: AttentionShape, device) -> AttentionFn:
-        import torch.nn.functional as F
-
         if backend in ("efficient", "cudnn") and device.type != "cuda":
             raise Unavailable(f"SDPA's {backend} backend exists only on CUDA")
-        kind = shape.mask.kind
-        is_causal = kind == "causal"
-        attn_mask = None if kind in ("none", "causal") else shape.mask.dense(shape.q_len, shape.kv_len, device)
-        group = shape.arch.group
-        gqa = group > 1 and not repeat_kv
-
-        def sdpa(q, k, v):
-            if repeat_kv:
-                k, v = _repeat_kv(k, v, group)
-            with forced(backend):
-                return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
-                                                      enable_gqa=gqa)
-
-        return sdpa
+        return SdpaCall(shape, device, backend, repeat_kv)
 
     return build
 
@@ -139,14 +181,17 @@ def _build_flex(shape: AttentionShape, device) -> AttentionFn:
     gqa = shape.arch.group > 1
     if cuda:
         fn = compiled_flex()
-        return lambda q, k, v: fn(q, k, v, block_mask=block_mask, enable_gqa=gqa)
 
-    def flex_eager(q, k, v):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "flex_attention called without torch.compile": we know
-            return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=gqa)
+        def flex(q, k, v):
+            return fn(q, k, v, block_mask=block_mask, enable_gqa=gqa)
+    else:
+        def flex(q, k, v):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # "flex_attention called without torch.compile": we know
+                return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=gqa)
 
-    return flex_eager
+    flex.gqa = "native" if gqa else "mha"
+    return flex
 
 
 VARIANTS: dict[str, Variant] = {v.name: v for v in [

@@ -31,10 +31,28 @@ def read_clocks() -> dict:
     return {"utc": now, **_smi(CLOCK_FIELDS)}
 
 
+def settle_sdpa(device=None) -> None:
+    """One tiny SDPA call on a CUDA device, so torch's lazy reordering of the backends has happened.
+
+    On sm90 torch moves cuDNN attention to the front of the priority order only at the first SDPA call;
+    an order read before any call is not the order the study's kernels will see.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    dev = torch.device(device) if device is not None else (torch.device("cuda") if torch.cuda.is_available() else None)
+    if dev is None or dev.type != "cuda":
+        return
+    q = torch.randn(1, 2, 16, 64, device=dev, dtype=torch.bfloat16)
+    F.scaled_dot_product_attention(q, q, q, is_causal=True)
+    torch.cuda.synchronize(dev)
+
+
 def sdpa_priority_order() -> list[str]:
-    """SDPA's backend priority order as this torch build will try them."""
+    """SDPA's backend priority order as this torch build will try them (after one settling call on CUDA)."""
     import torch
 
+    settle_sdpa()
     try:
         order = torch._C._get_sdp_priority_order()
     except AttributeError:  # older torch: no public order, record that
