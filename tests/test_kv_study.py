@@ -120,6 +120,8 @@ def test_compaction_sweep_rows_and_bandwidth():
     assert (df.loc[df.method == "block_loop", "kernel_launches"] == df.loc[df.method == "block_loop",
                                                                             "blocks_moved"]).all()
     assert len(mover_ratio(df)) == 2
+    assert len(mover_ratio(df, "gather_scatter", "gather_scatter_wide")) == 2
+    assert mover_ratio(df, "block_loop", "memcpy").empty
     assert verdicts.f43(df, 10.0)["verdict"] in {"holds", "changes"}
 
 
@@ -210,6 +212,19 @@ def test_overlap_summary_wall_saving():
     s = overlap_summary(_runs(2.0, 2.0, d=2.0))
     assert s["wall_saving_pct"] == pytest.approx(50, abs=2)   # serialised 4 ms, overlapped 2 ms
     assert s["overlap_pct"] == pytest.approx(100, abs=4)
+    assert "prioritised_wall_saving_pct" not in s
+
+
+def test_overlap_summary_prioritised_condition():
+    runs = _runs(2.0, 2.0, d=2.0)
+    prio = runs[runs.condition == "concurrent"].assign(condition="concurrent_prioritised", compaction_ms=3.0,
+                                                       decode_ms=2.2, total_ms=3.0)
+    s = overlap_summary(pd.concat([runs, prio], ignore_index=True))
+    assert s["prioritised_decode_slowdown"] == pytest.approx(1.1, rel=0.02)
+    assert s["prioritised_wall_saving_pct"] == pytest.approx(25, abs=1)      # 3 ms against 4 serialised
+    assert s["prioritised_wall_saving_ci_low_pct"] <= 25 + 1e-9 <= s["prioritised_wall_saving_ci_high_pct"] + 1
+    note = verdicts.f44(pd.DataFrame([dict(s, decode_batch=1)]), on_cuda=True)["note"]
+    assert "high-priority stream: decode 1.10×" in note
 
 
 # ---- parameters ---------------------------------------------------------------------------------------
@@ -251,7 +266,7 @@ def test_overlap_rig_on_cuda_times_all_four_conditions():
     b = torch.empty_like(a)
     rig = OverlapRig(lambda: torch.mul(a, 2.0, out=b), lambda: b.copy_(a), decode_steps=2, device="cuda")
     runs = overlap_experiment(rig, rounds=3, warmup_rounds=1)
-    assert set(runs["condition"]) == set(rig.conditions) and len(rig.conditions) == 4
+    assert set(runs["condition"]) == set(rig.conditions) and len(rig.conditions) == 5
     conc = runs[runs.condition == "concurrent"]
     assert (conc["compaction_ms"] > 0).all() and (conc["decode_ms"] > 0).all()
     assert (conc["total_ms"] >= conc[["compaction_ms", "decode_ms"]].max(axis=1) * 0.99).all()
@@ -281,6 +296,7 @@ def test_kernel_comparison_subtracts_the_decodes_share(monkeypatch):
 
     class FakeRig:
         current = None
+        conditions = tuple(tops)
 
         def run(self, c):
             FakeRig.current = c
@@ -296,7 +312,8 @@ def test_kernel_comparison_subtracts_the_decodes_share(monkeypatch):
     k = df.set_index("kernel")
     assert k.loc["indexSelect", "during_decode_us"] == pytest.approx(130.0)
     assert k.loc["indexSelect", "shared_with_decode"]
-    assert k.loc["indexCopy", "ratio"] == pytest.approx(1.2)
+    assert k.loc["indexCopy", "during_decode_ratio"] == pytest.approx(1.2)
+    assert "during_prioritised_decode_us" not in k.columns   # that condition was not run
     assert "gemm" not in k.index and "[all kernels, concurrent]" in k.index
 
 

@@ -13,7 +13,7 @@ Three data movers, compared in Study 4:
   not numbers): 4× fewer, wider elements for bf16/fp16;
 - ``block_loop``: one strided copy per block: the naive version, one kernel launch per block moved.
 
-Either can run on a CUDA stream of its own, so that it overlaps decode on the default stream.
+Any of them can run on a CUDA stream of its own, so that it may overlap decode on the default stream.
 """
 
 from __future__ import annotations

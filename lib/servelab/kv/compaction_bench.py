@@ -124,11 +124,11 @@ def compaction_sweep(layers: int, kv_heads: int, head_dim: int, dtype, device, *
     return df
 
 
-def mover_ratio(comp: pd.DataFrame) -> pd.DataFrame:
-    """Per (pool, block size, fraction moved): the per-block loop's time over gather/scatter's (> 1: loop slower)."""
-    ok = comp[(comp["status"] == "ok") & comp["method"].isin(["block_loop", "gather_scatter"])]
-    wide = ok.pivot_table(index=["pool_mib", "block_size", "move_fraction", "blocks_moved"], columns="method",
-                          values="median_ms").dropna()
-    if not {"block_loop", "gather_scatter"} <= set(wide.columns):
-        return pd.DataFrame(columns=["pool_mib", "block_size", "move_fraction", "blocks_moved", "loop_over_gather"])
-    return (wide["block_loop"] / wide["gather_scatter"]).rename("loop_over_gather").reset_index()
+def mover_ratio(comp: pd.DataFrame, slow: str = "block_loop", fast: str = "gather_scatter") -> pd.DataFrame:
+    """Per (pool, block size, fraction moved): mover ``slow``'s time over mover ``fast``'s (> 1: ``slow`` is slower)."""
+    ok = comp[(comp["status"] == "ok") & comp["method"].isin([slow, fast])]
+    cols = ["pool_mib", "block_size", "move_fraction", "blocks_moved"]
+    if ok.empty or set(ok["method"]) != {slow, fast}:
+        return pd.DataFrame(columns=cols + ["ratio"])
+    wide = ok.pivot_table(index=cols, columns="method", values="median_ms").dropna()
+    return (wide[slow] / wide[fast]).rename("ratio").reset_index()

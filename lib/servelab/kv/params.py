@@ -18,7 +18,7 @@ DEFAULTS = {
         capacity_model="config:llama-3-8b", capacity_dtype="bfloat16", capacity_budget_gib=100,
         capacity_max_len=8192, capacity_trials=5, block_sizes=[16, 32, 64, 128, 256],
         decode_model="config:gpt2", decode_dtype="float16", decode_modes=["hf_eager", "hf_cuda_graph"],
-        decode_batches=[1, 16, 64], decode_contexts=[64, 128, 256, 512, 1000], repeats=10,
+        decode_batches=[1, 16, 64, 256], decode_contexts=[64, 128, 256, 512, 1000], repeats=10,
         compaction_pool_mib=[1024, 4096, 16384], compaction_move_fractions=[0.1, 0.5],
         compaction_methods=list(MOVERS),
         overlap_pool_mib=8192, overlap_block_size=16, overlap_move_fraction=0.5, overlap_batches=[1, 64],

@@ -96,7 +96,7 @@ def decode_scaling(steps: pd.DataFrame, ceil_gb_s: float, device_name: str):
     ax.set(xscale="log", yscale="log", xlabel="context (cached tokens per sequence)",
            ylabel="achieved GB/s (weights + KV per step)", title="bandwidth achieved by a decode step")
     _log_x_ticks(ax, d["context"])
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, bbox_to_anchor=(1.02, 1), loc="upper left")
     fig.suptitle(f"Decode step time against context on {device_name}", y=1.02)
     fig.tight_layout()
     return fig
@@ -107,8 +107,8 @@ def compaction_bandwidth(comp: pd.DataFrame, ceil_gb_s: float, device_name: str)
     d = comp[comp["status"] == "ok"].copy()
     d["pool"] = d["pool_mib"].map(lambda m: f"{m / 1024:g} GiB pool" if m >= 1024 else f"{m} MiB pool")
     fracs = sorted(d["move_fraction"].unique())
-    fig, axes = plt.subplots(1, len(fracs), figsize=(5.2 * len(fracs), 4.3), squeeze=False, sharey=True)
-    for ax, f in zip(axes[0], fracs):
+    fig, axes = plt.subplots(1, len(fracs), figsize=(5.2 * len(fracs) + 2, 4.3), squeeze=False, sharey=True)
+    for i, (ax, f) in enumerate(zip(axes[0], fracs)):
         sns.lineplot(data=d[d["move_fraction"] == f], x="block_size", y="gb_s", hue="method", style="pool",
                      marker="o", ax=ax)
         ax.axhline(ceil_gb_s, color="k", ls="--", label="measured copy ceiling")
@@ -116,7 +116,10 @@ def compaction_bandwidth(comp: pd.DataFrame, ceil_gb_s: float, device_name: str)
         ax.set(xscale="log", yscale="log", xlabel="block size (tokens)", ylabel="GB/s (read + write of moved blocks)",
                title=f"{f:.0%} of live blocks moved")
         _log_x_ticks(ax, d["block_size"])
-        ax.legend(fontsize=7)
+        if i == len(fracs) - 1:
+            ax.legend(fontsize=7, bbox_to_anchor=(1.02, 1), loc="upper left")
+        else:
+            ax.get_legend().remove()
     fig.suptitle(f"Compaction bandwidth on {device_name}", y=1.02)
     fig.tight_layout()
     return fig
