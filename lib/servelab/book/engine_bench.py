@@ -38,4 +38,20 @@ def render_engine_bench(path: Path | None) -> str:
         cells = [md_text(format_value(r[c]) if c != "metric" else r[c]) or "—" for c in cols]
         lines.append("* - " + "\n  - ".join(cells))
     lines.append(":::")
-    return f"From `{md_text(path.parent.parent.name)}`:\n\n" + "\n".join(lines) + "\n"
+    return f"From `{md_text(path.parent.parent.name)}`{_provenance(path)}:\n\n" + "\n".join(lines) + "\n"
+
+
+def _provenance(path: Path) -> str:
+    """', run at commit X on DATE' from the run's sidecar, so a reader can tell which engine code was measured."""
+    import json
+
+    side = path.parent / "run.json"
+    if not side.exists():
+        return ""
+    try:
+        run = json.loads(side.read_text())
+    except ValueError:
+        return ""
+    commit = str(run.get("git_commit", "unknown"))[:12]
+    when = run.get("written_utc") or run.get("started_utc") or "an unrecorded time"
+    return f", run at commit `{md_text(commit)}` on {md_text(str(when))}"
