@@ -20,6 +20,7 @@ def test_smoke_bench_writes_every_row(scratch_results, capsys):
     assert df.set_index("metric").loc[["decode_ms_b1_ctx16", "offline_tok_s"], "value"].gt(0).all()
     exact = pd.read_csv(next(scratch_results.glob("*/engine/exactness.csv")))
     assert exact["all_agree"].all() and exact["logit_max_abs_err"].max() < 1e-3  # float32: identical tokens
+    assert (exact["tf_argmax_agree_frac"] == 1).all() and exact["tf_logit_max_abs_err"].max() < 1e-3
     decode = pd.read_csv(next(scratch_results.glob("*/engine/decode.csv")))
     assert {"engine_gather", "hf_eager"} <= set(decode["impl"]) and (decode["status"] == "ok").all()
     assert "offline_tok_s" in capsys.readouterr().out  # the summary table

@@ -30,6 +30,9 @@ CHECK = textwrap.dedent("""
         got = triton_decode(q, kp, vp, tables, lens, head_dim ** -0.5)
         torch.testing.assert_close(got, gather_decode(q, kp, vp, tables, lens, head_dim ** -0.5), rtol=1e-5, atol=1e-5)
 
+    from servelab.models.layers.triton_decode import tune_triton_decode
+    assert tune_triton_decode(14, 2, 64, 16, torch.float32, "cpu").startswith("not tuned")  # GPUs only
+
     from servelab.engine import Engine, EngineConfig, SamplingParams
     from servelab.models import load_model
     hf = load_model("config:tiny-llama").model

@@ -23,6 +23,7 @@ Also written: ``decode.csv`` (engine backends beside HF eager and HF in a CUDA g
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 import traceback
@@ -53,6 +54,7 @@ class BenchPlan:
     time_budget_s: float
     seed: int
     try_compile: bool = True   # also measure the engine with torch.compile'd blocks (slow to compile on a CPU)
+    decode_steps: tuple[int, ...] = (1, 8)  # multi-step decoding settings tried in the offline run
 
 
 GOALS = {"decode_ms_b1_ctx128": ("<=", 0.6), "decode_ms_b64_ctx512": ("<=", 0.8), "offline_tok_s": (">=", 40000),
@@ -65,7 +67,7 @@ def make_plan(args) -> BenchPlan:
     if args.smoke:
         return BenchPlan("config:tiny-qwen2", "config:tiny-llama", "float32", "cpu", ((1, 16), (4, 32)), 128,
                          args.num_requests or 8, 8, 24, 8, 2.0, ("config:tiny-gpt2",), 2, 8, 3,
-                         args.time_budget, args.seed, try_compile=False)
+                         args.time_budget, args.seed, try_compile=False, decode_steps=(1, 4))
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     quick = args.quick
     return BenchPlan(args.model, args.mfu_model, args.dtype, device, ((1, 128), (64, 512)), args.mfu_tokens,
@@ -106,6 +108,20 @@ def _row(metric, value, unit, bound=None, note=""):
             "goal": f"{op} {goal:g}" if op else "", "meets_goal": meets, "note": note}
 
 
+def profile_step(fn, before=None) -> dict:
+    """Kernel count, GPU-busy share and the largest kernels of one call of ``fn`` (torch.profiler)."""
+    from servelab.measure.kernel_profile import profile_call
+
+    def call():
+        if before is not None:
+            before()
+        fn()
+
+    p = profile_call(call, calls=3, warmup=1, top=3)
+    return {"kernels": p.kernels, "gpu_busy_ms": p.gpu_busy_ms, "gpu_busy_pct": p.gpu_busy_pct,
+            "top_kernels": "; ".join(f"{name[:40]} ×{n} {us:.0f} µs" for name, n, us in p.top_kernels)}
+
+
 def run_bench(plan: BenchPlan, *, write: bool = True, progress: bool = True, log=print) -> dict[str, pd.DataFrame]:
     """Run every section the time budget allows; returns the tables (and writes them unless ``write=False``)."""
     import torch
@@ -129,6 +145,19 @@ def run_bench(plan: BenchPlan, *, write: bool = True, progress: bool = True, log
     roof = Roofline.from_ceilings(ceil)
     log(f"ceilings: copy {ceil.copy_gb_s:,.0f} GB/s, matmul {ceil.matmul_tflop_s:,.1f} TFLOP/s ({ceil.matmul_dtype})")
     rows, decode_rows, offline_rows, exact = [], [], [], []
+    results = StudyResults("engine", dev, dict(plan.__dict__), ceil) if write else None
+
+    def flush() -> dict[str, pd.DataFrame]:
+        """Write what is measured so far: a run cut short by an outer time limit still leaves its tables."""
+        tables = {"bench": pd.DataFrame(rows), "decode": pd.DataFrame(decode_rows),
+                  "offline": pd.DataFrame(offline_rows),
+                  "exactness": pd.concat(exact, ignore_index=True) if exact else pd.DataFrame()}
+        if results is not None:
+            for name, df in tables.items():
+                if len(df):
+                    results.write(name, df)
+        return tables
+
     dtype_bytes = torch.empty(0, dtype=getattr(torch, plan.dtype)).element_size()
     lm = load_model(plan.model, dtype=plan.dtype, device=plan.device, seed=plan.seed, load_tokenizer=False)
     hf = lm.model
@@ -146,13 +175,21 @@ def run_bench(plan: BenchPlan, *, write: bool = True, progress: bool = True, log
         impls = variants + [("hf_eager", None, False)] + ([("hf_cuda_graph", None, False)] if cuda else [])
         best = float("nan")
         for impl, backend, compiled in impls:
-            status, t, note = "ok", None, ""
+            status, t, note, prof = "ok", None, "", {}
+            if clock.left() < (150 if compiled else 120):  # keep time for the sections that follow
+                decode_rows.append({"impl": impl, "batch": batch, "context": ctx, "median_ms": float("nan"),
+                                    "p25_ms": float("nan"), "p75_ms": float("nan"), "floor_ms": floor,
+                                    "pct_of_floor": float("nan"), "status": "skipped", "note": "time budget"})
+                log(f"decode b={batch} ctx={ctx} {impl}: skipped (time budget)")
+                continue
             try:
                 if backend is not None:
                     fn, before = engine_step(hf, batch, 1, ctx, seed=plan.seed, attention_backend=backend,
                                              compile=compiled)
                     st = fn.engine.stats()
                     note = f"graphs={st['cuda_graphs']}, compile {st['compile']}"
+                    if backend == "triton":
+                        note += f", kernel {st['triton_tuning']}"
                 elif impl == "hf_eager":
                     from servelab.hf_modes import eager_step
                     fn, before = eager_step(hf, batch, 1, ctx, seed=plan.seed)
@@ -161,6 +198,11 @@ def run_bench(plan: BenchPlan, *, write: bool = True, progress: bool = True, log
                     fn, before = cuda_graph_step(hf, batch, 1, ctx, seed=plan.seed)
                 repeats = plan.repeats if backend is not None or impl == "hf_cuda_graph" else max(3, plan.repeats // 3)
                 t = time_fn(fn, warmup=3, repeats=repeats, device=plan.device, before_each=before)
+                if cuda and (backend is not None or impl == "hf_cuda_graph"):
+                    try:  # where the time goes: kernels per step, GPU-busy share; optional, never fatal
+                        prof = profile_step(fn, before)
+                    except Exception as e:
+                        prof = {"top_kernels": f"profile failed: {type(e).__name__}: {e}"[:200]}
             except Exception as e:  # record and go on: one failing variant must not end the run
                 status, note = ("oom" if "out of memory" in str(e).lower() else "error"), f"{type(e).__name__}: {e}"[:300]
             finally:
@@ -170,7 +212,7 @@ def run_bench(plan: BenchPlan, *, write: bool = True, progress: bool = True, log
             decode_rows.append({"impl": impl, "batch": batch, "context": ctx, "median_ms": ms,
                                 "p25_ms": t.p25_ms if t else float("nan"), "p75_ms": t.p75_ms if t else float("nan"),
                                 "floor_ms": floor, "pct_of_floor": 100 * floor / ms if t else float("nan"),
-                                "status": status, "note": note})
+                                "status": status, "note": note, **prof})
             if backend is not None and t and not ms >= best:
                 best = ms
                 if (batch, ctx) == plan.decode_points[-1] and ms < best_at_largest:
@@ -179,10 +221,17 @@ def run_bench(plan: BenchPlan, *, write: bool = True, progress: bool = True, log
         fastest = min((r for r in decode_rows if r["batch"] == batch and r["context"] == ctx
                        and r["impl"].startswith("engine") and r["status"] == "ok"),
                       key=lambda r: r["median_ms"], default=None)
-        rows.append(_row(f"decode_ms_b{batch}_ctx{ctx}", best, "ms", floor,
-                         f"engine forward ({fastest['impl']}), CUDA-graph replay incl. input copies; "
-                         f"median of {plan.repeats}" if fastest and cuda else
-                         ("eager forward (no CUDA)" if fastest else "failed")))
+        note = "failed"
+        if fastest:
+            note = (f"engine forward ({fastest['impl']}), CUDA-graph replay incl. input copies; median of {plan.repeats}"
+                    if cuda else "eager forward (no CUDA)")
+            if "kernels" in fastest:
+                note += (f"; profile: {fastest['kernels']} kernels/step, GPU busy {fastest['gpu_busy_pct']:.0f}%, "
+                         f"{fastest['gpu_busy_ms'] * 1e3 / max(fastest['kernels'], 1):.1f} µs of kernel time per kernel; "
+                         f"largest: {fastest['top_kernels']}")
+        rows.append(_row(f"decode_ms_b{batch}_ctx{ctx}", best, "ms", floor, note))
+
+    flush()
 
     # ---- offline throughput ---------------------------------------------------------------------------------
     work = offline_workload(plan.num_requests, plan.min_len, plan.max_len, vocab=shape.vocab, seed=plan.seed)
@@ -193,22 +242,32 @@ def run_bench(plan: BenchPlan, *, write: bool = True, progress: bool = True, log
     log(f"offline engine: {best_variant[0]} (fastest decode at the largest point)")
     try:
         cfg = EngineConfig(max_model_len=-(-work.max_total_len // 256) * 256, max_num_seqs=min(256, plan.num_requests),
-                           max_num_batched_tokens=8192, attention_backend=best_backend, compile=best_compile)
+                           max_num_batched_tokens=16384, attention_backend=best_backend, compile=best_compile)
         t0 = time.perf_counter()
         engine = Engine.from_hf(hf, cfg)
         build_s = time.perf_counter() - t0
         warm = offline_workload(min(16, plan.num_requests), 8, 32, vocab=shape.vocab, seed=plan.seed + 1)
-        run_offline(engine, warm)  # first-use costs (Triton compile, allocator growth) outside the timing
-        res = run_offline(engine, work, progress=progress)
-        engine_tok_s = res["tok_s"]
-        st = engine.stats()
-        offline_rows.append({"impl": "engine", **res, "build_s": build_s, **{k: st[k] for k in (
-            "num_blocks", "kv_pool_gib", "attention_backend", "varlen_prefill", "compile", "cuda_graphs", "graph_capture_s",
-            "graph_steps", "eager_steps")}})
-        note = (f"{work.num_requests} requests, lengths U[{plan.min_len}, {plan.max_len}], "
-                f"{work.output_tokens} output tokens in {res['elapsed_s']:.2f} s; backend {st['attention_backend']}, "
-                f"varlen prefill {st['varlen_prefill']}, compile {st['compile']}, {st['graph_steps']} graph / {st['eager_steps']} eager steps, "
-                f"{res['preemptions']} preemptions, {st['num_blocks']} KV blocks")
+        notes = []
+        for k in plan.decode_steps:
+            if k > 1 and clock.left() < 90:
+                notes.append(f"decode_steps={k}: skipped (time budget)")
+                continue
+            engine.config = dataclasses.replace(engine.config, decode_steps=k)
+            run_offline(engine, warm)  # first-use costs (Triton compiles, allocator growth) outside the timing
+            st0 = engine.stats()
+            res = run_offline(engine, work, progress=progress)
+            st = engine.stats()
+            offline_rows.append({"impl": "engine", "decode_steps": k, **res, "build_s": build_s, **{key: st[key] for key in (
+                "num_blocks", "kv_pool_gib", "attention_backend", "varlen_prefill", "compile", "cuda_graphs",
+                "graph_capture_s")}, "graph_steps": st["graph_steps"] - st0["graph_steps"],
+                "eager_steps": st["eager_steps"] - st0["eager_steps"]})
+            notes.append(f"decode_steps={k}: {res['tok_s']:,.0f} tok/s ({res['output_tokens']} tokens in "
+                         f"{res['elapsed_s']:.2f} s, {st['graph_steps'] - st0['graph_steps']} graph / "
+                         f"{st['eager_steps'] - st0['eager_steps']} eager steps, {res['preemptions']} preemptions)")
+            engine_tok_s = res["tok_s"] if not res["tok_s"] <= engine_tok_s else engine_tok_s
+        note = (f"{work.num_requests} requests, lengths U[{plan.min_len}, {plan.max_len}], temperature 0.6, EOS ignored; "
+                f"backend {st['attention_backend']}, varlen prefill {st['varlen_prefill']}, compile {st['compile']}, "
+                f"{st['num_blocks']} KV blocks; the value is the best of: " + "; ".join(notes))
         log(f"offline: {engine_tok_s:,.0f} tok/s ({note})")
     except Exception as e:
         note = f"failed: {type(e).__name__}: {e}"[:300]
@@ -239,6 +298,8 @@ def run_bench(plan: BenchPlan, *, write: bool = True, progress: bool = True, log
     rows.append(_row("hf_offline_tok_s", hf_tok_s, "tok/s", bound_tok_s, note))
     rows.append(_row("engine_speedup_vs_hf", engine_tok_s / hf_tok_s if hf_tok_s == hf_tok_s else float("nan"), "x",
                      None, "offline_tok_s / hf_offline_tok_s"))
+
+    flush()
 
     # ---- prefill MFU -----------------------------------------------------------------------------------------
     mfu, notes, big = float("nan"), [], None
@@ -272,6 +333,8 @@ def run_bench(plan: BenchPlan, *, write: bool = True, progress: bool = True, log
     log(f"prefill MFU: {mfu:.3f} ({note})")
     rows.append(_row(f"prefill_mfu_{plan.mfu_tokens}", mfu, "fraction of matmul ceiling", 1.0, note))
 
+    flush()
+
     # ---- exactness against HF in this dtype ------------------------------------------------------------------
     for spec in (plan.model,) + plan.exactness_models:
         for compiled in sorted({False, best_compile}):
@@ -296,7 +359,8 @@ def run_bench(plan: BenchPlan, *, write: bool = True, progress: bool = True, log
                                        f"{'CUDA graphs' if eng.num_graphs else 'eager'}")
                 exact.append(df)
                 log(f"exactness {spec} compile={compiled}: tokens agree for {df['tokens_agree'].tolist()} of "
-                    f"{plan.exactness_steps} steps; max |logit err| {df['logit_max_abs_err'].max():.3g}")
+                    f"{plan.exactness_steps} steps; max |logit err| {df['logit_max_abs_err'].max():.3g}; teacher-forced "
+                    f"argmax agreement {df['tf_argmax_agree_frac'].mean():.3f}")
             except Exception as e:
                 log(f"exactness {spec}: failed: {type(e).__name__}: {e}")
             finally:
@@ -305,16 +369,10 @@ def run_bench(plan: BenchPlan, *, write: bool = True, progress: bool = True, log
     lm = hf = None
     _free(plan.device)
 
-    tables = {"bench": pd.DataFrame(rows), "decode": pd.DataFrame(decode_rows),
-              "offline": pd.DataFrame(offline_rows),
-              "exactness": pd.concat(exact, ignore_index=True) if exact else pd.DataFrame()}
-    if write:
-        res = StudyResults("engine", dev, {k: v for k, v in plan.__dict__.items()}, ceil)
-        for name, df in tables.items():
-            if len(df):
-                res.write(name, df)
-        res.finish(wall_s=time.perf_counter() - clock.t0)
-        log(f"wrote {', '.join(res.files)} under {res.dir}")
+    tables = flush()
+    if results is not None:
+        results.finish(wall_s=time.perf_counter() - clock.t0)
+        log(f"wrote {', '.join(results.files)} under {results.dir}")
     return tables
 
 

@@ -3,10 +3,17 @@
 - ``sequence.py``: requests (``Sequence``) and their ``SamplingParams``;
 - ``scheduler.py``: the ``Scheduler`` interface and the default ``TokenBudgetScheduler``;
 - ``step_inputs.py``: a scheduled batch as flat tensors and attention metadata;
-- ``model_runner.py`` and ``cuda_graphs.py``: one forward, eager or as a replayed CUDA graph;
+- ``block_tables.py``: every running sequence's block table, kept on the device incrementally;
+- ``model_runner.py`` and ``cuda_graphs.py``: one forward (or several decode steps back to back), eager or
+  as replayed CUDA graphs;
 - ``sampling.py``: greedy, temperature, top-p, per-request seeds;
 - ``memory.py``: sizing the KV pool from a memory fraction;
-- ``engine.py``: the loop that ties them together.
+- ``config.py``: the engine's settings; ``compilation.py``: ``torch.compile`` of the blocks, checked;
+- ``engine.py``: the loop that ties them together;
+- ``bench/``: the benchmarks behind ``python -m servelab.bench``.
+
+The model code (Llama/Qwen2, GPT-2, paged attention, the Triton decode kernel) is in ``servelab.models``;
+the paged KV cache (block manager, pool) in ``servelab.kv``.
 """
 
 from servelab.engine.config import EngineConfig

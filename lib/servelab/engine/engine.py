@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
+from servelab.engine.compilation import compile_with_check
 from servelab.engine.config import EngineConfig
 from servelab.engine.memory import MemoryPlan, plan_gpu_memory
 from servelab.engine.model_runner import ModelRunner, max_blocks_per_sequence
@@ -89,6 +90,11 @@ class Engine:
         self.compile_status = "off"
         if cfg.compile:
             self.compile_status = compile_with_check(model, self.pool, num_blocks)
+            if self.compile_status.startswith("on") and self.device.type == "cuda":
+                from servelab.engine.sampling import exponential_race
+                from servelab.models.layers.compiled import compiled
+
+                self.runner.race = compiled(exponential_race)
         self.num_graphs = 0
         self.graph_capture_s = 0.0
         if cfg.cuda_graphs and self.device.type == "cuda":
@@ -223,44 +229,12 @@ class Engine:
 
     def stats(self) -> dict:
         return {"num_blocks": self.num_blocks, "block_size": self.config.block_size,
-                "kv_pool_gib": self.pool.nbytes / 2**30, "attention_backend": self.backend, "varlen_prefill": self.varlen_status,
+                "kv_pool_gib": self.pool.nbytes / 2**30, "attention_backend": self.backend, "varlen_prefill": self.varlen_status, "triton_tuning": self.runner.triton_tuning,
                 "compile": self.compile_status,
                 "cuda_graphs": self.num_graphs, "graph_capture_s": self.graph_capture_s, "steps": self.steps,
                 "graph_steps": self.runner.graph_steps, "eager_steps": self.runner.eager_steps,
                 "decode_steps": self.config.decode_steps, "decode_groups": self.runner.decode_groups,
                 "preemptions": self.scheduler.num_preemptions}
-
-
-@torch.inference_mode()
-def compile_with_check(model, pool, scratch_block: int) -> str:
-    """``model.compile_blocks()``, kept only if a compiled forward runs and agrees with the eager one.
-
-    The check runs a two-sequence prefill whose K/V go to the scratch block; it also pays the first
-    compilation, so the first real step does not.
-    """
-    from servelab.models.layers.attention import AttentionMetadata
-    from servelab.models.layers.prefill import PrefillSegment
-
-    eager_fns = model.block_fns
-    n = min(pool.block_size, 8)
-    dev = pool.device
-    ids = torch.randint(0, model.shape.vocab, (2 * n,), generator=torch.Generator().manual_seed(0)).to(dev)
-    pos = torch.arange(n, device=dev).repeat(2)
-    meta = AttentionMetadata(slot_mapping=scratch_block * pool.block_size + pos,
-                             prefills=[PrefillSegment(0, n, 0, None), PrefillSegment(n, n, 0, None)])
-    ref = model(ids, pos, meta, pool).float()
-    try:
-        model.compile_blocks()
-        got = model(ids, pos, meta, pool).float()
-    except Exception as e:  # a compiler failure must not take the engine down: run eagerly, say why
-        model.block_fns = eager_fns
-        return f"off: compile failed: {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-    err = (got - ref).abs().max().item()
-    scale = ref.abs().max().item()
-    if not err <= 0.05 * scale + 1e-4:
-        model.block_fns = eager_fns
-        return f"off: compiled logits differ from eager by {err:.3g} (scale {scale:.3g})"
-    return f"on (max |logit diff| vs eager {err:.2g})"
 
 
 def _max_positions(config) -> int:

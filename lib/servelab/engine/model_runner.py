@@ -10,7 +10,7 @@ import torch
 
 from servelab.engine.block_tables import DeviceBlockTables
 from servelab.engine.cuda_graphs import DecodeGraphs, power_of_two_buckets
-from servelab.engine.sampling import sample
+from servelab.engine.sampling import exponential_race, sample
 from servelab.engine.scheduler import ScheduledBatch
 from servelab.engine.step_inputs import build_step_inputs
 from servelab.kv.block_manager import BlockManager
@@ -29,6 +29,8 @@ class ModelRunner:
         self.graph_steps = 0
         self.eager_steps = 0
         self.decode_groups = 0       # multi-step decode rounds (each counted in graph_steps/eager_steps too)
+        self.race = exponential_race  # the whole-batch sampler; the engine swaps in a compiled one
+        self.triton_tuning = "n/a"
 
     def release(self, seq_id) -> None:
         """A sequence finished or was preempted: its block-table row is free."""
@@ -40,6 +42,12 @@ class ModelRunner:
             raise RuntimeError("CUDA graphs need a CUDA device")
         backend = self.model.layers[0].attn.backend
         max_blocks = self.tables.max_blocks
+        if backend == "triton":  # tile/warps/stages chosen by timing, before any capture
+            from servelab.models.layers.triton_decode import tune_triton_decode
+
+            s = self.model.shape
+            self.triton_tuning = tune_triton_decode(s.heads, s.kv_heads, s.head_dim, self.pool.block_size,
+                                                    self.pool.dtype, self.device)
         widths = power_of_two_buckets(max_blocks, smallest=min(8, max_blocks)) if backend == "gather" else [max_blocks]
         self.graphs = DecodeGraphs(self.model, self.pool, self.tables, max_batch=max_batch,
                                    scratch_block=self.scratch_block, block_widths=widths,
@@ -88,7 +96,7 @@ class ModelRunner:
                  for it, k, r in zip(items, steps, rows)] for j in range(max(steps))]
         params, gens = [it.seq.params for it in items], [it.seq.generator for it in items]
         tokens = self.graphs.run_steps([it.seq.token_at(it.start) for it in items], plan,
-                                       lambda logits: sample(logits, params, gens))
+                                       lambda logits: sample(logits, params, gens, self.race))
         if tokens is None:
             return None
         self.decode_groups += 1
@@ -103,8 +111,8 @@ class ModelRunner:
         for src, dst in self.bm.take_copies():  # copy-on-write of shared blocks, before any K/V is written
             self.pool.copy_blocks([(src, dst)])
         logits, items = self.logits(batch)
-        tokens = sample(logits, [it.seq.params for it in items], [it.seq.generator for it in items]).tolist() \
-            if items else []
+        tokens = sample(logits, [it.seq.params for it in items], [it.seq.generator for it in items],
+                        self.race).tolist() if items else []
         by_seq = {it.seq.seq_id: t for it, t in zip(items, tokens)}
         return [by_seq.get(it.seq.seq_id) for it in batch.items]
 

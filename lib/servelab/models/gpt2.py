@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from servelab.models.layers.attention import AttentionMetadata, PagedAttention
+from servelab.models.layers.compiled import compiled
 from servelab.models.shape import ModelShape
 
 # "gelu_new" is GELU's tanh approximation; torch's fused kernel computes the same formula in one
@@ -21,12 +22,12 @@ ACTIVATIONS = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu_fast": "ta
 
 
 def attention_inputs(h, delta, ln_w, ln_b, eps: float, qkv_w, qkv_b, heads: int, head_dim: int):
-    """``h (+ delta)`` -> (residual stream, q, k, v each [T, H, D])."""
+    """``h (+ delta)`` -> (residual stream, q [T, H, D], K and V stacked [2, T, H, D])."""
     if delta is not None:
         h = h + delta
     qkv = F.linear(F.layer_norm(h, (h.shape[-1],), ln_w, ln_b, eps), qkv_w, qkv_b)
-    q, k, v = qkv.view(-1, 3, heads, head_dim).unbind(1)
-    return h, q, k, v
+    qkv = qkv.view(-1, 3, heads, head_dim)
+    return h, qkv[:, 0], qkv[:, 1:].transpose(0, 1)
 
 
 def attention_outputs(h, attn, proj_w, proj_b, ln_w, ln_b, eps: float, fc_w, fc_b, out_w, out_b, approximate: str):
@@ -51,9 +52,9 @@ class GPT2Block(nn.Module):
     def forward(self, h, delta, meta, kv, fns):
         """``(h, delta)`` -> ``(h, delta)``: the residual stream and the MLP output not yet added to it."""
         s, (pre, post) = self.s, fns
-        h, q, k, v = pre(h, delta, self.ln_1.weight, self.ln_1.bias, self.ln_1.eps, self.qkv.weight, self.qkv.bias,
-                         s.heads, s.head_dim)
-        attn = self.attn(q, k, v, meta, kv)
+        h, q, kv_new = pre(h, delta, self.ln_1.weight, self.ln_1.bias, self.ln_1.eps, self.qkv.weight,
+                           self.qkv.bias, s.heads, s.head_dim)
+        attn = self.attn(q, kv_new, meta, kv)
         return post(h, attn, self.attn_proj.weight, self.attn_proj.bias, self.ln_2.weight, self.ln_2.bias,
                     self.ln_2.eps, self.fc.weight, self.fc.bias, self.mlp_proj.weight, self.mlp_proj.bias,
                     self.approximate)
@@ -91,8 +92,7 @@ class GPT2Model(nn.Module):
 
     def compile_blocks(self, **compile_kw) -> None:
         """Run the blocks' elementwise work through ``torch.compile`` (one compilation serves every layer)."""
-        kw = {"dynamic": True, "fullgraph": True, **compile_kw}
-        self.block_fns = (torch.compile(attention_inputs, **kw), torch.compile(attention_outputs, **kw))
+        self.block_fns = (compiled(attention_inputs, **compile_kw), compiled(attention_outputs, **compile_kw))
 
     def forward(self, input_ids, positions, meta: AttentionMetadata, kv, logits_indices=None):
         h, delta = self.wte(input_ids) + self.wpe(positions), None

@@ -19,19 +19,20 @@ import torch.nn.functional as F
 from torch import nn
 
 from servelab.models.layers.attention import AttentionMetadata, PagedAttention
+from servelab.models.layers.compiled import compiled
 from servelab.models.layers.norm import RMSNorm, rms_norm
 from servelab.models.layers.rotary import RotaryEmbedding, apply_rotary
 from servelab.models.shape import ModelShape
 
 
 def attention_inputs(h, delta, norm_w, eps: float, qkv_w, qkv_b, cos, sin, heads: int, kv_heads: int, head_dim: int):
-    """``h (+ delta)`` -> (residual stream, q [T, H, D], k, v [T, H_kv, D])."""
+    """``h (+ delta)`` -> (residual stream, q [T, H, D], K and V stacked [2, T, H_kv, D])."""
     if delta is not None:
         h = h + delta
     qkv = F.linear(rms_norm(h, norm_w, eps), qkv_w, qkv_b)
     q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
     q, k = apply_rotary(q.view(-1, heads, head_dim), k.view(-1, kv_heads, head_dim), cos, sin)
-    return h, q, k, v.view(-1, kv_heads, head_dim)
+    return h, q, torch.stack((k, v.view(-1, kv_heads, head_dim)))  # stacked: one pool write for both
 
 
 def attention_outputs(h, attn, o_w, norm_w, eps: float, gate_up_w, down_w):
@@ -39,6 +40,11 @@ def attention_outputs(h, attn, o_w, norm_w, eps: float, gate_up_w, down_w):
     h = h + F.linear(attn, o_w)
     gate, up = F.linear(rms_norm(h, norm_w, eps), gate_up_w).chunk(2, dim=-1)
     return h, F.linear(F.silu(gate) * up, down_w)
+
+
+def final_norm(h, delta, norm_w, eps: float):
+    """The last block's deferred residual add and the final RMSNorm."""
+    return rms_norm(h + delta, norm_w, eps)
 
 
 class LlamaBlock(nn.Module):
@@ -56,9 +62,9 @@ class LlamaBlock(nn.Module):
     def forward(self, h, delta, rope, meta, kv, fns):
         """``(h, delta)`` -> ``(h, delta)``: the residual stream and the MLP output not yet added to it."""
         s, (pre, post) = self.s, fns
-        h, q, k, v = pre(h, delta, self.input_norm.weight, self.eps, self.qkv.weight, self.qkv.bias, *rope,
-                         s.heads, s.kv_heads, s.head_dim)
-        attn = self.attn(q, k, v, meta, kv)
+        h, q, kv_new = pre(h, delta, self.input_norm.weight, self.eps, self.qkv.weight, self.qkv.bias, *rope,
+                           s.heads, s.kv_heads, s.head_dim)
+        attn = self.attn(q, kv_new, meta, kv)
         return post(h, attn, self.o_proj.weight, self.post_norm.weight, self.eps, self.gate_up.weight,
                     self.down.weight)
 
@@ -83,6 +89,7 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(s.hidden, config.rms_norm_eps)
         self.lm_head = nn.Linear(s.hidden, s.vocab, bias=False)
         self.block_fns = (attention_inputs, attention_outputs)
+        self.final_norm = final_norm
         self.tie_weights()
 
     def tie_weights(self) -> None:
@@ -91,18 +98,17 @@ class LlamaModel(nn.Module):
 
     def compile_blocks(self, **compile_kw) -> None:
         """Run the blocks' elementwise work through ``torch.compile`` (one compilation serves every layer)."""
-        kw = {"dynamic": True, "fullgraph": True, **compile_kw}
-        self.block_fns = (torch.compile(attention_inputs, **kw), torch.compile(attention_outputs, **kw))
+        self.block_fns = (compiled(attention_inputs, **compile_kw), compiled(attention_outputs, **compile_kw))
+        self.final_norm = compiled(final_norm, **compile_kw)
 
     def forward(self, input_ids, positions, meta: AttentionMetadata, kv, logits_indices=None):
         h, delta = self.embed(input_ids), None
         rope = self.rotary(positions, h.dtype)  # once per step, shared by every layer
         for block in self.layers:
             h, delta = block(h, delta, rope, meta, kv, self.block_fns)
-        h = h + delta
-        if logits_indices is not None:
-            h = h[logits_indices]
-        return self.lm_head(self.norm(h))
+        if logits_indices is not None:  # only the rows that sample need the norm and the LM head
+            h, delta = h[logits_indices], delta[logits_indices]
+        return self.lm_head(self.final_norm(h, delta, self.norm.weight, self.norm.eps))
 
     @torch.no_grad()
     def load_hf_state_dict(self, sd: dict) -> None:

@@ -51,9 +51,14 @@ class PagedAttention(nn.Module):
         self.scale = scale
         self.backend = backend
 
-    def forward(self, q, k, v, meta: AttentionMetadata, kv) -> torch.Tensor:
-        """q [T, H, D], k/v [T, H_kv, D] -> [T, H*D]."""
-        kv.write(self.layer, meta.slot_mapping, k, v)
+    def forward(self, q, kv_new, meta: AttentionMetadata, kv) -> torch.Tensor:
+        """q [T, H, D], kv_new [2, T, H_kv, D] (K and V stacked) -> [T, H*D]."""
+        k, v = kv_new[0], kv_new[1]
+        if hasattr(kv, "kv") and kv_new.dtype == kv.dtype:
+            # one scatter for K and V together into the pool's (2, layers, blocks, block_size, ...) storage
+            kv.kv[:, self.layer].view(2, -1, self.kv_heads, self.head_dim).index_copy_(1, meta.slot_mapping, kv_new)
+        else:
+            kv.write(self.layer, meta.slot_mapping, k, v)
         k_pool, v_pool = kv.k[self.layer], kv.v[self.layer]
         nd = meta.num_decode_tokens
         if meta.prefills or self.backend == "reference":

@@ -46,10 +46,12 @@ def prefill_attention(q, k_new, v_new, seg: PrefillSegment, k_pool, v_pool, scal
         q_pos = torch.arange(seg.context_len, total, device=q.device)
         mask = torch.arange(total, device=q.device)[None, :] <= q_pos[:, None]
         causal = False
-    out = F.scaled_dot_product_attention(q.transpose(0, 1), _repeat_kv(k.transpose(0, 1), groups),
-                                         _repeat_kv(v.transpose(0, 1), groups), attn_mask=mask, is_causal=causal,
-                                         scale=scale)
-    return out.transpose(0, 1)
+    # 4-D inputs [1, H, L, D]: SDPA's fused kernels (flash, cuDNN, efficient) take only 4-D; a 3-D call
+    # silently runs the math backend, which materialises the whole L×L score matrix
+    out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], _repeat_kv(k.transpose(0, 1), groups)[None],
+                                         _repeat_kv(v.transpose(0, 1), groups)[None], attn_mask=mask,
+                                         is_causal=causal, scale=scale)
+    return out[0].transpose(0, 1)
 
 
 def _varlen_fn():

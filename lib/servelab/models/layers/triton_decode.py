@@ -49,7 +49,9 @@ def _attend_tile(q, K, V, BT, start, length, b, kvh, m, l_sum, acc, scale, strid
     return m_new, l_sum, acc
 
 
-@triton.jit
+# the block-table stride is the step's table width, which varies from eager step to eager step: without
+# this, Triton would compile a new variant (divisible by 16 or not, equal to 1) in the middle of a run
+@triton.jit(do_not_specialize=["stride_btb"])
 def _paged_decode_kernel(Q, K, V, BT, LENS, O, scale,
                          stride_qb, stride_qh, stride_kb, stride_ks, stride_kh, stride_btb, stride_ob, stride_oh,
                          GROUPS: tl.constexpr, GROUPS_PAD: tl.constexpr, HEAD_DIM: tl.constexpr,
@@ -81,19 +83,83 @@ def _paged_decode_kernel(Q, K, V, BT, LENS, O, scale,
              mask=g_ok[:, None])
 
 
+# tiles, warps and pipeline depth are tuned once per (group size, head_dim, block size) on the GPU it runs on
+_TUNE_CONFIGS = [triton.Config({"KEYS": keys}, num_warps=warps, num_stages=stages)
+                 for keys in (32, 64, 128) for warps in (2, 4) for stages in (2, 3)]
+
+
+def _quick_bench(kernel_call, quantiles):
+    """Shorter than Triton's default (25 ms warm-up, 100 ms timing per candidate): twelve candidates in ~1 s."""
+    import triton.testing
+
+    return triton.testing.do_bench(kernel_call, warmup=5, rep=30, quantiles=quantiles)
+
+
+_tuned_kernel = triton.autotune(configs=_TUNE_CONFIGS, key=["GROUPS_PAD", "HEAD_DIM", "BLOCK_SIZE", "IEEE"],
+                                do_bench=_quick_bench)(_paged_decode_kernel)
+_TUNED: dict[tuple, str] = {}  # kernel key -> chosen config, for keys tuned on representative inputs
+
+
+def _key(heads: int, kv_heads: int, head_dim: int, block_size: int, dtype) -> tuple:
+    groups = heads // kv_heads
+    return (max(16, triton.next_power_of_2(groups)), head_dim, block_size, dtype == torch.float32)
+
+
+def _launch(kernel, q, k_pool, v_pool, block_tables, context_lens, out, scale, **extra):
+    b, heads, d = q.shape
+    _, block_size, kv_heads, _ = k_pool.shape
+    groups = heads // kv_heads
+    kernel[(b, kv_heads)](
+        q, k_pool, v_pool, block_tables, context_lens, out, scale,
+        q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), k_pool.stride(2), block_tables.stride(0),
+        out.stride(0), out.stride(1),
+        GROUPS=groups, GROUPS_PAD=max(16, triton.next_power_of_2(groups)), HEAD_DIM=d, BLOCK_SIZE=block_size,
+        IEEE=q.dtype == torch.float32, INTERPRETED=INTERPRETED, **extra)
+
+
 def triton_decode(q, k_pool, v_pool, block_tables, context_lens, scale: float) -> torch.Tensor:
     """Same contract as ``decode.gather_decode``: q [B, H, D] -> [B, H, D]."""
     b, heads, d = q.shape
     _, block_size, kv_heads, d_k = k_pool.shape
     if d != d_k or d & (d - 1) or d < 16:
         raise ValueError(f"the Triton decode kernel needs a power-of-two head_dim >= 16 matching the pool, got {d}")
-    groups = heads // kv_heads
     q = q.contiguous()
     out = torch.empty_like(q)
-    _paged_decode_kernel[(b, kv_heads)](
-        q, k_pool, v_pool, block_tables, context_lens, out, scale,
-        q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), k_pool.stride(2), block_tables.stride(0),
-        out.stride(0), out.stride(1),
-        GROUPS=groups, GROUPS_PAD=max(16, triton.next_power_of_2(groups)), HEAD_DIM=d, BLOCK_SIZE=block_size,
-        KEYS=KEYS_PER_ITER, IEEE=q.dtype == torch.float32, INTERPRETED=INTERPRETED)
+    if _key(heads, kv_heads, d, block_size, q.dtype) in _TUNED:
+        _launch(_tuned_kernel, q, k_pool, v_pool, block_tables, context_lens, out, scale)
+    else:  # untuned: a fixed tile (tuning on whatever inputs came first, e.g. padding rows, would mislead)
+        _launch(_paged_decode_kernel, q, k_pool, v_pool, block_tables, context_lens, out, scale, KEYS=KEYS_PER_ITER)
     return out
+
+
+def tune_triton_decode(heads: int, kv_heads: int, head_dim: int, block_size: int, dtype, device, *,
+                       batch: int = 128, length: int = 1024) -> str:
+    """Pick the kernel's tile/warps/stages by timing every candidate on ``batch`` sequences of ``length`` keys.
+
+    The keys live in a scratch pool of their own (``batch × length`` tokens, no block read twice), so the
+    timing sees HBM, not an engine's small pool sitting in L2; the choice is kept for the process. Run
+    before CUDA graphs are captured (autotuning cannot run inside a capture). Returns the chosen
+    configuration, or why none was tuned (then the fixed 64-key tile is used).
+    """
+    device = torch.device(device)
+    if INTERPRETED or device.type != "cuda":
+        return "not tuned (needs a GPU)"
+    key = _key(heads, kv_heads, head_dim, block_size, dtype)
+    if key in _TUNED:
+        return _TUNED[key]
+    per_seq = -(-length // block_size)
+    g = torch.Generator(device=device).manual_seed(0)
+    k = torch.randn(batch * per_seq, block_size, kv_heads, head_dim, device=device, dtype=dtype, generator=g)
+    v = torch.randn_like(k)
+    tables = torch.randperm(batch * per_seq, device=device, generator=g).view(batch, per_seq)
+    lens = torch.full((batch,), length, dtype=torch.long, device=device)
+    q = torch.randn(batch, heads, head_dim, device=device, dtype=dtype, generator=g)
+    try:
+        _launch(_tuned_kernel, q, k, v, tables, lens, torch.empty_like(q), head_dim ** -0.5)
+        torch.cuda.synchronize()
+        cfg = _tuned_kernel.best_config
+    except Exception as e:  # a tuning failure leaves the fixed tile in place
+        return f"not tuned: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+    _TUNED[key] = (f"KEYS={cfg.kwargs.get('KEYS')}, warps={cfg.num_warps}, stages={cfg.num_stages} "
+                   f"(tuned at batch {batch} x {length} keys)")
+    return _TUNED[key]
