@@ -111,3 +111,11 @@ def test_study_params_validate():
             study_params(prof, **bad)
     with pytest.raises(ParameterError, match="unknown parameters"):
         study_params("smoke", batch_size=3)
+
+
+def test_engine_mode_runs_in_the_same_sweep_as_hf():
+    m = load_model("config:tiny-llama").model
+    roof = Roofline(matmul_tflop_s=0.1, copy_gb_s=10.0)
+    df = step_sweep(m, "tiny", decode_points([2], [16], 64), ["hf_eager", "engine"], roof, warmup=1, repeats=2)
+    assert set(df["mode"]) == {"hf_eager", "engine"}
+    assert (df["status"] == "ok").all(), df["status"].tolist()
