@@ -8,6 +8,10 @@ The tree is the architecture:
 - ``costs``     Study 2: prefill/decode sweeps, the fitted cost model, verdicts
 - ``results``   tidy CSVs, sidecars and ``findings.csv`` under ``data/results``
 - ``profiles``  notebook profiles (full / smoke) and parameter validation
+- ``kv``        the paged KV cache (block manager, pool, compaction) and Study 4
+- ``attention`` Study 5's attention variants behind one call signature
+- ``engine``    the continuous-batching inference engine (scheduler, model runner, CUDA graphs)
+- ``prefix``    prefix-cache policies (LRU, LFU, radix LRU) under Zipf popularity, and their optimum
 - ``book``      pieces of the book generated from data (the findings table)
 """
 
