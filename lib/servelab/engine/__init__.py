@@ -2,6 +2,7 @@
 
 - ``sequence.py``: requests (``Sequence``) and their ``SamplingParams``;
 - ``scheduler.py``: the ``Scheduler`` interface and the default ``TokenBudgetScheduler``;
+- ``policies/``: the scheduling policies of Study 1 (FCFS, EagerContBatch, ChunkedPrefill), ``make_scheduler``;
 - ``step_inputs.py``: a scheduled batch as flat tensors and attention metadata;
 - ``block_tables.py``: every running sequence's block table, kept on the device incrementally;
 - ``model_runner.py`` and ``cuda_graphs.py``: one forward (or several decode steps back to back), eager or

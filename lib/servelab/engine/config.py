@@ -22,6 +22,7 @@ class EngineConfig:
     decode_steps: int = 1                  # decode steps run back to back per scheduling round (multi-step)
     compile: bool = False                  # torch.compile the blocks' elementwise work (checked against eager first)
     graph_batch_sizes: tuple[int, ...] | None = None  # decode batch buckets to capture; None: 1, 2, 4, … max_num_seqs
+    scheduler: str = "chunked_prefill"    # scheduling policy, a name in servelab.engine.policies.POLICIES
 
     def __post_init__(self):
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "decode_steps"):
@@ -42,6 +43,9 @@ class EngineConfig:
             raise ParameterError(f"memory_fraction must be in (0, 1], got {self.memory_fraction!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ParameterError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+        from servelab.engine.policies import policy_class
+
+        policy_class(self.scheduler)  # a ParameterError naming the known policies
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ParameterError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
                                  f"({self.max_num_seqs}): every running sequence must be able to decode each step")

@@ -20,7 +20,8 @@ from servelab.engine.compilation import compile_with_check
 from servelab.engine.config import EngineConfig
 from servelab.engine.memory import MemoryPlan, plan_gpu_memory
 from servelab.engine.model_runner import ModelRunner, max_blocks_per_sequence
-from servelab.engine.scheduler import ScheduledBatch, ScheduledSequence, Scheduler, TokenBudgetScheduler, TokenEvent
+from servelab.engine.policies import policy_class
+from servelab.engine.scheduler import ScheduledBatch, ScheduledSequence, Scheduler, TokenEvent
 from servelab.engine.sequence import SamplingParams, Sequence
 from servelab.kv.block_manager import BlockManager
 from servelab.kv.pool import KVPool
@@ -50,7 +51,7 @@ def eos_ids(config) -> tuple[int, ...]:
 
 class Engine:
     def __init__(self, model, config: EngineConfig | None = None, *, eos_token_ids: Iterable[int] | None = None,
-                 scheduler_cls: type[Scheduler] = TokenBudgetScheduler, graph_progress=None):
+                 scheduler_cls: type[Scheduler] | None = None, graph_progress=None):
         self.config = cfg = config or EngineConfig()
         self.model = model
         p = next(model.parameters())
@@ -75,6 +76,8 @@ class Engine:
         self.pool = KVPool.for_model(model.shape, num_blocks + 1, cfg.block_size, self.dtype, self.device)
         self.pool.kv.zero_()  # masked-out keys still enter P·V as 0·value: never let that be 0·NaN
         self.block_manager = BlockManager(num_blocks, cfg.block_size)
+        if scheduler_cls is None:  # an explicit class wins over the config's policy name
+            scheduler_cls = policy_class(cfg.scheduler)
         self.scheduler = scheduler_cls(self.block_manager, max_num_seqs=cfg.max_num_seqs,
                                        max_num_batched_tokens=cfg.max_num_batched_tokens,
                                        eos_token_ids=tuple(eos_token_ids) if eos_token_ids is not None
@@ -234,7 +237,7 @@ class Engine:
                 "cuda_graphs": self.num_graphs, "graph_capture_s": self.graph_capture_s, "steps": self.steps,
                 "graph_steps": self.runner.graph_steps, "eager_steps": self.runner.eager_steps,
                 "decode_steps": self.config.decode_steps, "decode_groups": self.runner.decode_groups,
-                "preemptions": self.scheduler.num_preemptions}
+                "preemptions": self.scheduler.num_preemptions, "scheduler": type(self.scheduler).__name__}
 
 
 def _max_positions(config) -> int:

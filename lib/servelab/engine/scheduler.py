@@ -10,7 +10,8 @@ The interface is all a policy implements and all the engine (or a simulator, wit
   sampled ones, finish sequences (EOS, stop ids, max_tokens) and free their blocks.
 
 The bookkeeping every policy shares (admission limits, postprocess, preemption) lives in
-``Scheduler``; a policy only writes ``schedule``. ``TokenBudgetScheduler`` is the default.
+``Scheduler``; a policy only writes ``schedule``. ``TokenBudgetScheduler`` is the default. The policies
+compared in Study 1 (FCFS, EagerContBatch, ChunkedPrefill) are in ``servelab.engine.policies``.
 """
 
 from __future__ import annotations
@@ -71,10 +72,20 @@ class TokenEvent(NamedTuple):
 
 
 class Scheduler(ABC):
-    """Queues, running set and KV blocks; subclasses decide what runs (``schedule``)."""
+    """Queues, running set and KV blocks; subclasses decide what runs (``schedule``).
+
+    ``chunks_prompts``: whether the policy may split a prompt over several steps. A policy that does not
+    (it prefills a whole prompt, or a whole recompute after preemption, in one step) refuses at ``add``
+    a request whose tokens could exceed one step's budget, which it could otherwise never schedule.
+    """
+
+    chunks_prompts = True
 
     def __init__(self, block_manager: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int,
                  eos_token_ids: tuple[int, ...] = ()):
+        for name, v in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens)):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise ParameterError(f"{name} must be an integer, got {v!r}")
         if max_num_seqs < 1:
             raise ParameterError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         if max_num_batched_tokens < max_num_seqs:
@@ -97,6 +108,10 @@ class Scheduler(ABC):
         if seq.max_total_tokens > self.capacity_tokens:
             raise ParameterError(f"request {seq.seq_id} needs up to {seq.max_total_tokens} tokens of KV cache; "
                                  f"the pool holds {self.capacity_tokens}")
+        if not self.chunks_prompts and seq.max_total_tokens > self.max_num_batched_tokens:
+            raise ParameterError(f"request {seq.seq_id} may need to prefill up to {seq.max_total_tokens} tokens in "
+                                 f"one step (prompt + max_tokens, on recompute), over max_num_batched_tokens="
+                                 f"{self.max_num_batched_tokens}; {type(self).__name__} does not chunk prompts")
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
 
@@ -154,6 +169,43 @@ class Scheduler(ABC):
         seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
+
+    def _reserve_or_preempt(self, seq: Sequence, end: int, batch: ScheduledBatch) -> bool:
+        """Reserve slots up to ``end`` for a running ``seq``, preempting the newest running sequences while
+        blocks are short (recorded in ``batch.preempted``). False if ``seq`` itself was preempted."""
+        while True:
+            try:
+                self._reserve(seq, end)  # raises with nothing changed when blocks run out
+                return True
+            except OutOfBlocks:
+                victim = self.running[-1]  # the newest running sequence gives its blocks back
+                self._preempt(victim)
+                batch.preempted.append(victim)
+                if victim is seq:
+                    return False
+
+    def _schedule_running_whole(self, batch: ScheduledBatch) -> None:
+        """Every running sequence's remaining tokens (one to decode), oldest first, preempting when short of blocks."""
+        for seq in list(self.running):
+            if seq.status is not SequenceStatus.RUNNING:  # preempted earlier in this loop
+                continue
+            start = seq.num_computed_tokens
+            n = seq.num_tokens - start
+            if self._reserve_or_preempt(seq, start + n, batch):
+                batch.items.append(ScheduledSequence(seq, start, n, seq.kv_slots[start:start + n]))
+
+    def _admit_whole(self, batch: ScheduledBatch, budget: int) -> int:
+        """Admit waiting sequences in arrival order, each with its whole prompt (or recompute), while the
+        running limit, ``budget`` and free blocks allow; the first that does not fit stops admission.
+        Returns the budget left."""
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            n = seq.num_uncomputed_tokens
+            if n > budget or not self.bm.can_allocate(n):
+                break
+            batch.items.append(self._admit(seq, n))
+            budget -= n
+        return budget
 
     def postprocess(self, batch: ScheduledBatch, sampled: list[int | None]) -> list[TokenEvent]:
         """Advance each scheduled sequence; ``sampled[i]`` is item i's new token (None if it did not sample)."""
@@ -213,17 +265,7 @@ class TokenBudgetScheduler(Scheduler):
                 continue
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             start = seq.num_computed_tokens
-            while True:
-                try:
-                    self._reserve(seq, start + n)  # raises with nothing changed when blocks run out
-                    break
-                except OutOfBlocks:
-                    victim = self.running[-1]  # the newest running sequence gives its blocks back
-                    self._preempt(victim)
-                    batch.preempted.append(victim)
-                    if victim is seq:
-                        break
-            if seq.status is not SequenceStatus.RUNNING:
+            if not self._reserve_or_preempt(seq, start + n, batch):
                 continue
             batch.items.append(ScheduledSequence(seq, start, n, seq.kv_slots[start:start + n]))
             budget -= n
