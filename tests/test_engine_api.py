@@ -176,3 +176,27 @@ def test_multi_step_decoding_stops_mid_group_and_keeps_seeded_sampling(hf):
     assert multi.generate([PROMPT, PROMPT[:3]], params) == one
     assert one[0] == free_run[:free_run.index(stop) + 1]
     assert multi.runner.decode_groups > 0 and multi.block_manager.num_used_blocks == 0
+
+
+def test_abort_frees_blocks_and_leaves_the_others_untouched(engine):
+    alone = engine.generate([PROMPT[:3]], SamplingParams(max_tokens=8, ignore_eos=True))[0]
+    gone = engine.add_request(PROMPT * 3, SamplingParams(max_tokens=20, ignore_eos=True))
+    kept = engine.add_request(PROMPT[:3], SamplingParams(max_tokens=8, ignore_eos=True))
+    queued = engine.add_request(PROMPT, SamplingParams(max_tokens=4))
+    engine.step()
+    engine.step()
+    assert engine.block_manager.num_used_blocks > 0
+    assert engine.abort(gone) and engine.abort(queued) and not engine.abort(gone)
+    assert gone.finish_reason is FinishReason.ABORT and queued.finish_reason is FinishReason.ABORT
+    list(engine.stream())
+    assert kept.output_token_ids == alone
+    assert engine.block_manager.num_used_blocks == 0
+
+
+def test_on_step_records_the_batch_composition(engine):
+    records = []
+    engine.on_step = records.append
+    engine.generate([PROMPT, PROMPT[:2]], SamplingParams(max_tokens=3, ignore_eos=True))
+    assert records[0].prefill_tokens == len(PROMPT) + 2 and records[0].decode_tokens == 0
+    assert [r.decode_tokens for r in records[1:]] == [2, 2]
+    assert all(r.end_s >= r.start_s for r in records)

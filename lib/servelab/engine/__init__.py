@@ -18,9 +18,9 @@ the paged KV cache (block manager, pool) in ``servelab.kv``.
 """
 
 from servelab.engine.config import EngineConfig
-from servelab.engine.engine import Engine
+from servelab.engine.engine import Engine, StepRecord
 from servelab.engine.scheduler import ScheduledBatch, ScheduledSequence, Scheduler, TokenBudgetScheduler, TokenEvent
 from servelab.engine.sequence import FinishReason, SamplingParams, Sequence, SequenceStatus
 
-__all__ = ["Engine", "EngineConfig", "Scheduler", "TokenBudgetScheduler", "ScheduledBatch", "ScheduledSequence",
+__all__ = ["Engine", "StepRecord", "EngineConfig", "Scheduler", "TokenBudgetScheduler", "ScheduledBatch", "ScheduledSequence",
            "TokenEvent", "Sequence", "SamplingParams", "SequenceStatus", "FinishReason"]

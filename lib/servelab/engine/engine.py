@@ -12,7 +12,8 @@ tokens back to the scheduler, which appends them, finishes sequences and frees t
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import NamedTuple
 
 import torch
 
@@ -40,6 +41,20 @@ def resolve_backend(name: str, device: torch.device) -> str:
     if name != "reference" and name not in DECODE_BACKENDS:
         raise ParameterError(f"attention backend {name!r} is not available here (have {sorted(DECODE_BACKENDS)})")
     return name
+
+
+class StepRecord(NamedTuple):
+    """What one engine step did and when (``time.perf_counter`` seconds): the batch composition timeline
+    Study 1 plots, and what the simulator's cost model is validated against."""
+
+    start_s: float
+    end_s: float
+    prefill_tokens: int   # tokens of items that are not single-token decodes (prefill chunks, recomputes)
+    decode_tokens: int
+    num_seqs: int         # sequences in the batch
+    num_waiting: int      # queue length after scheduling
+    num_preempted: int
+    decode_steps: int     # >1 for a multi-step decode group
 
 
 def eos_ids(config) -> tuple[int, ...]:
@@ -105,6 +120,7 @@ class Engine:
             self.num_graphs = self.runner.capture_cuda_graphs(cfg.max_num_seqs, graph_progress, cfg.graph_batch_sizes)
             self.graph_capture_s = time.perf_counter() - t0
         self.steps = 0
+        self.on_step: Callable[[StepRecord], None] | None = None  # called after every step (a timeline)
 
     # ---- construction -----------------------------------------------------------------------------
     @classmethod
@@ -153,9 +169,18 @@ class Engine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def abort(self, seq: Sequence) -> bool:
+        """Cancel a request (a client went away): its KV blocks are freed at once. Call it from the thread
+        that steps the engine, between steps. Whether the request was still unfinished."""
+        if not self.scheduler.abort(seq):
+            return False
+        self.runner.release(seq.seq_id)
+        return True
+
     # ---- running ----------------------------------------------------------------------------------
     def step(self) -> list[TokenEvent]:
         """Schedule, run and postprocess one step; the tokens it produced."""
+        t0, steps_before = time.perf_counter(), self.steps
         batch = self.scheduler.schedule()
         if not batch.items:
             if batch.preempted or not self.has_unfinished():
@@ -165,6 +190,7 @@ class Engine:
         for seq in batch.preempted:
             self.runner.release(seq.seq_id)
         events = self._decode_group(batch) if self.config.decode_steps > 1 and batch.is_decode_only else None
+        group_steps = self.steps - steps_before if events is not None else 1
         if events is None:
             sampled = self.runner.execute(batch)
             self.steps += 1
@@ -172,6 +198,10 @@ class Engine:
         for ev in events:
             if ev.finished:
                 self.runner.release(ev.seq_id)
+        if self.on_step is not None:
+            decodes = sum(1 for it in batch.items if it.is_decode)
+            self.on_step(StepRecord(t0, time.perf_counter(), batch.num_tokens - decodes, decodes, len(batch.items),
+                                    len(self.scheduler.waiting), len(batch.preempted), group_steps))
         return events
 
     def _decode_group(self, batch: ScheduledBatch) -> list[TokenEvent] | None:

@@ -122,6 +122,21 @@ class Scheduler(ABC):
     def schedule(self) -> ScheduledBatch:
         """Choose this step's work; an empty batch when nothing can run."""
 
+    def abort(self, seq: Sequence) -> bool:
+        """Drop a waiting or running sequence and free its blocks; whether it was still unfinished."""
+        if seq.is_finished:
+            return False
+        if seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+            if seq.seq_id in self.bm:  # a preempted sequence holds none, but be sure
+                self.bm.free(seq.seq_id)
+            seq.kv_slots = []
+            seq.status = SequenceStatus.FINISHED
+            seq.finish_reason = FinishReason.ABORT
+        else:
+            self._finish(seq, FinishReason.ABORT)
+        return True
+
     # ---- shared mechanics ---------------------------------------------------------------------------
     def _reserve(self, seq: Sequence, end: int) -> None:
         """Make sure positions ``[0, end)`` have slots, reserving whole blocks (to the end of ``end``'s block).

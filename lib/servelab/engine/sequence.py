@@ -62,6 +62,7 @@ class FinishReason(enum.Enum):
     LENGTH = "length"  # max_tokens reached
     EOS = "eos"
     STOP = "stop"      # one of stop_token_ids
+    ABORT = "abort"    # the client went away or the request was cancelled
 
 
 _ids = itertools.count()
