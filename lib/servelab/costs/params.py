@@ -9,7 +9,7 @@ from servelab.profiles import (ParameterError, check_choice, check_int_range, ch
 
 DEFAULTS = {
     "full": dict(models=["config:qwen2-0.5b", "config:qwen2-1.5b"], dtype="bfloat16",
-                 modes=["hf_eager", "hf_cuda_graph"],
+                 modes=["hf_eager", "hf_cuda_graph", "engine"],
                  prefill_lengths=[16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384],
                  prefill_batches=[1, 4, 16], max_batch_tokens=65536,
                  decode_batches=[1, 4, 16, 64, 256], decode_contexts=[128, 512, 2048, 8192, 16384],
