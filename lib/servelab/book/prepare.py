@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from servelab.book.engine_bench import find_bench, render_engine_bench
+from servelab.book.engine_tables import render_code_status, render_decode_comparison, render_exactness
 from servelab.book.findings import BOOK_DEVICE, book_findings, book_runs
 from servelab.book.findings_table import findings_table, render_by_study, render_landing_table, render_summary, \
     verdict_counts
@@ -84,13 +85,17 @@ def prepare(results_root: Path | None = None, *, device: str = BOOK_DEVICE, stud
         report.warnings.append(f"book/studies/{slug}.ipynb is an executed notebook, but the results hold no "
                                f"{device!r} run of {slug} (a smoke run, or results not committed?)")
 
+    bench = find_bench(results_root, device)
     files = {
         "findings_summary.md": render_summary(table),
         "findings_table.md": render_landing_table(table),
         "findings_by_study.md": render_by_study(table, {p.study.slug: p.title for p in pages}),
         "runs_table.md": render_runs_table(runs),
         "reproduce.md": render_reproduce(notebooks_dir),
-        "engine_bench.md": render_engine_bench(find_bench(results_root, device)),
+        "engine_bench.md": render_engine_bench(bench),
+        "engine_decode.md": render_decode_comparison(bench),
+        "engine_exactness.md": render_exactness(bench),
+        "engine_code_status.md": render_code_status(bench),
     }
     files.update({f"claims/{s.slug}.md": render_seed_claims(seed, s.slug) for s in STUDIES})
     for name, text in files.items():

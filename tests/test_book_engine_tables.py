@@ -1,0 +1,49 @@
+"""The engine page's decode comparison and exactness tables, from synthetic benchmark CSVs."""
+
+import json
+
+import pandas as pd
+
+from servelab.book.engine_tables import (engine_code_changed_since, render_code_status, render_decode_comparison,
+                                         render_exactness)
+
+
+def bench_dir(tmp_path):
+    d = tmp_path / "nvidia-h200" / "engine"
+    d.mkdir(parents=True)
+    pd.DataFrame([{"metric": "offline_tok_s", "value": 1.0, "unit": "tok/s"}]).to_csv(d / "bench.csv", index=False)
+    return d
+
+
+def test_decode_table_has_each_impl_and_the_floor(tmp_path):
+    d = bench_dir(tmp_path)
+    rows = [dict(impl=i, batch=b, context=c, median_ms=m, floor_ms=f, pct_of_floor=100 * f / m, status=s)
+            for i, b, c, m, f, s in [("engine_triton", 1, 128, 1.0, 0.25, "ok"), ("hf_eager", 1, 128, 30.0, 0.25, "ok"),
+                                     ("engine_triton", 64, 512, 2.0, 0.5, "ok"), ("hf_eager", 64, 512, 1e9, 0.5, "oom")]]
+    pd.DataFrame(rows).to_csv(d / "decode.csv", index=False)
+    text = render_decode_comparison(d / "bench.csv")
+    assert "1.00 ms (25.0%)" in text and "30.00 ms (0.8%)" in text and "2.00 ms (25.0%)" in text
+    assert "0.250 ms" in text and "0.500 ms" in text  # the floor row
+    assert text.count("hf\\_eager") == 1 and "oom" not in text
+
+
+def test_exactness_table_summarises_prompts(tmp_path):
+    d = bench_dir(tmp_path)
+    rows = [dict(model="config:m", dtype="bfloat16", engine="triton", prompt=p, steps=32, tokens_agree=a,
+                 logit_max_abs_err=e, ref_top1_top2_gap=0.05, tf_argmax_agree_frac=t)
+            for p, a, e, t in [(0, 4, 0.01, 1.0), (1, 32, 0.03, 0.5), (2, 10, 0.02, 0.75)]]
+    pd.DataFrame(rows).to_csv(d / "exactness.csv", index=False)
+    text = render_exactness(d / "bench.csv")
+    assert "4 / 10 of 32" in text and "0.03" in text and "0.750" in text
+
+
+def test_missing_files_say_so(tmp_path):
+    assert "not been measured" in render_exactness(None)
+    assert "No decode comparison" in render_decode_comparison(bench_dir(tmp_path) / "bench.csv")
+
+
+def test_code_status_names_the_commit(tmp_path):
+    d = bench_dir(tmp_path)
+    (d / "run.json").write_text(json.dumps({"git_commit": "0000000000000000000000000000000000000000"}))
+    assert engine_code_changed_since("0" * 40) is None  # not a commit of this history
+    assert "could not be checked" in render_code_status(d / "bench.csv")
