@@ -27,7 +27,8 @@ from servelab.book.findings_table import TABLE_CLASS
 from servelab.book.seed_claims import SEED_CLAIMS_CSV, load_seed_claims
 from servelab.book.studies import STUDIES
 
-BOOK_PAGES = ("book/intro", "book/methodology", "book/findings", "book/engine", "book/bibliography")
+BOOK_PAGES = ("book/intro", "book/methodology", "book/findings", "book/engine", "book/simulator",
+              "book/bibliography")
 LANDING = "book/intro.html"
 FINDINGS = "book/findings.html"
 REMOTE = re.compile(r"^(?:[a-z][a-z0-9+.-]*:)?//", re.IGNORECASE)
