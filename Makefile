@@ -44,10 +44,12 @@ browser:
 	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then echo "chromium: $$(/usr/bin/chromedriver --version)"; \
 	else apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; fi
 
-# Re-execute studies with papermill into book/studies (PROFILE=full on a GPU).
+# Re-execute studies with papermill into book/studies (PROFILE=full on a GPU). 08_simulator (after 01, whose
+# measurements it replays) becomes book/simulator.ipynb; 03 and 06 share one trained family ($$SERVELAB_TRAINED).
 reproduce: $(STAMP)
-	for s in $(STUDIES); do \
-	  $(PY) -m papermill --cwd notebooks notebooks/$$s.ipynb book/studies/$$s.ipynb -p profile $(PROFILE) $(PARAMS); \
+	export SERVELAB_TRAINED=$${SERVELAB_TRAINED:-$$(mktemp -d)}; for s in $(STUDIES); do \
+	  dest=book/studies/$$s.ipynb; [ $$s = 08_simulator ] && dest=book/simulator.ipynb; \
+	  $(PY) -m papermill --cwd notebooks notebooks/$$s.ipynb $$dest -p profile $(PROFILE) $(PARAMS) || exit 1; \
 	done
 
 clean:

@@ -2,7 +2,10 @@
 # Run studies on the GPU machine in one go: install the carried wheels, execute each notebook with papermill
 # (profile full) into book/studies/, run extra commands, and pack everything into $OUT/results.tgz.
 #
-#   scripts/gpu_run.sh [-t SECONDS_PER_STUDY] STUDY... [-- EXTRA COMMAND...]
+#   scripts/gpu_run.sh [-t SECONDS_PER_STUDY] STUDY[:SECONDS]... [-- EXTRA COMMAND...]
+#
+# 08_simulator is not a study: its executed notebook becomes book/simulator.ipynb. Notebooks 03 and 06
+# share one trained model family through $SERVELAB_TRAINED (trained by whichever runs first).
 #
 # Logs go to $OUT/run.log; a one-line-per-study summary is printed last.
 set -uo pipefail
@@ -13,6 +16,7 @@ studies=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do studies+=("$1"); shift; d
 extra=("$@")
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 log=$OUT/run.log
+export SERVELAB_TRAINED=${SERVELAB_TRAINED:-/tmp/servelab_trained}
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false  # no MPLBACKEND: notebooks need the inline backend
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -23,9 +27,11 @@ export PYTHONPATH=/tmp/site:$PWD/lib
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"; } >>"$log" 2>&1
 mkdir -p book/studies data/results
 summary=$OUT/summary.txt; : >"$summary"
-for s in "${studies[@]}"; do
+for spec in "${studies[@]}"; do
+  s=${spec%%:*}; limit=$per; [ "$spec" != "$s" ] && limit=${spec#*:}
+  dest=book/studies/$s.ipynb; [ "$s" = 08_simulator ] && dest=book/simulator.ipynb
   t0=$(date +%s)
-  timeout "$per" python3 -m papermill --cwd notebooks "notebooks/$s.ipynb" "book/studies/$s.ipynb" \
+  timeout "$limit" python3 -m papermill --cwd notebooks "notebooks/$s.ipynb" "$dest" \
       -p profile full --log-output --no-progress-bar >>"$OUT/$s.log" 2>&1
   rc=$?
   echo "$s rc=$rc $(( $(date +%s) - t0 ))s" | tee -a "$summary" >>"$log"
@@ -37,6 +43,6 @@ if [ ${#extra[@]} -gt 0 ]; then
   echo "extra rc=$? $(( $(date +%s) - t0 ))s: ${extra[*]}" | tee -a "$summary" >>"$log"
   tail -25 "$OUT/extra.log" >>"$summary"
 fi
-tar czf "$OUT/results.tgz" book/studies data/results 2>>"$log"
+tar czf "$OUT/results.tgz" book/studies $(ls book/simulator.ipynb 2>/dev/null) data/results 2>>"$log"
 ls -la "$OUT" >>"$log"
 cat "$summary"
