@@ -9,6 +9,7 @@
   as replayed CUDA graphs;
 - ``sampling.py``: greedy, temperature, top-p, per-request seeds;
 - ``memory.py``: sizing the KV pool from a memory fraction;
+- ``prefix_cache.py``: automatic prefix caching (full KV blocks indexed by their whole prefix, LRU/LFU eviction);
 - ``config.py``: the engine's settings; ``compilation.py``: ``torch.compile`` of the blocks, checked;
 - ``engine.py``: the loop that ties them together;
 - ``bench/``: the benchmarks behind ``python -m servelab.bench``.

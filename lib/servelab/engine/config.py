@@ -23,6 +23,8 @@ class EngineConfig:
     compile: bool = False                  # torch.compile the blocks' elementwise work (checked against eager first)
     graph_batch_sizes: tuple[int, ...] | None = None  # decode batch buckets to capture; None: 1, 2, 4, … max_num_seqs
     scheduler: str = "chunked_prefill"    # scheduling policy, a name in servelab.engine.policies.POLICIES
+    prefix_caching: bool = False           # share the KV blocks of cached prefixes between requests
+    prefix_eviction: str = "lru"           # which unreferenced cached block to recycle first: "lru" or "lfu"
 
     def __post_init__(self):
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "decode_steps"):
@@ -43,6 +45,12 @@ class EngineConfig:
             raise ParameterError(f"memory_fraction must be in (0, 1], got {self.memory_fraction!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:
             raise ParameterError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+        if not isinstance(self.prefix_caching, bool):
+            raise ParameterError(f"prefix_caching must be True or False, got {self.prefix_caching!r}")
+        from servelab.engine.prefix_cache import EVICTION_POLICIES
+
+        if self.prefix_eviction not in EVICTION_POLICIES:
+            raise ParameterError(f"prefix_eviction must be one of {EVICTION_POLICIES}, got {self.prefix_eviction!r}")
         from servelab.engine.policies import policy_class
 
         policy_class(self.scheduler)  # a ParameterError naming the known policies

@@ -22,6 +22,7 @@ from servelab.engine.config import EngineConfig
 from servelab.engine.memory import MemoryPlan, plan_gpu_memory
 from servelab.engine.model_runner import ModelRunner, max_blocks_per_sequence
 from servelab.engine.policies import policy_class
+from servelab.engine.prefix_cache import PrefixCache
 from servelab.engine.scheduler import ScheduledBatch, ScheduledSequence, Scheduler, TokenEvent
 from servelab.engine.sequence import SamplingParams, Sequence
 from servelab.kv.block_manager import BlockManager
@@ -90,7 +91,8 @@ class Engine:
         # one extra block that no sequence owns: padding rows of a CUDA graph write there
         self.pool = KVPool.for_model(model.shape, num_blocks + 1, cfg.block_size, self.dtype, self.device)
         self.pool.kv.zero_()  # masked-out keys still enter P·V as 0·value: never let that be 0·NaN
-        self.block_manager = BlockManager(num_blocks, cfg.block_size)
+        prefix_cache = PrefixCache(cfg.block_size, cfg.prefix_eviction) if cfg.prefix_caching else None
+        self.block_manager = BlockManager(num_blocks, cfg.block_size, prefix_cache)
         if scheduler_cls is None:  # an explicit class wins over the config's policy name
             scheduler_cls = policy_class(cfg.scheduler)
         self.scheduler = scheduler_cls(self.block_manager, max_num_seqs=cfg.max_num_seqs,
@@ -260,8 +262,29 @@ class Engine:
             bar.close()
         return [s.output_token_ids for s in seqs]
 
+    @property
+    def prefix_hit_rate(self) -> float:
+        """Prompt tokens found in the prefix cache / prompt tokens looked up, over all admissions (0 when off)."""
+        cache = self.block_manager.prefix_cache
+        return cache.hit_rate if cache is not None else 0.0
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (e.g. to time a cold start); running requests keep their blocks."""
+        self.block_manager.reset_prefix_cache()
+
+    def set_prefix_caching(self, enabled: bool, eviction: str | None = None) -> None:
+        """Switch prefix caching on (an empty cache, its counters at zero) or off, between runs: no request
+        may be in flight. Lets one engine (one KV pool, one set of CUDA graphs) be measured both ways."""
+        if self.has_unfinished():
+            raise RuntimeError("switch prefix caching only when no request is in flight")
+        self.block_manager.reset_prefix_cache()
+        self.block_manager.prefix_cache = (PrefixCache(self.config.block_size, eviction or self.config.prefix_eviction)
+                                           if enabled else None)
+
     def stats(self) -> dict:
-        return {"num_blocks": self.num_blocks, "block_size": self.config.block_size,
+        cache = self.block_manager.prefix_cache
+        prefix = {"prefix_caching": cache is not None, **(cache.stats() if cache is not None else {})}
+        return {**prefix, "num_blocks": self.num_blocks, "block_size": self.config.block_size,
                 "kv_pool_gib": self.pool.nbytes / 2**30, "attention_backend": self.backend, "varlen_prefill": self.varlen_status, "triton_tuning": self.runner.triton_tuning,
                 "compile": self.compile_status,
                 "cuda_graphs": self.num_graphs, "graph_capture_s": self.graph_capture_s, "steps": self.steps,

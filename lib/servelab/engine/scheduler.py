@@ -10,7 +10,10 @@ The interface is all a policy implements and all the engine (or a simulator, wit
   sampled ones, finish sequences (EOS, stop ids, max_tokens) and free their blocks.
 
 The bookkeeping every policy shares (admission limits, postprocess, preemption) lives in
-``Scheduler``; a policy only writes ``schedule``. ``TokenBudgetScheduler`` is the default. The policies
+``Scheduler``; a policy only writes ``schedule``. With a prefix cache in the block manager, admission
+(``_cached_prefix``, ``_admit``) shares the blocks of a request's longest cached prefix and starts its
+prefill after them, under every policy; newly computed full blocks are cached as they are scheduled
+(admission) and computed (``postprocess``). ``TokenBudgetScheduler`` is the default. The policies
 compared in Study 1 (FCFS, EagerContBatch, ChunkedPrefill) are in ``servelab.engine.policies``.
 """
 
@@ -166,13 +169,36 @@ class Scheduler(ABC):
             return False
         return True
 
-    def _admit(self, seq: Sequence, num_tokens: int) -> ScheduledSequence:
-        """Move a waiting sequence to running with blocks for its first ``num_tokens`` tokens."""
-        self._reserve(seq, num_tokens)  # raises OutOfBlocks with nothing changed
+    def _cached_prefix(self, seq: Sequence) -> list[int]:
+        """Blocks of the prefix cache that hold a waiting sequence's longest cached prefix ([] without a cache).
+
+        The last token is never taken from the cache: the step must compute it to sample the next token.
+        """
+        if self.bm.prefix_cache is None:
+            return []
+        return self.bm.match_prefix(seq.token_ids(0, seq.num_tokens - 1))
+
+    def _admit(self, seq: Sequence, num_tokens: int, cached_blocks: list[int] = ()) -> ScheduledSequence:
+        """Move a waiting sequence to running: it shares ``cached_blocks`` (its cached prefix, from
+        ``_cached_prefix``), and gets blocks for the ``num_tokens`` tokens it computes after them."""
+        start = len(cached_blocks) * self.bm.block_size
+        end = start + num_tokens
+        if cached_blocks:
+            target = -(-end // self.bm.block_size) * self.bm.block_size
+            self.bm.allocate(seq.seq_id, target, cached_blocks)  # raises OutOfBlocks with nothing changed
+            seq.kv_slots = self.bm.slot_mapping(seq.seq_id, 0, target)
+        else:
+            self._reserve(seq, num_tokens)  # raises OutOfBlocks with nothing changed
         self.waiting.remove(seq)
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
-        return ScheduledSequence(seq, 0, num_tokens, seq.kv_slots[:num_tokens])
+        seq.num_computed_tokens = start
+        if self.bm.prefix_cache is not None:
+            self.bm.prefix_cache.record_lookup(seq.num_tokens, start)
+            # cached now, not after the step: a request admitted later in this step can share these blocks,
+            # since every layer writes the whole step's K/V before any attention reads the pool
+            self.bm.cache_blocks(seq.seq_id, end, seq.token_ids)
+        return ScheduledSequence(seq, start, num_tokens, seq.kv_slots[start:end])
 
     def _preempt(self, seq: Sequence) -> None:
         """Free a running sequence's blocks; it goes to the front of the queue to be recomputed."""
@@ -215,10 +241,12 @@ class Scheduler(ABC):
         Returns the budget left."""
         while self.waiting and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            n = seq.num_uncomputed_tokens
-            if n > budget or not self.bm.can_allocate(n):
+            hit = self._cached_prefix(seq)
+            start = len(hit) * self.bm.block_size
+            n = seq.num_tokens - start
+            if n > budget or not self.bm.can_allocate(start + n, hit):
                 break
-            batch.items.append(self._admit(seq, n))
+            batch.items.append(self._admit(seq, n, hit))
             budget -= n
         return budget
 
@@ -230,6 +258,8 @@ class Scheduler(ABC):
         for it, tok in zip(batch.items, sampled):
             seq = it.seq
             seq.num_computed_tokens = done = it.start + it.num_tokens
+            if self.bm.prefix_cache is not None:
+                self.bm.cache_blocks(seq.seq_id, done, seq.token_ids)
             if done != len(seq.prompt_token_ids) + len(seq.output_token_ids):  # a chunk that does not sample
                 continue
             if tok is None:
@@ -288,9 +318,11 @@ class TokenBudgetScheduler(Scheduler):
             return batch
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            n = min(seq.num_uncomputed_tokens, budget)
-            if not self.bm.can_allocate(n):
+            hit = self._cached_prefix(seq)
+            start = len(hit) * self.bm.block_size
+            n = min(seq.num_tokens - start, budget)
+            if not self.bm.can_allocate(start + n, hit):
                 break
-            batch.items.append(self._admit(seq, n))
+            batch.items.append(self._admit(seq, n, hit))
             budget -= n
         return batch

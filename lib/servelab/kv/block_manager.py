@@ -14,6 +14,12 @@ copy those blocks (``take_copies``) before writing the new tokens.
 
 Free blocks are handed out lowest id first, so a pool that only grows stays a contiguous prefix; frees
 in the middle leave holes, which compaction (``servelab.kv.compaction``) closes with ``relocate``.
+
+With a prefix cache (``servelab.engine.prefix_cache.PrefixCache``), full blocks are also indexed by the tokens
+they hold: ``match_prefix`` finds the blocks of a request's longest cached prefix, ``allocate(...,
+cached_blocks=...)`` shares them, ``cache_blocks`` indexes a sequence's newly computed full blocks. A cached
+block whose last reference goes away keeps its K/V and becomes *evictable* instead of free; it counts as free
+capacity, and ``_take`` recycles one (evicting it from the cache) only when the free list is empty.
 """
 
 from __future__ import annotations
@@ -36,7 +42,7 @@ class OutOfBlocks(RuntimeError):
 class BlockManager:
     """Allocates blocks of ``block_size`` token slots out of ``num_blocks`` and keeps per-sequence block tables."""
 
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int, prefix_cache=None):
         for name, v in (("num_blocks", num_blocks), ("block_size", block_size)):
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
@@ -47,23 +53,40 @@ class BlockManager:
         self._tables: dict[Hashable, list[int]] = {}
         self._tokens: dict[Hashable, int] = {}
         self._copies: list[tuple[int, int]] = []
+        if prefix_cache is not None and prefix_cache.block_size != block_size:
+            raise ValueError(f"prefix cache block size {prefix_cache.block_size} != block_size {block_size}")
+        self.prefix_cache = prefix_cache  # None: no prefix caching
 
     # ---- capacity ---------------------------------------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        """Blocks an allocation may take: free ones, and cached ones no sequence references (evictable)."""
+        return len(self._free) + (self.prefix_cache.num_evictable if self.prefix_cache is not None else 0)
 
     @property
     def num_used_blocks(self) -> int:
-        return self.num_blocks - len(self._free)
+        """Blocks referenced by at least one sequence."""
+        return self.num_blocks - self.num_free_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks in the prefix cache, referenced or evictable (0 without a cache)."""
+        return len(self.prefix_cache) if self.prefix_cache is not None else 0
 
     def blocks_needed(self, num_tokens: int) -> int:
         """Blocks that hold ``num_tokens`` tokens: ceil(num_tokens / block_size)."""
         _check_count("num_tokens", num_tokens)
         return -(-num_tokens // self.block_size)
 
-    def can_allocate(self, num_tokens: int) -> bool:
-        return self.blocks_needed(num_tokens) <= len(self._free)
+    def can_allocate(self, num_tokens: int, cached_blocks: Sequence[int] = ()) -> bool:
+        """Whether ``allocate(seq, num_tokens, cached_blocks)`` would succeed now."""
+        return self._allocate_cost(num_tokens, cached_blocks) <= self.num_free_blocks
+
+    def _allocate_cost(self, num_tokens: int, cached_blocks: Sequence[int]) -> int:
+        """Free or evictable blocks an allocation uses up: its new blocks, and the evictable cached ones it reuses."""
+        if len(cached_blocks) * self.block_size > num_tokens:
+            raise ValueError(f"{len(cached_blocks)} cached blocks hold more than the {num_tokens} tokens allocated")
+        return self.blocks_needed(num_tokens) - len(cached_blocks) + sum(self._ref[b] == 0 for b in cached_blocks)
 
     def _append_cost(self, seq_id, num_new_tokens: int) -> tuple[int, bool]:
         """New blocks an append needs, and whether the last block must be copied first (it is shared)."""
@@ -74,20 +97,31 @@ class BlockManager:
         return grow + int(cow), cow
 
     def can_append(self, seq_id, num_new_tokens: int) -> bool:
-        return self._append_cost(seq_id, num_new_tokens)[0] <= len(self._free)
+        return self._append_cost(seq_id, num_new_tokens)[0] <= self.num_free_blocks
 
     # ---- sequences --------------------------------------------------------------------------------
-    def allocate(self, seq_id, num_tokens: int) -> list[int]:
+    def allocate(self, seq_id, num_tokens: int, cached_blocks: Sequence[int] = ()) -> list[int]:
         """Give a new sequence blocks for ``num_tokens`` tokens; return its block table.
 
-        Raises ``OutOfBlocks`` (state unchanged) if they do not fit, ``ValueError`` if ``seq_id`` exists.
+        ``cached_blocks`` (from ``match_prefix``) become the table's first blocks, shared (reference +1); the
+        rest are new. Raises ``OutOfBlocks`` (state unchanged) if they do not fit, ``ValueError`` if ``seq_id``
+        exists or a block given as cached is not in the prefix cache.
         """
         if seq_id in self._tables:
             raise ValueError(f"sequence {seq_id!r} already has blocks; append to it or free it first")
-        need = self.blocks_needed(num_tokens)
-        if need > len(self._free):
-            raise OutOfBlocks(need, len(self._free), seq_id)
-        self._tables[seq_id] = [self._take() for _ in range(need)]
+        cached = list(cached_blocks)
+        if cached and (self.prefix_cache is None or not all(self.prefix_cache.is_cached(b) for b in cached)):
+            raise ValueError(f"cached_blocks {cached} are not all in the prefix cache")
+        need = self._allocate_cost(num_tokens, cached)
+        if need > self.num_free_blocks:
+            raise OutOfBlocks(need, self.num_free_blocks, seq_id)
+        for b in cached:  # before taking new blocks, so that taking cannot evict them
+            if self._ref[b] == 0:
+                self.prefix_cache.claim(b)
+            self._ref[b] += 1
+        if cached:
+            self.prefix_cache.touch(cached)
+        self._tables[seq_id] = cached + [self._take() for _ in range(self.blocks_needed(num_tokens) - len(cached))]
         self._tokens[seq_id] = num_tokens
         return list(self._tables[seq_id])
 
@@ -97,8 +131,8 @@ class BlockManager:
         Raises ``OutOfBlocks`` (state unchanged) if the blocks it needs are not free.
         """
         need, cow = self._append_cost(seq_id, num_new_tokens)
-        if need > len(self._free):
-            raise OutOfBlocks(need, len(self._free), seq_id)
+        if need > self.num_free_blocks:
+            raise OutOfBlocks(need, self.num_free_blocks, seq_id)
         table, start = self._tables[seq_id], self._tokens[seq_id]
         if cow:
             shared = table[-1]
@@ -122,13 +156,33 @@ class BlockManager:
         return list(table)
 
     def free(self, seq_id) -> None:
-        """Release a sequence; blocks no other sequence references return to the free pool."""
+        """Release a sequence; blocks no other sequence references return to the free pool (cached ones become
+        evictable)."""
         table = self._table(seq_id)
-        for b in table:
+        for b in reversed(table):  # the tail first: a prefix's last blocks are the first evicted among equals
             self._ref[b] -= 1
             if self._ref[b] == 0:
-                heapq.heappush(self._free, b)
+                self._release(b)
         del self._tables[seq_id], self._tokens[seq_id]
+        if self.prefix_cache is not None:
+            self.prefix_cache.forget(seq_id)
+
+    # ---- prefix caching ---------------------------------------------------------------------------
+    def match_prefix(self, token_ids: Sequence[int]) -> list[int]:
+        """Blocks holding the longest cached prefix of ``token_ids`` (full blocks; [] without a cache)."""
+        return self.prefix_cache.match(token_ids) if self.prefix_cache is not None else []
+
+    def cache_blocks(self, seq_id, num_computed_tokens: int, token_ids) -> None:
+        """Index the sequence's full blocks among its first ``num_computed_tokens`` tokens (K/V computed, or
+        written in the step about to run); ``token_ids(start, end)`` gives its tokens. No-op without a cache."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.register(seq_id, self._table(seq_id), num_computed_tokens // self.block_size, token_ids)
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix (blocks in use stay with their sequences, uncached)."""
+        if self.prefix_cache is not None:
+            for b in self.prefix_cache.clear():
+                heapq.heappush(self._free, b)
 
     # ---- reading ----------------------------------------------------------------------------------
     def block_table(self, seq_id) -> list[int]:
@@ -175,6 +229,8 @@ class BlockManager:
         Call after the pool copied the data (``servelab.kv.compaction`` does both).
         """
         src, dst = list(src), list(dst)
+        if self.prefix_cache is not None and len(self.prefix_cache):
+            raise ValueError("compaction of a pool holding cached prefixes is not supported: reset the prefix cache")
         if len(src) != len(dst):
             raise ValueError(f"src and dst must have equal length, got {len(src)} and {len(dst)}")
         if len(set(src)) != len(src) or len(set(dst)) != len(dst):
@@ -198,9 +254,17 @@ class BlockManager:
 
     # ---- internals --------------------------------------------------------------------------------
     def _take(self) -> int:
+        if not self._free and self.prefix_cache is not None and self.prefix_cache.num_evictable:
+            for b in self.prefix_cache.evict():  # the victim and its cached descendants no one references
+                heapq.heappush(self._free, b)
         b = heapq.heappop(self._free)
         self._ref[b] = 1
         return b
+
+    def _release(self, b: int) -> None:
+        """``b`` lost its last reference: evictable if cached, else free."""
+        if self.prefix_cache is None or not self.prefix_cache.release(b):
+            heapq.heappush(self._free, b)
 
     def _table(self, seq_id) -> list[int]:
         try:
@@ -211,6 +275,33 @@ class BlockManager:
     def __repr__(self) -> str:
         return (f"BlockManager(num_blocks={self.num_blocks}, block_size={self.block_size}, "
                 f"used={self.num_used_blocks}, sequences={len(self._tables)})")
+
+    # ---- speculative decoding: rollback ----------------------------------------------------------
+    def truncate(self, seq_id, num_tokens: int) -> list[int]:
+        """Shrink a sequence to its first ``num_tokens`` tokens (rejected draft tokens are forgotten); the blocks past
+        them lose a reference (freed when no other sequence holds them). Returns the blocks freed.
+
+        The K/V of the dropped positions stay in the pool as garbage until overwritten: a rollback moves no bytes.
+        """
+        _check_count("num_tokens", num_tokens)
+        table, n = self._table(seq_id), self._tokens[seq_id]
+        if num_tokens > n:
+            raise ValueError(f"cannot truncate sequence {seq_id!r} of {n} tokens to {num_tokens}")
+        keep = self.blocks_needed(num_tokens)
+        freed = []
+        for b in table[keep:]:
+            self._ref[b] -= 1
+            if self._ref[b] == 0:
+                self._release(b)
+                freed.append(b)
+        del table[keep:]
+        if self.prefix_cache is not None:
+            self.prefix_cache.truncate(seq_id, num_tokens // self.block_size)
+            if num_tokens % self.block_size and self._ref[table[-1]] == 1:  # its tail will be overwritten in place
+                for b in self.prefix_cache.discard(table[-1]):
+                    heapq.heappush(self._free, b)
+        self._tokens[seq_id] = num_tokens
+        return freed
 
 
 def _check_count(name: str, v) -> None:

@@ -1,0 +1,25 @@
+"""The draft's greedy agreement with the target: how often the draft's argmax is the target's next token.
+
+Teacher-forced on the target's own greedy output: one forward of the draft over prompt + output, and at
+every output position compare the draft's argmax with the token the target chose. Under greedy assisted
+decoding a drafted token is accepted exactly when they agree, so this is the per-token acceptance
+probability α of the Leviathan model, measured without the assistant's stopping heuristics.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def greedy_agreement(draft, prompt: list[int], target_tokens: list[int]) -> float:
+    """Fraction of output positions where the draft's argmax equals the target's greedy token."""
+    import torch
+
+    if not target_tokens:
+        raise ValueError("target_tokens is empty: nothing to agree on")
+    ids = torch.tensor([list(prompt) + list(target_tokens)], dtype=torch.long, device=draft.device)
+    with torch.inference_mode():
+        logits = draft(input_ids=ids, use_cache=False).logits[0]
+    # the logit at position p predicts token p + 1: the output starts at len(prompt)
+    pred = logits[len(prompt) - 1:-1].argmax(-1).cpu().numpy()
+    return float(np.mean(pred == np.asarray(target_tokens)))

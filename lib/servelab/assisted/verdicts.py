@@ -1,0 +1,109 @@
+"""Verdicts on the seed's Study 6 claims (F6.1, F6.2), computed from the measured tables by stated rules.
+
+The RTX 2070 values below are the seed's, quoted from ``shared/seed-studies.md``; everything else is measured.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+SEED_BEST_SPEEDUP = 1.747                          # F6.1, RTX 2070
+SEED_BEST_PAIR = "distilgpt2 → gpt2-medium"        # F6.1, RTX 2070
+SEED_LENGTH = 512                                  # F6.1: output tokens
+HOLDS_BAND = 0.20       # F6.1 holds if the best pair's speedup is within ±20% of the seed's
+DECIDES_RHO = 0.5       # F6.2: |Spearman ρ| at least this for a parameter to "decide" the speedup
+MATERIAL_CHANGE = 0.05  # F6.2: and the speedup moves by at least 5% over the range of output lengths
+
+CLAIMS = {
+    "F6.1": "best pair distilgpt2 → gpt2-medium: 1.747× at 512 output tokens",
+    "F6.2": "cost ratio and output length are the parameters that decide the speedup",
+}
+
+
+def _row(fid, verdict, measured, note, seed_value, unit):
+    return dict(id=fid, claim=CLAIMS[fid], seed_value=seed_value, measured_value=measured, unit=unit,
+                verdict=verdict, note=note)
+
+
+def f61_best_pair(pairs: pd.DataFrame, length: int) -> dict:
+    """F6.1: the best assisted pair's median speedup at the longest output length, against 1.747×.
+
+    fails: no pair speeds generate up (best ≤ 1); holds: within ±20% of the seed's; changes otherwise.
+    """
+    d = pairs.dropna(subset=["speedup_median"])
+    seed = f"{SEED_BEST_SPEEDUP}× ({SEED_BEST_PAIR}, RTX 2070)"
+    if d.empty:
+        return _row("F6.1", "fails", "not measured", "no assisted run completed", seed, "× at 512 tokens")
+    best = d.loc[d["speedup_median"].idxmax()]
+    s = float(best["speedup_median"])
+    c, a = best.get("cost_ratio", np.nan), best.get("alpha", np.nan)
+    note = (f"best pair {best['pair']} at {length} tokens: {s:.2f}× (quartiles {best['speedup_p25']:.2f}–"
+            f"{best['speedup_p75']:.2f} over {int(best['prompts'])} prompts), with cost ratio c = {c:.2f} and "
+            f"greedy agreement α = {a:.2f}")
+    if s <= 1.0:
+        verdict = "fails"
+        note += "; no pair beats plain generate: assisted generation does not pay here"
+    elif abs(s / SEED_BEST_SPEEDUP - 1) <= HOLDS_BAND:
+        verdict = "holds"
+        note += f"; within ±{HOLDS_BAND:.0%} of the RTX 2070's best"
+    else:
+        verdict = "changes"
+        note += (f"; {'above' if s > SEED_BEST_SPEEDUP else 'below'} the RTX 2070's best by "
+                 f"{abs(s / SEED_BEST_SPEEDUP - 1):.0%} (different pairs: trained family, not the seed's)")
+    return _row("F6.1", verdict, f"{s:.2f}", note, seed, f"× at {length} tokens")
+
+
+def _spearman(x, y) -> float:
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    ok = np.isfinite(x) & np.isfinite(y)
+    if ok.sum() < 3 or np.ptp(x[ok]) == 0 or np.ptp(y[ok]) == 0:
+        return float("nan")
+    return float(stats.spearmanr(x[ok], y[ok]).statistic)
+
+
+def f62_what_decides(pairs: pd.DataFrame, summary: pd.DataFrame) -> dict:
+    """F6.2: does the speedup fall with the cost ratio c (across pairs, at the longest length) and rise with
+    output length (within each pair)? Each "decides" if |ρ| ≥ 0.5 in the expected direction (and, for length,
+    the speedup moves ≥ 5% from the shortest to the longest output). α's correlation is reported beside.
+
+    holds: both decide; changes: one does; fails: neither.
+    """
+    d = pairs.dropna(subset=["speedup_median"])
+    rho_c = _spearman(d["cost_ratio"], d["speedup_median"]) if "cost_ratio" in d else float("nan")
+    rho_a = _spearman(d["alpha"], d["speedup_median"])
+    a = summary[summary["method"] == "assisted"].dropna(subset=["speedup_median"])
+    per_pair = []
+    for _, g in a.groupby("pair"):
+        g = g.sort_values("length")
+        if len(g) >= 3:
+            change = g["speedup_median"].iloc[-1] / g["speedup_median"].iloc[0] - 1
+            rho = _spearman(g["length"], g["speedup_median"])
+            per_pair.append((0.0 if np.isnan(rho) else rho, change))  # a constant speedup: no trend
+    if len(d) < 3 or not per_pair:
+        return _row("F6.2", "fails", "not measured", f"needs ≥3 pairs and ≥3 lengths; got {len(d)} pairs",
+                    "c and length decide", "Spearman ρ")
+    rho_len = float(np.median([r for r, _ in per_pair]))
+    change = float(np.median([c for _, c in per_pair]))
+    c_decides = rho_c <= -DECIDES_RHO
+    len_decides = rho_len >= DECIDES_RHO and change >= MATERIAL_CHANGE
+    verdict = "holds" if c_decides and len_decides else ("changes" if c_decides or len_decides else "fails")
+    note = (f"across {len(d)} pairs, speedup vs cost ratio c: ρ = {rho_c:+.2f}; vs greedy agreement α: "
+            f"ρ = {rho_a:+.2f}; within a pair, vs output length: median ρ = {rho_len:+.2f}, median change "
+            f"{change:+.0%} from the shortest to the longest output")
+    if not c_decides:
+        note += ("; the speedup rises with c, against the claim" if rho_c >= DECIDES_RHO
+                 else "; the cost ratio does not order the pairs' speedups")
+    if not len_decides:
+        note += ("; the speedup falls with output length, against the claim"
+                 if rho_len <= -DECIDES_RHO and change <= -MATERIAL_CHANGE
+                 else "; output length hardly moves the speedup")
+    if np.isfinite(rho_a) and abs(rho_a) > abs(rho_c if np.isfinite(rho_c) else 0):
+        note += "; α orders the pairs more strongly than c does"
+    return _row("F6.2", verdict, f"ρ_c = {rho_c:+.2f}, ρ_length = {rho_len:+.2f}", note,
+                "c and length decide", "Spearman ρ")
+
+
+def findings(pairs: pd.DataFrame, summary: pd.DataFrame, length: int) -> list[dict]:
+    return [f61_best_pair(pairs, length), f62_what_decides(pairs, summary)]

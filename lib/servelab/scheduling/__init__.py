@@ -1,0 +1,13 @@
+"""Study 1: FCFS vs EagerContBatch vs ChunkedPrefill in the real HTTP server, under a streaming load.
+
+- ``params.py``: the profiles' parameters and their validation;
+- ``serving.py``: ``PolicyServer``, one model served over HTTP in this process, its policy switched between runs;
+- ``capacity_probe.py``: a short probe that places the rate sweep (and its roofline floors);
+- ``sweep.py``: the measurement loop (probe, rate sweep, budget sweep) under a time budget;
+- ``capacity.py``: capacity at an ITL SLO (Sarathi-Serve's definition);
+- ``verdicts.py``: F1.1–F1.3 from the data;
+- ``plots.py``: the figures.
+
+The policies themselves are ``servelab.engine.policies``; the server ``servelab.server``; the load
+generator ``servelab.loadgen``.
+"""

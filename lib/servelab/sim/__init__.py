@@ -1,0 +1,19 @@
+"""A discrete-event simulator of LLM serving: the engine's own schedulers on a measured cost model.
+
+- ``cost_model.py``: ``StepCostModel``, step time from batch composition (Study 2's GPU fit + serving overheads);
+- ``calibration.py``: the serving overheads (and, for an unmeasured model, the whole cost model) fitted from
+  a real server's step log;
+- ``replica.py``: one simulated server, a real ``Scheduler`` whose steps take the cost model's time;
+- ``routers.py``: round-robin, least-outstanding and prefix-affinity routing over replicas;
+- ``simulator.py``: the event loop, ``simulate(trace, ...) -> SimRun`` (records in the load generator's schema);
+- ``validation.py``: real-vs-simulated tables for Study 1's runs;
+- ``capacity.py``: replicas needed against request rate at an SLO;
+- ``speed.py``: how many simulated requests per second the simulator handles;
+- ``plots.py``: the figures of notebook 08; ``__main__.py``: the command line.
+"""
+
+from servelab.sim.cost_model import StepCostModel
+from servelab.sim.routers import ROUTERS, make_router
+from servelab.sim.simulator import SimRun, simulate
+
+__all__ = ["StepCostModel", "SimRun", "simulate", "ROUTERS", "make_router"]

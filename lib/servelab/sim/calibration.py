@@ -1,0 +1,151 @@
+"""Fitting the simulator's cost terms from a real server's step log (Study 1's ``steps.csv`` and ``requests.csv``).
+
+The step log has, per engine step, ``start_s, end_s, prefill_tokens, decode_tokens, num_seqs`` but not the
+contexts the cost model needs; they are reconstructed from the same run's request records:
+
+- decode context of a step = its decode count × the mean context (prompt + tokens received so far − the one
+  being decoded) of the requests that were between their first and last token at the step's midpoint;
+- prefill query–key pairs of a step ≈ ``P²/2`` for ``P`` prefill tokens, as if they were one prompt starting
+  at position 0 (exact for one whole prompt per step; a chunk after cached tokens has more pairs, several
+  prompts in one step fewer). An approximation, said so wherever it is used.
+
+The quantity fitted is a step's **cycle time**: from its start to the next step's start, whenever the engine
+had work left: the next step followed within ``busy_gap_ms``, or some request was still outstanding (sent and
+not finished, by the client's records) halfway through the gap. A gap the server spends elsewhere while
+requests wait (handing tokens to HTTP streams, taking in new requests) is part of what a step costs; idle time
+is not. That is the time the simulator charges per step.
+
+- ``fit_overheads``: with Study 2's GPU model, the residual ``cycle − GPU`` is fitted as
+  ``step_overhead_ms + seq_overhead_ms · num_seqs`` (non-negative, robust soft-L1 loss);
+- ``fit_step_log_model``: for a model Study 2 did not measure, the whole ``CostModel`` form fitted to the
+  cycle times (non-negative least squares on relative error, like Study 2).
+
+Fit on calibration runs only; the notebook validates each run with terms fitted on the *other* runs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import least_squares, nnls
+
+from servelab.costs.cost_model import DECODE_TERMS, PREFILL_TERMS, CostModel
+from servelab.loadgen.metrics import check_records
+from servelab.profiles import ParameterError
+from servelab.sim.cost_model import StepCostModel
+
+STEP_LOG_COLUMNS = ("start_s", "end_s", "prefill_tokens", "decode_tokens", "num_seqs")
+
+
+def step_features(steps: pd.DataFrame, records: pd.DataFrame, *, busy_gap_ms: float = 1.0) -> pd.DataFrame:
+    """One row per step of one run that was followed at once by another: ``cycle_ms``, ``prefill_tokens``,
+    ``prefill_pairs`` (≈ P²/2), ``decode_tokens``, ``decode_context`` (reconstructed), ``num_seqs``.
+
+    ``steps`` and ``records`` must share a clock (s from the run's start). Rows of multi-step decode groups
+    (``decode_steps > 1``) are left out."""
+    missing = [c for c in STEP_LOG_COLUMNS if c not in steps.columns]
+    if missing:
+        raise ParameterError(f"step log lacks columns {missing}; needs {list(STEP_LOG_COLUMNS)}")
+    s = steps.sort_values("start_s").reset_index(drop=True)
+    start = s["start_s"].to_numpy(float)
+    end = s["end_s"].to_numpy(float)
+    nxt = np.append(start[1:], np.nan)
+    busy = ((nxt - end) * 1e3 < busy_gap_ms) | (_outstanding(records, (end + nxt) / 2) > 0)
+    mid = (start + end) / 2
+    ctx_sum, live = _decoding_context(records, mid)
+    dec = s["decode_tokens"].to_numpy(float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean_ctx = np.where(live > 0, ctx_sum / np.maximum(live, 1), 0.0)
+    pre = s["prefill_tokens"].to_numpy(float)
+    if "decode_steps" in s.columns:   # a multi-step decode group is several steps in one row: not fitted
+        busy &= (s["decode_steps"] <= 1).to_numpy()
+    out = pd.DataFrame({"start_s": start, "cycle_ms": (nxt - start) * 1e3, "prefill_tokens": pre,
+                        "prefill_pairs": pre * pre / 2, "decode_tokens": dec, "decode_context": dec * mean_ctx,
+                        "num_seqs": s["num_seqs"].to_numpy(float)})
+    return out[busy & (out["cycle_ms"] > 0)].reset_index(drop=True)
+
+
+def _outstanding(records: pd.DataFrame, t: np.ndarray) -> np.ndarray:
+    """Requests sent and not yet finished (or never finished) at each time in ``t``."""
+    sent = records["sent_s"].to_numpy(float)
+    sent = np.sort(np.where(np.isnan(sent), np.inf, sent))
+    fin = records["finish_s"].to_numpy(float)
+    fin = np.sort(np.where(np.isnan(fin), np.inf, fin))
+    t = np.nan_to_num(t, nan=-np.inf)
+    return np.searchsorted(sent, t, side="right") - np.searchsorted(fin, t, side="right")
+
+
+def _decoding_context(records: pd.DataFrame, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """At each time in ``t``: the summed context (prompt + tokens received) of requests between their first
+    and last token, and how many there were."""
+    r = check_records(records)
+    ctx = np.zeros(len(t))
+    live = np.zeros(len(t))
+    order = np.argsort(t)
+    ts = t[order]
+    for prompt, times, ok in zip(r["prompt_tokens"], r["token_times_s"], r["ok"]):
+        if len(times) < 2:
+            continue
+        times = np.asarray(times)
+        lo, hi = np.searchsorted(ts, [times[0], times[-1]], side="left")
+        if hi <= lo:
+            continue
+        got = np.searchsorted(times, ts[lo:hi], side="right")   # tokens received by then
+        ctx[order[lo:hi]] += prompt + got - 1                     # the newest token is the one being decoded
+        live[order[lo:hi]] += 1
+    return ctx, live
+
+
+def _gpu_ms(gpu: StepCostModel, f: pd.DataFrame) -> np.ndarray:
+    return np.array([gpu.gpu_ms(p, q, d, c) for p, q, d, c in
+                     zip(f["prefill_tokens"], f["prefill_pairs"], f["decode_tokens"], f["decode_context"])])
+
+
+def fit_overheads(base: StepCostModel, features: pd.DataFrame) -> tuple[StepCostModel, dict]:
+    """``base`` with ``step_overhead_ms`` and ``seq_overhead_ms`` fitted to ``cycle − GPU`` of ``features``
+    (from ``step_features``, possibly several runs). Returns the model and fit statistics (median and p90
+    |relative error| of the cycle time before and after, in %)."""
+    if len(features) < 4:
+        raise ParameterError(f"need at least 4 busy steps to fit the overheads, got {len(features)}")
+    y = features["cycle_ms"].to_numpy(float)
+    gpu = _gpu_ms(base, features)
+    n = features["num_seqs"].to_numpy(float)
+    resid = y - gpu
+    scale = max(float(np.median(np.abs(resid))), 1e-3)
+    sol = least_squares(lambda c: (c[0] + c[1] * n - resid) / y, x0=[max(float(np.median(resid)), 0.0), 0.0],
+                        bounds=([0.0, 0.0], [np.inf, np.inf]), loss="soft_l1", f_scale=0.05)
+    c0, c1 = (float(v) for v in sol.x)
+    model = base.with_overheads(step_overhead_ms=c0, seq_overhead_ms=c1,
+                                source=f"{base.source} + overheads fitted on {len(features)} steps")
+    before = 100 * np.abs(gpu + base.step_overhead_ms + base.seq_overhead_ms * n - y) / y
+    after = 100 * np.abs(gpu + c0 + c1 * n - y) / y
+    stats = {"steps": int(len(features)), "median_abs_pct_before": float(np.median(before)),
+             "p90_abs_pct_before": float(np.percentile(before, 90)), "median_abs_pct_after": float(np.median(after)),
+             "p90_abs_pct_after": float(np.percentile(after, 90)), "residual_scale_ms": scale}
+    return model, stats
+
+
+def fit_step_log_model(features: pd.DataFrame, model: str) -> tuple[StepCostModel, dict]:
+    """The whole ``CostModel`` form (prefill and decode terms) fitted to the cycle times of ``features``;
+    serving overheads are inside its intercepts and per-sequence terms. For a model Study 2 did not measure."""
+    pre = features[features["prefill_tokens"] > 0]
+    dec = features[features["prefill_tokens"] == 0]
+    if len(pre) < len(PREFILL_TERMS) or len(dec) < len(DECODE_TERMS):
+        raise ParameterError(f"too few busy steps to fit {model}: {len(pre)} with prefill, {len(dec)} decode-only")
+    # a mixed step: prefill terms + the decode terms of its decodes; fit decode-only steps first, then the
+    # prefill terms on what the decodes leave
+    Xd = np.column_stack([np.ones(len(dec)), dec["decode_tokens"], dec["decode_context"]])
+    yd = dec["cycle_ms"].to_numpy(float)
+    cd, _ = nnls(Xd / yd[:, None], np.ones(len(yd)))
+    yp = pre["cycle_ms"].to_numpy(float) - (cd[1] * pre["decode_tokens"] + cd[2] * pre["decode_context"]).to_numpy()
+    yp = np.maximum(yp, 1e-3)
+    Xp = np.column_stack([np.ones(len(pre)), pre["prefill_tokens"], pre["prefill_pairs"]])
+    cp, _ = nnls(Xp / yp[:, None], np.ones(len(yp)))
+    ep = 100 * (Xp @ cp - yp) / yp
+    ed = 100 * (Xd @ cd - yd) / yd
+    err = {"prefill_median_abs_pct": float(np.median(np.abs(ep))), "prefill_max_abs_pct": float(np.max(np.abs(ep))),
+           "decode_median_abs_pct": float(np.median(np.abs(ed))), "decode_max_abs_pct": float(np.max(np.abs(ed)))}
+    gpu = CostModel(model, "step_log", dict(zip(PREFILL_TERMS, map(float, cp))), dict(zip(DECODE_TERMS, map(float, cd))),
+                    err)
+    return StepCostModel(gpu=gpu, source=f"{model}: fitted to {len(features)} busy steps of the server's step log "
+                                         f"(prefill pairs approximated as P²/2)"), {"steps": int(len(features)), **err}

@@ -1,0 +1,124 @@
+"""Capacity planning: how many replicas a request rate needs to meet an SLO, per router.
+
+An SLO here is a bound on the p99 TTFT and the p99 TPOT (ms) of the simulated requests (vLLM's goodput
+convention). For each router and rate the search starts from the previous (lower) rate's answer, since more
+traffic never needs fewer replicas: it starts at the previous answer scaled by the rate ratio (less 10 %),
+removes replicas while the SLO still holds and adds them until it does, up to ``max_replicas``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import numpy as np
+import pandas as pd
+
+from servelab.profiles import ParameterError
+from servelab.sim.cost_model import StepCostModel
+from servelab.sim.simulator import simulate
+
+
+def meets_slo(summary: dict, slo_ttft_ms: float, slo_tpot_ms: float) -> bool:
+    """Whether p99 TTFT and p99 TPOT are within the SLO and every request completed."""
+    return (summary["failed"] == 0 and summary["ttft_p99_ms"] <= slo_ttft_ms
+            and not summary["tpot_p99_ms"] > slo_tpot_ms)
+
+
+def replicas_needed(make_trace: Callable[[float], object], rates: Iterable[float], routers: Iterable[str], *,
+                    cost: StepCostModel, slo_ttft_ms: float, slo_tpot_ms: float, max_replicas: int = 64,
+                    progress: bool = False, **sim_kwargs) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``(needed, tried)``: per router and rate the fewest replicas that meet the SLO (``replicas`` NaN and
+    ``met`` False when even ``max_replicas`` do not), and every (router, rate, replicas) simulated with its
+    p99 TTFT and TPOT. ``make_trace(rate)`` builds the trace of one rate (the same for every router)."""
+    for name, v in (("slo_ttft_ms", slo_ttft_ms), ("slo_tpot_ms", slo_tpot_ms)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            raise ParameterError(f"{name} must be a positive number of ms, got {v!r}")
+    if isinstance(max_replicas, bool) or not isinstance(max_replicas, int) or max_replicas < 1:
+        raise ParameterError(f"max_replicas must be a positive integer, got {max_replicas!r}")
+    rates = sorted(float(r) for r in rates)
+    routers = list(routers)
+    if not rates or not routers:
+        raise ParameterError("need at least one rate and one router")
+    traces = {r: make_trace(r) for r in rates}
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(rates) * len(routers), desc="capacity search", unit="point")
+    needed, tried = [], []
+    for router in routers:
+        cache: dict[tuple[float, int], bool] = {}
+
+        def ok(rate: float, n: int) -> bool:
+            if (rate, n) not in cache:
+                run = simulate(traces[rate], cost=cost, replicas=n, router=router, token_times=False, **sim_kwargs)
+                s = run.summary(slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms)
+                cache[(rate, n)] = meets_slo(s, slo_ttft_ms, slo_tpot_ms)
+                tried.append({"router": router, "rate": rate, "replicas": n, "met": cache[(rate, n)],
+                              "ttft_p99_ms": s["ttft_p99_ms"], "tpot_p99_ms": s["tpot_p99_ms"],
+                              "goodput_req_s": s["goodput_req_s"], "requests": len(run.records),
+                              "sim_wall_s": run.wall_s})
+            return cache[(rate, n)]
+
+        prev_rate, prev_n = None, 1
+        for rate in rates:
+            if prev_n > max_replicas:
+                met, n = False, prev_n     # a lower rate already needed more than max_replicas
+            else:
+                floor_n = prev_n
+                n = max(floor_n, int(prev_n * rate / prev_rate * 0.9)) if prev_rate else 1
+                n = min(n, max_replicas)
+                if ok(rate, n):
+                    while n > floor_n and ok(rate, n - 1):
+                        n -= 1
+                    met = True
+                else:
+                    met = False
+                    while n < max_replicas:
+                        n += 1
+                        if ok(rate, n):
+                            met = True
+                            break
+                prev_rate, prev_n = rate, (n if met else max_replicas + 1)
+            needed.append({"router": router, "rate": rate, "replicas": n if met else np.nan, "met": met,
+                           "slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms})
+            if bar is not None:
+                bar.update(1)
+    if bar is not None:
+        bar.close()
+    return pd.DataFrame(needed), pd.DataFrame(tried)
+
+
+def default_slo(cost: StepCostModel, mean_prompt_tokens: float, mean_output_tokens: float) -> tuple[float, float]:
+    """An SLO scaled to the model's own speed, ``(ttft_ms, tpot_ms)``: TTFT within 10× the time to prefill a
+    mean prompt alone (plus ingress), TPOT within 5× a decode step of one sequence at the mean context (the
+    factor 5 follows Sarathi-Serve's "strict" tail-latency SLO, set relative to the model's own step time)."""
+    p = float(mean_prompt_tokens)
+    prefill = cost.step_ms(int(p), p * p / 2, 0, 0, 1) + cost.ingress_ms
+    decode = cost.step_ms(0, 0.0, 1, int(p + mean_output_tokens / 2), 1)
+    return 10 * prefill, 5 * decode
+
+
+def single_replica_rate(make_trace: Callable[[float], object], *, cost: StepCostModel, slo_ttft_ms: float,
+                        slo_tpot_ms: float, start: float = 1.0, doublings: int = 14, refine: int = 3,
+                        **sim_kwargs) -> float:
+    """The highest request rate (req/s) one replica serves within the SLO, to a factor 2^(1/2^refine):
+    doubling from ``start``, then bisection in log space. NaN when even ``start`` fails."""
+    def ok(rate):
+        s = simulate(make_trace(rate), cost=cost, replicas=1, token_times=False, **sim_kwargs).summary()
+        return meets_slo(s, slo_ttft_ms, slo_tpot_ms)
+
+    if not ok(start):
+        return float("nan")
+    lo = start
+    for _ in range(doublings):
+        if not ok(lo * 2):
+            break
+        lo *= 2
+    else:
+        return lo
+    hi = lo * 2
+    for _ in range(refine):
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo

@@ -1,0 +1,120 @@
+"""How long one engine step takes, predicted from its batch composition: the simulator's stand-in for the GPU.
+
+    step_ms = GPU(batch) + step_overhead_ms + seq_overhead_ms · num_seqs
+
+    GPU(batch) = a_p + b_p · N_p + k_p · Σ n_i(c_i + n_i/2) + b_d · B + k_d · Σ c_j   (a step with prefill work)
+               = a_d             +                          b_d · B + k_d · Σ c_j   (a decode-only step)
+
+``N_p`` prefill tokens in chunks of ``n_i`` new tokens after ``c_i`` cached ones; ``B`` decodes with ``c_j``
+cached tokens each. The GPU coefficients are Study 2's fitted ``servelab.costs.cost_model.CostModel`` (same
+form, same JSON); a mixed step pays the prefill intercept once and the decode terms per decode. The two
+overhead terms are what the GPU model leaves out and the real server pays every step (Python scheduling,
+sampling, handing tokens to the HTTP layer); ``ingress_ms`` is the path from a request's send to the
+engine's queue (HTTP parsing, tokenisation, the engine thread picking it up): the simulator delays each
+arrival by it. All three are fitted from the real server's step log (``servelab.sim.calibration``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from servelab.costs.cost_model import DECODE_TERMS, PREFILL_TERMS, CostModel
+from servelab.profiles import ParameterError
+
+OVERHEAD_TERMS = ("step_overhead_ms", "seq_overhead_ms", "ingress_ms")
+
+
+@dataclass(frozen=True)
+class StepCostModel:
+    """Step duration (ms) from batch composition: Study 2's GPU terms plus measured serving overheads."""
+
+    gpu: CostModel
+    step_overhead_ms: float = 0.0    # per step, whatever its size (ms)
+    seq_overhead_ms: float = 0.0     # per sequence in the batch (ms)
+    ingress_ms: float = 0.0          # request sent → in the engine's queue (ms)
+    source: str = ""                 # where the coefficients came from (for captions and sidecars)
+    _c: tuple = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        for k in OVERHEAD_TERMS:
+            v = getattr(self, k)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
+                raise ParameterError(f"{k} must be a finite number >= 0 (ms), got {v!r}")
+        coef = [float(self.gpu.prefill[k]) for k in PREFILL_TERMS] + [float(self.gpu.decode[k]) for k in DECODE_TERMS]
+        if any(not np.isfinite(c) or c < 0 for c in coef):
+            raise ParameterError(f"cost-model coefficients must be finite and >= 0, got {coef}")
+        # plain floats: the simulator calls step_ms once per step, numpy per call would dominate the loop
+        object.__setattr__(self, "_c", tuple(coef))
+
+    # ---- prediction --------------------------------------------------------------------------------
+    def gpu_ms(self, prefill_tokens: int, prefill_pairs: float, num_decodes: int, decode_context: int) -> float:
+        """GPU time (ms) of a step: ``prefill_tokens`` with ``prefill_pairs`` causal query–key pairs in total,
+        ``num_decodes`` decodes over ``decode_context`` cached tokens in total."""
+        a_p, b_p, k_p, a_d, b_d, k_d = self._c
+        t = b_d * num_decodes + k_d * decode_context
+        if prefill_tokens:
+            return t + a_p + b_p * prefill_tokens + k_p * prefill_pairs
+        return t + a_d
+
+    def step_ms(self, prefill_tokens: int, prefill_pairs: float, num_decodes: int, decode_context: int,
+                num_seqs: int) -> float:
+        """Predicted wall time (ms) of one engine step, start to start when the engine is busy."""
+        return (self.gpu_ms(prefill_tokens, prefill_pairs, num_decodes, decode_context)
+                + self.step_overhead_ms + self.seq_overhead_ms * num_seqs)
+
+    def decode_run_ms(self, num_decodes: int, decode_context: int, steps: int) -> np.ndarray:
+        """Durations (ms) of ``steps`` decode-only steps back to back, the batch's total context growing by
+        ``num_decodes`` tokens a step (each sequence appends one)."""
+        _, _, _, a_d, b_d, k_d = self._c
+        j = np.arange(steps, dtype=float)
+        return (a_d + b_d * num_decodes + k_d * (decode_context + j * num_decodes)
+                + self.step_overhead_ms + self.seq_overhead_ms * num_decodes)
+
+    # ---- variants and storage ------------------------------------------------------------------------
+    def with_overheads(self, **terms) -> "StepCostModel":
+        """A copy with some of ``step_overhead_ms``, ``seq_overhead_ms``, ``ingress_ms``, ``source`` replaced."""
+        unknown = sorted(set(terms) - set(OVERHEAD_TERMS) - {"source"})
+        if unknown:
+            raise ParameterError(f"unknown cost-model term(s) {unknown}; known: {OVERHEAD_TERMS}")
+        return replace(self, **terms)
+
+    def as_dict(self) -> dict:
+        return {"gpu": asdict(self.gpu), **{k: getattr(self, k) for k in OVERHEAD_TERMS}, "source": self.source}
+
+    def save(self, path) -> Path:
+        path = Path(path)
+        path.write_text(json.dumps(self.as_dict(), indent=2) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path) -> "StepCostModel":
+        """Read either a ``StepCostModel`` JSON (``save``) or Study 2's plain ``CostModel`` JSON (no overheads)."""
+        path = Path(path)
+        if not path.exists():
+            raise ParameterError(f"cost-model file {str(path)!r} does not exist")
+        try:
+            d = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ParameterError(f"{path}: not JSON ({e.msg})") from None
+        if "gpu" in d:
+            return cls(gpu=CostModel(**d["gpu"]), **{k: float(d.get(k, 0.0)) for k in OVERHEAD_TERMS},
+                       source=d.get("source", path.name))
+        try:
+            gpu = CostModel(**d)
+        except TypeError:
+            raise ParameterError(f"{path}: neither a StepCostModel nor a Study 2 CostModel JSON "
+                                 f"(keys {sorted(d)})") from None
+        return cls(gpu=gpu, source=f"Study 2: {path.name}")
+
+    @classmethod
+    def constant(cls, step_ms: float) -> "StepCostModel":
+        """Every step takes ``step_ms`` whatever its batch: time counts steps (tests, the engine comparison)."""
+        if isinstance(step_ms, bool) or not isinstance(step_ms, (int, float)) or not step_ms > 0:
+            raise ParameterError(f"step_ms must be a positive number, got {step_ms!r}")
+        gpu = CostModel("constant", "constant", dict.fromkeys(PREFILL_TERMS, 0.0) | {"intercept_ms": float(step_ms)},
+                        dict.fromkeys(DECODE_TERMS, 0.0) | {"intercept_ms": float(step_ms)}, {})
+        return cls(gpu=gpu, source=f"constant {step_ms:g} ms/step")

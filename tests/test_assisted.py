@@ -1,0 +1,322 @@
+"""Study 6's library: the token clock, timed generate runs, the sweep, speedups, verdicts, parameters."""
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from servelab.assisted import analysis, verdicts
+from servelab.assisted.acceptance import greedy_agreement
+from servelab.assisted.clock import TokenClock, per_token_ms, time_to_tokens
+from servelab.assisted.params import pairs_for, study_params
+from servelab.assisted.runs import (Job, Pair, assistant_settings, plan_jobs, sweep, timed_generate,
+                                    times_at_lengths)
+from servelab.profiles import ParameterError
+
+VOCAB = 96
+
+
+def _llama(layers, d, seed, vocab=VOCAB):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=d, intermediate_size=2 * d, num_hidden_layers=layers,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                      bos_token_id=0, eos_token_id=0, pad_token_id=1)
+    return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.fixture(scope="module")
+def models():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models: one thread is faster and does not stall on a busy box
+    yield {"target": _llama(2, 32, 0), "small": _llama(1, 16, 1), "mid": _llama(1, 32, 2)}
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(2, VOCAB, (12,), generator=g).tolist() for _ in range(3)]
+
+
+def test_clock_skips_the_prompt_and_accumulates_tokens():
+    clock = TokenClock(cuda=False)
+    with pytest.raises(RuntimeError):
+        clock.put(torch.zeros(1, 5))
+    clock.start()
+    clock.put(torch.zeros(1, 12))  # the prompt
+    for k in (1, 3, 1):
+        clock.put(torch.zeros(1, k))
+    clock.end()
+    counts, ms = clock.marks()
+    assert counts.tolist() == [1, 4, 5] and clock.ended
+    assert np.all(np.diff(ms) >= 0) and ms[0] >= 0
+
+
+def test_time_to_tokens_reads_the_first_mark_at_or_past_k():
+    counts, ms = np.array([1, 4, 5, 9]), np.array([10.0, 20.0, 25.0, 40.0])
+    assert time_to_tokens(counts, ms, 1) == 10.0
+    assert time_to_tokens(counts, ms, 2) == 20.0
+    assert time_to_tokens(counts, ms, 9) == 40.0
+    assert np.isnan(time_to_tokens(counts, ms, 10))
+    assert per_token_ms(counts, ms).tolist() == pytest.approx([10 / 3, 5.0, 15 / 4])
+
+
+def test_assisted_and_prompt_lookup_runs_equal_plain_greedy(models, prompts):
+    plain = timed_generate(models["target"], prompts[0], 20, pad_token_id=1)
+    assisted = timed_generate(models["target"], prompts[0], 20, assistant=models["small"], pad_token_id=1)
+    lookup = timed_generate(models["target"], prompts[0], 20, prompt_lookup_num_tokens=3, pad_token_id=1)
+    assert len(plain.tokens) == 20 and plain.counts[-1] == 20 and plain.counts.tolist() == list(range(1, 21))
+    assert assisted.tokens == plain.tokens and lookup.tokens == plain.tokens
+    assert assisted.counts[-1] == 20 and len(assisted.counts) <= 20  # several tokens per target step at times
+    assert plain.total_ms > 0
+
+
+def test_plan_puts_the_main_target_first_and_own_last():
+    pairs = pairs_for("T", ["a", "b", "c"])
+    assert [p.name for p in pairs] == ["a → T", "b → T", "c → T", "a → c"]
+    jobs = plan_jobs(pairs, 64, 16, ["T"], own=True)
+    assert jobs[0] == Job("plain", "T", None, 64)
+    assert [j for j in jobs if j.method == "plain" and j.new_tokens == 16] == [Job("plain", "a", None, 16),
+                                                                               Job("plain", "b", None, 16)]
+    methods = [j.method for j in jobs]
+    assert methods.index("prompt_lookup") < methods.index("own_plain") < methods.index("own")
+    assert Job("plain", "c", None, 64) in jobs and Job("assisted", "c", "a", 64) in jobs
+    assert methods[-4:] == ["own"] * 4
+
+
+def test_sweep_times_every_method_and_checks_outputs(models, prompts):
+    pairs = [Pair("small", "target"), Pair("mid", "target"), Pair("small", "mid")]
+    runs, gen = sweep(models, pairs, prompts[:2], max_new_tokens=16, cost_tokens=8, prompt_lookup_targets=["target"],
+                      pld_tokens=3, warmup_tokens=2, pad_token_id=1, progress=False)
+    assert (runs["status"] == "ok").all()
+    assert runs["prompt"].nunique() == 2
+    assert set(runs["method"]) == {"plain", "assisted", "prompt_lookup"}
+    nonplain = runs[runs["method"] != "plain"]
+    assert (nonplain["matches_plain"] == 1.0).all() and (nonplain["matching_prefix"] == 1.0).all()
+    assert runs[runs["method"] == "plain"]["matches_plain"].isna().all()
+    times = times_at_lengths(runs, gen, [4, 8, 16])
+    assert set(times["length"]) == {4, 8, 16}
+    assert (times[times.method != "plain"]["length"] <= 16).all()
+    per = times.groupby(["prompt", "method", "pair"])["ms"].apply(lambda s: s.is_monotonic_increasing)
+    assert per.all()
+    assert times[(times.pair == "small") & (times.method == "plain")]["length"].max() == 8  # cost_tokens run
+
+
+def test_later_prompts_run_the_followup_length(models, prompts):
+    runs, gen = sweep(models, [Pair("small", "target")], prompts, max_new_tokens=12, cost_tokens=8,
+                      prompt_lookup_targets=[], pld_tokens=3, warmup_tokens=2, pad_token_id=1,
+                      followup_new_tokens=6, progress=False)
+    made = runs.set_index(["prompt", "method", "pair"])["made_tokens"]
+    assert made[(0, "plain", "target")] == 12 and made[(0, "plain", "small")] == 8
+    assert made[(1, "plain", "target")] == 6 and made[(2, "assisted", "small → target")] == 6
+    assert made[(1, "plain", "small")] == 6
+    times = times_at_lengths(runs, gen, [6, 12])
+    assert times[times.length == 12]["prompt"].unique().tolist() == [0]
+    assert sorted(times[(times.length == 6) & (times.method == "assisted")]["prompt"]) == [0, 1, 2]
+
+
+def test_sweep_budget_keeps_whole_prompts_and_records_failures(models, prompts):
+    bad = {"target": models["target"], "alien": _llama(1, 16, 3, vocab=50)}  # a draft with another vocabulary
+    runs, _ = sweep(bad, [Pair("alien", "target")], prompts, max_new_tokens=8, cost_tokens=4,
+                    prompt_lookup_targets=[], pld_tokens=3, budget_s=0.0, warmup_tokens=2, pad_token_id=1,
+                    progress=False)
+    assert runs["prompt"].unique().tolist() == [0]  # the budget is spent: no second prompt
+    row = runs[runs["method"] == "assisted"].iloc[0]
+    assert row["status"] in ("error", "skipped") and row["error"]
+    runs2, _ = sweep(bad, [Pair("alien", "target")], prompts[:1], max_new_tokens=8, cost_tokens=4,
+                     prompt_lookup_targets=[], pld_tokens=3, warmup_tokens=2, pad_token_id=1, progress=False)
+    assert (runs2[runs2.method == "assisted"]["status"] == "error").all()
+    assert (runs2[(runs2.method == "plain") & (runs2.target == "target")]["status"] == "ok").all()
+
+
+def test_greedy_agreement_is_one_for_the_target_itself(models, prompts):
+    out = timed_generate(models["target"], prompts[0], 12, pad_token_id=1).tokens
+    assert greedy_agreement(models["target"], prompts[0], out) == 1.0
+    a = greedy_agreement(models["small"], prompts[0], out)
+    assert 0.0 <= a < 1.0
+    with pytest.raises(ValueError):
+        greedy_agreement(models["small"], prompts[0], [])
+
+
+def test_speedups_pair_each_method_with_plain_on_the_same_prompt():
+    rows = []
+    for prompt, (plain, fast) in enumerate([(100.0, 50.0), (120.0, 40.0), (90.0, 90.0)]):
+        rows += [dict(prompt=prompt, method="plain", target="T", draft="", pair="T", length=8, ms=plain),
+                 dict(prompt=prompt, method="assisted", target="T", draft="d", pair="d → T", length=8, ms=fast)]
+    per = analysis.speedups(pd.DataFrame(rows))
+    assert per["speedup"].tolist() == pytest.approx([2.0, 3.0, 1.0])
+    s = analysis.summarize_speedups(per).iloc[0]
+    assert s["speedup_median"] == pytest.approx(2.0) and s["prompts"] == 3
+    assert s["speedup_p25"] == pytest.approx(1.5) and s["speedup_p75"] == pytest.approx(2.5)
+
+
+def _pairs_table(speedups, cost_ratios, alphas):
+    return pd.DataFrame(dict(pair=[f"p{i}" for i in range(len(speedups))], speedup_median=speedups,
+                             speedup_p25=np.array(speedups) - 0.1, speedup_p75=np.array(speedups) + 0.1,
+                             prompts=3, cost_ratio=cost_ratios, alpha=alphas))
+
+
+def _summary(per_pair_by_length):
+    rows = []
+    for pair, values in per_pair_by_length.items():
+        for length, v in zip([32, 128, 512], values):
+            rows.append(dict(method="assisted", pair=pair, length=length, speedup_median=v))
+    return pd.DataFrame(rows)
+
+
+def test_f61_verdict_rules():
+    assert verdicts.f61_best_pair(_pairs_table([1.2, 1.8, 0.9], [0.3, 0.2, 0.6], [0.6, 0.7, 0.5]), 512)["verdict"] == "holds"
+    r = verdicts.f61_best_pair(_pairs_table([1.1, 1.2], [0.3, 0.2], [0.6, 0.7]), 512)
+    assert r["verdict"] == "changes" and r["measured_value"] == "1.20" and "below" in r["note"]
+    assert verdicts.f61_best_pair(_pairs_table([0.8, 0.95], [0.3, 0.2], [0.6, 0.7]), 512)["verdict"] == "fails"
+    assert verdicts.f61_best_pair(_pairs_table([], [], []), 512)["measured_value"] == "not measured"
+
+
+def test_f62_verdict_rules():
+    rising = {"p0": [1.0, 1.2, 1.4], "p1": [0.9, 1.0, 1.2], "p2": [0.7, 0.8, 0.9]}
+    flat = {k: [v[-1]] * 3 for k, v in rising.items()}
+    falls_with_c = _pairs_table([1.4, 1.2, 0.9], [0.2, 0.4, 0.7], [0.6, 0.6, 0.6])
+    rises_with_c = _pairs_table([1.4, 1.2, 0.9], [0.7, 0.4, 0.2], [0.6, 0.6, 0.6])
+    assert verdicts.f62_what_decides(falls_with_c, _summary(rising))["verdict"] == "holds"
+    r = verdicts.f62_what_decides(falls_with_c, _summary(flat))
+    assert r["verdict"] == "changes" and "hardly moves" in r["note"]
+    r = verdicts.f62_what_decides(rises_with_c, _summary(flat))
+    assert r["verdict"] == "fails" and "rises with c" in r["note"]
+    assert verdicts.f62_what_decides(falls_with_c.head(2), _summary(rising))["measured_value"] == "not measured"
+    rows = verdicts.findings(falls_with_c, _summary(rising), 512)
+    assert [r["id"] for r in rows] == ["F6.1", "F6.2"]
+    from servelab.results import findings_frame
+
+    assert len(findings_frame(rows)) == 2
+
+
+def test_decode_costs_and_pair_summary(models):
+    runs = pd.DataFrame([
+        dict(method="plain", target="target", status="ok", ms_per_token_median=10.0, ms_per_token_p25=9.0,
+             ms_per_token_p75=11.0),
+        dict(method="plain", target="small", status="ok", ms_per_token_median=4.0, ms_per_token_p25=3.0,
+             ms_per_token_p75=5.0),
+        dict(method="assisted", target="target", pair="small → target", status="ok", tokens_per_step=2.5)])
+    costs = analysis.decode_costs(runs, models)
+    assert costs["model"].tolist() == ["target", "small"]
+    summ = pd.DataFrame([dict(method="assisted", pair="small → target", length=16, speedup_median=1.3,
+                              speedup_p25=1.2, speedup_p75=1.4, prompts=2)])
+    alpha = pd.DataFrame([dict(prompt=0, pair="small → target", alpha=0.5)])
+    t = analysis.pair_summary([Pair("small", "target")], costs, summ, alpha, runs, 16).iloc[0]
+    assert t["cost_ratio"] == pytest.approx(0.4) and t["alpha"] == 0.5 and t["tokens_per_step"] == 2.5
+    assert t["speedup_median"] == 1.3
+    assert 0 < t["params_ratio"] < 1
+
+
+def test_parameters_are_validated():
+    p = study_params("smoke")
+    assert p["max_new_tokens"] in p["lengths"] and p["profile"] == "smoke"
+    assert study_params("smoke", lengths=[2, 4])["lengths"] == [2, 4, p["max_new_tokens"]]
+    with pytest.raises(ParameterError, match="both target and drafts"):
+        study_params("smoke", target="gpt2-medium")
+    with pytest.raises(ParameterError, match="drafts"):
+        study_params("smoke", target="gpt2-medium", drafts=[])
+    with pytest.raises(ParameterError, match="target cannot"):
+        study_params("smoke", target="gpt2", drafts=["gpt2"])
+    with pytest.raises(ParameterError, match="lengths"):
+        study_params("smoke", lengths=[1000])
+    with pytest.raises(ParameterError, match="cost_tokens"):
+        study_params("smoke", cost_tokens=10_000, max_new_tokens=16)
+    with pytest.raises(ParameterError, match="unknown"):
+        study_params("smoke", gamma=3)
+    with pytest.raises(ParameterError, match="followup_new_tokens"):
+        study_params("smoke", followup_new_tokens=64, max_new_tokens=16)
+    with pytest.raises(ParameterError, match="budget_s"):
+        study_params("smoke", budget_s=-1)
+    with pytest.raises(ParameterError, match="need at least one draft"):
+        pairs_for("T", [])
+
+
+def test_assistant_settings_fall_back_to_hf_defaults(models):
+    s = assistant_settings(models["small"])
+    assert set(s) == {"num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold"}
+    assert isinstance(s["num_assistant_tokens"], int) and s["num_assistant_tokens"] > 0
+
+
+def test_own_speculative_runner_matches_plain_greedy(models, prompts):
+    pytest.importorskip("servelab.speculative.pair")
+    from servelab.assisted.own import OwnSpeculative, own_available
+
+    assert own_available()[0]
+    runner = OwnSpeculative.sized(models, [Pair("small", "target")], len(prompts[0]), 16, gamma=3)
+    assert runner.max_model_len == 48 and runner.max_model_len % 16 == 0
+    plain = timed_generate(models["target"], prompts[0], 16, pad_token_id=1)
+    spec = runner("small", "target", prompts[0], 16)
+    alone = runner(None, "target", prompts[0], 16)
+    assert spec.tokens == plain.tokens and alone.tokens == plain.tokens
+    assert spec.counts[-1] == 16 and spec.dense and not alone.dense
+    assert spec.extra["proposed"] >= spec.extra["accepted"] >= 0
+    assert list(runner._pairs) == [("small", "target")]  # the target-alone run reused the pair's engine
+    with pytest.raises(ValueError, match="no planned pair"):
+        runner(None, "mid", prompts[0], 4)
+
+
+def test_analysis_plots_and_verdicts_survive_a_sweep_where_nothing_ran(models, prompts):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from servelab.assisted import plots
+
+    pairs = [Pair("small", "target"), Pair("mid", "target"), Pair("small", "mid")]
+    runs, gen = sweep(models, pairs, prompts[:1], max_new_tokens=8, cost_tokens=4, prompt_lookup_targets=["target"],
+                      pld_tokens=3, budget_s=0.0, warmup_tokens=1, pad_token_id=1, progress=False)
+    assert (runs["status"] == "skipped").all() and not gen
+    summary = analysis.summarize_speedups(analysis.speedups(times_at_lengths(runs, gen, [4, 8])))
+    costs = analysis.decode_costs(runs, models)
+    table = analysis.pair_summary(pairs, costs, summary, pd.DataFrame(columns=["prompt", "pair", "alpha"]), runs, 8)
+    assert summary.empty and costs.empty and table["cost_ratio"].isna().all()
+    assert analysis.match_rates(runs).empty
+    for fig in (plots.speedup_vs_length(summary, "cpu"), plots.cost_ratio(table, "cpu"), plots.decode_cost(costs, "cpu")):
+        assert fig is not None
+    rows = verdicts.findings(table, summary, 8)
+    assert all(r["measured_value"] == "not measured" for r in rows)
+
+
+def test_models_from_specs_load_with_their_tokenizer_and_heldout_prompts(tmp_path, monkeypatch):
+    """The reader-with-a-network path (hub ids), with local directories standing in for hub models."""
+    from servelab.assisted import models as study_models
+    from servelab.train import train_tokenizer
+
+    tok = train_tokenizer(["def f(x):\n    return x + 1\n" * 50, "class A:\n    pass\n" * 50], 300)
+    specs = {}
+    for name, (layers, d) in {"big": (2, 32), "tiny": (1, 16), "mid": (1, 24)}.items():
+        m = _llama(layers, d, seed=layers * d, vocab=len(tok))
+        m.save_pretrained(tmp_path / name)
+        tok.save_pretrained(tmp_path / name)
+        specs[name] = str(tmp_path / name)
+    src = tmp_path / "site"  # a small corpus root instead of the whole site-packages (speed)
+    src.mkdir()
+    for i in range(30):
+        (src / f"m{i}.py").write_text(f"def f{i}(x):\n    return x + {i}\n" * 20)
+    monkeypatch.setattr("servelab.corpus.default_roots", lambda: {"site-packages": src})
+    sm = study_models.load_study_models(specs["big"], [specs["mid"], specs["tiny"]], profile="smoke", dtype="float32",
+                                        device="cpu")
+    assert sm.target == "big" and sm.drafts == ["tiny", "mid"] and sm.source == "specs"
+    assert sm.pad_token_id is not None
+    ps = sm.prompts(2, 16, seed=0)
+    assert len(ps) == 2 and all(len(p) == 16 and max(p) < len(tok) for p in ps)
+    with pytest.raises(ParameterError, match="vocabularies differ"):
+        other = _llama(1, 16, 9, vocab=77)
+        other.save_pretrained(tmp_path / "other")
+        study_models.load_study_models(specs["big"], [str(tmp_path / "other")], profile="smoke", dtype="float32",
+                                       device="cpu")
+
+
+def test_own_acceptance_sums_over_runs():
+    runs = pd.DataFrame([
+        dict(method="own", status="ok", pair="a → T", prompt=0, accepted=6, proposed=8, rounds=4, rollback_ms=1.0,
+             total_ms=10.0),
+        dict(method="own", status="ok", pair="a → T", prompt=1, accepted=2, proposed=8, rounds=4, rollback_ms=1.0,
+             total_ms=30.0),
+        dict(method="own", status="error", pair="a → T", prompt=2, accepted=np.nan, proposed=np.nan, rounds=np.nan,
+             rollback_ms=np.nan, total_ms=np.nan)])
+    t = analysis.own_acceptance(runs).iloc[0]
+    assert t["runs"] == 2 and t["alpha"] == pytest.approx(0.5) and t["rollback_share"] == pytest.approx(0.05)
+    assert analysis.own_acceptance(runs[runs.method == "x"]).empty

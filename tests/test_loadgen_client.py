@@ -1,0 +1,159 @@
+"""The streaming client and ``run_load`` against a small fake SSE server whose token timing is known;
+the CLI end to end. (The real server is exercised by notebook 01's smoke profile and test_scheduling_*.)"""
+
+import asyncio
+import json
+import threading
+import time
+
+import pandas as pd
+import pytest
+from aiohttp import web
+
+from servelab.loadgen.__main__ import main
+from servelab.loadgen.lengths import FixedLengths
+from servelab.loadgen.metrics import summarize
+from servelab.loadgen.run import DEADLINE_ERROR, run_load
+from servelab.loadgen.workload import Trace
+from servelab.profiles import ParameterError
+
+TOKEN_GAP_S = 0.02
+FIRST_TOKEN_S = 0.05
+
+
+class FakeServer:
+    """OpenAI-style streaming completions: first token after 50 ms, then one every 20 ms; a prompt that
+    starts with id 99 gets HTTP 400; ``seen`` keeps the request bodies."""
+
+    def __init__(self):
+        self.seen, self.cancelled = [], 0
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    async def completions(self, request):
+        body = await request.json()
+        self.seen.append(body)
+        if isinstance(body["prompt"], list) and body["prompt"][0] == 99:
+            return web.json_response({"error": {"message": "bad prompt", "type": "invalid_request_error"}}, status=400)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        try:
+            await asyncio.sleep(FIRST_TOKEN_S)
+            n = body["max_tokens"]
+            for i in range(n):
+                if i:
+                    await asyncio.sleep(TOKEN_GAP_S)
+                choice = {"index": 0, "text": "" if i == 1 else "x", "token_ids": [7],
+                          "finish_reason": "length" if i == n - 1 else None}
+                await resp.write(f"data: {json.dumps({'choices': [choice], 'usage': None})}\n\n".encode())
+            await resp.write(f"data: {json.dumps({'choices': [], 'usage': {'completion_tokens': n}})}\n\n".encode())
+            await resp.write(b"data: [DONE]\n\n")
+        except (asyncio.CancelledError, ConnectionResetError):
+            self.cancelled += 1
+            raise
+        return resp
+
+    def _run(self):
+        asyncio.set_event_loop(self.loop)
+        app = web.Application()
+        app.router.add_post("/v1/completions", self.completions)
+        self.runner = web.AppRunner(app)
+        self.loop.run_until_complete(self.runner.setup())
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        self.loop.run_until_complete(site.start())
+        self.port = site._server.sockets[0].getsockname()[1]
+        self.ready.set()
+        self.loop.run_forever()
+
+    def __enter__(self):
+        self.thread.start()
+        self.ready.wait(10)
+        return f"http://127.0.0.1:{self.port}"
+
+    def __exit__(self, *exc):
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+def small_trace(n=6, rate=50.0, out=5):
+    return Trace.synthetic(rate=rate, lengths=FixedLengths(8, out), n=n, seed=0).with_prompt_ids(90, seed=0)
+
+
+def test_run_load_times_every_token_and_sends_on_schedule():
+    fake = FakeServer()
+    trace = small_trace()
+    with fake as url:
+        rec = run_load(url, trace)
+    assert rec["ok"].all() and (rec["output_tokens"] == 5).all()
+    assert all(len(t) == 5 for t in rec["token_times_s"])     # the empty-text token counted too
+    lag = rec["sent_s"] - rec["arrival_s"]
+    assert (lag >= 0).all() and lag.max() < 0.25               # open loop: sent at the trace's times
+    s = summarize(rec)
+    # never earlier than the server sends; later only by scheduling noise (loose: CI boxes are busy)
+    assert FIRST_TOKEN_S * 1e3 - 1 <= s["ttft_p50_ms"] < FIRST_TOKEN_S * 1e3 + 150
+    assert TOKEN_GAP_S * 1e3 - 2 <= s["itl_p50_ms"] < TOKEN_GAP_S * 1e3 + 60
+    assert TOKEN_GAP_S * 1e3 - 2 <= s["tpot_p50_ms"] < TOKEN_GAP_S * 1e3 + 60
+    body = fake.seen[0]
+    assert body["stream"] and body["ignore_eos"] and body["max_tokens"] == 5
+    assert body["prompt"] in [list(map(int, p)) for p in trace.frame["prompt_ids"]]
+    assert rec.attrs["t0_perf_s"] < time.perf_counter()
+
+
+def test_http_errors_are_recorded_not_raised():
+    trace = small_trace(n=3)
+    df = trace.frame.copy()
+    df.at[1, "prompt_ids"] = [99] + df.at[1, "prompt_ids"][1:]
+    with FakeServer() as url:
+        rec = run_load(url, Trace(df))
+    assert rec["ok"].tolist() == [True, False, True]
+    assert "HTTP 400" in rec.loc[1, "error"] and "bad prompt" in rec.loc[1, "error"]
+    assert summarize(rec)["failed"] == 1
+
+
+def test_text_prompts_are_sent_as_text():
+    fake = FakeServer()
+    df = Trace.synthetic(rate=100, lengths=FixedLengths(3, 2), n=2).frame.assign(prompt=["hello there", "bye"])
+    with fake as url:
+        rec = run_load(url, Trace(df))
+    assert rec["ok"].all()
+    assert sorted(b["prompt"] for b in fake.seen) == ["bye", "hello there"]
+
+
+def test_deadline_cuts_long_requests_and_keeps_their_tokens():
+    fake = FakeServer()
+    trace = Trace.synthetic(rate=float("inf"), lengths=FixedLengths(4, 200), n=3).with_prompt_ids(50)
+    with fake as url:
+        t = time.perf_counter()
+        rec = run_load(url, trace, deadline_s=0.3)
+        assert time.perf_counter() - t < 5.0        # far less than 200 tokens × 20 ms
+    assert not rec["ok"].any() and (rec["error"] == DEADLINE_ERROR).all()
+    assert (rec["output_tokens"] > 3).all() and (rec["output_tokens"] < 200).all()
+    assert (rec["target_output_tokens"] == 200).all()             # what the trace asked, for a replay
+
+
+def test_unreachable_server_and_bad_arguments():
+    rec = run_load("http://127.0.0.1:9", small_trace(n=2))    # nothing listens on port 9
+    assert not rec["ok"].any() and rec["error"].str.contains("Connect").all()
+    with pytest.raises(ParameterError, match="prompt_ids nor prompt text"):
+        run_load("http://127.0.0.1:9", Trace.synthetic(rate=1, lengths=FixedLengths(4, 2), n=1))
+    with pytest.raises(ParameterError, match="base_url"):
+        run_load("127.0.0.1:9", small_trace(n=1))
+
+
+def test_cli_writes_records_and_trace(tmp_path, capsys):
+    out, tr, summ = tmp_path / "r.csv", tmp_path / "t.jsonl", tmp_path / "s.json"
+    with FakeServer() as url:
+        rc = main(["--base-url", url, "--rate", "40", "--num-requests", "4", "--lengths", "fixed",
+                   "--prompt-tokens", "6", "--output-tokens", "3", "--out", str(out), "--save-trace", str(tr),
+                   "--summary-out", str(summ), "--slo-ttft-ms", "1000", "--no-progress"])
+        assert rc == 0
+        rc2 = main(["--base-url", url, "--trace", str(tr), "--no-progress"])   # replay the saved trace
+        assert rc2 == 0
+    rec = pd.read_csv(out)
+    assert len(rec) == 4 and rec["ok"].all() and (rec["output_tokens"] == 3).all()
+    assert json.loads(summ.read_text())["goodput_req_s"] > 0
+    assert len(Trace.read_jsonl(tr)) == 4
+    assert "ttft_p99_ms" in capsys.readouterr().out
+    assert main(["--base-url", "http://127.0.0.1:9", "--no-progress"]) == 2   # neither --trace nor --rate

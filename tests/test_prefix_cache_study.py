@@ -1,0 +1,183 @@
+"""Study 7's library: parameters, the timing of cached and uncached requests on a tiny engine, speedups,
+breakeven, and verdicts computed from tables (holds / changes / fails)."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from servelab.engine import Engine, EngineConfig
+from servelab.prefix import verdicts
+from servelab.prefix.batch_sharing import batch_sharing_sweep, breakeven
+from servelab.prefix.budget import SKIPPED, Budget
+from servelab.prefix.first_token import random_tokens, time_requests
+from servelab.prefix.multi_turn import build_conversation, multi_turn_sweep, turn_speedups
+from servelab.prefix.params import study_params
+from servelab.prefix.prefix_length import prefix_length_sweep, speedups
+from servelab.prefix.serving import ideal_hit_rate, prefix_trace
+from servelab.prefix.simulate import hit_rates
+from servelab.profiles import ParameterError
+
+
+@pytest.fixture(scope="module")
+def engine():
+    return Engine.from_spec("config:tiny-llama", dtype="float32", device="cpu",
+                            config=EngineConfig(block_size=16, num_blocks=256, max_num_seqs=8,
+                                                max_num_batched_tokens=512, prefix_caching=True))
+
+
+# ---- parameters ----------------------------------------------------------------------------------------
+
+def test_smoke_parameters_resolve_and_size_the_engine():
+    P = study_params("smoke")
+    assert P["profile"] == "smoke" and P["max_model_len"] % P["block_size"] == 0
+    assert P["max_model_len"] >= max(P["prefix_lengths"]) + P["suffix_tokens"] + 1
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"prefix_lengths": []}, "must not be empty"),
+    ({"eviction": "mru"}, "eviction"),
+    ({"sim_policies": ["fifo"]}, "sim_policies"),
+    ({"serve_rate": 0}, "serve_rate"),
+    ({"turns": 1}, "turns"),
+    ({"model": "config:nope"}, "unknown config"),
+    ({"prefix_lengths": [5000]}, "positions"),           # tiny-llama has 4096
+    ({"num_blocks": 16, "prefix_lengths": [1000]}, "cannot hold"),
+    ({"colour": 1}, "unknown parameters"),
+])
+def test_bad_parameters_are_clear_errors(kw, match):
+    with pytest.raises(ParameterError, match=match):
+        study_params("smoke", **kw)
+
+
+# ---- measuring on a tiny engine ------------------------------------------------------------------------
+
+def test_cached_requests_compute_only_their_suffix(engine):
+    rng = np.random.default_rng(0)
+    prefix = random_tokens(rng, 64, 512)
+    prompt, primer = prefix + [5, 6, 7], prefix + [8, 9, 10]
+    cold = time_requests(engine, [prompt], "uncached", warmup=0, repeats=2)
+    warm = time_requests(engine, [prompt], "cached", primer=primer, warmup=0, repeats=2)
+    assert (cold["computed_tokens"], cold["cached_tokens"]) == (67, 0)
+    assert (warm["computed_tokens"], warm["cached_tokens"]) == (3, 64)
+    assert warm["repeats"] == 2 and warm["median_ms"] > 0
+    assert engine.on_step is None  # the counter is unhooked
+
+
+def test_sweeps_produce_tidy_rows_and_honour_the_budget(engine):
+    df = prefix_length_sweep(engine, [16, 48], 4, warmup=0, repeats=1, progress=False)
+    assert len(df) == 4 and (df["status"] == "ok").all()
+    assert df.loc[df["mode"] == "cached", "cached_tokens"].tolist() == [16, 48]
+    sp = speedups(df)
+    assert list(sp["prefix_tokens"]) == [16, 48] and (sp["speedup"] > 0).all()
+    spent = Budget(0.0)
+    skipped = prefix_length_sweep(engine, [16], 4, warmup=0, repeats=1, budget=spent, progress=False)
+    assert (skipped["status"] == SKIPPED).all() and speedups(skipped).empty
+
+
+def test_conversation_turns_reuse_the_history(engine):
+    conv = build_conversation(engine, 3, 20, 10, 5)
+    assert [c["turn"] for c in conv] == [1, 2, 3] and conv[0]["history"] is None
+    assert conv[2]["prompt"][:len(conv[1]["history"])] == conv[1]["history"]  # prompt = history + message
+    mt = multi_turn_sweep(engine, conv, 5, warmup=0, repeats=1, turn_repeats=1, progress=False)
+    assert (mt["status"] == "ok").all() and len(mt) == 3 * 2 * 2
+    cached = mt[(mt["mode"] == "cached") & (mt["metric"] == "ttft")].set_index("turn")
+    assert cached.loc[1, "cached_tokens"] == 0
+    assert cached.loc[3, "cached_tokens"] == len(conv[2]["history"]) // 16 * 16
+    ts = turn_speedups(mt)
+    assert set(ts["metric"]) == {"ttft", "turn"} and len(ts) == 6
+
+
+def test_batch_sharing_computes_the_prefix_once(engine):
+    df = batch_sharing_sweep(engine, [32], [1, 3], 4, warmup=0, repeats=1, progress=False)
+    shared = df[df["sharing"] == "shared"].set_index("n")
+    indep = df[df["sharing"] == "independent"].set_index("n")
+    assert shared.loc[3, "computed_tokens"] == 36 + 2 * 4 and shared.loc[3, "cached_tokens"] == 2 * 32
+    assert indep.loc[3, "computed_tokens"] == 3 * 36
+
+
+def test_prefix_trace_and_ideal_hit_rate():
+    trace, keys = prefix_trace(50, 10.0, 4, 1.0, 32, 8, 2, vocab=512, seed=1)
+    f = trace.frame
+    assert len(f) == 50 and (f["prompt_tokens"] == 40).all()
+    firsts = {}
+    for k, ids in zip(keys, f.sort_values("request_id")["prompt_ids"]):
+        assert firsts.setdefault(k, ids[:32]) == ids[:32]  # same prefix id, same system prompt
+    distinct = len(set(keys.tolist()))
+    assert ideal_hit_rate(keys, 32, 40, 16) == pytest.approx((50 - distinct) * 32 / (50 * 40))
+
+
+# ---- breakeven and verdicts ----------------------------------------------------------------------------
+
+def sharing_rows(p, times):
+    """Rows for prefix ``p``: {n: (independent ms, shared ms)}."""
+    rows = []
+    for n, (ind, sh) in times.items():
+        for sharing, ms in (("independent", ind), ("shared", sh)):
+            rows.append({"prefix_tokens": p, "n": n, "sharing": sharing, "median_ms": ms, "status": "ok"})
+    return rows
+
+
+def test_breakeven_is_the_first_n_from_which_sharing_never_loses():
+    df = pd.DataFrame(sharing_rows(128, {1: (10, 11), 2: (12, 13), 4: (20, 18), 8: (30, 31), 12: (40, 30)})
+                      + sharing_rows(512, {1: (10, 11), 2: (20, 12), 4: (40, 14)})
+                      + sharing_rows(64, {1: (10, 11), 2: (12, 13)}))
+    be = breakeven(df).set_index("prefix_tokens")
+    assert be.loc[128, "breakeven_n"] == 12      # n=4 wins but n=8 loses again
+    assert be.loc[512, "breakeven_n"] == 2
+    assert np.isnan(be.loc[64, "breakeven_n"])
+    assert verdicts.f73(be.reset_index())["verdict"] == "holds"
+    be.loc[128, "breakeven_n"] = 2
+    assert verdicts.f73(be.reset_index())["verdict"] == "changes"
+    never = be.reset_index().assign(breakeven_n=np.nan)
+    assert verdicts.f73(never)["verdict"] == "fails"
+    failed = breakeven(df.assign(status="oom"))              # every point failed: an empty table, a clear verdict
+    assert failed.empty and verdicts.f73(failed)["verdict"] == "fails"
+
+
+def speedup_table(values):
+    return pd.DataFrame({"prefix_tokens": list(values), "speedup": list(values.values()),
+                         "speedup_lo": list(values.values()), "speedup_hi": list(values.values())})
+
+
+def test_f71_compares_the_speedup_at_512_tokens():
+    assert verdicts.f71(speedup_table({256: 1.5, 512: 2.3, 1024: 3.0}))["verdict"] == "holds"
+    row = verdicts.f71(speedup_table({256: 1.0, 512: 1.1, 4096: 3.0}))
+    assert row["verdict"] == "changes" and "4,096-token prefix" in row["note"]
+    assert verdicts.f71(speedup_table({512: 0.9, 1024: 1.0}))["verdict"] == "fails"
+    assert verdicts.f71(pd.DataFrame())["verdict"] == "fails"
+
+
+def test_f72_needs_a_growing_speedup():
+    turns = np.arange(1, 13)
+    grow = pd.DataFrame({"metric": "ttft", "turn": turns, "speedup": 1 + 0.11 * (turns - 1)})
+    assert verdicts.f72(grow)["verdict"] == "holds"                     # 1.99× at turn 10
+    assert verdicts.f72(grow.assign(speedup=1 + 0.5 * (turns - 1)))["verdict"] == "changes"
+    assert verdicts.f72(grow.assign(speedup=1.0 + 0.01 * np.sin(turns)))["verdict"] == "fails"
+
+
+def test_f74_reads_lfu_at_alpha_2_with_4_slots():
+    sim = hit_rates([2.0], [3, 4], ["lfu", "lfu_perfect"], n_prefixes=100, n_requests=5000, progress=False)
+    row = verdicts.f74(sim, 100)
+    x = float(sim.query("policy == 'lfu' and capacity == 4")["hit_rate"].iloc[0])
+    assert row["measured_value"] == f"{x:.1%}"
+    assert row["verdict"] == ("holds" if x >= 0.79 else "changes")
+    low = sim.assign(hit_rate=np.where(sim["policy"] == "lfu", 0.70, sim["hit_rate"]))
+    assert verdicts.f74(low, 100)["verdict"] == "changes"
+    assert "top-3" in row["note"]
+    assert verdicts.f74(sim[sim["capacity"] == 3], 100)["verdict"] == "fails"
+
+
+def test_server_runs_report_a_failure_instead_of_raising(engine, tmp_path, monkeypatch):
+    import servelab.loadgen.worker as worker
+
+    def refuse(*a, **k):
+        raise RuntimeError("no port for you")
+
+    monkeypatch.setattr(worker.LoadWorker, "start", refuse)
+    from servelab.prefix.serving import serve_comparison
+
+    trace, _ = prefix_trace(4, 10.0, 2, 1.0, 16, 4, 2, vocab=512)
+    req, summ = serve_comparison(engine, {"poisson": trace}, tmp_path, deadline_s=5.0, progress=False,
+                                 log=lambda *_: None)
+    assert req.empty and list(summ["caching"]) == ["off", "on"]
+    assert summ["status"].str.contains("no port for you").all()

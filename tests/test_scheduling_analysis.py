@@ -1,0 +1,144 @@
+"""Study 1's analysis on hand-made data: the capacity probe's estimate, capacity at an SLO, the F1.x
+verdicts (each outcome), and that every figure draws from a sweep-shaped frame."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from servelab.measure.roofline import Roofline
+from servelab.models.shape import ModelShape
+from servelab.scheduling import plots, verdicts
+from servelab.scheduling.capacity import capacity_table
+from servelab.scheduling.capacity_probe import estimate_capacity, probe_roofline
+
+
+def steps_frame(rows):
+    return pd.DataFrame(rows, columns=["start_s", "end_s", "prefill_tokens", "decode_tokens", "num_seqs"])
+
+
+def test_capacity_estimate_from_pure_steps():
+    steps = steps_frame([(0.0, 0.2, 1000, 0, 2), (0.2, 0.3, 500, 0, 1)]       # 0.3 s for 1500 tokens
+                        + [(0.3 + i * 0.01, 0.308 + i * 0.01, 0, 3, 3) for i in range(9)])  # 8 ms steps, 10 ms apart
+    est = estimate_capacity(steps.sample(frac=1, random_state=0), mean_prompt_tokens=300, mean_output_tokens=50,
+                            batch=10)
+    assert est.prefill_s_per_token == pytest.approx(0.3 / 1500)
+    assert est.decode_step_s == pytest.approx(0.01)        # start to next start: the server's own time counts
+    assert est.request_s == pytest.approx(300 * 0.3 / 1500 + 50 * 0.01 / 10)
+    assert est.capacity_req_s == pytest.approx(1 / est.request_s)
+    with pytest.raises(ValueError, match="decode-only"):
+        estimate_capacity(steps.iloc[:2], mean_prompt_tokens=1, mean_output_tokens=1, batch=1)
+
+
+def test_probe_roofline_sets_costs_against_floors():
+    cfg = type("C", (), dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=64,
+                             intermediate_size=128, vocab_size=512, head_dim=16, model_type="llama",
+                             tie_word_embeddings=False))()
+    shape = ModelShape.from_config(cfg)
+    roof = Roofline(matmul_tflop_s=100.0, copy_gb_s=1000.0)
+    steps = steps_frame([(0.0, 0.1, 100, 0, 1), (0.1, 0.101, 0, 2, 2), (0.101, 0.102, 0, 2, 2)])
+    est = estimate_capacity(steps, mean_prompt_tokens=100, mean_output_tokens=10, batch=4)
+    r = probe_roofline(est, shape, roof, 2)
+    floor = float(roof.floor_ms(shape.decode_flops(2, 100), shape.decode_bytes(2, 100, 2)))
+    assert r["decode_floor_ms"] == pytest.approx(floor)
+    assert r["decode_pct_of_floor"] == pytest.approx(100 * floor / (est.decode_step_s * 1e3))
+    assert 0 < r["prefill_pct_of_floor"] < 100
+
+
+def summary_frame(rows):
+    cols = ["model", "scheduler", "budget", "rate", "rate_fraction", "sweep", "status", "itl_p99_ms", "max_itl_ms",
+            "mean_ttft_ms", "delivered_tok_s", "cut", "failed", "slo_itl_ms", "ttft_p50_ms"]
+    df = pd.DataFrame(rows, columns=cols[:12])
+    df["failed"], df["slo_itl_ms"] = df["cut"], 30.0
+    df["ttft_p50_ms"] = df["mean_ttft_ms"]
+    return df
+
+
+def sweep(eager_stall, chunked_stall, eager_tp, chunked_tp, eager_ttft=50.0, model="config:m"):
+    rows = []
+    for f, rate in ((0.5, 1.0), (1.0, 2.0)):
+        rows += [(model, "eager_cont_batch", 8192, rate, f, "rate", "ok", 20.0, eager_stall, eager_ttft, eager_tp * f, 0),
+                 (model, "chunked_prefill", 512, rate, f, "rate", "ok", 25.0, chunked_stall, 80.0, chunked_tp * f, 0),
+                 (model, "fcfs", 8192, rate, f, "rate", "ok", 10.0, 15.0, 400.0, 500.0 * f, 1 if f == 1.0 else 0)]
+    return summary_frame(rows)
+
+
+@pytest.mark.parametrize("eager, chunked, verdict", [(58.6, 34.1, "holds"), (300.0, 20.0, "changes"),
+                                                     (50.0, 49.0, "fails"), (50.0, 45.0, "changes")])
+def test_f11_judges_the_stall_cut(eager, chunked, verdict):
+    row = verdicts.f11(sweep(eager, chunked, 1000, 1000), 512)
+    assert row["verdict"] == verdict and row["seed_value"].startswith("58.6")
+    assert f"{eager:.1f} → {chunked:.1f} ms" in row["measured_value"]
+
+
+@pytest.mark.parametrize("chunked_tp, stall, verdict", [(1000, 30.0, "holds"), (900, 30.0, "holds"),
+                                                        (1200, 30.0, "changes"), (1000, 58.0, "fails")])
+def test_f12_weighs_throughput_against_fairness(chunked_tp, stall, verdict):
+    assert verdicts.f12(sweep(58.6, stall, 1000, chunked_tp), 512)["verdict"] == verdict
+
+
+def test_f13_and_combination_across_models():
+    both = verdicts.f13(sweep(58.6, 34.1, 1000, 900))              # eager: lowest TTFT, highest throughput
+    assert both["verdict"] == "holds"
+    slower = verdicts.f13(sweep(58.6, 34.1, 1000, 1200))          # ChunkedPrefill delivers more
+    assert slower["verdict"] == "changes"
+    neither = verdicts.f13(sweep(58.6, 34.1, 1000, 1200, eager_ttft=500.0))
+    assert neither["verdict"] == "fails"
+    mixed = pd.concat([sweep(58.6, 34.1, 1000, 1000, model="config:a"), sweep(50.0, 49.9, 1000, 1000, model="config:b")])
+    row = verdicts.f11(mixed, 512)
+    assert row["verdict"] == "changes" and "a: holds" in row["note"] and "b: fails" in row["note"]
+
+
+def test_missing_data_is_said_not_invented():
+    empty = summary_frame([])
+    rows = verdicts.findings(empty, 512)
+    assert [r["measured_value"] for r in rows] == ["not measured"] * 3
+    assert all("could not be judged" in r["note"] for r in rows)
+
+
+def test_capacity_is_the_highest_rate_below_the_first_miss():
+    rows = [("config:m", "chunked_prefill", 512, r, r, "rate", "ok", itl, 0, 0, 0, cut)
+            for r, itl, cut in ((1.0, 10.0, 0), (2.0, 25.0, 0), (4.0, 40.0, 0), (8.0, 20.0, 3))]
+    rows += [("config:m", "fcfs", 8192, r, r, "rate", "ok", 50.0, 0, 0, 0, 0) for r in (1.0, 2.0)]
+    rows += [("config:m", "eager_cont_batch", 8192, r, r, "rate", "ok", 5.0, 0, 0, 0, 0) for r in (1.0, 2.0)]
+    rows += [("config:m", "chunked_prefill", 128, 2.0, 2.0, "budget", "ok", 5.0, 0, 0, 0, 0)]   # not a rate sweep
+    cap = capacity_table(summary_frame(rows)).set_index(["scheduler", "budget"])
+    assert cap.loc[("chunked_prefill", 512), "capacity_req_s"] == 2.0          # 4.0 misses; 8.0 meets ITL but was cut
+    assert cap.loc[("chunked_prefill", 512), "bound"] == "within sweep"
+    assert cap.loc[("fcfs", 8192), "capacity_req_s"] == 0.0
+    assert cap.loc[("fcfs", 8192), "bound"] == "below lowest rate"
+    assert cap.loc[("eager_cont_batch", 8192), "bound"] == "at least highest rate"
+    assert len(cap) == 3
+
+
+def test_figures_draw_from_sweep_shaped_frames():
+    import matplotlib.pyplot as plt
+
+    rng = np.random.default_rng(0)
+    req, steps = [], []
+    for sched, budget in (("eager_cont_batch", 8192), ("chunked_prefill", 512)):
+        for f, rate in ((0.5, 1.0), (1.0, 2.0)):
+            for i in range(4):
+                times = np.cumsum(rng.uniform(0.005, 0.05, 6)) + i * 0.1
+                req.append({"model": "config:m", "scheduler": sched, "budget": budget, "rate": rate,
+                            "rate_fraction": f, "sweep": "rate", "request_id": i, "arrival_s": i * 0.1,
+                            "prompt_tokens": 10, "output_tokens": 6, "sent_s": i * 0.1, "first_token_s": times[0],
+                            "finish_s": times[-1], "token_times_s": list(times), "ok": True, "error": ""})
+            t = np.cumsum(rng.uniform(0.005, 0.02, 30))
+            steps.append(pd.DataFrame({"model": "config:m", "scheduler": sched, "budget": budget, "rate": rate,
+                                       "rate_fraction": f, "sweep": "rate", "start_s": t, "end_s": t + 0.004,
+                                       "prefill_tokens": rng.integers(0, 500, 30), "decode_tokens": 4,
+                                       "num_seqs": 4, "num_waiting": 0, "num_preempted": 0, "decode_steps": 1}))
+    rm = plots.per_request(pd.DataFrame(req))
+    st = pd.concat(steps)
+    s = sweep(58.6, 34.1, 1000, 1000)
+    cap = capacity_table(s)
+    figs = [plots.latency_cdfs(rm, 1.0, "dev"), plots.stall_distribution(rm, "dev"),
+            plots.throughput_latency(s, "dev"), plots.capacity_bars(cap, "dev"),
+            plots.timeline(st, "config:m", 1.0, "dev"), plots.budget_sweep(s, "config:m", 1.0, "dev")]
+    assert all(f.axes for f in figs)
+    assert figs[4].axes[0].get_xlabel() == "" and "tokens" in figs[4].axes[0].get_ylabel()
+    plt.close("all")

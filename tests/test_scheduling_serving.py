@@ -1,0 +1,94 @@
+"""The real loop on CPU: a tiny model served in-process (``PolicyServer``), its policy switched between
+runs, driven over HTTP by the load generator in its own process (``LoadWorker``); the step log lines up
+with the client's records."""
+
+import math
+
+import pytest
+
+from servelab.loadgen.lengths import FixedLengths, UniformLengths
+from servelab.loadgen.worker import LoadWorker
+from servelab.loadgen.workload import Trace
+from servelab.profiles import ParameterError
+from servelab.scheduling.params import study_params
+from servelab.scheduling.serving import PolicyServer, graph_sizes
+from servelab.scheduling.sweep import Point, run_point, run_probe
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("study01")
+    with PolicyServer("config:tiny-llama", dtype="float32", device="cpu", max_num_seqs=8, max_num_batched_tokens=256,
+                      max_model_len=256, num_blocks=128, step_log_path=tmp / "steps.jsonl") as srv, \
+            LoadWorker() as worker:
+        yield srv, worker, tmp
+
+
+def test_policy_switch_changes_batch_composition(served):
+    srv, worker, tmp = served
+    # four 100-token prompts at once: whole-prompt prefill steps vs 32-token chunks
+    trace = Trace.synthetic(rate=math.inf, lengths=FixedLengths(100, 4), n=4).with_prompt_ids(srv.vocab)
+    seen = {}
+    for name, budget in (("eager_cont_batch", 256), ("chunked_prefill", 32)):
+        srv.use_policy(name, budget)
+        assert srv.policy == (name, budget)
+        records, meta = worker.run(srv.base_url, trace, tmp, deadline_s=30, name=name)
+        assert records["ok"].all() and (records["output_tokens"] == 4).all()
+        srv.wait_idle()
+        assert srv.engine.block_manager.num_used_blocks == 0
+        steps = srv.steps_between(meta["t0_perf_s"], meta["t0_perf_s"] + 30)
+        seen[name] = steps
+        # the client's first token comes after the step that prefilled it ended (one clock for both)
+        first_step_end = steps["end_s"].min() - meta["t0_perf_s"]
+        assert records["first_token_s"].min() >= first_step_end - 1e-3
+    eager, chunked = seen["eager_cont_batch"], seen["chunked_prefill"]
+    assert eager["prefill_tokens"].max() >= 200                         # whole prompts, several at once
+    assert ((eager["prefill_tokens"] > 0) & (eager["decode_tokens"] > 0)).sum() == 0   # decodes paused
+    assert chunked["prefill_tokens"].max() <= 32 and chunked["prefill_tokens"].sum() == 400
+
+
+def test_bad_budget_policy_and_worker_job(served):
+    srv, worker, tmp = served
+    trace = Trace.synthetic(rate=1, lengths=FixedLengths(4, 2), n=1).with_prompt_ids(srv.vocab)
+    with pytest.raises(RuntimeError, match="base_url"):
+        worker.run("ftp://nowhere", trace, tmp, deadline_s=1)      # the worker answers the error, stays up
+    records, _ = worker.run(srv.base_url, trace, tmp, deadline_s=30)
+    assert records["ok"].all()
+    with pytest.raises(ParameterError, match="budget"):
+        srv.use_policy("chunked_prefill", 512)          # above the engine's planned step
+    with pytest.raises(ParameterError, match="unknown scheduling policy"):
+        srv.use_policy("lifo", 64)
+
+
+def test_probe_and_point_rows(served):
+    srv, worker, tmp = served
+    P = study_params("smoke", probe_requests=4, window_s=0.6, drain_s=3.0, max_num_seqs=8, max_num_batched_tokens=256,
+                     max_model_len=256, prompt_max=120, output_max=8, policies=[["eager_cont_batch", None],
+                                                                                 ["chunked_prefill", 32]],
+                     budget_sweep=[], reference_budget=32)
+    lengths = UniformLengths(20, 120, 2, 8)
+    est = run_probe(srv, worker, P, lengths, tmp, batch=8)
+    assert est.capacity_req_s > 0 and est.prefill_s_per_token > 0
+    pt = Point("config:tiny-llama", "chunked_prefill", 32, 0.5, "rate", seed=1, rate=10.0)
+    req, steps, row = run_point(srv, worker, pt, P, lengths, tmp, slo_itl_ms=50.0)
+    assert row["status"] == "ok" and row["requests"] == len(req) > 0 and row["completed"] == len(req)
+    assert {"model", "scheduler", "budget", "rate", "token_times_s", "t0_perf_s"} <= set(req.columns)
+    assert steps["start_s"].min() >= 0 and steps["prefill_tokens"].max() <= 32   # on the records' axis
+    assert row["delivered_tok_s"] > 0 and row["slo_itl_ms"] == 50.0
+
+
+def test_graph_sizes():
+    assert graph_sizes(64) == (1, 2, 4, 8, 16, 32, 64)
+    assert graph_sizes(6) == (1, 2, 4, 6)
+
+
+def test_a_model_that_cannot_load_is_recorded_not_raised(tmp_path):
+    from servelab.scheduling.sweep import run_study
+
+    P = study_params("smoke", budget_sweep=[])
+    data = run_study(P, tmp_path, device="cuda:99" if not __import__("torch").cuda.is_available() else "meta",
+                     progress=False, log=lambda *_: None)
+    f = data.frames()
+    assert (f["summary"]["status"] == "error: server did not start").all()
+    assert len(f["summary"]) == len(P["policies"]) * len(P["rate_fractions"])
+    assert f["servers"]["status"].str.startswith("error").all() and f["requests"].empty

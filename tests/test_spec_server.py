@@ -1,0 +1,90 @@
+"""The server's speculative switch (``--draft-model``, ``--num-speculative-tokens``): a greedy completion with
+speculation on equals the one with it off, streamed one chunk per token; blocks are freed after each request."""
+
+import json
+
+import httpx
+import pytest
+import torch
+
+from servelab.engine import Engine
+from servelab.server import ServerThread
+from servelab.server.cli import engine_from_args, parse_args
+from servelab.server.engine_loop import EngineLoop
+from servelab.server.tokenizer import ByteTokenizer, special_ids
+from servelab.speculative.serving import SpeculativeEngine
+
+PROMPTS = [[5, 6, 7], [10, 20, 30, 40, 50, 60, 70], [300, 301, 302, 303]]
+BASE = ["--model", "config:tiny-llama", "--dtype", "float32", "--device", "cpu", "--num-blocks", "256",
+        "--max-num-seqs", "8", "--max-num-batched-tokens", "512", "--max-model-len", "256"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def _completions(engine, stream=False):
+    """Greedy completions of PROMPTS through a real server (uvicorn in a thread) on ``engine``: wrapped in an
+    EngineLoop as ``python -m servelab.server`` does, so the SpeculativeEngine is used exactly as the CLI uses it."""
+    out = []
+    codec = ByteTokenizer(engine.model.shape.vocab, special_ids(engine.model.config))
+    with ServerThread(EngineLoop(engine), codec) as srv, httpx.Client(base_url=srv.base_url, timeout=60) as c:
+        for p in PROMPTS:
+            body = dict(prompt=p, max_tokens=12, temperature=0, return_token_ids=True)
+            if stream:
+                r = c.post("/v1/completions", json=body | {"stream": True})
+                chunks = [json.loads(ln[6:]) for ln in r.text.split("\n\n") if ln.startswith("data: {")]
+                assert all(len(ch["choices"][0]["token_ids"]) == 1 for ch in chunks if ch["choices"])
+                out.append([ch["choices"][0]["token_ids"][0] for ch in chunks if ch["choices"]])
+            else:
+                r = c.post("/v1/completions", json=body)
+                assert r.status_code == 200, r.text
+                out.append(r.json()["choices"][0]["token_ids"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def plain():
+    engine = engine_from_args(parse_args(BASE))
+    assert isinstance(engine, Engine)
+    return _completions(engine)
+
+
+def test_speculative_server_gives_the_same_greedy_completions(plain):
+    engine = engine_from_args(parse_args(BASE + ["--draft-model", "config:tiny-llama", "--num-speculative-tokens", "3"]))
+    assert isinstance(engine, SpeculativeEngine)
+    assert _completions(engine) == plain
+    assert _completions(engine, stream=True) == plain  # one SSE chunk per token, even when a round emits several
+    stats = engine.stats()
+    assert stats["speculative"] == "on" and stats["spec_proposed_tokens"] > 0
+    assert engine.block_manager.num_used_blocks == 0 and not engine.has_unfinished()
+
+
+def test_twin_draft_accepts_everything_and_stays_exact(plain):
+    args = parse_args(BASE + ["--draft-model", "config:tiny-llama", "--no-warmup"])
+    engine = engine_from_args(args)
+    engine.draft_engine.model.load_state_dict(engine.target_engine.model.state_dict())  # an exact twin
+    assert _completions(engine) == plain
+    assert engine.accepted == engine.proposed > 0
+
+
+def test_speculative_engine_refuses_bad_requests_and_settings():
+    from servelab.engine import SamplingParams
+    from servelab.profiles import ParameterError
+
+    engine = engine_from_args(parse_args(BASE + ["--draft-model", "config:tiny-llama", "--no-warmup"]))
+    with pytest.raises(ParameterError, match="max_model_len"):
+        engine.add_request([1, 2], SamplingParams(max_tokens=300))
+    with pytest.raises(ParameterError, match="vocab"):
+        engine.add_request([10 ** 6])
+    seq = engine.add_request([1, 2, 3], SamplingParams(max_tokens=20, ignore_eos=True))
+    engine.step()
+    assert engine.abort(seq) and not engine.has_unfinished() and engine.block_manager.num_used_blocks == 0
+    with pytest.raises(ParameterError, match="gamma up to"):
+        engine_from_args(parse_args(BASE[:-6] + ["--max-num-seqs", "2", "--max-num-batched-tokens", "512",
+                                                 "--max-model-len", "256", "--draft-model", "config:tiny-llama",
+                                                 "--no-warmup"]))
