@@ -4,6 +4,7 @@
 #
 #   scripts/gpu_run.sh [-t SECONDS_PER_STUDY] STUDY[:SECONDS]... [-- EXTRA COMMAND...]
 #
+# PM_PARAMS="-p name value ..." adds papermill parameters to every study of the run.
 # 08_simulator is not a study: its executed notebook becomes book/simulator.ipynb. Notebooks 03 and 06
 # share one trained model family through $SERVELAB_TRAINED (trained by whichever runs first).
 #
@@ -32,7 +33,7 @@ for spec in "${studies[@]}"; do
   dest=book/studies/$s.ipynb; [ "$s" = 08_simulator ] && dest=book/simulator.ipynb
   t0=$(date +%s)
   timeout "$limit" python3 -m papermill --cwd notebooks "notebooks/$s.ipynb" "$dest" \
-      -p profile full --log-output --no-progress-bar >>"$OUT/$s.log" 2>&1
+      -p profile full ${PM_PARAMS:-} --log-output --no-progress-bar >>"$OUT/$s.log" 2>&1
   rc=$?
   echo "$s rc=$rc $(( $(date +%s) - t0 ))s" | tee -a "$summary" >>"$log"
   grep -E "PapermillExecutionError|Error|error" "$OUT/$s.log" | tail -5 >>"$summary" || true
