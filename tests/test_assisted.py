@@ -131,6 +131,18 @@ def test_sweep_budget_keeps_whole_prompts_and_records_failures(models, prompts):
     assert (runs2[(runs2.method == "plain") & (runs2.target == "target")]["status"] == "ok").all()
 
 
+def test_alpha_table_covers_each_pair_on_each_plain_target_run(models, prompts):
+    from servelab.assisted.acceptance import alpha_table
+
+    pairs = [Pair("small", "target"), Pair("target", "mid")]
+    runs, gen = sweep(models, pairs, prompts[:2], max_new_tokens=6, cost_tokens=4, prompt_lookup_targets=[],
+                      pld_tokens=3, warmup_tokens=1, pad_token_id=1, progress=False)
+    t = alpha_table(models, pairs, prompts[:2], gen)
+    assert sorted(zip(t["prompt"], t["pair"])) == [(0, "small → target"), (0, "target → mid"),
+                                                   (1, "small → target"), (1, "target → mid")]
+    assert t["alpha"].between(0, 1).all() and (t["tokens"] == 6).all()
+
+
 def test_greedy_agreement_is_one_for_the_target_itself(models, prompts):
     out = timed_generate(models["target"], prompts[0], 12, pad_token_id=1).tokens
     assert greedy_agreement(models["target"], prompts[0], out) == 1.0
@@ -150,6 +162,18 @@ def test_speedups_pair_each_method_with_plain_on_the_same_prompt():
     s = analysis.summarize_speedups(per).iloc[0]
     assert s["speedup_median"] == pytest.approx(2.0) and s["prompts"] == 3
     assert s["speedup_p25"] == pytest.approx(1.5) and s["speedup_p75"] == pytest.approx(2.5)
+
+
+def test_own_speedup_is_against_the_engine_running_the_target_alone():
+    times = pd.DataFrame([
+        dict(prompt=0, method="plain", target="T", draft="", pair="T", length=8, ms=100.0),
+        dict(prompt=0, method="own_plain", target="T", draft="", pair="T", length=8, ms=20.0),
+        dict(prompt=0, method="own", target="T", draft="d", pair="d → T", length=8, ms=10.0),
+        dict(prompt=0, method="own", target="T", draft="d", pair="d → T", length=4, ms=5.0)])  # no baseline at 4
+    t = analysis.own_vs_engine(times)
+    assert t[["method", "length"]].values.tolist() == [["own", 8]] and t["speedup_median"].iloc[0] == pytest.approx(2.0)
+    hf = analysis.summarize_speedups(analysis.speedups(times)).set_index("method")
+    assert hf.loc["own_plain", "speedup_median"] == pytest.approx(5.0)
 
 
 def _pairs_table(speedups, cost_ratios, alphas):

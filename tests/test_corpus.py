@@ -62,6 +62,15 @@ def test_holdout_is_whole_files_disjoint_from_train(tree):
     assert c.texts("heldout")[0] == c.heldout[0].path.read_text()
 
 
+def test_exact_copies_are_read_once(tree):
+    site = tree["site-packages"]
+    (site / "vendor").mkdir()
+    (site / "vendor" / "copy_of_mod5.py").write_text((site / "pkg1" / "mod5.py").read_text())
+    c = build_corpus(1 << 20, 0.1, roots=tree, max_file_bytes=64 * 1024)
+    texts = c.texts("train") + c.texts("heldout")
+    assert len(texts) == len(set(texts)) == 40
+
+
 def test_byte_cap_and_minimum_holdout(tree):
     c = build_corpus(4096, 0.01, roots=tree, max_file_bytes=64 * 1024, min_heldout_files=2)
     sizes = [f.size for f in c.train + c.heldout]

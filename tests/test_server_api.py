@@ -257,8 +257,17 @@ def test_client_timeout_on_a_non_streaming_request_aborts_it(server):
     assert not engine.scheduler.running
 
 
+def test_code_runs_on_the_engine_thread_between_steps(server):
+    loop = server.state.loop
+    assert loop.call(lambda lp: (lp.engine.block_manager.num_used_blocks, len(lp.engine.scheduler.running))) \
+        .result(10) == (0, 0)
+    with pytest.raises(ZeroDivisionError):
+        loop.call(lambda lp: 1 / 0).result(10)
+
+
 def test_metrics_expose_queue_running_kv_and_latency(http):
-    http.post("/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 4})
+    http.post("/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 4, "ignore_eos": True})
+    assert http.post("/v1/completions", json={"prompt": []}).status_code == 400
     text = http.get("/metrics").text
     for name in ("servelab_num_requests_waiting", "servelab_num_requests_running", "servelab_kv_blocks_used",
                  "servelab_kv_blocks_total 512.0", "servelab_time_to_first_token_seconds_bucket",

@@ -1,5 +1,6 @@
 """``python -m servelab.server`` as a process (``ServerProcess``), and graceful shutdown (drain)."""
 
+import functools
 import json
 import os
 import signal
@@ -12,8 +13,10 @@ import openai
 import pytest
 
 from servelab.engine import Engine, EngineConfig
+from servelab.engine.policies import policy_class
 from servelab.server import ServerProcess, ServerStartError, ServerThread
 from servelab.server.cli import engine_config_from_args, parse_args
+from servelab.server.engine_process import EngineProcess
 from servelab.server.step_log import read_step_log
 
 
@@ -144,3 +147,40 @@ def test_draining_server_refuses_new_requests_and_finishes_running_ones():
 
 if sys.platform == "win32":  # pragma: no cover - signals and fork semantics differ
     pytestmark = pytest.mark.skip("POSIX only")
+
+
+def set_policy(loop, name: str, budget: int):
+    """Swap the engine's scheduling policy (run in the engine process, between steps)."""
+    eng = loop.engine
+    eng.scheduler = policy_class(name)(eng.block_manager, max_num_seqs=eng.config.max_num_seqs,
+                                       max_num_batched_tokens=budget, eos_token_ids=eng.scheduler.eos_token_ids)
+    return type(eng.scheduler).__name__, eng.scheduler.max_num_batched_tokens
+
+
+def fail(loop):
+    raise ValueError("as asked")
+
+
+@pytest.mark.skipif(not os.environ.get("SERVELAB_SLOW_TESTS"),
+                    reason="spawns a fresh interpreter (torch imports: 10-25 s on 2 cores); set SERVELAB_SLOW_TESTS=1")
+def test_engine_process_behind_a_server_thread_switches_policy_between_runs(tmp_path):
+    build = functools.partial(Engine.from_spec, "config:tiny-llama", dtype="float32", device="cpu",
+                              config=EngineConfig(num_blocks=128, max_num_batched_tokens=1024))
+    ep = EngineProcess(build, step_log_path=str(tmp_path / "steps.jsonl"))
+    assert ep.launch(timeout_s=180)["vocab"] == 512
+    with ServerThread(ep) as srv:
+        client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="none", max_retries=0)
+        body = dict(model="servelab", prompt=[5, 6, 7], max_tokens=6, temperature=0, extra_body={"return_token_ids": True,
+                                                                               "ignore_eos": True})
+        first = client.completions.create(**body).choices[0].model_extra["token_ids"]
+        assert ep.call(set_policy, "fcfs", 512) == ("FCFS", 512)
+        again = client.completions.create(**body).choices[0].model_extra["token_ids"]
+        assert again == first and len(first) == 6  # greedy output does not depend on the policy
+        with pytest.raises(RuntimeError, match="as asked"):
+            ep.call(fail)
+        with httpx.Client(base_url=srv.base_url) as c:
+            assert gauge(c, "servelab_kv_blocks_total") == 128
+            assert gauge(c, "servelab_time_to_first_token_seconds_count") == 2
+    assert wait_for(lambda: not ep.proc.is_alive())
+    steps = read_step_log(tmp_path / "steps.jsonl")
+    assert steps.decode_tokens.sum() == 2 * 5 and steps.prefill_tokens.sum() == 2 * 3

@@ -162,3 +162,18 @@ def test_shipped_recipes_have_a_target_and_three_drafts_of_the_stated_sizes():
             for n, s in sizes.items():
                 assert n.endswith(f"{round(s / 1e6)}m"), (n, s)
             assert sum(m.budget_s for m in rec.models) <= 125  # leaves room for corpus, tokenizer and saves
+
+
+def test_tokenizer_parallelism_is_on_only_while_encoding(monkeypatch):
+    import os
+
+    from servelab.train import tokenizers_parallel
+
+    monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
+    with tokenizers_parallel():
+        assert os.environ["TOKENIZERS_PARALLELISM"] == "true"
+    assert os.environ["TOKENIZERS_PARALLELISM"] == "false"
+    monkeypatch.delenv("TOKENIZERS_PARALLELISM")
+    with tokenizers_parallel():
+        pass
+    assert "TOKENIZERS_PARALLELISM" not in os.environ

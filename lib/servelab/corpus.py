@@ -136,7 +136,8 @@ def build_corpus(max_bytes: int = 64 * 2**20, heldout_fraction: float = 0.02, *,
                  min_heldout_files: int = 2) -> Corpus:
     """Read source files in deterministic order until ``max_bytes`` (bytes of text) are selected.
 
-    Files that are not UTF-8 are skipped (the stdlib's tests ship a few on purpose). At least
+    Files that are not UTF-8 are skipped (the stdlib's tests ship a few on purpose), and so are exact
+    copies of a file already selected (vendored modules), so that no held-out text is also trained on. At least
     ``min_heldout_files`` files are held out even when the hash picks fewer (small smoke corpora).
     """
     if not isinstance(max_bytes, int) or max_bytes < 1024:
@@ -147,6 +148,7 @@ def build_corpus(max_bytes: int = 64 * 2**20, heldout_fraction: float = 0.02, *,
     selected: list[SourceFile] = []
     text: dict[str, str] = {}
     digest = hashlib.sha256()
+    seen: set[bytes] = set()
     total = 0
     for f in discover(roots, max_file_bytes):
         if total >= max_bytes:
@@ -156,11 +158,13 @@ def build_corpus(max_bytes: int = 64 * 2**20, heldout_fraction: float = 0.02, *,
             s = raw.decode("utf-8")
         except (OSError, UnicodeDecodeError):
             continue
-        if not s.strip():
+        content = hashlib.sha256(raw).digest()
+        if not s.strip() or content in seen:  # vendored copies: a held-out file must not also be trained on
             continue
+        seen.add(content)
         selected.append(f)
         text[f.key] = s
-        digest.update(f.key.encode() + b"\0" + hashlib.sha256(raw).digest())
+        digest.update(f.key.encode() + b"\0" + content)
         total += len(raw)
     if len(selected) < 2 * min_heldout_files:
         raise ParameterError(f"only {len(selected)} source files found under {roots}; need at least "

@@ -98,14 +98,14 @@ RECIPES = {
     "full": FamilyRecipe(
         profile="full", vocab_size=16384, seq_len=1024, corpus_bytes=40 * 2**20, max_file_bytes=256 * 1024,
         heldout_fraction=0.02, tokenizer_sample_bytes=8 * 2**20, eval_windows=64, evals=4, log_every=10,
-        target=ModelRecipe("target-124m", 1024, 8, 16, 4, 2816, False, budget_s=80, max_steps=20000,
+        target=ModelRecipe("target-124m", 1024, 8, 16, 4, 2816, False, budget_s=76, max_steps=20000,
                            batch_size=32, lr=1e-3, warmup_steps=60),
         drafts=(
-            ModelRecipe("draft-6m", 256, 2, 4, 2, 704, True, budget_s=10, max_steps=20000, batch_size=32,
+            ModelRecipe("draft-6m", 256, 2, 4, 2, 704, True, budget_s=9, max_steps=20000, batch_size=32,
                         lr=3e-3, warmup_steps=40),
-            ModelRecipe("draft-13m", 384, 4, 6, 2, 1024, True, budget_s=13, max_steps=20000, batch_size=32,
+            ModelRecipe("draft-13m", 384, 4, 6, 2, 1024, True, budget_s=12, max_steps=20000, batch_size=32,
                         lr=3e-3, warmup_steps=40),
-            ModelRecipe("draft-26m", 512, 6, 8, 4, 1408, True, budget_s=18, max_steps=20000, batch_size=32,
+            ModelRecipe("draft-26m", 512, 6, 8, 4, 1408, True, budget_s=16, max_steps=20000, batch_size=32,
                         lr=2e-3, warmup_steps=50),
         )),
     # Smoke profile: tiny models, a few steps on two CPU cores (CI), well under 30 s in all.
@@ -188,7 +188,8 @@ def train_tokenizer(texts: list[str], vocab_size: int):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=2, special_tokens=[EOS, PAD],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    with tokenizers_parallel():
+        tok.train_from_iterator(texts, trainer=trainer, length=len(texts))
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=EOS, eos_token=EOS, pad_token=PAD,
                                    model_max_length=1 << 20, clean_up_tokenization_spaces=False)
 
@@ -197,7 +198,24 @@ def encode_files(tokenizer, texts: list[str]) -> list[np.ndarray]:
     """Token ids of each text (batched and parallel in the Rust tokenizer), as int32 arrays."""
     backend = tokenizer.backend_tokenizer
     encode = getattr(backend, "encode_batch_fast", backend.encode_batch)  # no offsets: faster
-    return [np.asarray(e.ids, dtype=np.int32) for e in encode(texts, add_special_tokens=False)]
+    with tokenizers_parallel():
+        return [np.asarray(e.ids, dtype=np.int32) for e in encode(texts, add_special_tokens=False)]
+
+
+@contextlib.contextmanager
+def tokenizers_parallel():
+    """Let the Rust tokenizer use every core here, even where ``TOKENIZERS_PARALLELISM=false`` is set for the
+    process (run scripts set it to silence the fork warning): on one core, encoding the full corpus would take
+    a good part of the training budget. The Rust side reads the variable at each call; the old value returns."""
+    old = os.environ.get("TOKENIZERS_PARALLELISM")
+    os.environ["TOKENIZERS_PARALLELISM"] = "true"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
+        else:
+            os.environ["TOKENIZERS_PARALLELISM"] = old
 
 
 def _sample_for_tokenizer(texts: list[str], max_bytes: int) -> list[str]:

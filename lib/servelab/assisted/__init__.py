@@ -3,9 +3,11 @@
 - :mod:`clock` — a streamer that timestamps every batch of new tokens (CUDA events, or ``perf_counter``
   on the CPU), so one generate run gives the time to reach every output length;
 - :mod:`runs` — one timed greedy generate (plain, assisted, prompt lookup) and the sweep over
-  pairs × prompts within a wall-time budget;
-- :mod:`acceptance` — the draft's greedy agreement with the target, teacher-forced;
+  pairs × prompts within a wall-time budget; :mod:`own` — the project's own speculative decoder
+  (``servelab.speculative``) on the same pairs, as runs of the sweep;
+- :mod:`models` — the trained family, or hub ids / model directories, with held-out prompts;
+- :mod:`acceptance` — the draft's greedy agreement with the target (α), teacher-forced;
 - :mod:`analysis` — speedups against plain generate, cost ratios, output match rates;
 - :mod:`verdicts` — F6.1 and F6.2 from the data; :mod:`plots` — the figures;
-- :mod:`params` — the notebook's parameters and their validation.
+- :mod:`params` — the notebook's parameters, their validation, and the pairs they imply.
 """

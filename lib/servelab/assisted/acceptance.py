@@ -9,6 +9,7 @@ probability α of the Leviathan model, measured without the assistant's stopping
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 
 
 def greedy_agreement(draft, prompt: list[int], target_tokens: list[int]) -> float:
@@ -23,3 +24,17 @@ def greedy_agreement(draft, prompt: list[int], target_tokens: list[int]) -> floa
     # the logit at position p predicts token p + 1: the output starts at len(prompt)
     pred = logits[len(prompt) - 1:-1].argmax(-1).cpu().numpy()
     return float(np.mean(pred == np.asarray(target_tokens)))
+
+
+def alpha_table(models: dict, pairs, prompts: list[list[int]], runs: dict) -> pd.DataFrame:
+    """α of every pair on every prompt where its target's plain run completed (``runs`` as the sweep returns
+    them: {(prompt index, job): GenerationRun})."""
+    rows = []
+    for (i, job), run in runs.items():
+        if job.method != "plain":
+            continue
+        for p in pairs:
+            if p.target == job.target:
+                rows.append(dict(prompt=i, pair=p.name, draft=p.draft, target=p.target, tokens=len(run.tokens),
+                                 alpha=greedy_agreement(models[p.draft], prompts[i], run.tokens)))
+    return pd.DataFrame(rows, columns=["prompt", "pair", "draft", "target", "tokens", "alpha"])

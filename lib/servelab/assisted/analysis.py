@@ -102,3 +102,10 @@ def own_acceptance(runs: pd.DataFrame) -> pd.DataFrame:
     g["alpha"] = g["accepted"] / g["proposed"]
     g["rollback_share"] = g["rollback_ms"] / g["total_ms"]
     return g.reset_index()[cols]
+
+
+def own_vs_engine(times: pd.DataFrame) -> pd.DataFrame:
+    """The project's own speculative decoder against the same engine running the target alone (``own_plain``),
+    summarised like :func:`summarize_speedups` (only lengths where the target-alone run has a time)."""
+    own = times[times["method"].isin(["own", "own_plain"])].replace({"method": {"own_plain": "plain"}})
+    return summarize_speedups(speedups(own))

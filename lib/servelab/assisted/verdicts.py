@@ -39,8 +39,10 @@ def f61_best_pair(pairs: pd.DataFrame, length: int) -> dict:
     best = d.loc[d["speedup_median"].idxmax()]
     s = float(best["speedup_median"])
     c, a = best.get("cost_ratio", np.nan), best.get("alpha", np.nan)
-    note = (f"best pair {best['pair']} at {length} tokens: {s:.2f}× (quartiles {best['speedup_p25']:.2f}–"
-            f"{best['speedup_p75']:.2f} over {int(best['prompts'])} prompts), with cost ratio c = {c:.2f} and "
+    n = int(best["prompts"])
+    spread = (f"quartiles {best['speedup_p25']:.2f}–{best['speedup_p75']:.2f} over {n} prompts" if n > 1
+              else "one prompt")
+    note = (f"best pair {best['pair']} at {length} tokens: {s:.2f}× ({spread}), with cost ratio c = {c:.2f} and "
             f"greedy agreement α = {a:.2f}")
     if s <= 1.0:
         verdict = "fails"

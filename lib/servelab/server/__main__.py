@@ -52,7 +52,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     if args.engine_process:
         backend = EngineProcess(functools.partial(engine_from_args, args), max_waiting=args.max_queue,
-                                metrics=metrics, step_log_path=args.step_log)
+                                metrics=metrics, step_log_path=args.step_log, start_method="fork")
         try:
             info = backend.launch()
         except EngineStartError as e:

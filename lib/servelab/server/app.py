@@ -165,6 +165,10 @@ def create_app(engine: Engine | EngineLoop | EngineProcess, codec: TextCodec, se
     metrics = metrics or ServerMetrics(settings.model_name)
     if isinstance(engine, Engine):
         engine = EngineLoop(engine, max_waiting=settings.max_waiting, metrics=metrics, step_log=step_log)
+    elif engine.metrics is None:
+        engine.use_metrics(metrics)
+    else:
+        metrics = engine.metrics  # one registry: the one the engine side already fills
     state = ServerState(engine, codec, settings, metrics)
 
     @asynccontextmanager

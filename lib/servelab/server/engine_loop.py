@@ -16,6 +16,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -79,6 +80,7 @@ class EngineLoop:
         self._cond = threading.Condition()
         self._inbox: deque[Handle] = deque()
         self._aborts: deque[Handle] = deque()
+        self._calls: deque[tuple[Callable, Future]] = deque()
         self._live: dict[int, Handle] = {}
         self._waiting_in_engine = 0       # the scheduler's queue length after the last step
         self._draining = False
@@ -89,10 +91,14 @@ class EngineLoop:
         self._hit_rate: float | None = None
         self.error: BaseException | None = None  # the last exception a step raised
         if metrics is not None:
-            metrics.kv_total.set(engine.block_manager.num_blocks)
+            self.use_metrics(metrics)
         engine.on_step = self._on_step
 
     # ---- called from any thread -------------------------------------------------------------------
+    def use_metrics(self, metrics: ServerMetrics) -> None:
+        self.metrics = metrics
+        metrics.kv_total.set(self.engine.block_manager.num_blocks)
+
     def start(self) -> "EngineLoop":
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
@@ -130,6 +136,15 @@ class EngineLoop:
             self._aborts.append(handle)
             self._cond.notify()
 
+    def call(self, fn: Callable[["EngineLoop"], object]) -> Future:
+        """Run ``fn(self)`` in the engine thread between two steps (the only safe time to touch the engine
+        from outside, e.g. to swap its scheduler while idle); a ``Future`` of its result."""
+        fut: Future = Future()
+        with self._cond:
+            self._calls.append((fn, fut))
+            self._cond.notify()
+        return fut
+
     def begin_drain(self) -> None:
         """Refuse new requests from now on; running ones continue. Lock-free: it runs in a signal handler."""
         self._draining = True
@@ -156,7 +171,7 @@ class EngineLoop:
 
     # ---- the engine thread ------------------------------------------------------------------------
     def _idle(self) -> bool:
-        return not (self._inbox or self._aborts) and not self.engine.has_unfinished()
+        return not (self._inbox or self._aborts or self._calls) and not self.engine.has_unfinished()
 
     def _run(self) -> None:
         while True:
@@ -167,6 +182,7 @@ class EngineLoop:
                     self._cond.wait()
                 new, self._inbox = list(self._inbox), deque()
                 aborts, self._aborts = list(self._aborts), deque()
+                calls, self._calls = list(self._calls), deque()
                 abort_all = self._abort_all
                 if abort_all:
                     aborts += list(self._live.values()) + new
@@ -176,6 +192,12 @@ class EngineLoop:
                 self._admit(h)
             for h in aborts:
                 self._cancel(h)
+            for fn, fut in calls:
+                if fut.set_running_or_notify_cancel():
+                    try:
+                        fut.set_result(fn(self))
+                    except BaseException as e:  # noqa: BLE001 - the caller gets it
+                        fut.set_exception(e)
             if stop and not self.engine.has_unfinished():
                 break
             if self.engine.has_unfinished():

@@ -4,12 +4,13 @@ One Python process serving HTTP and stepping the engine runs both on one GIL: fo
 tens of thousands of SSE chunks a second would stretch the engine's steps, and Study 1 would measure
 Python contention instead of scheduling (vLLM's V1 splits its API server from its engine core for the
 same reason). ``python -m servelab.server`` therefore forks an engine process before it loads anything
-on the GPU: the child builds the engine and runs an ``EngineLoop``; the parent serves HTTP.
+on the GPU: the child builds the engine and runs an ``EngineLoop``; the parent serves HTTP. From any other
+process (a notebook that has used torch already) the child is spawned instead.
 
 They talk over one ``multiprocessing.Pipe``: the parent sends ``("add", rid, prompt_ids, params)``,
-``("abort", rid)`` and ``("drain", timeout_s)``; the child sends ``("ready", info)`` once, then one
-``("updates", [(rid, update), ...], gauges)`` message per engine round (not one per token), and
-``("drained", clean)`` at the end. ``EngineProcess`` is the parent's proxy and offers the same interface
+``("abort", rid)``, ``("call", cid, fn, args)`` and ``("drain", timeout_s)``; the child sends
+``("ready", info)`` once, then one ``("updates", [(rid, update), ...], gauges)`` message per engine round
+(not one per token), ``("result", cid, ok, value)`` per call, and ``("drained", clean)`` at the end. ``EngineProcess`` is the parent's proxy and offers the same interface
 as ``EngineLoop`` (``submit``, ``abort``, ``begin_drain``, ``drain``, ...), so the app uses either.
 
 TTFT and inter-token histograms are observed in the parent when updates arrive (they include the
@@ -26,6 +27,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from concurrent.futures import Future
 
 from servelab.engine import SamplingParams
 from servelab.profiles import ParameterError
@@ -98,6 +100,13 @@ def engine_process_main(conn, build_engine: Callable, step_log_path: str | None)
             h = handles.pop(msg[1], None)
             if h is not None:
                 loop.abort(h)
+        elif kind == "call":
+            _, cid, fn, args = msg
+
+            def reply(fut, cid=cid):
+                err = fut.exception()
+                send(("result", cid, err is None, fut.result() if err is None else f"{type(err).__name__}: {err}"))
+            loop.call(lambda lp, fn=fn, args=args: fn(lp, *args)).add_done_callback(reply)
         elif kind == "drain":
             clean = loop.drain(msg[1])
             send(("drained", clean))
@@ -112,8 +121,10 @@ class EngineProcess:
     """The parent's proxy for the engine process; the same interface as ``EngineLoop``."""
 
     def __init__(self, build_engine: Callable, *, max_waiting: int | None = None,
-                 metrics: ServerMetrics | None = None, step_log_path: str | None = None):
+                 metrics: ServerMetrics | None = None, step_log_path: str | None = None,
+                 start_method: str | None = None):
         self.build_engine = build_engine
+        self.start_method = start_method
         self.max_waiting = max_waiting
         self.metrics = metrics
         self.step_log_path = step_log_path
@@ -129,12 +140,17 @@ class EngineProcess:
         self._waiting_in_engine = 0
         self._drained = threading.Event()
         self._reader: threading.Thread | None = None
+        self._calls: dict[int, Future] = {}
 
     # ---- lifecycle --------------------------------------------------------------------------------
     def launch(self, timeout_s: float = 1800.0) -> dict:
-        """Fork the engine process and wait until its engine is built; its info dict. Call before any
-        thread exists in this process and before CUDA is touched here (fork copies only this thread)."""
-        ctx = multiprocessing.get_context("fork")
+        """Start the engine process and wait until its engine is built; its info dict.
+
+        ``start_method`` "spawn" (the default): a fresh interpreter; ``build_engine`` must be picklable (e.g. a
+        ``functools.partial`` of ``Engine.from_spec``) and the imports take seconds. "fork" is instant, but only
+        safe in a process that has neither initialised CUDA nor run a parallel torch op (OpenMP's thread pool
+        does not survive a fork): ``python -m servelab.server`` forks first thing, before either."""
+        ctx = multiprocessing.get_context(self.start_method or "spawn")
         self._conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=engine_process_main, args=(child, self.build_engine, self.step_log_path),
                                 name="servelab-engine", daemon=True)
@@ -154,8 +170,12 @@ class EngineProcess:
         self.info = payload
         self.vocab, self.max_model_len = payload["vocab"], payload["max_model_len"]
         if self.metrics is not None:
-            self.metrics.kv_total.set(payload["num_blocks"])
+            self.use_metrics(self.metrics)
         return payload
+
+    def use_metrics(self, metrics: ServerMetrics) -> None:
+        self.metrics = metrics
+        metrics.kv_total.set(self.info.get("num_blocks", 0))
 
     def start(self) -> "EngineProcess":
         """Start reading the child's messages (in this process's serving phase)."""
@@ -199,6 +219,20 @@ class EngineProcess:
         if not handle.done and not self._dead:
             self._send(("abort", handle.rid))
 
+    def call(self, fn: Callable, *args, timeout_s: float = 120.0):
+        """``fn(engine_loop, *args)`` in the engine process, between two steps; its result. ``fn`` and
+        ``args`` cross a pipe: a module-level function and picklable arguments. ``engine_loop.engine`` is the
+        engine (e.g. swap its scheduler while idle); ``RuntimeError`` if it raised there."""
+        if self._dead:
+            raise RuntimeError("the engine process has stopped")
+        cid, fut = next(self._ids), Future()
+        self._calls[cid] = fut
+        self._send(("call", cid, fn, args))
+        ok, value = fut.result(timeout_s)
+        if not ok:
+            raise RuntimeError(f"{getattr(fn, '__name__', fn)} failed in the engine process: {value}")
+        return value
+
     def begin_drain(self) -> None:
         self._draining = True
 
@@ -227,6 +261,11 @@ class EngineProcess:
                 self._drained_clean = msg[1]
                 self._drained.set()
                 break
+            if msg[0] == "result":
+                fut = self._calls.pop(msg[1], None)
+                if fut is not None:
+                    fut.set_result((msg[2], msg[3]))
+                continue
             _, items, gauges = msg
             now = time.perf_counter()
             for rid, update in items:
@@ -267,6 +306,8 @@ class EngineProcess:
         # the child is gone: nobody will answer the requests still open
         self._dead = True
         self._drained.set()
+        for fut in self._calls.values():
+            fut.set_result((False, "the engine process stopped"))
         for h in list(self._handles.values()):
             if not h.done:
                 h.done = True

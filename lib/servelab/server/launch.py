@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 
 LIB_DIR = Path(__file__).resolve().parents[2]  # .../lib, so the subprocess imports this servelab
+SHARED_GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 class ServerStartError(RuntimeError):
@@ -141,8 +142,17 @@ class ServerProcess:
 class ServerThread:
     """uvicorn serving ``create_app(engine, codec, settings)`` in a daemon thread of this process.
 
+    ``engine`` is an ``Engine`` (stepped by a thread of this process, sharing its GIL with HTTP), an
+    ``EngineLoop`` built on one, or a launched ``EngineProcess`` (the engine in a child process, which then
+    owns the step log):
+
+        ep = EngineProcess(functools.partial(Engine.from_spec, spec, config=cfg), step_log_path="steps.jsonl")
+        ep.launch()                       # before this process touches CUDA
+        with ServerThread(ep) as srv:     # srv.state.loop is ep; ep.call(fn, *args) runs fn(loop, *args) there
+            ...
+
     ``codec`` defaults to the byte-level tokenizer for the engine's vocabulary. ``stop()`` shuts uvicorn
-    down the way a signal would: new requests get 503, running ones drain, then the engine thread stops.
+    down the way a signal would: new requests get 503, running ones drain, then the engine stops.
     """
 
     def __init__(self, engine, codec=None, settings=None, *, host: str = "127.0.0.1", port: int | None = None,
@@ -150,10 +160,18 @@ class ServerThread:
         import uvicorn
 
         from servelab.server.app import ServerSettings, create_app
+        from servelab.server.engine_loop import EngineLoop
+        from servelab.server.engine_process import EngineProcess
         from servelab.server.tokenizer import ByteTokenizer, special_ids
 
         self.engine = engine
-        self.codec = codec or ByteTokenizer(engine.model.shape.vocab, special_ids(engine.model.config))
+        if codec is None:
+            if isinstance(engine, EngineProcess):
+                codec = ByteTokenizer(engine.vocab, engine.info["special_ids"])
+            else:
+                model = (engine.engine if isinstance(engine, EngineLoop) else engine).model
+                codec = ByteTokenizer(model.shape.vocab, special_ids(model.config))
+        self.codec = codec
         self.settings = settings or ServerSettings(model_name="servelab")
         self.host, self.port = host, port or free_port(host)
         self.app = create_app(engine, self.codec, self.settings, step_log=step_log)
@@ -173,6 +191,13 @@ class ServerThread:
         return self.app.state.server
 
     def start(self) -> "ServerThread":
+        from servelab.server.engine_loop import EngineLoop
+
+        self._switch_interval_s = sys.getswitchinterval()
+        if isinstance(self.state.loop, EngineLoop):
+            # engine and HTTP threads share this process's GIL: a thread waiting for it waits up to the switch
+            # interval (5 ms by default, longer than a GPU decode step) at every torch call; bound it at 0.5 ms
+            sys.setswitchinterval(min(self._switch_interval_s, SHARED_GIL_SWITCH_INTERVAL_S))
         self._thread = threading.Thread(target=self.server.run, name="uvicorn", daemon=True)
         self._thread.start()
         wait_healthy(self.base_url, self.startup_timeout_s, alive=self._thread.is_alive, poll_s=0.05)
@@ -187,6 +212,7 @@ class ServerThread:
         self.begin_shutdown()
         if self._thread is not None:
             self._thread.join(timeout_s)
+        sys.setswitchinterval(getattr(self, "_switch_interval_s", sys.getswitchinterval()))
 
     def __enter__(self) -> "ServerThread":
         return self.start()
