@@ -267,7 +267,7 @@ def test_prepare_writes_deterministic_includes(tmp_path, studies_dir):
     names = sorted(p.relative_to(gen).as_posix() for p in first.written)
     assert names == sorted(["findings_summary.md", "findings_table.md", "findings_by_study.md", "runs_table.md",
                             "reproduce.md", "engine_bench.md", "engine_decode.md", "engine_exactness.md",
-                            "engine_code_status.md"] + [f"claims/{s.slug}.md" for s in STUDIES])
+                            "engine_code_status.md", "scheduling_step_costs.md"] + [f"claims/{s.slug}.md" for s in STUDIES])
     assert first.measured_pages == ["05_attention"] and first.counts["holds"] == 1 and not first.warnings
     snapshot = {p: p.read_bytes() for p in gen.rglob("*.md")}
     second = prepare(results, **kwargs)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from servelab.book.engine_bench import find_bench, render_engine_bench
 from servelab.book.engine_tables import render_code_status, render_decode_comparison, render_exactness
+from servelab.book.step_costs_table import find_steps, render_step_costs
 from servelab.book.findings import BOOK_DEVICE, book_findings, book_runs
 from servelab.book.findings_table import findings_table, render_by_study, render_landing_table, render_summary, \
     verdict_counts
@@ -96,6 +97,7 @@ def prepare(results_root: Path | None = None, *, device: str = BOOK_DEVICE, stud
         "engine_decode.md": render_decode_comparison(bench),
         "engine_exactness.md": render_exactness(bench),
         "engine_code_status.md": render_code_status(bench),
+        "scheduling_step_costs.md": render_step_costs(find_steps(results_root, device)),
     }
     files.update({f"claims/{s.slug}.md": render_seed_claims(seed, s.slug) for s in STUDIES})
     for name, text in files.items():

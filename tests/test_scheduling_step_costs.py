@@ -1,0 +1,32 @@
+"""Step costs by kind from a server step log."""
+
+import pandas as pd
+import pytest
+
+from servelab.scheduling.step_costs import step_costs, step_kind
+
+
+def log(rows):
+    return pd.DataFrame([dict(model=m, start_s=t, end_s=t + ms / 1e3, prefill_tokens=p, decode_tokens=d)
+                         for m, t, ms, p, d in rows])
+
+
+def test_kinds():
+    assert step_kind(0, 4) == "decode only" and step_kind(100, 0) == "prefill only" and step_kind(10, 3) == "mixed"
+
+
+def test_medians_and_ratio_to_the_decode_step():
+    steps = log([("a", 0, 2, 0, 8), ("a", 1, 4, 0, 8), ("a", 2, 3, 0, 8), ("a", 3, 30, 500, 8), ("a", 4, 50, 500, 8),
+                 ("a", 5, 100, 2000, 0), ("b", 0, 10, 0, 1)])
+    t = step_costs(steps).set_index(["model", "kind"])
+    assert t.loc[("a", "decode only"), "median_ms"] == pytest.approx(3)
+    assert t.loc[("a", "mixed"), "median_ms"] == pytest.approx(40) and t.loc[("a", "mixed"), "steps"] == 2
+    assert t.loc[("a", "mixed"), "x_decode_step"] == pytest.approx(40 / 3)
+    assert t.loc[("a", "prefill only"), "median_tokens"] == 2000
+    assert t.loc[("b", "decode only"), "x_decode_step"] == pytest.approx(1)
+    assert list(t.loc["a"].index) == ["decode only", "mixed", "prefill only"]
+
+
+def test_missing_columns_are_named():
+    with pytest.raises(ValueError, match="prefill_tokens"):
+        step_costs(pd.DataFrame({"model": ["a"], "start_s": [0.0], "end_s": [1.0], "decode_tokens": [1]}))
