@@ -181,3 +181,19 @@ def test_server_runs_report_a_failure_instead_of_raising(engine, tmp_path, monke
                                  log=lambda *_: None)
     assert req.empty and list(summ["caching"]) == ["off", "on"]
     assert summ["status"].str.contains("no port for you").all()
+
+
+def test_linear_cost_recovers_a_fixed_cost_and_a_slope():
+    from servelab.prefix.cost_fit import linear_cost, prefill_costs, sharing_costs
+
+    x = np.array([64, 128, 512, 1024, 4096])
+    df = pd.DataFrame({"computed_tokens": x, "prefix_tokens": x, "median_ms": 20 + 0.002 * x, "status": "ok",
+                       "mode": "uncached"})
+    fit = linear_cost(df, "computed_tokens")
+    assert fit["fixed"] == pytest.approx(20) and fit["slope"] == pytest.approx(0.002) and fit["r2"] == pytest.approx(1)
+    assert np.isnan(linear_cost(df.assign(status="oom"), "computed_tokens")["fixed"])
+    both = pd.concat([df, df.assign(mode="cached", median_ms=25.0)])
+    pc = prefill_costs(both).set_index("mode")
+    assert pc.loc["cached", "slope"] == pytest.approx(0) and pc.loc["cached", "fixed"] == pytest.approx(25)
+    sh = sharing_costs(pd.DataFrame(sharing_rows(128, {1: (10, 10), 2: (12, 15), 4: (16, 25)})).assign(status="ok"))
+    assert sh.set_index("sharing").loc["shared", "slope"] == pytest.approx(5)

@@ -36,10 +36,24 @@ def _close(x: float, ref: float, tol: float = SPEEDUP_TOLERANCE) -> bool:
     return abs(x / ref - 1.0) <= tol
 
 
-def f71(sp: pd.DataFrame) -> dict:
-    """``sp``: ``prefix_length.speedups`` (prefix_tokens, speedup, …). Holds if the speedup at 512 tokens is within
-    ``SPEEDUP_TOLERANCE`` of 2.41×; changes if it differs (the note says where the seed's speedup is reached);
-    fails if caching never beats recomputing."""
+def _prefill_cost_note(costs: pd.DataFrame | None) -> str:
+    """What the fitted lines say: the fixed cost every request pays, and what a token costs with and without the cache."""
+    if costs is None or costs.empty or costs["fixed"].isna().any():
+        return ""
+    c = costs.set_index("mode")
+    u, k = c.loc["uncached"], c.loc["cached"]
+    save = u.slope * SEED_PREFIX
+    line = lambda f, what: f"{f.fixed:.1f} ms {'+' if f.slope >= 0 else '−'} {abs(f.slope) * 1e3:.2f} µs per {what}"  # noqa: E731
+    return (f". Fitted over the sweep: uncached TTFT ≈ {line(u, 'prompt token')} (r² {u.r2:.2f}); cached ≈ "
+            f"{line(k, 'cached token')} (r² {k.r2:.2f}): "
+            f"at {SEED_PREFIX} tokens the cache can save about {save:.1f} ms of prefill, against a fixed "
+            f"{u.fixed:.1f} ms that every request pays")
+
+
+def f71(sp: pd.DataFrame, costs: pd.DataFrame | None = None) -> dict:
+    """``sp``: ``prefix_length.speedups`` (prefix_tokens, speedup, …); ``costs``: ``cost_fit.prefill_costs``
+    (for the note). Holds if the speedup at 512 tokens is within ``SPEEDUP_TOLERANCE`` of 2.41×; changes if it
+    differs (the note says where the seed's speedup is reached); fails if caching never beats recomputing."""
     seed = f"{SEED_SPEEDUP_512:.2f}× at {SEED_PREFIX} tokens"
     if sp.empty:
         return _row("F7.1", seed, "no data", "× TTFT", "fails", "no prefix length was measured in both modes")
@@ -51,13 +65,14 @@ def f71(sp: pd.DataFrame) -> dict:
     where = (f"the seed's {SEED_SPEEDUP_512}× is first reached at a {int(reach.prefix_tokens.iloc[0]):,}-token prefix"
              if len(reach) else f"no prefix length up to {int(sp.prefix_tokens.max()):,} reaches {SEED_SPEEDUP_512}×")
     measured = f"{x:.2f}× at {p} tokens (IQR-based range {at.speedup_lo:.2f}–{at.speedup_hi:.2f}×)"
+    fit = _prefill_cost_note(costs)
     if sp["speedup"].max() <= 1.0:
         return _row("F7.1", seed, measured, "× TTFT", "fails",
-                    f"the cached prefix never made the first token faster; by prefix length: {curve}")
+                    f"the cached prefix never made the first token faster; by prefix length: {curve}{fit}")
     verdict = "holds" if _close(x, SEED_SPEEDUP_512) else "changes"
     direction = "" if verdict == "holds" else (" smaller" if x < SEED_SPEEDUP_512 else " larger")
     note = (f"speedup{direction} at {p} tokens; {where}; the largest, {sp.speedup.max():.2f}×, at "
-            f"{int(sp.loc[sp.speedup.idxmax(), 'prefix_tokens']):,} tokens. By prefix length: {curve}")
+            f"{int(sp.loc[sp.speedup.idxmax(), 'prefix_tokens']):,} tokens. By prefix length: {curve}{fit}")
     return _row("F7.1", seed, measured, "× TTFT", verdict, note)
 
 
@@ -85,7 +100,7 @@ def f72(turns: pd.DataFrame) -> dict:
     return _row("F7.2", seed, measured, "× TTFT", verdict, note)
 
 
-def f73(be: pd.DataFrame) -> dict:
+def f73(be: pd.DataFrame, costs: pd.DataFrame | None = None) -> dict:
     """``be``: ``batch_sharing.breakeven``. Holds if sharing breaks even at n ≤ 2 for 512 tokens and at a batch
     bracketing 12 (8–16) for 128; changes if it breaks even elsewhere; fails if it never breaks even."""
     seed = "n=2 at 512 tokens, n=12 at 128"
@@ -97,6 +112,11 @@ def f73(be: pd.DataFrame) -> dict:
     measured = "; ".join(fmt(r) for r in be.itertuples())
     ratios = " | ".join(f"{int(r.prefix_tokens)} tokens: {r.ratios}" for r in be.itertuples())
     note = f"time independent / shared: {ratios}"
+    if costs is not None and not costs.empty and costs["slope"].notna().all():
+        c = costs.set_index(["prefix_tokens", "sharing"])["slope"]
+        note += ". Each further request costs (fitted, ms): " + "; ".join(
+            f"{int(p)} tokens: independent {c[(p, 'independent')]:.2f}, shared {c[(p, 'shared')]:.2f}"
+            for p in sorted(costs["prefix_tokens"].unique()) if (p, "independent") in c and (p, "shared") in c)
     if be["breakeven_n"].isna().all():
         return _row("F7.3", seed, measured, "requests", "fails", "sharing never broke even; " + note)
     by_p = be.set_index("prefix_tokens")["breakeven_n"]

@@ -67,6 +67,10 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                         "one at a time, each round drafting --num-speculative-tokens tokens)")
     g.add_argument("--num-speculative-tokens", type=positive_int, default=4,
                    help="tokens the draft proposes per round (gamma), with --draft-model")
+    g.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=False,
+                   help="share the KV blocks of cached prompt prefixes between requests (hit rate in /metrics)")
+    g.add_argument("--prefix-eviction", default="lru", choices=["lru", "lfu"],
+                   help="with --prefix-caching: which unreferenced cached block is recycled first")
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -75,7 +79,8 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                         memory_fraction=args.memory_fraction, num_blocks=args.num_blocks,
                         cuda_graphs=args.cuda_graphs, graph_batch_sizes=args.graph_batch_sizes,
                         attention_backend=args.attention_backend, decode_steps=args.decode_steps,
-                        scheduler=args.scheduler)
+                        scheduler=args.scheduler, prefix_caching=getattr(args, "prefix_caching", False),
+                        prefix_eviction=getattr(args, "prefix_eviction", "lru"))
 
 
 def resolve_device_dtype(args: argparse.Namespace) -> tuple[str, str]:
@@ -104,6 +109,8 @@ def engine_from_args(args: argparse.Namespace) -> Engine:
         engine = SpeculativeEngine(engine, draft, gamma=args.num_speculative_tokens)
     if getattr(args, "warmup", False):
         warm_up(engine)
+        if getattr(args, "prefix_caching", False) and hasattr(engine, "set_prefix_caching"):
+            engine.set_prefix_caching(True)  # forget the warm-up request: the hit rate counts clients only
     return engine
 
 
