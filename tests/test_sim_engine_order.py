@@ -50,3 +50,30 @@ def test_same_schedule_as_engine(model, policy, seqs, budget, blocks):
         assert [list(x) for x in sim["token_times_s"]] == [list(x) for x in real["token_times_s"]]
     if blocks < 16:
         assert engine.scheduler.num_preemptions > 0, "the tight pool should have forced a preemption"
+
+
+def _shared_prefix_trace(n=14, seed=5, prefix=24):
+    rng = np.random.default_rng(seed)
+    heads = rng.integers(3, 500, (3, prefix))
+    t = _trace(n, seed).assign(prompt_tokens=lambda d: d["prompt_tokens"] + prefix)
+    t["prompt_ids"] = [heads[rng.integers(0, 3)].tolist() + rng.integers(3, 500, int(p) - prefix).tolist()
+                       for p in t["prompt_tokens"]]
+    return t
+
+
+@pytest.mark.parametrize("policy,budget,blocks", [("chunked_prefill", 32, 64), ("chunked_prefill", 64, 14),
+                                                  ("eager_cont_batch", 128, 64), ("eager_cont_batch", 128, 16)])
+def test_same_schedule_as_engine_with_prefix_caching(model, policy, budget, blocks):
+    trace = _shared_prefix_trace()
+    cfg = EngineConfig(num_blocks=blocks, block_size=8, max_num_seqs=6, max_num_batched_tokens=budget,
+                       scheduler=policy, cuda_graphs=False, prefix_caching=True)
+    engine = Engine(model, cfg)
+    real, _ = replay_on_engine(engine, trace, clock="steps")
+    assert engine.block_manager.prefix_cache.hit_tokens > 0, "the shared prefixes should hit"
+    for fast in (True, False):
+        sim = simulate(trace, cost=StepCostModel.constant(1000.0), scheduler=policy, max_num_seqs=6,
+                       max_num_batched_tokens=budget, num_blocks=blocks, block_size=8, fast_forward=fast,
+                       prefix_caching=True)
+        np.testing.assert_array_equal(sim.records["first_token_s"].to_numpy(), real["first_token_s"].to_numpy())
+        np.testing.assert_array_equal(sim.records["finish_s"].to_numpy(), real["finish_s"].to_numpy())
+        assert sim.prefix_hit_rate == pytest.approx(engine.block_manager.prefix_cache.hit_rate)

@@ -5,6 +5,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from servelab.profiles import ParameterError
+
 from servelab.sim import StepCostModel, simulate
 from servelab.sim.cost_model import CostModel
 
@@ -98,3 +100,35 @@ def test_refused_request_is_a_failed_record():
     r = simulate(trace, cost=COST, scheduler="eager_cont_batch", max_num_batched_tokens=512).records
     assert r["ok"].tolist() == [True, False]
     assert "max_num_batched_tokens" in r["error"].iloc[1]
+
+
+def _prefix_trace(n, rate, seed, groups=6, prefix=64):
+    rng = np.random.default_rng(seed)
+    heads = rng.integers(0, 1000, (groups, prefix))
+    t = _trace(n, rate, seed, prompt=(prefix + 1, prefix + 200), output=(1, 80))
+    g = rng.integers(0, groups, n)
+    t["prompt_ids"] = [heads[k].tolist() + rng.integers(0, 1000, int(p) - prefix).tolist()
+                       for k, p in zip(g, t["prompt_tokens"])]
+    return t
+
+
+@pytest.mark.parametrize("blocks", [60, 4096])
+def test_fused_equals_step_by_step_with_prefix_caching(blocks):
+    trace = _prefix_trace(150, rate=80, seed=6)
+    kw = dict(cost=COST, replicas=2, router="prefix_affinity", max_num_seqs=16, max_num_batched_tokens=256,
+              num_blocks=blocks, prefix_caching=True)
+    fused, plain = simulate(trace, fast_forward=True, **kw), simulate(trace, fast_forward=False, **kw)
+    _same(fused, plain)
+    assert fused.prefix_hit_rate == plain.prefix_hit_rate > 0.1
+
+
+def test_prefix_affinity_raises_the_hit_rate_and_saves_prefill():
+    trace = _prefix_trace(400, rate=150, seed=7, groups=8, prefix=160)
+    kw = dict(cost=COST, replicas=4, max_num_seqs=32, max_num_batched_tokens=512, prefix_caching=True, prefix_k=160,
+              step_log=True)
+    rr = simulate(trace, router="round_robin", **kw)
+    pa = simulate(trace, router="prefix_affinity", **kw)
+    assert pa.prefix_hit_rate > rr.prefix_hit_rate
+    assert pa.steps["prefill_tokens"].sum() < rr.steps["prefill_tokens"].sum()
+    with pytest.raises(ParameterError, match="prompt_ids"):
+        simulate(trace.drop(columns="prompt_ids"), cost=COST, prefix_caching=True)

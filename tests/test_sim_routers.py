@@ -96,3 +96,10 @@ def test_capacity_search():
 def test_meets_slo():
     s = {"failed": 0, "ttft_p99_ms": 10.0, "tpot_p99_ms": 2.0}
     assert meets_slo(s, 10.0, 2.0) and not meets_slo(s, 9.0, 2.0) and not meets_slo({**s, "failed": 1}, 10, 2)
+
+
+def test_capacity_search_respects_its_time_budget():
+    make = lambda rate: Trace.synthetic(rate=rate, lengths=UniformLengths(50, 150, 10, 30), duration_s=1.0, seed=1)  # noqa: E731
+    needed, tried = replicas_needed(make, [10.0, 20.0], ["round_robin"], cost=COST, slo_ttft_ms=60.0,
+                                    slo_tpot_ms=6.0, time_budget_s=0.0)
+    assert tried.empty and (needed["status"] == "skipped: time budget").all() and not needed["met"].any()

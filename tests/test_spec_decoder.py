@@ -114,10 +114,9 @@ def test_bad_input_is_refused(pair):
 
 def test_vocabularies_must_match():
     a = PagedLM.from_hf(load_model("config:tiny-llama").model, 64, 3)
-    b = PagedLM.from_hf(load_model("config:tiny-gpt2").model, 64, 2)
-    if a.vocab != b.vocab:
-        with pytest.raises(ParameterError, match="vocabularies differ"):
-            SpeculativeDecoder(a, b, gamma=2)
+    b = PagedLM.from_hf(_tiny_vocab_model(0), 16, 2)
+    with pytest.raises(ParameterError, match="vocabularies differ"):
+        SpeculativeDecoder(a, b, gamma=2)
 
 
 def test_pair_entry_point(pair):
@@ -195,3 +194,13 @@ def test_graph_input_path_with_padding_rows_stays_exact(pair):
     dec = SpeculativeDecoder(t, d, gamma=4)
     assert [dec.generate(p, GREEDY).tokens for p in prompts] == refs
     assert t.graph_steps > 0 and t.eager_steps == len(prompts)  # only the prefills ran outside the graph path
+
+
+def test_chained_baseline_is_the_targets_greedy_output(pair):
+    from servelab.speculative.decoder import autoregressive_chained
+
+    _, t, _, prompts, refs = pair
+    assert [autoregressive_chained(t, p, GREEDY, chain=5).tokens for p in prompts] == refs
+    stop = refs[0][6]
+    gen = autoregressive_chained(t, prompts[0], SamplingParams(max_tokens=STEPS, stop_token_ids=(stop,), ignore_eos=True))
+    assert gen.tokens == refs[0][:refs[0].index(stop) + 1] and gen.finish_reason == "stop"

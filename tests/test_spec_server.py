@@ -11,6 +11,7 @@ from servelab.engine import Engine
 from servelab.server import ServerThread
 from servelab.server.cli import engine_from_args, parse_args
 from servelab.server.engine_loop import EngineLoop
+from servelab.server.metrics import ServerMetrics
 from servelab.server.tokenizer import ByteTokenizer, special_ids
 from servelab.speculative.serving import SpeculativeEngine
 
@@ -32,7 +33,8 @@ def _completions(engine, stream=False):
     EngineLoop as ``python -m servelab.server`` does, so the SpeculativeEngine is used exactly as the CLI uses it."""
     out = []
     codec = ByteTokenizer(engine.model.shape.vocab, special_ids(engine.model.config))
-    with ServerThread(EngineLoop(engine), codec) as srv, httpx.Client(base_url=srv.base_url, timeout=60) as c:
+    loop = EngineLoop(engine, metrics=ServerMetrics("servelab"))  # as __main__ builds it for a thread backend
+    with ServerThread(loop, codec) as srv, httpx.Client(base_url=srv.base_url, timeout=60) as c:
         for p in PROMPTS:
             body = dict(prompt=p, max_tokens=12, temperature=0, return_token_ids=True)
             if stream:

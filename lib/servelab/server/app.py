@@ -160,10 +160,11 @@ class GenerationStream(StreamingResponse):
 
 def create_app(engine: Engine | EngineLoop | EngineProcess, codec: TextCodec, settings: ServerSettings, *,
                metrics: ServerMetrics | None = None, step_log: StepLog | None = None) -> FastAPI:
-    """The app serving ``engine``: an ``Engine`` (stepped by an ``EngineLoop`` thread made here, with
-    ``settings.max_waiting`` and ``step_log``), or a ready ``EngineLoop``/``EngineProcess`` built with ``metrics``."""
+    """The app serving ``engine``: anything that steps like an ``Engine`` (the engine, or a speculative one;
+    stepped by an ``EngineLoop`` thread made here, with ``settings.max_waiting`` and ``step_log``), or a ready
+    ``EngineLoop``/``EngineProcess`` built with ``metrics``."""
     metrics = metrics or ServerMetrics(settings.model_name)
-    if isinstance(engine, Engine):
+    if not isinstance(engine, (EngineLoop, EngineProcess)):
         engine = EngineLoop(engine, max_waiting=settings.max_waiting, metrics=metrics, step_log=step_log)
     elif engine.metrics is None:
         engine.use_metrics(metrics)

@@ -43,6 +43,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--num-blocks", type=int, default=DEFAULT_NUM_BLOCKS, help="KV blocks per replica")
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--prefix-caching", action="store_true",
+                   help="give every replica the engine's prefix cache (the trace must carry prompt_ids)")
     p.add_argument("--slo-ttft-ms", type=float, help="goodput SLO on TTFT (ms)")
     p.add_argument("--slo-tpot-ms", type=float, help="goodput SLO on TPOT (ms)")
     p.add_argument("--no-token-times", action="store_true", help="keep only first/last token per request (long runs)")
@@ -67,13 +69,14 @@ def main(argv=None) -> int:
         run = simulate(trace, cost=cost, scheduler=args.scheduler, replicas=args.replicas, router=args.router,
                        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                        num_blocks=args.num_blocks, block_size=args.block_size, token_times=not args.no_token_times,
-                       progress=not args.no_progress)
+                       prefix_caching=args.prefix_caching, progress=not args.no_progress)
         summary = run.summary(slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms)
     except ParameterError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     records_for_csv(run.records).to_csv(args.out, index=False)
     print(json.dumps({"requests": len(run.records), "wall_s": round(run.wall_s, 3),
+                      "prefix_hit_rate": run.prefix_hit_rate,
                       "sim_requests_per_s": round(len(run.records) / max(run.wall_s, 1e-9), 1), **summary},
                      indent=1, default=float))
     return 0

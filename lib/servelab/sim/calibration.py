@@ -5,9 +5,11 @@ contexts the cost model needs; they are reconstructed from the same run's reques
 
 - decode context of a step = its decode count × the mean context (prompt + tokens received so far − the one
   being decoded) of the requests that were between their first and last token at the step's midpoint;
-- prefill query–key pairs of a step ≈ ``P²/2`` for ``P`` prefill tokens, as if they were one prompt starting
-  at position 0 (exact for one whole prompt per step; a chunk after cached tokens has more pairs, several
-  prompts in one step fewer). An approximation, said so wherever it is used.
+- prefill query–key pairs of a step, ``Σ n_i(c_i + n_i/2)`` over its chunks of ``n_i`` new tokens after
+  ``c_i`` cached ones: every policy admits requests in arrival order, so the prompts, taken in send order and
+  laid end to end, are the stream the steps' prefill tokens consume; each step's ``P`` prefill tokens are the
+  next ``P`` of that stream, which says which prompts (and which part of each) they were. A recompute after a
+  preemption re-prefills tokens the stream does not hold; they are counted as context 0.
 
 The quantity fitted is a step's **cycle time**: from its start to the next step's start, whenever the engine
 had work left: the next step followed within ``busy_gap_ms``, or some request was still outstanding (sent and
@@ -15,8 +17,9 @@ not finished, by the client's records) halfway through the gap. A gap the server
 requests wait (handing tokens to HTTP streams, taking in new requests) is part of what a step costs; idle time
 is not. That is the time the simulator charges per step.
 
-- ``fit_overheads``: with Study 2's GPU model, the residual ``cycle − GPU`` is fitted as
-  ``step_overhead_ms + seq_overhead_ms · num_seqs`` (non-negative, robust soft-L1 loss);
+- ``fit_overheads``: with Study 2's GPU model, the cycle is fitted as ``prefill_scale · PREFILL + DECODE +
+  ms_per_context_pair · P·c + step_overhead_ms + seq_overhead_ms · num_seqs`` (see ``servelab.sim.cost_model``;
+  non-negative, robust soft-L1 loss on relative error);
 - ``fit_step_log_model``: for a model Study 2 did not measure, the whole ``CostModel`` form fitted to the
   cycle times (non-negative least squares on relative error, like Study 2).
 
@@ -39,7 +42,8 @@ STEP_LOG_COLUMNS = ("start_s", "end_s", "prefill_tokens", "decode_tokens", "num_
 
 def step_features(steps: pd.DataFrame, records: pd.DataFrame, *, busy_gap_ms: float = 1.0) -> pd.DataFrame:
     """One row per step of one run that was followed at once by another: ``cycle_ms``, ``prefill_tokens``,
-    ``prefill_pairs`` (≈ P²/2), ``decode_tokens``, ``decode_context`` (reconstructed), ``num_seqs``.
+    ``prefill_pairs`` (Σ n(c + n/2)), ``context_pairs`` (Σ n·c), ``decode_tokens``, ``decode_context``
+    (reconstructed), ``num_seqs``.
 
     ``steps`` and ``records`` must share a clock (s from the run's start). Rows of multi-step decode groups
     (``decode_steps > 1``) are left out."""
@@ -59,10 +63,37 @@ def step_features(steps: pd.DataFrame, records: pd.DataFrame, *, busy_gap_ms: fl
     pre = s["prefill_tokens"].to_numpy(float)
     if "decode_steps" in s.columns:   # a multi-step decode group is several steps in one row: not fitted
         busy &= (s["decode_steps"] <= 1).to_numpy()
+    pairs, ctx_pairs = _prefill_pairs(pre, records)
     out = pd.DataFrame({"start_s": start, "cycle_ms": (nxt - start) * 1e3, "prefill_tokens": pre,
-                        "prefill_pairs": pre * pre / 2, "decode_tokens": dec, "decode_context": dec * mean_ctx,
+                        "prefill_pairs": pairs, "context_pairs": ctx_pairs,
+                        "decode_tokens": dec, "decode_context": dec * mean_ctx,
                         "num_seqs": s["num_seqs"].to_numpy(float)})
     return out[busy & (out["cycle_ms"] > 0)].reset_index(drop=True)
+
+
+def _prefill_pairs(pre: np.ndarray, records: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Per step: causal query–key pairs of its prefill tokens, and those between new and cached tokens, taking
+    the steps' prefill tokens from the prompts laid end to end in send order (see the module docstring)."""
+    sent = records["sent_s"].to_numpy(float)
+    lengths = records["prompt_tokens"].to_numpy(float)[np.argsort(np.where(np.isnan(sent), np.inf, sent),
+                                                                  kind="stable")]
+    ends = np.cumsum(lengths)
+    pairs, ctx = np.zeros(len(pre)), np.zeros(len(pre))
+    pos, j = 0.0, 0
+    for i, p in enumerate(pre):
+        left = float(p)
+        while left > 0 and j < len(lengths):
+            c = pos - (ends[j] - lengths[j])            # tokens of prompt j already prefilled
+            take = min(left, ends[j] - pos)
+            pairs[i] += take * (c + take / 2)
+            ctx[i] += take * c
+            pos += take
+            left -= take
+            if pos >= ends[j]:
+                j += 1
+        if left > 0:                                    # a recompute the stream does not hold: context 0
+            pairs[i] += left * left / 2
+    return pairs, ctx
 
 
 def _outstanding(records: pd.DataFrame, t: np.ndarray) -> np.ndarray:
@@ -96,32 +127,66 @@ def _decoding_context(records: pd.DataFrame, t: np.ndarray) -> tuple[np.ndarray,
     return ctx, live
 
 
-def _gpu_ms(gpu: StepCostModel, f: pd.DataFrame) -> np.ndarray:
-    return np.array([gpu.gpu_ms(p, q, d, c) for p, q, d, c in
-                     zip(f["prefill_tokens"], f["prefill_pairs"], f["decode_tokens"], f["decode_context"])])
+def _parts(base: StepCostModel, f: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Study 2's prefill and decode parts (ms, unscaled) of each step of ``f``."""
+    a_p, b_p, k_p = (base.gpu.prefill[k] for k in PREFILL_TERMS)
+    a_d, b_d, k_d = (base.gpu.decode[k] for k in DECODE_TERMS)
+    pre = f["prefill_tokens"].to_numpy(float)
+    has = pre > 0
+    p_part = np.where(has, a_p + b_p * pre + k_p * f["prefill_pairs"].to_numpy(float), 0.0)
+    d_part = (np.where(has, 0.0, a_d) + b_d * f["decode_tokens"].to_numpy(float)
+              + k_d * f["decode_context"].to_numpy(float))
+    return p_part, d_part
 
 
 def fit_overheads(base: StepCostModel, features: pd.DataFrame) -> tuple[StepCostModel, dict]:
-    """``base`` with ``step_overhead_ms`` and ``seq_overhead_ms`` fitted to ``cycle − GPU`` of ``features``
-    (from ``step_features``, possibly several runs). Returns the model and fit statistics (median and p90
-    |relative error| of the cycle time before and after, in %)."""
-    if len(features) < 4:
-        raise ParameterError(f"need at least 4 busy steps to fit the overheads, got {len(features)}")
+    """``base`` with its serving terms (``prefill_scale``, ``ms_per_context_pair``, ``step_overhead_ms``,
+    ``seq_overhead_ms``) fitted to the cycle times of ``features`` (from
+    ``step_features``, possibly several runs). Returns the model and fit statistics (median and p90
+    |relative error| of the cycle time with ``base`` as given and after, in %)."""
+    if len(features) < 6:
+        raise ParameterError(f"need at least 6 busy steps to fit the serving terms, got {len(features)}")
     y = features["cycle_ms"].to_numpy(float)
-    gpu = _gpu_ms(base, features)
+    p_part, d_part = _parts(base, features)
+    ctx = features["context_pairs"].to_numpy(float) if "context_pairs" in features else np.zeros(len(y))
     n = features["num_seqs"].to_numpy(float)
-    resid = y - gpu
-    scale = max(float(np.median(np.abs(resid))), 1e-3)
-    sol = least_squares(lambda c: (c[0] + c[1] * n - resid) / y, x0=[max(float(np.median(resid)), 0.0), 0.0],
-                        bounds=([0.0, 0.0], [np.inf, np.inf]), loss="soft_l1", f_scale=0.05)
+
+    sd = base.decode_scale
+    d_part = sd * d_part
+    dec = p_part == 0
+    if dec.sum() < 3 or (~dec).sum() < 3:
+        raise ParameterError(f"need at least 3 decode-only and 3 prefill steps, got {int(dec.sum())} and "
+                             f"{int((~dec).sum())}")
+    # Two stages, so that the many decode steps do not drown the few prefill ones: the overheads from the
+    # decode-only steps, then the prefill scale and the context-pair cost from what the prefill steps leave.
+    # Robust (soft-L1) least squares on relative residuals: steps slowed by a GC pause, a compilation or a
+    # busy CPU must not pull the fit; every term >= 0. The decode scale stays as given: on decode-only steps it
+    # is indistinguishable from the overheads (a_d against the per-step one, b_d against the per-sequence one).
+    yd, nd = y[dec], n[dec]
+    sol = least_squares(lambda c: (d_part[dec] + c[0] + c[1] * nd - yd) / yd,
+                        x0=[max(float(np.median(yd - d_part[dec])), 0.0), 0.0], bounds=([0, 0], [np.inf, np.inf]),
+                        loss="soft_l1", f_scale=0.05, x_scale="jac")
     c0, c1 = (float(v) for v in sol.x)
-    model = base.with_overheads(step_overhead_ms=c0, seq_overhead_ms=c1,
-                                source=f"{base.source} + overheads fitted on {len(features)} steps")
-    before = 100 * np.abs(gpu + base.step_overhead_ms + base.seq_overhead_ms * n - y) / y
-    after = 100 * np.abs(gpu + c0 + c1 * n - y) / y
-    stats = {"steps": int(len(features)), "median_abs_pct_before": float(np.median(before)),
-             "p90_abs_pct_before": float(np.percentile(before, 90)), "median_abs_pct_after": float(np.median(after)),
-             "p90_abs_pct_after": float(np.percentile(after, 90)), "residual_scale_ms": scale}
+    pre = ~dec
+    yp = y[pre]
+    rest = d_part[pre] + c0 + c1 * n[pre]
+    sol = least_squares(lambda c: (c[0] * p_part[pre] + c[1] * ctx[pre] + rest - yp) / yp, x0=[1.0, 0.0],
+                        bounds=([0.1, 0], [20, np.inf]), loss="soft_l1", f_scale=0.2, x_scale="jac")
+    sp, kc = (float(v) for v in sol.x)
+
+    def predict(c):
+        return c[0] * p_part + d_part + c[1] * ctx + c[2] + c[3] * n
+
+    model = base.with_overheads(prefill_scale=sp, decode_scale=sd, ms_per_context_pair=kc, step_overhead_ms=c0,
+                                seq_overhead_ms=c1,
+                                source=f"{base.source} + serving terms fitted on {len(features)} steps")
+    before = 100 * np.abs(np.array([base.step_ms(p, q, d, c, m, x) for p, q, d, c, m, x in
+                                    zip(features["prefill_tokens"], features["prefill_pairs"], features["decode_tokens"],
+                                        features["decode_context"], n, ctx)]) - y) / y
+    after = 100 * np.abs(predict([sp, kc, c0, c1]) - y) / y
+    stats = {"steps": int(len(features)), "prefill_scale": sp, "decode_scale": sd, "ms_per_context_pair": kc,
+             "median_abs_pct_before": float(np.median(before)), "p90_abs_pct_before": float(np.percentile(before, 90)),
+             "median_abs_pct_after": float(np.median(after)), "p90_abs_pct_after": float(np.percentile(after, 90))}
     return model, stats
 
 

@@ -8,6 +8,7 @@ removes replicas while the SLO still holds and adds them until it does, up to ``
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 
 import numpy as np
@@ -26,10 +27,13 @@ def meets_slo(summary: dict, slo_ttft_ms: float, slo_tpot_ms: float) -> bool:
 
 def replicas_needed(make_trace: Callable[[float], object], rates: Iterable[float], routers: Iterable[str], *,
                     cost: StepCostModel, slo_ttft_ms: float, slo_tpot_ms: float, max_replicas: int = 64,
-                    progress: bool = False, **sim_kwargs) -> tuple[pd.DataFrame, pd.DataFrame]:
+                    time_budget_s: float | None = None, progress: bool = False,
+                    **sim_kwargs) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``(needed, tried)``: per router and rate the fewest replicas that meet the SLO (``replicas`` NaN and
     ``met`` False when even ``max_replicas`` do not), and every (router, rate, replicas) simulated with its
-    p99 TTFT and TPOT. ``make_trace(rate)`` builds the trace of one rate (the same for every router)."""
+    p99 TTFT and TPOT. ``make_trace(rate)`` builds the trace of one rate (the same for every router).
+    Once ``time_budget_s`` (wall seconds) is spent, the remaining points are recorded as skipped
+    (``status``) instead of searched."""
     for name, v in (("slo_ttft_ms", slo_ttft_ms), ("slo_tpot_ms", slo_tpot_ms)):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
             raise ParameterError(f"{name} must be a positive number of ms, got {v!r}")
@@ -39,6 +43,7 @@ def replicas_needed(make_trace: Callable[[float], object], rates: Iterable[float
     routers = list(routers)
     if not rates or not routers:
         raise ParameterError("need at least one rate and one router")
+    t_end = time.perf_counter() + time_budget_s if time_budget_s is not None else None
     traces = {r: make_trace(r) for r in rates}
     bar = None
     if progress:
@@ -62,6 +67,12 @@ def replicas_needed(make_trace: Callable[[float], object], rates: Iterable[float
 
         prev_rate, prev_n = None, 1
         for rate in rates:
+            if t_end is not None and time.perf_counter() > t_end:
+                needed.append({"router": router, "rate": rate, "replicas": np.nan, "met": False,
+                               "slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms, "status": "skipped: time budget"})
+                if bar is not None:
+                    bar.update(1)
+                continue
             if prev_n > max_replicas:
                 met, n = False, prev_n     # a lower rate already needed more than max_replicas
             else:
@@ -81,7 +92,8 @@ def replicas_needed(make_trace: Callable[[float], object], rates: Iterable[float
                             break
                 prev_rate, prev_n = rate, (n if met else max_replicas + 1)
             needed.append({"router": router, "rate": rate, "replicas": n if met else np.nan, "met": met,
-                           "slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms})
+                           "slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms,
+                           "status": "ok" if met else f"not met with {max_replicas} replicas"})
             if bar is not None:
                 bar.update(1)
     if bar is not None:

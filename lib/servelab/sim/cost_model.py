@@ -1,15 +1,20 @@
 """How long one engine step takes, predicted from its batch composition: the simulator's stand-in for the GPU.
 
-    step_ms = GPU(batch) + step_overhead_ms + seq_overhead_ms · num_seqs
+    step_ms = prefill_scale · PREFILL(batch) + decode_scale · DECODE(batch) + ms_per_context_pair · Σ n_i c_i
+              + step_overhead_ms + seq_overhead_ms · num_seqs
 
-    GPU(batch) = a_p + b_p · N_p + k_p · Σ n_i(c_i + n_i/2) + b_d · B + k_d · Σ c_j   (a step with prefill work)
-               = a_d             +                          b_d · B + k_d · Σ c_j   (a decode-only step)
+    PREFILL(batch) = a_p + b_p · N_p + k_p · Σ n_i(c_i + n_i/2)      (0 for a decode-only step)
+    DECODE(batch)  = [a_d if decode-only] + b_d · B + k_d · Σ c_j
 
 ``N_p`` prefill tokens in chunks of ``n_i`` new tokens after ``c_i`` cached ones; ``B`` decodes with ``c_j``
 cached tokens each. The GPU coefficients are Study 2's fitted ``servelab.costs.cost_model.CostModel`` (same
-form, same JSON); a mixed step pays the prefill intercept once and the decode terms per decode. The two
-overhead terms are what the GPU model leaves out and the real server pays every step (Python scheduling,
-sampling, handing tokens to the HTTP layer); ``ingress_ms`` is the path from a request's send to the
+form, same JSON); a mixed step pays the prefill intercept once and the decode terms per decode. The scales
+(1 unless calibrated) say how much slower or faster the server's prefill and decode run than the mode Study 2
+measured (an HF CUDA-graph fit standing in for the engine, or a server path Study 2 did not time), and
+``ms_per_context_pair`` prices the prefill chunks' attention to *cached* context (``n_i`` new tokens after
+``c_i`` cached), which Study 2's prefill sweep (context 0) never exercised. The two overhead terms are what the GPU model leaves
+out and the real server pays every step (Python scheduling, sampling, handing tokens to the HTTP layer);
+``ingress_ms`` is the path from a request's send to the
 engine's queue (HTTP parsing, tokenisation, the engine thread picking it up): the simulator delays each
 arrival by it. All three are fitted from the real server's step log (``servelab.sim.calibration``).
 """
@@ -25,7 +30,9 @@ import numpy as np
 from servelab.costs.cost_model import DECODE_TERMS, PREFILL_TERMS, CostModel
 from servelab.profiles import ParameterError
 
-OVERHEAD_TERMS = ("step_overhead_ms", "seq_overhead_ms", "ingress_ms")
+OVERHEAD_TERMS = ("prefill_scale", "decode_scale", "ms_per_context_pair", "step_overhead_ms", "seq_overhead_ms",
+                  "ingress_ms")
+SCALES = ("prefill_scale", "decode_scale")
 
 
 @dataclass(frozen=True)
@@ -33,6 +40,9 @@ class StepCostModel:
     """Step duration (ms) from batch composition: Study 2's GPU terms plus measured serving overheads."""
 
     gpu: CostModel
+    prefill_scale: float = 1.0       # multiplies Study 2's prefill terms (dimensionless)
+    decode_scale: float = 1.0        # multiplies Study 2's decode terms (dimensionless)
+    ms_per_context_pair: float = 0.0 # prefill attention to cached context, per (new token, cached token) pair (ms)
     step_overhead_ms: float = 0.0    # per step, whatever its size (ms)
     seq_overhead_ms: float = 0.0     # per sequence in the batch (ms)
     ingress_ms: float = 0.0          # request sent → in the engine's queue (ms)
@@ -43,27 +53,30 @@ class StepCostModel:
         for k in OVERHEAD_TERMS:
             v = getattr(self, k)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
-                raise ParameterError(f"{k} must be a finite number >= 0 (ms), got {v!r}")
+                raise ParameterError(f"{k} must be a finite number >= 0, got {v!r}")
         coef = [float(self.gpu.prefill[k]) for k in PREFILL_TERMS] + [float(self.gpu.decode[k]) for k in DECODE_TERMS]
+        # plain floats: the simulator calls step_ms once per step, numpy per call would dominate the loop
         if any(not np.isfinite(c) or c < 0 for c in coef):
             raise ParameterError(f"cost-model coefficients must be finite and >= 0, got {coef}")
-        # plain floats: the simulator calls step_ms once per step, numpy per call would dominate the loop
-        object.__setattr__(self, "_c", tuple(coef))
+        sp, sd = self.prefill_scale, self.decode_scale
+        object.__setattr__(self, "_c", tuple([c * sp for c in coef[:3]] + [c * sd for c in coef[3:]]))
 
     # ---- prediction --------------------------------------------------------------------------------
-    def gpu_ms(self, prefill_tokens: int, prefill_pairs: float, num_decodes: int, decode_context: int) -> float:
-        """GPU time (ms) of a step: ``prefill_tokens`` with ``prefill_pairs`` causal query–key pairs in total,
-        ``num_decodes`` decodes over ``decode_context`` cached tokens in total."""
+    def gpu_ms(self, prefill_tokens: int, prefill_pairs: float, num_decodes: int, decode_context: int,
+               context_pairs: float = 0.0) -> float:
+        """GPU time (ms) of a step: ``prefill_tokens`` with ``prefill_pairs`` causal query–key pairs in total
+        (``context_pairs`` of them between new tokens and cached ones), ``num_decodes`` decodes over
+        ``decode_context`` cached tokens in total."""
         a_p, b_p, k_p, a_d, b_d, k_d = self._c
         t = b_d * num_decodes + k_d * decode_context
         if prefill_tokens:
-            return t + a_p + b_p * prefill_tokens + k_p * prefill_pairs
+            return t + a_p + b_p * prefill_tokens + k_p * prefill_pairs + self.ms_per_context_pair * context_pairs
         return t + a_d
 
     def step_ms(self, prefill_tokens: int, prefill_pairs: float, num_decodes: int, decode_context: int,
-                num_seqs: int) -> float:
+                num_seqs: int, context_pairs: float = 0.0) -> float:
         """Predicted wall time (ms) of one engine step, start to start when the engine is busy."""
-        return (self.gpu_ms(prefill_tokens, prefill_pairs, num_decodes, decode_context)
+        return (self.gpu_ms(prefill_tokens, prefill_pairs, num_decodes, decode_context, context_pairs)
                 + self.step_overhead_ms + self.seq_overhead_ms * num_seqs)
 
     def decode_run_ms(self, num_decodes: int, decode_context: int, steps: int) -> np.ndarray:
@@ -76,7 +89,7 @@ class StepCostModel:
 
     # ---- variants and storage ------------------------------------------------------------------------
     def with_overheads(self, **terms) -> "StepCostModel":
-        """A copy with some of ``step_overhead_ms``, ``seq_overhead_ms``, ``ingress_ms``, ``source`` replaced."""
+        """A copy with some of ``OVERHEAD_TERMS`` and ``source`` replaced."""
         unknown = sorted(set(terms) - set(OVERHEAD_TERMS) - {"source"})
         if unknown:
             raise ParameterError(f"unknown cost-model term(s) {unknown}; known: {OVERHEAD_TERMS}")
@@ -101,7 +114,8 @@ class StepCostModel:
         except json.JSONDecodeError as e:
             raise ParameterError(f"{path}: not JSON ({e.msg})") from None
         if "gpu" in d:
-            return cls(gpu=CostModel(**d["gpu"]), **{k: float(d.get(k, 0.0)) for k in OVERHEAD_TERMS},
+            return cls(gpu=CostModel(**d["gpu"]), **{k: float(d.get(k, 1.0 if k in SCALES else 0.0))
+                                                     for k in OVERHEAD_TERMS},
                        source=d.get("source", path.name))
         try:
             gpu = CostModel(**d)

@@ -14,14 +14,14 @@ DEFAULTS = {
     "full": dict(
         capacity_model="config:qwen2-0.5b", cost_modes=["engine", "hf_cuda_graph"], calibration_every=2,
         capacity_routers=list(ROUTERS), capacity_rate_multiples=[1, 2, 4, 8], capacity_duration_s=15.0,
-        capacity_max_requests=5000,
+        capacity_max_requests=3000, capacity_time_budget_s=75.0,
         slo_ttft_ms=None, slo_tpot_ms=None, max_replicas=32, prefix_groups=16, prefix_tokens=256,
         speed_rate=100.0, speed_replicas=8, speed_duration_s=120.0, seed=0,
         smoke_rates=None, smoke_requests=None),
     "smoke": dict(
         capacity_model="config:tiny-llama", cost_modes=["engine", "hf_cuda_graph"], calibration_every=2,
         capacity_routers=list(ROUTERS), capacity_rate_multiples=[1, 3], capacity_duration_s=3.0,
-        capacity_max_requests=600,
+        capacity_max_requests=600, capacity_time_budget_s=30.0,
         slo_ttft_ms=None, slo_tpot_ms=None, max_replicas=8, prefix_groups=4, prefix_tokens=16,
         speed_rate=100.0, speed_replicas=8, speed_duration_s=10.0, seed=0,
         smoke_rates=[15.0, 45.0], smoke_requests=16),
@@ -62,7 +62,7 @@ def study_params(profile: str = "auto", **overrides) -> dict:
     if not isinstance(mult, (list, tuple)) or not mult:
         raise ParameterError(f"capacity_rate_multiples must be a non-empty list of positive numbers, got {mult!r}")
     p["capacity_rate_multiples"] = sorted(_positive("capacity_rate_multiples", m) for m in mult)
-    for k in ("capacity_duration_s", "speed_rate", "speed_duration_s"):
+    for k in ("capacity_duration_s", "capacity_time_budget_s", "speed_rate", "speed_duration_s"):
         p[k] = _positive(k, p[k])
     if p["speed_duration_s"] > 3600:
         raise ParameterError(f"speed_duration_s must be at most 3600 (one hour), got {p['speed_duration_s']}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import matplotlib.pyplot as plt
+from matplotlib.ticker import NullFormatter
 import numpy as np
 import pandas as pd
 import seaborn as sns
@@ -32,6 +33,8 @@ def plot_real_vs_sim(table: pd.DataFrame, cost_model: str = "gpu+overheads", tit
             ax.fill_between(x, x * (1 - GOAL_PCT / 100), x * (1 + GOAL_PCT / 100), color="k", alpha=0.1, lw=0)
             ax.set_xscale("log")
             ax.set_yscale("log")
+            for axis in (ax.xaxis, ax.yaxis):   # a narrow log range otherwise labels every minor tick
+                axis.set_minor_formatter(NullFormatter())
         unit = "tok/s" if m == "throughput" else "ms"
         ax.set_xlabel(f"real {m} ({unit})")
         ax.set_ylabel(f"simulated {m} ({unit})")
@@ -66,9 +69,11 @@ def plot_error_before_after(table: pd.DataFrame, title: str = ""):
 def plot_capacity(needed: pd.DataFrame, title: str = ""):
     """Replicas needed against request rate, one line per router (points that no tried count met are left out)."""
     fig, ax = plt.subplots(figsize=(6, 3.6))
-    for router, g in needed.groupby("router"):
+    styles = [("o", "-"), ("s", "--"), ("^", ":"), ("D", "-.")]
+    for (router, g), (marker, ls) in zip(needed.groupby("router"), styles * 4):
         g = g.sort_values("rate")
-        ax.step(g["rate"], g["replicas"], where="post", marker="o", label=router)
+        # distinct markers and dashes: routers that need the same count would otherwise hide each other
+        ax.plot(g["rate"], g["replicas"], marker=marker, ls=ls, ms=7, mfc="none", label=router)
     ax.set_xlabel("request rate (req/s)")
     ax.set_ylabel("replicas needed to meet the SLO")
     ax.set_title(title)

@@ -12,7 +12,8 @@ step-by-step runs). The replica then books ``k`` such steps at once: the first t
 rest by appending the tokens and reserving their KV slots through the scheduler's own ``_reserve`` and
 finishing through its ``_finish_reason`` / ``_finish``. The run is committed lazily, so an arrival routed here
 mid-run cuts it at the first step that starts at or after the arrival, as the step-by-step simulation
-would. This is what makes an hour at 100 req/s over 8 replicas fit in a minute.
+would. Every step that admits, finishes or preempts still goes through the real scheduler, whose Python cost
+per running sequence then bounds the simulator's speed (``servelab.sim.speed`` measures it).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import numpy as np
 from servelab.engine.policies import ChunkedPrefill, EagerContBatch, FCFS
 from servelab.engine.scheduler import ScheduledBatch, Scheduler, TokenBudgetScheduler
 from servelab.engine.sequence import SamplingParams, Sequence, SequenceStatus
-from servelab.kv.block_manager import BlockManager
+from servelab.kv.block_manager import BlockManager, OutOfBlocks
 from servelab.sim.cost_model import StepCostModel
 from servelab.sim.records import RequestBook
 
@@ -34,39 +35,81 @@ SIM_TOKEN = 0          # the token every simulated step "samples" (the simulator
 
 
 class SimBlockManager(BlockManager):
-    """The engine's block accounting (allocation, reference counts, frees) without K/V behind it, so that which
-    block a sequence gets does not matter, only how many are free:
+    """The engine's KV-block accounting as the schedulers see it, without K/V behind it: how many blocks each
+    sequence holds and how many are free. A simulated replica has nothing to address, so block ids, slot
+    addresses and reference counts, which the real manager keeps per block in Python, are left out:
+    ``allocate``, ``append`` and ``free`` cost O(1) instead of O(blocks) (long prompts hold hundreds), and
+    ``slot_mapping`` returns placeholders of the right length, built in C.
 
-    - ``slot_mapping`` returns placeholders of the right length, built in C instead of one Python expression
-      per token (otherwise the largest cost of simulating long prompts);
-    - free blocks are a stack instead of a lowest-id-first heap (the heap keeps a real pool compact; here it
-      would only cost two heap operations per block).
-
-    No prefix cache: the simulated prompts are placeholder ids, so a cache would see every prompt as shared.
+    The capacity rules are ``BlockManager``'s: ``ceil(tokens / block_size)`` blocks per sequence, ``OutOfBlocks``
+    with nothing changed when they do not fit. ``tests/test_sim_engine_order.py`` checks, against the engine with
+    the real manager, that scheduling comes out the same, preemptions included. No prefix cache and no sharing
+    (``fork``): the simulated prompts are placeholder ids, so a cache would see every prompt as shared.
     """
 
     def __init__(self, num_blocks: int, block_size: int):
         super().__init__(num_blocks, block_size)
-        self._free.reverse()   # pop() hands out block 0 first, like the heap
+        self._free_count = num_blocks
+        self._held: dict = {}        # seq_id -> blocks it holds
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self._free_count
+
+    def can_allocate(self, num_tokens: int, cached_blocks=()) -> bool:
+        if cached_blocks:
+            raise ValueError("the simulator's block manager has no prefix cache")
+        return -(-num_tokens // self.block_size) <= self._free_count
+
+    def allocate(self, seq_id, num_tokens: int, cached_blocks=()) -> list[int]:
+        if cached_blocks:
+            raise ValueError("the simulator's block manager has no prefix cache")
+        if seq_id in self._held:
+            raise ValueError(f"sequence {seq_id!r} already has blocks; append to it or free it first")
+        need = self.blocks_needed(num_tokens)
+        if need > self._free_count:
+            raise OutOfBlocks(need, self._free_count, seq_id)
+        self._held[seq_id] = need
+        self._tokens[seq_id] = num_tokens
+        self._free_count -= need
+        return [-1] * need
+
+    def append(self, seq_id, num_new_tokens: int) -> list[int]:
+        held, n = self._held[seq_id], self._tokens[seq_id]
+        need = -(-(n + num_new_tokens) // self.block_size) - held
+        if need > self._free_count:
+            raise OutOfBlocks(need, self._free_count, seq_id)
+        self._held[seq_id] = held + need
+        self._tokens[seq_id] = n + num_new_tokens
+        self._free_count -= need
+        return [-1] * num_new_tokens
+
+    def free(self, seq_id) -> None:
+        self._free_count += self._held.pop(seq_id)
+        del self._tokens[seq_id]
+
+    def __contains__(self, seq_id) -> bool:
+        return seq_id in self._held
+
+    def num_tokens(self, seq_id) -> int:
+        return self._tokens[seq_id]
 
     def slot_mapping(self, seq_id, start: int, end: int) -> list[int]:
         return [-1] * (end - start)
 
-    def _take(self) -> int:
-        b = self._free.pop()
-        self._ref[b] = 1
-        return b
-
-    def _release(self, b: int) -> None:
-        self._free.append(b)
+    def fork(self, src_seq, dst_seq):
+        raise NotImplementedError("the simulator's block manager does not share blocks")
 
 
 class SimSequence(Sequence):
-    """A request in the simulator: placeholder prompt ids (the scheduler only counts tokens), ``index`` is its
-    row in the trace. The trace was validated as a whole, so the per-token check of ``Sequence`` is skipped."""
+    """A request in the simulator; ``index`` is its row in the trace. Its prompt is placeholder ids (the
+    scheduler only counts tokens) unless ``prompt_ids`` are given (a prefix cache compares them). The trace was
+    validated as a whole, so the per-token check of ``Sequence`` is skipped."""
 
-    def __init__(self, index: int, prompt_tokens: int, params: SamplingParams, arrival_s: float):
-        super().__init__([SIM_TOKEN] * prompt_tokens, params, arrival_s=arrival_s)
+    def __init__(self, index: int, prompt_tokens: int, params: SamplingParams, arrival_s: float,
+                 prompt_ids: list[int] | None = None):
+        super().__init__([SIM_TOKEN] * prompt_tokens if prompt_ids is None else prompt_ids, params,
+                         arrival_s=arrival_s)
         self.index = index
 
     def __post_init__(self):
@@ -89,7 +132,6 @@ class Replica:
         self.scheduled_wake = False   # a wake-up is queued for an idle replica
         self._batch: ScheduledBatch | None = None
         self._ends: np.ndarray | None = None   # end time (s) of each step of the in-flight run
-        self._start_s = 0.0
         self._steps = 0
         self.num_steps = 0
 
@@ -105,6 +147,7 @@ class Replica:
     def start(self, t: float) -> float | None:
         """Schedule the next step at ``t``; its end time (s), or None when there is nothing to run."""
         sched = self.scheduler
+        waiting_before = len(sched.waiting)
         while True:
             batch = sched.schedule()
             if batch.items:
@@ -115,7 +158,7 @@ class Replica:
                                        f"waiting and {len(sched.running)} running sequences")
                 return None
         pre_tokens = decodes = ctx = 0
-        pairs = 0.0
+        pairs = ctx_pairs = 0.0
         samplers = []          # sequences that get a token from this step
         for it in batch.items:
             n = it.num_tokens
@@ -127,21 +170,26 @@ class Replica:
             else:
                 pre_tokens += n
                 pairs += n * (it.start + n / 2)
+                ctx_pairs += n * it.start
                 if it.start + n == seq.num_tokens:
                     samplers.append(seq)
-        k = self._run_length(batch) if self.fast_forward and not pre_tokens and not batch.preempted else 1
+        admitted = len(sched.waiting) != waiting_before   # (a prompt whose prefix is cached may admit as one token)
+        k = (self._run_length(batch) if self.fast_forward and not pre_tokens and not batch.preempted and not admitted
+             else 1)
         if k == 1:
-            self._ends = np.array([t + self.cost.step_ms(pre_tokens, pairs, decodes, ctx, len(batch.items)) / 1e3])
+            self._ends = np.array([t + self.cost.step_ms(pre_tokens, pairs, decodes, ctx, len(batch.items),
+                                                         ctx_pairs) / 1e3])
         else:
             self._ends = t + np.cumsum(self.cost.decode_run_ms(decodes, ctx, k)) / 1e3
-        self._batch, self._start_s, self._steps, self._samplers = batch, t, k, samplers
+        self._batch, self._steps, self._samplers = batch, k, samplers
         if self.step_log is not None:
             self._log = (t, pre_tokens, decodes, len(batch.items), len(sched.waiting), len(batch.preempted))
         return float(self._ends[-1])
 
     def _run_length(self, batch: ScheduledBatch) -> int:
         """How many identical decode-only steps (this one included) can be booked at once: until the first
-        sequence finishes, or while the free KV blocks cover every sequence's growth."""
+        sequence finishes, or while the free KV blocks cover every sequence's growth (with a prefix cache:
+        without evicting a cached block)."""
         sched = self.scheduler
         items = batch.items
         if len(items) != len(sched.running):
@@ -157,6 +205,10 @@ class Replica:
             return 1
         bs = sched.bm.block_size
         free = sched.bm.num_free_blocks
+        if sched.bm.prefix_cache is not None:
+            # only truly free blocks: an eviction inside the run would interleave with the blocks the run
+            # registers step by step (a chain through an evicted block stops registering), so it must not happen
+            free -= sched.bm.prefix_cache.num_evictable
 
         def blocks(k: int) -> int:  # new blocks the run's steps 1..k-1 need (step 0 reserved its own)
             return sum(max(0, -(-(it.start + k) // bs) - len(it.seq.kv_slots) // bs) for it in items)
@@ -206,9 +258,10 @@ class Replica:
                     finished += 1
         else:
             times = ends.tolist()
-            max_gap = float(np.max(np.diff(ends)))
+            max_gap = float(ends[-1] - ends[-2])   # steps only lengthen within a run: its context grows
             extra = k - 1
             pad = [SIM_TOKEN] * extra
+            cache = sched.bm.prefix_cache
             for it in batch.items:
                 seq = it.seq
                 book.tokens(seq.index, times, max_gap)
@@ -218,6 +271,8 @@ class Replica:
                 sched._reserve(seq, computed)           # slots for every computed position; the run length
                 seq.output_token_ids += pad             # guaranteed the blocks
                 seq.num_computed_tokens = computed
+                if cache is not None:                   # what postprocess does after each step
+                    sched.bm.cache_blocks(seq.seq_id, computed, seq.token_ids)
                 reason = sched._finish_reason(seq, SIM_TOKEN)
                 if reason is not None:
                     sched._finish(seq, reason)

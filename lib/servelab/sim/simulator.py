@@ -22,8 +22,10 @@ import numpy as np
 import pandas as pd
 
 from servelab.engine.policies import make_scheduler
+from servelab.engine.prefix_cache import PrefixCache
 from servelab.engine.sequence import SamplingParams
 from servelab.loadgen.workload import Trace
+from servelab.kv.block_manager import BlockManager
 from servelab.profiles import ParameterError
 from servelab.sim.cost_model import StepCostModel
 from servelab.sim.records import RequestBook, compact_metrics, compact_summary, records_frame, summarize
@@ -45,6 +47,7 @@ class SimRun:
     params: dict = field(default_factory=dict)
     wall_s: float = 0.0              # how long the simulation itself took (s)
     num_steps: int = 0
+    prefix_hit_rate: float = float("nan")   # prompt tokens found in the replicas' prefix caches / looked up
 
     @property
     def has_token_times(self) -> bool:
@@ -77,7 +80,8 @@ def as_trace(trace) -> Trace:
 def simulate(trace, *, cost: StepCostModel, scheduler: str = "chunked_prefill", replicas: int = 1,
              router: str = "round_robin", max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
              num_blocks: int = DEFAULT_NUM_BLOCKS, block_size: int = 16, token_times: bool = True,
-             step_log: bool = False, fast_forward: bool = True, prefix_k: int = 32, progress: bool = False) -> SimRun:
+             step_log: bool = False, fast_forward: bool = True, prefix_k: int = 32, prefix_caching: bool = False,
+             prefix_eviction: str = "lru", progress: bool = False) -> SimRun:
     """Replay ``trace`` (a ``Trace`` or a DataFrame with ``arrival_s, prompt_tokens, output_tokens``, optional
     ``sent_s`` (when the request really left the client; default ``arrival_s``), ``prompt_ids`` or
     ``prefix_group`` (for the prefix-affinity router)) on
@@ -85,6 +89,8 @@ def simulate(trace, *, cost: StepCostModel, scheduler: str = "chunked_prefill", 
 
     ``token_times=False`` keeps per request only first token, finish and the largest gap (long runs);
     ``step_log=True`` records every step; ``fast_forward=False`` steps one at a time (slow; for checks).
+    ``prefix_caching=True`` gives every replica the engine's prefix cache (``servelab.engine.prefix_cache``,
+    eviction ``prefix_eviction``) over the trace's ``prompt_ids``: cached prompt blocks are not prefilled again.
     """
     if not isinstance(cost, StepCostModel):
         raise ParameterError(f"cost must be a StepCostModel, got {type(cost).__name__}")
@@ -105,7 +111,16 @@ def simulate(trace, *, cost: StepCostModel, scheduler: str = "chunked_prefill", 
     for name, v in (("num_blocks", num_blocks), ("block_size", block_size)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ParameterError(f"{name} must be a positive integer, got {v!r}")
-    reps = [Replica(r, make_scheduler(scheduler, block_manager=SimBlockManager(num_blocks, block_size),
+    if prefix_caching and not tr.has_prompt_ids:
+        raise ParameterError("prefix_caching needs the prompts' token ids (a prompt_ids column in the trace)")
+    ids = df["prompt_ids"].tolist() if prefix_caching else None
+
+    def block_manager():
+        if not prefix_caching:
+            return SimBlockManager(num_blocks, block_size)
+        return BlockManager(num_blocks, block_size, PrefixCache(block_size, prefix_eviction))
+
+    reps = [Replica(r, make_scheduler(scheduler, block_manager=block_manager(),
                                       max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens),
                     cost, book, fast_forward=fast_forward, step_log=log) for r in range(replicas)]
     rt = make_router(router, reps, prompt_ids=df["prompt_ids"].tolist() if tr.has_prompt_ids else None,
@@ -136,7 +151,7 @@ def simulate(trace, *, cost: StepCostModel, scheduler: str = "chunked_prefill", 
             if sp is None:
                 sp = params_cache[m] = SamplingParams(max_tokens=m, ignore_eos=True)
             try:
-                rep.add(SimSequence(j, int(prompt[j]), sp, t))
+                rep.add(SimSequence(j, int(prompt[j]), sp, t, None if ids is None else list(ids[j])))
             except ParameterError as e:   # the real server answers 400: the request fails, nothing is queued
                 book.errors[j] = str(e)
                 continue
@@ -171,5 +186,10 @@ def simulate(trace, *, cost: StepCostModel, scheduler: str = "chunked_prefill", 
     steps = pd.DataFrame(log, columns=STEP_COLUMNS) if log is not None else None
     params = {"scheduler": scheduler, "replicas": replicas, "router": router, "max_num_seqs": max_num_seqs,
               "max_num_batched_tokens": max_num_batched_tokens, "num_blocks": num_blocks, "block_size": block_size,
-              "token_times": token_times, "fast_forward": fast_forward, "cost": cost.source}
-    return SimRun(records, steps, np.asarray(book.max_gap_s), params, wall, sum(rp.num_steps for rp in reps))
+              "token_times": token_times, "fast_forward": fast_forward, "cost": cost.source,
+              "prefix_caching": prefix_caching}
+    caches = [rp.scheduler.bm.prefix_cache for rp in reps if rp.scheduler.bm.prefix_cache is not None]
+    queried = sum(c.queried_tokens for c in caches)
+    hit_rate = sum(c.hit_tokens for c in caches) / queried if queried else float("nan")
+    return SimRun(records, steps, np.asarray(book.max_gap_s), params, wall, sum(rp.num_steps for rp in reps),
+                  hit_rate)

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -179,5 +180,8 @@ def gpu_cost_model(model: str, modes: list[str]) -> tuple[StepCostModel, str] | 
                 continue
             path = d / f"cost_model_{stem}_{mode}.json"
             if path.exists():
-                return StepCostModel.load(path), mode
+                try:
+                    return StepCostModel.load(path), mode
+                except ParameterError as e:   # a file of another form: say so, try the next mode
+                    warnings.warn(f"skipping {path}: {e}", stacklevel=2)
     return None

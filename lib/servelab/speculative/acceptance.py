@@ -10,7 +10,7 @@ The draft proposed ``x_1 … x_γ``; the target scored γ + 1 positions in one f
   rejection draw the replacement from ``norm(max(0, p_i − q_i))``; if all γ are kept, draw a bonus token from
   ``p_{γ+1}``. Every emitted token is then distributed exactly as the target's own sample would be.
 
-Both return ``Acceptance(accepted, next_token)``; one device-to-host copy per call.
+Both return ``Acceptance(accepted, next_token)``; greedy copies to the host once, sampling twice.
 """
 
 from __future__ import annotations
@@ -41,11 +41,10 @@ def greedy_accept(target_logits: torch.Tensor, draft_tokens: torch.Tensor) -> Ac
     """``target_logits`` [γ+1, vocab], ``draft_tokens`` LongTensor [γ] (same device)."""
     gamma = draft_tokens.shape[0]
     _check(target_logits, gamma)
-    best = target_logits.argmax(dim=-1)                          # [γ+1]
-    mismatch = (best[:gamma] != draft_tokens).long()
-    # k = index of the first mismatch, or γ: appending a sentinel 1 makes argmax find it in one pass
-    k = int(torch.cat([mismatch, mismatch.new_ones(1)]).argmax())
-    return Acceptance(k, int(best[k]))
+    best = target_logits.argmax(dim=-1).tolist()                 # [γ+1], one device-to-host copy
+    drafts = draft_tokens.tolist()
+    k = next((i for i in range(gamma) if best[i] != drafts[i]), gamma)
+    return Acceptance(k, best[k])
 
 
 def rejection_accept(target_probs: torch.Tensor, draft_probs: torch.Tensor, draft_tokens: torch.Tensor,

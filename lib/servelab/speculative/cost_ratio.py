@@ -68,12 +68,13 @@ def step_costs(models: dict, modes, *, context: int, roofline=None, warmup: int 
 
 
 def cost_ratios(steps: pd.DataFrame, pairs: list[tuple[str, str]]) -> pd.DataFrame:
-    """c = T_draft / T_target per (draft, target) pair and mode, with the ratios parameters and bytes suggest.
+    """c = T_draft / T_target per (draft, target) pair and mode, with the ratios parameters, weight bytes and the
+    roofline floors suggest.
 
     The interval on c is the ratio of the two timings' interquartile ends (draft p25/target p75 … draft p75/
     target p25): a conservative band, not a confidence interval."""
     cols = ["draft", "target", "mode", "draft_ms", "target_ms", "c", "c_low", "c_high", "target_over_draft",
-            "param_ratio", "bytes_ratio"]
+            "param_ratio", "bytes_ratio", "floor_ratio"]
     if steps.empty or "median_ms" not in steps:
         return pd.DataFrame(columns=cols)
     ok = steps[steps["status"] == "ok"].set_index(["model", "mode"])
@@ -86,7 +87,9 @@ def cost_ratios(steps: pd.DataFrame, pairs: list[tuple[str, str]]) -> pd.DataFra
             c = d.median_ms / t.median_ms
             rows.append(dict(draft=draft, target=target, mode=mode, draft_ms=d.median_ms, target_ms=t.median_ms,
                              c=c, c_low=d.p25_ms / t.p75_ms, c_high=d.p75_ms / t.p25_ms, target_over_draft=1 / c,
-                             param_ratio=t.params / d.params, bytes_ratio=t.weight_bytes / d.weight_bytes))
+                             param_ratio=t.params / d.params, bytes_ratio=t.weight_bytes / d.weight_bytes,
+                             # what the steps would cost at their roofline floors (memory-bound: bytes read)
+                             floor_ratio=t.floor_ms / d.floor_ms if "floor_ms" in t else float("nan")))
     return pd.DataFrame(rows, columns=cols)
 
 

@@ -153,10 +153,10 @@ class SpeculativeDecoder:
         proposal = self.proposer.propose(pending, gamma, params, gen)
         t1 = time.perf_counter()
         logits = self.verifier.score(committed[-1], proposal.tokens)
-        drafts = torch.tensor(proposal.tokens, dtype=torch.long, device=logits.device)
-        if params.greedy:
-            acc = greedy_accept(logits, drafts)
+        if params.greedy:  # the drafts stay on the host: the match runs there, after one copy of the argmaxes
+            acc = greedy_accept(logits, torch.tensor(proposal.tokens, dtype=torch.long))
         else:
+            drafts = torch.tensor(proposal.tokens, dtype=torch.long, device=logits.device)
             acc = rejection_accept(probabilities(logits, params.temperature, params.top_p), proposal.probs, drafts, gen)
         t2 = time.perf_counter()
         sync = rollback(self.target, self.draft, len(committed), acc.accepted, gamma)
@@ -179,6 +179,40 @@ class SpeculativeDecoder:
     def release(self) -> None:
         self.target.reset()
         self.draft.reset()
+
+
+def _device_sampler(params: SamplingParams, generator):
+    """``logits [1, vocab] -> LongTensor [1]`` on the device, as ``sample`` picks for one request."""
+    def pick(logits):
+        if params.greedy:
+            return logits.argmax(dim=-1)
+        return torch.multinomial(probabilities(logits, params.temperature, params.top_p), 1, generator=generator)[:, 0]
+    return pick
+
+
+def autoregressive_chained(lm: PagedLM, prompt: list[int], params: SamplingParams | None = None, chain: int = 8,
+                           eos_token_ids: tuple[int, ...] | None = None) -> Generation:
+    """The stronger baseline: the target alone, ``chain`` decode steps back to back on the device between host
+    checks (the engine's multi-step decoding, ``decode_steps``); tokens past a stop are dropped."""
+    params = params or SamplingParams()
+    _check_prompt(lm, prompt, params, chain)
+    if eos_token_ids is None:
+        from servelab.engine.engine import eos_ids
+
+        eos_token_ids = eos_ids(lm.model.config)
+    t_start = time.perf_counter()
+    gen = _generator(params, lm.device)
+    out: list[int] = []
+    tok = _first_token(lm, prompt, params, gen)
+    reason = _finish(params, tuple(eos_token_ids), out, [tok])
+    pick = _device_sampler(params, gen)
+    while reason is None:
+        k = min(chain, params.max_tokens - len(out))
+        new = lm.decode_chain(out[-1], k, pick)
+        if new is None:  # no graph bucket: one step
+            new = [int(sample(lm.forward([out[-1]]), [params], [gen])[0])]
+        reason = _finish(params, tuple(eos_token_ids), out, new)
+    return Generation(out, reason, seconds=time.perf_counter() - t_start)
 
 
 def autoregressive(lm: PagedLM, prompt: list[int], params: SamplingParams | None = None,

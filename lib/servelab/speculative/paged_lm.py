@@ -61,6 +61,7 @@ class PagedLM:
         self.tokens: list[int] = []   # the tokens whose K/V are in the cache
         self.slots: list[int] = []    # their pool slots
         self.graph_steps = self.eager_steps = 0
+        self._chain = None           # uncaptured DecodeGraphs for decode_chain where no graphs were captured (CPU)
 
     @classmethod
     def from_hf(cls, hf_model, max_model_len: int, max_rows: int, *, name: str = "model", cuda_graphs: bool = True,
@@ -121,6 +122,42 @@ class PagedLM:
         else:
             out = self._prefill(tokens, start, new_slots, last_only)
         return out[-1:] if last_only else out
+
+    @torch.inference_mode()
+    def decode_chain(self, first_token: int, k: int, sample_fn) -> list[int] | None:
+        """``k`` one-token decode steps back to back, each fed the token the step before sampled, on the device:
+        the host waits once, at the end (the draft's γ proposals without γ round trips). Step 0's input is
+        ``first_token``; ``sample_fn(logits [1, vocab]) -> LongTensor [1]`` runs on the device.
+
+        The cache gains ``first_token`` and the first ``k - 1`` sampled tokens; returns the ``k`` sampled tokens,
+        or None (nothing changed) when no captured graph bucket holds the steps.
+        """
+        from servelab.engine.cuda_graphs import DecodeGraphs
+
+        start = self.num_cached
+        if self.seq_id is None or start + k > self.max_len:
+            raise ParameterError(f"{self.name}: decode_chain needs a prefilled sequence with room for {k} tokens")
+        graphs = self.graphs
+        if graphs is None:  # CPU, or graphs off: the same packed-input steps, run eagerly
+            if self._chain is None:
+                self._chain = DecodeGraphs(self.model, self.pool, self.tables, max_batch=1,
+                                           scratch_block=self.engine.num_blocks)
+            graphs = self._chain
+        slots = self.bm.append(self.seq_id, k)
+        positions = list(range(start, start + k))
+        rows = self.tables.rows_for([self.seq_id] * k, positions, slots)
+        out = graphs.run_steps([first_token], [[(p, s, r)] for p, s, r in zip(positions, slots, rows)], sample_fn)
+        if out is None:
+            self.bm.truncate(self.seq_id, start)
+            return None
+        tokens = out[:, 0].tolist()
+        self.tokens += [first_token] + tokens[:-1]
+        self.slots += slots
+        if graphs is self.graphs:
+            self.graph_steps += k
+        else:
+            self.eager_steps += k
+        return tokens
 
     def _decode_rows(self, tokens, positions, slots) -> torch.Tensor:
         rows = self.tables.rows_for([self.seq_id] * len(tokens), positions, slots)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from servelab.models import load_model
+from servelab.models.shape import ModelShape
 from servelab.profiles import ParameterError
 from servelab.speculative.paged_lm import PagedLM
 
@@ -28,6 +29,16 @@ class ModelSet:
     @property
     def drafts(self) -> list[str]:
         return [n for n in self.hf if n != self.target]
+
+    def pairs(self, middle_target: bool = True) -> list[tuple[str, str]]:
+        """(draft, target) pairs: every draft for the target; with ``middle_target``, also every smaller draft for
+        the largest draft (a second target, with a different cost ratio and acceptance)."""
+        out = [(d, self.target) for d in self.drafts]
+        if middle_target and len(self.drafts) >= 2:
+            size = {d: ModelShape.from_config(self.hf[d].config).params for d in self.drafts}
+            middle = max(self.drafts, key=size.get)
+            out += [(d, middle) for d in self.drafts if size[d] < size[middle]]
+        return out
 
     def prompts(self, n: int, length: int, seed: int = 0) -> list[list[int]]:
         """``n`` prompts of ``length`` tokens: held-out files of the family, else random ids (then α is meaningless
@@ -69,11 +80,14 @@ def load_model_set(target: str | None, drafts: list[str] | None, *, profile: str
     return ModelSet(_name(target), hf, "specs", None, "random token ids")
 
 
-def paged_models(ms: ModelSet, max_model_len: int, max_gamma: int, *, cuda_graphs: bool = True) -> dict[str, PagedLM]:
-    """A ``PagedLM`` per model: the target steps up to γ_max + 1 rows (verify), a draft up to 2 (catch-up)."""
+def paged_models(ms: ModelSet, max_model_len: int, max_gamma: int, *, targets=None,
+                 cuda_graphs: bool = True) -> dict[str, PagedLM]:
+    """A ``PagedLM`` per model: a target (``ms.target`` and any in ``targets``) steps up to γ_max + 1 rows (the
+    verify), a draft only up to 2 (its catch-up)."""
+    targets = set(targets or ()) | {ms.target}
     out = {}
     for name, model in ms.hf.items():
-        rows = max_gamma + 1 if name == ms.target else 2
+        rows = max_gamma + 1 if name in targets else 2
         out[name] = PagedLM.from_hf(model, max_model_len, rows, name=name, cuda_graphs=cuda_graphs)
     return out
 

@@ -13,14 +13,14 @@ DEFAULTS = {
     # H200 budget: ≈150 s after the family's training. The generation sweep stops itself at time_budget_s.
     "full": dict(target=None, drafts=None, dtype="bfloat16", gammas=[1, 2, 4, 8, "adaptive"],
                  temperatures=[0.0, 1.0], num_prompts=5, prompt_len=128, max_new_tokens=96, warmup=1, repeats=2,
-                 time_budget_s=75, shape_pairs=[["config:qwen2-0.5b", "config:qwen2-1.5b"]],
-                 cost_modes=["hf_eager", "hf_cuda_graph", "engine"], cost_context=128, cost_repeats=20,
-                 verify_rows=[1, 2, 3, 4, 5, 6, 7, 8, 9], seed=0),
+                 time_budget_s=60, shape_pairs=[["config:qwen2-0.5b", "config:qwen2-1.5b"]],
+                 cost_modes=["hf_eager", "hf_cuda_graph", "engine"], cost_context=128, cost_repeats=15,
+                 verify_rows=[1, 2, 3, 4, 5, 6, 7, 8, 9], middle_target=True, chain_steps=8, seed=0),
     # two CPU cores: the tiny trained family, a few points
     "smoke": dict(target=None, drafts=None, dtype="float32", gammas=[2, "adaptive"], temperatures=[0.0, 1.0],
                   num_prompts=2, prompt_len=24, max_new_tokens=12, warmup=0, repeats=1, time_budget_s=None,
                   shape_pairs=[["config:tiny-llama", "config:tiny-qwen2"]], cost_modes=["hf_eager", "engine"],
-                  cost_context=16, cost_repeats=3, verify_rows=[1, 2, 4], seed=0),
+                  cost_context=16, cost_repeats=3, verify_rows=[1, 2, 4], middle_target=True, chain_steps=4, seed=0),
 }
 
 
@@ -94,6 +94,9 @@ def study_params(profile: str = "auto", **overrides) -> dict:
     check_int_range("cost_context", p["cost_context"], 1, 1 << 16)
     check_int_range("cost_repeats", p["cost_repeats"], 1, 1000)
     p["verify_rows"] = check_positive_ints("verify_rows", p["verify_rows"], maximum=64)
+    if not isinstance(p["middle_target"], bool):
+        raise ParameterError(f"middle_target must be True or False, got {p['middle_target']!r}")
+    check_int_range("chain_steps", p["chain_steps"], 0, 64)  # 0: no multi-step baseline
     check_int_range("seed", p["seed"], 0, 2**31 - 1)
     return p
 

@@ -17,12 +17,13 @@ def acceptance(speed: pd.DataFrame, device_name: str):
     """α (maximum-likelihood per-token acceptance) per draft and γ, one panel per temperature."""
     temps = sorted(speed.temperature.unique())
     fig, axes = plt.subplots(1, len(temps), figsize=(5.5 * len(temps), 3.8), squeeze=False, sharey=True)
+    speed = speed.assign(pair=speed.draft + " → " + speed.target)
     for ax, T in zip(axes[0], temps):
         s = speed[speed.temperature == T]
-        sns.barplot(data=s, x="gamma", y="alpha", hue="draft", ax=ax)
+        sns.barplot(data=s, x="gamma", y="alpha", hue="pair", ax=ax)
         ax.set(ylim=(0, 1), xlabel="γ (draft tokens per round)", ylabel="α (per-token acceptance)",
                title=f"temperature {T:g}" + (" (greedy)" if T == 0 else ""))
-        ax.legend(fontsize=7, title="draft", title_fontsize=7)
+        ax.legend(fontsize=7, title="draft → target", title_fontsize=7)
     fig.suptitle(f"Acceptance on held-out prompts, {device_name}")
     fig.tight_layout()
     return fig
@@ -33,7 +34,7 @@ def speedup_vs_prediction(speed: pd.DataFrame, device_name: str):
     Leviathan prediction, with the line of perfect prediction."""
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
     s = speed.copy()
-    s["series"] = s.draft + ", T=" + s.temperature.map(lambda t: f"{t:g}")
+    s["series"] = s.draft + " → " + s.target + ", T=" + s.temperature.map(lambda t: f"{t:g}")
     for (name, grp), color in zip(s.groupby("series", sort=False), sns.color_palette(n_colors=s.series.nunique())):
         ax1.errorbar(grp.gamma.astype(str), grp.speedup, yerr=[grp.speedup - grp.speedup_ci_low,
                                                             grp.speedup_ci_high - grp.speedup],
@@ -62,8 +63,11 @@ def cost_ratios(ratios: pd.DataFrame, device_name: str):
     sns.barplot(data=r, x="pair", y="target_over_draft", hue="mode_label", ax=ax)
     pairs = list(dict.fromkeys(r.pair))
     for i, p in enumerate(pairs):
-        pr = float(r[r.pair == p].param_ratio.iloc[0])
-        ax.hlines(pr, i - 0.4, i + 0.4, colors="k", linestyles="--", label="parameter ratio" if i == 0 else None)
+        row = r[r.pair == p].iloc[0]
+        ax.hlines(row.param_ratio, i - 0.4, i + 0.4, colors="k", linestyles="--", label="parameter ratio" if i == 0 else None)
+        if np.isfinite(row.get("floor_ratio", np.nan)):
+            ax.hlines(row.floor_ratio, i - 0.4, i + 0.4, colors="tab:green", linestyles="-.",
+                      label="ratio of roofline floors (measured ceilings)" if i == 0 else None)
     ax.axhline(SEED_TARGET_OVER_DRAFT, color="tab:red", ls=":",
                label=f"RTX 2070 (seed): {SEED_TARGET_OVER_DRAFT}× (parameters {SEED_PARAM_RATIO}×)")
     ax.axhline(1, color="gray", lw=0.8)
@@ -80,14 +84,14 @@ def pays_map(grid: pd.DataFrame, points: pd.DataFrame, ratios: pd.DataFrame, dev
     the measured c of the Qwen2 shapes per mode (horizontal lines), and the seed's c."""
     piv = grid.pivot(index="c", columns="alpha", values="improvement")
     A, C = np.meshgrid(piv.columns.to_numpy(), piv.index.to_numpy())
-    fig, ax = plt.subplots(figsize=(7.5, 5))
+    fig, ax = plt.subplots(figsize=(7.5, 6.2))
     levels = [0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4, 6]
     cs = ax.contourf(A, C, piv.to_numpy(), levels=levels, cmap="RdYlGn", extend="both")
     fig.colorbar(cs, ax=ax, label="best predicted speedup over γ ≤ 8 (×)")
     ax.contour(A, C, piv.to_numpy(), levels=[1], colors="k", linewidths=1.5)
     if len(points):
-        for (d, grp), m in zip(points.groupby("draft"), "os^Dv<>p"):
-            ax.scatter(grp.alpha, grp.c, marker=m, s=60, edgecolor="k", label=f"{d} (measured α, engine c)")
+        for ((d, t), grp), m in zip(points.groupby(["draft", "target"]), "os^Dv<>p"):
+            ax.scatter(grp.alpha, grp.c, marker=m, s=60, edgecolor="k", label=f"{d} → {t} (measured α, engine c)")
     styles = {"hf_eager": ":", "hf_cuda_graph": "-.", "engine": "--"}
     for row in ratios.itertuples():
         ax.axhline(row.c, color="navy", ls=styles.get(row.mode, "-"), lw=1,
@@ -95,9 +99,9 @@ def pays_map(grid: pd.DataFrame, points: pd.DataFrame, ratios: pd.DataFrame, dev
     ax.axhline(1 / SEED_TARGET_OVER_DRAFT, color="tab:red", ls=":", lw=1.5,
                label=f"RTX 2070 (seed): c = 1/{SEED_TARGET_OVER_DRAFT}")
     ax.set(xlabel="α (per-token acceptance)", ylabel="c = draft step / target step",
-           xlim=(A.min(), A.max()), ylim=(C.min(), C.max()),
+           xlim=(A.min() - 0.02, A.max() + 0.02), ylim=(0, C.max()),
            title=f"Where speculation pays (black line: break-even), {device_name}")
-    ax.legend(fontsize=6, loc="upper left")
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(0, -0.12), ncol=2)  # below: the map stays visible
     fig.tight_layout()
     return fig
 

@@ -6,8 +6,8 @@ tokens; the draft may lag one more after a round that kept everything). After it
 - the target has cached ``committed + γ`` tokens (its input: the pending token and the γ drafts) and keeps
   ``committed + k``: the accepted drafts are now committed, the new token (correction or bonus) is pending;
 - the draft has cached ``committed + γ - 1`` (it never ran its own last draft) and keeps
-  ``committed + min(k, γ - 1)``. When all γ were kept, it lags by the last draft, which it computes at the
-  start of the next round together with the pending token (two rows of one step).
+  ``committed + min(k, γ - 1)``. When all γ were kept, it lags by the last draft, whose K/V it computes at
+  the start of the next round, before it drafts from the pending token.
 
 On the paged cache a rollback is host bookkeeping: blocks past the prefix go back to the free list.
 """
