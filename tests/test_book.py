@@ -169,6 +169,23 @@ def test_only_the_h200_counts_and_the_latest_run_wins(tmp_path):
     assert book_findings(tmp_path / "nothing").empty
 
 
+def test_f23_takes_the_simulators_validation_as_its_evidence(tmp_path):
+    own = {"id": "F2.3", "claim": "default costs hold", "seed_value": "30-70", "measured_value": "7.4",
+           "unit": "µs/token", "verdict": "changes", "note": "re-fit per GPU"}
+    write_run(tmp_path, "nvidia-h200", "02_gpu_costs", [own])
+    assert book_findings(tmp_path).loc[0, "verdict"] == "changes"  # no validation run yet: the study's own row
+    sim = write_run(tmp_path, "nvidia-h200", "08_simulator", None, "2026-12-03T00:00:00+00:00")
+    pd.DataFrame([dict(own, measured_value="33.9", unit="% median |error|", verdict="fails",
+                       note="median error over held-out runs")]).to_csv(sim / "f23_evidence.csv", index=False)
+    row = book_findings(tmp_path).iloc[0]
+    assert (row["verdict"], row["measured_value"], row["claim"]) == ("fails", "33.9", "default costs hold")
+    assert "the study's own run alone said: changes, 7.4 µs/token" in row["note"]
+    assert row["study"] == "02_gpu_costs" and row["started_utc"] == "2026-12-03T00:00:00+00:00"
+    pd.DataFrame([dict(own, verdict="perhaps")]).to_csv(sim / "f23_evidence.csv", index=False)
+    with pytest.raises(FindingsError, match="f23_evidence.csv"):
+        book_findings(tmp_path)
+
+
 @pytest.mark.parametrize("change, message", [
     ({"verdict": "maybe"}, "verdict must be one of"),
     ({"id": "F4.1"}, "claim F4.1 belongs to study 4, not to 05_attention"),

@@ -16,6 +16,10 @@ from servelab.book.studies import STUDIES
 from servelab.results import FINDINGS_COLUMNS, VERDICTS, results_root
 
 BOOK_DEVICE = "h200"
+# Claims whose verdict comes from a later, better-placed run than their own study's: F2.3 asks whether costs
+# measured in isolation predict a server under load, which only the simulator's validation against the real
+# server (issue #7) can answer. (claim id -> results folder, file); the study's own row stays in its note.
+EVIDENCE = {"F2.3": ("08_simulator", "f23_evidence.csv")}
 RUN_COLUMNS = ["study", "device_slug", "device_name", "started_utc", "git_commit", "torch", "cuda", "driver",
                "copy_gb_s", "matmul_tflop_s", "matmul_dtype"]
 
@@ -87,4 +91,31 @@ def book_findings(root: Path | None = None, device: str = BOOK_DEVICE) -> pd.Dat
     if not frames:
         return pd.DataFrame(columns=cols)
     out = pd.concat(frames, ignore_index=True)[cols]
+    out = _apply_evidence(out, root, device)
     return out.iloc[sorted(range(len(out)), key=lambda i: claim_sort_key(out["id"].iloc[i]))].reset_index(drop=True)
+
+
+def _apply_evidence(out: pd.DataFrame, root: Path, device: str) -> pd.DataFrame:
+    """Replace a claim's row by its ``EVIDENCE`` run's row where that run exists on the book's device; the
+    study's own verdict is kept in the note, and the provenance columns name the evidence run."""
+    out = out.copy()
+    for claim_id, (folder, name) in EVIDENCE.items():
+        found = sorted(root.glob(f"*{device}*/{folder}/{name}"))
+        mine = out.index[out["id"] == claim_id]
+        if not found or mine.empty:
+            continue
+        ev = pd.read_csv(found[-1], dtype=str, keep_default_na=False)
+        missing = [c for c in FINDINGS_COLUMNS if c not in ev.columns]
+        if missing or list(ev["id"]) != [claim_id] or ev["verdict"].iat[0] not in VERDICTS:
+            raise FindingsError(f"{found[-1]}: needs the findings columns, one row for {claim_id} and a verdict in "
+                                f"{VERDICTS}")
+        run = read_run(found[-1].parent / "run.json")
+        i, row = mine[0], ev.iloc[0]
+        own = out.loc[i]
+        note = (f"{row['note']} (from {folder}'s validation run; the study's own run alone said: {own['verdict']}, "
+                f"{own['measured_value']} {own['unit']})")
+        out.loc[i, FINDINGS_COLUMNS] = [row["id"], own["claim"], own["seed_value"], row["measured_value"],
+                                        row["unit"], row["verdict"], note]
+        out.loc[i, ["device_slug", "device_name", "started_utc", "git_commit"]] = [
+            run["device_slug"], run["device_name"], run["started_utc"], run["git_commit"]]
+    return out
