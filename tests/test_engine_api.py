@@ -199,4 +199,6 @@ def test_on_step_records_the_batch_composition(engine):
     engine.generate([PROMPT, PROMPT[:2]], SamplingParams(max_tokens=3, ignore_eos=True))
     assert records[0].prefill_tokens == len(PROMPT) + 2 and records[0].decode_tokens == 0
     assert [r.decode_tokens for r in records[1:]] == [2, 2]
+    assert records[0].prefill_context_tokens == 0  # fresh prompts: nothing cached before them
+    assert records[1].decode_context_tokens == (len(PROMPT) + 1) + (2 + 1)  # each decode attends to all its tokens
     assert all(r.end_s >= r.start_s for r in records)

@@ -56,6 +56,8 @@ class StepRecord(NamedTuple):
     num_waiting: int      # queue length after scheduling
     num_preempted: int
     decode_steps: int     # >1 for a multi-step decode group
+    prefill_context_tokens: int = 0  # Σ over prefill items of new tokens × tokens cached before them (attention work)
+    decode_context_tokens: int = 0   # Σ over decode items of the tokens each attends to (KV bytes read)
 
 
 def eos_ids(config) -> tuple[int, ...]:
@@ -203,7 +205,9 @@ class Engine:
         if self.on_step is not None:
             decodes = sum(1 for it in batch.items if it.is_decode)
             self.on_step(StepRecord(t0, time.perf_counter(), batch.num_tokens - decodes, decodes, len(batch.items),
-                                    len(self.scheduler.waiting), len(batch.preempted), group_steps))
+                                    len(self.scheduler.waiting), len(batch.preempted), group_steps,
+                                    sum(it.num_tokens * it.start for it in batch.items if not it.is_decode),
+                                    sum(it.start + 1 for it in batch.items if it.is_decode)))
         return events
 
     def _decode_group(self, batch: ScheduledBatch) -> list[TokenEvent] | None:
