@@ -92,6 +92,18 @@ def test_f13_and_combination_across_models():
     assert row["verdict"] == "changes" and "a: holds" in row["note"] and "b: fails" in row["note"]
 
 
+def test_runs_past_capacity_are_left_out_of_the_pairs():
+    s = sweep(58.6, 34.1, 1000, 1000)
+    s["requests"] = 10
+    late = (s["scheduler"] == "chunked_prefill") & (s["rate_fraction"] == 1.0)
+    s.loc[late, "cut"] = 8                                      # most requests cut: past capacity
+    assert verdicts.paired(s, 512)["rate_fraction"].tolist() == [0.5]
+    s.loc[late, "cut"], s.loc[late, "max_itl_ms"] = 0, float("nan")   # no stall measured at all
+    assert verdicts.paired(s, 512)["rate_fraction"].tolist() == [0.5]
+    s.loc[s["scheduler"] == "chunked_prefill", "max_itl_ms"] = float("nan")
+    assert verdicts.f12(s, 512)["measured_value"] == "not measured"   # never judged on NaN
+
+
 def test_missing_data_is_said_not_invented():
     empty = summary_frame([])
     rows = verdicts.findings(empty, 512)

@@ -1,5 +1,9 @@
 """Verdicts on claims F1.1–F1.3, computed from the sweep's summary rows (never typed).
 
+F1.1 and F1.2 compare paired runs only where both policies served the load: a run whose worst stall is unknown
+(no request produced two tokens) or that had more than half its requests cut at the deadline is past its
+capacity, and its stall or throughput says nothing about fairness, so that rate is left out of the pair.
+
 Each claim is judged per model size, then combined: the same verdict on every model is the verdict; a
 claim that holds on one size and not on another has *changed* (the note says where it holds).
 
@@ -47,10 +51,21 @@ def _ok_rate_sweep(summary: pd.DataFrame) -> pd.DataFrame:
     return summary[(summary["status"] == "ok") & (summary["sweep"] == "rate")]
 
 
+MAX_CUT_SHARE = 0.5  # a run that cut more of its requests than this was past capacity
+
+
+def _served(s: pd.DataFrame) -> pd.DataFrame:
+    """Runs with a measured worst stall that did not cut most of their requests."""
+    keep = s["max_itl_ms"].notna()
+    if {"cut", "requests"} <= set(s.columns):
+        keep &= s["cut"] <= MAX_CUT_SHARE * s["requests"]
+    return s[keep]
+
+
 def paired(summary: pd.DataFrame, reference_budget: int) -> pd.DataFrame:
-    """Per model and rate fraction measured with both: EagerContBatch's and ChunkedPrefill's (at the
-    reference budget) max stall, p99 ITL, delivered throughput and mean TTFT."""
-    s = _ok_rate_sweep(summary)
+    """Per model and rate fraction served by both (see ``_served``): EagerContBatch's and ChunkedPrefill's
+    (at the reference budget) max stall, p99 ITL, delivered throughput and mean TTFT."""
+    s = _served(_ok_rate_sweep(summary))
     cols = ["max_itl_ms", "itl_p99_ms", "delivered_tok_s", "mean_ttft_ms", "rate", "cut"]
     e = s[s["scheduler"] == "eager_cont_batch"].set_index(["model", "rate_fraction"])[cols]
     c = s[(s["scheduler"] == "chunked_prefill") & (s["budget"] == reference_budget)].set_index(
