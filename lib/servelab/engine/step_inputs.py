@@ -13,6 +13,7 @@ import torch
 from servelab.engine.scheduler import ScheduledBatch, ScheduledSequence
 from servelab.engine.block_tables import DeviceBlockTables
 from servelab.models.layers.attention import AttentionMetadata
+from servelab.models.layers.context_prefill import build_context_batch
 from servelab.models.layers.prefill import PrefillSegment
 
 
@@ -45,11 +46,16 @@ def build_step_inputs(batch: ScheduledBatch, tables: DeviceBlockTables, device, 
         meta.decode_context_lens = torch.tensor([p + 1 for p in positions], dtype=torch.long, device=device)
         meta.decode_block_tables = tables.gather(rows, max(positions) // bm.block_size + 1)
     q = len(decodes)
+    context = []
     for it in prefills:
-        table = (torch.tensor(bm.block_table(it.seq.seq_id), dtype=torch.long, device=device)
-                 if it.start > 0 else None)  # only read back when there is cached context
-        meta.prefills.append(PrefillSegment(q, it.num_tokens, it.start, table))
+        # segments with cached context run batched (meta.context), so none needs its own block table
+        meta.prefills.append(PrefillSegment(q, it.num_tokens, it.start, None))
+        if it.start > 0:
+            context.append((q, it.num_tokens, it.start, _slots(bm.block_table(it.seq.seq_id), bm.block_size,
+                                                              it.start + it.num_tokens)))
         q += it.num_tokens
+    if context:
+        meta.context = build_context_batch(context, device)
     if varlen and len(fresh) >= 2:
         lens = [it.num_tokens for it in fresh]
         offsets = [0]
@@ -68,3 +74,9 @@ def build_step_inputs(batch: ScheduledBatch, tables: DeviceBlockTables, device, 
     return StepInputs(torch.tensor(ids, dtype=torch.long, device=device),
                       torch.tensor(pos, dtype=torch.long, device=device), meta,
                       torch.tensor(last, dtype=torch.long, device=device), sampling)
+
+
+def _slots(block_table: list[int], block_size: int, n: int) -> torch.Tensor:
+    """Pool slots of positions 0 … n-1 of a sequence with this block table."""
+    blocks = torch.tensor(block_table, dtype=torch.long)
+    return (blocks[:, None] * block_size + torch.arange(block_size)).flatten()[:n]

@@ -6,7 +6,8 @@ context). Every token's K/V is first written into the pool at its slot; then
 
 - decode tokens attend to their sequence's whole cache through the block table (``decode.py``);
 - a prefill segment attends causally to its cached context plus itself (``prefill.py``): segments
-  without cached context in one varlen flash-attention call where available, others one by one.
+  without cached context in one varlen flash-attention call where available; segments with cached
+  context all together in one padded, masked call (``context_prefill.py``); the rest one by one.
 
 ``backend="reference"`` treats every decode as a one-token prefill segment: slow, simple, the
 baseline that the batched decode kernels are tested against.
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from servelab.models.layers.context_prefill import ContextBatch, context_prefill
 from servelab.models.layers.decode import DECODE_BACKENDS
 from servelab.models.layers.prefill import PrefillSegment, prefill_attention, varlen_prefill
 
@@ -36,6 +38,8 @@ class AttentionMetadata:
     varlen_segments: int = 0
     varlen_cu_seqlens: torch.Tensor | None = None  # IntTensor [varlen_segments + 1], offsets from their first token
     varlen_max_len: int = 0
+    # every prefill segment with cached context, batched into one attention call (None: one call per segment)
+    context: ContextBatch | None = None
 
 
 class PagedAttention(nn.Module):
@@ -82,6 +86,9 @@ class PagedAttention(nn.Module):
             sl = slice(first.q_start, last.q_start + last.q_len)
             out[sl] = varlen_prefill(q[sl], k[sl], v[sl], meta.varlen_cu_seqlens, meta.varlen_max_len, self.scale)
             prefills = prefills[meta.varlen_segments:]
+        if meta.context is not None:
+            out[meta.context.out_index] = context_prefill(q, k_pool, v_pool, meta.context, self.scale)
+            prefills = [seg for seg in prefills if seg.context_len == 0]
         for seg in prefills:
             sl = slice(seg.q_start, seg.q_start + seg.q_len)
             out[sl] = prefill_attention(q[sl], k[sl], v[sl], seg, k_pool, v_pool, self.scale)
