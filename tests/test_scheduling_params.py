@@ -11,10 +11,13 @@ def test_profiles_validate_and_full_fits_its_budget():
     full = study_params("full")
     assert full["models"] == ["config:qwen2-0.5b", "config:llama-3-8b"]
     assert ["eager_cont_batch", full["max_num_batched_tokens"]] in full["policies"]   # None → whole prompts
-    # the sweep's upper-bound estimate stays near the study's 240 s (model loads guessed at 12 s each)
-    assert estimate_runtime_s(full) < 240
+    # the sweep's upper-bound estimate stays near the study's 240 s (model loads guessed at 12 s each, plus 8 s
+    # for each engine process's fresh interpreter); the sweep itself stops at time_budget_s, skipping what is left
+    assert full["engine_process"] is True and estimate_runtime_s(full) < 250 and full["time_budget_s"] < 240
+    assert estimate_runtime_s({**full, "engine_process": False}) < 240
     smoke = study_params("smoke")
-    assert smoke["models"] == ["config:tiny-llama"] and smoke["dtype"] == "float32"
+    assert smoke["models"] == ["config:tiny-llama"] and smoke["dtype"] == "float32" and smoke["engine_process"]
+    assert study_params("smoke", engine_process=False)["engine_process"] is False
 
 
 def test_plan_pairs_policies_on_shared_traces():
@@ -43,6 +46,8 @@ def test_plan_pairs_policies_on_shared_traces():
     (dict(window_s=0), "window_s"),
     (dict(prompt_max=8000, output_max=512), "max_model_len"),
     (dict(slo_itl_ms="fast"), "slo_itl_ms"),
+    (dict(engine_process="yes"), "engine_process"),
+    (dict(engine_process=1), "engine_process"),
     (dict(profile_typo=1), "unknown parameters"),
 ])
 def test_bad_parameters(override, match):

@@ -1,6 +1,6 @@
-"""The real loop on CPU: a tiny model served in-process (``PolicyServer``), its policy switched between
-runs, driven over HTTP by the load generator in its own process (``LoadWorker``); the step log lines up
-with the client's records."""
+"""The real loop on CPU: a tiny model served over HTTP (``PolicyServer``), its policy switched between runs,
+driven by the load generator in its own process (``LoadWorker``); the step log lines up with the client's
+records. Most tests serve in-process (fast); one runs the engine in its own process, Study 1's default."""
 
 import math
 
@@ -11,40 +11,79 @@ from servelab.loadgen.worker import LoadWorker
 from servelab.loadgen.workload import Trace
 from servelab.profiles import ParameterError
 from servelab.scheduling.params import study_params
-from servelab.scheduling.serving import PolicyServer, graph_sizes
+from servelab.scheduling.serving import WARMUP_PROMPT_TOKENS, PolicyServer, graph_sizes
 from servelab.scheduling.sweep import Point, run_point, run_probe
+from servelab.server.step_log import read_step_log
+
+
+def tiny_server(tmp, *, engine_process: bool) -> PolicyServer:
+    return PolicyServer("config:tiny-llama", dtype="float32", device="cpu", max_num_seqs=8, max_num_batched_tokens=256,
+                        max_model_len=256, num_blocks=128, step_log_path=tmp / "steps.jsonl",
+                        engine_process=engine_process)
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
+def worker():
+    with LoadWorker() as w:
+        yield w
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, worker):
     tmp = tmp_path_factory.mktemp("study01")
-    with PolicyServer("config:tiny-llama", dtype="float32", device="cpu", max_num_seqs=8, max_num_batched_tokens=256,
-                      max_model_len=256, num_blocks=128, step_log_path=tmp / "steps.jsonl") as srv, \
-            LoadWorker() as worker:
+    with tiny_server(tmp, engine_process=False) as srv:
         yield srv, worker, tmp
 
 
-def test_policy_switch_changes_batch_composition(served):
-    srv, worker, tmp = served
-    # four 100-token prompts at once: whole-prompt prefill steps vs 32-token chunks
+def serve_under_two_policies(srv: PolicyServer, worker, tmp) -> dict:
+    """Four 100-token prompts at once under EagerContBatch, then under ChunkedPrefill@32; each run's steps."""
     trace = Trace.synthetic(rate=math.inf, lengths=FixedLengths(100, 4), n=4).with_prompt_ids(srv.vocab)
     seen = {}
     for name, budget in (("eager_cont_batch", 256), ("chunked_prefill", 32)):
         srv.use_policy(name, budget)
-        assert srv.policy == (name, budget)
+        assert srv.policy == (name, budget) and srv.last_warmup_s > 0
         records, meta = worker.run(srv.base_url, trace, tmp, deadline_s=30, name=name)
         assert records["ok"].all() and (records["output_tokens"] == 4).all()
         srv.wait_idle()
-        assert srv.engine.block_manager.num_used_blocks == 0
-        steps = srv.steps_between(meta["t0_perf_s"], meta["t0_perf_s"] + 30)
+        assert srv.idle_state() == {"unfinished": False, "waiting": 0, "running": 0, "used_blocks": 0}
+        t0 = meta["t0_perf_s"]
+        steps = srv.steps_between(t0, t0 + 30)
         seen[name] = steps
         # the client's first token comes after the step that prefilled it ended (one clock for both)
-        first_step_end = steps["end_s"].min() - meta["t0_perf_s"]
-        assert records["first_token_s"].min() >= first_step_end - 1e-3
+        assert records["first_token_s"].min() >= steps["end_s"].min() - t0 - 1e-3
+        # the warm-up request ran under the new policy and ended before the run's clock started
+        log = read_step_log(srv.step_log_path)
+        before = log[log["start_s"] < t0]
+        assert before["end_s"].max() < t0 and (before["prefill_tokens"] == WARMUP_PROMPT_TOKENS).any()
+    return seen
+
+
+def check_batch_shapes(seen: dict) -> None:
     eager, chunked = seen["eager_cont_batch"], seen["chunked_prefill"]
     assert eager["prefill_tokens"].max() >= 200                         # whole prompts, several at once
     assert ((eager["prefill_tokens"] > 0) & (eager["decode_tokens"] > 0)).sum() == 0   # decodes paused
+    # exactly the run's 400 prompt tokens in its window: the warm-up's prefill is not in it
+    assert eager["prefill_tokens"].sum() == 400
     assert chunked["prefill_tokens"].max() <= 32 and chunked["prefill_tokens"].sum() == 400
+
+
+def test_policy_switch_changes_batch_composition(served):
+    srv, worker, tmp = served
+    assert srv.engine is not None and srv.engine_child is None   # in this process
+    check_batch_shapes(serve_under_two_policies(srv, worker, tmp))
+
+
+def test_engine_process_serves_switches_policy_and_exits(tmp_path, worker):
+    import os
+
+    with tiny_server(tmp_path, engine_process=True) as srv:
+        child = srv.engine_child
+        assert srv.engine is None and child.is_alive() and child.pid != os.getpid()
+        assert srv.vocab == 512 and srv.stats["num_blocks"] == 128 and srv.shape.layers > 0
+        check_batch_shapes(serve_under_two_policies(srv, worker, tmp_path))
+        assert srv.alive and srv.error == ""
+    assert not child.is_alive() and child.exitcode == 0    # drained and exited with the server
+    assert not srv.alive
 
 
 def test_bad_budget_policy_and_worker_job(served):
@@ -85,10 +124,23 @@ def test_graph_sizes():
 def test_a_model_that_cannot_load_is_recorded_not_raised(tmp_path):
     from servelab.scheduling.sweep import run_study
 
-    P = study_params("smoke", budget_sweep=[])
+    P = study_params("smoke", budget_sweep=[], engine_process=False)  # in-process: no interpreter to spawn
     data = run_study(P, tmp_path, device="cuda:99" if not __import__("torch").cuda.is_available() else "meta",
                      progress=False, log=lambda *_: None)
     f = data.frames()
     assert (f["summary"]["status"] == "error: server did not start").all()
     assert len(f["summary"]) == len(P["policies"]) * len(P["rate_fractions"])
     assert f["servers"]["status"].str.startswith("error").all() and f["requests"].empty
+
+
+@pytest.mark.skipif(not __import__("os").environ.get("SERVELAB_SLOW_TESTS"),
+                    reason="spawns a fresh interpreter (torch imports: 10-25 s on 2 cores); set SERVELAB_SLOW_TESTS=1")
+def test_an_engine_process_that_cannot_load_is_recorded_not_raised(tmp_path):
+    from servelab.scheduling.sweep import run_study
+
+    P = study_params("smoke", budget_sweep=[], engine_process=True)
+    data = run_study(P, tmp_path, device="cuda:99" if not __import__("torch").cuda.is_available() else "meta",
+                     progress=False, log=lambda *_: None)
+    servers = data.frames()["servers"]
+    assert servers["engine_process"].all() and servers["status"].str.contains("EngineStartError").all()
+    assert (data.frames()["summary"]["status"] == "error: server did not start").all()

@@ -1,7 +1,8 @@
 """Study 1: FCFS vs EagerContBatch vs ChunkedPrefill in the real HTTP server, under a streaming load.
 
 - ``params.py``: the profiles' parameters and their validation;
-- ``serving.py``: ``PolicyServer``, one model served over HTTP in this process, its policy switched between runs;
+- ``serving.py``: ``PolicyServer``, one model served over HTTP (its engine in a process of its own by default),
+  its policy switched, then warmed up, between runs;
 - ``capacity_probe.py``: a short probe that places the rate sweep (and its roofline floors);
 - ``sweep.py``: the measurement loop (probe, rate sweep, budget sweep) under a time budget;
 - ``capacity.py``: capacity at an ITL SLO (Sarathi-Serve's definition);

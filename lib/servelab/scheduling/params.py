@@ -4,6 +4,8 @@ The ``full`` profile is sized for 240 s on the H200 (the notebook's set-up and f
 probes and load points together; the sweep itself gets ``time_budget_s``): two model sizes, four policy
 settings at three rates each, and a budget sweep of ChunkedPrefill on the 8B shape at one rate. Rates are fractions of a capacity estimate that a short probe measures on each model
 (``capacity_probe``), so that the sweep spans light load to past saturation whatever the engine's speed.
+``engine_process`` (both profiles: True) runs each model's engine in a process of its own, away from the
+HTTP server's GIL (``serving.PolicyServer``); False serves it from an engine thread of the notebook's process.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ DEFAULTS = {
         max_num_seqs=64, max_model_len=8192, max_num_batched_tokens=8192, num_blocks=None,
         prompt_scale=1.0, output_scale=0.25, prompt_max=6000, output_max=512,
         reference_budget=512, slo_itl_factor=5.0, slo_itl_ms=None, slo_ttft_ms=None,
-        time_budget_s=205.0, seed=0),
+        time_budget_s=205.0, seed=0, engine_process=True),
     "smoke": dict(
         models=["config:tiny-llama"], dtype="float32",
         policies=[["fcfs", None], ["eager_cont_batch", None], ["chunked_prefill", 32]],
@@ -35,7 +37,7 @@ DEFAULTS = {
         max_num_seqs=8, max_model_len=512, max_num_batched_tokens=512, num_blocks=512,
         prompt_scale=0.05, output_scale=0.05, prompt_max=300, output_max=40,
         reference_budget=32, slo_itl_factor=5.0, slo_itl_ms=None, slo_ttft_ms=None,
-        time_budget_s=120.0, seed=0),
+        time_budget_s=120.0, seed=0, engine_process=True),
 }
 
 
@@ -124,6 +126,8 @@ def study_params(profile: str = "auto", **overrides) -> dict:
     for k in ("slo_itl_ms", "slo_ttft_ms"):
         if p[k] is not None:
             p[k] = _positive(k, p[k])
+    if not isinstance(p["engine_process"], bool):
+        raise ParameterError(f"engine_process must be True or False, got {p['engine_process']!r}")
     if isinstance(p["seed"], bool) or not isinstance(p["seed"], int):
         raise ParameterError(f"seed must be an integer, got {p['seed']!r}")
     return p

@@ -29,6 +29,7 @@ from servelab.scheduling.serving import PolicyServer
 
 POINT_OVERHEAD_S = 0.7   # per point: trace file, worker round trip, idle wait, step-log read
 MODEL_LOAD_GUESS_S = 12.0  # a model load + CUDA-graph capture, for planning only
+ENGINE_PROCESS_START_GUESS_S = 8.0  # the engine process's fresh interpreter and its imports, for planning only
 
 
 @dataclass
@@ -85,12 +86,17 @@ def point_cost_s(P: dict) -> float:
     return P["window_s"] + P["drain_s"] + POINT_OVERHEAD_S
 
 
+def load_guess_s(P: dict) -> float:
+    """Seconds to plan for starting one model's server (model load, graphs, and the engine process's start)."""
+    return MODEL_LOAD_GUESS_S + (ENGINE_PROCESS_START_GUESS_S if P.get("engine_process", True) else 0.0)
+
+
 def estimate_runtime_s(P: dict, model_load_s: dict | None = None) -> float:
     """Seconds the sweep should take: probes, points and model loads (a guess per load unless given)."""
     model_load_s = model_load_s or {}
     total = 0.0
     for m in P["models"]:
-        total += model_load_s.get(m, MODEL_LOAD_GUESS_S) + P["probe_s"] + len(plan_points(P, m)) * point_cost_s(P)
+        total += model_load_s.get(m, load_guess_s(P)) + P["probe_s"] + len(plan_points(P, m)) * point_cost_s(P)
     return total
 
 
@@ -127,8 +133,8 @@ def run_point(srv: PolicyServer, worker, pt: Point, P: dict, lengths: ShareGPTLi
     trace = Trace.synthetic(rate=pt.rate, lengths=lengths, duration_s=P["window_s"], seed=pt.seed)
     trace = trace.with_prompt_ids(srv.vocab, seed=pt.seed)
     deadline = P["window_s"] + P["drain_s"]
-    # the server shares this interpreter: a full garbage collection over the notebook's objects would
-    # pause the engine thread mid-run and show up as a decode stall, so the old objects are frozen
+    # the HTTP server (and, with engine_process off, the engine thread) shares this interpreter: a full garbage
+    # collection over the notebook's objects would pause it mid-run and show up as a stall, so they are frozen
     gc.collect()
     gc.freeze()
     try:
@@ -150,7 +156,7 @@ def run_point(srv: PolicyServer, worker, pt: Point, P: dict, lengths: ShareGPTLi
            "mean_ttft_ms": float(ok["ttft_ms"].mean()) if len(ok) else float("nan"),
            # every token received (cut requests included) per second of the run: the work the server did
            "delivered_tok_s": len(times) / span if times and span > 0 else float("nan"),
-           "duration_s": meta["duration_s"], "slo_itl_ms": slo_itl_ms,
+           "duration_s": meta["duration_s"], "slo_itl_ms": slo_itl_ms, "warmup_ms": srv.last_warmup_s * 1e3,
            "steps": len(steps), "preemptions": int(steps["num_preempted"].sum()) if len(steps) else 0,
            "max_queue": int(steps["num_waiting"].max()) if len(steps) else 0,
            "max_lag_ms": float(m["queue_lag_ms"].max()) if len(m) else float("nan")}
@@ -180,9 +186,10 @@ def run_study(P: dict, workdir, *, device: str, roofline=None, progress: bool = 
         for model in P["models"]:
             points = plan_points(P, model)
             left = budget_end - time.perf_counter()
-            if left < P["probe_s"] + point_cost_s(P) + MODEL_LOAD_GUESS_S:
+            if left < P["probe_s"] + point_cost_s(P) + load_guess_s(P):
                 log(f"{model}: skipped, {left:.0f} s of the time budget left")
-                data.servers.append({"model": model, "status": "skipped: time budget"})
+                data.servers.append({"model": model, "engine_process": P["engine_process"],
+                                     "status": "skipped: time budget"})
                 for pt in points:
                     data.summary.append({**_row_head(pt), "status": "skipped: time budget"})
                     bar.update(1)
@@ -191,21 +198,22 @@ def run_study(P: dict, workdir, *, device: str, roofline=None, progress: bool = 
             srv = PolicyServer(model, dtype=P["dtype"], device=device, max_num_seqs=P["max_num_seqs"],
                                max_num_batched_tokens=P["max_num_batched_tokens"], max_model_len=P["max_model_len"],
                                num_blocks=num_blocks, step_log_path=workdir / f"steps_{model.split(':')[-1]}.jsonl",
-                               seed=P["seed"])
+                               seed=P["seed"], engine_process=P["engine_process"])
             try:
                 srv.start()
             except Exception as e:  # noqa: BLE001 - a model that cannot load must not end the study
                 log(f"{model}: server did not start: {type(e).__name__}: {e}")
                 srv.stop()
-                data.servers.append({"model": model, "status": f"error: {type(e).__name__}: {e}"[:300]})
+                data.servers.append({"model": model, "engine_process": P["engine_process"],
+                                     "status": f"error: {type(e).__name__}: {e}"[:300]})
                 for pt in points:
                     data.summary.append({**_row_head(pt), "status": "error: server did not start"})
                     bar.update(1)
                 continue
             rows_before = len(data.summary)
             try:
-                data.servers.append({"model": model, "status": "ok", "load_s": srv.load_s,
-                                     **{k: v for k, v in srv.engine.stats().items() if not isinstance(v, dict)}})
+                data.servers.append({"model": model, "status": "ok", "engine_process": srv.engine_process,
+                                     "load_s": srv.load_s, **srv.stats})
                 t = time.perf_counter()
                 try:
                     est = run_probe(srv, worker, P, lengths, workdir, P["max_num_seqs"])
@@ -213,8 +221,7 @@ def run_study(P: dict, workdir, *, device: str, roofline=None, progress: bool = 
                     slo = P["slo_itl_ms"] or P["slo_itl_factor"] * est.decode_step_s * 1e3
                     floors = {}
                     if roofline is not None:
-                        dtype_bytes = srv.engine.dtype.itemsize
-                        floors = probe_roofline(est, srv.engine.model.shape, roofline, dtype_bytes)
+                        floors = probe_roofline(est, srv.shape, roofline, srv.dtype_bytes)
                     data.probes.append({"model": model, "status": "ok", **est.as_dict(), **floors,
                                         "probe_wall_s": time.perf_counter() - t, "slo_itl_ms": slo})
                     log(f"{model}: probe {time.perf_counter() - t:.1f} s; prefill {est.prefill_s_per_token * 1e6:.1f} "
@@ -279,9 +286,6 @@ def _recover(srv: PolicyServer) -> None:
     """After a failed point: wait for the engine to empty (cut requests abort), free cached GPU memory."""
     try:
         srv.wait_idle(timeout_s=20)
+        srv.release_cached_memory()
     except (TimeoutError, RuntimeError):
         pass
-    if srv.engine is not None and srv.engine.device.type == "cuda":
-        import torch
-
-        torch.cuda.empty_cache()
