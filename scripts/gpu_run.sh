@@ -18,6 +18,8 @@ extra=("$@")
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 log=$OUT/run.log
 export SERVELAB_TRAINED=${SERVELAB_TRAINED:-/tmp/servelab_trained}
+# the commit this tree is (written by the lead before the run): the copy's own .git may be stale
+[ -f .revision ] && export SERVELAB_REVISION=$(cat .revision)
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false  # no MPLBACKEND: notebooks need the inline backend
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \

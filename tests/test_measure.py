@@ -62,3 +62,12 @@ def test_findings_reject_bad_verdicts_and_missing_columns():
         findings_frame([dict(id="F1", claim="c", seed_value="", measured_value="", unit="", verdict="maybe", note="")])
     with pytest.raises(ValueError, match="columns"):
         findings_frame([dict(id="F1", verdict="holds")])
+
+
+def test_git_commit_prefers_the_run_scripts_revision(monkeypatch):
+    from servelab.results import git_commit
+
+    monkeypatch.setenv("SERVELAB_REVISION", "abc123")
+    assert git_commit() == "abc123"
+    monkeypatch.delenv("SERVELAB_REVISION")
+    assert git_commit() != "abc123"

@@ -28,7 +28,12 @@ def results_root() -> Path:
 
 
 def git_commit() -> str:
-    """The commit the code ran at. The GPU machine gets a copy without ``.git``: then ``.revision``."""
+    """The commit the code ran at: ``$SERVELAB_REVISION`` when a run script sets it (the GPU machine's copy
+    of the tree may carry a stale ``.git`` of its own, whose HEAD is not what runs), else git's HEAD
+    (``+dirty`` with uncommitted changes), else ``.revision``."""
+    env = os.environ.get("SERVELAB_REVISION", "").strip()
+    if env:
+        return env
     try:
         out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
         if out.returncode == 0:
