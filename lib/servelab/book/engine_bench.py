@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from servelab.book.findings import BOOK_DEVICE
-from servelab.book.findings_table import format_value, md_text
+from servelab.book.findings_table import format_value, list_table, md_text
 from servelab.results import results_root
 
 REQUIRED = ["metric", "value", "unit"]
@@ -32,13 +32,9 @@ def render_engine_bench(path: Path | None) -> str:
     if missing:
         raise ValueError(f"{path}: missing columns {missing}; expected at least {REQUIRED}")
     cols = REQUIRED + [c for c in df.columns if c not in REQUIRED]
-    lines = [":::{list-table}", ":header-rows: 1", ":class: servelab-engine-bench", "",
-             "* - " + "\n  - ".join(md_text(c) for c in cols)]
-    for _, r in df.iterrows():
-        cells = [md_text(format_value(r[c]) if c != "metric" else r[c]) or "—" for c in cols]
-        lines.append("* - " + "\n  - ".join(cells))
-    lines.append(":::")
-    return f"From `{md_text(path.parent.parent.name)}`{_provenance(path)}:\n\n" + "\n".join(lines) + "\n"
+    rows = [[md_text(format_value(r[c]) if c != "metric" else r[c]) or "—" for c in cols] for _, r in df.iterrows()]
+    table = list_table([md_text(c) for c in cols], rows, css="servelab-engine-bench")
+    return f"From `{md_text(path.parent.parent.name)}`{_provenance(path)}:\n\n" + table
 
 
 def _provenance(path: Path) -> str:

@@ -13,19 +13,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from servelab.book.findings_table import md_text
+from servelab.book.findings_table import list_table, md_text
 from servelab.results import REPO_ROOT
 
 ENGINE_CODE = ("lib/servelab/engine", "lib/servelab/models", "lib/servelab/kv")
 
 
-def _list_table(df: pd.DataFrame, css: str) -> str:
-    lines = [":::{list-table}", ":header-rows: 1", f":class: {css}", "",
-             "* - " + "\n  - ".join(md_text(c) for c in df.columns)]
-    for _, r in df.iterrows():
-        lines.append("* - " + "\n  - ".join(md_text(v) or "—" for v in r))
-    lines.append(":::")
-    return "\n".join(lines) + "\n"
+def frame_table(df: pd.DataFrame, css: str) -> str:
+    """A DataFrame of formatted values as the book's list-table (empty cells shown as —)."""
+    return list_table([md_text(c) for c in df.columns],
+                      [[md_text(v) or "—" for v in r] for r in df.itertuples(index=False)], css=css)
 
 
 def render_decode_comparison(bench_csv: Path | None) -> str:
@@ -42,7 +39,7 @@ def render_decode_comparison(bench_csv: Path | None) -> str:
     floor_row = {"impl": "memory floor (weights + KV at the measured copy ceiling)"}
     floor_row.update({p: f"{v:.3f} ms" for p, v in floors.items()})
     table = pd.concat([table, pd.DataFrame([floor_row])], ignore_index=True).rename(columns={"impl": "implementation"})
-    return _list_table(table, "servelab-engine-decode")
+    return frame_table(table, "servelab-engine-decode")
 
 
 def render_exactness(bench_csv: Path | None) -> str:
@@ -63,7 +60,7 @@ def render_exactness(bench_csv: Path | None) -> str:
         "HF top-1 − top-2 logit gap (median)": g["gap"].map(lambda v: f"{v:.3g}"),
         "teacher-forced argmax agreement": g["tf"].map(lambda v: f"{v:.3f}"),
     })
-    return _list_table(table, "servelab-engine-exactness")
+    return frame_table(table, "servelab-engine-exactness")
 
 
 def engine_code_changed_since(commit: str, repo: Path = REPO_ROOT) -> bool | None:

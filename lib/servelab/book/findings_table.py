@@ -149,8 +149,13 @@ def _badge(verdict: str) -> str:
     return f"{{{BADGES[verdict]}}}`{verdict}`"
 
 
-def _list_table(header: list[str], rows: list[list[str]], widths: list[int]) -> str:
-    lines = [":::{list-table}", ":header-rows: 1", f":class: {TABLE_CLASS}", f":widths: {' '.join(map(str, widths))}", ""]
+def list_table(header: list[str], rows: list[list[str]], widths: list[int] | None = None, *,
+               css: str = TABLE_CLASS) -> str:
+    """A MyST list-table of already formatted cells (the book's one table renderer)."""
+    lines = [":::{list-table}", ":header-rows: 1", f":class: {css}"]
+    if widths:
+        lines.append(f":widths: {' '.join(map(str, widths))}")
+    lines.append("")
     for cells in [header] + rows:
         lines.append(f"* - {cells[0]}")
         lines.extend(f"  - {c}" for c in cells[1:])
@@ -163,7 +168,7 @@ def render_landing_table(table: pd.DataFrame) -> str:
     header = ["Claim", "The seed's claim", "RTX 2070", "H200", "Verdict", "Why"]
     rows = [[f"[{r.id}]({r.link})", md_text(r.claim), md_text(r.rtx2070_value), md_text(r.h200_value),
              _badge(r.verdict), md_text(one_line(r.reason))] for r in table.itertuples()]
-    return _list_table(header, rows, [6, 26, 14, 14, 10, 30])
+    return list_table(header, rows, [6, 26, 14, 14, 10, 30])
 
 
 def render_by_study(table: pd.DataFrame, titles: dict[str, str] | None = None) -> str:
@@ -187,5 +192,5 @@ def render_by_study(table: pd.DataFrame, titles: dict[str, str] | None = None) -
         header = ["Claim", "The seed's claim", "RTX 2070", "H200", "Verdict", "Reason"]
         rows = [[f"[{r.id}]({r.link})", md_text(r.claim), md_text(r.rtx2070_value), md_text(r.h200_value),
                  _badge(r.verdict), md_text(r.reason)] for r in part.itertuples()]
-        out.append(_list_table(header, rows, [6, 24, 14, 14, 10, 32]))
+        out.append(list_table(header, rows, [6, 24, 14, 14, 10, 32]))
     return "\n".join(out)

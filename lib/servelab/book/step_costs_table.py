@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from servelab.book.engine_tables import _list_table
+from servelab.book.engine_tables import frame_table
 from servelab.book.findings import BOOK_DEVICE
 from servelab.results import results_root
 from servelab.scheduling.step_costs import step_costs
@@ -31,4 +31,4 @@ def render_step_costs(path: Path | None) -> str:
         "median ms": t["median_ms"].map(lambda v: f"{v:.2f}"), "p90 ms": t["p90_ms"].map(lambda v: f"{v:.2f}"),
         "× decode-only step": t["x_decode_step"].map(lambda v: f"{v:.1f}"),
     })
-    return f"From `{path.parent.parent.name}/01_scheduling/steps.csv`:\n\n" + _list_table(shown, "servelab-step-costs")
+    return f"From `{path.parent.parent.name}/01_scheduling/steps.csv`:\n\n" + frame_table(shown, "servelab-step-costs")

@@ -51,8 +51,8 @@ def build_step_inputs(batch: ScheduledBatch, tables: DeviceBlockTables, device, 
         # segments with cached context run batched (meta.context), so none needs its own block table
         meta.prefills.append(PrefillSegment(q, it.num_tokens, it.start, None))
         if it.start > 0:
-            context.append((q, it.num_tokens, it.start, _slots(bm.block_table(it.seq.seq_id), bm.block_size,
-                                                              it.start + it.num_tokens)))
+            context.append((q, it.num_tokens, it.start,
+                            bm.slot_mapping(it.seq.seq_id, 0, it.start + it.num_tokens)))
         q += it.num_tokens
     if context:
         meta.context = build_context_batch(context, device)
@@ -75,8 +75,3 @@ def build_step_inputs(batch: ScheduledBatch, tables: DeviceBlockTables, device, 
                       torch.tensor(pos, dtype=torch.long, device=device), meta,
                       torch.tensor(last, dtype=torch.long, device=device), sampling)
 
-
-def _slots(block_table: list[int], block_size: int, n: int) -> torch.Tensor:
-    """Pool slots of positions 0 … n-1 of a sequence with this block table."""
-    blocks = torch.tensor(block_table, dtype=torch.long)
-    return (blocks[:, None] * block_size + torch.arange(block_size)).flatten()[:n]
