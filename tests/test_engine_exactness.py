@@ -73,3 +73,14 @@ def test_multi_step_decoding_gives_the_same_tokens(family):
     mixed = [SamplingParams(max_tokens=n, ignore_eos=True) for n in (STEPS, 3, 7, 1)]
     assert engine.generate(prompts, mixed) == [r[:n] for r, n in zip(refs, (STEPS, 3, 7, 1))]
     assert engine.runner.decode_groups > 0
+
+
+def test_whole_step_graph_path_is_exact_with_chunks_and_preemption(family):
+    """Every step (prefill chunks, mixed, decodes) through the padded whole-step path with ragged attention,
+    run uncaptured on the CPU: the same tokens as HF."""
+    hf, prompts, refs = family
+    engine = Engine.from_hf(hf, EngineConfig(block_size=4, num_blocks=14, max_num_seqs=4, max_num_batched_tokens=16))
+    engine.runner.enable_step_graphs([4, 8, 16], capture=False)
+    assert engine.generate(prompts, GREEDY) == refs
+    assert engine.scheduler.num_preemptions > 0
+    assert engine.runner.step_graph_steps == engine.steps and engine.runner.eager_steps == 0

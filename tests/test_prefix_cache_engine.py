@@ -199,3 +199,19 @@ def test_a_hit_leaving_one_token_runs_as_a_decode_beside_others(hf, decode_steps
         pass
     assert [first.output_token_ids, again.output_token_ids] == [ref[1], ref[0]]
     assert e.stats()["prefix_hit_tokens"] == 16 and counted[0] == 6
+
+
+@pytest.mark.parametrize("policy", ["eager_cont_batch", "chunked_prefill"])
+def test_whole_step_path_with_shared_blocks_and_preemption_keeps_outputs_exact(hf, policy):
+    """Cache hits, copy-on-write and preemption through the padded whole-step path (ragged attention over
+    each sequence's block table), run uncaptured on the CPU."""
+    system = rand_tokens(hf, 12, 5)
+    prompts = [system + rand_tokens(hf, n, 60 + n) for n in (2, 5, 3, 6)]
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    ref = reference(hf, prompts, params)
+    e = engine(hf, num_blocks=14, max_num_seqs=4, max_num_batched_tokens=32, scheduler=policy)
+    e.runner.enable_step_graphs([8, 16, 32], capture=False)
+    assert e.generate(prompts, params) == ref
+    assert e.generate(prompts, params) == ref  # warm cache
+    assert e.scheduler.num_preemptions > 0 and e.stats()["prefix_hit_tokens"] > 0
+    assert e.runner.eager_steps == 0 and e.runner.step_graph_steps == e.steps

@@ -22,6 +22,9 @@ class EngineConfig:
     decode_steps: int = 1                  # decode steps run back to back per scheduling round (multi-step)
     compile: bool = False                  # torch.compile the blocks' elementwise work (checked against eager first)
     graph_batch_sizes: tuple[int, ...] | None = None  # decode batch buckets to capture; None: 1, 2, 4, … max_num_seqs
+    # whole prefill and mixed steps captured as CUDA graphs at token-count buckets (CUDA with Triton only)
+    step_graphs: bool = True
+    step_graph_sizes: tuple[int, ...] | None = None  # token buckets; None: a ladder up to max_num_batched_tokens
     scheduler: str = "chunked_prefill"    # scheduling policy, a name in servelab.engine.policies.POLICIES
     prefix_caching: bool = False           # share the KV blocks of cached prefixes between requests
     prefix_eviction: str = "lru"           # which unreferenced cached block to recycle first: "lru" or "lfu"
@@ -41,6 +44,15 @@ class EngineConfig:
                                 for b in sizes):
                 raise ParameterError(f"graph_batch_sizes must be integers in [1, max_num_seqs], got {sizes!r}")
             object.__setattr__(self, "graph_batch_sizes", tuple(sorted(set(sizes))))
+        if not isinstance(self.step_graphs, bool):
+            raise ParameterError(f"step_graphs must be True or False, got {self.step_graphs!r}")
+        if self.step_graph_sizes is not None:
+            sizes = tuple(self.step_graph_sizes)
+            if not sizes or any(isinstance(t, bool) or not isinstance(t, int) or not 1 <= t <= self.max_num_batched_tokens
+                                for t in sizes):
+                raise ParameterError("step_graph_sizes must be integers in [1, max_num_batched_tokens], "
+                                     f"got {sizes!r}")
+            object.__setattr__(self, "step_graph_sizes", tuple(sorted(set(sizes))))
         if not isinstance(self.memory_fraction, (int, float)) or not 0 < self.memory_fraction <= 1:
             raise ParameterError(f"memory_fraction must be in (0, 1], got {self.memory_fraction!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:

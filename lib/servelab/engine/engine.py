@@ -123,8 +123,28 @@ class Engine:
             t0 = time.perf_counter()
             self.num_graphs = self.runner.capture_cuda_graphs(cfg.max_num_seqs, graph_progress, cfg.graph_batch_sizes)
             self.graph_capture_s = time.perf_counter() - t0
+        self.num_step_graphs = 0
+        self.step_graphs_status = "off"
+        if cfg.step_graphs and self.device.type == "cuda":
+            self.step_graphs_status = self._capture_step_graphs(graph_progress)
         self.steps = 0
         self.on_step: Callable[[StepRecord], None] | None = None  # called after every step (a timeline)
+
+    def _capture_step_graphs(self, progress) -> str:
+        """Capture whole prefill/mixed steps; they need the ragged Triton kernel (why not, if they are off)."""
+        from servelab.engine.step_graphs import step_graph_sizes
+        from servelab.models.layers.decode import DECODE_BACKENDS
+
+        if "triton" not in DECODE_BACKENDS:
+            return "off: Triton is not installed"
+        if self.backend == "reference":
+            return "off: the reference attention backend runs every step eagerly"
+        cfg = self.config
+        sizes = cfg.step_graph_sizes or step_graph_sizes(cfg.max_num_batched_tokens)
+        t0 = time.perf_counter()
+        self.num_step_graphs = self.runner.enable_step_graphs(sizes, capture=True, progress=progress)
+        self.graph_capture_s += time.perf_counter() - t0
+        return f"on ({self.num_step_graphs} buckets, {sizes[0]}–{sizes[-1]} tokens)"
 
     # ---- construction -----------------------------------------------------------------------------
     @classmethod
@@ -292,7 +312,8 @@ class Engine:
                 "kv_pool_gib": self.pool.nbytes / 2**30, "attention_backend": self.backend, "varlen_prefill": self.varlen_status, "triton_tuning": self.runner.triton_tuning,
                 "compile": self.compile_status,
                 "cuda_graphs": self.num_graphs, "graph_capture_s": self.graph_capture_s, "steps": self.steps,
-                "graph_steps": self.runner.graph_steps, "eager_steps": self.runner.eager_steps,
+                "step_graphs": self.step_graphs_status, "graph_steps": self.runner.graph_steps,
+                "step_graph_steps": self.runner.step_graph_steps, "eager_steps": self.runner.eager_steps,
                 "decode_steps": self.config.decode_steps, "decode_groups": self.runner.decode_groups,
                 "preemptions": self.scheduler.num_preemptions, "scheduler": type(self.scheduler).__name__}
 

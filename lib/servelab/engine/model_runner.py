@@ -1,7 +1,8 @@
 """Runs one scheduled batch through the model: inputs, forward (CUDA graph or eager), sampling.
 
-A decode-only step that fits a captured bucket replays a CUDA graph; everything else (prefill
-chunks, mixed steps, steps larger than any bucket, CPU runs) runs eagerly.
+A decode-only step that fits a captured decode bucket replays a decode graph; any other step that fits
+a token-count bucket replays a whole-step graph (prefill chunks and decodes together, ``step_graphs``);
+the rest (steps larger than every bucket, CPU runs) runs eagerly.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from servelab.engine.block_tables import DeviceBlockTables
 from servelab.engine.cuda_graphs import DecodeGraphs, power_of_two_buckets
 from servelab.engine.sampling import exponential_race, sample
 from servelab.engine.scheduler import ScheduledBatch
+from servelab.engine.step_graphs import StepGraphs
 from servelab.engine.step_inputs import build_step_inputs
 from servelab.kv.block_manager import BlockManager
 
@@ -25,8 +27,11 @@ class ModelRunner:
         self.device = pool.device
         self.tables = DeviceBlockTables(bm, max_num_seqs, max_blocks, scratch_block, pool.device)
         self.graphs: DecodeGraphs | None = None
+        self.step_graphs: StepGraphs | None = None
+        self.max_num_seqs = max_num_seqs
         self.varlen = False          # set by the engine once varlen prefill passed its self-check here
         self.graph_steps = 0
+        self.step_graph_steps = 0   # prefill and mixed steps replayed from a whole-step graph
         self.eager_steps = 0
         self.decode_groups = 0       # multi-step decode rounds (each counted in graph_steps/eager_steps too)
         self.race = exponential_race  # the whole-batch sampler; the engine swaps in a compiled one
@@ -57,6 +62,19 @@ class ModelRunner:
         self.graphs.capture(progress)
         return self.graphs.num_graphs
 
+    def enable_step_graphs(self, sizes, *, capture: bool, progress=None) -> int:
+        """Run every step that fits one of the token buckets ``sizes`` through ``StepGraphs``; ``capture`` them
+        as CUDA graphs (on a CPU, ``capture=False`` runs the same padded steps eagerly, for tests)."""
+        self.step_graphs = StepGraphs(self.model, self.pool, self.tables, sizes=sizes, max_seqs=self.max_num_seqs,
+                                      scratch_block=self.scratch_block)
+        if capture:
+            if self.device.type != "cuda":
+                raise RuntimeError("CUDA graphs need a CUDA device")
+            if progress is not None:
+                progress.reset(total=len(self.step_graphs.sizes))
+            self.step_graphs.capture(progress)
+        return len(self.step_graphs.graphs)
+
     @torch.inference_mode()
     def logits(self, batch: ScheduledBatch):
         """``(logits [S, vocab], items)`` for the S items of ``batch`` that sample this step."""
@@ -72,6 +90,11 @@ class ModelRunner:
                 if len(keep) < len(items):  # a one-token prefill chunk that does not finish its prompt
                     out = out[torch.tensor(keep, device=out.device)]
                 return out, [items[i] for i in keep]
+        if self.step_graphs is not None:
+            ran = self.step_graphs.run(batch.items)
+            if ran is not None:
+                self.step_graph_steps += 1
+                return ran
         self.eager_steps += 1
         x = build_step_inputs(batch, self.tables, self.device, varlen=self.varlen)
         out = self.model(x.input_ids, x.positions, x.meta, self.pool, x.logits_indices)

@@ -57,6 +57,8 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
                    help="capture decode steps as CUDA graphs (CUDA only)")
     g.add_argument("--graph-batch-sizes", type=int_list, default=None,
                    help="decode batch sizes to capture, e.g. 1,2,4,8,16,32,64 (default: powers of 2 to max-num-seqs)")
+    g.add_argument("--step-graphs", action=argparse.BooleanOptionalAction, default=True,
+                   help="capture whole prefill/mixed steps as CUDA graphs at token-count buckets (CUDA with Triton)")
     g.add_argument("--attention-backend", default="auto", help="auto, triton, gather, reference")
     g.add_argument("--decode-steps", type=positive_int, default=1, help="decode steps per scheduling round")
     g.add_argument("--warmup", action=argparse.BooleanOptionalAction, default=True,
@@ -78,6 +80,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
                         memory_fraction=args.memory_fraction, num_blocks=args.num_blocks,
                         cuda_graphs=args.cuda_graphs, graph_batch_sizes=args.graph_batch_sizes,
+                        step_graphs=getattr(args, "step_graphs", True),
                         attention_backend=args.attention_backend, decode_steps=args.decode_steps,
                         scheduler=args.scheduler, prefix_caching=getattr(args, "prefix_caching", False),
                         prefix_eviction=getattr(args, "prefix_eviction", "lru"))

@@ -38,6 +38,7 @@ def spec_engine_config(max_model_len: int, max_rows: int, *, block_size: int = 1
     blocks = -(-max_model_len // block_size) + 1
     return EngineConfig(block_size=block_size, max_num_seqs=max_rows, max_num_batched_tokens=max(max_rows, max_model_len),
                         max_model_len=max_model_len, num_blocks=blocks, cuda_graphs=cuda_graphs,
+                        step_graphs=False,  # PagedLM runs its own prefill forwards, never the runner's steps
                         graph_batch_sizes=tuple(range(1, max_rows + 1)), attention_backend=attention_backend)
 
 

@@ -9,6 +9,9 @@ context). Every token's K/V is first written into the pool at its slot; then
   without cached context in one varlen flash-attention call where available; segments with cached
   context all together in one padded, masked call (``context_prefill.py``); the rest one by one.
 
+A step captured whole in a CUDA graph (``engine/step_graphs.py``) instead carries ``ragged`` tiles:
+one kernel attends for every token of the step, whatever its mix (``ragged.py``).
+
 ``backend="reference"`` treats every decode as a one-token prefill segment: slow, simple, the
 baseline that the batched decode kernels are tested against.
 """
@@ -23,6 +26,7 @@ from torch import nn
 from servelab.models.layers.context_prefill import ContextBatch, context_prefill
 from servelab.models.layers.decode import DECODE_BACKENDS
 from servelab.models.layers.prefill import PrefillSegment, prefill_attention, varlen_prefill
+from servelab.models.layers.ragged import RaggedTiles, ragged_attention
 
 
 @dataclass
@@ -40,6 +44,8 @@ class AttentionMetadata:
     varlen_max_len: int = 0
     # every prefill segment with cached context, batched into one attention call (None: one call per segment)
     context: ContextBatch | None = None
+    # every token of the step in one ragged call (set, the fields above but slot_mapping are unused)
+    ragged: RaggedTiles | None = None
 
 
 class PagedAttention(nn.Module):
@@ -64,6 +70,8 @@ class PagedAttention(nn.Module):
         else:
             kv.write(self.layer, meta.slot_mapping, k, v)
         k_pool, v_pool = kv.k[self.layer], kv.v[self.layer]
+        if meta.ragged is not None:
+            return ragged_attention(q, k_pool, v_pool, meta.ragged, self.scale).reshape(q.shape[0], -1)
         nd = meta.num_decode_tokens
         if meta.prefills or self.backend == "reference":
             out = torch.empty_like(q)

@@ -1,0 +1,126 @@
+"""Whole prefill and mixed steps captured as CUDA graphs, one per token-count bucket.
+
+Run eagerly, a step that is not a pure decode launches every kernel of every layer from Python: some
+two dozen per layer, at tens of microseconds each on a slow host, so a 16-token prefill costs as much
+as a 2,048-token one and a chunked-prefill step costs many times its GPU work. Here a step of ``T``
+tokens runs in the graph of the smallest bucket ``T_b >= T``, whatever its mix of decodes, fresh
+prompts and chunks after cached context: attention is one ragged kernel over a fixed-width tile table
+(``models/layers/ragged.py``), so no tensor's shape depends on the mix. The ``T_b - T`` padding
+tokens write their K/V to a scratch block that no sequence owns and belong to no tile; they cost
+GPU time in the matrix products and change nothing.
+
+A step's inputs travel in one host-to-device copy: token ids, positions, slots, the tile table and the
+rows whose logits are sampled, laid out per bucket at the start of one device buffer.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import torch
+
+from servelab.engine.block_tables import DeviceBlockTables
+from servelab.models.layers.attention import AttentionMetadata
+from servelab.models.layers.ragged import RaggedTiles, max_tiles, plan_tiles, ragged_tile_tokens
+
+# about 1.5x apart, so padding wastes at most a third of a step's tokens
+STEP_GRAPH_SIZES = (16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
+
+
+def step_graph_sizes(max_num_batched_tokens: int) -> list[int]:
+    """The default buckets: the ladder below ``max_num_batched_tokens``, and that budget itself."""
+    return sorted({t for t in STEP_GRAPH_SIZES if t < max_num_batched_tokens} | {max_num_batched_tokens})
+
+
+class StepGraphs:
+    """Captured whole steps of ``model`` on ``pool``; ``run(items)`` replays the right bucket."""
+
+    def __init__(self, model, pool, tables: DeviceBlockTables, *, sizes, max_seqs: int, scratch_block: int):
+        """Nothing is captured until ``capture()``; uncaptured (e.g. on a CPU), a bucket runs the same padded step eagerly."""
+        s = model.shape
+        self.model, self.pool, self.tables = model, pool, tables
+        self.sizes = sorted(set(sizes))
+        self.max_seqs = max_seqs
+        self.tile_tokens = ragged_tile_tokens(s.heads, s.kv_heads, s.head_dim)
+        self.scratch_slot = scratch_block * pool.block_size
+        self.buffer = torch.zeros(self._layout(self.sizes[-1])[-1], dtype=torch.long, device=pool.device)
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.memory_pool = None
+
+    def _layout(self, size: int) -> tuple[int, int, int]:
+        """(tiles, sampled rows, total longs) of bucket ``size``: [ids | positions | slots | tiles 4×n | rows]."""
+        n_tiles = max_tiles(size, self.max_seqs, self.tile_tokens)
+        n_rows = min(size, self.max_seqs)
+        return n_tiles, n_rows, 3 * size + 4 * n_tiles + n_rows
+
+    def _forward(self, size: int):
+        n_tiles, n_rows, total = self._layout(size)
+        tokens = self.buffer[:3 * size].view(3, size)
+        tiles = self.buffer[3 * size:3 * size + 4 * n_tiles].view(4, n_tiles)
+        meta = AttentionMetadata(slot_mapping=tokens[2],
+                                 ragged=RaggedTiles(tiles, self.tables.device_table, self.tile_tokens))
+        return self.model(tokens[0], tokens[1], meta, self.pool, self.buffer[total - n_rows:total])
+
+    @torch.inference_mode()
+    def capture(self, progress=None) -> None:
+        """Capture every bucket, largest first so that smaller graphs reuse the largest one's memory."""
+        self.memory_pool = torch.cuda.graph_pool_handle()
+        for size in reversed(self.sizes):
+            self._load_padding(size)
+            self._forward(size)  # warm-up: Triton compiles and cuBLAS picks its kernels outside the capture
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.memory_pool):
+                out = self._forward(size)
+            self.graphs[size] = (graph, out)
+            if progress is not None:
+                progress.update(1)
+        torch.cuda.synchronize()
+
+    def _load_padding(self, size: int) -> None:
+        """An all-padding step: every token writes to the scratch block, no tile has tokens."""
+        self.buffer.zero_()
+        self.buffer[2 * size:3 * size] = self.scratch_slot
+
+    def bucket(self, num_tokens: int, num_items: int) -> int | None:
+        """The smallest bucket that holds a step of ``num_tokens`` tokens over ``num_items`` sequences."""
+        if num_items > self.max_seqs:
+            return None
+        i = bisect.bisect_left(self.sizes, num_tokens)
+        return self.sizes[i] if i < len(self.sizes) else None
+
+    def run(self, items) -> tuple[torch.Tensor, list] | None:
+        """Run one step's scheduled ``items``: ``(logits [S, vocab], the S items that sample)``, or None when no
+        bucket holds the step (the caller runs it eagerly)."""
+        num_tokens = sum(it.num_tokens for it in items)
+        size = self.bucket(num_tokens, len(items))
+        if size is None or (self.graphs and size not in self.graphs):
+            return None
+        seq_ids = [it.seq.seq_id for it in items]
+        # a step may write into a block that copy-on-write just replaced: check the first and the last block written
+        self.tables.rows_for(seq_ids, [it.start for it in items], [it.slots[0] for it in items])
+        rows = self.tables.rows_for(seq_ids, [it.start + it.num_tokens - 1 for it in items],
+                                    [it.slots[-1] for it in items])
+        ids, pos, slots, runs, sampled, sampling = [], [], [], [], [], []
+        for it, row in zip(items, rows):
+            runs.append((row, len(ids), it.num_tokens, it.start))
+            ids += it.seq.token_ids(it.start, it.start + it.num_tokens)
+            pos += range(it.start, it.start + it.num_tokens)
+            slots += it.slots
+            if it.samples:
+                sampled.append(len(ids) - 1)
+                sampling.append(it)
+        n_tiles, n_rows, _ = self._layout(size)
+        tiles = plan_tiles(runs, self.tile_tokens)
+        pad_t, pad_tiles = size - num_tokens, n_tiles - len(tiles)
+        cols = list(zip(*tiles))
+        host = (ids + [0] * pad_t + pos + [0] * pad_t + slots + [self.scratch_slot] * pad_t
+                + [c for col in cols for c in (*col, *[0] * pad_tiles)] + sampled + [0] * (n_rows - len(sampled)))
+        self.buffer[:len(host)].copy_(torch.tensor(host, dtype=torch.long), non_blocking=True)
+        if size in self.graphs:
+            graph, out = self.graphs[size]
+            graph.replay()
+        else:
+            with torch.inference_mode():
+                out = self._forward(size)
+        return out[:len(sampling)], sampling

@@ -1,0 +1,90 @@
+"""One attention call for a whole ragged step: decodes, prefill chunks and chunks after cached context alike.
+
+Once a step's K/V are in the paged pool, every query token is the same problem: token ``i`` of a
+sequence at position ``p`` attends to that sequence's keys ``0 … p``, read through its block table.
+A decode is a one-token run, a fresh prefill a run from position 0, a later chunk or a prefix-cache
+hit a run from position ``c > 0``. So the step's tokens are cut into *tiles* of at most
+``tile_tokens`` consecutive tokens of one sequence, each tile described by four integers::
+
+    tiles[:, j] = (block-table row, flat index of its first token, tokens in it, position of its first token)
+
+and one kernel runs every tile (``triton_ragged.py``; ``ragged_reference`` here is the same arithmetic
+in PyTorch, for the CPU and for tests). The tile table has a fixed width, padded with empty tiles,
+and nothing about the step's mix changes any tensor's shape, so a whole step, whatever its mix of
+decodes and chunks, can be captured in one CUDA graph per token count (``engine/step_graphs.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+ROW, Q_START, Q_LEN, POS0 = range(4)
+
+
+@dataclass
+class RaggedTiles:
+    """The tiles of one step (``tiles [4, max_tiles]``, empty tiles have 0 tokens) and the block tables they index."""
+
+    tiles: torch.Tensor         # LongTensor [4, max_tiles] (rows ROW, Q_START, Q_LEN, POS0)
+    block_tables: torch.Tensor  # LongTensor [rows, max_blocks]: pool block of each sequence's j-th block
+    tile_tokens: int
+
+
+def ragged_tile_tokens(heads: int, kv_heads: int, head_dim: int) -> int:
+    """Tokens per tile: a tile's query rows are (token, query head of one KV head) pairs, and about 128 of them
+    (64 for wide heads, which need more registers per row) keep the kernel's matrix products full."""
+    groups = 1 << (heads // kv_heads - 1).bit_length()
+    rows = 64 if head_dim > 64 else 128
+    return max(rows // groups, 1, 16 // groups)
+
+
+def max_tiles(num_tokens: int, max_seqs: int, tile_tokens: int) -> int:
+    """Enough tiles for any step of ``num_tokens`` tokens over at most ``max_seqs`` sequences: each run of
+    tokens wastes at most one partly filled tile."""
+    return -(-num_tokens // tile_tokens) + min(num_tokens, max_seqs)
+
+
+def plan_tiles(runs, tile_tokens: int) -> list[tuple[int, int, int, int]]:
+    """``runs``: ``(row, flat start, tokens, first position)`` per sequence in the step -> the tiles, in order."""
+    out = []
+    for row, start, n, pos in runs:
+        for off in range(0, n, tile_tokens):
+            out.append((row, start + off, min(tile_tokens, n - off), pos + off))
+    return out
+
+
+def ragged_reference(q, k_pool, v_pool, rt: RaggedTiles, scale: float) -> torch.Tensor:
+    """q [T, H, D], pools [blocks, block_size, H_kv, D] -> [T, H, D]; rows of no tile are 0."""
+    heads, d = q.shape[1], q.shape[2]
+    block_size, kv_heads = k_pool.shape[1], k_pool.shape[2]
+    out = torch.zeros_like(q)
+    tables = rt.block_tables
+    for row, start, n, pos in rt.tiles.t().tolist():
+        if n == 0:
+            continue
+        keys = pos + n
+        blocks = tables[row, :-(-keys // block_size)]
+        k = k_pool[blocks].flatten(0, 1)[:keys].transpose(0, 1)  # [H_kv, L, D]
+        v = v_pool[blocks].flatten(0, 1)[:keys].transpose(0, 1)
+        if heads != kv_heads:
+            k = k.repeat_interleave(heads // kv_heads, dim=0)
+            v = v.repeat_interleave(heads // kv_heads, dim=0)
+        visible = torch.arange(keys, device=q.device)[None, :] <= (pos + torch.arange(n, device=q.device))[:, None]
+        o = F.scaled_dot_product_attention(q[start:start + n].transpose(0, 1), k, v, attn_mask=visible, scale=scale)
+        out[start:start + n] = o.transpose(0, 1)
+    return out
+
+
+def ragged_attention(q, k_pool, v_pool, rt: RaggedTiles, scale: float) -> torch.Tensor:
+    """The Triton kernel where it runs (CUDA, or its interpreter), else ``ragged_reference``."""
+    from servelab.models.layers.decode import DECODE_BACKENDS
+
+    if "triton" in DECODE_BACKENDS:
+        from servelab.models.layers.triton_ragged import INTERPRETED, triton_ragged
+
+        if q.is_cuda or INTERPRETED:
+            return triton_ragged(q, k_pool, v_pool, rt, scale)
+    return ragged_reference(q, k_pool, v_pool, rt, scale)

@@ -1,0 +1,54 @@
+"""The engine's captured paths on a CUDA device (skipped without one; run on the H200 by the GPU scripts).
+
+In float32 the engine with decode graphs and whole-step graphs (ragged Triton attention) must give HF's
+greedy tokens, under chunked prefill and with the prefix cache, as the CPU tests require of the eager path.
+"""
+
+import pytest
+import torch
+
+from servelab.engine import Engine, EngineConfig, SamplingParams
+from servelab.models import load_model
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+STEPS = 10
+GREEDY = SamplingParams(max_tokens=STEPS, ignore_eos=True)
+
+
+def hf_greedy(hf, prompts):
+    refs = []
+    with torch.inference_mode():
+        for p in prompts:
+            ids = torch.tensor([p], device="cuda")
+            out = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=STEPS,
+                              min_new_tokens=STEPS, pad_token_id=0)
+            refs.append(out[0, len(p):].tolist())
+    return refs
+
+
+@pytest.mark.parametrize("family", ["tiny-qwen2", "tiny-llama", "tiny-gpt2"])
+@pytest.mark.parametrize("policy", ["chunked_prefill", "eager_cont_batch"])
+def test_captured_steps_give_hf_greedy_tokens_in_float32(family, policy):
+    hf = load_model(f"config:{family}", dtype="float32", device="cuda").model
+    g = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(3, hf.config.vocab_size, (n,), generator=g).tolist() for n in (6, 19, 33, 2, 45)]
+    engine = Engine.from_hf(hf, EngineConfig(block_size=4, num_blocks=256, max_num_seqs=4, max_num_batched_tokens=64,
+                                             scheduler=policy))
+    assert engine.step_graphs_status.startswith("on"), engine.step_graphs_status
+    assert engine.generate(prompts, GREEDY) == hf_greedy(hf, prompts)
+    st = engine.stats()
+    assert st["step_graph_steps"] > 0 and st["eager_steps"] == 0, st
+
+
+def test_captured_steps_with_prefix_hits_match_the_uncached_engine():
+    hf = load_model("config:tiny-llama", dtype="float32", device="cuda").model
+    g = torch.Generator().manual_seed(3)
+    system = torch.randint(3, hf.config.vocab_size, (37,), generator=g).tolist()
+    prompts = [system + torch.randint(3, hf.config.vocab_size, (n,), generator=g).tolist() for n in (3, 9, 1, 20)]
+    cfg = dict(block_size=4, num_blocks=256, max_num_seqs=4, max_num_batched_tokens=32)
+    ref = Engine.from_hf(hf, EngineConfig(**cfg, step_graphs=False)).generate(prompts, GREEDY)
+    engine = Engine.from_hf(hf, EngineConfig(**cfg, prefix_caching=True))
+    assert engine.generate(prompts, GREEDY) == ref
+    assert engine.generate(prompts, GREEDY) == ref  # warm: chunks after cached context, copy-on-write
+    assert engine.stats()["prefix_hit_tokens"] > 0 and engine.stats()["step_graph_steps"] > 0
