@@ -10,6 +10,12 @@
 #
 # Logs go to $OUT/run.log; a one-line-per-study summary is printed last.
 set -uo pipefail
+# SERVELAB_SNAPSHOT=DIR: run from a clean export of a commit carried in DIR (an ignored folder): the working
+# tree around it may hold unfinished edits; results are packed from DIR
+if [ -n "${SERVELAB_SNAPSHOT:-}" ]; then
+  here=$PWD; cd "$SERVELAB_SNAPSHOT" || exit 1
+  [ -d "$here/.whl" ] && [ ! -e .whl ] && ln -s "$here/.whl" .whl
+fi
 per=300
 if [ "${1:-}" = "-t" ]; then per=$2; shift 2; fi
 studies=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do studies+=("$1"); shift; done

@@ -28,13 +28,14 @@ def hf_greedy(hf, prompts):
 
 
 @pytest.mark.parametrize("family", ["tiny-qwen2", "tiny-llama", "tiny-gpt2"])
-@pytest.mark.parametrize("policy", ["chunked_prefill", "eager_cont_batch"])
-def test_captured_steps_give_hf_greedy_tokens_in_float32(family, policy):
+@pytest.mark.parametrize("policy,budget", [("chunked_prefill", 64), ("chunked_prefill", 160), ("eager_cont_batch", 512)])
+def test_captured_steps_give_hf_greedy_tokens_in_float32(family, policy, budget):
+    """Budgets of 160 and 512 put runs of 128 tokens or more (long tiles) in the steps, after cached context too."""
     hf = load_model(f"config:{family}", dtype="float32", device="cuda").model
     g = torch.Generator().manual_seed(11)
-    prompts = [torch.randint(3, hf.config.vocab_size, (n,), generator=g).tolist() for n in (6, 19, 33, 2, 45)]
-    engine = Engine.from_hf(hf, EngineConfig(block_size=4, num_blocks=256, max_num_seqs=4, max_num_batched_tokens=64,
-                                             scheduler=policy))
+    prompts = [torch.randint(3, hf.config.vocab_size, (n,), generator=g).tolist() for n in (6, 19, 33, 2, 45, 300)]
+    engine = Engine.from_hf(hf, EngineConfig(block_size=4, num_blocks=512, max_num_seqs=4,
+                                             max_num_batched_tokens=budget, scheduler=policy))
     assert engine.step_graphs_status.startswith("on"), engine.step_graphs_status
     assert engine.generate(prompts, GREEDY) == hf_greedy(hf, prompts)
     st = engine.stats()

@@ -16,7 +16,8 @@ import torch
 
 from servelab.engine import EngineConfig
 from servelab.engine.step_graphs import StepGraphs, step_graph_sizes
-from servelab.models.layers.ragged import RaggedTiles, max_tiles, plan_tiles, ragged_reference, ragged_tile_tokens
+from servelab.models.layers.ragged import (RaggedTiles, max_long_tiles, max_tiles, plan_tiles, ragged_reference,
+                                           ragged_tile_tokens)
 from servelab.profiles import ParameterError
 
 # (tokens, first position) per sequence: a decode deep in its context, a fresh prompt, a chunk after 50
@@ -24,7 +25,7 @@ from servelab.profiles import ParameterError
 RUNS = [(1, 70), (37, 0), (20, 50), (1, 0)]
 
 
-def paged_case(heads, kv_heads, d, bs, *, seed=0, padding=5):
+def paged_case(heads, kv_heads, d, bs, *, seed=0, padding=5, long_tile_tokens=0):
     g = torch.Generator().manual_seed(seed)
     kp = torch.randn(60, bs, kv_heads, d, generator=g)
     vp = torch.randn_like(kp)
@@ -35,12 +36,16 @@ def paged_case(heads, kv_heads, d, bs, *, seed=0, padding=5):
         runs.append((row, start, n, pos))
         start += n
     tt = ragged_tile_tokens(heads, kv_heads, d)
-    planned = plan_tiles(runs, tt)
-    n_tiles = max_tiles(start + padding, 8, tt)
-    tiles = torch.zeros(4, n_tiles + 3, dtype=torch.long)[:, :n_tiles]  # a strided view, as in the graphs' buffer
-    tiles[:, :len(planned)] = torch.tensor(planned).t()
+    packed, long = plan_tiles(runs, tt, long_tile_tokens)
+    n_tiles, n_long = max_tiles(start + padding, 8, tt), max_long_tiles(start + padding, long_tile_tokens)
+    tables_ = []
+    for planned, width in [(packed, n_tiles), (long, n_long)]:
+        t = torch.zeros(4, width + 3, dtype=torch.long)[:, :width]  # a strided view, as in the graphs' buffer
+        if planned:
+            t[:, :len(planned)] = torch.tensor(planned).t()
+        tables_.append(t)
     q = torch.randn(start + padding, heads, d, generator=g)
-    return q, kp, vp, RaggedTiles(tiles, tables, tt), runs
+    return q, kp, vp, RaggedTiles(tables_[0], tables, tt, tables_[1] if long_tile_tokens else None, long_tile_tokens), runs
 
 
 def dense(q, kp, vp, tables, row, start, n, pos):
@@ -55,9 +60,10 @@ def dense(q, kp, vp, tables, row, start, n, pos):
     return torch.einsum("htl,lhd->thd", scores.masked_fill(~visible, float("-inf")).softmax(-1), v)
 
 
+@pytest.mark.parametrize("long_tile_tokens", [0, 16])
 @pytest.mark.parametrize("heads,kv_heads,d,bs", [(14, 2, 64, 16), (4, 4, 16, 4), (6, 2, 32, 16)])
-def test_reference_is_causal_paged_attention_per_sequence(heads, kv_heads, d, bs):
-    q, kp, vp, rt, runs = paged_case(heads, kv_heads, d, bs)
+def test_reference_is_causal_paged_attention_per_sequence(heads, kv_heads, d, bs, long_tile_tokens):
+    q, kp, vp, rt, runs = paged_case(heads, kv_heads, d, bs, long_tile_tokens=long_tile_tokens)
     out = ragged_reference(q, kp, vp, rt, d ** -0.5)
     for row, start, n, pos in runs:
         torch.testing.assert_close(out[start:start + n], dense(q, kp, vp, rt.block_tables, row, start, n, pos),
@@ -66,9 +72,12 @@ def test_reference_is_causal_paged_attention_per_sequence(heads, kv_heads, d, bs
 
 
 def test_tiles_split_runs_and_fit_the_fixed_width():
-    tiles = plan_tiles([(3, 0, 1, 99), (5, 1, 40, 8)], 16)
-    assert tiles == [(3, 0, 1, 99), (5, 1, 16, 8), (5, 17, 16, 24), (5, 33, 8, 40)]
-    assert len(tiles) <= max_tiles(41, 2, 16)
+    packed, long = plan_tiles([(3, 0, 1, 99), (5, 1, 40, 8)], 16)
+    assert packed == [(3, 0, 1, 99), (5, 1, 16, 8), (5, 17, 16, 24), (5, 33, 8, 40)] and long == []
+    assert len(packed) <= max_tiles(41, 2, 16)
+    packed, long = plan_tiles([(3, 0, 1, 99), (5, 1, 40, 8), (6, 41, 20, 0)], 16, long_tile_tokens=32)
+    assert packed == [(3, 0, 1, 99), (6, 41, 16, 0), (6, 57, 4, 16)] and long == [(5, 1, 32, 8), (5, 33, 8, 40)]
+    assert len(long) <= max_long_tiles(61, 32)
     # tile rows = tokens x padded query-head group, at least 16 for the matrix units
     assert ragged_tile_tokens(14, 2, 64) == 16 and ragged_tile_tokens(32, 8, 128) == 16
     assert ragged_tile_tokens(12, 12, 64) * 1 >= 16
@@ -98,8 +107,9 @@ KERNEL_CHECK = textwrap.dedent("""
     import tests.test_ragged_attention as t
     from servelab.models.layers.ragged import ragged_reference
     from servelab.models.layers.triton_ragged import triton_ragged
-    for shape in [(14, 2, 64, 16), (4, 4, 16, 4), (6, 2, 32, 16), (4, 1, 16, 8)]:
-        q, kp, vp, rt, runs = t.paged_case(*shape)
+    for shape, long in [((14, 2, 64, 16), 0), ((14, 2, 64, 16), 16), ((4, 4, 16, 4), 0), ((6, 2, 32, 16), 32),
+                        ((4, 1, 16, 8), 16)]:
+        q, kp, vp, rt, runs = t.paged_case(*shape, long_tile_tokens=long)
         got = triton_ragged(q, kp, vp, rt, shape[2] ** -0.5, keys=16)
         torch.testing.assert_close(got, ragged_reference(q, kp, vp, rt, shape[2] ** -0.5), rtol=1e-5, atol=1e-5)
     print("ok")

@@ -21,7 +21,8 @@ import torch
 
 from servelab.engine.block_tables import DeviceBlockTables
 from servelab.models.layers.attention import AttentionMetadata
-from servelab.models.layers.ragged import RaggedTiles, max_tiles, plan_tiles, ragged_tile_tokens
+from servelab.models.layers.ragged import (RaggedTiles, max_long_tiles, max_tiles, plan_tiles, ragged_long_tile_tokens,
+                                           ragged_tile_tokens)
 
 # about 1.5x apart, so padding wastes at most a third of a step's tokens
 STEP_GRAPH_SIZES = (16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
@@ -42,23 +43,29 @@ class StepGraphs:
         self.sizes = sorted(set(sizes))
         self.max_seqs = max_seqs
         self.tile_tokens = ragged_tile_tokens(s.heads, s.kv_heads, s.head_dim)
+        self.long_tile_tokens = ragged_long_tile_tokens(s.head_dim)
         self.scratch_slot = scratch_block * pool.block_size
         self.buffer = torch.zeros(self._layout(self.sizes[-1])[-1], dtype=torch.long, device=pool.device)
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
         self.memory_pool = None
 
-    def _layout(self, size: int) -> tuple[int, int, int]:
-        """(tiles, sampled rows, total longs) of bucket ``size``: [ids | positions | slots | tiles 4×n | rows]."""
+    def _layout(self, size: int) -> tuple[int, int, int, int]:
+        """(packed tiles, long tiles, sampled rows, total longs) of bucket ``size``:
+        [ids | positions | slots | packed tiles 4×n | long tiles 4×m | sampled rows]."""
         n_tiles = max_tiles(size, self.max_seqs, self.tile_tokens)
+        n_long = max_long_tiles(size, self.long_tile_tokens)
         n_rows = min(size, self.max_seqs)
-        return n_tiles, n_rows, 3 * size + 4 * n_tiles + n_rows
+        return n_tiles, n_long, n_rows, 3 * size + 4 * (n_tiles + n_long) + n_rows
 
     def _forward(self, size: int):
-        n_tiles, n_rows, total = self._layout(size)
+        n_tiles, n_long, n_rows, total = self._layout(size)
         tokens = self.buffer[:3 * size].view(3, size)
-        tiles = self.buffer[3 * size:3 * size + 4 * n_tiles].view(4, n_tiles)
+        at = 3 * size + 4 * n_tiles
+        tiles = self.buffer[3 * size:at].view(4, n_tiles)
+        long = self.buffer[at:at + 4 * n_long].view(4, n_long)
         meta = AttentionMetadata(slot_mapping=tokens[2],
-                                 ragged=RaggedTiles(tiles, self.tables.device_table, self.tile_tokens))
+                                 ragged=RaggedTiles(tiles, self.tables.device_table, self.tile_tokens, long,
+                                                    self.long_tile_tokens))
         return self.model(tokens[0], tokens[1], meta, self.pool, self.buffer[total - n_rows:total])
 
     @torch.inference_mode()
@@ -110,12 +117,11 @@ class StepGraphs:
             if it.samples:
                 sampled.append(len(ids) - 1)
                 sampling.append(it)
-        n_tiles, n_rows, _ = self._layout(size)
-        tiles = plan_tiles(runs, self.tile_tokens)
-        pad_t, pad_tiles = size - num_tokens, n_tiles - len(tiles)
-        cols = list(zip(*tiles))
+        n_tiles, n_long, n_rows, _ = self._layout(size)
+        packed, long = plan_tiles(runs, self.tile_tokens, self.long_tile_tokens)
+        pad_t = size - num_tokens
         host = (ids + [0] * pad_t + pos + [0] * pad_t + slots + [self.scratch_slot] * pad_t
-                + [c for col in cols for c in (*col, *[0] * pad_tiles)] + sampled + [0] * (n_rows - len(sampled)))
+                + _columns(packed, n_tiles) + _columns(long, n_long) + sampled + [0] * (n_rows - len(sampled)))
         self.buffer[:len(host)].copy_(torch.tensor(host, dtype=torch.long), non_blocking=True)
         if size in self.graphs:
             graph, out = self.graphs[size]
@@ -124,3 +130,9 @@ class StepGraphs:
             with torch.inference_mode():
                 out = self._forward(size)
         return out[:len(sampling)], sampling
+
+
+def _columns(tiles: list, width: int) -> list[int]:
+    """A tile table ``[4, width]`` flattened row by row, padded with empty tiles (0 tokens)."""
+    pad = [0] * (width - len(tiles))
+    return [v for col in (zip(*tiles) if tiles else [()] * 4) for v in (*col, *pad)]

@@ -1,8 +1,9 @@
 """The ragged paged-attention kernel in Triton: every tile of a step (``ragged.py``) in one launch.
 
-One program per (tile, KV head). Its query rows are the tile's tokens × the query heads of that KV head
-(grouped-query attention reads each K/V tile once for the whole group), so a row's position is its
-token's. It walks the sequence's keys ``KEYS`` at a time up to the tile's last position, through the
+A packed tile's program (one per tile and KV head) has the tile's tokens × the query heads of that KV
+head as its query rows (grouped-query attention reads each K/V tile once for the whole group); a long
+tile's program (one per tile and query head) has the tile's tokens of one head. A row's position is
+its token's. It walks the sequence's keys ``KEYS`` at a time up to the tile's last position, through the
 block table, with an online softmax; a key is visible to a row when its position is at most the row's.
 Key 0 is visible to every row, so no row's running maximum stays at -inf past the first key tile.
 Empty tiles (padding) return at once, which is what lets the launch grid, and a CUDA graph around
@@ -58,9 +59,8 @@ def _ragged_kernel(Q, K, V, BT, TILES, O, scale, stride_tiles,
                    GROUPS: tl.constexpr, GROUPS_PAD: tl.constexpr, TILE_TOKENS: tl.constexpr,
                    HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, KEYS: tl.constexpr, IEEE: tl.constexpr,
                    INTERPRETED: tl.constexpr, C_ROW: tl.constexpr, C_START: tl.constexpr, C_LEN: tl.constexpr,
-                   C_POS: tl.constexpr):
+                   C_POS: tl.constexpr, PER_HEAD: tl.constexpr):
     tile = tl.program_id(0)
-    kvh = tl.program_id(1)
     q_len = tl.load(TILES + C_LEN * stride_tiles + tile)
     if q_len == 0:
         return
@@ -69,10 +69,17 @@ def _ragged_kernel(Q, K, V, BT, TILES, O, scale, stride_tiles,
     pos0 = tl.load(TILES + C_POS * stride_tiles + tile)
     offs_m = tl.arange(0, TILE_TOKENS * GROUPS_PAD)
     offs_d = tl.arange(0, HEAD_DIM)
-    t = offs_m // GROUPS_PAD
-    g = offs_m % GROUPS_PAD
-    row_ok = (t < q_len) & (g < GROUPS)
-    head = kvh * GROUPS + g
+    if PER_HEAD:  # grid axis 1 is the query head; GROUPS_PAD is 1
+        kvh = tl.program_id(1) // GROUPS
+        t = offs_m
+        head = tl.program_id(1) + 0 * offs_m
+        row_ok = t < q_len
+    else:  # grid axis 1 is the KV head
+        kvh = tl.program_id(1)
+        t = offs_m // GROUPS_PAD
+        g = offs_m % GROUPS_PAD
+        row_ok = (t < q_len) & (g < GROUPS)
+        head = kvh * GROUPS + g
     token = (q_start + t).to(tl.int64)
     qpos = pos0 + t
     q = tl.load(Q + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :], mask=row_ok[:, None],
@@ -106,14 +113,20 @@ def triton_ragged(q, k_pool, v_pool, rt: RaggedTiles, scale: float, *, keys: int
     groups_pad = 1 << (groups - 1).bit_length()
     if rt.tile_tokens * groups_pad < 16 or rt.tile_tokens & (rt.tile_tokens - 1):
         raise ValueError(f"tile_tokens={rt.tile_tokens} must be a power of two with tile_tokens × {groups_pad} >= 16")
+    if rt.long_tiles is not None and (rt.long_tile_tokens < 16 or rt.long_tile_tokens & (rt.long_tile_tokens - 1)):
+        raise ValueError(f"long_tile_tokens={rt.long_tile_tokens} must be a power of two >= 16")
     q = q.contiguous()
     out = torch.zeros_like(q)  # padding tokens belong to no tile; zeros keep them finite through the MLP
-    tiles = rt.tiles
-    _ragged_kernel[(tiles.shape[1], kv_heads)](
-        q, k_pool, v_pool, rt.block_tables, tiles, out, scale, tiles.stride(0),
-        q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), k_pool.stride(2), rt.block_tables.stride(0),
-        out.stride(0), out.stride(1),
-        GROUPS=groups, GROUPS_PAD=groups_pad, TILE_TOKENS=rt.tile_tokens, HEAD_DIM=d, BLOCK_SIZE=block_size,
-        KEYS=keys, IEEE=q.dtype == torch.float32, INTERPRETED=INTERPRETED,
-        C_ROW=ROW, C_START=Q_START, C_LEN=Q_LEN, C_POS=POS0, num_warps=4 if d <= 64 else 8)
+    launches = [(rt.tiles, kv_heads, groups_pad, rt.tile_tokens, False)]
+    if rt.long_tiles is not None and rt.long_tiles.shape[1]:
+        launches.append((rt.long_tiles, heads, 1, rt.long_tile_tokens, True))
+    for tiles, programs, pad, tokens, per_head in launches:
+        _ragged_kernel[(tiles.shape[1], programs)](
+            q, k_pool, v_pool, rt.block_tables, tiles, out, scale, tiles.stride(0),
+            q.stride(0), q.stride(1), k_pool.stride(0), k_pool.stride(1), k_pool.stride(2), rt.block_tables.stride(0),
+            out.stride(0), out.stride(1),
+            GROUPS=groups, GROUPS_PAD=pad, TILE_TOKENS=tokens, HEAD_DIM=d, BLOCK_SIZE=block_size,
+            KEYS=keys, IEEE=q.dtype == torch.float32, INTERPRETED=INTERPRETED,
+            C_ROW=ROW, C_START=Q_START, C_LEN=Q_LEN, C_POS=POS0, PER_HEAD=per_head,
+            num_warps=4 if d * tokens * pad <= 64 * 128 else 8)
     return out
