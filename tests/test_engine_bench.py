@@ -1,11 +1,14 @@
-"""``python -m servelab.bench --smoke`` runs end to end on the CPU and writes bench.csv with every row."""
+"""``python -m servelab.bench --smoke`` runs end to end on the CPU and writes bench.csv with every row; one engine
+step of each kind a server runs (``engine/bench/step.py``) is the step asked for."""
 
 import pandas as pd
 import pytest
 
 from servelab import bench
 from servelab.engine.bench.offline import offline_floor_s
+from servelab.engine.bench.step import engine_step, prepared_step, step_engine_config, timed_tokens
 from servelab.engine.bench.workload import offline_workload
+from servelab.engine.engine import Engine
 from servelab.measure import Roofline
 from servelab.models import ModelShape, load_model
 from servelab.profiles import ParameterError
@@ -65,3 +68,92 @@ def test_decode_plot_draws_every_implementation_and_the_floor():
     labels = ax.get_legend_handles_labels()[1]
     assert {"hf_eager", "engine_triton", "roofline floor"} <= set(labels)
     assert ax.get_yscale() == "log" and "ms" in ax.get_ylabel()
+
+
+# ---- one engine step of each kind a server runs (engine/bench/step.py) ----------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_llama():
+    import torch
+
+    torch.manual_seed(0)
+    return load_model("config:tiny-llama", dtype="float32", device="cpu").model
+
+
+STEPS = {  # (batch, new_tokens, context, decodes, decode_context) -> sorted (start, tokens) of the timed step
+    "decode": ((3, 1, 20, 0, 0), [(20, 1)] * 3),
+    "prefill": ((2, 12, 0, 0, 0), [(0, 12)] * 2),
+    "chunk after a longer context": ((1, 8, 40, 0, 0), [(40, 8)]),
+    "chunk longer than its context": ((1, 40, 8, 0, 0), [(8, 40)]),
+    "chunks after cached prefixes": ((3, 8, 32, 0, 0), [(32, 8)] * 3),
+    "mixed, a first chunk": ((1, 16, 0, 3, 20), [(0, 16)] + [(20, 1)] * 3),
+    "mixed, a chunk after context": ((1, 16, 24, 3, 20), [(20, 1)] * 3 + [(24, 16)]),
+}
+
+
+@pytest.mark.parametrize("name", list(STEPS))
+def test_the_timed_step_is_the_one_asked_for(tiny_llama, name):
+    (b, n, c, d, dc), expected = STEPS[name]
+    engine = Engine.from_hf(tiny_llama, step_engine_config(b, n, c, decodes=d, decode_context=dc))
+    step = prepared_step(engine, b, n, c, decodes=d, decode_context=dc)
+    assert sorted((it.start, it.num_tokens) for it in step.items) == sorted(expected)
+    assert step.num_tokens == timed_tokens(b, n, d)
+    assert all(it.samples for it in step.items)  # every item ends its prompt (or decodes): one logits row each
+    logits = engine.runner.logits(step)[0]
+    assert logits.shape == (b + d, tiny_llama.config.vocab_size) and logits.isfinite().all()
+
+
+@pytest.mark.parametrize("batch, context", [(1, 24), (2, 32)])
+def test_a_chunk_after_context_gives_the_logits_of_the_whole_prompt(tiny_llama, batch, context):
+    """The chunk attends to the cached context: its last logits equal HF's forward over the whole prompt."""
+    import torch
+
+    fn, _ = engine_step(tiny_llama, batch, 8, context)
+    got = fn()
+    prompts = torch.tensor([s.seq.prompt_token_ids for s in fn.step.items])
+    with torch.inference_mode():
+        want = tiny_llama(prompts).logits[:, -1]
+    assert torch.allclose(got, want, atol=1e-4), (got - want).abs().max()
+
+
+@pytest.mark.parametrize("name", [n for n in STEPS if n != "decode"])
+def test_the_step_fits_exactly_one_whole_step_graph(tiny_llama, name):
+    """On a GPU the engine captures one graph at the step's token count; on the CPU the same bucketed path runs
+    uncaptured, and must give the eager step's logits."""
+    (b, n, c, d, dc), _ = STEPS[name]
+    fn, _ = engine_step(tiny_llama, b, n, c, decodes=d, decode_context=dc)
+    cfg = fn.engine.config
+    assert cfg.step_graphs and cfg.step_graph_sizes == (timed_tokens(b, n, d),) and not cfg.cuda_graphs
+    eager = fn().clone()
+    assert fn.path() == "eager"  # no graph on a CPU
+    fn.engine.runner.enable_step_graphs(cfg.step_graph_sizes, capture=False)
+    assert (fn() - eager).abs().max() < 1e-4
+    assert fn.engine.runner.step_graph_steps == 1 and fn.path() == "step graph, eager"
+
+
+def test_engine_configs_by_kind_and_mode():
+    dec = step_engine_config(4, 1, 128)
+    assert dec.cuda_graphs and dec.graph_batch_sizes == (4,) and not dec.step_graphs
+    assert dec.max_num_batched_tokens >= 4 * 128  # the preparing prefill runs in one step
+    pre = step_engine_config(2, 64, 0)
+    assert pre.step_graphs and pre.step_graph_sizes == (128,) and not pre.cuda_graphs
+    assert step_engine_config(2, 64, 32).prefix_caching and not step_engine_config(1, 64, 32).prefix_caching
+    for cfg in (step_engine_config(4, 1, 128, graphs=False), step_engine_config(1, 8, 8, decodes=2, decode_context=4,
+                                                                                 graphs=False)):
+        assert not cfg.cuda_graphs and not cfg.step_graphs
+
+
+@pytest.mark.parametrize("kw", [dict(batch=2, new_tokens=8, context=0, decodes=2, decode_context=16),
+                                dict(batch=1, new_tokens=8, context=8, decodes=2, decode_context=1),
+                                dict(batch=1, new_tokens=8, context=8, decode_context=16),
+                                dict(batch=0, new_tokens=8, context=0),
+                                dict(batch=1, new_tokens=8, context=-1)])
+def test_steps_the_engine_cannot_run_are_refused(tiny_llama, kw):
+    with pytest.raises(ParameterError):
+        engine_step(tiny_llama, **kw)
+
+
+def test_cached_prefixes_must_fill_whole_blocks(tiny_llama):
+    with pytest.raises(ParameterError, match="multiple of the block size"):
+        engine_step(tiny_llama, 2, 8, 24)

@@ -35,3 +35,28 @@ def test_static_step_prefill_stays_in_bounds():
     for _ in range(3):
         rewind()
         assert torch.isfinite(step()).all()
+
+
+def test_hf_modes_prefill_a_chunk_after_random_context():
+    """A chunk after cached context: eager appends to a DynamicCache of `context` random tokens; the static cache
+    (the CUDA-graph mode's) writes exactly the chunk's slots, every time."""
+    m = load_model("config:tiny-llama").model
+    fn, reset = eager_step(m, batch=2, new_tokens=8, context=24)
+    assert fn().shape == (2, 1, m.config.vocab_size)
+    reset()
+    assert torch.isfinite(fn()).all()
+    step, rewind, cache = static_step(m, batch=1, new_tokens=8, context=24)
+    step()
+    step.fill_context()
+    before = cache.layers[0].keys.clone()
+    for _ in range(3):
+        rewind()
+        assert torch.isfinite(step()).all()
+    changed = (cache.layers[0].keys != before).any(dim=-1).any(dim=1)[0]
+    assert changed.nonzero().flatten().tolist() == list(range(24, 32))
+
+
+def test_only_the_engine_modes_run_mixed_steps():
+    from servelab.hf_modes import MIXED_MODES, MODES
+
+    assert set(MIXED_MODES) == {"engine", "engine_eager"} and set(MIXED_MODES) < set(MODES)

@@ -4,7 +4,7 @@ The tree is the architecture:
 
 - ``measure``   timing, device record, measured ceilings, roofline, kernel profiles
 - ``models``    model loading (hub id, local directory, ``config:<name>``) and model shapes
-- ``hf_modes``  execution modes of the Hugging Face forward (eager, CUDA graph)
+- ``hf_modes``  execution modes of a step: HF eager, HF in a CUDA graph, the engine with its graphs, the engine launching every kernel (engine_eager)
 - ``costs``     Study 2: prefill/decode sweeps, the fitted cost model, verdicts
 - ``results``   tidy CSVs, sidecars and ``findings.csv`` under ``data/results``
 - ``profiles``  notebook profiles (full / smoke) and parameter validation

@@ -1,4 +1,4 @@
-"""Sweeps of timed forward steps (prefill and decode) in each execution mode, as tidy rows.
+"""Sweeps of timed forward steps (``StepPoint``: prefill, decode, mixed) in each execution mode, as tidy rows.
 
 Every row carries the measured time with its spread, the step's FLOPs and bytes (``ModelShape``),
 the roofline floor from the ceilings measured in the same run, and % of that floor.
@@ -6,33 +6,25 @@ the roofline floor from the ceilings measured in the same run, and % of that flo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import pandas as pd
-from tqdm import tqdm
+from tqdm.auto import tqdm
 
-from servelab.hf_modes import MODES
+from servelab.costs.points import StepPoint, context_prefill_points, decode_points, mixed_points, prefill_points
+from servelab.hf_modes import MIXED_MODES, MODES
 from servelab.measure.roofline import Roofline
 from servelab.measure.timing import time_fn
 from servelab.models.shape import ModelShape
+from servelab.profiles import ParameterError
+
+__all__ = ["StepPoint", "step_sweep", "prefill_points", "decode_points", "context_prefill_points", "mixed_points",
+           "time_steps"]
+NO_MIXED_STEP = "unsupported: HF's forward has no mixed step (engine modes only)"
 
 
-@dataclass(frozen=True)
-class StepPoint:
-    phase: str        # "prefill" or "decode"
-    batch: int        # sequences in the step
-    new_tokens: int   # new tokens per sequence (1 for decode)
-    context: int      # cached tokens per sequence before the step
-
-
-def prefill_points(lengths, batches, max_batch_tokens: int) -> list[StepPoint]:
-    """Prefill of ``length`` tokens for ``batch`` sequences, skipping steps over ``max_batch_tokens``."""
-    return [StepPoint("prefill", b, n, 0) for b in batches for n in lengths if b * n <= max_batch_tokens]
-
-
-def decode_points(batches, contexts, max_kv_tokens: int) -> list[StepPoint]:
-    """One decode step for ``batch`` sequences of ``context`` cached tokens, up to ``max_kv_tokens`` cached."""
-    return [StepPoint("decode", b, 1, c) for b in batches for c in contexts if b * c <= max_kv_tokens]
+def _check_modes(modes) -> None:
+    for m in modes:
+        if m not in MODES:
+            raise ValueError(f"unknown mode {m!r}; choose from {sorted(MODES)}")
 
 
 def _dtype_bytes(model) -> int:
@@ -40,44 +32,61 @@ def _dtype_bytes(model) -> int:
 
 
 def step_sweep(model, model_name: str, points: list[StepPoint], modes: list[str], roofline: Roofline,
-               *, warmup: int = 2, repeats: int = 7, desc: str | None = None) -> pd.DataFrame:
-    """Time every point in every mode. A point that fails (e.g. out of memory) is recorded, not fatal."""
+               **kw) -> pd.DataFrame:
+    """Time every point in every mode (keywords as ``time_steps``)."""
+    _check_modes(modes)
+    return time_steps(model, model_name, [(m, p) for m in modes for p in points], roofline, **kw)
+
+
+def time_steps(model, model_name: str, todo: list[tuple[str, StepPoint]], roofline: Roofline,
+               *, warmup: int = 2, repeats: int = 7, desc: str | None = None,
+               max_tokens: dict[str, int] | None = None) -> pd.DataFrame:
+    """Time each ``(mode, point)`` of ``todo``, one row each. A point that fails (e.g. out of memory) is
+    recorded, not fatal.
+
+    A mixed point in a mode that has no mixed step (the HF modes) gets a row with status ``NO_MIXED_STEP``;
+    ``max_tokens`` maps a mode to the largest step (tokens) it runs, larger points get a "skipped" row.
+    """
     import torch
 
-    for m in modes:
-        if m not in MODES:
-            raise ValueError(f"unknown mode {m!r}; choose from {sorted(MODES)}")
+    _check_modes({m for m, _ in todo})
+    max_tokens = max_tokens or {}
     shape = ModelShape.from_config(model.config)
     nbytes = _dtype_bytes(model)
     rows = []
-    todo = [(m, p) for m in modes for p in points]
     for mode, p in tqdm(todo, desc=desc or f"{model_name} steps", leave=False):
-        if p.phase == "decode":
-            flops, bts = shape.decode_flops(p.batch, p.context), shape.decode_bytes(p.batch, p.context, nbytes)
-        else:
-            flops = shape.prefill_flops(p.new_tokens, p.context, p.batch)
-            bts = shape.prefill_bytes(p.new_tokens, p.context, p.batch, nbytes)
+        flops, bts = p.work(shape, nbytes)
         row = dict(model=model_name, mode=mode, phase=p.phase, batch=p.batch, new_tokens=p.new_tokens,
-                   context=p.context, flops=flops, bytes=bts)
+                   context=p.context, decodes=p.decodes, decode_context=p.decode_context, flops=flops, bytes=bts)
+        if p.phase == "mixed" and mode not in MIXED_MODES:
+            rows.append(dict(row, status=NO_MIXED_STEP))
+            continue
+        if p.tokens > max_tokens.get(mode, p.tokens):
+            rows.append(dict(row, status=f"skipped: over {max_tokens[mode]} tokens in this mode"))
+            continue
+        kw = dict(decodes=p.decodes, decode_context=p.decode_context) if p.phase == "mixed" else {}
         try:
-            fn, before = MODES[mode](model, p.batch, p.new_tokens, p.context)
+            fn, before = MODES[mode](model, p.batch, p.new_tokens, p.context, **kw)
             t = time_fn(fn, warmup=warmup, repeats=repeats, device=model.device, before_each=before)
             row.update(status="ok", **t.as_row())
+            if hasattr(fn, "path"):  # the engine modes say whether the timed step replayed a graph
+                row["path"] = fn.path()
             del fn, before
         except torch.OutOfMemoryError:
             row.update(status="oom")
         except getattr(torch, "AcceleratorError", ()):
             raise  # a device-side fault poisons the CUDA context: stop rather than record every later point as failed
-        except RuntimeError as e:  # a mode that cannot run this point is reported as such
+        except (RuntimeError, ParameterError) as e:  # a mode that cannot run this point is reported as such
             row.update(status=f"error: {str(e).splitlines()[0][:120]}")
         finally:
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
         rows.append(row)
-    df = pd.DataFrame(rows)
+    df = pd.DataFrame(rows, columns=None if rows else ["model", "mode", "phase", "batch", "new_tokens", "context",
+                                                       "decodes", "decode_context", "flops", "bytes", "status"])
     ok = df["status"] == "ok"
     if ok.any():
-        tokens = df["batch"] * df["new_tokens"]
+        tokens = df["batch"] * df["new_tokens"] + df["decodes"]
         df.loc[ok, "us_per_token"] = df.loc[ok, "median_ms"] * 1e3 / tokens[ok]
         df.loc[ok, "floor_ms"] = roofline.floor_ms(df.loc[ok, "flops"], df.loc[ok, "bytes"])
         df.loc[ok, "bound"] = roofline.bound(df.loc[ok, "flops"], df.loc[ok, "bytes"])
