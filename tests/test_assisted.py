@@ -9,8 +9,8 @@ from servelab.assisted import analysis, verdicts
 from servelab.assisted.acceptance import greedy_agreement
 from servelab.assisted.clock import TokenClock, per_token_ms, time_to_tokens
 from servelab.assisted.params import pairs_for, study_params
-from servelab.assisted.runs import (Job, Pair, assistant_settings, plan_jobs, sweep, timed_generate,
-                                    times_at_lengths)
+from servelab.assisted.runs import Job, Pair, assistant_settings, plan_jobs, timed_generate, times_at_lengths
+from servelab.assisted.sweep import sweep
 from servelab.profiles import ParameterError
 
 VOCAB = 96
@@ -96,7 +96,7 @@ def test_sweep_times_every_method_and_checks_outputs(models, prompts):
     nonplain = runs[runs["method"] != "plain"]
     assert (nonplain["matches_plain"] == 1.0).all() and (nonplain["matching_prefix"] == 1.0).all()
     assert runs[runs["method"] == "plain"]["matches_plain"].isna().all()
-    times = times_at_lengths(runs, gen, [4, 8, 16])
+    times = times_at_lengths(gen, [4, 8, 16])
     assert set(times["length"]) == {4, 8, 16}
     assert (times[times.method != "plain"]["length"] <= 16).all()
     per = times.groupby(["prompt", "method", "pair"])["ms"].apply(lambda s: s.is_monotonic_increasing)
@@ -104,27 +104,30 @@ def test_sweep_times_every_method_and_checks_outputs(models, prompts):
     assert times[(times.pair == "small") & (times.method == "plain")]["length"].max() == 8  # cost_tokens run
 
 
-def test_later_prompts_run_the_followup_length(models, prompts):
-    runs, gen = sweep(models, [Pair("small", "target")], prompts, max_new_tokens=12, cost_tokens=8,
+def test_prompts_run_short_then_long_then_short(models, prompts):
+    runs, gen = sweep(models, [Pair("small", "target")], prompts, max_new_tokens=12, cost_tokens=4,
                       prompt_lookup_targets=[], pld_tokens=3, warmup_tokens=2, pad_token_id=1,
-                      followup_new_tokens=6, progress=False)
+                      short_new_tokens=6, progress=False)
+    assert (runs["status"] == "ok").all()
     made = runs.set_index(["prompt", "method", "pair"])["made_tokens"]
-    assert made[(0, "plain", "target")] == 12 and made[(0, "plain", "small")] == 8
-    assert made[(1, "plain", "target")] == 6 and made[(2, "assisted", "small → target")] == 6
-    assert made[(1, "plain", "small")] == 6
-    times = times_at_lengths(runs, gen, [6, 12])
-    assert times[times.length == 12]["prompt"].unique().tolist() == [0]
+    assert made[(0, "plain", "target")] == 6 and made[(0, "plain", "small")] == 4  # the draft's cost run
+    assert made[(1, "plain", "target")] == 12 and made[(1, "assisted", "small → target")] == 12
+    assert (1, "plain", "small") not in made.index  # the long pass has no cost-only runs
+    assert made[(2, "assisted", "small → target")] == 6 and made[(2, "plain", "small")] == 4
+    assert runs.groupby("prompt")["pass_kind"].first().tolist() == ["short", "long", "spread"]
+    times = times_at_lengths(gen, [6, 12])
+    assert times[times.length == 12]["prompt"].unique().tolist() == [1]
     assert sorted(times[(times.length == 6) & (times.method == "assisted")]["prompt"]) == [0, 1, 2]
 
 
-def test_sweep_budget_keeps_whole_prompts_and_records_failures(models, prompts):
+def test_sweep_budget_skips_with_a_reason_and_records_failures(models, prompts):
     bad = {"target": models["target"], "alien": _llama(1, 16, 3, vocab=50)}  # a draft with another vocabulary
-    runs, _ = sweep(bad, [Pair("alien", "target")], prompts, max_new_tokens=8, cost_tokens=4,
-                    prompt_lookup_targets=[], pld_tokens=3, budget_s=0.0, warmup_tokens=2, pad_token_id=1,
-                    progress=False)
-    assert runs["prompt"].unique().tolist() == [0]  # the budget is spent: no second prompt
-    row = runs[runs["method"] == "assisted"].iloc[0]
-    assert row["status"] in ("error", "skipped") and row["error"]
+    runs, gen = sweep(bad, [Pair("alien", "target")], prompts, max_new_tokens=8, cost_tokens=4,
+                      prompt_lookup_targets=[], pld_tokens=3, budget_s=0.0, warmup_tokens=2, pad_token_id=1,
+                      progress=False)
+    assert not gen and (runs["status"] == "skipped").all() and runs["error"].str.len().gt(0).all()
+    assert runs["prompt"].tolist() == [0] * 3 + [1] * 3 + [2] * 3  # every planned run has its row
+    assert runs["error"].str.contains("budget is spent").all()  # the root cause, not the missing baseline
     runs2, _ = sweep(bad, [Pair("alien", "target")], prompts[:1], max_new_tokens=8, cost_tokens=4,
                      prompt_lookup_targets=[], pld_tokens=3, warmup_tokens=2, pad_token_id=1, progress=False)
     assert (runs2[runs2.method == "assisted"]["status"] == "error").all()
@@ -176,26 +179,39 @@ def test_own_speedup_is_against_the_engine_running_the_target_alone():
     assert hf.loc["own_plain", "speedup_median"] == pytest.approx(5.0)
 
 
-def _pairs_table(speedups, cost_ratios, alphas):
+def _pairs_table(speedups, cost_ratios, alphas, length=512):
     return pd.DataFrame(dict(pair=[f"p{i}" for i in range(len(speedups))], speedup_median=speedups,
                              speedup_p25=np.array(speedups) - 0.1, speedup_p75=np.array(speedups) + 0.1,
-                             prompts=3, cost_ratio=cost_ratios, alpha=alphas))
+                             prompts=3, cost_ratio=cost_ratios, alpha=alphas, length=length))
 
 
-def _summary(per_pair_by_length):
+def _per_prompt(per_pair_by_length, lengths=(32, 128, 512), prompts=(0,)):
     rows = []
     for pair, values in per_pair_by_length.items():
-        for length, v in zip([32, 128, 512], values):
-            rows.append(dict(method="assisted", pair=pair, length=length, speedup_median=v))
+        for prompt in prompts:
+            for length, v in zip(lengths, values):
+                rows.append(dict(method="assisted", pair=pair, prompt=prompt, length=length, speedup=v))
     return pd.DataFrame(rows)
 
 
 def test_f61_verdict_rules():
-    assert verdicts.f61_best_pair(_pairs_table([1.2, 1.8, 0.9], [0.3, 0.2, 0.6], [0.6, 0.7, 0.5]), 512)["verdict"] == "holds"
-    r = verdicts.f61_best_pair(_pairs_table([1.1, 1.2], [0.3, 0.2], [0.6, 0.7]), 512)
+    assert verdicts.f61_best_pair(_pairs_table([1.2, 1.8, 0.9], [0.3, 0.2, 0.6], [0.6, 0.7, 0.5]))["verdict"] == "holds"
+    r = verdicts.f61_best_pair(_pairs_table([1.1, 1.2], [0.3, 0.2], [0.6, 0.7]))
     assert r["verdict"] == "changes" and r["measured_value"] == "1.20" and "below" in r["note"]
-    assert verdicts.f61_best_pair(_pairs_table([0.8, 0.95], [0.3, 0.2], [0.6, 0.7]), 512)["verdict"] == "fails"
-    assert verdicts.f61_best_pair(_pairs_table([], [], []), 512)["measured_value"] == "not measured"
+    assert verdicts.f61_best_pair(_pairs_table([0.8, 0.95], [0.3, 0.2], [0.6, 0.7]))["verdict"] == "fails"
+    assert verdicts.f61_best_pair(_pairs_table([], [], []))["measured_value"] == "not measured"
+
+
+def test_f61_uses_the_longest_length_any_pair_reached():
+    """Only one of three pairs ran to 512 tokens: F6.1 is that pair at 512, not the best pair at 128."""
+    short = _pairs_table([1.9, 1.2, 1.1], [0.2, 0.3, 0.5], [0.7, 0.6, 0.5], length=128)
+    long = _pairs_table([1.3, np.nan, np.nan], [0.2, 0.3, 0.5], [0.7, 0.6, 0.5], length=512)
+    r = verdicts.f61_best_pair(pd.concat([short, long]))
+    assert r["measured_value"] == "1.30" and r["unit"] == "× at 512 tokens" and "1 of 3 pairs ran to 512" in r["note"]
+    r = verdicts.f61_best_pair(short)
+    assert r["unit"] == "× at 128 tokens" and "RTX 2070's figure is at 512" in r["note"]
+    assert verdicts.ranking_length(pd.concat([short, long])) == 128  # 3 pairs at 128, 1 at 512
+    assert verdicts.ranking_length(long) is None
 
 
 def test_f62_verdict_rules():
@@ -203,17 +219,28 @@ def test_f62_verdict_rules():
     flat = {k: [v[-1]] * 3 for k, v in rising.items()}
     falls_with_c = _pairs_table([1.4, 1.2, 0.9], [0.2, 0.4, 0.7], [0.6, 0.6, 0.6])
     rises_with_c = _pairs_table([1.4, 1.2, 0.9], [0.7, 0.4, 0.2], [0.6, 0.6, 0.6])
-    assert verdicts.f62_what_decides(falls_with_c, _summary(rising))["verdict"] == "holds"
-    r = verdicts.f62_what_decides(falls_with_c, _summary(flat))
+    assert verdicts.f62_what_decides(falls_with_c, _per_prompt(rising))["verdict"] == "holds"
+    r = verdicts.f62_what_decides(falls_with_c, _per_prompt(flat))
     assert r["verdict"] == "changes" and "hardly moves" in r["note"]
-    r = verdicts.f62_what_decides(rises_with_c, _summary(flat))
+    r = verdicts.f62_what_decides(rises_with_c, _per_prompt(flat))
     assert r["verdict"] == "fails" and "rises with c" in r["note"]
-    assert verdicts.f62_what_decides(falls_with_c.head(2), _summary(rising))["measured_value"] == "not measured"
-    rows = verdicts.findings(falls_with_c, _summary(rising), 512)
+    assert verdicts.f62_what_decides(falls_with_c.head(2), _per_prompt(rising))["measured_value"] == "not measured"
+    rows = verdicts.findings(falls_with_c, _per_prompt(rising))
     assert [r["id"] for r in rows] == ["F6.1", "F6.2"]
     from servelab.results import findings_frame
 
     assert len(findings_frame(rows)) == 2
+
+
+def test_length_trend_compares_the_same_prompts_at_every_length():
+    """The long prompt reached 512 and speeds up with length; the short prompts (fast at 32–128) must not be
+    mixed into the trend, or the median at 32–128 would come from other prompts than the one at 512."""
+    long_prompt = _per_prompt({"p": [1.0, 1.1, 1.3]}, prompts=(1,))
+    short_prompts = _per_prompt({"p": [2.0, 2.0]}, lengths=(32, 128), prompts=(0, 2))
+    t = verdicts.length_trends(pd.concat([long_prompt, short_prompts])).iloc[0]
+    assert t["prompts"] == 1 and t["lengths"] == 3
+    assert t["rho"] == pytest.approx(1.0) and t["change"] == pytest.approx(0.3)
+    assert verdicts.length_trends(short_prompts).empty  # two lengths are no trend
 
 
 def test_decode_costs_and_pair_summary(models):
@@ -230,14 +257,20 @@ def test_decode_costs_and_pair_summary(models):
     alpha = pd.DataFrame([dict(prompt=0, pair="small → target", alpha=0.5)])
     t = analysis.pair_summary([Pair("small", "target")], costs, summ, alpha, runs, 16).iloc[0]
     assert t["cost_ratio"] == pytest.approx(0.4) and t["alpha"] == 0.5 and t["tokens_per_step"] == 2.5
-    assert t["speedup_median"] == 1.3
+    assert t["speedup_median"] == 1.3 and t["length"] == 16
     assert 0 < t["params_ratio"] < 1
+    by_length = analysis.pair_summary([Pair("small", "target")], costs, summ, alpha, runs, [8, 16])
+    assert by_length["length"].tolist() == [8, 16] and np.isnan(by_length["speedup_median"].iloc[0])
+    assert (by_length["cost_ratio"] == t["cost_ratio"]).all()
 
 
 def test_parameters_are_validated():
     p = study_params("smoke")
     assert p["max_new_tokens"] in p["lengths"] and p["profile"] == "smoke"
     assert study_params("smoke", lengths=[2, 4])["lengths"] == [2, 4, p["max_new_tokens"]]
+    full = study_params("full")
+    assert full["max_new_tokens"] == 512 and 512 in full["lengths"] and full["hf_sdpa"] == "no_cudnn"
+    assert full["wall_budget_s"] <= 240 - 10 and full["budget_s"] is None
     with pytest.raises(ParameterError, match="both target and drafts"):
         study_params("smoke", target="gpt2-medium")
     with pytest.raises(ParameterError, match="drafts"):
@@ -247,13 +280,20 @@ def test_parameters_are_validated():
     with pytest.raises(ParameterError, match="lengths"):
         study_params("smoke", lengths=[1000])
     with pytest.raises(ParameterError, match="cost_tokens"):
-        study_params("smoke", cost_tokens=10_000, max_new_tokens=16)
+        study_params("smoke", cost_tokens=12, short_new_tokens=8, max_new_tokens=16)
     with pytest.raises(ParameterError, match="unknown"):
         study_params("smoke", gamma=3)
-    with pytest.raises(ParameterError, match="followup_new_tokens"):
-        study_params("smoke", followup_new_tokens=64, max_new_tokens=16)
+    with pytest.raises(ParameterError, match="unknown"):
+        study_params("smoke", followup_new_tokens=8)  # renamed: short_new_tokens
+    with pytest.raises(ParameterError, match="short_new_tokens"):
+        study_params("smoke", short_new_tokens=64, max_new_tokens=16)
     with pytest.raises(ParameterError, match="budget_s"):
         study_params("smoke", budget_s=-1)
+    with pytest.raises(ParameterError, match="wall_budget_s"):
+        study_params("smoke", wall_budget_s=0)
+    with pytest.raises(ParameterError, match="hf_sdpa"):
+        study_params("smoke", hf_sdpa="cudnn_only")
+    assert study_params("smoke", budget_s=30)["budget_s"] == 30
     with pytest.raises(ParameterError, match="need at least one draft"):
         pairs_for("T", [])
 
@@ -292,14 +332,22 @@ def test_analysis_plots_and_verdicts_survive_a_sweep_where_nothing_ran(models, p
     runs, gen = sweep(models, pairs, prompts[:1], max_new_tokens=8, cost_tokens=4, prompt_lookup_targets=["target"],
                       pld_tokens=3, budget_s=0.0, warmup_tokens=1, pad_token_id=1, progress=False)
     assert (runs["status"] == "skipped").all() and not gen
-    summary = analysis.summarize_speedups(analysis.speedups(times_at_lengths(runs, gen, [4, 8])))
+    times = times_at_lengths(gen, [4, 8])
+    per_prompt = analysis.speedups(times)
+    summary = analysis.summarize_speedups(per_prompt)
     costs = analysis.decode_costs(runs, models)
-    table = analysis.pair_summary(pairs, costs, summary, pd.DataFrame(columns=["prompt", "pair", "alpha"]), runs, 8)
+    table = analysis.pair_summary(pairs, costs, summary, pd.DataFrame(columns=["prompt", "pair", "alpha"]), runs,
+                                  [4, 8])
     assert summary.empty and costs.empty and table["cost_ratio"].isna().all()
     assert analysis.match_rates(runs).empty
-    for fig in (plots.speedup_vs_length(summary, "cpu"), plots.cost_ratio(table, "cpu"), plots.decode_cost(costs, "cpu")):
+    cov = analysis.coverage(runs, times, [4, 8])
+    assert len(cov) == runs[["method", "pair"]].drop_duplicates().shape[0] and (cov[[4, 8]] == 0).all().all()
+    text = analysis.coverage_text(cov, runs, 8)
+    assert "nothing" in text and "budget is spent" in text
+    for fig in (plots.speedup_vs_length(summary, "cpu"), plots.cost_ratio(table, "cpu", None),
+                plots.decode_cost(costs, "cpu")):
         assert fig is not None
-    rows = verdicts.findings(table, summary, 8)
+    rows = verdicts.findings(table, per_prompt)
     assert all(r["measured_value"] == "not measured" for r in rows)
 
 

@@ -47,3 +47,24 @@ def test_code_status_names_the_commit(tmp_path):
     (d / "run.json").write_text(json.dumps({"git_commit": "0000000000000000000000000000000000000000"}))
     assert engine_code_changed_since("0" * 40) is None  # not a commit of this history
     assert "could not be checked" in render_code_status(d / "bench.csv")
+
+
+def test_caption_and_code_status_read_one_provenance(tmp_path):
+    """The bench table's caption and the code-status line name the same commit, read once from run.json."""
+    from servelab.book.engine_bench import bench_provenance, render_engine_bench
+
+    d = bench_dir(tmp_path)
+    assert bench_provenance(d / "bench.csv") is None and bench_provenance(None) is None
+    assert render_code_status(d / "bench.csv") == ""  # no sidecar: nothing to say
+    (d / "run.json").write_text(json.dumps({"git_commit": "f" * 40 + "+dirty", "started_utc": "2026-12-02T14:00",
+                                            "written_utc": "2026-12-02T14:05"}))
+    prov = bench_provenance(d / "bench.csv")
+    assert prov.commit == "f" * 12 and prov.when == "2026-12-02T14:05"
+    assert f"run at commit `{'f' * 12}` on 2026-12-02T14:05" in render_engine_bench(d / "bench.csv")
+    assert f"`{'f' * 12}`" in render_code_status(d / "bench.csv")
+    (d / "run.json").write_text(json.dumps({"started_utc": "2026-12-02T14:00"}))
+    assert "commit `unknown` on 2026-12-02T14:00" in render_engine_bench(d / "bench.csv")
+    assert "since commit `unknown` could not be checked" in render_code_status(d / "bench.csv")
+    (d / "run.json").write_text("{not json")
+    assert bench_provenance(d / "bench.csv") is None
+    assert render_code_status(d / "bench.csv") == "" and "run at commit" not in render_engine_bench(d / "bench.csv")

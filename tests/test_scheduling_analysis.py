@@ -33,6 +33,21 @@ def test_capacity_estimate_from_pure_steps():
         estimate_capacity(steps.iloc[:2], mean_prompt_tokens=1, mean_output_tokens=1, batch=1)
 
 
+def test_capacity_estimate_classifies_steps_like_step_costs():
+    """Mixed steps (a prefill chunk beside decodes) and empty steps belong to neither cost: the probe
+    classifies steps with ``step_costs.step_kind``, the same rule as the step-cost table."""
+    pure = [(0.0, 0.1, 100, 0, 1), (0.1, 0.104, 0, 2, 2), (0.11, 0.114, 0, 2, 2), (0.12, 0.124, 0, 2, 2)]
+    est = estimate_capacity(steps_frame(pure), mean_prompt_tokens=100, mean_output_tokens=10, batch=2)
+    noisy = pure + [(0.13, 0.5, 50, 2, 3), (0.5, 0.5, 0, 0, 0)]  # one slow mixed step, one empty step
+    est2 = estimate_capacity(steps_frame(noisy), mean_prompt_tokens=100, mean_output_tokens=10, batch=2)
+    assert est2.prefill_s_per_token == pytest.approx(est.prefill_s_per_token) == pytest.approx(0.1 / 100)
+    assert est2.decode_step_s == pytest.approx(0.01)
+    assert est2.decode_batch == 2
+    with pytest.raises(ValueError, match="prefill-only"):
+        estimate_capacity(steps_frame([(0.0, 0.1, 50, 2, 3), (0.1, 0.2, 0, 2, 2)]), mean_prompt_tokens=1,
+                          mean_output_tokens=1, batch=1)
+
+
 def test_probe_roofline_sets_costs_against_floors():
     cfg = type("C", (), dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=64,
                              intermediate_size=128, vocab_size=512, head_dim=16, model_type="llama",

@@ -26,12 +26,20 @@ def greedy_agreement(draft, prompt: list[int], target_tokens: list[int]) -> floa
     return float(np.mean(pred == np.asarray(target_tokens)))
 
 
-def alpha_table(models: dict, pairs, prompts: list[list[int]], runs: dict) -> pd.DataFrame:
+def alpha_table(models: dict, pairs, prompts: list[list[int]], runs: dict, sdpa: str = "default") -> pd.DataFrame:
     """α of every pair on every prompt where its target's plain run completed (``runs`` as the sweep returns
-    them: {(prompt index, job): GenerationRun})."""
+    them: {(prompt index, job): GenerationRun}); the drafts' forwards use the SDPA kernels ``sdpa`` (see
+    ``attention_backend.hf_sdpa``: no cuDNN plan build per new length)."""
+    from servelab.assisted.attention_backend import hf_sdpa
+
+    with hf_sdpa(sdpa):
+        return _alpha_rows(models, pairs, prompts, runs)
+
+
+def _alpha_rows(models: dict, pairs, prompts, runs) -> pd.DataFrame:
     rows = []
     for (i, job), run in runs.items():
-        if job.method != "plain":
+        if job.method != "plain" or not run.tokens:
             continue
         for p in pairs:
             if p.target == job.target:

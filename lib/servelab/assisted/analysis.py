@@ -14,6 +14,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from servelab.assisted.runs import METHODS
+from servelab.assisted.sweep import DONE
+
 
 def speedups(times: pd.DataFrame, baseline: str = "plain") -> pd.DataFrame:
     """Per prompt, method (≠ baseline), pair and length: baseline ms / method ms on the same target and prompt."""
@@ -39,7 +42,7 @@ def summarize_speedups(per_prompt: pd.DataFrame) -> pd.DataFrame:
 def decode_costs(runs: pd.DataFrame, models: dict, roofline=None) -> pd.DataFrame:
     """Per model: plain-generate decode ms/token (median of per-token intervals over prompts), params,
     weight bytes and, with a roofline, the floor and % of it."""
-    plain = runs[(runs["method"] == "plain") & (runs["status"] == "ok")]
+    plain = runs[(runs["method"] == "plain") & runs["status"].isin(DONE)]
     cols = ["model", "params", "layers", "weight_bytes", "ms_per_token", "ms_per_token_p25", "ms_per_token_p75",
             "prompts"] + (["floor_ms", "pct_of_floor"] if roofline is not None else [])
     rows = []
@@ -58,8 +61,9 @@ def decode_costs(runs: pd.DataFrame, models: dict, roofline=None) -> pd.DataFram
 
 
 def pair_summary(pairs, costs: pd.DataFrame, summary: pd.DataFrame, alpha: pd.DataFrame,
-                 runs: pd.DataFrame, length: int) -> pd.DataFrame:
-    """One row per pair: c (measured), params ratio, α, tokens per target step, speedup at ``length``."""
+                 runs: pd.DataFrame, lengths: int | list[int]) -> pd.DataFrame:
+    """One row per pair and output length: c (measured), params ratio, α, tokens per target step, and the
+    assisted speedup at that length (NaN where the pair did not run that long)."""
     cost = costs.set_index("model") if len(costs) else pd.DataFrame(columns=["ms_per_token", "params"])
     rows = []
     for p in pairs:
@@ -69,18 +73,74 @@ def pair_summary(pairs, costs: pd.DataFrame, summary: pd.DataFrame, alpha: pd.Da
             row["params_ratio"] = cost.at[p.draft, "params"] / cost.at[p.target, "params"]
         a = alpha[alpha["pair"] == p.name]["alpha"] if len(alpha) else pd.Series(dtype=float)
         row["alpha"] = float(a.median()) if len(a) else np.nan
-        r = runs[(runs["method"] == "assisted") & (runs["pair"] == p.name) & (runs["status"] == "ok")]
+        r = runs[(runs["method"] == "assisted") & (runs["pair"] == p.name) & runs["status"].isin(DONE)]
         row["tokens_per_step"] = float(r["tokens_per_step"].median()) if len(r) else np.nan
-        s = summary[(summary["method"] == "assisted") & (summary["pair"] == p.name) & (summary["length"] == length)]
-        for k in ("speedup_median", "speedup_p25", "speedup_p75", "prompts"):
-            row[k] = float(s[k].iloc[0]) if len(s) else np.nan
-        rows.append(row)
+        for length in ([lengths] if isinstance(lengths, int) else lengths):
+            s = summary[(summary["method"] == "assisted") & (summary["pair"] == p.name) & (summary["length"] == length)]
+            rows.append(dict(row, length=length, **{k: float(s[k].iloc[0]) if len(s) else np.nan
+                                                    for k in ("speedup_median", "speedup_p25", "speedup_p75",
+                                                              "prompts")}))
     return pd.DataFrame(rows)
+
+
+def coverage(runs: pd.DataFrame, times: pd.DataFrame, lengths: list[int]) -> pd.DataFrame:
+    """Which output lengths were measured for which planned method and pair: prompts with a time, per
+    length (0: not measured at that length)."""
+    cols = ["method", "pair"] + list(lengths)
+    if runs.empty:
+        return pd.DataFrame(columns=cols)
+    planned = runs[["method", "pair"]].drop_duplicates()
+    counts = (times.groupby(["method", "pair", "length"])["prompt"].nunique().unstack("length")
+              if len(times) else pd.DataFrame())
+    t = planned.merge(counts.reset_index(), on=["method", "pair"], how="left") if len(counts) else planned
+    t = t.reindex(columns=cols).fillna({k: 0 for k in lengths})
+    t[list(lengths)] = t[list(lengths)].astype(int)
+    t["method"] = pd.Categorical(t["method"], METHODS, ordered=True)
+    t = t.sort_values(["method", "pair"], ignore_index=True)
+    return t.assign(method=t["method"].astype(str))[cols]
+
+
+def coverage_text(cov: pd.DataFrame, runs: pd.DataFrame, length: int, labels: dict | None = None) -> str:
+    """Markdown: which methods and pairs were measured at ``length`` tokens, and why the others planned
+    that long were not (the reason recorded in the runs table)."""
+    labels = labels or {}
+    if cov.empty or length not in cov:
+        return f"Nothing was measured at {length} tokens."
+    ran = cov[cov[length] > 0]
+    by_method = [f"{labels.get(m, m)} ({', '.join(g['pair'])})" for m, g in ran.groupby("method", sort=False)]
+    long = runs[runs["new_tokens"] >= length]
+    missing = []
+    for r in cov[cov[length] == 0].itertuples():
+        planned = long[(long["method"] == r.method) & (long["pair"] == r.pair)]
+        if len(planned):
+            why = planned.iloc[0]
+            missing.append(f"{labels.get(r.method, r.method)} {r.pair} ({why['status']}: {why['error']})")
+    text = f"**Measured at {length} tokens:** " + ("; ".join(by_method) if by_method else "nothing") + "."
+    if missing:
+        text += f"\n\n**Planned at {length} tokens but not measured:** " + "; ".join(missing) + "."
+    return text
+
+
+def not_run(runs: pd.DataFrame) -> pd.DataFrame:
+    """The planned runs that made no tokens or stopped early, with why (skipped for the budget or a
+    missing baseline, failed, cut at the budget)."""
+    cols = ["prompt", "pass_kind", "method", "pair", "new_tokens", "status", "error"]
+    if runs.empty:
+        return pd.DataFrame(columns=cols)
+    return runs[runs["status"] != "ok"][cols].reset_index(drop=True)
+
+
+def longest_measured(summary: pd.DataFrame, method: str = "assisted") -> dict[int, list[str]]:
+    """{length: pairs of ``method`` with a speedup at that length}, longest first."""
+    d = summary[summary["method"] == method].dropna(subset=["speedup_median"]) if len(summary) else summary
+    if d.empty:
+        return {}
+    return {int(k): sorted(g["pair"]) for k, g in sorted(d.groupby("length"), key=lambda kv: -kv[0])}
 
 
 def match_rates(runs: pd.DataFrame) -> pd.DataFrame:
     """Per method and pair: share of runs whose output equals plain greedy, and the mean matching prefix."""
-    r = runs[(runs["method"] != "plain") & (runs["status"] == "ok")].dropna(subset=["matches_plain"])
+    r = runs[(runs["method"] != "plain") & runs["status"].isin(DONE)].dropna(subset=["matches_plain"])
     if r.empty:
         return pd.DataFrame(columns=["method", "pair", "runs", "exact_match_rate", "matching_prefix_mean"])
     return (r.assign(exact=r["matches_plain"].astype(float))
@@ -93,7 +153,7 @@ def match_rates(runs: pd.DataFrame) -> pd.DataFrame:
 def own_acceptance(runs: pd.DataFrame) -> pd.DataFrame:
     """Per pair, the project's own decoder: drafted tokens accepted / proposed (its α at fixed γ), target
     forwards (rounds), and the KV rollback ("KV sync") time as a share of the run."""
-    r = runs[(runs["method"] == "own") & (runs["status"] == "ok")]
+    r = runs[(runs["method"] == "own") & runs["status"].isin(DONE)]
     cols = ["pair", "runs", "accepted", "proposed", "alpha", "rounds", "rollback_ms", "rollback_share"]
     if r.empty or "proposed" not in r:
         return pd.DataFrame(columns=cols)

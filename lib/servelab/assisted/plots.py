@@ -66,10 +66,12 @@ def speedup_vs_length(summary: pd.DataFrame, device_name: str):
     return fig
 
 
-def cost_ratio(pairs: pd.DataFrame, device_name: str):
+def cost_ratio(pairs: pd.DataFrame, device_name: str, length: int | None):
     """Left: measured cost ratio c against the parameter ratio (the dashed line is what parameter counts
-    suggest). Right: speedup at the longest output against c, labelled with α."""
-    d = pairs.dropna(subset=["cost_ratio"])
+    suggest). Right: speedup at ``length`` output tokens against c, labelled with α (``pairs``: the pair ×
+    length table; ``length`` None: no length has enough pairs, the right panel stays empty)."""
+    at = pairs[pairs["length"] == length] if length is not None else pairs.iloc[:0]
+    d = pairs.drop_duplicates("pair").dropna(subset=["cost_ratio"])
     if d.empty:
         return _nothing("no cost ratio measured (the plain runs of a pair failed or were skipped)")
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
@@ -85,7 +87,7 @@ def cost_ratio(pairs: pd.DataFrame, device_name: str):
            title="What a draft step costs")
     ax.legend(fontsize=7)
     ax = axes[1]
-    d = d.dropna(subset=["speedup_median"])
+    d = at.dropna(subset=["cost_ratio", "speedup_median"])
     ax.errorbar(d["cost_ratio"], d["speedup_median"],
                 yerr=[d["speedup_median"] - d["speedup_p25"], d["speedup_p75"] - d["speedup_median"]],
                 fmt="o", capsize=3)
@@ -93,7 +95,8 @@ def cost_ratio(pairs: pd.DataFrame, device_name: str):
         ax.annotate(f"{r.pair}\nα={r.alpha:.2f}", (r.cost_ratio, r.speedup_median), fontsize=7, xytext=(4, 4),
                     textcoords="offset points")
     ax.axhline(1.0, color="k", lw=1, label="break-even")
-    ax.set(xlabel="cost ratio c", ylabel="speedup at the longest output (×)", title="Speedup against cost ratio")
+    ax.set(xlabel="cost ratio c", ylabel=f"speedup at {length} output tokens (×)" if length else "speedup (×)",
+           title="Speedup against cost ratio")
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig

@@ -1,25 +1,19 @@
-"""Timed greedy generate runs: plain, with an assistant model, with prompt lookup, and the sweep.
+"""Timed greedy generate runs: plain, with an assistant model, with prompt lookup; the jobs of one prompt.
 
 Each run is one ``generate`` call with ``max_new_tokens == min_new_tokens`` (so every run makes the same
 number of tokens: end-of-text is suppressed, identically in every method) and a :class:`TokenClock`,
-so the time to reach each output length is read from the one run.
-
-The sweep runs prompt by prompt, all methods on one prompt before the next, so a wall-time budget that
-runs out leaves whole prompts rather than missing methods (only a first prompt slower than the whole
-budget loses the methods at the end of its list, recorded as skipped).
+so the time to reach each output length is read from the one run. :mod:`servelab.assisted.sweep` runs
+the jobs over the prompts within a wall-time budget.
 """
 
 from __future__ import annotations
 
-import contextlib
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
-from servelab.assisted.clock import TokenClock, per_token_ms, time_to_tokens
+from servelab.assisted.clock import TokenClock, time_to_tokens
 
 METHODS = ("plain", "assisted", "prompt_lookup", "own_plain", "own")
 
@@ -50,10 +44,19 @@ class GenerationRun:
     def total_ms(self) -> float:
         return float(self.ms[-1]) if len(self.ms) else float("nan")
 
+    @property
+    def made(self) -> int:
+        """New tokens the run made."""
+        return int(self.counts[-1]) if len(self.counts) else 0
+
 
 def timed_generate(model, prompt: list[int], max_new_tokens: int, *, assistant=None,
-                   prompt_lookup_num_tokens: int | None = None, pad_token_id: int | None = None) -> GenerationRun:
-    """Greedy ``model.generate`` of exactly ``max_new_tokens`` tokens, timed per streamed batch."""
+                   prompt_lookup_num_tokens: int | None = None, pad_token_id: int | None = None,
+                   max_time: float | None = None) -> GenerationRun:
+    """Greedy ``model.generate`` of exactly ``max_new_tokens`` tokens, timed per streamed batch.
+
+    ``max_time`` (s): HF's own stopping rule, so a run cannot overrun a wall-time budget; a run it stops
+    makes fewer tokens (``GenerationRun.made``)."""
     import torch
 
     dev = model.device
@@ -67,6 +70,8 @@ def timed_generate(model, prompt: list[int], max_new_tokens: int, *, assistant=N
         kwargs["assistant_model"] = assistant
     if prompt_lookup_num_tokens:
         kwargs["prompt_lookup_num_tokens"] = prompt_lookup_num_tokens
+    if max_time is not None and max_time != float("inf"):
+        kwargs["max_time"] = max(0.001, float(max_time))
     with torch.inference_mode():
         clock.start()
         out = model.generate(ids, **kwargs)
@@ -86,6 +91,11 @@ class Job:
     @property
     def pair(self) -> str:
         return f"{self.draft} → {self.target}" if self.draft else self.target
+
+    @property
+    def key(self) -> tuple[str, str, str | None]:
+        """The job whatever its length: (method, target, draft)."""
+        return self.method, self.target, self.draft
 
 
 def plan_jobs(pairs: list[Pair], max_new_tokens: int, cost_tokens: int, prompt_lookup_targets: list[str],
@@ -109,172 +119,13 @@ def plan_jobs(pairs: list[Pair], max_new_tokens: int, cost_tokens: int, prompt_l
     return jobs
 
 
-# (draft name or None for the target alone, target name, prompt ids, new tokens) -> a timed run
-OwnRunner = Callable[[str | None, str, list[int], int], GenerationRun]
-
-
-def _run_job(job: Job, models: dict, prompt: list[int], *, pld_tokens: int, pad_token_id, own: OwnRunner | None,
-             new_tokens: int | None = None) -> GenerationRun:
-    n = new_tokens or job.new_tokens
-    target = models[job.target]
-    if job.method == "plain":
-        return timed_generate(target, prompt, n, pad_token_id=pad_token_id)
-    if job.method == "assisted":
-        return timed_generate(target, prompt, n, assistant=models[job.draft], pad_token_id=pad_token_id)
-    if job.method == "prompt_lookup":
-        return timed_generate(target, prompt, n, prompt_lookup_num_tokens=pld_tokens, pad_token_id=pad_token_id)
-    if job.method == "own_plain":
-        return own(None, job.target, prompt, n)
-    if job.method == "own":
-        return own(job.draft, job.target, prompt, n)
-    raise ValueError(f"unknown method {job.method!r}; known: {METHODS}")
-
-
-def _status(e: BaseException) -> str:
-    import torch
-
-    if isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e).lower():
-        return "oom"
-    return "error"
-
-
-def _error_text(e: BaseException) -> str:
-    """The exception's type and first line, short enough for a table cell."""
-    first = str(e).splitlines()[0] if str(e) else ""
-    return f"{type(e).__name__}: {first}"[:300]
-
-
-def _free_cuda() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-def sweep(models: dict, pairs: list[Pair], prompts: list[list[int]], *, max_new_tokens: int, cost_tokens: int,
-          prompt_lookup_targets: list[str], pld_tokens: int, own: OwnRunner | None = None,
-          budget_s: float = float("inf"), warmup_tokens: int = 8, pad_token_id=None,
-          followup_new_tokens: int | None = None, progress: bool = True) -> tuple[pd.DataFrame, dict]:
-    """Every job of :func:`plan_jobs` on every prompt, within ``budget_s`` seconds of wall time.
-
-    The first prompt's runs make ``max_new_tokens`` tokens; with ``followup_new_tokens`` the later
-    prompts' runs make only that many (more prompts in the budget: the spread over prompts at the
-    shorter lengths, the longest lengths from the first prompt alone). A prompt starts only if its
-    estimated time still fits; within a prompt, jobs after the budget is spent are recorded as
-    "skipped" (only the first prompt can get there).
-
-    Each job runs once untimed on the first prompt with ``warmup_tokens`` new tokens (kernels chosen,
-    caches allocated, HF's assistant set up). Returns (runs table, {(prompt, job): GenerationRun}).
-    A failing job gets a row with status "oom" or "error" and the sweep goes on.
-    """
-    jobs = plan_jobs(pairs, max_new_tokens, cost_tokens, prompt_lookup_targets, own is not None)
-    kw = dict(pld_tokens=pld_tokens, pad_token_id=pad_token_id, own=own)
-    followup = min(followup_new_tokens or max_new_tokens, max_new_tokens)
-    with hf_warnings_off():
-        return _sweep(jobs, models, prompts, kw, budget_s, warmup_tokens, followup, progress)
-
-
-@contextlib.contextmanager
-def hf_warnings_off():
-    """HF warns on every assisted call that it builds a logits processor we also asked for (min_new_tokens)
-    and about the assistant's generation config: true, harmless, and noise in a notebook."""
-    from transformers.utils import logging as hf_logging
-
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(level)
-
-
-def _sweep(jobs, models, prompts, kw, budget_s, warmup_tokens, followup, progress):
-    from tqdm.auto import tqdm
-
-    t0 = time.perf_counter()  # the budget covers the warm-up too (the own decoder captures graphs there)
-    broken: dict[Job, str] = {}
-    for job in jobs:  # warm-up
-        try:
-            _run_job(job, models, prompts[0], new_tokens=warmup_tokens, **kw)
-        except Exception as e:  # noqa: BLE001 - recorded, the sweep goes on
-            broken[job] = f"{_status(e)}: {_error_text(e)}"
-            _free_cuda()
-
-    rows, runs = [], {}
-    per_prompt_s: list[float] = []
-    bar = tqdm(total=len(prompts) * len(jobs), desc="generate runs", disable=not progress)
-    share = followup / jobs[0].new_tokens  # later prompts' share of the first prompt's tokens
-    for i, prompt in enumerate(prompts):
-        elapsed = time.perf_counter() - t0
-        estimate = float(np.mean(per_prompt_s[1:])) if i > 1 else (per_prompt_s[0] * share if i else 0.0)
-        if i > 0 and elapsed + estimate > budget_s:
-            break  # the next prompt would not fit: stop with whole prompts
-        tp = time.perf_counter()
-        for planned in jobs:
-            job = planned if i == 0 else replace(planned, new_tokens=min(planned.new_tokens, followup))
-            row = dict(prompt=i, prompt_tokens=len(prompt), method=job.method, target=job.target,
-                       draft=job.draft or "", pair=job.pair, new_tokens=job.new_tokens, status="ok", error="")
-            if planned in broken:
-                row.update(status=broken[planned].split(":")[0], error=broken[planned])
-            elif time.perf_counter() - t0 > budget_s:
-                row.update(status="skipped", error=f"wall-time budget of {budget_s:.0f} s spent")
-            else:
-                try:
-                    run = _run_job(job, models, prompt, **kw)
-                    runs[(i, job)] = run
-                    row.update(_describe(run))
-                except Exception as e:  # noqa: BLE001 - recorded, the sweep goes on
-                    row.update(status=_status(e), error=_error_text(e))
-                    _free_cuda()
-            rows.append(row)
-            bar.update(1)
-        per_prompt_s.append(time.perf_counter() - tp)
-    bar.close()
-    table = pd.DataFrame(rows)
-    return _add_matches(table, runs), runs
-
-
-def _describe(run: GenerationRun) -> dict:
-    pt = per_token_ms(run.counts, run.ms)
-    steps = len(run.counts)
-    made = int(run.counts[-1]) if steps else 0
-    return dict(**run.extra, made_tokens=made, total_ms=run.total_ms, steps=steps,
-                tokens_per_step=made / steps if steps else np.nan,
-                first_step_ms=float(run.ms[0]) if steps else np.nan,
-                ms_per_token_median=float(np.median(pt)) if len(pt) else np.nan,
-                ms_per_token_p25=float(np.percentile(pt, 25)) if len(pt) else np.nan,
-                ms_per_token_p75=float(np.percentile(pt, 75)) if len(pt) else np.nan)
-
-
-def _add_matches(table: pd.DataFrame, runs: dict) -> pd.DataFrame:
-    """Does each run's output equal plain greedy of its target on the same prompt, token for token?
-
-    ``matches_plain`` (bool) and ``matching_prefix`` (share of the reference's tokens before the first
-    difference); NaN for plain runs themselves and where either run failed.
-    """
-    by_key = {(i, j.method, j.target, j.draft or ""): r for (i, j), r in runs.items()}
-    exact, prefix = [], []
-    for row in table.itertuples():
-        run = by_key.get((row.prompt, row.method, row.target, row.draft))
-        ref = by_key.get((row.prompt, "plain", row.target, ""))
-        if row.method == "plain" or run is None or ref is None:
-            exact.append(np.nan)
-            prefix.append(np.nan)
-            continue
-        a, b = run.tokens, ref.tokens
-        n = min(len(a), len(b))
-        same = next((k for k in range(n) if a[k] != b[k]), n)
-        exact.append(float(a == b))
-        prefix.append(same / max(1, len(b)))
-    return table.assign(matches_plain=exact, matching_prefix=prefix)
-
-
-def times_at_lengths(table: pd.DataFrame, runs: dict, lengths: list[int]) -> pd.DataFrame:
-    """Tidy: one row per run and output length k: ms until k tokens existed (k ≤ the run's tokens)."""
+def times_at_lengths(runs: dict, lengths: list[int]) -> pd.DataFrame:
+    """Tidy: one row per run and output length k: ms until k tokens existed (k ≤ the tokens the run made;
+    a run without a mark per step, only at its last token)."""
     rows = []
     for (i, job), run in runs.items():
         for k in lengths:
-            if k > job.new_tokens or (not run.dense and k != int(run.counts[-1])):
+            if k > run.made or (not run.dense and k != run.made):
                 continue
             rows.append(dict(prompt=i, method=job.method, target=job.target, draft=job.draft or "", pair=job.pair,
                              length=k, ms=time_to_tokens(run.counts, run.ms, k)))

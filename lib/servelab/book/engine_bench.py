@@ -6,6 +6,8 @@ floor or a note); this renders them as they are, with values formatted for readi
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -37,17 +39,33 @@ def render_engine_bench(path: Path | None) -> str:
     return f"From `{md_text(path.parent.parent.name)}`{_provenance(path)}:\n\n" + table
 
 
-def _provenance(path: Path) -> str:
-    """', run at commit X on DATE' from the run's sidecar, so a reader can tell which engine code was measured."""
-    import json
+@dataclass(frozen=True)
+class BenchProvenance:
+    """Where the benchmark's numbers come from, as its ``run.json`` sidecar records it."""
 
-    side = path.parent / "run.json"
-    if not side.exists():
-        return ""
+    commit: str  # the measured tree's commit, first 12 hex digits ("" if unrecorded)
+    when: str    # written_utc (else started_utc) of the run, "" if unrecorded
+
+
+def bench_provenance(bench_csv: Path | None) -> BenchProvenance | None:
+    """The provenance of ``bench.csv`` from the ``run.json`` beside it; None if there is none or it is not JSON.
+
+    The one reader of the benchmark's sidecar for the book (this table's caption and the engine page's
+    code-status line)."""
+    side = None if bench_csv is None else bench_csv.parent / "run.json"
+    if side is None or not side.exists():
+        return None
     try:
         run = json.loads(side.read_text())
     except ValueError:
+        return None
+    return BenchProvenance(commit=str(run.get("git_commit") or "")[:12],
+                           when=str(run.get("written_utc") or run.get("started_utc") or ""))
+
+
+def _provenance(path: Path) -> str:
+    """', run at commit X on DATE' from the run's sidecar, so a reader can tell which engine code was measured."""
+    prov = bench_provenance(path)
+    if prov is None:
         return ""
-    commit = str(run.get("git_commit", "unknown"))[:12]
-    when = run.get("written_utc") or run.get("started_utc") or "an unrecorded time"
-    return f", run at commit `{md_text(commit)}` on {md_text(str(when))}"
+    return f", run at commit `{md_text(prov.commit or 'unknown')}` on {md_text(prov.when or 'an unrecorded time')}"

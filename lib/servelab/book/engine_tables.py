@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from servelab.book.engine_bench import bench_provenance
 from servelab.book.findings_table import list_table, md_text
 from servelab.results import REPO_ROOT
 
@@ -76,12 +77,10 @@ def engine_code_changed_since(commit: str, repo: Path = REPO_ROOT) -> bool | Non
 
 def render_code_status(bench_csv: Path | None) -> str:
     """One sentence: is the benchmarked engine the engine in this checkout?"""
-    import json
-
-    side = None if bench_csv is None else bench_csv.parent / "run.json"
-    if side is None or not side.exists():
+    prov = bench_provenance(bench_csv)
+    if prov is None:
         return ""
-    commit = str(json.loads(side.read_text()).get("git_commit", ""))[:12]
+    commit = prov.commit
     changed = engine_code_changed_since(commit) if commit else None
     if changed is None:
         return (f"Whether the engine's code has changed since commit `{md_text(commit) or 'unknown'}` could not be "

@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import pandas as pd
 
+from servelab.scheduling.step_costs import step_kind
+
 
 @dataclass(frozen=True)
 class CapacityEstimate:
@@ -46,8 +48,10 @@ def estimate_capacity(steps: pd.DataFrame, *, mean_prompt_tokens: float, mean_ou
     step or no decode step."""
     steps = steps.sort_values("start_s").reset_index(drop=True)
     dur = steps["end_s"] - steps["start_s"]
-    pre = (steps["prefill_tokens"] > 0) & (steps["decode_tokens"] == 0)
-    dec = (steps["prefill_tokens"] == 0) & (steps["decode_tokens"] > 0)
+    kind = pd.Series([step_kind(p, d) for p, d in zip(steps["prefill_tokens"], steps["decode_tokens"])],
+                     index=steps.index)
+    pre = kind == "prefill only"
+    dec = (kind == "decode only") & (steps["decode_tokens"] > 0)  # an empty step (nothing scheduled) costs nothing
     if not pre.any() or not dec.any():
         raise ValueError(f"the probe needs prefill-only and decode-only steps; got {int(pre.sum())} and "
                          f"{int(dec.sum())}")

@@ -1,0 +1,37 @@
+"""The study's wall-time budget: one clock from the notebook's first code cell to its end.
+
+Study 6 must finish within a fixed wall time on the H200, training included when the model family is not
+cached. Training takes what it takes; the timed sweep gets what is left, minus a reserve for the analysis
+and figures after it, and skips (visibly) whatever does not fit.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Deadline:
+    """``total_s`` seconds of wall time from construction (``time.monotonic``)."""
+
+    total_s: float
+    start: float = field(default_factory=time.monotonic)
+
+    def __post_init__(self):
+        if isinstance(self.total_s, bool) or not isinstance(self.total_s, (int, float)) or not self.total_s > 0:
+            raise ValueError(f"total_s must be a positive number of seconds, got {self.total_s!r}")
+
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.start
+
+    def left_s(self) -> float:
+        """Seconds left (negative once the budget is spent)."""
+        return self.total_s - self.elapsed_s()
+
+    def sweep_budget_s(self, reserve_s: float, cap_s: float | None = None) -> float:
+        """What a sweep starting now may spend: the time left less ``reserve_s`` (kept for the work after it),
+        at most ``cap_s`` when given, never below 0."""
+        left = self.left_s() - reserve_s
+        return max(0.0, min(left, cap_s if cap_s is not None else math.inf))
