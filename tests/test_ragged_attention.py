@@ -107,8 +107,7 @@ KERNEL_CHECK = textwrap.dedent("""
     import tests.test_ragged_attention as t
     from servelab.models.layers.ragged import ragged_reference
     from servelab.models.layers.triton_ragged import triton_ragged
-    for shape, long in [((14, 2, 64, 16), 0), ((14, 2, 64, 16), 16), ((4, 4, 16, 4), 0), ((6, 2, 32, 16), 32),
-                        ((4, 1, 16, 8), 16)]:
+    for shape, long in [((14, 2, 64, 16), 16), ((4, 4, 16, 4), 0), ((4, 1, 16, 8), 32)]:
         q, kp, vp, rt, runs = t.paged_case(*shape, long_tile_tokens=long)
         got = triton_ragged(q, kp, vp, rt, shape[2] ** -0.5, keys=16)
         torch.testing.assert_close(got, ragged_reference(q, kp, vp, rt, shape[2] ** -0.5), rtol=1e-5, atol=1e-5)
