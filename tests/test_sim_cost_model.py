@@ -8,7 +8,7 @@ import pytest
 
 from servelab.profiles import ParameterError
 from servelab.sim import StepCostModel, simulate
-from servelab.sim.calibration import fit_overheads, fit_step_log_model, step_features
+from servelab.sim.calibration import fit_overheads, fit_step_log_model, logs_contexts, step_features
 from servelab.sim.cost_model import CostModel
 
 GPU = CostModel("m", "test", {"intercept_ms": 3.0, "ms_per_token": 0.002, "ms_per_attn_pair": 1e-6},
@@ -23,6 +23,13 @@ def test_step_ms_formula():
     assert c.step_ms(100, 5000.0, 2, 300, 3) == pytest.approx(3.0 + 0.2 + 0.005 + 0.02 + 0.03 + 0.5 + 0.3)
     run = c.decode_run_ms(4, 1000, 3)
     assert run == pytest.approx([c.step_ms(0, 0, 4, 1000 + 4 * j, 4) for j in range(3)])
+    # the prefill intercept scaled on its own, and a fixed cost for steps with both chunks and decodes
+    m = c.with_overheads(prefill_fixed_scale=0.25, mixed_step_ms=2.0)
+    assert m.step_ms(100, 5000.0, 2, 300, 3) == pytest.approx(0.75 + 0.2 + 0.005 + 0.02 + 0.03 + 0.5 + 0.3 + 2.0)
+    assert m.step_ms(100, 5000.0, 0, 0, 1) == pytest.approx(0.75 + 0.2 + 0.005 + 0.5 + 0.1)      # not mixed
+    assert m.step_ms(0, 0, 4, 1000, 4) == c.step_ms(0, 0, 4, 1000, 4)                          # decode only
+    fixed, per_decode, per_ctx = m.decode_step_terms()
+    assert fixed + per_decode * 4 + per_ctx * 1000 == pytest.approx(m.step_ms(0, 0, 4, 1000, 4))
 
 
 def test_load_study2_json_and_roundtrip(tmp_path):
@@ -116,3 +123,74 @@ def test_fit_recovers_scales_and_the_context_pair_cost():
     assert model.prefill_scale == pytest.approx(2.5, rel=0.15)
     assert model.ms_per_context_pair == pytest.approx(2e-5, rel=0.3)
     assert stats["median_abs_pct_after"] < 3 < stats["median_abs_pct_before"]
+
+
+def test_fit_recovers_the_prefill_intercept_and_the_mixed_step_cost():
+    # the server's prefill steps pay a third of Study 2's intercept, and a step mixing chunks with decodes pays a
+    # fixed cost of its own (a mixed step without CUDA graphs): a chunked run has mixed steps, a whole-prompt run
+    # prefill-only ones
+    truth = StepCostModel(gpu=GPU, prefill_fixed_scale=0.3, mixed_step_ms=4.0, step_overhead_ms=0.5,
+                          seq_overhead_ms=0.03)
+    rng = np.random.default_rng(8)
+    n = 150
+    trace = pd.DataFrame({"arrival_s": np.cumsum(rng.exponential(1 / 20, n)), "prompt_tokens": rng.integers(50, 400, n),
+                          "output_tokens": rng.integers(8, 60, n)})
+    feats = []
+    for policy in ("chunked_prefill", "eager_cont_batch"):
+        run = simulate(trace, cost=truth, scheduler=policy, max_num_seqs=32, max_num_batched_tokens=512,
+                       step_log=True, fast_forward=False)
+        feats.append(step_features(run.steps, run.records.drop(columns="replica")))
+    feats = pd.concat(feats, ignore_index=True)
+    mixed = (feats["prefill_tokens"] > 0) & (feats["decode_tokens"] > 0)
+    assert mixed.sum() > 20 and ((feats["prefill_tokens"] > 0) & ~mixed).sum() > 20
+    model, stats = fit_overheads(StepCostModel(gpu=GPU), feats)
+    assert model.prefill_fixed_scale == pytest.approx(0.3, abs=0.1)
+    assert model.mixed_step_ms == pytest.approx(4.0, rel=0.1)
+    assert model.prefill_scale == pytest.approx(1.0, abs=0.1)
+    assert stats["median_abs_pct_after"] < 2 < stats["median_abs_pct_before"]
+    # with prefill-only steps alone, the two cannot be told apart: the mixed-step cost stays 0
+    alone, _ = fit_overheads(StepCostModel(gpu=GPU), feats[~mixed])
+    assert alone.mixed_step_ms == 0 and alone.prefill_fixed_scale == 1
+
+
+def test_step_features_take_the_logged_contexts():
+    # the engine logs each step's contexts; the reconstruction from token times is only an estimate (here the
+    # client's token times are coarse, as when one read returns several tokens), the logged ones are exact
+    truth = StepCostModel(gpu=GPU)
+    rec, steps = _sim_run(truth, seed=3)
+    assert logs_contexts(steps)
+    coarse = rec.assign(token_times_s=[list(np.ceil(np.asarray(t) / 0.05) * 0.05) for t in rec["token_times_s"]])
+    logged = step_features(steps, coarse)
+    guessed = step_features(steps.drop(columns=["prefill_context_tokens", "decode_context_tokens"]), coarse)
+
+    def err(f):
+        d = f[f["prefill_tokens"] == 0]
+        pred = [truth.step_ms(0, 0, int(k), c, int(m)) for k, c, m in zip(d["decode_tokens"], d["decode_context"],
+                                                                        d["num_seqs"])]
+        return np.median(np.abs(np.array(pred) - d["cycle_ms"]) / d["cycle_ms"])
+
+    assert err(logged) < 1e-9 < 1e-4 < err(guessed)
+    # a server that leaves the columns at their default 0 (it does not count contexts) is reconstructed
+    assert not logs_contexts(steps.assign(decode_context_tokens=0, prefill_context_tokens=0))
+
+
+def test_study2_step_model_as_the_gpu_terms(tmp_path):
+    # Study 2's one model of any step: intercept, a fixed cost of a step with chunks, pairs with cached context
+    # priced apart from pairs within a chunk
+    step = {"intercept_ms": 2.0, "ms_per_prefill_step": 0.5, "ms_per_prefill_token": 0.002, "ms_per_context_pair": 4e-6,
+            "ms_per_new_pair": 1e-6, "ms_per_decode": 0.01, "ms_per_decode_ctx_token": 1e-4}
+    gpu = CostModel("m", "engine", GPU.prefill, GPU.decode, {}, step=step)
+    phase, model = StepCostModel(gpu=gpu), StepCostModel(gpu=gpu, gpu_form="step")
+    assert phase.step_ms(100, 5000.0, 2, 300, 3) == StepCostModel(gpu=GPU).step_ms(100, 5000.0, 2, 300, 3)
+    # a 100-token chunk after 20 cached (2000 context pairs, 5000 within the chunk) and 2 decodes over 300 tokens
+    assert model.gpu_ms(100, 7000.0, 2, 300, 2000.0) == pytest.approx(
+        2.0 + 0.5 + 0.2 + 4e-6 * 2000 + 1e-6 * 5000 + 0.02 + 0.03)
+    assert model.gpu_ms(0, 0, 4, 1000) == pytest.approx(2.0 + 0.04 + 0.1)
+    model.with_overheads(step_overhead_ms=1.0).save(tmp_path / "s.json")
+    back = StepCostModel.load(tmp_path / "s.json")
+    assert back.gpu_form == "step" and back.step_ms(100, 7000.0, 2, 300, 3, 2000.0) == pytest.approx(
+        model.step_ms(100, 7000.0, 2, 300, 3, 2000.0) + 1.0)
+    with pytest.raises(ParameterError, match="step model"):
+        StepCostModel(gpu=GPU, gpu_form="step")
+    with pytest.raises(ParameterError, match="gpu_form"):
+        StepCostModel(gpu=gpu, gpu_form="both")

@@ -4,6 +4,7 @@
 - ``calibration.py``: the serving overheads (and, for an unmeasured model, the whole cost model) fitted from
   a real server's step log;
 - ``replica.py``: one simulated server, a real ``Scheduler`` whose steps take the cost model's time;
+- ``decode_run.py``: the fast path, runs of decode-only steps (finishes included) booked at once;
 - ``routers.py``: round-robin, least-outstanding and prefix-affinity routing over replicas;
 - ``simulator.py``: the event loop, ``simulate(trace, ...) -> SimRun`` (records in the load generator's schema);
 - ``validation.py``: real-vs-simulated tables for Study 1's runs;

@@ -1,7 +1,10 @@
 """Fitting the simulator's cost terms from a real server's step log (Study 1's ``steps.csv`` and ``requests.csv``).
 
-The step log has, per engine step, ``start_s, end_s, prefill_tokens, decode_tokens, num_seqs`` but not the
-contexts the cost model needs; they are reconstructed from the same run's request records:
+The step log has, per engine step, ``start_s, end_s, prefill_tokens, decode_tokens, num_seqs``; the engine's
+``StepRecord`` also logs ``prefill_context_tokens`` (Σ n_i c_i) and ``decode_context_tokens`` (Σ over decodes of
+the tokens each attends to). Where a run's log has them they are used as logged; otherwise (older logs, or a
+server that does not fill them) they are reconstructed from the same run's request records, and the
+within-chunk pairs Σ n_i²/2, which no log holds, always are:
 
 - decode context of a step = its decode count × the mean context (prompt + tokens received so far − the one
   being decoded) of the requests that were between their first and last token at the step's midpoint;
@@ -18,8 +21,9 @@ requests wait (handing tokens to HTTP streams, taking in new requests) is part o
 is not. That is the time the simulator charges per step.
 
 - ``fit_overheads``: with Study 2's GPU model, the cycle is fitted as ``prefill_scale · PREFILL + DECODE +
-  ms_per_context_pair · P·c + step_overhead_ms + seq_overhead_ms · num_seqs`` (see ``servelab.sim.cost_model``;
-  non-negative, robust soft-L1 loss on relative error);
+  ms_per_context_pair · P·c + mixed_step_ms · [mixed] + step_overhead_ms + seq_overhead_ms · num_seqs``, the
+  prefill intercept scaled on its own (``prefill_fixed_scale``) (see ``servelab.sim.cost_model``; non-negative,
+  robust soft-L1 loss on relative error);
 - ``fit_step_log_model``: for a model Study 2 did not measure, the whole ``CostModel`` form fitted to the
   cycle times (non-negative least squares on relative error, like Study 2).
 
@@ -64,11 +68,27 @@ def step_features(steps: pd.DataFrame, records: pd.DataFrame, *, busy_gap_ms: fl
     if "decode_steps" in s.columns:   # a multi-step decode group is several steps in one row: not fitted
         busy &= (s["decode_steps"] <= 1).to_numpy()
     pairs, ctx_pairs = _prefill_pairs(pre, records)
+    dec_ctx = dec * mean_ctx
+    if logs_contexts(s):   # as the engine counted them: exact, where the reconstruction is an estimate
+        within = pairs - ctx_pairs                       # Σ n²/2 of the chunks, which the log does not hold
+        ctx_pairs = s["prefill_context_tokens"].to_numpy(float)
+        pairs = within + ctx_pairs
+        dec_ctx = s["decode_context_tokens"].to_numpy(float) - dec   # the simulator counts cached tokens only
     out = pd.DataFrame({"start_s": start, "cycle_ms": (nxt - start) * 1e3, "prefill_tokens": pre,
                         "prefill_pairs": pairs, "context_pairs": ctx_pairs,
-                        "decode_tokens": dec, "decode_context": dec * mean_ctx,
+                        "decode_tokens": dec, "decode_context": dec_ctx,
                         "num_seqs": s["num_seqs"].to_numpy(float)})
     return out[busy & (out["cycle_ms"] > 0)].reset_index(drop=True)
+
+
+def logs_contexts(steps: pd.DataFrame) -> bool:
+    """Whether a run's step log holds the engine's context counts: both columns, and a decode context on every
+    step with decodes (a server that leaves them at their default 0 did not count them)."""
+    if not {"prefill_context_tokens", "decode_context_tokens"} <= set(steps.columns):
+        return False
+    d = steps["decode_tokens"].to_numpy(float)
+    c = steps["decode_context_tokens"].to_numpy(float)
+    return bool((d > 0).any()) and bool(np.all(np.isfinite(c))) and bool(np.all(c[d > 0] >= d[d > 0]))
 
 
 def _prefill_pairs(pre: np.ndarray, records: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
@@ -127,38 +147,41 @@ def _decoding_context(records: pd.DataFrame, t: np.ndarray) -> tuple[np.ndarray,
     return ctx, live
 
 
-def _parts(base: StepCostModel, f: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """Study 2's prefill and decode parts (ms, unscaled) of each step of ``f``."""
-    a_p, b_p, k_p = (base.gpu.prefill[k] for k in PREFILL_TERMS)
-    a_d, b_d, k_d = (base.gpu.decode[k] for k in DECODE_TERMS)
+def _parts(base: StepCostModel, f: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Study 2's prefill intercept, the rest of its prefill part, and its decode part (ms, unscaled) of each
+    step of ``f``."""
+    a_p, b_p, k_p, k_cx, a_d, b_d, k_d = base.gpu_terms()
     pre = f["prefill_tokens"].to_numpy(float)
     has = pre > 0
-    p_part = np.where(has, a_p + b_p * pre + k_p * f["prefill_pairs"].to_numpy(float), 0.0)
+    ctx = f["context_pairs"].to_numpy(float) if "context_pairs" in f else np.zeros(len(f))
+    p_fixed = np.where(has, a_p, 0.0)
+    p_var = np.where(has, b_p * pre + k_p * f["prefill_pairs"].to_numpy(float) + k_cx * ctx, 0.0)
     d_part = (np.where(has, 0.0, a_d) + b_d * f["decode_tokens"].to_numpy(float)
               + k_d * f["decode_context"].to_numpy(float))
-    return p_part, d_part
+    return p_fixed, p_var, d_part
 
 
 def fit_overheads(base: StepCostModel, features: pd.DataFrame) -> tuple[StepCostModel, dict]:
-    """``base`` with its serving terms (``prefill_scale``, ``ms_per_context_pair``, ``step_overhead_ms``,
-    ``seq_overhead_ms``) fitted to the cycle times of ``features`` (from
+    """``base`` with its serving terms (``prefill_scale``, ``prefill_fixed_scale``, ``ms_per_context_pair``,
+    ``mixed_step_ms``, ``step_overhead_ms``, ``seq_overhead_ms``) fitted to the cycle times of ``features`` (from
     ``step_features``, possibly several runs). Returns the model and fit statistics (median and p90
     |relative error| of the cycle time with ``base`` as given and after, in %)."""
     if len(features) < 6:
         raise ParameterError(f"need at least 6 busy steps to fit the serving terms, got {len(features)}")
     y = features["cycle_ms"].to_numpy(float)
-    p_part, d_part = _parts(base, features)
+    p_fixed, p_var, d_part = _parts(base, features)
     ctx = features["context_pairs"].to_numpy(float) if "context_pairs" in features else np.zeros(len(y))
     n = features["num_seqs"].to_numpy(float)
+    mixed = ((features["prefill_tokens"] > 0) & (features["decode_tokens"] > 0)).to_numpy(float)
 
     sd = base.decode_scale
     d_part = sd * d_part
-    dec = p_part == 0
+    dec = features["prefill_tokens"].to_numpy(float) == 0
     if dec.sum() < 3 or (~dec).sum() < 3:
         raise ParameterError(f"need at least 3 decode-only and 3 prefill steps, got {int(dec.sum())} and "
                              f"{int((~dec).sum())}")
     # Two stages, so that the many decode steps do not drown the few prefill ones: the overheads from the
-    # decode-only steps, then the prefill scale and the context-pair cost from what the prefill steps leave.
+    # decode-only steps, then the prefill terms from what the prefill steps leave.
     # Robust (soft-L1) least squares on relative residuals: steps slowed by a GC pause, a compilation or a
     # busy CPU must not pull the fit; every term >= 0. The decode scale stays as given: on decode-only steps it
     # is indistinguishable from the overheads (a_d against the per-step one, b_d against the per-sequence one).
@@ -170,21 +193,35 @@ def fit_overheads(base: StepCostModel, features: pd.DataFrame) -> tuple[StepCost
     pre = ~dec
     yp = y[pre]
     rest = d_part[pre] + c0 + c1 * n[pre]
-    sol = least_squares(lambda c: (c[0] * p_part[pre] + c[1] * ctx[pre] + rest - yp) / yp, x0=[1.0, 0.0],
-                        bounds=([0.1, 0], [20, np.inf]), loss="soft_l1", f_scale=0.2, x_scale="jac")
-    sp, kc = (float(v) for v in sol.x)
+    # The prefill intercept scales on its own only when both prefill-only and mixed steps were seen (otherwise it
+    # and the mixed-step cost are one number), and the mixed-step cost is fitted only when mixed steps were.
+    n_mixed = int(mixed[pre].sum())
+    free_fixed = n_mixed >= 3 and int(pre.sum()) - n_mixed >= 3 and float(p_fixed[pre].max()) > 0
+    free_mixed = n_mixed >= 3
+    pf, pv, cx, mx = p_fixed[pre], p_var[pre], ctx[pre], mixed[pre]
 
-    def predict(c):
-        return c[0] * p_part + d_part + c[1] * ctx + c[2] + c[3] * n
+    def prefill_model(c):   # c = [prefill_scale, ms_per_context_pair, prefill_fixed_scale, mixed_step_ms]
+        return c[0] * (c[2] * pf + pv) + c[1] * cx + c[3] * mx + rest
+
+    lo = [0.1, 0.0, 0.0 if free_fixed else 1.0, 0.0]
+    hi = [20.0, np.inf, 20.0 if free_fixed else 1.0 + 1e-9, np.inf if free_mixed else 1e-12]
+    sol = least_squares(lambda c: (prefill_model(c) - yp) / yp, x0=[1.0, 0.0, 1.0, 0.0], bounds=(lo, hi),
+                        loss="soft_l1", f_scale=0.2, x_scale="jac")
+    sp, kc, fs, mstep = (float(v) for v in sol.x)
+    fs = fs if free_fixed else 1.0
+    mstep = mstep if free_mixed else 0.0
 
     model = base.with_overheads(prefill_scale=sp, decode_scale=sd, ms_per_context_pair=kc, step_overhead_ms=c0,
-                                seq_overhead_ms=c1,
+                                seq_overhead_ms=c1, prefill_fixed_scale=fs, mixed_step_ms=mstep,
                                 source=f"{base.source} + serving terms fitted on {len(features)} steps")
+    cols = [features[k].to_numpy(float) for k in ("prefill_tokens", "prefill_pairs", "decode_tokens",
+                                                  "decode_context")]
     before = 100 * np.abs(np.array([base.step_ms(p, q, d, c, m, x) for p, q, d, c, m, x in
-                                    zip(features["prefill_tokens"], features["prefill_pairs"], features["decode_tokens"],
-                                        features["decode_context"], n, ctx)]) - y) / y
-    after = 100 * np.abs(predict([sp, kc, c0, c1]) - y) / y
+                                    zip(*cols, n, ctx)]) - y) / y
+    after = 100 * np.abs(np.array([model.step_ms(p, q, d, c, m, x) for p, q, d, c, m, x in
+                                   zip(*cols, n, ctx)]) - y) / y
     stats = {"steps": int(len(features)), "prefill_scale": sp, "decode_scale": sd, "ms_per_context_pair": kc,
+             "prefill_fixed_scale": fs, "mixed_step_ms": mstep,
              "median_abs_pct_before": float(np.median(before)), "p90_abs_pct_before": float(np.percentile(before, 90)),
              "median_abs_pct_after": float(np.median(after)), "p90_abs_pct_after": float(np.percentile(after, 90))}
     return model, stats

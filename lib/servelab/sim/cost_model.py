@@ -1,22 +1,30 @@
 """How long one engine step takes, predicted from its batch composition: the simulator's stand-in for the GPU.
 
     step_ms = prefill_scale · PREFILL(batch) + decode_scale · DECODE(batch) + ms_per_context_pair · Σ n_i c_i
-              + step_overhead_ms + seq_overhead_ms · num_seqs
+              + mixed_step_ms · [prefill and decodes] + step_overhead_ms + seq_overhead_ms · num_seqs
 
-    PREFILL(batch) = a_p + b_p · N_p + k_p · Σ n_i(c_i + n_i/2)      (0 for a decode-only step)
+    PREFILL(batch) = prefill_fixed_scale · a_p + b_p · N_p + k_p · Σ n_i(c_i + n_i/2)   (0 if decode-only)
     DECODE(batch)  = [a_d if decode-only] + b_d · B + k_d · Σ c_j
 
 ``N_p`` prefill tokens in chunks of ``n_i`` new tokens after ``c_i`` cached ones; ``B`` decodes with ``c_j``
 cached tokens each. The GPU coefficients are Study 2's fitted ``servelab.costs.cost_model.CostModel`` (same
-form, same JSON); a mixed step pays the prefill intercept once and the decode terms per decode. The scales
+JSON): its per-phase fits (``gpu_form="phase"``, the default), or its one model of any step when the JSON has one
+(``gpu_form="step"``: an intercept, a fixed cost of a step with chunks, and pairs with cached context priced apart
+from those within a chunk; see ``gpu_terms``); a mixed step pays the prefill intercept once and the decode terms
+per decode. (On Study 1's H200 runs with whole-step graphs, the per-phase form with the serving terms below
+validated better than the step model; the step model is there to be compared as both are re-measured.) The scales
 (1 unless calibrated) say how much slower or faster the server's prefill and decode run than the mode Study 2
 measured (an HF CUDA-graph fit standing in for the engine, or a server path Study 2 did not time), and
 ``ms_per_context_pair`` prices the prefill chunks' attention to *cached* context (``n_i`` new tokens after
-``c_i`` cached), which Study 2's prefill sweep (context 0) never exercised. The two overhead terms are what the GPU model leaves
-out and the real server pays every step (Python scheduling, sampling, handing tokens to the HTTP layer);
-``ingress_ms`` is the path from a request's send to the
-engine's queue (HTTP parsing, tokenisation, the engine thread picking it up): the simulator delays each
-arrival by it. All three are fitted from the real server's step log (``servelab.sim.calibration``).
+``c_i`` cached) beyond what Study 2's per-phase fit charges for any pair. ``prefill_fixed_scale`` lets a
+step's fixed prefill cost differ from Study 2's intercept independently of its per-token terms (a server path
+with or without CUDA graphs moves the first, not the second), and ``mixed_step_ms`` is what a step holding both
+prefill chunks and decodes costs beyond its two parts (Study 1's H200 step log shows mixed steps paying a far
+larger fixed cost than prefill-only steps of the same size). The two overhead terms are what the GPU model
+leaves out and the real server pays every step (Python scheduling, sampling, handing tokens to the HTTP layer);
+``ingress_ms`` is the path from a request's send to the engine's queue (HTTP parsing, tokenisation, the engine
+thread picking it up): the simulator delays each arrival by it. All these terms are fitted from the real
+server's step log and request records (``servelab.sim.calibration``).
 """
 
 from __future__ import annotations
@@ -31,8 +39,9 @@ from servelab.costs.cost_model import DECODE_TERMS, PREFILL_TERMS, CostModel
 from servelab.profiles import ParameterError
 
 OVERHEAD_TERMS = ("prefill_scale", "decode_scale", "ms_per_context_pair", "step_overhead_ms", "seq_overhead_ms",
-                  "ingress_ms")
-SCALES = ("prefill_scale", "decode_scale")
+                  "ingress_ms", "prefill_fixed_scale", "mixed_step_ms")
+SCALES = ("prefill_scale", "decode_scale", "prefill_fixed_scale")
+GPU_FORMS = ("phase", "step")
 
 
 @dataclass(frozen=True)
@@ -46,6 +55,9 @@ class StepCostModel:
     step_overhead_ms: float = 0.0    # per step, whatever its size (ms)
     seq_overhead_ms: float = 0.0     # per sequence in the batch (ms)
     ingress_ms: float = 0.0          # request sent → in the engine's queue (ms)
+    prefill_fixed_scale: float = 1.0 # multiplies Study 2's prefill intercept on top of prefill_scale (dimensionless)
+    mixed_step_ms: float = 0.0       # extra fixed cost of a step with prefill chunks and decodes (ms)
+    gpu_form: str = "phase"          # Study 2's per-phase fits ("phase") or its one model of any step ("step")
     source: str = ""                 # where the coefficients came from (for captions and sidecars)
     _c: tuple = field(init=False, repr=False, compare=False)
 
@@ -54,12 +66,33 @@ class StepCostModel:
             v = getattr(self, k)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
                 raise ParameterError(f"{k} must be a finite number >= 0, got {v!r}")
-        coef = [float(self.gpu.prefill[k]) for k in PREFILL_TERMS] + [float(self.gpu.decode[k]) for k in DECODE_TERMS]
+        if self.gpu_form not in GPU_FORMS:
+            raise ParameterError(f"gpu_form must be one of {GPU_FORMS}, got {self.gpu_form!r}")
+        if self.gpu_form == "step" and not getattr(self.gpu, "step", None):
+            raise ParameterError(f"gpu_form='step' needs Study 2's step model, which {self.gpu.model}/{self.gpu.mode} "
+                                 f"lacks (a JSON without 'step', or too few rows to fit one)")
+        coef = list(self.gpu_terms())
         # plain floats: the simulator calls step_ms once per step, numpy per call would dominate the loop
-        if any(not np.isfinite(c) or c < 0 for c in coef):
+        if any(not np.isfinite(c) for c in coef) or any(c < 0 for i, c in enumerate(coef) if i != 3):
             raise ParameterError(f"cost-model coefficients must be finite and >= 0, got {coef}")
         sp, sd = self.prefill_scale, self.decode_scale
-        object.__setattr__(self, "_c", tuple([c * sp for c in coef[:3]] + [c * sd for c in coef[3:]]))
+        coef[0] *= self.prefill_fixed_scale
+        object.__setattr__(self, "_c", tuple([c * sp for c in coef[:4]] + [c * sd for c in coef[4:]]))
+
+    def gpu_terms(self) -> tuple[float, ...]:
+        """Study 2's GPU terms, unscaled, in the form both its fits map to:
+        ``(a_p, b_p, k_p, k_cx, a_d, b_d, k_d)``: a step with prefill chunks costs ``a_p + b_p·N + k_p·Σ n(c + n/2)
+        + k_cx·Σ n·c``, a decode-only step ``a_d``, and decodes ``b_d·B + k_d·C`` in either (ms). The per-phase
+        fits price every query–key pair alike (``k_cx = 0``); the step model prices pairs with cached context on
+        their own (``k_cx`` = its context-pair cost minus its new-pair cost, which may be negative)."""
+        if self.gpu_form == "step":   # Study 2's one model of prefill, decode, chunk-after-context and mixed steps
+            st = {k: float(v) for k, v in self.gpu.step.items()}
+            a, k_n = st["intercept_ms"], st["ms_per_new_pair"]
+            return (a + st["ms_per_prefill_step"], st["ms_per_prefill_token"], k_n, st["ms_per_context_pair"] - k_n,
+                    a, st["ms_per_decode"], st["ms_per_decode_ctx_token"])
+        a_p, b_p, k_p = (float(self.gpu.prefill[k]) for k in PREFILL_TERMS)
+        a_d, b_d, k_d = (float(self.gpu.decode[k]) for k in DECODE_TERMS)
+        return a_p, b_p, k_p, 0.0, a_d, b_d, k_d
 
     # ---- prediction --------------------------------------------------------------------------------
     def gpu_ms(self, prefill_tokens: int, prefill_pairs: float, num_decodes: int, decode_context: int,
@@ -67,10 +100,11 @@ class StepCostModel:
         """GPU time (ms) of a step: ``prefill_tokens`` with ``prefill_pairs`` causal query–key pairs in total
         (``context_pairs`` of them between new tokens and cached ones), ``num_decodes`` decodes over
         ``decode_context`` cached tokens in total."""
-        a_p, b_p, k_p, a_d, b_d, k_d = self._c
+        a_p, b_p, k_p, k_cx, a_d, b_d, k_d = self._c
         t = b_d * num_decodes + k_d * decode_context
         if prefill_tokens:
-            return t + a_p + b_p * prefill_tokens + k_p * prefill_pairs + self.ms_per_context_pair * context_pairs
+            t = t + a_p + b_p * prefill_tokens + k_p * prefill_pairs + (self.ms_per_context_pair + k_cx) * context_pairs
+            return t + self.mixed_step_ms if num_decodes else t
         return t + a_d
 
     def step_ms(self, prefill_tokens: int, prefill_pairs: float, num_decodes: int, decode_context: int,
@@ -82,21 +116,28 @@ class StepCostModel:
     def decode_run_ms(self, num_decodes: int, decode_context: int, steps: int) -> np.ndarray:
         """Durations (ms) of ``steps`` decode-only steps back to back, the batch's total context growing by
         ``num_decodes`` tokens a step (each sequence appends one)."""
-        _, _, _, a_d, b_d, k_d = self._c
+        a_d, b_d, k_d = self._c[4:]
         j = np.arange(steps, dtype=float)
         return (a_d + b_d * num_decodes + k_d * (decode_context + j * num_decodes)
                 + self.step_overhead_ms + self.seq_overhead_ms * num_decodes)
 
+    def decode_step_terms(self) -> tuple[float, float, float]:
+        """A decode-only step as ``fixed + per_decode · B + per_ctx_token · C`` (ms): ``(fixed, per_decode,
+        per_ctx_token)``, overheads included (what ``step_ms`` gives for ``B`` decodes over ``C`` cached tokens)."""
+        a_d, b_d, k_d = self._c[4:]
+        return a_d + self.step_overhead_ms, b_d + self.seq_overhead_ms, k_d
+
     # ---- variants and storage ------------------------------------------------------------------------
     def with_overheads(self, **terms) -> "StepCostModel":
-        """A copy with some of ``OVERHEAD_TERMS`` and ``source`` replaced."""
-        unknown = sorted(set(terms) - set(OVERHEAD_TERMS) - {"source"})
+        """A copy with some of ``OVERHEAD_TERMS``, ``gpu_form`` and ``source`` replaced."""
+        unknown = sorted(set(terms) - set(OVERHEAD_TERMS) - {"source", "gpu_form"})
         if unknown:
             raise ParameterError(f"unknown cost-model term(s) {unknown}; known: {OVERHEAD_TERMS}")
         return replace(self, **terms)
 
     def as_dict(self) -> dict:
-        return {"gpu": asdict(self.gpu), **{k: getattr(self, k) for k in OVERHEAD_TERMS}, "source": self.source}
+        return {"gpu": asdict(self.gpu), **{k: getattr(self, k) for k in OVERHEAD_TERMS}, "gpu_form": self.gpu_form,
+                "source": self.source}
 
     def save(self, path) -> Path:
         path = Path(path)
@@ -116,7 +157,7 @@ class StepCostModel:
         if "gpu" in d:
             return cls(gpu=CostModel(**d["gpu"]), **{k: float(d.get(k, 1.0 if k in SCALES else 0.0))
                                                      for k in OVERHEAD_TERMS},
-                       source=d.get("source", path.name))
+                       gpu_form=d.get("gpu_form", "phase"), source=d.get("source", path.name))
         try:
             gpu = CostModel(**d)
         except TypeError:

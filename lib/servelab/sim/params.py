@@ -1,8 +1,10 @@
 """Notebook 08's parameters: profile defaults, overrides from papermill, validation.
 
 ``full`` replays Study 1's H200 runs (written by notebook 01 just before) and sizes the capacity search and the
-speed measurement to about two minutes of CPU time; ``smoke`` makes its own "real" runs by driving the engine
-in-process with ``config:tiny-llama`` on the CPU (``engine_replay``), in well under a minute.
+speed measurement to about two minutes of CPU time (the speed run simulates ten minutes of traffic, 60,000
+requests: long enough for the hour's extrapolation to rest on a stationary stretch, a few seconds of wall time);
+``smoke`` makes its own "real" runs by driving the engine in-process with ``config:tiny-llama`` on the CPU
+(``engine_replay``), in well under a minute.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ DEFAULTS = {
         capacity_routers=list(ROUTERS), capacity_rate_multiples=[1, 2, 4, 8], capacity_duration_s=15.0,
         capacity_max_requests=3000, capacity_time_budget_s=75.0,
         slo_ttft_ms=None, slo_tpot_ms=None, max_replicas=32, prefix_groups=16, prefix_tokens=256,
-        speed_rate=100.0, speed_replicas=8, speed_duration_s=120.0, seed=0,
+        speed_rate=100.0, speed_replicas=8, speed_duration_s=600.0, seed=0,
         smoke_rates=None, smoke_requests=None),
     "smoke": dict(
         capacity_model="config:tiny-llama", cost_modes=["engine", "hf_cuda_graph"], calibration_every=2,

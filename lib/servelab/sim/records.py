@@ -12,7 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from servelab.engine.sequence import SequenceStatus
 from servelab.loadgen.metrics import RECORD_COLUMNS, SUMMARY_KEYS, request_metrics, summarize
+
+FINISHED = SequenceStatus.FINISHED
 
 
 class RequestBook:
@@ -40,6 +43,27 @@ class RequestBook:
         if self.token_times is not None:
             self.token_times[i].append(t)
 
+    def step_tokens(self, seqs, t: float) -> list:
+        """Each of ``seqs`` (objects with ``index``) received one token at ``t``; returns those that
+        finished with it (status ``FINISHED``), their finish booked at ``t``: one step's samplers at once."""
+        first, last, gap, count, times = self.first_token_s, self.last_token_s, self.max_gap_s, self.num_tokens, \
+            self.token_times
+        done = []
+        for seq in seqs:
+            i = seq.index
+            if count[i] == 0:
+                first[i] = t
+            elif t - last[i] > gap[i]:
+                gap[i] = t - last[i]
+            last[i] = t
+            count[i] += 1
+            if times is not None:
+                times[i].append(t)
+            if seq.status is FINISHED:
+                self.finish_s[i] = t
+                done.append(seq)
+        return done
+
     def tokens(self, i: int, times: list[float], max_step_gap_s: float) -> None:
         """Request ``i`` received one token at each of ``times`` (ascending; consecutive gaps at most
         ``max_step_gap_s``)."""
@@ -56,6 +80,23 @@ class RequestBook:
         self.num_tokens[i] += len(times)
         if self.token_times is not None:
             self.token_times[i].extend(times)
+
+    def run_tokens(self, i: int, first: float, last: float, count: int, max_step_gap_s: float,
+                   times: list[float] | None = None) -> None:
+        """Request ``i`` received ``count`` tokens from ``first`` to ``last`` (s), consecutive ones at most
+        ``max_step_gap_s`` apart: the first ``count`` of ``times`` when token times are kept."""
+        if self.num_tokens[i] == 0:
+            self.first_token_s[i] = first
+        else:
+            gap = first - self.last_token_s[i]
+            if gap > self.max_gap_s[i]:
+                self.max_gap_s[i] = gap
+        if max_step_gap_s > self.max_gap_s[i]:
+            self.max_gap_s[i] = max_step_gap_s
+        self.last_token_s[i] = last
+        self.num_tokens[i] += count
+        if self.token_times is not None:
+            self.token_times[i].extend(times[:count])
 
     def finish(self, i: int, t: float) -> None:
         self.finish_s[i] = t

@@ -3,20 +3,26 @@ model's time instead of a forward pass.
 
 A step is exactly the engine's: ``schedule()`` picks the batch, the step lasts ``cost.step_ms(batch)``, then
 ``postprocess()`` appends one (placeholder) token per sampling sequence and finishes the ones at
-``max_tokens``. Nothing about scheduling is re-implemented here.
+``max_tokens``. Nothing about scheduling is re-implemented here, but for the one pattern the fast path's decode
+runs rely on (stated and tested in ``servelab.sim.decode_run``).
 
-**Fused decode runs.** Most steps of a loaded server are decode-only steps with the same running set; for the
-three Study 1 policies the next ``schedule()`` returns the same batch again until a sequence finishes, a KV
-block runs out, or a request arrives (shown in ``tests/test_sim_fast_forward.py`` by comparing against
-step-by-step runs). The replica then books ``k`` such steps at once: the first through ``postprocess``, the
-rest by appending the tokens and reserving their KV slots through the scheduler's own ``_reserve`` and
-finishing through its ``_finish_reason`` / ``_finish``. The run is committed lazily, so an arrival routed here
-mid-run cuts it at the first step that starts at or after the arrival, as the step-by-step simulation
-would. Every step that admits, finishes or preempts still goes through the real scheduler, whose Python cost
-per running sequence then bounds the simulator's speed (``servelab.sim.speed`` measures it).
+**Fast forward.** Most steps of a loaded server are decode-only. While nobody waits and every running sequence
+is at its decode stage, the replica books the steps up to the next arrival as a ``DecodeRun`` (finishes inside
+it included; see ``servelab.sim.decode_run``) without calling ``schedule()``. When someone waits, a decode-only
+batch the scheduler picked is repeated until the first finish, a block shortage or an arrival (the first step
+through ``postprocess``, the rest by appending the tokens and reserving their KV slots through the scheduler's
+own ``_reserve``, finishing through its ``_finish_reason`` / ``_finish``). Runs are committed lazily, so an
+arrival routed here mid-run cuts it at the first step that starts at or after the arrival, as the step-by-step
+simulation would. A single step the scheduler picked is settled when it starts (see ``Replica.start``).
+Every step that admits or preempts goes through the real scheduler, whose Python cost per running sequence
+then bounds the simulator's speed (``servelab.sim.speed`` measures it). ``fast_forward=False`` steps one at a
+time through ``schedule`` and ``postprocess``: the reference ``tests/test_sim_fast_forward.py`` compares with.
 """
 
 from __future__ import annotations
+
+import math
+from bisect import bisect_left
 
 import numpy as np
 
@@ -25,13 +31,12 @@ from servelab.engine.scheduler import ScheduledBatch, Scheduler, TokenBudgetSche
 from servelab.engine.sequence import SamplingParams, Sequence, SequenceStatus
 from servelab.kv.block_manager import BlockManager, OutOfBlocks
 from servelab.sim.cost_model import StepCostModel
+from servelab.sim.decode_run import MAX_RUN_STEPS, SIM_TOKEN, DecodeRun
 from servelab.sim.records import RequestBook
 
 # Policies whose schedule() repeats a decode-only batch until a finish, a block shortage or an arrival.
 # Exact classes: a subclass may schedule differently and is simulated step by step.
 FUSABLE = (FCFS, EagerContBatch, ChunkedPrefill, TokenBudgetScheduler)
-MAX_RUN_STEPS = 4096   # bounds the arrays of one fused run
-SIM_TOKEN = 0          # the token every simulated step "samples" (the simulator's schedulers know no EOS)
 
 
 class SimBlockManager(BlockManager):
@@ -117,7 +122,11 @@ class SimSequence(Sequence):
 
 
 class Replica:
-    """One server: a scheduler, a clock driven from outside, and at most one step (or fused run) in flight."""
+    """One server: a scheduler, a clock driven from outside, and at most one step (or run of steps) in flight.
+
+    In flight is one of: a step (or a fused run) the scheduler picked, settled at its end (``_batch``); or, in
+    fast-forward mode, a ``DecodeRun`` (``_run``), possibly led by one step the scheduler picked and whose
+    ``postprocess`` has already been applied (``_lead``, see ``start``)."""
 
     def __init__(self, index: int, scheduler: Scheduler, cost: StepCostModel, book: RequestBook, *,
                  fast_forward: bool = True, step_log: list | None = None):
@@ -125,28 +134,67 @@ class Replica:
         self.scheduler = scheduler
         self.cost = cost
         self.book = book
-        self.fast_forward = fast_forward and type(scheduler) in FUSABLE
+        self.eager = fast_forward                                       # settle single steps at their start
+        self.fast_forward = fast_forward and type(scheduler) in FUSABLE  # and fuse decode steps
         self.step_log = step_log
         self.outstanding = 0          # routed and not finished (the least-outstanding router reads it)
+        self.next_finish_s = math.inf  # no request in flight finishes before this (s): outstanding holds till then
+        self._committed = 0           # routed and not finished, but for the finishes of what is in flight
         self.version = 0              # bumps when the in-flight run's end moves: stale heap entries are skipped
         self.scheduled_wake = False   # a wake-up is queued for an idle replica
         self._batch: ScheduledBatch | None = None
-        self._ends: np.ndarray | None = None   # end time (s) of each step of the in-flight run
+        self._ends: list[float] | None = None   # end time (s) of each step of the in-flight ``_batch`` run
         self._steps = 0
+        self._lead: tuple | None = None         # (end s, requests it finished, step-log row) of a settled step
+        self._run: DecodeRun | None = None      # the in-flight decode run
         self.num_steps = 0
 
     @property
     def busy(self) -> bool:
-        return self._batch is not None
+        return self._batch is not None or self._run is not None or self._lead is not None
 
     def add(self, seq: SimSequence) -> None:
         self.scheduler.add(seq)
+        self._committed += 1
         self.outstanding += 1
+
+    def sync_outstanding(self, t: float) -> None:
+        """Set ``outstanding`` as of ``t``: requests that got their last token in flight, before ``t``, count as
+        finished (a step-by-step simulation would have completed them by then). Needed only once ``t`` passes
+        ``next_finish_s``."""
+        n, nxt = self._committed, math.inf
+        lead = self._lead
+        if lead is not None and lead[1]:
+            if lead[0] < t:
+                n -= lead[1]
+            else:
+                nxt = lead[0]
+        if self._run is not None:
+            done, after = self._run.finished_before(t)
+            n -= done
+            nxt = min(nxt, after)
+        self.outstanding, self.next_finish_s = n, nxt
+
+    def _in_flight(self, t: float, end: float | None) -> float | None:
+        """Bookkeeping when what is in flight changes at ``t``; passes its ``end`` through."""
+        self.outstanding, self.next_finish_s = self._committed, -math.inf   # (the next sync sets it)
+        return end
 
     # ---- stepping -------------------------------------------------------------------------------
     def start(self, t: float) -> float | None:
-        """Schedule the next step at ``t``; its end time (s), or None when there is nothing to run."""
+        """Schedule the next step at ``t``; the end (s) of what is now in flight, or None when idle.
+
+        With fast-forward, a decode run is booked when the pattern holds (``DecodeRun.plan``). Otherwise the
+        scheduler picks the step; a single step is then settled at once (``postprocess`` at its start, tokens
+        booked at its end): until its end nothing can read the scheduler but ``add``, which only queues, and
+        the router, which ``sync_outstanding`` serves. A decode run from the step's end follows it when the
+        pattern then holds; an arrival before that end cuts the run to nothing."""
         sched = self.scheduler
+        if self.fast_forward:
+            run = DecodeRun.plan(sched, self.cost, t)
+            if run is not None:
+                self._run = run
+                return self._in_flight(t, run.run_end)
         waiting_before = len(sched.waiting)
         while True:
             batch = sched.schedule()
@@ -176,15 +224,34 @@ class Replica:
         admitted = len(sched.waiting) != waiting_before   # (a prompt whose prefix is cached may admit as one token)
         k = (self._run_length(batch) if self.fast_forward and not pre_tokens and not batch.preempted and not admitted
              else 1)
+        # the step-log row but for its end and step count (``simulator.STEP_COLUMNS``; contexts as the engine
+        # logs them: Σ n·c of the chunks, Σ (c + 1) of the decodes)
+        log = ((t, pre_tokens, decodes, len(batch.items), len(sched.waiting), len(batch.preempted), int(ctx_pairs),
+                ctx + decodes) if self.step_log is not None else None)
         if k == 1:
-            self._ends = np.array([t + self.cost.step_ms(pre_tokens, pairs, decodes, ctx, len(batch.items),
-                                                         ctx_pairs) / 1e3])
+            end = t + self.cost.step_ms(pre_tokens, pairs, decodes, ctx, len(batch.items), ctx_pairs) / 1e3
+            if self.eager:
+                return self._in_flight(t, self._settle(batch, samplers, end, log))
+            self._ends = [end]
         else:
-            self._ends = t + np.cumsum(self.cost.decode_run_ms(decodes, ctx, k)) / 1e3
-        self._batch, self._steps, self._samplers = batch, k, samplers
-        if self.step_log is not None:
-            self._log = (t, pre_tokens, decodes, len(batch.items), len(sched.waiting), len(batch.preempted))
-        return float(self._ends[-1])
+            self._ends = (t + np.cumsum(self.cost.decode_run_ms(decodes, ctx, k)) / 1e3).tolist()
+        self._batch, self._steps, self._samplers, self._log = batch, k, samplers, log
+        return self._ends[-1]
+
+    def _settle(self, batch: ScheduledBatch, samplers: list, end: float, log: tuple | None) -> float:
+        """Apply a single step now (``postprocess``; its tokens dated ``end``); then book a decode run from
+        ``end`` if the pattern holds. The end (s) of what is in flight."""
+        sched, book = self.scheduler, self.book
+        # postprocess ignores the token of an item that does not sample (a prefill chunk that is not the last)
+        sched.postprocess(batch, [SIM_TOKEN] * len(batch.items))
+        finished = len(book.step_tokens(samplers, end))
+        row = (self.index, log[0], end, *log[1:6], 1, *log[6:]) if log is not None else None
+        self._lead = (end, finished, row)
+        if self.fast_forward:
+            self._run = DecodeRun.plan(sched, self.cost, end)
+            if self._run is not None:
+                return self._run.run_end
+        return end
 
     def _run_length(self, batch: ScheduledBatch) -> int:
         """How many identical decode-only steps (this one included) can be booked at once: until the first
@@ -227,25 +294,48 @@ class Replica:
     def cut(self, t_arrival: float) -> float | None:
         """A request arrived at ``t_arrival`` during the in-flight run: keep only the steps that start before
         it. The run's new end (s) if it moved, else None."""
-        if self._batch is None or self._steps == 1:
+        if self._run is not None:
+            end = self._run.cut(t_arrival)
+            if end is not None:
+                self.version += 1
+            return end
+        if self._batch is None or self._steps == 1:   # (a settled single step cannot be cut)
             return None
         ends = self._ends
         # step j starts at ends[j-1] (step 0 at the run's start); keep the steps starting strictly before
-        m = 1 + int(np.searchsorted(ends[:-1], t_arrival, side="left"))
+        m = 1 + bisect_left(ends, t_arrival, 0, len(ends) - 1)
         if m >= self._steps:
             return None
         self._steps = m
-        self._ends = ends[:m]
+        del ends[m:]
         self.version += 1
-        return float(self._ends[-1])
+        return ends[-1]
 
     def complete(self, t: float) -> int:
         """Account for the in-flight run that ended at ``t``: tokens, finishes, freed blocks. Returns how many
         requests finished."""
+        if self._lead is not None or self._run is not None:
+            finished = 0
+            if self._lead is not None:
+                _, finished, row = self._lead
+                self._lead = None
+                self.num_steps += 1
+                if row is not None:
+                    self.step_log.append(row)
+            run = self._run
+            if run is not None:
+                self._run = None
+                finished += run.commit(self.scheduler, self.book)
+                self.num_steps += run.steps
+                if self.step_log is not None:
+                    self.step_log.extend(run.log_rows(self.index))
+            self._committed -= finished
+            self.outstanding, self.next_finish_s = self._committed, math.inf
+            return finished
         batch, ends, k = self._batch, self._ends, self._steps
         self._batch = self._ends = None
         sched, book = self.scheduler, self.book
-        t0 = float(ends[0])
+        t0 = ends[0]
         # postprocess ignores the token of an item that does not sample (a prefill chunk that is not the last)
         sched.postprocess(batch, [SIM_TOKEN] * len(batch.items))
         finished = 0
@@ -257,8 +347,8 @@ class Replica:
                     book.finish(seq.index, t0)
                     finished += 1
         else:
-            times = ends.tolist()
-            max_gap = float(ends[-1] - ends[-2])   # steps only lengthen within a run: its context grows
+            times = ends
+            max_gap = ends[-1] - ends[-2]          # steps only lengthen within a run: its context grows
             extra = k - 1
             pad = [SIM_TOKEN] * extra
             cache = sched.bm.prefix_cache
@@ -278,9 +368,10 @@ class Replica:
                     sched._finish(seq, reason)
                     book.finish(seq.index, times[-1])
                     finished += 1
-        self.outstanding -= finished
+        self._committed -= finished
+        self.outstanding, self.next_finish_s = self._committed, math.inf
         self.num_steps += k
         if self.step_log is not None:
-            s, p, d, n, w, pre = self._log
-            self.step_log.append((self.index, s, float(ends[-1]), p, d, n, w, pre, k))
+            s, p, d, n, w, pre, pctx, dctx = self._log
+            self.step_log.append((self.index, s, ends[-1], p, d, n, w, pre, k, pctx, dctx))
         return finished

@@ -21,6 +21,7 @@ ROUTERS = ("round_robin", "least_outstanding", "prefix_affinity")
 
 
 class RoundRobin:
+    reads_load = False     # whether it reads the replicas' ``outstanding`` (the simulator brings it up to date)
     name = "round_robin"
 
     def __init__(self, replicas):
@@ -34,6 +35,7 @@ class RoundRobin:
 
 
 class LeastOutstanding:
+    reads_load = True     # whether it reads the replicas' ``outstanding`` (the simulator brings it up to date)
     name = "least_outstanding"
 
     def __init__(self, replicas):
@@ -48,6 +50,7 @@ class LeastOutstanding:
 
 
 class PrefixAffinity:
+    reads_load = True     # whether it reads the replicas' ``outstanding`` (the simulator brings it up to date)
     name = "prefix_affinity"
 
     def __init__(self, replicas, prefix_keys: np.ndarray, max_imbalance: int = 8):

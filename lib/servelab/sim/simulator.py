@@ -34,7 +34,7 @@ from servelab.sim.routers import make_router
 
 DEFAULT_NUM_BLOCKS = 65536   # KV blocks per replica when not given: 1M tokens at block size 16 (rarely binding)
 STEP_COLUMNS = ["replica", "start_s", "end_s", "prefill_tokens", "decode_tokens", "num_seqs", "num_waiting",
-                "num_preempted", "decode_steps"]
+                "num_preempted", "decode_steps", "prefill_context_tokens", "decode_context_tokens"]
 
 
 @dataclass
@@ -126,6 +126,7 @@ def simulate(trace, *, cost: StepCostModel, scheduler: str = "chunked_prefill", 
     rt = make_router(router, reps, prompt_ids=df["prompt_ids"].tolist() if tr.has_prompt_ids else None,
                      prefix_groups=df["prefix_group"].to_numpy() if "prefix_group" in df.columns else None,
                      prefix_k=prefix_k)
+    reads_load = rt.reads_load
     params_cache: dict[int, SamplingParams] = {}
     heap: list[tuple[float, int, int, int]] = []
     push, pop = heapq.heappush, heapq.heappop
@@ -143,6 +144,10 @@ def simulate(trace, *, cost: StepCostModel, scheduler: str = "chunked_prefill", 
         if i < n and (not heap or at_list[i] <= heap[0][0]):
             t, j = at_list[i], idx_list[i]
             i += 1
+            if reads_load:
+                for rp in reps:
+                    if rp.next_finish_s < t:   # (otherwise its count is up to date)
+                        rp.sync_outstanding(t)
             r = rt.route(j)
             rep = reps[r]
             book.replica[j] = r

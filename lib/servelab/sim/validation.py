@@ -150,7 +150,8 @@ def calibrate(model: str, runs: list[tuple[dict, pd.DataFrame, pd.DataFrame]], b
     with_over = with_over.with_overheads(ingress_ms=ingress, source=with_over.source + f" + ingress {ingress:.2f} ms")
     stats.update({"prefill_scale": with_over.prefill_scale, "decode_scale": with_over.decode_scale,
                   "ms_per_context_pair": with_over.ms_per_context_pair, "step_overhead_ms": with_over.step_overhead_ms,
-                  "seq_overhead_ms": with_over.seq_overhead_ms, "ingress_ms": ingress})
+                  "seq_overhead_ms": with_over.seq_overhead_ms, "prefill_fixed_scale": with_over.prefill_fixed_scale,
+                  "mixed_step_ms": with_over.mixed_step_ms, "ingress_ms": ingress})
     return gpu_only, with_over, stats
 
 
