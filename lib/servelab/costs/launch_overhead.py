@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from servelab.engine.bench.step import timed_tokens
+
 POINT = ["model", "phase", "batch", "new_tokens", "context", "decodes", "decode_context"]
 GRAPH, EAGER = "engine", "engine_eager"
 
@@ -41,7 +43,7 @@ def launch_overhead(steps: pd.DataFrame) -> pd.DataFrame:
     wide = d.pivot_table(index=POINT, columns="mode", values=["median_ms", "floor_ms"], aggfunc="first").dropna()
     out = pd.DataFrame({"graph_ms": wide[("median_ms", GRAPH)], "eager_ms": wide[("median_ms", EAGER)],
                         "floor_ms": wide[("floor_ms", GRAPH)]}).reset_index()
-    out["tokens"] = out["batch"] * out["new_tokens"] + out["decodes"]
+    out["tokens"] = timed_tokens(out["batch"], out["new_tokens"], out["decodes"])
     out["step"] = out.apply(step_label, axis=1)
     out["saved_ms"] = out["eager_ms"] - out["graph_ms"]
     out["eager_over_graph"] = out["eager_ms"] / out["graph_ms"]

@@ -26,6 +26,17 @@ GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 IDS, POSITIONS, SLOTS, CONTEXT_LENS, TABLE_ROWS = range(5)
 
 
+def capture_graph(forward, memory_pool):
+    """``(graph, output)``: ``forward()`` run once eagerly (lazy initialisation, Triton compiles and cuBLAS's
+    kernel choice happen outside the capture), then captured into ``memory_pool``."""
+    forward()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=memory_pool):
+        out = forward()
+    return graph, out
+
+
 def power_of_two_buckets(maximum: int, smallest: int = 1) -> list[int]:
     """``smallest, 2·smallest, 4·smallest, …`` up to and including ``maximum``."""
     out, b = [], smallest
@@ -66,12 +77,7 @@ class DecodeGraphs:
         self.memory_pool = torch.cuda.graph_pool_handle()
         for b in reversed(self.batch_sizes):
             for w in reversed(self.block_widths):
-                self._forward(b, w)  # warm-up: lazy initialisation (cuBLAS handles, Triton compiles) outside capture
-                torch.cuda.synchronize()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.memory_pool):
-                    out = self._forward(b, w)
-                self.graphs[(b, w)] = (graph, out)
+                self.graphs[(b, w)] = capture_graph(lambda: self._forward(b, w), self.memory_pool)
                 if progress is not None:
                     progress.update(1)
         torch.cuda.synchronize()

@@ -20,6 +20,7 @@ import bisect
 import torch
 
 from servelab.engine.block_tables import DeviceBlockTables
+from servelab.engine.cuda_graphs import capture_graph
 from servelab.models.layers.attention import AttentionMetadata
 from servelab.models.layers.ragged import (RaggedTiles, max_long_tiles, max_tiles, plan_tiles, ragged_long_tile_tokens,
                                            ragged_tile_tokens)
@@ -74,12 +75,7 @@ class StepGraphs:
         self.memory_pool = torch.cuda.graph_pool_handle()
         for size in reversed(self.sizes):
             self._load_padding(size)
-            self._forward(size)  # warm-up: Triton compiles and cuBLAS picks its kernels outside the capture
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.memory_pool):
-                out = self._forward(size)
-            self.graphs[size] = (graph, out)
+            self.graphs[size] = capture_graph(lambda: self._forward(size), self.memory_pool)
             if progress is not None:
                 progress.update(1)
         torch.cuda.synchronize()
