@@ -57,6 +57,20 @@ def test_study_results_write_csv_sidecar_and_findings(scratch_results):
     assert load_results("99_test", "steps")["a"].tolist() == [1, 2]
 
 
+def test_study_results_write_for_another_study(scratch_results):
+    dev = device_record("cpu")
+    with pytest.raises(FileNotFoundError, match="01_x"):   # no such study's results yet: nothing to add to
+        StudyResults("08_y", dev, {}).write_for("01_x", "sim_validation", pd.DataFrame({"a": [1]}))
+    StudyResults("01_x", dev, {}).write("requests", pd.DataFrame({"a": [0]}))
+    res = StudyResults("08_y", dev, {})
+    path = res.write_for("01_x", "sim_validation", pd.DataFrame({"a": [1]}))
+    assert path == scratch_results / "cpu" / "01_x" / "sim_validation.csv"
+    assert load_results("01_x", "sim_validation")["a"].tolist() == [1]
+    assert json.loads((res.dir / "run.json").read_text())["files"] == ["01_x/sim_validation.csv"]
+    with pytest.raises(ValueError, match="alphanumeric"):
+        res.write_for("../01_x", "v", pd.DataFrame())
+
+
 def test_findings_reject_bad_verdicts_and_missing_columns():
     with pytest.raises(ValueError, match="verdict"):
         findings_frame([dict(id="F1", claim="c", seed_value="", measured_value="", unit="", verdict="maybe", note="")])

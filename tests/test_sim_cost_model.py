@@ -153,6 +153,34 @@ def test_fit_recovers_the_prefill_intercept_and_the_mixed_step_cost():
     assert alone.mixed_step_ms == 0 and alone.prefill_fixed_scale == 1
 
 
+def test_fit_step_log_model_prices_mixed_steps_and_ignores_outliers():
+    # a model Study 2 did not measure: the whole form from the step log. Mixed steps pay a fixed cost of their
+    # own, and a few steps that ran into something else (a slow hand-off: 10x their cost) must not pull the fit
+    truth = StepCostModel(gpu=GPU, mixed_step_ms=4.0, step_overhead_ms=0.5, seq_overhead_ms=0.03)
+    rng = np.random.default_rng(9)
+    n = 150
+    trace = pd.DataFrame({"arrival_s": np.cumsum(rng.exponential(1 / 20, n)), "prompt_tokens": rng.integers(50, 400, n),
+                          "output_tokens": rng.integers(8, 60, n)})
+    feats = []
+    for policy in ("chunked_prefill", "eager_cont_batch"):
+        run = simulate(trace, cost=truth, scheduler=policy, max_num_seqs=32, max_num_batched_tokens=512,
+                       step_log=True, fast_forward=False)
+        feats.append(step_features(run.steps, run.records.drop(columns="replica")))
+    feats = pd.concat(feats, ignore_index=True)
+    slow = rng.choice(len(feats), size=len(feats) // 50, replace=False)
+    feats.loc[slow, "cycle_ms"] *= 10
+    model, stats = fit_step_log_model(feats, "m")
+    assert model.mixed_step_ms == pytest.approx(4.0, rel=0.15) and stats["mixed_step_ms"] == model.mixed_step_ms
+    clean = feats.drop(index=slow)
+    pred = np.array([model.step_ms(p, q, int(d), c, int(k)) for p, q, d, c, k in
+                     zip(clean["prefill_tokens"], clean["prefill_pairs"], clean["decode_tokens"],
+                         clean["decode_context"], clean["num_seqs"])])
+    assert np.median(np.abs(pred - clean["cycle_ms"]) / clean["cycle_ms"]) < 0.03
+    # prefill-only steps alone cannot tell the mixed cost from the intercept: it stays 0
+    alone, _ = fit_step_log_model(feats[(feats["prefill_tokens"] == 0) | (feats["decode_tokens"] == 0)], "m")
+    assert alone.mixed_step_ms == 0
+
+
 def test_step_features_take_the_logged_contexts():
     # the engine logs each step's contexts; the reconstruction from token times is only an estimate (here the
     # client's token times are coarse, as when one read returns several tokens), the logged ones are exact

@@ -44,7 +44,11 @@ def test_overheads_fitted_on_calibration_runs_fix_held_out_runs():
     assert set(table.columns) >= {"scheduler", "rate", "metric", "real", "sim", "error_pct", "subset", "cost_model"}
     assert set(table["subset"]) == {"calibration", "validation"}
     assert len(table) == 6 * 2 * 6      # runs × cost models × metrics
-    err = error_summary(table).set_index(["cost_model", "subset", "metric"])["median_abs_error_pct"]
+    summary = error_summary(table)
+    assert set(summary["model"]) == {"all", "m"}     # pooled, and per model (one here: the two agree)
+    err = summary[summary["model"] == "all"].set_index(["cost_model", "subset", "metric"])["median_abs_error_pct"]
+    per_model = summary[summary["model"] == "m"].set_index(["cost_model", "subset", "metric"])["median_abs_error_pct"]
+    assert per_model.equals(err)
     assert err[("gpu+overheads", "validation", "all")] < 3.0
     assert err[("gpu_only", "validation", "all")] > 3 * err[("gpu+overheads", "validation", "all")]
     c = calib.iloc[0]

@@ -89,6 +89,23 @@ class StudyResults:
         self.write_sidecar()
         return path
 
+    def write_for(self, study: str, name: str, df: pd.DataFrame) -> Path:
+        """Write ``<name>.csv`` into another study's folder of the same device: a result that belongs to that
+        study's question but is computed here (the simulator's validation of Study 1's runs). This sidecar
+        lists it as ``<study>/<name>.csv``; the file's own provenance is this run's sidecar."""
+        if not name.replace("_", "").isalnum() or not study.replace("_", "").isalnum():
+            raise ValueError(f"study and result names must be alphanumeric with underscores, got {study!r}, {name!r}")
+        folder = self.dir.parent / study
+        if not folder.is_dir():
+            raise FileNotFoundError(f"no results of study {study!r} under {self.dir.parent}: nothing to add to")
+        path = folder / f"{name}.csv"
+        df.to_csv(path, index=False)
+        entry = f"{study}/{path.name}"
+        if entry not in self.files:
+            self.files.append(entry)
+        self.write_sidecar()
+        return path
+
     def write_json(self, name: str, obj) -> Path:
         """Write a JSON artefact (e.g. a fitted cost model) beside the CSVs and list it in the sidecar."""
         if not name.replace("_", "").replace("-", "").replace(".", "").isalnum():

@@ -25,7 +25,7 @@ is not. That is the time the simulator charges per step.
   prefill intercept scaled on its own (``prefill_fixed_scale``) (see ``servelab.sim.cost_model``; non-negative,
   robust soft-L1 loss on relative error);
 - ``fit_step_log_model``: for a model Study 2 did not measure, the whole ``CostModel`` form fitted to the
-  cycle times (non-negative least squares on relative error, like Study 2).
+  cycle times, with the fixed cost of a mixed step (non-negative, robust soft-L1 loss on relative error).
 
 Fit on calibration runs only; the notebook validates each run with terms fitted on the *other* runs.
 """
@@ -229,25 +229,39 @@ def fit_overheads(base: StepCostModel, features: pd.DataFrame) -> tuple[StepCost
 
 def fit_step_log_model(features: pd.DataFrame, model: str) -> tuple[StepCostModel, dict]:
     """The whole ``CostModel`` form (prefill and decode terms) fitted to the cycle times of ``features``;
-    serving overheads are inside its intercepts and per-sequence terms. For a model Study 2 did not measure."""
+    serving overheads are inside its intercepts and per-sequence terms, and a step mixing prefill chunks with
+    decodes pays a fixed cost of its own (``mixed_step_ms``) when the log holds both kinds of prefill step. For
+    a model Study 2 did not measure.
+
+    Like ``fit_overheads``: relative residuals, every term >= 0, a robust (soft-L1) loss, and two stages so that
+    the many decode steps do not drown the few prefill ones. Least squares proper let a handful of outliers (a
+    prefill step that ran into a slow HTTP hand-off, a recompute the reconstruction misplaces) pull the terms,
+    and without the mixed-step cost a chunked server's mixed steps were priced like prefill-only ones."""
     pre = features[features["prefill_tokens"] > 0]
     dec = features[features["prefill_tokens"] == 0]
     if len(pre) < len(PREFILL_TERMS) or len(dec) < len(DECODE_TERMS):
         raise ParameterError(f"too few busy steps to fit {model}: {len(pre)} with prefill, {len(dec)} decode-only")
-    # a mixed step: prefill terms + the decode terms of its decodes; fit decode-only steps first, then the
-    # prefill terms on what the decodes leave
     Xd = np.column_stack([np.ones(len(dec)), dec["decode_tokens"], dec["decode_context"]])
     yd = dec["cycle_ms"].to_numpy(float)
-    cd, _ = nnls(Xd / yd[:, None], np.ones(len(yd)))
-    yp = pre["cycle_ms"].to_numpy(float) - (cd[1] * pre["decode_tokens"] + cd[2] * pre["decode_context"]).to_numpy()
-    yp = np.maximum(yp, 1e-3)
-    Xp = np.column_stack([np.ones(len(pre)), pre["prefill_tokens"], pre["prefill_pairs"]])
-    cp, _ = nnls(Xp / yp[:, None], np.ones(len(yp)))
-    ep = 100 * (Xp @ cp - yp) / yp
+    start, _ = nnls(Xd / yd[:, None], np.ones(len(yd)))
+    cd = least_squares(lambda c: (Xd @ c - yd) / yd, x0=start, bounds=(0, np.inf), loss="soft_l1", f_scale=0.05,
+                       x_scale="jac").x
+    # a mixed step: prefill terms + the decode terms of its decodes (not the decode intercept) + the mixed cost
+    yp = pre["cycle_ms"].to_numpy(float)
+    rest = (cd[1] * pre["decode_tokens"] + cd[2] * pre["decode_context"]).to_numpy(float)
+    mixed = (pre["decode_tokens"] > 0).to_numpy(float)
+    free_mixed = 3 <= mixed.sum() <= len(mixed) - 3   # else the mixed cost and the intercept are one number
+    Xp = np.column_stack([np.ones(len(pre)), pre["prefill_tokens"], pre["prefill_pairs"], mixed])
+    hi = [np.inf, np.inf, np.inf, np.inf if free_mixed else 1e-12]
+    cp = least_squares(lambda c: (Xp @ c + rest - yp) / yp, x0=[1.0, 0.01, 0.0, 0.0], bounds=([0, 0, 0, 0], hi),
+                       loss="soft_l1", f_scale=0.2, x_scale="jac").x
+    mixed_ms = float(cp[3]) if free_mixed else 0.0
+    ep = 100 * (Xp[:, :3] @ cp[:3] + mixed_ms * mixed + rest - yp) / yp
     ed = 100 * (Xd @ cd - yd) / yd
     err = {"prefill_median_abs_pct": float(np.median(np.abs(ep))), "prefill_max_abs_pct": float(np.max(np.abs(ep))),
            "decode_median_abs_pct": float(np.median(np.abs(ed))), "decode_max_abs_pct": float(np.max(np.abs(ed)))}
-    gpu = CostModel(model, "step_log", dict(zip(PREFILL_TERMS, map(float, cp))), dict(zip(DECODE_TERMS, map(float, cd))),
-                    err)
-    return StepCostModel(gpu=gpu, source=f"{model}: fitted to {len(features)} busy steps of the server's step log "
-                                         f"(prefill pairs approximated as P²/2)"), {"steps": int(len(features)), **err}
+    gpu = CostModel(model, "step_log", dict(zip(PREFILL_TERMS, map(float, cp[:3]))),
+                    dict(zip(DECODE_TERMS, map(float, cd))), err)
+    return StepCostModel(gpu=gpu, mixed_step_ms=mixed_ms,
+                         source=f"{model}: fitted to {len(features)} busy steps of the server's step log"), \
+        {"steps": int(len(features)), "mixed_step_ms": mixed_ms, **err}

@@ -18,7 +18,7 @@ DEFAULTS = {
         capacity_routers=list(ROUTERS), capacity_rate_multiples=[1, 2, 4, 8], capacity_duration_s=15.0,
         capacity_max_requests=3000, capacity_time_budget_s=75.0,
         slo_ttft_ms=None, slo_tpot_ms=None, max_replicas=32, prefix_groups=16, prefix_tokens=256,
-        speed_rate=100.0, speed_replicas=8, speed_duration_s=600.0, seed=0,
+        speed_rate=100.0, speed_replicas=8, speed_duration_s=3600.0, seed=0,
         smoke_rates=None, smoke_requests=None),
     "smoke": dict(
         capacity_model="config:tiny-llama", cost_modes=["engine", "hf_cuda_graph"], calibration_every=2,

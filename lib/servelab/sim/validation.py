@@ -220,9 +220,15 @@ def validation_table(requests: pd.DataFrame, steps: pd.DataFrame, gpu_models: di
 
 
 def error_summary(table: pd.DataFrame) -> pd.DataFrame:
-    """Median |error| (%) per cost model and subset, and per metric on the validation subset."""
+    """Median |error| (%) per cost model and subset, and per metric, over all models (``model == "all"``) and
+    per model."""
     t = table.dropna(subset=["error_pct"]).assign(abs_error_pct=lambda d: d["error_pct"].abs())
-    overall = t.groupby(["cost_model", "subset"], as_index=False)["abs_error_pct"].median()
-    overall["metric"] = "all"
-    per_metric = t.groupby(["cost_model", "subset", "metric"], as_index=False)["abs_error_pct"].median()
-    return pd.concat([overall, per_metric], ignore_index=True).rename(columns={"abs_error_pct": "median_abs_error_pct"})
+    parts = []
+    for model, g in [("all", t), *t.groupby("model")]:
+        overall = g.groupby(["cost_model", "subset"], as_index=False)["abs_error_pct"].median()
+        overall["metric"] = "all"
+        per_metric = g.groupby(["cost_model", "subset", "metric"], as_index=False)["abs_error_pct"].median()
+        parts.append(pd.concat([overall, per_metric], ignore_index=True).assign(model=model))
+    cols = ["model", "cost_model", "subset", "metric", "abs_error_pct"]
+    out = pd.concat(parts, ignore_index=True)[cols] if parts else pd.DataFrame(columns=cols)
+    return out.rename(columns={"abs_error_pct": "median_abs_error_pct"})

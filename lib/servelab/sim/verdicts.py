@@ -46,6 +46,7 @@ def f23_finding(table: pd.DataFrame, source: str) -> dict | None:
         verdict = "fails"
     note = (f"median |error| of p50/p99 TTFT, p50/p99 ITL, max stall and throughput over held-out real runs: "
             f"{before:.1f} % with the GPU costs alone, {after:.1f} % with the fitted serving overheads "
-            f"(goal {GOAL_PCT:g} %); real runs: {source}")
+            f"(goal {GOAL_PCT:g} %); only the runs of the models Study 2 costed "
+            f"({', '.join(sorted(table['model'].unique())) if 'model' in table.columns else 'all'}); real runs: {source}")
     return {"id": "F2.3", "claim": F23_CLAIM, "seed_value": "holds (RTX 2070, no error reported)",
             "measured_value": round(after, 1), "unit": "% median |error|", "verdict": verdict, "note": note}
