@@ -8,7 +8,8 @@ import pytest
 
 from servelab.profiles import ParameterError
 from servelab.sim import StepCostModel, simulate
-from servelab.sim.calibration import fit_overheads, fit_step_log_model, logs_contexts, step_features
+from servelab.sim.calibration import (fit_overheads, fit_step_log_model, logs_contexts, predict_cycles,
+                                      step_features)
 from servelab.sim.cost_model import CostModel
 
 GPU = CostModel("m", "test", {"intercept_ms": 3.0, "ms_per_token": 0.002, "ms_per_attn_pair": 1e-6},
@@ -222,3 +223,66 @@ def test_study2_step_model_as_the_gpu_terms(tmp_path):
         StepCostModel(gpu=GPU, gpu_form="step")
     with pytest.raises(ParameterError, match="gpu_form"):
         StepCostModel(gpu=gpu, gpu_form="both")
+
+
+def test_step_graph_padding_is_priced_at_the_per_token_rate():
+    # a server that replays captured step graphs pays for the bucket that holds the step, not for its tokens
+    c = StepCostModel(gpu=GPU, prefill_scale=2.0).with_step_buckets([256, 64, 128])
+    assert c.step_buckets == (64, 128, 256)
+    assert c.pad_tokens(100) == 28 and c.pad_tokens(128) == 0 and c.pad_tokens(300) == 0   # above: eager
+    plain = c.with_step_buckets(None)
+    # 90 prefill tokens and 10 decodes run in the 128-token graph: 28 padding tokens at 2 × 0.002 ms
+    assert c.step_ms(90, 4050.0, 10, 500, 11) == pytest.approx(plain.step_ms(90, 4050.0, 10, 500, 11) + 28 * 0.004)
+    assert c.step_ms(0, 0, 10, 500, 10) == plain.step_ms(0, 0, 10, 500, 10)   # decode-only steps: decode graphs
+    with pytest.raises(ParameterError, match="step_buckets"):
+        StepCostModel(gpu=GPU, step_buckets=(128, 64))
+
+
+def test_chunk_context_reads_are_priced_per_chunk_and_scaled_with_prefill():
+    c = StepCostModel(gpu=GPU, prefill_scale=2.0, ms_per_chunk_context_token=1e-3)
+    plain = c.with_overheads(ms_per_chunk_context_token=0.0)
+    # two chunks reading 2,048 and 512 cached tokens: 2,560 tokens read at 2 × 1 µs
+    extra = c.step_ms(64, 64 * 2048.0, 0, 0, 2, 64 * 2048.0, 2560) - plain.step_ms(64, 64 * 2048.0, 0, 0, 2, 64 * 2048.0, 2560)
+    assert extra == pytest.approx(2560 * 2e-3)
+    assert c.step_ms(0, 0, 4, 1000, 4) == plain.step_ms(0, 0, 4, 1000, 4)   # decodes read context by their own term
+
+
+def test_saved_cost_model_keeps_buckets_and_context_reads(tmp_path):
+    c = StepCostModel(gpu=GPU, ms_per_chunk_context_token=5e-4).with_step_buckets([64, 128])
+    c2 = StepCostModel.load(c.save(tmp_path / "c.json"))
+    assert c2.step_buckets == (64, 128) and c2.ms_per_chunk_context_token == 5e-4
+    assert c2.step_ms(90, 4050.0, 10, 500, 11, 0.0, 300) == pytest.approx(c.step_ms(90, 4050.0, 10, 500, 11, 0.0, 300))
+
+
+def test_fits_recover_padding_and_context_reads_from_a_step_log():
+    # a chunked server with captured step graphs whose chunks pay for the context they read: the features carry
+    # the padding and the chunk contexts, so the serving fit recovers the scale with the GPU terms as given,
+    # and the step-log fit recovers the context-read cost
+    buckets = [64, 256]
+    truth = StepCostModel(gpu=GPU, prefill_scale=1.5, ms_per_chunk_context_token=2e-3, step_overhead_ms=0.5,
+                          seq_overhead_ms=0.03)
+    rng = np.random.default_rng(7)
+    n = 150
+    trace = pd.DataFrame({"arrival_s": np.cumsum(rng.exponential(1 / 15, n)), "prompt_tokens": rng.integers(200, 1500, n),
+                          "output_tokens": rng.integers(8, 80, n)})
+    run = simulate(trace, cost=truth, max_num_seqs=32, max_num_batched_tokens=256, step_log=True, fast_forward=False,
+                   step_buckets=buckets)
+    assert run.params["step_buckets"] == buckets
+    feats = step_features(run.steps, run.records.drop(columns="replica"), step_buckets=buckets)
+    assert (feats["pad_tokens"] > 0).any() and (feats["chunk_context"] > 0).any()
+    assert (feats.loc[feats["prefill_tokens"] == 0, "pad_tokens"] == 0).all()
+    base = StepCostModel(gpu=GPU, ms_per_chunk_context_token=2e-3)
+    model, stats = fit_overheads(base, feats)
+    assert model.prefill_scale == pytest.approx(1.5, rel=0.1)
+    assert stats["median_abs_pct_after"] < 3
+    # without the padding, the padded steps are mispriced
+    unpadded = step_features(run.steps, run.records.drop(columns="replica"))
+    blind = fit_overheads(base, unpadded)[0]
+    padded = feats["pad_tokens"].to_numpy() > 0
+    y = feats["cycle_ms"].to_numpy()[padded]
+    err_blind = np.median(np.abs(predict_cycles(blind, unpadded)[padded] - y) / y)
+    err = np.median(np.abs(predict_cycles(model, feats)[padded] - y) / y)
+    assert err < 0.01 < err_blind
+    full, st = fit_step_log_model(feats, "m")
+    assert full.ms_per_chunk_context_token == pytest.approx(3e-3, rel=0.35)   # 1.5 × 2 µs per token read
+    assert st["prefill_median_abs_pct"] < 10

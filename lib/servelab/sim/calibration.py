@@ -44,10 +44,12 @@ from servelab.sim.cost_model import StepCostModel
 STEP_LOG_COLUMNS = ("start_s", "end_s", "prefill_tokens", "decode_tokens", "num_seqs")
 
 
-def step_features(steps: pd.DataFrame, records: pd.DataFrame, *, busy_gap_ms: float = 1.0) -> pd.DataFrame:
+def step_features(steps: pd.DataFrame, records: pd.DataFrame, *, busy_gap_ms: float = 1.0,
+                  step_buckets=None) -> pd.DataFrame:
     """One row per step of one run that was followed at once by another: ``cycle_ms``, ``prefill_tokens``,
-    ``prefill_pairs`` (Σ n(c + n/2)), ``context_pairs`` (Σ n·c), ``decode_tokens``, ``decode_context``
-    (reconstructed), ``num_seqs``.
+    ``prefill_pairs`` (Σ n(c + n/2)), ``context_pairs`` (Σ n·c), ``chunk_context`` (Σ c, reconstructed),
+    ``decode_tokens``, ``decode_context`` (reconstructed), ``num_seqs``, and ``pad_tokens``: the padding of a
+    step with prefill up to the smallest of ``step_buckets`` (the server's captured step sizes) that holds it.
 
     ``steps`` and ``records`` must share a clock (s from the run's start). Rows of multi-step decode groups
     (``decode_steps > 1``) are left out."""
@@ -67,17 +69,31 @@ def step_features(steps: pd.DataFrame, records: pd.DataFrame, *, busy_gap_ms: fl
     pre = s["prefill_tokens"].to_numpy(float)
     if "decode_steps" in s.columns:   # a multi-step decode group is several steps in one row: not fitted
         busy &= (s["decode_steps"] <= 1).to_numpy()
-    pairs, ctx_pairs = _prefill_pairs(pre, records)
+    pairs, ctx_pairs, chunk_ctx = _prefill_pairs(pre, records)
     dec_ctx = dec * mean_ctx
     if logs_contexts(s):   # as the engine counted them: exact, where the reconstruction is an estimate
         within = pairs - ctx_pairs                       # Σ n²/2 of the chunks, which the log does not hold
-        ctx_pairs = s["prefill_context_tokens"].to_numpy(float)
+        logged = s["prefill_context_tokens"].to_numpy(float)
+        # the context the chunks read (Σ c), which the log does not hold either: the stream's where it agrees
+        # with the logged Σ n·c, else that of one chunk holding the step's prefill tokens (c = Σ n·c / n)
+        agree = np.isclose(ctx_pairs, logged, rtol=0.01, atol=0.5)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            one_chunk = np.where(pre > 0, logged / np.maximum(pre, 1), 0.0)
+        chunk_ctx = np.where(agree, chunk_ctx, one_chunk)
+        ctx_pairs = logged
         pairs = within + ctx_pairs
         dec_ctx = s["decode_context_tokens"].to_numpy(float) - dec   # the simulator counts cached tokens only
+    pad = np.zeros(len(s))
+    if step_buckets:
+        b = np.asarray(sorted(step_buckets), dtype=float)
+        tokens = pre + dec
+        i = np.searchsorted(b, tokens, side="left")
+        inside = (pre > 0) & (i < len(b))
+        pad[inside] = b[i[inside]] - tokens[inside]
     out = pd.DataFrame({"start_s": start, "cycle_ms": (nxt - start) * 1e3, "prefill_tokens": pre,
-                        "prefill_pairs": pairs, "context_pairs": ctx_pairs,
+                        "prefill_pairs": pairs, "context_pairs": ctx_pairs, "chunk_context": chunk_ctx,
                         "decode_tokens": dec, "decode_context": dec_ctx,
-                        "num_seqs": s["num_seqs"].to_numpy(float)})
+                        "num_seqs": s["num_seqs"].to_numpy(float), "pad_tokens": pad})
     return out[busy & (out["cycle_ms"] > 0)].reset_index(drop=True)
 
 
@@ -91,14 +107,15 @@ def logs_contexts(steps: pd.DataFrame) -> bool:
     return bool((d > 0).any()) and bool(np.all(np.isfinite(c))) and bool(np.all(c[d > 0] >= d[d > 0]))
 
 
-def _prefill_pairs(pre: np.ndarray, records: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """Per step: causal query–key pairs of its prefill tokens, and those between new and cached tokens, taking
-    the steps' prefill tokens from the prompts laid end to end in send order (see the module docstring)."""
+def _prefill_pairs(pre: np.ndarray, records: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per step: causal query–key pairs of its prefill tokens, those between new and cached tokens, and the
+    cached tokens its chunks read (Σ c over its chunks), taking the steps' prefill tokens from the prompts laid
+    end to end in send order (see the module docstring)."""
     sent = records["sent_s"].to_numpy(float)
     lengths = records["prompt_tokens"].to_numpy(float)[np.argsort(np.where(np.isnan(sent), np.inf, sent),
                                                                   kind="stable")]
     ends = np.cumsum(lengths)
-    pairs, ctx = np.zeros(len(pre)), np.zeros(len(pre))
+    pairs, ctx, chunk_ctx = np.zeros(len(pre)), np.zeros(len(pre)), np.zeros(len(pre))
     pos, j = 0.0, 0
     for i, p in enumerate(pre):
         left = float(p)
@@ -107,13 +124,14 @@ def _prefill_pairs(pre: np.ndarray, records: pd.DataFrame) -> tuple[np.ndarray, 
             take = min(left, ends[j] - pos)
             pairs[i] += take * (c + take / 2)
             ctx[i] += take * c
+            chunk_ctx[i] += c
             pos += take
             left -= take
             if pos >= ends[j]:
                 j += 1
         if left > 0:                                    # a recompute the stream does not hold: context 0
             pairs[i] += left * left / 2
-    return pairs, ctx
+    return pairs, ctx, chunk_ctx
 
 
 def _outstanding(records: pd.DataFrame, t: np.ndarray) -> np.ndarray:
@@ -147,15 +165,20 @@ def _decoding_context(records: pd.DataFrame, t: np.ndarray) -> tuple[np.ndarray,
     return ctx, live
 
 
+def _col(f: pd.DataFrame, name: str) -> np.ndarray:
+    return f[name].to_numpy(float) if name in f else np.zeros(len(f))
+
+
 def _parts(base: StepCostModel, f: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Study 2's prefill intercept, the rest of its prefill part, and its decode part (ms, unscaled) of each
-    step of ``f``."""
+    """Study 2's prefill intercept, the rest of its prefill part (padding and the context its chunks read
+    included), and its decode part (ms, unscaled) of each step of ``f``."""
     a_p, b_p, k_p, k_cx, a_d, b_d, k_d = base.gpu_terms()
     pre = f["prefill_tokens"].to_numpy(float)
     has = pre > 0
-    ctx = f["context_pairs"].to_numpy(float) if "context_pairs" in f else np.zeros(len(f))
+    ctx = _col(f, "context_pairs")
     p_fixed = np.where(has, a_p, 0.0)
-    p_var = np.where(has, b_p * pre + k_p * f["prefill_pairs"].to_numpy(float) + k_cx * ctx, 0.0)
+    p_var = np.where(has, b_p * (pre + _col(f, "pad_tokens")) + k_p * f["prefill_pairs"].to_numpy(float)
+                     + k_cx * ctx + base.ms_per_chunk_context_token * _col(f, "chunk_context"), 0.0)
     d_part = (np.where(has, 0.0, a_d) + b_d * f["decode_tokens"].to_numpy(float)
               + k_d * f["decode_context"].to_numpy(float))
     return p_fixed, p_var, d_part
@@ -214,17 +237,25 @@ def fit_overheads(base: StepCostModel, features: pd.DataFrame) -> tuple[StepCost
     model = base.with_overheads(prefill_scale=sp, decode_scale=sd, ms_per_context_pair=kc, step_overhead_ms=c0,
                                 seq_overhead_ms=c1, prefill_fixed_scale=fs, mixed_step_ms=mstep,
                                 source=f"{base.source} + serving terms fitted on {len(features)} steps")
-    cols = [features[k].to_numpy(float) for k in ("prefill_tokens", "prefill_pairs", "decode_tokens",
-                                                  "decode_context")]
-    before = 100 * np.abs(np.array([base.step_ms(p, q, d, c, m, x) for p, q, d, c, m, x in
-                                    zip(*cols, n, ctx)]) - y) / y
-    after = 100 * np.abs(np.array([model.step_ms(p, q, d, c, m, x) for p, q, d, c, m, x in
-                                   zip(*cols, n, ctx)]) - y) / y
+    before = 100 * np.abs(predict_cycles(base, features) - y) / y
+    after = 100 * np.abs(predict_cycles(model, features) - y) / y
     stats = {"steps": int(len(features)), "prefill_scale": sp, "decode_scale": sd, "ms_per_context_pair": kc,
              "prefill_fixed_scale": fs, "mixed_step_ms": mstep,
              "median_abs_pct_before": float(np.median(before)), "p90_abs_pct_before": float(np.percentile(before, 90)),
              "median_abs_pct_after": float(np.median(after)), "p90_abs_pct_after": float(np.percentile(after, 90))}
     return model, stats
+
+
+def predict_cycles(model: StepCostModel, features: pd.DataFrame) -> np.ndarray:
+    """``model``'s step time (ms) of each row of ``features``, its padding as the features give it."""
+    cols = [features[k].to_numpy(float) for k in ("prefill_tokens", "prefill_pairs", "decode_tokens",
+                                                  "decode_context", "num_seqs")]
+    m = model.with_step_buckets(())
+    b_p = m.prefill_scale * m.gpu_terms()[1]
+    return np.array([m.step_ms(p, q, d, c, n, x, k) + (b_p * pad if p else 0.0)
+                     for p, q, d, c, n, x, k, pad in zip(*cols, _col(features, "context_pairs"),
+                                                         _col(features, "chunk_context"),
+                                                         _col(features, "pad_tokens"))])
 
 
 def fit_step_log_model(features: pd.DataFrame, model: str) -> tuple[StepCostModel, dict]:
@@ -251,17 +282,20 @@ def fit_step_log_model(features: pd.DataFrame, model: str) -> tuple[StepCostMode
     rest = (cd[1] * pre["decode_tokens"] + cd[2] * pre["decode_context"]).to_numpy(float)
     mixed = (pre["decode_tokens"] > 0).to_numpy(float)
     free_mixed = 3 <= mixed.sum() <= len(mixed) - 3   # else the mixed cost and the intercept are one number
-    Xp = np.column_stack([np.ones(len(pre)), pre["prefill_tokens"], pre["prefill_pairs"], mixed])
-    hi = [np.inf, np.inf, np.inf, np.inf if free_mixed else 1e-12]
-    cp = least_squares(lambda c: (Xp @ c + rest - yp) / yp, x0=[1.0, 0.01, 0.0, 0.0], bounds=([0, 0, 0, 0], hi),
-                       loss="soft_l1", f_scale=0.2, x_scale="jac").x
+    # padding tokens go through the dense layers like real ones: they count as prefill tokens
+    # and a chunk after cached context pays for the context it reads (``servelab.sim.context_reads``)
+    Xp = np.column_stack([np.ones(len(pre)), pre["prefill_tokens"] + _col(pre, "pad_tokens"), pre["prefill_pairs"],
+                          mixed, _col(pre, "chunk_context")])
+    hi = [np.inf, np.inf, np.inf, np.inf if free_mixed else 1e-12, np.inf]
+    cp = least_squares(lambda c: (Xp @ c + rest - yp) / yp, x0=[1.0, 0.01, 0.0, 0.0, 0.0],
+                       bounds=([0, 0, 0, 0, 0], hi), loss="soft_l1", f_scale=0.2, x_scale="jac").x
     mixed_ms = float(cp[3]) if free_mixed else 0.0
-    ep = 100 * (Xp[:, :3] @ cp[:3] + mixed_ms * mixed + rest - yp) / yp
+    ep = 100 * (Xp[:, :3] @ cp[:3] + mixed_ms * mixed + cp[4] * Xp[:, 4] + rest - yp) / yp
     ed = 100 * (Xd @ cd - yd) / yd
     err = {"prefill_median_abs_pct": float(np.median(np.abs(ep))), "prefill_max_abs_pct": float(np.max(np.abs(ep))),
            "decode_median_abs_pct": float(np.median(np.abs(ed))), "decode_max_abs_pct": float(np.max(np.abs(ed)))}
     gpu = CostModel(model, "step_log", dict(zip(PREFILL_TERMS, map(float, cp[:3]))),
                     dict(zip(DECODE_TERMS, map(float, cd))), err)
-    return StepCostModel(gpu=gpu, mixed_step_ms=mixed_ms,
+    return StepCostModel(gpu=gpu, mixed_step_ms=mixed_ms, ms_per_chunk_context_token=float(cp[4]),
                          source=f"{model}: fitted to {len(features)} busy steps of the server's step log"), \
-        {"steps": int(len(features)), "mixed_step_ms": mixed_ms, **err}
+        {"steps": int(len(features)), "mixed_step_ms": mixed_ms, "ms_per_chunk_context_token": float(cp[4]), **err}

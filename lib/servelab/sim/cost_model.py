@@ -3,11 +3,13 @@
     step_ms = prefill_scale · PREFILL(batch) + decode_scale · DECODE(batch) + ms_per_context_pair · Σ n_i c_i
               + mixed_step_ms · [prefill and decodes] + step_overhead_ms + seq_overhead_ms · num_seqs
 
-    PREFILL(batch) = prefill_fixed_scale · a_p + b_p · N_p + k_p · Σ n_i(c_i + n_i/2)   (0 if decode-only)
+    PREFILL(batch) = prefill_fixed_scale · a_p + b_p · (N_p + pad) + k_p · Σ n_i(c_i + n_i/2)
+                     + ms_per_chunk_context_token · Σ c_i                                       (0 if decode-only)
     DECODE(batch)  = [a_d if decode-only] + b_d · B + k_d · Σ c_j
 
 ``N_p`` prefill tokens in chunks of ``n_i`` new tokens after ``c_i`` cached ones; ``B`` decodes with ``c_j``
-cached tokens each. The GPU coefficients are Study 2's fitted ``servelab.costs.cost_model.CostModel`` (same
+cached tokens each; ``pad`` the padding tokens of a server that replays captured step graphs at fixed token
+counts (``step_buckets``): a step of 2,080 tokens runs the 3,072-token graph and pays its dense layers. The GPU coefficients are Study 2's fitted ``servelab.costs.cost_model.CostModel`` (same
 JSON): its per-phase fits (``gpu_form="phase"``, the default), or its one model of any step when the JSON has one
 (``gpu_form="step"``: an intercept, a fixed cost of a step with chunks, and pairs with cached context priced apart
 from those within a chunk; see ``gpu_terms``); a mixed step pays the prefill intercept once and the decode terms
@@ -20,7 +22,12 @@ measured (an HF CUDA-graph fit standing in for the engine, or a server path Stud
 step's fixed prefill cost differ from Study 2's intercept independently of its per-token terms (a server path
 with or without CUDA graphs moves the first, not the second), and ``mixed_step_ms`` is what a step holding both
 prefill chunks and decodes costs beyond its two parts (Study 1's H200 step log shows mixed steps paying a far
-larger fixed cost than prefill-only steps of the same size). The two overhead terms are what the GPU model
+larger fixed cost than prefill-only steps of the same size). ``ms_per_chunk_context_token`` prices each cached
+token that a prefill chunk reads, once per chunk whatever its length: a short chunk after a long cached prefix
+(a prompt whose system prompt hit the prefix cache) runs the attention kernel at far too few programs to fill the
+GPU, so its time grows with the context it streams, not with the query–key pairs (Study 7's prefix-length sweep
+on the H200: about 1.5 µs per cached token for a 32-token chunk; ``calibration.fit_chunk_context``). The two
+overhead terms are what the GPU model
 leaves out and the real server pays every step (Python scheduling, sampling, handing tokens to the HTTP layer);
 ``ingress_ms`` is the path from a request's send to the engine's queue (HTTP parsing, tokenisation, the engine
 thread picking it up): the simulator delays each arrival by it. All these terms are fitted from the real
@@ -30,6 +37,7 @@ server's step log and request records (``servelab.sim.calibration``).
 from __future__ import annotations
 
 import json
+from bisect import bisect_left
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -39,7 +47,7 @@ from servelab.costs.cost_model import DECODE_TERMS, PREFILL_TERMS, CostModel
 from servelab.profiles import ParameterError
 
 OVERHEAD_TERMS = ("prefill_scale", "decode_scale", "ms_per_context_pair", "step_overhead_ms", "seq_overhead_ms",
-                  "ingress_ms", "prefill_fixed_scale", "mixed_step_ms")
+                  "ingress_ms", "prefill_fixed_scale", "mixed_step_ms", "ms_per_chunk_context_token")
 SCALES = ("prefill_scale", "decode_scale", "prefill_fixed_scale")
 GPU_FORMS = ("phase", "step")
 
@@ -57,15 +65,22 @@ class StepCostModel:
     ingress_ms: float = 0.0          # request sent → in the engine's queue (ms)
     prefill_fixed_scale: float = 1.0 # multiplies Study 2's prefill intercept on top of prefill_scale (dimensionless)
     mixed_step_ms: float = 0.0       # extra fixed cost of a step with prefill chunks and decodes (ms)
+    ms_per_chunk_context_token: float = 0.0  # per cached token a prefill chunk reads, once per chunk (ms)
     gpu_form: str = "phase"          # Study 2's per-phase fits ("phase") or its one model of any step ("step")
+    step_buckets: tuple = ()         # token counts of the server's captured steps (``with_step_buckets``); () none
     source: str = ""                 # where the coefficients came from (for captions and sidecars)
     _c: tuple = field(init=False, repr=False, compare=False)
+    _cc: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         for k in OVERHEAD_TERMS:
             v = getattr(self, k)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not np.isfinite(v) or v < 0:
                 raise ParameterError(f"{k} must be a finite number >= 0, got {v!r}")
+        b = self.step_buckets
+        if not isinstance(b, tuple) or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in b) \
+                or list(b) != sorted(set(b)):
+            raise ParameterError(f"step_buckets must be a tuple of increasing positive integers, got {b!r}")
         if self.gpu_form not in GPU_FORMS:
             raise ParameterError(f"gpu_form must be one of {GPU_FORMS}, got {self.gpu_form!r}")
         if self.gpu_form == "step" and not getattr(self.gpu, "step", None):
@@ -78,6 +93,7 @@ class StepCostModel:
         sp, sd = self.prefill_scale, self.decode_scale
         coef[0] *= self.prefill_fixed_scale
         object.__setattr__(self, "_c", tuple([c * sp for c in coef[:4]] + [c * sd for c in coef[4:]]))
+        object.__setattr__(self, "_cc", self.ms_per_chunk_context_token * sp)   # a prefill term: scaled alike
 
     def gpu_terms(self) -> tuple[float, ...]:
         """Study 2's GPU terms, unscaled, in the form both its fits map to:
@@ -96,21 +112,33 @@ class StepCostModel:
 
     # ---- prediction --------------------------------------------------------------------------------
     def gpu_ms(self, prefill_tokens: int, prefill_pairs: float, num_decodes: int, decode_context: int,
-               context_pairs: float = 0.0) -> float:
+               context_pairs: float = 0.0, chunk_context: int = 0) -> float:
         """GPU time (ms) of a step: ``prefill_tokens`` with ``prefill_pairs`` causal query–key pairs in total
-        (``context_pairs`` of them between new tokens and cached ones), ``num_decodes`` decodes over
-        ``decode_context`` cached tokens in total."""
+        (``context_pairs`` of them between new tokens and cached ones, ``chunk_context`` cached tokens summed
+        over the chunks), ``num_decodes`` decodes over ``decode_context`` cached tokens in total."""
         a_p, b_p, k_p, k_cx, a_d, b_d, k_d = self._c
         t = b_d * num_decodes + k_d * decode_context
         if prefill_tokens:
-            t = t + a_p + b_p * prefill_tokens + k_p * prefill_pairs + (self.ms_per_context_pair + k_cx) * context_pairs
+            pad = self.pad_tokens(prefill_tokens + num_decodes) if self.step_buckets else 0
+            t = (t + a_p + b_p * (prefill_tokens + pad) + k_p * prefill_pairs
+                 + (self.ms_per_context_pair + k_cx) * context_pairs + self._cc * chunk_context)
             return t + self.mixed_step_ms if num_decodes else t
         return t + a_d
 
+    def pad_tokens(self, step_tokens: int) -> int:
+        """Padding a step of ``step_tokens`` tokens (prefill and decodes) carries: the engine replays the graph
+        of the smallest captured bucket that holds it (``servelab.engine.step_graphs``), and every padding token
+        goes through the dense layers like a real one. 0 without buckets, or above the largest (run eagerly)."""
+        b = self.step_buckets
+        if not b:
+            return 0
+        i = bisect_left(b, step_tokens)
+        return b[i] - step_tokens if i < len(b) else 0
+
     def step_ms(self, prefill_tokens: int, prefill_pairs: float, num_decodes: int, decode_context: int,
-                num_seqs: int, context_pairs: float = 0.0) -> float:
+                num_seqs: int, context_pairs: float = 0.0, chunk_context: int = 0) -> float:
         """Predicted wall time (ms) of one engine step, start to start when the engine is busy."""
-        return (self.gpu_ms(prefill_tokens, prefill_pairs, num_decodes, decode_context, context_pairs)
+        return (self.gpu_ms(prefill_tokens, prefill_pairs, num_decodes, decode_context, context_pairs, chunk_context)
                 + self.step_overhead_ms + self.seq_overhead_ms * num_seqs)
 
     def decode_run_ms(self, num_decodes: int, decode_context: int, steps: int) -> np.ndarray:
@@ -128,6 +156,11 @@ class StepCostModel:
         return a_d + self.step_overhead_ms, b_d + self.seq_overhead_ms, k_d
 
     # ---- variants and storage ------------------------------------------------------------------------
+    def with_step_buckets(self, buckets) -> "StepCostModel":
+        """A copy for a server whose prefill and mixed steps replay captured graphs of these token counts (e.g.
+        ``servelab.engine.step_graphs.step_graph_sizes(max_num_batched_tokens)``); ``None`` or empty: none."""
+        return replace(self, step_buckets=tuple(sorted({int(x) for x in buckets})) if buckets else ())
+
     def with_overheads(self, **terms) -> "StepCostModel":
         """A copy with some of ``OVERHEAD_TERMS``, ``gpu_form`` and ``source`` replaced."""
         unknown = sorted(set(terms) - set(OVERHEAD_TERMS) - {"source", "gpu_form"})
@@ -137,7 +170,7 @@ class StepCostModel:
 
     def as_dict(self) -> dict:
         return {"gpu": asdict(self.gpu), **{k: getattr(self, k) for k in OVERHEAD_TERMS}, "gpu_form": self.gpu_form,
-                "source": self.source}
+                "step_buckets": list(self.step_buckets), "source": self.source}
 
     def save(self, path) -> Path:
         path = Path(path)
@@ -157,7 +190,8 @@ class StepCostModel:
         if "gpu" in d:
             return cls(gpu=CostModel(**d["gpu"]), **{k: float(d.get(k, 1.0 if k in SCALES else 0.0))
                                                      for k in OVERHEAD_TERMS},
-                       gpu_form=d.get("gpu_form", "phase"), source=d.get("source", path.name))
+                       gpu_form=d.get("gpu_form", "phase"), step_buckets=tuple(d.get("step_buckets", ())),
+                       source=d.get("source", path.name))
         try:
             gpu = CostModel(**d)
         except TypeError:

@@ -205,7 +205,7 @@ class Replica:
                     raise RuntimeError(f"replica {self.index}: scheduler produced no work with {len(sched.waiting)} "
                                        f"waiting and {len(sched.running)} running sequences")
                 return None
-        pre_tokens = decodes = ctx = 0
+        pre_tokens = decodes = ctx = chunk_ctx = 0
         pairs = ctx_pairs = 0.0
         samplers = []          # sequences that get a token from this step
         for it in batch.items:
@@ -219,6 +219,7 @@ class Replica:
                 pre_tokens += n
                 pairs += n * (it.start + n / 2)
                 ctx_pairs += n * it.start
+                chunk_ctx += it.start
                 if it.start + n == seq.num_tokens:
                     samplers.append(seq)
         admitted = len(sched.waiting) != waiting_before   # (a prompt whose prefix is cached may admit as one token)
@@ -229,7 +230,8 @@ class Replica:
         log = ((t, pre_tokens, decodes, len(batch.items), len(sched.waiting), len(batch.preempted), int(ctx_pairs),
                 ctx + decodes) if self.step_log is not None else None)
         if k == 1:
-            end = t + self.cost.step_ms(pre_tokens, pairs, decodes, ctx, len(batch.items), ctx_pairs) / 1e3
+            end = t + self.cost.step_ms(pre_tokens, pairs, decodes, ctx, len(batch.items), ctx_pairs,
+                                        chunk_ctx) / 1e3
             if self.eager:
                 return self._in_flight(t, self._settle(batch, samplers, end, log))
             self._ends = [end]

@@ -81,7 +81,7 @@ def simulate(trace, *, cost: StepCostModel, scheduler: str = "chunked_prefill", 
              router: str = "round_robin", max_num_seqs: int = 256, max_num_batched_tokens: int = 8192,
              num_blocks: int = DEFAULT_NUM_BLOCKS, block_size: int = 16, token_times: bool = True,
              step_log: bool = False, fast_forward: bool = True, prefix_k: int = 32, prefix_caching: bool = False,
-             prefix_eviction: str = "lru", progress: bool = False) -> SimRun:
+             prefix_eviction: str = "lru", step_buckets=None, progress: bool = False) -> SimRun:
     """Replay ``trace`` (a ``Trace`` or a DataFrame with ``arrival_s, prompt_tokens, output_tokens``, optional
     ``sent_s`` (when the request really left the client; default ``arrival_s``), ``prompt_ids`` or
     ``prefix_group`` (for the prefix-affinity router)) on
@@ -91,9 +91,14 @@ def simulate(trace, *, cost: StepCostModel, scheduler: str = "chunked_prefill", 
     ``step_log=True`` records every step; ``fast_forward=False`` steps one at a time (slow; for checks).
     ``prefix_caching=True`` gives every replica the engine's prefix cache (``servelab.engine.prefix_cache``,
     eviction ``prefix_eviction``) over the trace's ``prompt_ids``: cached prompt blocks are not prefilled again.
+    ``step_buckets``: the token counts of the server's captured step graphs
+    (``servelab.engine.step_graphs.step_graph_sizes(max_num_batched_tokens)``); a step pays for its bucket's
+    padding (``StepCostModel.pad_tokens``). None: the cost model's own (none unless it was given some).
     """
     if not isinstance(cost, StepCostModel):
         raise ParameterError(f"cost must be a StepCostModel, got {type(cost).__name__}")
+    if step_buckets is not None:
+        cost = cost.with_step_buckets(step_buckets)
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
         raise ParameterError(f"replicas must be a positive integer, got {replicas!r}")
     tr = as_trace(trace)
@@ -192,7 +197,7 @@ def simulate(trace, *, cost: StepCostModel, scheduler: str = "chunked_prefill", 
     params = {"scheduler": scheduler, "replicas": replicas, "router": router, "max_num_seqs": max_num_seqs,
               "max_num_batched_tokens": max_num_batched_tokens, "num_blocks": num_blocks, "block_size": block_size,
               "token_times": token_times, "fast_forward": fast_forward, "cost": cost.source,
-              "prefix_caching": prefix_caching}
+              "prefix_caching": prefix_caching, "step_buckets": list(cost.step_buckets)}
     caches = [rp.scheduler.bm.prefix_cache for rp in reps if rp.scheduler.bm.prefix_cache is not None]
     queried = sum(c.queried_tokens for c in caches)
     hit_rate = sum(c.hit_tokens for c in caches) / queried if queried else float("nan")

@@ -19,9 +19,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from servelab.engine.step_graphs import step_graph_sizes
 from servelab.loadgen.workload import Trace
 from servelab.profiles import ParameterError
 from servelab.results import REPO_ROOT, results_root
+from servelab.sim.context_reads import with_context_reads
 from servelab.sim.cost_model import StepCostModel
 from servelab.sim.simulator import DEFAULT_NUM_BLOCKS
 
@@ -45,7 +47,10 @@ def load_study1(root: Path | None = None) -> tuple[pd.DataFrame, pd.DataFrame, d
     requests = pd.read_csv(d / "requests.csv", keep_default_na=False, na_values=[""])
     requests["error"] = requests["error"].fillna("")
     steps = pd.read_csv(d / "steps.csv")
-    params = json.loads((d / "run.json").read_text()).get("params", {})
+    run = json.loads((d / "run.json").read_text())
+    params = run.get("params", {})
+    # the server replays captured step graphs on CUDA unless told otherwise (``serve --step-graphs``, default on)
+    params.setdefault("step_graphs", run.get("device", {}).get("kind") == "cuda")
     return requests, steps, params, d.parent.name
 
 
@@ -111,7 +116,8 @@ def stand_in_runs(rates: list[float], requests: int, seed: int = 0, progress: bo
 
 def server_limits(params: dict) -> dict:
     """``simulate`` keywords for the server Study 1 started (its ``run.json`` parameters, its defaults
-    otherwise): ``max_num_seqs``, ``num_blocks``, ``block_size`` and the default token budget."""
+    otherwise): ``max_num_seqs``, ``num_blocks``, ``block_size``, the default token budget, and whether its
+    prefill steps replayed captured graphs (``step_graphs``: their padding is priced)."""
     seqs = int(params.get("max_num_seqs", 256))
     budget = int(params.get("max_num_batched_tokens", 8192))
     bs = int(params.get("block_size", 16))
@@ -119,7 +125,7 @@ def server_limits(params: dict) -> dict:
     if not blocks and params.get("max_model_len"):
         blocks = seqs * -(-int(params["max_model_len"]) // bs)     # how Study 1 sizes its pool
     return {"max_num_seqs": seqs, "max_num_batched_tokens": budget, "num_blocks": int(blocks or DEFAULT_NUM_BLOCKS),
-            "block_size": bs}
+            "block_size": bs, "step_graphs": bool(params.get("step_graphs", False))}
 
 
 def sim_kwargs_for(limits: dict):
@@ -128,7 +134,8 @@ def sim_kwargs_for(limits: dict):
         b = key.get("budget")
         budget = limits["max_num_batched_tokens"] if b is None or (isinstance(b, float) and np.isnan(b)) else int(b)
         return {"scheduler": key["scheduler"], "max_num_seqs": limits["max_num_seqs"], "max_num_batched_tokens": budget,
-                "num_blocks": limits["num_blocks"], "block_size": limits["block_size"]}
+                "num_blocks": limits["num_blocks"], "block_size": limits["block_size"],
+                "step_buckets": step_graph_sizes(budget) if limits.get("step_graphs") else None}
     return kw
 
 
@@ -170,7 +177,8 @@ def requested_outputs_for(params: dict):
 
 def gpu_cost_model(model: str, modes: list[str]) -> tuple[StepCostModel, str] | None:
     """Study 2's cost model of ``model`` in the first of ``modes`` that exists (results root first, then the
-    repository's committed H200 data); ``(model, mode)`` or None."""
+    repository's committed H200 data); ``(model, mode)`` or None. Where Study 2 also timed chunks after cached
+    context (its ``steps.csv``), the model prices the context they read (``servelab.sim.context_reads``)."""
     stem = model.replace(":", "_").replace("/", "_")
     roots = [results_root(), REPO_ROOT / "data" / "results"]
     for mode in modes:
@@ -181,7 +189,10 @@ def gpu_cost_model(model: str, modes: list[str]) -> tuple[StepCostModel, str] | 
             path = d / f"cost_model_{stem}_{mode}.json"
             if path.exists():
                 try:
-                    return StepCostModel.load(path), mode
+                    base = StepCostModel.load(path)
                 except ParameterError as e:   # a file of another form: say so, try the next mode
                     warnings.warn(f"skipping {path}: {e}", stacklevel=2)
+                    continue
+                steps = pd.read_csv(d / "steps.csv") if (d / "steps.csv").exists() else None
+                return with_context_reads(base, steps, model, mode)[0], mode
     return None

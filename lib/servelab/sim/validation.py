@@ -116,7 +116,8 @@ def calibrate(model: str, runs: list[tuple[dict, pd.DataFrame, pd.DataFrame]], b
               deadline_s: float | None = None) -> tuple[StepCostModel, StepCostModel, dict]:
     """The two cost models for ``model`` from its calibration runs: ``(gpu_only, gpu+overheads, stats)``.
     Without ``base`` (no Study 2 fit for this model) the GPU terms are fitted to the step log too."""
-    parts = [step_features(s, r) for _, r, s in runs if s is not None and len(s)]
+    parts = [step_features(s, r, step_buckets=sim_kwargs(k).get("step_buckets")) for k, r, s in runs
+             if s is not None and len(s)]
     if not parts:
         raise ParameterError(f"{model}: the calibration runs have no step log")
     feats = pd.concat(parts, ignore_index=True)
