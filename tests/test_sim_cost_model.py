@@ -238,12 +238,12 @@ def test_step_graph_padding_is_priced_at_the_per_token_rate():
         StepCostModel(gpu=GPU, step_buckets=(128, 64))
 
 
-def test_chunk_context_reads_are_priced_per_chunk_and_scaled_with_prefill():
+def test_chunk_context_reads_are_priced_and_scaled_with_prefill():
     c = StepCostModel(gpu=GPU, prefill_scale=2.0, ms_per_chunk_context_token=1e-3)
     plain = c.with_overheads(ms_per_chunk_context_token=0.0)
-    # two chunks reading 2,048 and 512 cached tokens: 2,560 tokens read at 2 × 1 µs
-    extra = c.step_ms(64, 64 * 2048.0, 0, 0, 2, 64 * 2048.0, 2560) - plain.step_ms(64, 64 * 2048.0, 0, 0, 2, 64 * 2048.0, 2560)
-    assert extra == pytest.approx(2560 * 2e-3)
+    # the step's longest chunk context, 2,048 cached tokens, at 2 × 1 µs
+    extra = c.step_ms(64, 64 * 2048.0, 0, 0, 2, 64 * 2048.0, 2048) - plain.step_ms(64, 64 * 2048.0, 0, 0, 2, 64 * 2048.0, 2048)
+    assert extra == pytest.approx(2048 * 2e-3)
     assert c.step_ms(0, 0, 4, 1000, 4) == plain.step_ms(0, 0, 4, 1000, 4)   # decodes read context by their own term
 
 

@@ -47,7 +47,7 @@ STEP_LOG_COLUMNS = ("start_s", "end_s", "prefill_tokens", "decode_tokens", "num_
 def step_features(steps: pd.DataFrame, records: pd.DataFrame, *, busy_gap_ms: float = 1.0,
                   step_buckets=None) -> pd.DataFrame:
     """One row per step of one run that was followed at once by another: ``cycle_ms``, ``prefill_tokens``,
-    ``prefill_pairs`` (Σ n(c + n/2)), ``context_pairs`` (Σ n·c), ``chunk_context`` (Σ c, reconstructed),
+    ``prefill_pairs`` (Σ n(c + n/2)), ``context_pairs`` (Σ n·c), ``chunk_context`` (max c, reconstructed),
     ``decode_tokens``, ``decode_context`` (reconstructed), ``num_seqs``, and ``pad_tokens``: the padding of a
     step with prefill up to the smallest of ``step_buckets`` (the server's captured step sizes) that holds it.
 
@@ -74,8 +74,8 @@ def step_features(steps: pd.DataFrame, records: pd.DataFrame, *, busy_gap_ms: fl
     if logs_contexts(s):   # as the engine counted them: exact, where the reconstruction is an estimate
         within = pairs - ctx_pairs                       # Σ n²/2 of the chunks, which the log does not hold
         logged = s["prefill_context_tokens"].to_numpy(float)
-        # the context the chunks read (Σ c), which the log does not hold either: the stream's where it agrees
-        # with the logged Σ n·c, else that of one chunk holding the step's prefill tokens (c = Σ n·c / n)
+        # the longest context a chunk reads (max c), which the log does not hold either: the stream's where it
+        # agrees with the logged Σ n·c, else that of one chunk holding the step's prefill tokens (c = Σ n·c / n)
         agree = np.isclose(ctx_pairs, logged, rtol=0.01, atol=0.5)
         with np.errstate(invalid="ignore", divide="ignore"):
             one_chunk = np.where(pre > 0, logged / np.maximum(pre, 1), 0.0)
@@ -109,7 +109,7 @@ def logs_contexts(steps: pd.DataFrame) -> bool:
 
 def _prefill_pairs(pre: np.ndarray, records: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per step: causal query–key pairs of its prefill tokens, those between new and cached tokens, and the
-    cached tokens its chunks read (Σ c over its chunks), taking the steps' prefill tokens from the prompts laid
+    most cached tokens one of its chunks reads (max c), taking the steps' prefill tokens from the prompts laid
     end to end in send order (see the module docstring)."""
     sent = records["sent_s"].to_numpy(float)
     lengths = records["prompt_tokens"].to_numpy(float)[np.argsort(np.where(np.isnan(sent), np.inf, sent),
@@ -124,7 +124,7 @@ def _prefill_pairs(pre: np.ndarray, records: pd.DataFrame) -> tuple[np.ndarray, 
             take = min(left, ends[j] - pos)
             pairs[i] += take * (c + take / 2)
             ctx[i] += take * c
-            chunk_ctx[i] += c
+            chunk_ctx[i] = max(chunk_ctx[i], c)
             pos += take
             left -= take
             if pos >= ends[j]:

@@ -3,17 +3,17 @@
 Study 2's per-phase fit prices a prefill by its tokens and its query–key pairs, ``a + b·n + k·n(c + n/2)``,
 from prompts timed from position 0. A chunk of ``n`` new tokens after ``c`` cached ones (the next chunk of a
 long prompt, or a prompt whose system prompt hit the prefix cache) costs more than that on the engine's ragged
-attention kernel, and the excess grows with ``c`` whatever ``n`` is: the kernel streams the cached keys once
-per chunk and, for a chunk of a few hundred tokens, runs too few programs to fill the GPU, so the pairs do not
-set its time. On the H200 (Qwen2-0.5B shape), 128 and 512 new tokens after 2,048 cached each cost about 2.3 ms
-more than from position 0.
+attention kernel, and the excess grows with ``c`` whatever ``n`` is: the kernel streams the cached keys of a
+chunk in programs of one KV head each, too few to fill the GPU for a chunk of a few hundred tokens, so the
+pairs do not set its time. On the H200 (Qwen2-0.5B shape), 128 and 512 new tokens after 2,048 cached each cost
+about 2.3 ms more than from position 0. Several such chunks in one step run side by side, so a step pays for
+its longest context (``StepCostModel`` takes ``max c``).
 
-``fit_chunk_context`` prices that excess as ``ms_per_chunk_context_token`` (ms per cached token a chunk reads):
-the robust (soft-L1) fit, through the origin and non-negative, of each chunk-after-context step's time left over
-by the per-phase fit, against its ``c``. It reads Study 2's ``steps.csv`` rows with ``phase == "prefill"`` and
-``context > 0``, and the ``mixed`` rows with context (their decodes priced by the decode fit and the mixed
-step's fixed cost left to the serving calibration, so only their excess over a fresh mixed step of the same
-size counts).
+``fit_chunk_context`` prices that excess as ``ms_per_chunk_context_token`` (ms per cached token): the robust
+(soft-L1) fit, through the origin and non-negative, of each chunk-after-context step's time left over by the
+per-phase fit, against its ``c``. It reads Study 2's ``steps.csv`` rows with ``phase == "prefill"`` and
+``context > 0``, and the ``mixed`` rows with context, each against the same mixed step from position 0 (so that
+the mixed step's own fixed cost, which the serving calibration prices, cancels).
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def fit_chunk_context(base: StepCostModel, rows: pd.DataFrame, fresh_mixed_ms: d
         else:
             without = _base_ms(base, r, c)
         excess.append(float(r["median_ms"]) - without)
-        reads.append(float(r["batch"]) * c)
+        reads.append(float(c))
         measured.append(float(r["median_ms"]))
     y, x, t = np.asarray(excess), np.asarray(reads), np.asarray(measured)
     if not len(y):

@@ -4,7 +4,7 @@
               + mixed_step_ms · [prefill and decodes] + step_overhead_ms + seq_overhead_ms · num_seqs
 
     PREFILL(batch) = prefill_fixed_scale · a_p + b_p · (N_p + pad) + k_p · Σ n_i(c_i + n_i/2)
-                     + ms_per_chunk_context_token · Σ c_i                                       (0 if decode-only)
+                     + ms_per_chunk_context_token · max c_i                                     (0 if decode-only)
     DECODE(batch)  = [a_d if decode-only] + b_d · B + k_d · Σ c_j
 
 ``N_p`` prefill tokens in chunks of ``n_i`` new tokens after ``c_i`` cached ones; ``B`` decodes with ``c_j``
@@ -22,11 +22,12 @@ measured (an HF CUDA-graph fit standing in for the engine, or a server path Stud
 step's fixed prefill cost differ from Study 2's intercept independently of its per-token terms (a server path
 with or without CUDA graphs moves the first, not the second), and ``mixed_step_ms`` is what a step holding both
 prefill chunks and decodes costs beyond its two parts (Study 1's H200 step log shows mixed steps paying a far
-larger fixed cost than prefill-only steps of the same size). ``ms_per_chunk_context_token`` prices each cached
-token that a prefill chunk reads, once per chunk whatever its length: a short chunk after a long cached prefix
-(a prompt whose system prompt hit the prefix cache) runs the attention kernel at far too few programs to fill the
-GPU, so its time grows with the context it streams, not with the query–key pairs (Study 7's prefix-length sweep
-on the H200: about 1.5 µs per cached token for a 32-token chunk; ``calibration.fit_chunk_context``). The two
+larger fixed cost than prefill-only steps of the same size). ``ms_per_chunk_context_token`` prices the cached
+context the step's chunks read, by the longest one: the ragged attention kernel streams a chunk's cached keys
+at too few programs to fill the GPU (a chunk of a few hundred tokens, or a prompt whose system prompt hit the
+prefix cache), so its time grows with that context, not with the query–key pairs, and chunks in one step run
+side by side (Study 2's chunk-after-context steps on the H200: about 0.9 µs per cached token on the 0.5B;
+``servelab.sim.context_reads``). The two
 overhead terms are what the GPU model
 leaves out and the real server pays every step (Python scheduling, sampling, handing tokens to the HTTP layer);
 ``ingress_ms`` is the path from a request's send to the engine's queue (HTTP parsing, tokenisation, the engine
@@ -65,7 +66,7 @@ class StepCostModel:
     ingress_ms: float = 0.0          # request sent → in the engine's queue (ms)
     prefill_fixed_scale: float = 1.0 # multiplies Study 2's prefill intercept on top of prefill_scale (dimensionless)
     mixed_step_ms: float = 0.0       # extra fixed cost of a step with prefill chunks and decodes (ms)
-    ms_per_chunk_context_token: float = 0.0  # per cached token a prefill chunk reads, once per chunk (ms)
+    ms_per_chunk_context_token: float = 0.0  # per cached token the step's longest-context chunk reads (ms)
     gpu_form: str = "phase"          # Study 2's per-phase fits ("phase") or its one model of any step ("step")
     step_buckets: tuple = ()         # token counts of the server's captured steps (``with_step_buckets``); () none
     source: str = ""                 # where the coefficients came from (for captions and sidecars)
@@ -114,8 +115,8 @@ class StepCostModel:
     def gpu_ms(self, prefill_tokens: int, prefill_pairs: float, num_decodes: int, decode_context: int,
                context_pairs: float = 0.0, chunk_context: int = 0) -> float:
         """GPU time (ms) of a step: ``prefill_tokens`` with ``prefill_pairs`` causal query–key pairs in total
-        (``context_pairs`` of them between new tokens and cached ones, ``chunk_context`` cached tokens summed
-        over the chunks), ``num_decodes`` decodes over ``decode_context`` cached tokens in total."""
+        (``context_pairs`` of them between new tokens and cached ones; ``chunk_context`` the most cached tokens
+        any one chunk reads), ``num_decodes`` decodes over ``decode_context`` cached tokens in total."""
         a_p, b_p, k_p, k_cx, a_d, b_d, k_d = self._c
         t = b_d * num_decodes + k_d * decode_context
         if prefill_tokens:

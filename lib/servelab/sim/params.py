@@ -1,10 +1,13 @@
 """Notebook 08's parameters: profile defaults, overrides from papermill, validation.
 
-``full`` replays Study 1's H200 runs (written by notebook 01 just before) and sizes the capacity search and the
-speed measurement to about two minutes of CPU time (the speed run simulates ten minutes of traffic, 60,000
-requests: long enough for the hour's extrapolation to rest on a stationary stretch, a few seconds of wall time);
-``smoke`` makes its own "real" runs by driving the engine in-process with ``config:tiny-llama`` on the CPU
-(``engine_replay``), in well under a minute.
+``full`` replays Study 1's H200 runs (written by notebook 01 just before), sizes the capacity search to about a
+minute of CPU time and simulates the whole hour of the speed goal; ``smoke`` makes its own "real" runs by
+driving the engine in-process with ``config:tiny-llama`` on the CPU (``engine_replay``), in well under a minute.
+
+The ``affinity_*`` parameters size the comparison of routers over replicas with prefix caches
+(``servelab.sim.prefix_routing``): in ``full``, Study 7's server workload (system prompts of 2,048 tokens, a
+64-token suffix, 32 tokens out) with 64 prompts over 4 replicas, with a KV pool that holds twice the prompts
+and one that holds a third of them, at 1–4× the rate one replica serves.
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ DEFAULTS = {
         capacity_max_requests=3000, capacity_time_budget_s=75.0,
         slo_ttft_ms=None, slo_tpot_ms=None, max_replicas=32, prefix_groups=16, prefix_tokens=256,
         speed_rate=100.0, speed_replicas=8, speed_duration_s=3600.0, seed=0,
+        affinity_prefixes=64, affinity_prefix_tokens=2048, affinity_suffix_tokens=64, affinity_output_tokens=32,
+        affinity_replicas=4, affinity_pool_fractions=[2.0, 0.33], affinity_rate_multiples=[1, 2, 3, 4],
+        affinity_requests=3000,
         smoke_rates=None, smoke_requests=None),
     "smoke": dict(
         capacity_model="config:tiny-llama", cost_modes=["engine", "hf_cuda_graph"], calibration_every=2,
@@ -26,6 +32,9 @@ DEFAULTS = {
         capacity_max_requests=600, capacity_time_budget_s=30.0,
         slo_ttft_ms=None, slo_tpot_ms=None, max_replicas=8, prefix_groups=4, prefix_tokens=16,
         speed_rate=100.0, speed_replicas=8, speed_duration_s=10.0, seed=0,
+        affinity_prefixes=8, affinity_prefix_tokens=64, affinity_suffix_tokens=16, affinity_output_tokens=8,
+        affinity_replicas=2, affinity_pool_fractions=[2.0, 0.33], affinity_rate_multiples=[1, 2],
+        affinity_requests=300,
         smoke_rates=[15.0, 45.0], smoke_requests=16),
 }
 
@@ -71,8 +80,15 @@ def study_params(profile: str = "auto", **overrides) -> dict:
     for k in ("slo_ttft_ms", "slo_tpot_ms"):
         if p[k] is not None:
             p[k] = _positive(k, p[k])
-    for k in ("calibration_every", "capacity_max_requests", "max_replicas", "prefix_groups", "prefix_tokens", "speed_replicas"):
+    for k in ("calibration_every", "capacity_max_requests", "max_replicas", "prefix_groups", "prefix_tokens", "speed_replicas",
+              "affinity_prefixes", "affinity_prefix_tokens", "affinity_suffix_tokens", "affinity_output_tokens",
+              "affinity_replicas", "affinity_requests"):
         _positive_int(k, p[k])
+    for k in ("affinity_pool_fractions", "affinity_rate_multiples"):
+        v = p[k]
+        if not isinstance(v, (list, tuple)) or not v:
+            raise ParameterError(f"{k} must be a non-empty list of positive numbers, got {v!r}")
+        p[k] = sorted(_positive(k, x) for x in v)
     if p["calibration_every"] < 2:
         raise ParameterError("calibration_every must be >= 2, or no run would be left to validate on")
     if isinstance(p["seed"], bool) or not isinstance(p["seed"], int):

@@ -81,3 +81,76 @@ def plot_capacity(needed: pd.DataFrame, title: str = ""):
     ax.grid(alpha=0.3)
     fig.tight_layout()
     return fig
+
+
+def plot_prefix_replay(table: pd.DataFrame, cost_model: str = "gpu+overheads", title: str = ""):
+    """Study 7's server runs, real against simulated: one panel per metric, a pair of bars per run
+    (load × caching), log scale."""
+    t = table[table["cost_model"] == cost_model].assign(run=lambda d: d["load"] + ", caching " + d["caching"])
+    metrics = list(dict.fromkeys(t["metric"]))
+    fig, axes = plt.subplots(1, len(metrics), figsize=(2.6 * len(metrics), 3.4), squeeze=False)
+    for ax, m in zip(axes[0], metrics):
+        d = t[t["metric"] == m].melt(id_vars=["run"], value_vars=["real", "sim"], var_name="source", value_name="v")
+        sns.barplot(data=d, x="run", y="v", hue="source", ax=ax, palette=["0.35", "tab:orange"])
+        ax.set_yscale("log")
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_title(m)
+        ax.set_xlabel("")
+        ax.set_ylabel("tok/s" if m == "throughput" else "ms")
+        ax.tick_params(axis="x", rotation=60, labelsize=7)
+        if ax is not axes[0][0]:
+            ax.get_legend().remove()
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_affinity(table: pd.DataFrame, title: str = ""):
+    """Routers over replicas with prefix caches: hit rate (top) and p99 TTFT (bottom) against request rate,
+    one column per KV pool size."""
+    pools = sorted(table["pool_blocks"].unique(), reverse=True)
+    fig, axes = plt.subplots(2, len(pools), figsize=(4.2 * len(pools), 6), squeeze=False, sharex=True)
+    styles = [("o", "-"), ("s", "--"), ("^", ":")]
+    for j, pool in enumerate(pools):
+        d = table[table["pool_blocks"] == pool]
+        for (router, g), (marker, ls) in zip(d.groupby("router"), styles * 4):
+            g = g.sort_values("rate")
+            axes[0][j].plot(g["rate"], 100 * g["hit_rate"], marker=marker, ls=ls, mfc="none", label=router)
+            axes[1][j].plot(g["rate"], g["ttft_p99_ms"], marker=marker, ls=ls, mfc="none", label=router)
+        axes[0][j].set_title(f"KV pool {pool:,} blocks per replica")
+        axes[0][j].set_ylabel("prefix-cache hit rate (%)")
+        axes[1][j].set_ylabel("p99 TTFT (ms)")
+        axes[1][j].set_yscale("log")
+        axes[1][j].yaxis.set_minor_formatter(NullFormatter())
+        axes[1][j].set_xlabel("request rate (req/s)")
+        for ax in axes[:, j]:
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def plot_prefill_check(check: pd.DataFrame, title: str = ""):
+    """Study 7's single prompts: measured step time against each cost model's, by shared-prefix length; one
+    panel for the uncached prompts (the whole prompt computed), one for the cached (a short suffix after it)."""
+    modes = list(dict.fromkeys(check["mode"]))
+    fig, axes = plt.subplots(1, len(modes), figsize=(4.6 * len(modes), 3.5), squeeze=False)
+    for ax, mode in zip(axes[0], modes):
+        d = check[check["mode"] == mode]
+        real = d.drop_duplicates("prefix_tokens").sort_values("prefix_tokens")
+        ax.plot(real["prefix_tokens"], real["real_ms"], "ko-", label="measured (Study 7)")
+        for (cm, g), ls in zip(d.groupby("cost_model", sort=False), ["--", ":", "-."]):
+            g = g.sort_values("prefix_tokens")
+            ax.plot(g["prefix_tokens"], g["sim_ms"], ls=ls, marker="s", mfc="none", label=f"cost model: {cm}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel("shared prefix (tokens)")
+        ax.set_ylabel("engine step (ms)")
+        ax.set_title(f"{mode} prompts")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig

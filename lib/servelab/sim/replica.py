@@ -219,7 +219,8 @@ class Replica:
                 pre_tokens += n
                 pairs += n * (it.start + n / 2)
                 ctx_pairs += n * it.start
-                chunk_ctx += it.start
+                if it.start > chunk_ctx:
+                    chunk_ctx = it.start
                 if it.start + n == seq.num_tokens:
                     samplers.append(seq)
         admitted = len(sched.waiting) != waiting_before   # (a prompt whose prefix is cached may admit as one token)

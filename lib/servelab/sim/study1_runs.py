@@ -175,10 +175,11 @@ def requested_outputs_for(params: dict):
     return outputs_for
 
 
-def gpu_cost_model(model: str, modes: list[str]) -> tuple[StepCostModel, str] | None:
+def gpu_cost_model(model: str, modes: list[str], *, context_reads: bool = True) -> tuple[StepCostModel, str] | None:
     """Study 2's cost model of ``model`` in the first of ``modes`` that exists (results root first, then the
     repository's committed H200 data); ``(model, mode)`` or None. Where Study 2 also timed chunks after cached
-    context (its ``steps.csv``), the model prices the context they read (``servelab.sim.context_reads``)."""
+    context (its ``steps.csv``), the model prices the context they read (``servelab.sim.context_reads``)
+    unless ``context_reads=False``."""
     stem = model.replace(":", "_").replace("/", "_")
     roots = [results_root(), REPO_ROOT / "data" / "results"]
     for mode in modes:
@@ -193,6 +194,6 @@ def gpu_cost_model(model: str, modes: list[str]) -> tuple[StepCostModel, str] | 
                 except ParameterError as e:   # a file of another form: say so, try the next mode
                     warnings.warn(f"skipping {path}: {e}", stacklevel=2)
                     continue
-                steps = pd.read_csv(d / "steps.csv") if (d / "steps.csv").exists() else None
+                steps = pd.read_csv(d / "steps.csv") if context_reads and (d / "steps.csv").exists() else None
                 return with_context_reads(base, steps, model, mode)[0], mode
     return None
