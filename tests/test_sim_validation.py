@@ -98,6 +98,12 @@ def test_cli(tmp_path, capsys):
     assert main(["--cost-model", str(cm), "--out", str(out)]) == 2
     assert "either --trace" in capsys.readouterr().err
     assert main(["--trace", str(tmp_path / "missing.jsonl"), "--cost-model", str(cm), "--out", str(out)]) == 2
+    # a server with captured step graphs pays its prefill steps' padding: the same trace ends later
+    capsys.readouterr()
+    assert main(["--trace", str(trace), "--cost-model", str(cm), "--replicas", "2", "--out", str(out),
+                 "--no-progress", "--step-graphs", "--max-num-batched-tokens", "512"]) == 0
+    padded = json.loads(capsys.readouterr().out)
+    assert padded["completed"] == 20 and padded["ttft_p50_ms"] > summary["ttft_p50_ms"]
 
 
 def test_notebook_params_validation():

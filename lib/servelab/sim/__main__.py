@@ -16,6 +16,7 @@ import json
 import sys
 
 from servelab.engine.policies import POLICIES
+from servelab.engine.step_graphs import step_graph_sizes
 from servelab.loadgen.lengths import ShareGPTLike, UniformLengths
 from servelab.loadgen.metrics import records_for_csv
 from servelab.loadgen.workload import Trace
@@ -43,6 +44,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--num-blocks", type=int, default=DEFAULT_NUM_BLOCKS, help="KV blocks per replica")
     p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--step-graphs", action="store_true",
+                   help="the server replays captured step graphs (the engine's default on CUDA): price each prefill "
+                        "step's padding to its bucket of the ladder below --max-num-batched-tokens")
     p.add_argument("--prefix-caching", action="store_true",
                    help="give every replica the engine's prefix cache (the trace must carry prompt_ids)")
     p.add_argument("--slo-ttft-ms", type=float, help="goodput SLO on TTFT (ms)")
@@ -69,7 +73,8 @@ def main(argv=None) -> int:
         run = simulate(trace, cost=cost, scheduler=args.scheduler, replicas=args.replicas, router=args.router,
                        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
                        num_blocks=args.num_blocks, block_size=args.block_size, token_times=not args.no_token_times,
-                       prefix_caching=args.prefix_caching, progress=not args.no_progress)
+                       prefix_caching=args.prefix_caching, progress=not args.no_progress,
+                       step_buckets=step_graph_sizes(args.max_num_batched_tokens) if args.step_graphs else None)
         summary = run.summary(slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms)
     except ParameterError as e:
         print(f"error: {e}", file=sys.stderr)
