@@ -1,6 +1,8 @@
 """Study 7's library: parameters, the timing of cached and uncached requests on a tiny engine, speedups,
 breakeven, and verdicts computed from tables (holds / changes / fails)."""
 
+import os
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -197,3 +199,35 @@ def test_linear_cost_recovers_a_fixed_cost_and_a_slope():
     assert pc.loc["cached", "slope"] == pytest.approx(0) and pc.loc["cached", "fixed"] == pytest.approx(25)
     sh = sharing_costs(pd.DataFrame(sharing_rows(128, {1: (10, 10), 2: (12, 15), 4: (16, 25)})).assign(status="ok"))
     assert sh.set_index("sharing").loc["shared", "slope"] == pytest.approx(5)
+
+
+def test_served_engine_reaches_the_engine_between_steps(engine):
+    from servelab.prefix.serving import ServedEngine, engine_state, engine_stats, set_caching
+
+    with pytest.raises(ValueError, match="either"):
+        ServedEngine()
+    with ServedEngine(engine) as served:
+        served.wait_idle()
+        assert served.call(engine_state) == {"unfinished": False, "used_blocks": 0}
+        served.call(set_caching, False)
+        assert served.call(engine_stats)["prefix_caching"] is False
+        served.call(set_caching, True)
+        assert served.call(engine_stats)["prefix_caching"] is True
+
+
+@pytest.mark.skipif(not os.environ.get("SERVELAB_SLOW_TESTS"),
+                    reason="spawns a fresh interpreter (torch imports: 10-25 s on 2 cores); set SERVELAB_SLOW_TESTS=1")
+def test_server_runs_with_the_engine_in_a_process_of_its_own(tmp_path):
+    import functools
+
+    from servelab.prefix.serving import serve_comparison
+
+    build = functools.partial(Engine.from_spec, "config:tiny-llama", dtype="float32", device="cpu",
+                              config=EngineConfig(block_size=16, num_blocks=256, max_num_seqs=8,
+                                                  max_num_batched_tokens=512, prefix_caching=True))
+    trace, _ = prefix_trace(8, 20.0, 2, 1.0, 64, 8, 2, vocab=512)
+    req, summ = serve_comparison(None, {"poisson": trace}, tmp_path, deadline_s=60.0, build=build, progress=False)
+    assert (summ["status"] == "ok").all() and list(summ["caching"]) == ["off", "on"]
+    on = summ.set_index("caching").loc["on"]
+    assert on["hit_rate_engine"] > 0 and on["hit_rate_metrics"] == pytest.approx(on["hit_rate_engine"])
+    assert len(req) == 16 and req["ok"].all()

@@ -116,3 +116,8 @@ def test_prefill_check_prices_study7s_single_prompts():
     assert len(check) == 2 and check.loc[1, "error_pct"] == pytest.approx(0.0, abs=1e-9)
     assert check.loc[0, "error_pct"] < -1          # without the ladder the 288-token prompt pays no padding
     assert study7_runs.prefill_check(pd.DataFrame(), PARAMS, {"truth": COST}).empty
+
+
+def test_which_process_stepped_study7s_engine():
+    assert study7_runs.engine_in_process({}) is True                     # runs before the parameter existed
+    assert study7_runs.engine_in_process({"serve_engine_process": True}) is False

@@ -1,7 +1,9 @@
 """Study 7's parameters: profile defaults, overrides from papermill, and validation.
 
 ``full`` is sized for the H200 (about 150 s of wall time in all, model load and graph capture included);
-``smoke`` for two CPU cores (tiny model, a minute or so).
+``smoke`` for two CPU cores (tiny model, a minute or so). ``serve_engine_process`` (both: True) serves the
+server-level runs from an engine in a process of its own, as Study 1 does; False steps the notebook's engine
+in a thread of the notebook's process, beside the HTTP server (how Study 7 ran before 2026-12-03).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ DEFAULTS = {
         # server level: Zipf-popular system prompts over HTTP, caching off then on
         serve="http", serve_requests=256, serve_rate=64.0, serve_prefixes=8, serve_alpha=1.0,
         serve_prefix_tokens=2048, serve_suffix_tokens=64, serve_output_tokens=32, serve_deadline_s=20.0,
-        serve_run_estimate_s=8.0, time_budget_s=125.0, seed=0),
+        serve_run_estimate_s=8.0, serve_engine_process=True, time_budget_s=125.0, seed=0),
     "smoke": dict(
         model="config:tiny-llama", dtype="float32", block_size=16, num_blocks=2048, max_num_seqs=16,
         max_num_batched_tokens=2048, scheduler="chunked_prefill", eviction="lru", warmup=1, repeats=3,
@@ -42,7 +44,7 @@ DEFAULTS = {
         sim_prefixes=50, sim_requests=2000,
         serve="http", serve_requests=24, serve_rate=20.0, serve_prefixes=3, serve_alpha=1.0,
         serve_prefix_tokens=64, serve_suffix_tokens=8, serve_output_tokens=4, serve_deadline_s=30.0,
-        serve_run_estimate_s=5.0, time_budget_s=600.0, seed=0),
+        serve_run_estimate_s=5.0, serve_engine_process=True, time_budget_s=600.0, seed=0),
 }
 
 
@@ -64,6 +66,8 @@ def study_params(profile: str = "auto", **overrides) -> dict:
     check_choice("scheduler", p["scheduler"], tuple(POLICIES))
     check_choice("eviction", p["eviction"], EVICTION_POLICIES)
     check_choice("serve", p["serve"], SERVE_MODES)
+    if not isinstance(p["serve_engine_process"], bool):
+        raise ParameterError(f"serve_engine_process must be True or False, got {p['serve_engine_process']!r}")
     check_int_range("block_size", p["block_size"], 1, 256)
     check_int_range("num_blocks", p["num_blocks"], 16, 1 << 24)
     check_int_range("max_num_seqs", p["max_num_seqs"], 1, 1024)

@@ -1,11 +1,14 @@
 """Server level: a prefix-repetition workload over HTTP, prefix caching off and then on.
 
 Requests arrive as a Poisson stream; each starts with one of a few long system prompts, picked with Zipf(α)
-popularity, then a user message of its own. The engine measured above is served in this process by
-``servelab.server`` (``ServerThread``: uvicorn and the engine thread); the load generator runs in a process
-of its own (``servelab.loadgen.worker``) so its timestamps never wait on this process's GIL. Between the two
-runs, with the engine idle, ``Engine.set_prefix_caching`` switches the cache (it starts empty). The hit rate
-is read from the server's ``/metrics`` (gauge ``servelab_prefix_cache_hit_rate``, fed from the engine).
+popularity, then a user message of its own. The engine is served by ``servelab.server`` (``ServerThread``:
+uvicorn in this process); by default the engine runs in a process of its own (``EngineProcess``, built by a
+picklable ``build``), as Study 1's does, so that HTTP work for hundreds of concurrent streams never holds the
+engine up on this interpreter's GIL; given an ``Engine`` instead, one thread of this process steps it. The load
+generator runs in a process of its own (``servelab.loadgen.worker``) so its timestamps never wait on this
+process's GIL. Between the two runs, with the engine idle, ``Engine.set_prefix_caching`` switches the cache
+(it starts empty), through a call into the engine's thread. The hit rate is read from the server's
+``/metrics`` (gauge ``servelab_prefix_cache_hit_rate``, fed from the engine).
 """
 
 from __future__ import annotations
@@ -64,31 +67,95 @@ def read_gauge(base_url: str, name: str) -> float:
     return float("nan")
 
 
-def _wait_idle(engine: Engine, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while engine.has_unfinished() or engine.block_manager.num_used_blocks:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"engine not idle after {timeout_s:.0f} s")
-        time.sleep(0.02)
+# ---- run in the engine's thread (this process or the engine process), between two steps ----------------
+def engine_state(loop) -> dict:
+    """Whether the engine has requests left and how many KV blocks are in use."""
+    return {"unfinished": loop.engine.has_unfinished(), "used_blocks": loop.engine.block_manager.num_used_blocks}
 
 
-def _one_run(engine, worker, server, trace, workdir, deadline_s, load, mode, per_request, gauge_period_s,
+def set_caching(loop, enabled: bool) -> None:
+    loop.engine.set_prefix_caching(enabled)
+
+
+def engine_stats(loop) -> dict:
+    return loop.engine.stats()
+
+
+class ServedEngine:
+    """The engine behind the HTTP server, in this process (``engine``) or in one of its own (``build``, a
+    picklable function that builds it there); ``call(fn, *args)`` runs ``fn(engine_loop, *args)`` in the
+    engine's thread between two steps either way."""
+
+    def __init__(self, engine: Engine | None = None, build=None):
+        if (engine is None) == (build is None):
+            raise ValueError("give either an engine (served in this process) or build (an engine process)")
+        self.engine, self.build = engine, build
+        self.thread = self._ep = None
+
+    def __enter__(self) -> "ServedEngine":
+        from servelab.server.launch import ServerThread
+
+        if self.build is not None:
+            from servelab.server.engine_process import EngineProcess
+
+            self._ep = EngineProcess(self.build)
+            self._ep.launch()
+            self.thread = ServerThread(self._ep).start()
+        else:
+            self.engine.on_step = None
+            self.thread = ServerThread(self.engine).start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.thread is not None:
+            self.thread.stop()   # drains the engine loop; an engine process exits
+            self.thread = None
+        proc = getattr(self._ep, "proc", None)
+        if proc is not None and proc.is_alive():
+            proc.kill()
+            proc.join(10.0)
+
+    @property
+    def base_url(self) -> str:
+        return self.thread.base_url
+
+    def call(self, fn, *args, timeout_s: float = 120.0):
+        if self._ep is not None:
+            return self._ep.call(fn, *args, timeout_s=timeout_s)
+        return self.thread.state.loop.call(lambda lp: fn(lp, *args)).result(timeout_s)
+
+    def wait_idle(self, timeout_s: float = 60.0) -> None:
+        """Until no request is left and every KV block is free; ``TimeoutError`` otherwise."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            state = self.call(engine_state)
+            if not (state["unfinished"] or state["used_blocks"] or self.thread.state.loop.num_waiting):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"engine not idle after {timeout_s:.0f} s: {state}")
+            time.sleep(0.02)
+
+
+def _one_run(served: ServedEngine, worker, trace, workdir, deadline_s, load, mode, per_request, gauge_period_s,
              log) -> dict:
     """One replay of ``trace`` with caching ``mode``; the summary fields (``status`` "ok" or the error)."""
     try:
-        _wait_idle(engine)
-        engine.set_prefix_caching(mode == "on")
-        records, meta = worker.run(server.base_url, trace, workdir, deadline_s, name=f"{load}_{mode}")
-        _wait_idle(engine)
+        served.wait_idle()
+        served.call(set_caching, mode == "on")
+        records, meta = worker.run(served.base_url, trace, workdir, deadline_s, name=f"{load}_{mode}")
+        served.wait_idle()
         time.sleep(gauge_period_s + 0.2)  # the engine loop refreshes the gauge this often
-        stats = engine.stats()
+        stats = served.call(engine_stats)
+        # a second round trip: an engine process sends the gauges its first round refreshed after that round's
+        # result, and the pipe keeps order, so by this reply /metrics holds them
+        served.call(engine_state)
         duration = meta.get("duration_s")
         ok = records[records["ok"].astype(bool)]
         row = summarize(records, duration_s=duration)
         row.update({"duration_s": duration,
                     "prompt_throughput_tok_s": ok["prompt_tokens"].sum() / duration if duration else np.nan,
                     # with caching off the engine reports no hit rate and the gauge keeps its last value
-                    "hit_rate_metrics": read_gauge(server.base_url, HIT_RATE_GAUGE) if mode == "on" else np.nan,
+                    "hit_rate_metrics": read_gauge(served.base_url, HIT_RATE_GAUGE) if mode == "on" else np.nan,
                     "hit_rate_engine": stats.get("prefix_hit_rate", np.nan),
                     "block_hit_rate_engine": stats.get("prefix_block_hit_rate", np.nan),
                     "prompt_tokens": int(records["prompt_tokens"].sum()), "status": "ok"})
@@ -100,32 +167,31 @@ def _one_run(engine, worker, server, trace, workdir, deadline_s, load, mode, per
         return {"status": status}
 
 
-def serve_comparison(engine: Engine, traces: dict[str, Trace], workdir, *, deadline_s: float, caching=CACHING,
-                     budget: Budget | None = None, run_estimate_s: float = 0.0, progress: bool = True,
+def serve_comparison(engine: Engine | None, traces: dict[str, Trace], workdir, *, deadline_s: float, build=None,
+                     caching=CACHING, budget: Budget | None = None, run_estimate_s: float = 0.0, progress: bool = True,
                      log=print) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Replay each trace (``{load name: Trace}``) through the HTTP server once per caching setting. Returns the
     per-request metrics (``request_metrics`` + ``load``, ``caching``) and one summary row per (load, caching):
     ``summarize`` keys, prompt-token throughput, hit rates from ``/metrics`` and from the engine, ``status``.
-    A run is skipped when ``budget`` has less than ``run_estimate_s`` left."""
+    The engine is served in a process of its own when ``build`` (picklable: it builds the engine there) is
+    given, else ``engine`` in this process. A run is skipped when ``budget`` has less than ``run_estimate_s`` left."""
     from tqdm.auto import tqdm
 
     workdir = Path(workdir)
-    engine.on_step = None
     per_request, summary = [], []
     bar = tqdm(total=len(traces) * len(caching), desc="server runs", disable=not progress)
     try:
         from servelab.loadgen.worker import LoadWorker
         from servelab.server.engine_loop import HIT_RATE_PERIOD_S
-        from servelab.server.launch import ServerThread
 
-        with LoadWorker() as worker, ServerThread(engine) as server:
+        with LoadWorker() as worker, ServedEngine(None if build is not None else engine, build) as served:
             for load, trace in traces.items():
                 for mode in caching:
                     row = {"load": load, "caching": mode, "requests": len(trace)}
                     if budget is not None and budget.spent(run_estimate_s):
                         row["status"] = SKIPPED
                     else:
-                        row.update(_one_run(engine, worker, server, trace, workdir, deadline_s, load, mode,
+                        row.update(_one_run(served, worker, trace, workdir, deadline_s, load, mode,
                                             per_request, HIT_RATE_PERIOD_S, log))
                     summary.append(row)
                     bar.update(1)

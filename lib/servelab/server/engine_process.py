@@ -68,11 +68,17 @@ def engine_process_main(conn, build_engine: Callable, step_log_path: str | None)
         with send_lock:
             conn.send(msg)
 
+    sent_gauges: list = [None]
+
     def flush() -> None:  # the engine thread, after each round: one message for all its updates
-        if outbox:
+        # gauges go out with updates, and on their own when they changed in a round without any (an idle round
+        # that ran a call): otherwise /metrics would keep the last busy round's values once the engine idles
+        gauges = loop.gauges()
+        if outbox or gauges != sent_gauges[0]:
             items = outbox[:]
             del outbox[:len(items)]
-            send(("updates", items, loop.gauges()))
+            sent_gauges[0] = gauges
+            send(("updates", items, gauges))
 
     loop = EngineLoop(engine, step_log=StepLog(step_log_path) if step_log_path else None, after_iteration=flush)
     handles: dict[int, Handle] = {}

@@ -8,8 +8,9 @@ seed), and each run is simulated on a replica with that server's limits and step
 was, with a cost model calibrated on Study 1's runs only (``validation.validation_table``). The comparison is
 the load generator's metrics (``validation.METRICS``) and the prefix-cache hit rate, real against simulated.
 
-The Study 7 server differs from Study 1's in ways no term here was fitted to: it ran the engine in the notebook's
-process next to the HTTP server (Study 1's engine had a process of its own), with a 16,384-token step budget.
+The Study 7 server differs from Study 1's in ways no term here was fitted to: a 16,384-token step budget, a
+prefix cache, and, in runs before its ``serve_engine_process`` parameter existed, an engine stepped by a thread of
+the notebook's process beside the HTTP server (``engine_in_process`` says which).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class Study7Runs:
     prefix_length: pd.DataFrame      # prefix_length.csv: single prompts timed uncached and cached (may be empty)
     params: dict                     # run.json's parameters (+ ``step_graphs``)
     slug: str                        # the device's
+    commit: str = ""                 # the commit that ran
 
 
 def load_study7(root: Path | None = None) -> Study7Runs | None:
@@ -53,7 +55,7 @@ def load_study7(root: Path | None = None) -> Study7Runs | None:
     params = run.get("params", {})
     params.setdefault("step_graphs", run.get("device", {}).get("kind") == "cuda")
     sweep = pd.read_csv(d / "prefix_length.csv") if (d / "prefix_length.csv").exists() else pd.DataFrame()
-    return Study7Runs(summary, sweep, params, d.parent.name)
+    return Study7Runs(summary, sweep, params, d.parent.name, str(run.get("git_commit", ""))[:7])
 
 
 def prefill_check(sweep: pd.DataFrame, params: dict, costs: dict[str, StepCostModel]) -> pd.DataFrame:
@@ -74,6 +76,11 @@ def prefill_check(sweep: pd.DataFrame, params: dict, costs: dict[str, StepCostMo
                          "computed_tokens": n, "cached_tokens": k, "real_ms": float(r["step_ms"]), "sim_ms": pred,
                          "error_pct": 100 * (pred - r["step_ms"]) / r["step_ms"]})
     return pd.DataFrame(rows)
+
+
+def engine_in_process(params: dict) -> bool:
+    """Whether Study 7's server stepped its engine in the notebook's process (runs that predate the parameter did)."""
+    return not params.get("serve_engine_process", False)
 
 
 def vocab_of(model: str) -> int:
