@@ -29,8 +29,24 @@ def test_step_ms_formula():
     assert m.step_ms(100, 5000.0, 2, 300, 3) == pytest.approx(0.75 + 0.2 + 0.005 + 0.02 + 0.03 + 0.5 + 0.3 + 2.0)
     assert m.step_ms(100, 5000.0, 0, 0, 1) == pytest.approx(0.75 + 0.2 + 0.005 + 0.5 + 0.1)      # not mixed
     assert m.step_ms(0, 0, 4, 1000, 4) == c.step_ms(0, 0, 4, 1000, 4)                          # decode only
-    fixed, per_decode, per_ctx = m.decode_step_terms()
-    assert fixed + per_decode * 4 + per_ctx * 1000 == pytest.approx(m.step_ms(0, 0, 4, 1000, 4))
+    fixed, per_decode, per_ctx, per_walk = m.decode_step_terms()
+    assert per_walk == 0 and fixed + per_decode * 4 + per_ctx * 1000 == pytest.approx(m.step_ms(0, 0, 4, 1000, 4))
+
+
+def test_longest_walk_priced_by_the_kernel_that_runs_it():
+    c = StepCostModel(gpu=GPU, prefill_scale=2.0, decode_scale=3.0, ms_per_longest_context_token=1e-3,
+                      ms_per_decode_walk_token=1e-4)
+    plain = c.with_overheads(ms_per_longest_context_token=0.0, ms_per_decode_walk_token=0.0)
+    # a step with prefill: its longest context (a chunk's or a decode's) at the ragged kernel's rate, prefill-scaled
+    assert c.step_ms(100, 5000.0, 2, 300, 3, 0.0, 2000) - plain.step_ms(100, 5000.0, 2, 300, 3) == \
+        pytest.approx(2.0 * 1e-3 * 2000)
+    # decode-only: the longest sequence at the decode kernel's rate, decode-scaled
+    assert c.step_ms(0, 0, 4, 1000, 4, 0.0, 400) - plain.step_ms(0, 0, 4, 1000, 4) == pytest.approx(3.0 * 1e-4 * 400)
+    # a run of decode steps: every sequence grows by one, so the longest does too
+    run = c.decode_run_ms(4, 1000, 3, 400)
+    assert run == pytest.approx([c.step_ms(0, 0, 4, 1000 + 4 * j, 4, 0.0, 400 + j) for j in range(3)])
+    fixed, per_decode, per_ctx, per_walk = c.decode_step_terms()
+    assert fixed + per_decode * 4 + per_ctx * 1000 + per_walk * 400 == pytest.approx(c.step_ms(0, 0, 4, 1000, 4, 0.0, 400))
 
 
 def test_load_study2_json_and_roundtrip(tmp_path):
@@ -239,8 +255,8 @@ def test_step_graph_padding_is_priced_at_the_per_token_rate():
 
 
 def test_chunk_context_reads_are_priced_and_scaled_with_prefill():
-    c = StepCostModel(gpu=GPU, prefill_scale=2.0, ms_per_chunk_context_token=1e-3)
-    plain = c.with_overheads(ms_per_chunk_context_token=0.0)
+    c = StepCostModel(gpu=GPU, prefill_scale=2.0, ms_per_longest_context_token=1e-3)
+    plain = c.with_overheads(ms_per_longest_context_token=0.0)
     # the step's longest chunk context, 2,048 cached tokens, at 2 × 1 µs
     extra = c.step_ms(64, 64 * 2048.0, 0, 0, 2, 64 * 2048.0, 2048) - plain.step_ms(64, 64 * 2048.0, 0, 0, 2, 64 * 2048.0, 2048)
     assert extra == pytest.approx(2048 * 2e-3)
@@ -248,9 +264,9 @@ def test_chunk_context_reads_are_priced_and_scaled_with_prefill():
 
 
 def test_saved_cost_model_keeps_buckets_and_context_reads(tmp_path):
-    c = StepCostModel(gpu=GPU, ms_per_chunk_context_token=5e-4).with_step_buckets([64, 128])
+    c = StepCostModel(gpu=GPU, ms_per_longest_context_token=5e-4).with_step_buckets([64, 128])
     c2 = StepCostModel.load(c.save(tmp_path / "c.json"))
-    assert c2.step_buckets == (64, 128) and c2.ms_per_chunk_context_token == 5e-4
+    assert c2.step_buckets == (64, 128) and c2.ms_per_longest_context_token == 5e-4
     assert c2.step_ms(90, 4050.0, 10, 500, 11, 0.0, 300) == pytest.approx(c.step_ms(90, 4050.0, 10, 500, 11, 0.0, 300))
 
 
@@ -259,7 +275,7 @@ def test_fits_recover_padding_and_context_reads_from_a_step_log():
     # the padding and the chunk contexts, so the serving fit recovers the scale with the GPU terms as given,
     # and the step-log fit recovers the context-read cost
     buckets = [64, 256]
-    truth = StepCostModel(gpu=GPU, prefill_scale=1.5, ms_per_chunk_context_token=2e-3, step_overhead_ms=0.5,
+    truth = StepCostModel(gpu=GPU, prefill_scale=1.5, ms_per_longest_context_token=2e-3, step_overhead_ms=0.5,
                           seq_overhead_ms=0.03)
     rng = np.random.default_rng(7)
     n = 150
@@ -269,9 +285,9 @@ def test_fits_recover_padding_and_context_reads_from_a_step_log():
                    step_buckets=buckets)
     assert run.params["step_buckets"] == buckets
     feats = step_features(run.steps, run.records.drop(columns="replica"), step_buckets=buckets)
-    assert (feats["pad_tokens"] > 0).any() and (feats["chunk_context"] > 0).any()
+    assert (feats["pad_tokens"] > 0).any() and (feats["longest_context"] > 0).any()
     assert (feats.loc[feats["prefill_tokens"] == 0, "pad_tokens"] == 0).all()
-    base = StepCostModel(gpu=GPU, ms_per_chunk_context_token=2e-3)
+    base = StepCostModel(gpu=GPU, ms_per_longest_context_token=2e-3)
     model, stats = fit_overheads(base, feats)
     assert model.prefill_scale == pytest.approx(1.5, rel=0.1)
     assert stats["median_abs_pct_after"] < 3
@@ -284,5 +300,25 @@ def test_fits_recover_padding_and_context_reads_from_a_step_log():
     err = np.median(np.abs(predict_cycles(model, feats)[padded] - y) / y)
     assert err < 0.01 < err_blind
     full, st = fit_step_log_model(feats, "m")
-    assert full.ms_per_chunk_context_token == pytest.approx(3e-3, rel=0.35)   # 1.5 × 2 µs per token read
+    assert full.ms_per_longest_context_token == pytest.approx(3e-3, rel=0.35)   # 1.5 × 2 µs per token read
     assert st["prefill_median_abs_pct"] < 10
+
+
+def test_step_log_fit_recovers_the_decode_walk():
+    # a server whose decode-only steps pay for their longest sequence: the step-log fit finds the rate, and left
+    # out (context_reads=False, the ablation's before) its decode steps are mispriced
+    truth = StepCostModel(gpu=GPU, ms_per_decode_walk_token=5e-4, step_overhead_ms=0.3)
+    rng = np.random.default_rng(11)
+    n = 150
+    trace = pd.DataFrame({"arrival_s": np.cumsum(rng.exponential(1 / 8, n)), "prompt_tokens": rng.integers(100, 4000, n),
+                          "output_tokens": rng.integers(8, 150, n)})
+    run = simulate(trace, cost=truth, max_num_seqs=32, max_num_batched_tokens=1024, step_log=True, fast_forward=False)
+    feats = step_features(run.steps, run.records.drop(columns="replica"))
+    dec = feats[feats["prefill_tokens"] == 0]
+    assert (dec["longest_context"] > 0).all() and (dec["longest_context"] * dec["decode_tokens"]
+                                                   >= dec["decode_context"] - 1e-6).all()
+    full, st = fit_step_log_model(feats, "m")
+    assert full.ms_per_decode_walk_token == pytest.approx(5e-4, rel=0.2)
+    blind, st_blind = fit_step_log_model(feats, "m", context_reads=False)
+    assert blind.ms_per_decode_walk_token == 0 and blind.ms_per_longest_context_token == 0
+    assert st["decode_median_abs_pct"] < 1 < st_blind["decode_median_abs_pct"]

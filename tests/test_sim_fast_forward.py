@@ -12,7 +12,9 @@ from servelab.sim.cost_model import CostModel
 
 COST = StepCostModel(gpu=CostModel("m", "test", {"intercept_ms": 3.0, "ms_per_token": 0.002, "ms_per_attn_pair": 1e-6},
                                    {"intercept_ms": 2.5, "ms_per_seq": 0.01, "ms_per_ctx_token": 1e-4}, {}),
-                     step_overhead_ms=0.4, seq_overhead_ms=0.02, ingress_ms=1.5)
+                     step_overhead_ms=0.4, seq_overhead_ms=0.02, ingress_ms=1.5,
+                     # the longest walks priced, so that a fused run's closed form must track the longest sequence
+                     ms_per_longest_context_token=1e-3, ms_per_decode_walk_token=2e-4)
 
 
 def _trace(n, rate, seed, prompt=(4, 300), output=(1, 120), groups=None):
@@ -91,7 +93,7 @@ def test_one_token_step_matches_cost_model():
     pre = COST.step_ms(100, 100 * 50, 0, 0, 1) / 1e3
     assert r["first_token_s"] == pytest.approx(t0 + pre)
     gaps = np.diff(r["token_times_s"]) * 1e3
-    assert gaps == pytest.approx([COST.step_ms(0, 0, 1, 100 + j, 1) for j in range(3)])
+    assert gaps == pytest.approx([COST.step_ms(0, 0, 1, 100 + j, 1, 0.0, 100 + j) for j in range(3)])
 
 
 def test_refused_request_is_a_failed_record():

@@ -14,7 +14,7 @@ from servelab.sim.validation import METRICS
 
 GPU = CostModel("m", "test", {"intercept_ms": 3.0, "ms_per_token": 0.002, "ms_per_attn_pair": 1e-6},
                 {"intercept_ms": 2.5, "ms_per_seq": 0.01, "ms_per_ctx_token": 1e-4}, {})
-COST = StepCostModel(gpu=GPU, step_overhead_ms=0.5, ms_per_chunk_context_token=1e-3)
+COST = StepCostModel(gpu=GPU, step_overhead_ms=0.5, ms_per_longest_context_token=1e-3)
 PARAMS = dict(model="config:tiny-llama", scheduler="chunked_prefill", max_num_seqs=16, max_num_batched_tokens=512,
               num_blocks=2048, block_size=16, eviction="lru", serve_requests=60, serve_rate=40.0, serve_prefixes=3,
               serve_alpha=1.0, serve_prefix_tokens=256, serve_suffix_tokens=32, serve_output_tokens=8, seed=0,
@@ -61,7 +61,9 @@ def test_replay_with_the_true_costs_reproduces_the_runs():
 def test_step_cost_sensitivity_grows_with_cost():
     s = study7_runs.step_cost_sensitivity(PARAMS, COST, "poisson", "off", [1.0, 2.0, 4.0])
     assert list(s["step_cost_factor"]) == [1.0, 2.0, 4.0]
-    assert s["ttft_p50_ms"].is_monotonic_increasing and s["busy_fraction"].between(0, 1 + 1e-9).all()
+    assert s["ttft_p50_ms"].is_monotonic_increasing and s["prefill_share"].between(0, 1 + 1e-9).all()
+    # dearer steps: the same prompts take a larger share of the run
+    assert s["prefill_share"].iloc[-1] > s["prefill_share"].iloc[0] > 0
 
 
 def test_load_study7(tmp_path, monkeypatch):

@@ -47,7 +47,8 @@ STEP_LOG_COLUMNS = ("start_s", "end_s", "prefill_tokens", "decode_tokens", "num_
 def step_features(steps: pd.DataFrame, records: pd.DataFrame, *, busy_gap_ms: float = 1.0,
                   step_buckets=None) -> pd.DataFrame:
     """One row per step of one run that was followed at once by another: ``cycle_ms``, ``prefill_tokens``,
-    ``prefill_pairs`` (Σ n(c + n/2)), ``context_pairs`` (Σ n·c), ``chunk_context`` (max c, reconstructed),
+    ``prefill_pairs`` (Σ n(c + n/2)), ``context_pairs`` (Σ n·c), ``longest_context`` (the most cached tokens
+    one chunk or decode of a step with prefill reads, reconstructed),
     ``decode_tokens``, ``decode_context`` (reconstructed), ``num_seqs``, and ``pad_tokens``: the padding of a
     step with prefill up to the smallest of ``step_buckets`` (the server's captured step sizes) that holds it.
 
@@ -62,7 +63,7 @@ def step_features(steps: pd.DataFrame, records: pd.DataFrame, *, busy_gap_ms: fl
     nxt = np.append(start[1:], np.nan)
     busy = ((nxt - end) * 1e3 < busy_gap_ms) | (_outstanding(records, (end + nxt) / 2) > 0)
     mid = (start + end) / 2
-    ctx_sum, live = _decoding_context(records, mid)
+    ctx_sum, live, dec_longest = _decoding_context(records, mid)
     dec = s["decode_tokens"].to_numpy(float)
     with np.errstate(invalid="ignore", divide="ignore"):
         mean_ctx = np.where(live > 0, ctx_sum / np.maximum(live, 1), 0.0)
@@ -83,6 +84,11 @@ def step_features(steps: pd.DataFrame, records: pd.DataFrame, *, busy_gap_ms: fl
         ctx_pairs = logged
         pairs = within + ctx_pairs
         dec_ctx = s["decode_context_tokens"].to_numpy(float) - dec   # the simulator counts cached tokens only
+    # a step waits for its longest walk over cached keys: with prefill, in its one ragged kernel, a chunk's or a
+    # decode's beside it (Study 1's mixed steps pay for their longest decode's context at the chunks' rate);
+    # decode-only, in the decode kernel, its longest sequence's
+    dec_longest = np.where(dec > 0, dec_longest, 0.0)
+    longest = np.where(pre > 0, np.maximum(chunk_ctx, dec_longest), dec_longest)
     pad = np.zeros(len(s))
     if step_buckets:
         b = np.asarray(sorted(step_buckets), dtype=float)
@@ -91,7 +97,7 @@ def step_features(steps: pd.DataFrame, records: pd.DataFrame, *, busy_gap_ms: fl
         inside = (pre > 0) & (i < len(b))
         pad[inside] = b[i[inside]] - tokens[inside]
     out = pd.DataFrame({"start_s": start, "cycle_ms": (nxt - start) * 1e3, "prefill_tokens": pre,
-                        "prefill_pairs": pairs, "context_pairs": ctx_pairs, "chunk_context": chunk_ctx,
+                        "prefill_pairs": pairs, "context_pairs": ctx_pairs, "longest_context": longest,
                         "decode_tokens": dec, "decode_context": dec_ctx,
                         "num_seqs": s["num_seqs"].to_numpy(float), "pad_tokens": pad})
     return out[busy & (out["cycle_ms"] > 0)].reset_index(drop=True)
@@ -144,12 +150,13 @@ def _outstanding(records: pd.DataFrame, t: np.ndarray) -> np.ndarray:
     return np.searchsorted(sent, t, side="right") - np.searchsorted(fin, t, side="right")
 
 
-def _decoding_context(records: pd.DataFrame, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _decoding_context(records: pd.DataFrame, t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """At each time in ``t``: the summed context (prompt + tokens received) of requests between their first
-    and last token, and how many there were."""
+    and last token, how many there were, and the longest of those contexts."""
     r = check_records(records)
     ctx = np.zeros(len(t))
     live = np.zeros(len(t))
+    longest = np.zeros(len(t))
     order = np.argsort(t)
     ts = t[order]
     for prompt, times, ok in zip(r["prompt_tokens"], r["token_times_s"], r["ok"]):
@@ -160,9 +167,11 @@ def _decoding_context(records: pd.DataFrame, t: np.ndarray) -> tuple[np.ndarray,
         if hi <= lo:
             continue
         got = np.searchsorted(times, ts[lo:hi], side="right")   # tokens received by then
-        ctx[order[lo:hi]] += prompt + got - 1                     # the newest token is the one being decoded
+        c = prompt + got - 1                                       # the newest token is the one being decoded
+        ctx[order[lo:hi]] += c
         live[order[lo:hi]] += 1
-    return ctx, live
+        longest[order[lo:hi]] = np.maximum(longest[order[lo:hi]], c)
+    return ctx, live, longest
 
 
 def _col(f: pd.DataFrame, name: str) -> np.ndarray:
@@ -176,11 +185,12 @@ def _parts(base: StepCostModel, f: pd.DataFrame) -> tuple[np.ndarray, np.ndarray
     pre = f["prefill_tokens"].to_numpy(float)
     has = pre > 0
     ctx = _col(f, "context_pairs")
+    longest = _col(f, "longest_context")
     p_fixed = np.where(has, a_p, 0.0)
     p_var = np.where(has, b_p * (pre + _col(f, "pad_tokens")) + k_p * f["prefill_pairs"].to_numpy(float)
-                     + k_cx * ctx + base.ms_per_chunk_context_token * _col(f, "chunk_context"), 0.0)
-    d_part = (np.where(has, 0.0, a_d) + b_d * f["decode_tokens"].to_numpy(float)
-              + k_d * f["decode_context"].to_numpy(float))
+                     + k_cx * ctx + base.ms_per_longest_context_token * longest, 0.0)
+    d_part = (np.where(has, 0.0, a_d + base.ms_per_decode_walk_token * longest)
+              + b_d * f["decode_tokens"].to_numpy(float) + k_d * f["decode_context"].to_numpy(float))
     return p_fixed, p_var, d_part
 
 
@@ -254,15 +264,18 @@ def predict_cycles(model: StepCostModel, features: pd.DataFrame) -> np.ndarray:
     b_p = m.prefill_scale * m.gpu_terms()[1]
     return np.array([m.step_ms(p, q, d, c, n, x, k) + (b_p * pad if p else 0.0)
                      for p, q, d, c, n, x, k, pad in zip(*cols, _col(features, "context_pairs"),
-                                                         _col(features, "chunk_context"),
+                                                         _col(features, "longest_context"),
                                                          _col(features, "pad_tokens"))])
 
 
-def fit_step_log_model(features: pd.DataFrame, model: str) -> tuple[StepCostModel, dict]:
+def fit_step_log_model(features: pd.DataFrame, model: str, *, context_reads: bool = True
+                       ) -> tuple[StepCostModel, dict]:
     """The whole ``CostModel`` form (prefill and decode terms) fitted to the cycle times of ``features``;
     serving overheads are inside its intercepts and per-sequence terms, and a step mixing prefill chunks with
     decodes pays a fixed cost of its own (``mixed_step_ms``) when the log holds both kinds of prefill step. For
-    a model Study 2 did not measure.
+    a model Study 2 did not measure. Each step's longest walk over cached keys is priced too (a chunk's or a
+    decode's beside it in a step with prefill, the longest sequence's in a decode-only step; ``StepCostModel``)
+    unless ``context_reads=False``.
 
     Like ``fit_overheads``: relative residuals, every term >= 0, a robust (soft-L1) loss, and two stages so that
     the many decode steps do not drown the few prefill ones. Least squares proper let a handful of outliers (a
@@ -270,13 +283,17 @@ def fit_step_log_model(features: pd.DataFrame, model: str) -> tuple[StepCostMode
     and without the mixed-step cost a chunked server's mixed steps were priced like prefill-only ones."""
     pre = features[features["prefill_tokens"] > 0]
     dec = features[features["prefill_tokens"] == 0]
-    if len(pre) < len(PREFILL_TERMS) or len(dec) < len(DECODE_TERMS):
+    if len(pre) < len(PREFILL_TERMS) or len(dec) < len(DECODE_TERMS) + 1:
         raise ParameterError(f"too few busy steps to fit {model}: {len(pre)} with prefill, {len(dec)} decode-only")
-    Xd = np.column_stack([np.ones(len(dec)), dec["decode_tokens"], dec["decode_context"]])
+    # and a decode-only step waits for its longest sequence's walk over its keys (``StepCostModel``)
+    walk = _col(dec, "longest_context") if context_reads else None   # None: unpriced (``ablation``'s before)
+    Xd = np.column_stack([np.ones(len(dec)), dec["decode_tokens"], dec["decode_context"]]
+                         + ([walk] if context_reads else []))
     yd = dec["cycle_ms"].to_numpy(float)
     start, _ = nnls(Xd / yd[:, None], np.ones(len(yd)))
     cd = least_squares(lambda c: (Xd @ c - yd) / yd, x0=start, bounds=(0, np.inf), loss="soft_l1", f_scale=0.05,
                        x_scale="jac").x
+    w_d = float(cd[3]) if context_reads else 0.0
     # a mixed step: prefill terms + the decode terms of its decodes (not the decode intercept) + the mixed cost
     yp = pre["cycle_ms"].to_numpy(float)
     rest = (cd[1] * pre["decode_tokens"] + cd[2] * pre["decode_context"]).to_numpy(float)
@@ -285,17 +302,20 @@ def fit_step_log_model(features: pd.DataFrame, model: str) -> tuple[StepCostMode
     # padding tokens go through the dense layers like real ones: they count as prefill tokens
     # and a chunk after cached context pays for the context it reads (``servelab.sim.context_reads``)
     Xp = np.column_stack([np.ones(len(pre)), pre["prefill_tokens"] + _col(pre, "pad_tokens"), pre["prefill_pairs"],
-                          mixed, _col(pre, "chunk_context")])
-    hi = [np.inf, np.inf, np.inf, np.inf if free_mixed else 1e-12, np.inf]
+                          mixed, _col(pre, "longest_context") if context_reads else np.zeros(len(pre))])
+    hi = [np.inf, np.inf, np.inf, np.inf if free_mixed else 1e-12, np.inf if context_reads else 1e-12]
     cp = least_squares(lambda c: (Xp @ c + rest - yp) / yp, x0=[1.0, 0.01, 0.0, 0.0, 0.0],
                        bounds=([0, 0, 0, 0, 0], hi), loss="soft_l1", f_scale=0.2, x_scale="jac").x
     mixed_ms = float(cp[3]) if free_mixed else 0.0
+    cp[4] = cp[4] if context_reads else 0.0
     ep = 100 * (Xp[:, :3] @ cp[:3] + mixed_ms * mixed + cp[4] * Xp[:, 4] + rest - yp) / yp
     ed = 100 * (Xd @ cd - yd) / yd
     err = {"prefill_median_abs_pct": float(np.median(np.abs(ep))), "prefill_max_abs_pct": float(np.max(np.abs(ep))),
            "decode_median_abs_pct": float(np.median(np.abs(ed))), "decode_max_abs_pct": float(np.max(np.abs(ed)))}
     gpu = CostModel(model, "step_log", dict(zip(PREFILL_TERMS, map(float, cp[:3]))),
-                    dict(zip(DECODE_TERMS, map(float, cd))), err)
-    return StepCostModel(gpu=gpu, mixed_step_ms=mixed_ms, ms_per_chunk_context_token=float(cp[4]),
+                    dict(zip(DECODE_TERMS, map(float, cd[:3]))), err)
+    return StepCostModel(gpu=gpu, mixed_step_ms=mixed_ms, ms_per_longest_context_token=float(cp[4]),
+                         ms_per_decode_walk_token=w_d,
                          source=f"{model}: fitted to {len(features)} busy steps of the server's step log"), \
-        {"steps": int(len(features)), "mixed_step_ms": mixed_ms, "ms_per_chunk_context_token": float(cp[4]), **err}
+        {"steps": int(len(features)), "mixed_step_ms": mixed_ms, "ms_per_longest_context_token": float(cp[4]),
+         "ms_per_decode_walk_token": w_d, **err}

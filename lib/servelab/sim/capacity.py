@@ -107,7 +107,8 @@ def default_slo(cost: StepCostModel, mean_prompt_tokens: float, mean_output_toke
     factor 5 follows Sarathi-Serve's "strict" tail-latency SLO, set relative to the model's own step time)."""
     p = float(mean_prompt_tokens)
     prefill = cost.step_ms(int(p), p * p / 2, 0, 0, 1) + cost.ingress_ms
-    decode = cost.step_ms(0, 0.0, 1, int(p + mean_output_tokens / 2), 1)
+    ctx = int(p + mean_output_tokens / 2)
+    decode = cost.step_ms(0, 0.0, 1, ctx, 1, 0.0, ctx)   # one sequence: it is also the longest
     return 10 * prefill, 5 * decode
 
 

@@ -4,8 +4,8 @@
               + mixed_step_ms · [prefill and decodes] + step_overhead_ms + seq_overhead_ms · num_seqs
 
     PREFILL(batch) = prefill_fixed_scale · a_p + b_p · (N_p + pad) + k_p · Σ n_i(c_i + n_i/2)
-                     + ms_per_chunk_context_token · max c_i                                     (0 if decode-only)
-    DECODE(batch)  = [a_d if decode-only] + b_d · B + k_d · Σ c_j
+                     + ms_per_longest_context_token · max(c_i, c_j)                             (0 if decode-only)
+    DECODE(batch)  = [a_d + ms_per_decode_walk_token · max c_j if decode-only] + b_d · B + k_d · Σ c_j
 
 ``N_p`` prefill tokens in chunks of ``n_i`` new tokens after ``c_i`` cached ones; ``B`` decodes with ``c_j``
 cached tokens each; ``pad`` the padding tokens of a server that replays captured step graphs at fixed token
@@ -21,13 +21,18 @@ measured (an HF CUDA-graph fit standing in for the engine, or a server path Stud
 ``c_i`` cached) beyond what Study 2's per-phase fit charges for any pair. ``prefill_fixed_scale`` lets a
 step's fixed prefill cost differ from Study 2's intercept independently of its per-token terms (a server path
 with or without CUDA graphs moves the first, not the second), and ``mixed_step_ms`` is what a step holding both
-prefill chunks and decodes costs beyond its two parts (Study 1's H200 step log shows mixed steps paying a far
-larger fixed cost than prefill-only steps of the same size). ``ms_per_chunk_context_token`` prices the cached
-context the step's chunks read, by the longest one: the ragged attention kernel streams a chunk's cached keys
-at too few programs to fill the GPU (a chunk of a few hundred tokens, or a prompt whose system prompt hit the
-prefix cache), so its time grows with that context, not with the query–key pairs, and chunks in one step run
-side by side (Study 2's chunk-after-context steps on the H200: about 0.9 µs per cached token on the 0.5B;
-``servelab.sim.context_reads``). The two
+prefill chunks and decodes costs beyond its two parts. ``ms_per_longest_context_token`` prices the longest
+context one sequence of a step with prefill reads, a chunk's or a decode's: the engine runs such a step through
+one ragged attention kernel whose programs each walk one sequence's cached keys in order, too few of them to
+fill the GPU, so the step waits for the longest walk, not for the query–key pairs (a chunk of a few hundred
+tokens after a long context, a prompt whose system prompt hit the prefix cache, or a decode with thousands of
+tokens of context beside a fresh chunk). Study 2's chunk-after-context steps on the H200 price it at about
+0.9 µs per cached token on the 0.5B (``servelab.sim.context_reads``); Study 1's mixed steps pay the same rate
+for their longest decode's context. A decode-only step runs the decode kernel instead, which splits each
+sequence's keys over several programs: ``ms_per_decode_walk_token`` prices its longest sequence at that kernel's
+rate (Study 2's decode steps on the H200: a batch of one at 16,384 tokens costs as much as 64 of them, which a
+price per token of total context alone misses; ``servelab.sim.context_reads`` refits the decode terms with it).
+The two
 overhead terms are what the GPU model
 leaves out and the real server pays every step (Python scheduling, sampling, handing tokens to the HTTP layer);
 ``ingress_ms`` is the path from a request's send to the engine's queue (HTTP parsing, tokenisation, the engine
@@ -48,7 +53,8 @@ from servelab.costs.cost_model import DECODE_TERMS, PREFILL_TERMS, CostModel
 from servelab.profiles import ParameterError
 
 OVERHEAD_TERMS = ("prefill_scale", "decode_scale", "ms_per_context_pair", "step_overhead_ms", "seq_overhead_ms",
-                  "ingress_ms", "prefill_fixed_scale", "mixed_step_ms", "ms_per_chunk_context_token")
+                  "ingress_ms", "prefill_fixed_scale", "mixed_step_ms", "ms_per_longest_context_token",
+                  "ms_per_decode_walk_token")
 SCALES = ("prefill_scale", "decode_scale", "prefill_fixed_scale")
 GPU_FORMS = ("phase", "step")
 
@@ -66,12 +72,14 @@ class StepCostModel:
     ingress_ms: float = 0.0          # request sent → in the engine's queue (ms)
     prefill_fixed_scale: float = 1.0 # multiplies Study 2's prefill intercept on top of prefill_scale (dimensionless)
     mixed_step_ms: float = 0.0       # extra fixed cost of a step with prefill chunks and decodes (ms)
-    ms_per_chunk_context_token: float = 0.0  # per cached token the step's longest-context chunk reads (ms)
+    ms_per_longest_context_token: float = 0.0  # per cached token of the longest context a step with prefill reads (ms)
+    ms_per_decode_walk_token: float = 0.0  # per cached token of a decode-only step's longest sequence (ms)
     gpu_form: str = "phase"          # Study 2's per-phase fits ("phase") or its one model of any step ("step")
     step_buckets: tuple = ()         # token counts of the server's captured steps (``with_step_buckets``); () none
     source: str = ""                 # where the coefficients came from (for captions and sidecars)
     _c: tuple = field(init=False, repr=False, compare=False)
     _cc: float = field(init=False, repr=False, compare=False)
+    _cw: float = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         for k in OVERHEAD_TERMS:
@@ -94,7 +102,8 @@ class StepCostModel:
         sp, sd = self.prefill_scale, self.decode_scale
         coef[0] *= self.prefill_fixed_scale
         object.__setattr__(self, "_c", tuple([c * sp for c in coef[:4]] + [c * sd for c in coef[4:]]))
-        object.__setattr__(self, "_cc", self.ms_per_chunk_context_token * sp)   # a prefill term: scaled alike
+        object.__setattr__(self, "_cc", self.ms_per_longest_context_token * sp)   # a prefill term: scaled alike
+        object.__setattr__(self, "_cw", self.ms_per_decode_walk_token * sd)       # a decode term: scaled alike
 
     def gpu_terms(self) -> tuple[float, ...]:
         """Study 2's GPU terms, unscaled, in the form both its fits map to:
@@ -113,18 +122,20 @@ class StepCostModel:
 
     # ---- prediction --------------------------------------------------------------------------------
     def gpu_ms(self, prefill_tokens: int, prefill_pairs: float, num_decodes: int, decode_context: int,
-               context_pairs: float = 0.0, chunk_context: int = 0) -> float:
+               context_pairs: float = 0.0, longest_context: int = 0) -> float:
         """GPU time (ms) of a step: ``prefill_tokens`` with ``prefill_pairs`` causal query–key pairs in total
-        (``context_pairs`` of them between new tokens and cached ones; ``chunk_context`` the most cached tokens
-        any one chunk reads), ``num_decodes`` decodes over ``decode_context`` cached tokens in total."""
+        (``context_pairs`` of them between new tokens and cached ones; ``longest_context`` the most cached tokens
+        any one sequence of the step reads, chunk or decode), ``num_decodes`` decodes over ``decode_context``
+        cached tokens in total. ``longest_context`` is priced at the ragged kernel's rate in a step with prefill
+        and at the decode kernel's in a decode-only one."""
         a_p, b_p, k_p, k_cx, a_d, b_d, k_d = self._c
         t = b_d * num_decodes + k_d * decode_context
         if prefill_tokens:
             pad = self.pad_tokens(prefill_tokens + num_decodes) if self.step_buckets else 0
             t = (t + a_p + b_p * (prefill_tokens + pad) + k_p * prefill_pairs
-                 + (self.ms_per_context_pair + k_cx) * context_pairs + self._cc * chunk_context)
+                 + (self.ms_per_context_pair + k_cx) * context_pairs + self._cc * longest_context)
             return t + self.mixed_step_ms if num_decodes else t
-        return t + a_d
+        return t + a_d + self._cw * longest_context
 
     def pad_tokens(self, step_tokens: int) -> int:
         """Padding a step of ``step_tokens`` tokens (prefill and decodes) carries: the engine replays the graph
@@ -137,24 +148,25 @@ class StepCostModel:
         return b[i] - step_tokens if i < len(b) else 0
 
     def step_ms(self, prefill_tokens: int, prefill_pairs: float, num_decodes: int, decode_context: int,
-                num_seqs: int, context_pairs: float = 0.0, chunk_context: int = 0) -> float:
+                num_seqs: int, context_pairs: float = 0.0, longest_context: int = 0) -> float:
         """Predicted wall time (ms) of one engine step, start to start when the engine is busy."""
-        return (self.gpu_ms(prefill_tokens, prefill_pairs, num_decodes, decode_context, context_pairs, chunk_context)
+        return (self.gpu_ms(prefill_tokens, prefill_pairs, num_decodes, decode_context, context_pairs, longest_context)
                 + self.step_overhead_ms + self.seq_overhead_ms * num_seqs)
 
-    def decode_run_ms(self, num_decodes: int, decode_context: int, steps: int) -> np.ndarray:
+    def decode_run_ms(self, num_decodes: int, decode_context: int, steps: int, longest_context: int = 0) -> np.ndarray:
         """Durations (ms) of ``steps`` decode-only steps back to back, the batch's total context growing by
-        ``num_decodes`` tokens a step (each sequence appends one)."""
+        ``num_decodes`` tokens a step and its longest sequence's by one (each sequence appends one)."""
         a_d, b_d, k_d = self._c[4:]
         j = np.arange(steps, dtype=float)
-        return (a_d + b_d * num_decodes + k_d * (decode_context + j * num_decodes)
+        return (a_d + b_d * num_decodes + k_d * (decode_context + j * num_decodes) + self._cw * (longest_context + j)
                 + self.step_overhead_ms + self.seq_overhead_ms * num_decodes)
 
-    def decode_step_terms(self) -> tuple[float, float, float]:
-        """A decode-only step as ``fixed + per_decode · B + per_ctx_token · C`` (ms): ``(fixed, per_decode,
-        per_ctx_token)``, overheads included (what ``step_ms`` gives for ``B`` decodes over ``C`` cached tokens)."""
+    def decode_step_terms(self) -> tuple[float, float, float, float]:
+        """A decode-only step as ``fixed + per_decode · B + per_ctx_token · C + per_walk_token · L`` (ms):
+        ``(fixed, per_decode, per_ctx_token, per_walk_token)``, overheads included (what ``step_ms`` gives for
+        ``B`` decodes over ``C`` cached tokens, the longest sequence holding ``L``)."""
         a_d, b_d, k_d = self._c[4:]
-        return a_d + self.step_overhead_ms, b_d + self.seq_overhead_ms, k_d
+        return a_d + self.step_overhead_ms, b_d + self.seq_overhead_ms, k_d, self._cw
 
     # ---- variants and storage ------------------------------------------------------------------------
     def with_step_buckets(self, buckets) -> "StepCostModel":

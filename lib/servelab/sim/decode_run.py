@@ -8,9 +8,9 @@ may admit it), a shortage of KV blocks (it may preempt) or the last finish. ``De
 steps at once without calling ``schedule()`` for any of them.
 
 **Segments.** Between two finishes the batch is fixed: ``d`` decodes whose total context grows by ``d`` tokens a
-step, so the cost model's step times form an arithmetic progression, ``a + b·i`` ms for the segment's ``i``-th
-step (``b = ms_per_ctx_token · d``), and the time after ``i`` steps has a closed form,
-``T + (a·i + b·i(i−1)/2) / 1000`` s. A run is a handful of segments (one per distinct finish step), whatever its
+step and whose longest sequence grows by one, so the cost model's step times form an arithmetic progression,
+``a + b·i`` ms for the segment's ``i``-th step (``b = per_ctx_token · d + per_walk_token``), and the time after
+``i`` steps has a closed form, ``T + (a·i + b·i(i−1)/2) / 1000`` s. A run is a handful of segments (one per distinct finish step), whatever its
 number of steps, so booking, cutting and committing it cost O(sequences), not O(steps).
 
 The run is committed lazily (``commit``), so that an arrival routed to the replica mid-run cuts it (``cut``) at
@@ -92,18 +92,23 @@ class DecodeRun:
             k = _block_limit(sched, seqs, starts, lefts, k)
             if k < 1:
                 return None
-        fixed_ms, per_decode_ms, per_ctx_ms = cost.decode_step_terms()
+        fixed_ms, per_decode_ms, per_ctx_ms, per_walk_ms = cost.decode_step_terms()
         d, ctx = len(seqs), sum(starts)         # decodes, and their total context at step 0
         segments = []
         first, now, fin = 0, t, 0
         # the sequences in finishing order; a segment ends where the next one finishes (or at step k)
-        for left, start in sorted(zip(lefts, starts)):
+        order = sorted(zip(lefts, starts))
+        # the longest context among the sequences still decoding once the first j have finished
+        longest = [0] * (len(order) + 1)
+        for j in range(len(order) - 1, -1, -1):
+            longest[j] = max(longest[j + 1], order[j][1])
+        for j, (left, start) in enumerate(order):
             if left > first and first < k:      # close the segment [first, min(left, k)) before this finish
                 stop = left if left < k else k
                 n = stop - first
                 c = ctx + first * d             # cached tokens the segment's first step reads
-                a = fixed_ms + per_decode_ms * d + per_ctx_ms * c
-                b = per_ctx_ms * d
+                a = fixed_ms + per_decode_ms * d + per_ctx_ms * c + per_walk_ms * (longest[j] + first)
+                b = per_ctx_ms * d + per_walk_ms
                 end = _at(now, a, b, n)
                 segments.append([first, n, d, a, b, now, end, 0, c])
                 first, now = stop, end

@@ -154,3 +154,53 @@ def plot_prefill_check(check: pd.DataFrame, title: str = ""):
     fig.suptitle(title)
     fig.tight_layout()
     return fig
+
+
+def context_bins(excess: pd.DataFrame, width: int = 1000, min_steps: int = 5) -> pd.DataFrame:
+    """``excess`` (``context_reads.mixed_step_excess``) in bins of ``width`` tokens of longest context, those of at
+    least ``min_steps`` steps: ``longest_context`` (median), ``steps``, the excess's quartiles ``q25, q50, q75``
+    and the model's median price ``priced_ms``."""
+    b = (excess["longest_context"] // width).astype(int)
+    g = excess.groupby(b)
+    out = pd.DataFrame({"longest_context": g["longest_context"].median(), "steps": g.size(),
+                        "q25": g["excess_ms"].quantile(0.25), "q50": g["excess_ms"].median(),
+                        "q75": g["excess_ms"].quantile(0.75), "priced_ms": g["priced_ms"].median()})
+    return out[out["steps"] >= min_steps].reset_index(drop=True)
+
+
+def plot_context_reads(excess: pd.DataFrame, decode: pd.DataFrame, title: str = ""):
+    """Left: a served step's mixed-step excess (``context_reads.mixed_step_excess``) against its longest context,
+    binned medians with their interquartile range, and the cost model's price. Right: Study 2's decode steps
+    against the context of each sequence, measured and priced before and after the longest-sequence term
+    (``context_reads.decode_walk_check``), for the smallest and largest batch."""
+    fig, axes = plt.subplots(1, 2, figsize=(10.5, 3.8))
+    ax = axes[0]
+    if len(excess):
+        binned = context_bins(excess)
+        mid = binned["longest_context"]
+        q = binned[["q25", "q50", "q75"]].set_axis([0.25, 0.5, 0.75], axis=1)
+        ax.errorbar(mid, q[0.5], yerr=[q[0.5] - q[0.25], q[0.75] - q[0.5]], fmt="ko", capsize=3,
+                    label=f"measured: step less the rest of the model (median, IQR; {len(excess):,} steps)")
+        line = excess.sort_values("longest_context")
+        ax.plot(line["longest_context"], line["priced_ms"], "C1-", label="priced: mixed-step cost + longest walk")
+    ax.set_xlabel("longest context in the step (tokens)")
+    ax.set_ylabel("ms")
+    ax.set_title("mixed steps of the server (chunk + decodes)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax = axes[1]
+    if len(decode):
+        for (batch, color) in zip(sorted({decode["batch"].min(), decode["batch"].max()}), ["C0", "C3"]):
+            d = decode[decode["batch"] == batch].sort_values("context")
+            ax.plot(d["context"], d["measured_ms"], "o", color=color, label=f"measured, batch {batch}")
+            ax.plot(d["context"], d["before_ms"], ":", color=color, label=f"Study 2's fit, batch {batch}")
+            ax.plot(d["context"], d["after_ms"], "-", color=color, label=f"with the longest sequence, batch {batch}")
+        ax.set_xscale("log", base=2)
+    ax.set_xlabel("context of each sequence (tokens)")
+    ax.set_ylabel("decode step (ms)")
+    ax.set_title("decode-only steps (Study 2)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig

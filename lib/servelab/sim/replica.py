@@ -205,12 +205,14 @@ class Replica:
                     raise RuntimeError(f"replica {self.index}: scheduler produced no work with {len(sched.waiting)} "
                                        f"waiting and {len(sched.running)} running sequences")
                 return None
-        pre_tokens = decodes = ctx = chunk_ctx = 0
+        pre_tokens = decodes = ctx = longest = 0
         pairs = ctx_pairs = 0.0
         samplers = []          # sequences that get a token from this step
         for it in batch.items:
             n = it.num_tokens
             seq = it.seq
+            if it.start > longest:
+                longest = it.start
             if n == 1:
                 decodes += 1
                 ctx += it.start
@@ -219,8 +221,6 @@ class Replica:
                 pre_tokens += n
                 pairs += n * (it.start + n / 2)
                 ctx_pairs += n * it.start
-                if it.start > chunk_ctx:
-                    chunk_ctx = it.start
                 if it.start + n == seq.num_tokens:
                     samplers.append(seq)
         admitted = len(sched.waiting) != waiting_before   # (a prompt whose prefix is cached may admit as one token)
@@ -231,13 +231,15 @@ class Replica:
         log = ((t, pre_tokens, decodes, len(batch.items), len(sched.waiting), len(batch.preempted), int(ctx_pairs),
                 ctx + decodes) if self.step_log is not None else None)
         if k == 1:
+            # a step with prefill runs one ragged attention kernel and waits for its longest walk over cached keys,
+            # a chunk's or a decode's (``StepCostModel``); the cost model ignores it for a decode-only step
             end = t + self.cost.step_ms(pre_tokens, pairs, decodes, ctx, len(batch.items), ctx_pairs,
-                                        chunk_ctx) / 1e3
+                                        longest) / 1e3
             if self.eager:
                 return self._in_flight(t, self._settle(batch, samplers, end, log))
             self._ends = [end]
         else:
-            self._ends = (t + np.cumsum(self.cost.decode_run_ms(decodes, ctx, k)) / 1e3).tolist()
+            self._ends = (t + np.cumsum(self.cost.decode_run_ms(decodes, ctx, k, longest)) / 1e3).tolist()
         self._batch, self._steps, self._samplers, self._log = batch, k, samplers, log
         return self._ends[-1]
 

@@ -175,6 +175,16 @@ def requested_outputs_for(params: dict):
     return outputs_for
 
 
+def study2_steps() -> pd.DataFrame | None:
+    """Study 2's timed steps (``steps.csv``) where ``gpu_cost_model`` looks first (results root, then the
+    repository's committed H200 data), or None."""
+    for root in (results_root(), REPO_ROOT / "data" / "results"):
+        d = _study_dir(STUDY2, root)
+        if d is not None and (d / "steps.csv").exists():
+            return pd.read_csv(d / "steps.csv")
+    return None
+
+
 def gpu_cost_model(model: str, modes: list[str], *, context_reads: bool = True) -> tuple[StepCostModel, str] | None:
     """Study 2's cost model of ``model`` in the first of ``modes`` that exists (results root first, then the
     repository's committed H200 data); ``(model, mode)`` or None. Where Study 2 also timed chunks after cached

@@ -157,8 +157,8 @@ def scaled_steps(cost: StepCostModel, factor: float) -> StepCostModel:
 
 def step_cost_sensitivity(params: dict, cost: StepCostModel, load: str, caching: str, factors) -> pd.DataFrame:
     """How one Study 7 run's simulated TTFT moves when every step costs ``factor`` times the model's: one row per
-    factor with p50/p99 TTFT and the fraction of the run the simulated server was busy (near 1: queueing is
-    at the mercy of small cost errors)."""
+    factor with p50/p99 TTFT and p50 ITL, and the share of the run the simulated server spent in steps with
+    prefill (``prefill_share``; near 1, prompts queue behind each other and small cost errors decide the wait)."""
     trace = serving_traces(params)[load]
     kw = sim_kwargs(params)
     rows = []
@@ -166,7 +166,8 @@ def step_cost_sensitivity(params: dict, cost: StepCostModel, load: str, caching:
         run = simulate(trace, cost=scaled_steps(cost, float(f)), prefix_caching=caching == "on", step_log=True, **kw)
         s, st = run.summary(), run.steps
         span = float(st["end_s"].max() - st["start_s"].min()) if len(st) else np.nan
-        busy = float((st["end_s"] - st["start_s"]).sum()) / span if span else np.nan
+        pre = st["prefill_tokens"] > 0
+        share = float((st["end_s"] - st["start_s"])[pre].sum()) / span if span else np.nan
         rows.append({"load": load, "caching": caching, "step_cost_factor": float(f), "ttft_p50_ms": s["ttft_p50_ms"],
-                     "ttft_p99_ms": s["ttft_p99_ms"], "busy_fraction": busy})
+                     "ttft_p99_ms": s["ttft_p99_ms"], "itl_p50_ms": s["itl_p50_ms"], "prefill_share": share})
     return pd.DataFrame(rows)

@@ -24,7 +24,7 @@ import pandas as pd
 
 from servelab.loadgen.metrics import check_records, summarize
 from servelab.profiles import ParameterError
-from servelab.sim.calibration import fit_overheads, fit_step_log_model, step_features
+from servelab.sim.calibration import fit_overheads, fit_step_log_model, predict_cycles, step_features
 from servelab.sim.cost_model import StepCostModel
 from servelab.sim.simulator import simulate
 
@@ -111,19 +111,28 @@ def replay(key: dict, records: pd.DataFrame, cost: StepCostModel, sim_kwargs: Ca
     return cut_at(sim.records.drop(columns="replica"), deadline_s)
 
 
-def calibrate(model: str, runs: list[tuple[dict, pd.DataFrame, pd.DataFrame]], base: StepCostModel | None,
-              sim_kwargs: Callable[[dict], dict], outputs_for: Callable | None = None,
-              deadline_s: float | None = None) -> tuple[StepCostModel, StepCostModel, dict]:
-    """The two cost models for ``model`` from its calibration runs: ``(gpu_only, gpu+overheads, stats)``.
-    Without ``base`` (no Study 2 fit for this model) the GPU terms are fitted to the step log too."""
+def runs_features(runs: list[tuple[dict, pd.DataFrame, pd.DataFrame]], sim_kwargs: Callable[[dict], dict]
+                  ) -> pd.DataFrame:
+    """``calibration.step_features`` of every run of ``runs`` (``run_groups``' triples) that has a step log,
+    each with its server's step-graph ladder, in one frame (empty without any)."""
     parts = [step_features(s, r, step_buckets=sim_kwargs(k).get("step_buckets")) for k, r, s in runs
              if s is not None and len(s)]
-    if not parts:
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def calibrate(model: str, runs: list[tuple[dict, pd.DataFrame, pd.DataFrame]], base: StepCostModel | None,
+              sim_kwargs: Callable[[dict], dict], outputs_for: Callable | None = None,
+              deadline_s: float | None = None, context_reads: bool = True
+              ) -> tuple[StepCostModel, StepCostModel, dict]:
+    """The two cost models for ``model`` from its calibration runs: ``(gpu_only, gpu+overheads, stats)``.
+    Without ``base`` (no Study 2 fit for this model) the GPU terms are fitted to the step log too, with each
+    step's longest walk over cached keys priced unless ``context_reads=False``."""
+    feats = runs_features(runs, sim_kwargs)
+    if feats.empty:
         raise ParameterError(f"{model}: the calibration runs have no step log")
-    feats = pd.concat(parts, ignore_index=True)
     stats = {"model": model, "calibration_runs": len(runs)}
     if base is None:
-        full, st = fit_step_log_model(feats, model)
+        full, st = fit_step_log_model(feats, model, context_reads=context_reads)
         gpu_only, with_over = full, full
         stats.update({"gpu_source": "step log (calibration runs)", **st})
     else:
@@ -149,6 +158,10 @@ def calibrate(model: str, runs: list[tuple[dict, pd.DataFrame, pd.DataFrame]], b
         resid.append(d.dropna().to_numpy())
     ingress = max(0.0, float(np.median(np.concatenate(resid)))) if resid and sum(map(len, resid)) else 0.0
     with_over = with_over.with_overheads(ingress_ms=ingress, source=with_over.source + f" + ingress {ingress:.2f} ms")
+    # the step-level check, one number for either kind of fit: the fitted model's step times against the log's
+    y = feats["cycle_ms"].to_numpy(float)
+    step_err = 100 * np.abs(predict_cycles(with_over, feats) - y) / y
+    stats.update({"step_median_abs_pct": float(np.median(step_err)), "step_p90_abs_pct": float(np.percentile(step_err, 90))})
     stats.update({"prefill_scale": with_over.prefill_scale, "decode_scale": with_over.decode_scale,
                   "ms_per_context_pair": with_over.ms_per_context_pair, "step_overhead_ms": with_over.step_overhead_ms,
                   "seq_overhead_ms": with_over.seq_overhead_ms, "prefill_fixed_scale": with_over.prefill_fixed_scale,
@@ -167,14 +180,15 @@ def compare(real: dict, sim: dict) -> list[dict]:
 
 def validation_table(requests: pd.DataFrame, steps: pd.DataFrame, gpu_models: dict[str, StepCostModel | None], *,
                      sim_kwargs: Callable[[dict], dict], every: int = 2, outputs_for: Callable | None = None,
-                     deadline_s: float | None = None, progress: bool = False
+                     deadline_s: float | None = None, progress: bool = False, context_reads: bool = True
                      ) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """Simulate every run of Study 1 with both cost models. ``gpu_models``: model → Study 2's cost model (None:
     fit from the step log). ``sim_kwargs(run_key)``: the server limits of a run (``scheduler``,
     ``max_num_batched_tokens``, ``max_num_seqs``, ``num_blocks`` …); ``outputs_for(run_key, records)``: the
     output lengths the run requested (None: the tokens received); ``deadline_s``: where the real runs were cut
-    (the simulated ones are cut there too). Returns ``(table, calibration stats,
-    fitted models keyed by model)``."""
+    (the simulated ones are cut there too); ``context_reads=False``: a model fitted to the step log leaves the
+    steps' longest walks over cached keys unpriced (``servelab.sim.ablation``). Returns ``(table, calibration
+    stats, fitted models keyed by model)``."""
     runs = list(run_groups(requests, steps))
     if not runs:
         raise ParameterError("Study 1's requests hold no runs")
@@ -191,7 +205,8 @@ def validation_table(requests: pd.DataFrame, steps: pd.DataFrame, gpu_models: di
             cal = [run for run in runs if run[0]["model"] == model]
         mine = [(run, sub) for run, sub in zip(runs, subsets) if run[0]["model"] == model]
         try:
-            gpu_only, with_over, st = calibrate(model, cal, gpu_models.get(model), sim_kwargs, outputs_for, deadline_s)
+            gpu_only, with_over, st = calibrate(model, cal, gpu_models.get(model), sim_kwargs, outputs_for, deadline_s,
+                                                context_reads=context_reads)
         except Exception as e:  # noqa: BLE001 - one model that cannot be calibrated must not end the notebook
             stats.append({"model": model, "status": f"error: {type(e).__name__}: {e}"[:300]})
             if bar is not None:
