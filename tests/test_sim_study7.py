@@ -76,7 +76,7 @@ def test_load_study7(tmp_path, monkeypatch):
     _real_summary().to_csv(d / "serving_summary.csv", index=False)
     runs = study7_runs.load_study7(tmp_path)
     assert runs.slug == "nvidia-h200" and runs.params["step_graphs"] is True and len(runs.summary) == 4
-    assert runs.prefix_length.empty
+    assert runs.prefix_length.empty and runs.requests is None
     bad = _real_summary().assign(status="error: x")
     bad.to_csv(d / "serving_summary.csv", index=False)
     assert study7_runs.load_study7(tmp_path) is None   # runs that did not complete are not replayed
@@ -123,3 +123,20 @@ def test_prefill_check_prices_study7s_single_prompts():
 def test_which_process_stepped_study7s_engine():
     assert study7_runs.engine_in_process({}) is True                     # runs before the parameter existed
     assert study7_runs.engine_in_process({"serve_engine_process": True}) is False
+
+
+def test_first_tokens_locate_a_delay_before_the_first_step():
+    # 'real' requests made by the simulator, then delayed by 200 ms in the burst (as if a front end held them):
+    # the replay with the true costs matches the Poisson run everywhere and misses the burst by the delay
+    rows = []
+    for load, trace in study7_runs.serving_traces(PARAMS).items():
+        for mode in ("off", "on"):
+            rec = simulate(trace, cost=COST, prefix_caching=mode == "on", **study7_runs.sim_kwargs(PARAMS)).records
+            ttft = (rec["first_token_s"] - rec["sent_s"]) * 1e3 + (200.0 if load == "burst" else 0.0)
+            rows.append(pd.DataFrame({"request_id": rec["request_id"], "ok": True, "ttft_ms": ttft, "load": load,
+                                      "caching": mode}))
+    ft = study7_runs.first_tokens(pd.concat(rows, ignore_index=True), PARAMS, COST)
+    assert len(ft) == 4 * 3 and list(ft["quantile"].unique()) == [0.0, 0.1, 0.5]
+    poisson, burst = ft[ft["load"] == "poisson"], ft[ft["load"] == "burst"]
+    assert np.allclose(poisson["real_ms"], poisson["sim_ms"])
+    assert np.allclose(burst["real_ms"] - burst["sim_ms"], 200.0)

@@ -41,6 +41,7 @@ class Study7Runs:
     params: dict                     # run.json's parameters (+ ``step_graphs``)
     slug: str                        # the device's
     commit: str = ""                 # the commit that ran
+    requests: pd.DataFrame | None = None   # serving_requests.csv: one row per request of each server run
 
 
 def load_study7(root: Path | None = None) -> Study7Runs | None:
@@ -55,7 +56,8 @@ def load_study7(root: Path | None = None) -> Study7Runs | None:
     params = run.get("params", {})
     params.setdefault("step_graphs", run.get("device", {}).get("kind") == "cuda")
     sweep = pd.read_csv(d / "prefix_length.csv") if (d / "prefix_length.csv").exists() else pd.DataFrame()
-    return Study7Runs(summary, sweep, params, d.parent.name, str(run.get("git_commit", ""))[:7])
+    requests = pd.read_csv(d / "serving_requests.csv") if (d / "serving_requests.csv").exists() else None
+    return Study7Runs(summary, sweep, params, d.parent.name, str(run.get("git_commit", ""))[:7], requests)
 
 
 def prefill_check(sweep: pd.DataFrame, params: dict, costs: dict[str, StepCostModel]) -> pd.DataFrame:
@@ -128,6 +130,27 @@ def replay_serving(summary: pd.DataFrame, params: dict, costs: dict[str, StepCos
             for row in compare(r.to_dict(), sim):
                 rows.append({"load": r["load"], "caching": r["caching"], "cost_model": name, **row,
                              "hit_rate_real": r.get("hit_rate_engine", np.nan), "hit_rate_sim": run.prefix_hit_rate})
+    return pd.DataFrame(rows)
+
+
+def first_tokens(requests: pd.DataFrame, params: dict, cost: StepCostModel, quantiles=(0.0, 0.1, 0.5)
+                 ) -> pd.DataFrame:
+    """Where in a run the TTFT error sits: per (load, caching) run of ``requests`` (``serving_requests.csv``),
+    the real and simulated TTFT at ``quantiles`` (0: the earliest first token). A burst whose earliest
+    request waits as long as its median one points to a delay before the engine's first step, which no step
+    cost explains."""
+    traces = serving_traces(params)
+    kw = sim_kwargs(params)
+    rows = []
+    for (load, caching), r in requests.groupby(["load", "caching"], sort=False):
+        if load not in traces:
+            continue
+        rec = simulate(traces[load], cost=cost, prefix_caching=caching == "on", **kw).records
+        sim = (rec["first_token_s"] - rec["sent_s"]) * 1e3
+        real = r.loc[r["ok"].astype(bool), "ttft_ms"] if "ok" in r else r["ttft_ms"]
+        for q in quantiles:
+            rows.append({"load": load, "caching": caching, "quantile": float(q), "real_ms": float(real.quantile(q)),
+                         "sim_ms": float(sim.quantile(q))})
     return pd.DataFrame(rows)
 
 
