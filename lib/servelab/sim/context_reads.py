@@ -15,8 +15,8 @@ per-phase fit, against its ``c``. It reads Study 2's ``steps.csv`` rows with ``p
 ``context > 0``, and the ``mixed`` rows with context, each against the same mixed step from position 0 (so that
 the mixed step's own fixed cost, which the serving calibration prices, cancels).
 
-Decodes have the same kind of cost in the decode kernel, which splits each sequence's keys over a few programs:
-on the H200 one sequence of 16,384 tokens costs about as much as 64 of them (Qwen2-0.5B shape), where Study 2's
+Decodes have the same kind of cost in the decode kernel, one program per sequence and KV head walking its keys in
+order: on the H200 one sequence of 16,384 tokens costs nearly as much as 64 of them (Qwen2-0.5B shape), where Study 2's
 decode fit, ``a + b·B + k·Σc``, prices the one at a sixty-fourth of the context and so at barely more than its
 intercept. ``fit_decode_walk`` refits the decode terms with the longest sequence's context beside them,
 ``a + b·B + k·Σc + w·max c`` (``ms_per_decode_walk_token``), on Study 2's decode steps.

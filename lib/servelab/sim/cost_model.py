@@ -28,10 +28,11 @@ fill the GPU, so the step waits for the longest walk, not for the query–key pa
 tokens after a long context, a prompt whose system prompt hit the prefix cache, or a decode with thousands of
 tokens of context beside a fresh chunk). Study 2's chunk-after-context steps on the H200 price it at about
 0.9 µs per cached token on the 0.5B (``servelab.sim.context_reads``); Study 1's mixed steps pay the same rate
-for their longest decode's context. A decode-only step runs the decode kernel instead, which splits each
-sequence's keys over several programs: ``ms_per_decode_walk_token`` prices its longest sequence at that kernel's
-rate (Study 2's decode steps on the H200: a batch of one at 16,384 tokens costs as much as 64 of them, which a
-price per token of total context alone misses; ``servelab.sim.context_reads`` refits the decode terms with it).
+for their longest decode's context. A decode-only step runs the decode kernel instead, also one program per
+sequence and KV head walking its keys in order, at its own rate: ``ms_per_decode_walk_token`` prices the step's
+longest sequence (Study 2's decode steps on the H200: one sequence of 16,384 tokens costs nearly as much as 64
+of them, which a price per token of total context alone misses; ``servelab.sim.context_reads`` refits the
+decode terms with it).
 The two
 overhead terms are what the GPU model
 leaves out and the real server pays every step (Python scheduling, sampling, handing tokens to the HTTP layer);
