@@ -46,7 +46,9 @@ def test_traces_are_study7s_workload():
 
 def test_replay_with_the_true_costs_reproduces_the_runs():
     summary = _real_summary()
-    table = study7_runs.replay_serving(summary, PARAMS, {"truth": COST, "slower": study7_runs.scaled_steps(COST, 1.5)})
+    table, runs = study7_runs.replay_serving(summary, PARAMS,
+                                             {"truth": COST, "slower": study7_runs.scaled_steps(COST, 1.5)})
+    assert set(runs) == {"truth", "slower"} and len(runs["truth"]) == 4
     assert len(table) == 4 * 2 * len(METRICS)
     truth = table[table["cost_model"] == "truth"]
     assert truth["error_pct"].abs().max() < 1e-6
@@ -135,7 +137,8 @@ def test_first_tokens_locate_a_delay_before_the_first_step():
             ttft = (rec["first_token_s"] - rec["sent_s"]) * 1e3 + (200.0 if load == "burst" else 0.0)
             rows.append(pd.DataFrame({"request_id": rec["request_id"], "ok": True, "ttft_ms": ttft, "load": load,
                                       "caching": mode}))
-    ft = study7_runs.first_tokens(pd.concat(rows, ignore_index=True), PARAMS, COST)
+    _, runs = study7_runs.replay_serving(_real_summary(), PARAMS, {"truth": COST})
+    ft = study7_runs.first_tokens(pd.concat(rows, ignore_index=True), runs["truth"])
     assert len(ft) == 4 * 3 and list(ft["quantile"].unique()) == [0.0, 0.1, 0.5]
     poisson, burst = ft[ft["load"] == "poisson"], ft[ft["load"] == "burst"]
     assert np.allclose(poisson["real_ms"], poisson["sim_ms"])

@@ -35,17 +35,22 @@ from servelab.profiles import ParameterError
 from servelab.sim.cost_model import StepCostModel
 
 
+def _timed(steps: pd.DataFrame, model: str, mode: str, phases) -> pd.DataFrame:
+    """Study 2's steps of ``model`` in ``mode`` in one of ``phases`` that were timed (status ok, a median)."""
+    s = steps[(steps["model"] == model) & (steps["mode"] == mode) & steps["phase"].isin(phases)]
+    if "status" in s:
+        s = s[s["status"] == "ok"]
+    return s.dropna(subset=["median_ms"]).reset_index(drop=True)
+
+
 def context_rows(steps: pd.DataFrame, model: str, mode: str) -> pd.DataFrame:
     """Study 2's timed steps of ``model`` in ``mode`` that prefill after cached context: ``new_tokens, context,
     batch, decodes, decode_context, median_ms`` (empty when there are none)."""
     need = {"model", "mode", "phase", "batch", "new_tokens", "context", "median_ms"}
     if not need <= set(steps.columns):
         raise ParameterError(f"Study 2's steps lack columns {sorted(need - set(steps.columns))}")
-    s = steps[(steps["model"] == model) & (steps["mode"] == mode) & (steps["context"] > 0)
-              & steps["phase"].isin(["prefill", "mixed"])]
-    if "status" in s:
-        s = s[s["status"] == "ok"]
-    return s.dropna(subset=["median_ms"]).reset_index(drop=True)
+    s = _timed(steps, model, mode, ["prefill", "mixed"])
+    return s[s["context"] > 0].reset_index(drop=True)
 
 
 def _base_ms(base: StepCostModel, r, context: int) -> float:
@@ -102,10 +107,7 @@ def fit_decode_walk(base: StepCostModel, steps: pd.DataFrame, model: str, mode: 
     need = {"model", "mode", "phase", "batch", "context", "median_ms"}
     if base.gpu_form != "phase" or not need <= set(steps.columns):
         return base, None
-    d = steps[(steps["model"] == model) & (steps["mode"] == mode) & (steps["phase"] == "decode")]
-    if "status" in d:
-        d = d[d["status"] == "ok"]
-    d = d.dropna(subset=["median_ms"])
+    d = _timed(steps, model, mode, ["decode"])
     if len(d) < 5:
         return base, None
     b, c, y = (d[k].to_numpy(float) for k in ("batch", "context", "median_ms"))
@@ -154,12 +156,21 @@ def mixed_step_excess(model: StepCostModel, features: pd.DataFrame) -> pd.DataFr
     f = features[(features["prefill_tokens"] > 0) & (features["decode_tokens"] > 0)].reset_index(drop=True)
     if f.empty:
         return pd.DataFrame(columns=["longest_context", "cycle_ms", "excess_ms", "priced_ms"])
-    bare = model.with_overheads(ms_per_longest_context_token=0.0, mixed_step_ms=0.0)
-    longest = f["longest_context"].to_numpy(float)
-    return pd.DataFrame({"longest_context": longest, "cycle_ms": f["cycle_ms"].to_numpy(float),
-                         "excess_ms": f["cycle_ms"].to_numpy(float) - predict_cycles(bare, f),
-                         "priced_ms": model.mixed_step_ms + model.ms_per_longest_context_token * model.prefill_scale
-                         * longest})
+    bare = predict_cycles(model.with_overheads(ms_per_longest_context_token=0.0, mixed_step_ms=0.0), f)
+    y = f["cycle_ms"].to_numpy(float)
+    return pd.DataFrame({"longest_context": f["longest_context"].to_numpy(float), "cycle_ms": y,
+                         "excess_ms": y - bare, "priced_ms": predict_cycles(model, f) - bare})
+
+
+def excess_by_context(excess: pd.DataFrame, width: int = 1000, min_steps: int = 5) -> pd.DataFrame:
+    """``excess`` (``mixed_step_excess``) in bins of ``width`` tokens of longest context, those of at least
+    ``min_steps`` steps: ``longest_context`` (median), ``steps``, the excess's quartiles ``q25, q50, q75`` and
+    the model's median price ``priced_ms``."""
+    g = excess.groupby((excess["longest_context"] // width).astype(int))
+    out = pd.DataFrame({"longest_context": g["longest_context"].median(), "steps": g.size(),
+                        "q25": g["excess_ms"].quantile(0.25), "q50": g["excess_ms"].median(),
+                        "q75": g["excess_ms"].quantile(0.75), "priced_ms": g["priced_ms"].median()})
+    return out[out["steps"] >= min_steps].reset_index(drop=True)
 
 
 def decode_walk_check(base: StepCostModel, steps: pd.DataFrame, model: str, mode: str) -> pd.DataFrame:
@@ -169,12 +180,8 @@ def decode_walk_check(base: StepCostModel, steps: pd.DataFrame, model: str, mode
     refit, stats = fit_decode_walk(base, steps, model, mode)
     if stats is None:
         return pd.DataFrame(columns=["batch", "context", "measured_ms", "before_ms", "after_ms"])
-    d = steps[(steps["model"] == model) & (steps["mode"] == mode) & (steps["phase"] == "decode")]
-    if "status" in d:
-        d = d[d["status"] == "ok"]
-    d = d.dropna(subset=["median_ms"])
     rows = []
-    for _, r in d.iterrows():
+    for _, r in _timed(steps, model, mode, ["decode"]).iterrows():
         b, c = int(r["batch"]), int(r["context"])
         rows.append({"batch": b, "context": c, "measured_ms": float(r["median_ms"]),
                      "before_ms": base.gpu_ms(0, 0.0, b, b * c), "after_ms": refit.gpu_ms(0, 0.0, b, b * c, 0.0, c)})

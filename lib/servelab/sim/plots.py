@@ -8,6 +8,8 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
+from servelab.sim.context_reads import excess_by_context
+
 GOAL_PCT = 10.0   # issue 7's goal for the median |error|
 
 
@@ -156,18 +158,6 @@ def plot_prefill_check(check: pd.DataFrame, title: str = ""):
     return fig
 
 
-def context_bins(excess: pd.DataFrame, width: int = 1000, min_steps: int = 5) -> pd.DataFrame:
-    """``excess`` (``context_reads.mixed_step_excess``) in bins of ``width`` tokens of longest context, those of at
-    least ``min_steps`` steps: ``longest_context`` (median), ``steps``, the excess's quartiles ``q25, q50, q75``
-    and the model's median price ``priced_ms``."""
-    b = (excess["longest_context"] // width).astype(int)
-    g = excess.groupby(b)
-    out = pd.DataFrame({"longest_context": g["longest_context"].median(), "steps": g.size(),
-                        "q25": g["excess_ms"].quantile(0.25), "q50": g["excess_ms"].median(),
-                        "q75": g["excess_ms"].quantile(0.75), "priced_ms": g["priced_ms"].median()})
-    return out[out["steps"] >= min_steps].reset_index(drop=True)
-
-
 def plot_context_reads(excess: pd.DataFrame, decode: pd.DataFrame, title: str = ""):
     """Left: a served step's mixed-step excess (``context_reads.mixed_step_excess``) against its longest context,
     binned medians with their interquartile range, and the cost model's price. Right: Study 2's decode steps
@@ -176,7 +166,7 @@ def plot_context_reads(excess: pd.DataFrame, decode: pd.DataFrame, title: str = 
     fig, axes = plt.subplots(1, 2, figsize=(10.5, 3.8))
     ax = axes[0]
     if len(excess):
-        binned = context_bins(excess)
+        binned = excess_by_context(excess)
         mid = binned["longest_context"]
         q = binned[["q25", "q50", "q75"]].set_axis([0.25, 0.5, 0.75], axis=1)
         ax.errorbar(mid, q[0.5], yerr=[q[0.5] - q[0.25], q[0.75] - q[0.5]], fmt="ko", capsize=3,

@@ -175,14 +175,19 @@ def requested_outputs_for(params: dict):
     return outputs_for
 
 
-def study2_steps() -> pd.DataFrame | None:
-    """Study 2's timed steps (``steps.csv``) where ``gpu_cost_model`` looks first (results root, then the
-    repository's committed H200 data), or None."""
+def _study2_dirs():
+    """Study 2's result folders in the order they are looked up: the results root, then the repository's
+    committed H200 data."""
     for root in (results_root(), REPO_ROOT / "data" / "results"):
         d = _study_dir(STUDY2, root)
-        if d is not None and (d / "steps.csv").exists():
-            return pd.read_csv(d / "steps.csv")
-    return None
+        if d is not None:
+            yield d
+
+
+def study2_steps() -> pd.DataFrame | None:
+    """Study 2's timed steps (``steps.csv``) where ``gpu_cost_model`` looks first, or None."""
+    d = next((d for d in _study2_dirs() if (d / "steps.csv").exists()), None)
+    return pd.read_csv(d / "steps.csv") if d is not None else None
 
 
 def gpu_cost_model(model: str, modes: list[str], *, context_reads: bool = True) -> tuple[StepCostModel, str] | None:
@@ -191,12 +196,8 @@ def gpu_cost_model(model: str, modes: list[str], *, context_reads: bool = True) 
     context (its ``steps.csv``), the model prices the context they read (``servelab.sim.context_reads``)
     unless ``context_reads=False``."""
     stem = model.replace(":", "_").replace("/", "_")
-    roots = [results_root(), REPO_ROOT / "data" / "results"]
     for mode in modes:
-        for root in roots:
-            d = _study_dir(STUDY2, root)
-            if d is None:
-                continue
+        for d in _study2_dirs():
             path = d / f"cost_model_{stem}_{mode}.json"
             if path.exists():
                 try:

@@ -113,39 +113,38 @@ def sim_kwargs(params: dict) -> dict:
             "step_buckets": step_graph_sizes(budget) if params.get("step_graphs") else None}
 
 
-def replay_serving(summary: pd.DataFrame, params: dict, costs: dict[str, StepCostModel]) -> pd.DataFrame:
-    """Every (load, caching) run of ``summary`` simulated with each of ``costs`` (name → cost model): one row
-    per run × cost model × metric, ``load, caching, cost_model, metric, real, sim, error_pct``, plus the
-    hit rates (engine's and simulated) and the simulated TTFT speedup inputs."""
+def replay_serving(summary: pd.DataFrame, params: dict, costs: dict[str, StepCostModel]
+                   ) -> tuple[pd.DataFrame, dict]:
+    """Every (load, caching) run of ``summary`` simulated with each of ``costs`` (name → cost model):
+    ``(table, runs)``, the table one row per run × cost model × metric, ``load, caching, cost_model, metric,
+    real, sim, error_pct``, plus the hit rates (engine's and simulated); ``runs[name][(load, caching)]`` the
+    simulated ``SimRun`` (for ``first_tokens``)."""
     traces = serving_traces(params)
     kw = sim_kwargs(params)
-    rows = []
+    rows, runs = [], {name: {} for name in costs}
     for _, r in summary.iterrows():
         trace = traces.get(r["load"])
         if trace is None:
             continue
         for name, cost in costs.items():
             run = simulate(trace, cost=cost, prefix_caching=r["caching"] == "on", **kw)
-            sim = run.summary()
-            for row in compare(r.to_dict(), sim):
+            runs[name][(r["load"], r["caching"])] = run
+            for row in compare(r.to_dict(), run.summary()):
                 rows.append({"load": r["load"], "caching": r["caching"], "cost_model": name, **row,
                              "hit_rate_real": r.get("hit_rate_engine", np.nan), "hit_rate_sim": run.prefix_hit_rate})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows), runs
 
 
-def first_tokens(requests: pd.DataFrame, params: dict, cost: StepCostModel, quantiles=(0.0, 0.1, 0.5)
-                 ) -> pd.DataFrame:
-    """Where in a run the TTFT error sits: per (load, caching) run of ``requests`` (``serving_requests.csv``),
-    the real and simulated TTFT at ``quantiles`` (0: the earliest first token). A burst whose earliest
-    request waits as long as its median one points to a delay before the engine's first step, which no step
-    cost explains."""
-    traces = serving_traces(params)
-    kw = sim_kwargs(params)
+def first_tokens(requests: pd.DataFrame, runs: dict, quantiles=(0.0, 0.1, 0.5)) -> pd.DataFrame:
+    """Where in a run the TTFT error sits: per (load, caching) run of ``requests`` (``serving_requests.csv``)
+    that ``runs`` (``(load, caching)`` → its simulated ``SimRun``, from ``replay_serving``) holds, the real and
+    simulated TTFT at ``quantiles`` (0: the earliest first token). A burst whose earliest request waits as long
+    as its median one points to a delay before the engine's first step, which no step cost explains."""
     rows = []
     for (load, caching), r in requests.groupby(["load", "caching"], sort=False):
-        if load not in traces:
+        if (load, caching) not in runs:
             continue
-        rec = simulate(traces[load], cost=cost, prefix_caching=caching == "on", **kw).records
+        rec = runs[(load, caching)].records
         sim = (rec["first_token_s"] - rec["sent_s"]) * 1e3
         real = r.loc[r["ok"].astype(bool), "ttft_ms"] if "ok" in r else r["ttft_ms"]
         for q in quantiles:
