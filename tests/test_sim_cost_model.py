@@ -322,3 +322,10 @@ def test_step_log_fit_recovers_the_decode_walk():
     blind, st_blind = fit_step_log_model(feats, "m", context_reads=False)
     assert blind.ms_per_decode_walk_token == 0 and blind.ms_per_longest_context_token == 0
     assert st["decode_median_abs_pct"] < 1 < st_blind["decode_median_abs_pct"]
+
+
+@pytest.mark.parametrize("term", ["ms_per_longest_context_token", "ms_per_decode_walk_token", "mixed_step_ms"])
+@pytest.mark.parametrize("bad", [-1e-4, float("nan"), float("inf"), "0.1", True])
+def test_a_bad_walk_term_is_refused_by_name(term, bad):
+    with pytest.raises(ParameterError, match=term):
+        StepCostModel(gpu=GPU, **{term: bad})
