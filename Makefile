@@ -9,23 +9,30 @@ BUILD := _build
 STUDIES ?= $(patsubst notebooks/%.ipynb,%,$(wildcard notebooks/[0-9][0-9]_*.ipynb))
 PROFILE ?= auto
 
-.PHONY: venv book test test-lib test-notebooks test-book browser reproduce clean
+
+.PHONY: venv lint book test test-lib test-notebooks test-book browser reproduce clean
 
 venv: $(STAMP)
-$(STAMP): requirements.txt pyproject.toml
+$(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-nodeps.txt
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
 	touch $(STAMP)
 
 # Render the book from the committed, already executed notebooks (execute_notebooks: off).
 # --all: a full build every time, so that changed static files and data includes are never stale.
 book: $(STAMP)
-	$(PY) -m servelab.book prepare --root .
+	$(PY) -m servelab_book prepare --root .
 	$(VENV)/bin/jupyter-book build . --all --builder html -W -n --keep-going
 	@echo "The book: $(CURDIR)/$(BUILD)/html/index.html"
 
-test: test-lib test-notebooks test-book
+# ruff: lint and format, configured in pyproject.toml; any finding fails.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+test: lint test-lib test-notebooks test-book
 
 test-lib: $(STAMP)
 	$(PY) -m pytest -q tests || [ $$? -eq 5 ]
@@ -36,7 +43,7 @@ test-notebooks: $(STAMP)
 
 # Check the built book, then open every page in headless Chromium (screenshots: tests/_artifacts/).
 test-book: book browser
-	$(PY) -m servelab.book check $(BUILD)/html
+	$(PY) -m servelab_book check $(BUILD)/html
 	SERVELAB_BOOK_HTML=$(BUILD)/html $(PY) -m pytest -q -p no:cacheprovider tests/browser
 
 # Debian's chromium and its driver, for the browser test; skipped where they are installed.

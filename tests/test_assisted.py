@@ -5,13 +5,20 @@ import pandas as pd
 import pytest
 import torch
 
-from servelab.assisted import analysis, verdicts
-from servelab.assisted.acceptance import greedy_agreement
-from servelab.assisted.clock import TokenClock, per_token_ms, time_to_tokens
-from servelab.assisted.params import pairs_for, study_params
-from servelab.assisted.runs import Job, Pair, assistant_settings, plan_jobs, timed_generate, times_at_lengths
-from servelab.assisted.sweep import sweep
-from servelab.profiles import ParameterError
+from servelab.errors import ParameterError
+from servelab.studies.s06_hf_assisted import analysis, verdicts
+from servelab.studies.s06_hf_assisted.acceptance import greedy_agreement
+from servelab.studies.s06_hf_assisted.clock import TokenClock, per_token_ms, time_to_tokens
+from servelab.studies.s06_hf_assisted.params import pairs_for, study_params
+from servelab.studies.s06_hf_assisted.runs import (
+    Job,
+    Pair,
+    assistant_settings,
+    plan_jobs,
+    timed_generate,
+    times_at_lengths,
+)
+from servelab.studies.s06_hf_assisted.sweep import sweep
 
 VOCAB = 96
 
@@ -20,9 +27,18 @@ def _llama(layers, d, seed, vocab=VOCAB):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=d, intermediate_size=2 * d, num_hidden_layers=layers,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
-                      bos_token_id=0, eos_token_id=0, pad_token_id=1)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=d,
+        intermediate_size=2 * d,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=256,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=1,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
@@ -78,8 +94,10 @@ def test_plan_puts_the_main_target_first_and_own_last():
     assert [p.name for p in pairs] == ["a → T", "b → T", "c → T", "a → c"]
     jobs = plan_jobs(pairs, 64, 16, ["T"], own=True)
     assert jobs[0] == Job("plain", "T", None, 64)
-    assert [j for j in jobs if j.method == "plain" and j.new_tokens == 16] == [Job("plain", "a", None, 16),
-                                                                               Job("plain", "b", None, 16)]
+    assert [j for j in jobs if j.method == "plain" and j.new_tokens == 16] == [
+        Job("plain", "a", None, 16),
+        Job("plain", "b", None, 16),
+    ]
     methods = [j.method for j in jobs]
     assert methods.index("prompt_lookup") < methods.index("own_plain") < methods.index("own")
     assert Job("plain", "c", None, 64) in jobs and Job("assisted", "c", "a", 64) in jobs
@@ -88,8 +106,18 @@ def test_plan_puts_the_main_target_first_and_own_last():
 
 def test_sweep_times_every_method_and_checks_outputs(models, prompts):
     pairs = [Pair("small", "target"), Pair("mid", "target"), Pair("small", "mid")]
-    runs, gen = sweep(models, pairs, prompts[:2], max_new_tokens=16, cost_tokens=8, prompt_lookup_targets=["target"],
-                      pld_tokens=3, warmup_tokens=2, pad_token_id=1, progress=False)
+    runs, gen = sweep(
+        models,
+        pairs,
+        prompts[:2],
+        max_new_tokens=16,
+        cost_tokens=8,
+        prompt_lookup_targets=["target"],
+        pld_tokens=3,
+        warmup_tokens=2,
+        pad_token_id=1,
+        progress=False,
+    )
     assert (runs["status"] == "ok").all()
     assert runs["prompt"].nunique() == 2
     assert set(runs["method"]) == {"plain", "assisted", "prompt_lookup"}
@@ -105,9 +133,19 @@ def test_sweep_times_every_method_and_checks_outputs(models, prompts):
 
 
 def test_prompts_run_short_then_long_then_short(models, prompts):
-    runs, gen = sweep(models, [Pair("small", "target")], prompts, max_new_tokens=12, cost_tokens=4,
-                      prompt_lookup_targets=[], pld_tokens=3, warmup_tokens=2, pad_token_id=1,
-                      short_new_tokens=6, progress=False)
+    runs, gen = sweep(
+        models,
+        [Pair("small", "target")],
+        prompts,
+        max_new_tokens=12,
+        cost_tokens=4,
+        prompt_lookup_targets=[],
+        pld_tokens=3,
+        warmup_tokens=2,
+        pad_token_id=1,
+        short_new_tokens=6,
+        progress=False,
+    )
     assert (runs["status"] == "ok").all()
     made = runs.set_index(["prompt", "method", "pair"])["made_tokens"]
     assert made[(0, "plain", "target")] == 6 and made[(0, "plain", "small")] == 4  # the draft's cost run
@@ -122,27 +160,61 @@ def test_prompts_run_short_then_long_then_short(models, prompts):
 
 def test_sweep_budget_skips_with_a_reason_and_records_failures(models, prompts):
     bad = {"target": models["target"], "alien": _llama(1, 16, 3, vocab=50)}  # a draft with another vocabulary
-    runs, gen = sweep(bad, [Pair("alien", "target")], prompts, max_new_tokens=8, cost_tokens=4,
-                      prompt_lookup_targets=[], pld_tokens=3, budget_s=0.0, warmup_tokens=2, pad_token_id=1,
-                      progress=False)
+    runs, gen = sweep(
+        bad,
+        [Pair("alien", "target")],
+        prompts,
+        max_new_tokens=8,
+        cost_tokens=4,
+        prompt_lookup_targets=[],
+        pld_tokens=3,
+        budget_s=0.0,
+        warmup_tokens=2,
+        pad_token_id=1,
+        progress=False,
+    )
     assert not gen and (runs["status"] == "skipped").all() and runs["error"].str.len().gt(0).all()
     assert runs["prompt"].tolist() == [0] * 3 + [1] * 3 + [2] * 3  # every planned run has its row
     assert runs["error"].str.contains("budget is spent").all()  # the root cause, not the missing baseline
-    runs2, _ = sweep(bad, [Pair("alien", "target")], prompts[:1], max_new_tokens=8, cost_tokens=4,
-                     prompt_lookup_targets=[], pld_tokens=3, warmup_tokens=2, pad_token_id=1, progress=False)
+    runs2, _ = sweep(
+        bad,
+        [Pair("alien", "target")],
+        prompts[:1],
+        max_new_tokens=8,
+        cost_tokens=4,
+        prompt_lookup_targets=[],
+        pld_tokens=3,
+        warmup_tokens=2,
+        pad_token_id=1,
+        progress=False,
+    )
     assert (runs2[runs2.method == "assisted"]["status"] == "error").all()
     assert (runs2[(runs2.method == "plain") & (runs2.target == "target")]["status"] == "ok").all()
 
 
 def test_alpha_table_covers_each_pair_on_each_plain_target_run(models, prompts):
-    from servelab.assisted.acceptance import alpha_table
+    from servelab.studies.s06_hf_assisted.acceptance import alpha_table
 
     pairs = [Pair("small", "target"), Pair("target", "mid")]
-    runs, gen = sweep(models, pairs, prompts[:2], max_new_tokens=6, cost_tokens=4, prompt_lookup_targets=[],
-                      pld_tokens=3, warmup_tokens=1, pad_token_id=1, progress=False)
+    runs, gen = sweep(
+        models,
+        pairs,
+        prompts[:2],
+        max_new_tokens=6,
+        cost_tokens=4,
+        prompt_lookup_targets=[],
+        pld_tokens=3,
+        warmup_tokens=1,
+        pad_token_id=1,
+        progress=False,
+    )
     t = alpha_table(models, pairs, prompts[:2], gen)
-    assert sorted(zip(t["prompt"], t["pair"])) == [(0, "small → target"), (0, "target → mid"),
-                                                   (1, "small → target"), (1, "target → mid")]
+    assert sorted(zip(t["prompt"], t["pair"])) == [
+        (0, "small → target"),
+        (0, "target → mid"),
+        (1, "small → target"),
+        (1, "target → mid"),
+    ]
     assert t["alpha"].between(0, 1).all() and (t["tokens"] == 6).all()
 
 
@@ -158,8 +230,10 @@ def test_greedy_agreement_is_one_for_the_target_itself(models, prompts):
 def test_speedups_pair_each_method_with_plain_on_the_same_prompt():
     rows = []
     for prompt, (plain, fast) in enumerate([(100.0, 50.0), (120.0, 40.0), (90.0, 90.0)]):
-        rows += [dict(prompt=prompt, method="plain", target="T", draft="", pair="T", length=8, ms=plain),
-                 dict(prompt=prompt, method="assisted", target="T", draft="d", pair="d → T", length=8, ms=fast)]
+        rows += [
+            dict(prompt=prompt, method="plain", target="T", draft="", pair="T", length=8, ms=plain),
+            dict(prompt=prompt, method="assisted", target="T", draft="d", pair="d → T", length=8, ms=fast),
+        ]
     per = analysis.speedups(pd.DataFrame(rows))
     assert per["speedup"].tolist() == pytest.approx([2.0, 3.0, 1.0])
     s = analysis.summarize_speedups(per).iloc[0]
@@ -168,11 +242,14 @@ def test_speedups_pair_each_method_with_plain_on_the_same_prompt():
 
 
 def test_own_speedup_is_against_the_engine_running_the_target_alone():
-    times = pd.DataFrame([
-        dict(prompt=0, method="plain", target="T", draft="", pair="T", length=8, ms=100.0),
-        dict(prompt=0, method="own_plain", target="T", draft="", pair="T", length=8, ms=20.0),
-        dict(prompt=0, method="own", target="T", draft="d", pair="d → T", length=8, ms=10.0),
-        dict(prompt=0, method="own", target="T", draft="d", pair="d → T", length=4, ms=5.0)])  # no baseline at 4
+    times = pd.DataFrame(
+        [
+            dict(prompt=0, method="plain", target="T", draft="", pair="T", length=8, ms=100.0),
+            dict(prompt=0, method="own_plain", target="T", draft="", pair="T", length=8, ms=20.0),
+            dict(prompt=0, method="own", target="T", draft="d", pair="d → T", length=8, ms=10.0),
+            dict(prompt=0, method="own", target="T", draft="d", pair="d → T", length=4, ms=5.0),
+        ]
+    )  # no baseline at 4
     t = analysis.own_vs_engine(times)
     assert t[["method", "length"]].values.tolist() == [["own", 8]] and t["speedup_median"].iloc[0] == pytest.approx(2.0)
     hf = analysis.summarize_speedups(analysis.speedups(times)).set_index("method")
@@ -180,9 +257,18 @@ def test_own_speedup_is_against_the_engine_running_the_target_alone():
 
 
 def _pairs_table(speedups, cost_ratios, alphas, length=512):
-    return pd.DataFrame(dict(pair=[f"p{i}" for i in range(len(speedups))], speedup_median=speedups,
-                             speedup_p25=np.array(speedups) - 0.1, speedup_p75=np.array(speedups) + 0.1,
-                             prompts=3, cost_ratio=cost_ratios, alpha=alphas, length=length))
+    return pd.DataFrame(
+        dict(
+            pair=[f"p{i}" for i in range(len(speedups))],
+            speedup_median=speedups,
+            speedup_p25=np.array(speedups) - 0.1,
+            speedup_p75=np.array(speedups) + 0.1,
+            prompts=3,
+            cost_ratio=cost_ratios,
+            alpha=alphas,
+            length=length,
+        )
+    )
 
 
 def _per_prompt(per_pair_by_length, lengths=(32, 128, 512), prompts=(0,)):
@@ -227,7 +313,7 @@ def test_f62_verdict_rules():
     assert verdicts.f62_what_decides(falls_with_c.head(2), _per_prompt(rising))["measured_value"] == "not measured"
     rows = verdicts.findings(falls_with_c, _per_prompt(rising))
     assert [r["id"] for r in rows] == ["F6.1", "F6.2"]
-    from servelab.results import findings_frame
+    from servelab.measure.results import findings_frame
 
     assert len(findings_frame(rows)) == 2
 
@@ -244,16 +330,42 @@ def test_length_trend_compares_the_same_prompts_at_every_length():
 
 
 def test_decode_costs_and_pair_summary(models):
-    runs = pd.DataFrame([
-        dict(method="plain", target="target", status="ok", ms_per_token_median=10.0, ms_per_token_p25=9.0,
-             ms_per_token_p75=11.0),
-        dict(method="plain", target="small", status="ok", ms_per_token_median=4.0, ms_per_token_p25=3.0,
-             ms_per_token_p75=5.0),
-        dict(method="assisted", target="target", pair="small → target", status="ok", tokens_per_step=2.5)])
+    runs = pd.DataFrame(
+        [
+            dict(
+                method="plain",
+                target="target",
+                status="ok",
+                ms_per_token_median=10.0,
+                ms_per_token_p25=9.0,
+                ms_per_token_p75=11.0,
+            ),
+            dict(
+                method="plain",
+                target="small",
+                status="ok",
+                ms_per_token_median=4.0,
+                ms_per_token_p25=3.0,
+                ms_per_token_p75=5.0,
+            ),
+            dict(method="assisted", target="target", pair="small → target", status="ok", tokens_per_step=2.5),
+        ]
+    )
     costs = analysis.decode_costs(runs, models)
     assert costs["model"].tolist() == ["target", "small"]
-    summ = pd.DataFrame([dict(method="assisted", pair="small → target", length=16, speedup_median=1.3,
-                              speedup_p25=1.2, speedup_p75=1.4, prompts=2)])
+    summ = pd.DataFrame(
+        [
+            dict(
+                method="assisted",
+                pair="small → target",
+                length=16,
+                speedup_median=1.3,
+                speedup_p25=1.2,
+                speedup_p75=1.4,
+                prompts=2,
+            )
+        ]
+    )
     alpha = pd.DataFrame([dict(prompt=0, pair="small → target", alpha=0.5)])
     t = analysis.pair_summary([Pair("small", "target")], costs, summ, alpha, runs, 16).iloc[0]
     assert t["cost_ratio"] == pytest.approx(0.4) and t["alpha"] == 0.5 and t["tokens_per_step"] == 2.5
@@ -305,8 +417,8 @@ def test_assistant_settings_fall_back_to_hf_defaults(models):
 
 
 def test_own_speculative_runner_matches_plain_greedy(models, prompts):
-    pytest.importorskip("servelab.speculative.pair")
-    from servelab.assisted.own import OwnSpeculative, own_available
+    pytest.importorskip("servelab.studies.s03_speculative.pair")
+    from servelab.studies.s06_hf_assisted.own import OwnSpeculative, own_available
 
     assert own_available()[0]
     runner = OwnSpeculative.sized(models, [Pair("small", "target")], len(prompts[0]), 16, gamma=3)
@@ -326,26 +438,41 @@ def test_analysis_plots_and_verdicts_survive_a_sweep_where_nothing_ran(models, p
     import matplotlib
 
     matplotlib.use("Agg")
-    from servelab.assisted import plots
+    from servelab.studies.s06_hf_assisted import plots
 
     pairs = [Pair("small", "target"), Pair("mid", "target"), Pair("small", "mid")]
-    runs, gen = sweep(models, pairs, prompts[:1], max_new_tokens=8, cost_tokens=4, prompt_lookup_targets=["target"],
-                      pld_tokens=3, budget_s=0.0, warmup_tokens=1, pad_token_id=1, progress=False)
+    runs, gen = sweep(
+        models,
+        pairs,
+        prompts[:1],
+        max_new_tokens=8,
+        cost_tokens=4,
+        prompt_lookup_targets=["target"],
+        pld_tokens=3,
+        budget_s=0.0,
+        warmup_tokens=1,
+        pad_token_id=1,
+        progress=False,
+    )
     assert (runs["status"] == "skipped").all() and not gen
     times = times_at_lengths(gen, [4, 8])
     per_prompt = analysis.speedups(times)
     summary = analysis.summarize_speedups(per_prompt)
     costs = analysis.decode_costs(runs, models)
-    table = analysis.pair_summary(pairs, costs, summary, pd.DataFrame(columns=["prompt", "pair", "alpha"]), runs,
-                                  [4, 8])
+    table = analysis.pair_summary(
+        pairs, costs, summary, pd.DataFrame(columns=["prompt", "pair", "alpha"]), runs, [4, 8]
+    )
     assert summary.empty and costs.empty and table["cost_ratio"].isna().all()
     assert analysis.match_rates(runs).empty
     cov = analysis.coverage(runs, times, [4, 8])
     assert len(cov) == runs[["method", "pair"]].drop_duplicates().shape[0] and (cov[[4, 8]] == 0).all().all()
     text = analysis.coverage_text(cov, runs, 8)
     assert "nothing" in text and "budget is spent" in text
-    for fig in (plots.speedup_vs_length(summary, "cpu"), plots.cost_ratio(table, "cpu", None),
-                plots.decode_cost(costs, "cpu")):
+    for fig in (
+        plots.speedup_vs_length(summary, "cpu"),
+        plots.cost_ratio(table, "cpu", None),
+        plots.decode_cost(costs, "cpu"),
+    ):
         assert fig is not None
     rows = verdicts.findings(table, per_prompt)
     assert all(r["measured_value"] == "not measured" for r in rows)
@@ -353,8 +480,8 @@ def test_analysis_plots_and_verdicts_survive_a_sweep_where_nothing_ran(models, p
 
 def test_models_from_specs_load_with_their_tokenizer_and_heldout_prompts(tmp_path, monkeypatch):
     """The reader-with-a-network path (hub ids), with local directories standing in for hub models."""
-    from servelab.assisted import models as study_models
-    from servelab.train import train_tokenizer
+    from servelab.studies.common.family.train import train_tokenizer
+    from servelab.studies.s06_hf_assisted import models as study_models
 
     tok = train_tokenizer(["def f(x):\n    return x + 1\n" * 50, "class A:\n    pass\n" * 50], 300)
     specs = {}
@@ -367,9 +494,10 @@ def test_models_from_specs_load_with_their_tokenizer_and_heldout_prompts(tmp_pat
     src.mkdir()
     for i in range(30):
         (src / f"m{i}.py").write_text(f"def f{i}(x):\n    return x + {i}\n" * 20)
-    monkeypatch.setattr("servelab.corpus.default_roots", lambda: {"site-packages": src})
-    sm = study_models.load_study_models(specs["big"], [specs["mid"], specs["tiny"]], profile="smoke", dtype="float32",
-                                        device="cpu")
+    monkeypatch.setattr("servelab.studies.common.family.corpus.default_roots", lambda: {"site-packages": src})
+    sm = study_models.load_study_models(
+        specs["big"], [specs["mid"], specs["tiny"]], profile="smoke", dtype="float32", device="cpu"
+    )
     assert sm.target == "big" and sm.drafts == ["tiny", "mid"] and sm.source == "specs"
     assert sm.pad_token_id is not None
     ps = sm.prompts(2, 16, seed=0)
@@ -377,18 +505,49 @@ def test_models_from_specs_load_with_their_tokenizer_and_heldout_prompts(tmp_pat
     with pytest.raises(ParameterError, match="vocabularies differ"):
         other = _llama(1, 16, 9, vocab=77)
         other.save_pretrained(tmp_path / "other")
-        study_models.load_study_models(specs["big"], [str(tmp_path / "other")], profile="smoke", dtype="float32",
-                                       device="cpu")
+        study_models.load_study_models(
+            specs["big"], [str(tmp_path / "other")], profile="smoke", dtype="float32", device="cpu"
+        )
 
 
 def test_own_acceptance_sums_over_runs():
-    runs = pd.DataFrame([
-        dict(method="own", status="ok", pair="a → T", prompt=0, accepted=6, proposed=8, rounds=4, rollback_ms=1.0,
-             total_ms=10.0),
-        dict(method="own", status="ok", pair="a → T", prompt=1, accepted=2, proposed=8, rounds=4, rollback_ms=1.0,
-             total_ms=30.0),
-        dict(method="own", status="error", pair="a → T", prompt=2, accepted=np.nan, proposed=np.nan, rounds=np.nan,
-             rollback_ms=np.nan, total_ms=np.nan)])
+    runs = pd.DataFrame(
+        [
+            dict(
+                method="own",
+                status="ok",
+                pair="a → T",
+                prompt=0,
+                accepted=6,
+                proposed=8,
+                rounds=4,
+                rollback_ms=1.0,
+                total_ms=10.0,
+            ),
+            dict(
+                method="own",
+                status="ok",
+                pair="a → T",
+                prompt=1,
+                accepted=2,
+                proposed=8,
+                rounds=4,
+                rollback_ms=1.0,
+                total_ms=30.0,
+            ),
+            dict(
+                method="own",
+                status="error",
+                pair="a → T",
+                prompt=2,
+                accepted=np.nan,
+                proposed=np.nan,
+                rounds=np.nan,
+                rollback_ms=np.nan,
+                total_ms=np.nan,
+            ),
+        ]
+    )
     t = analysis.own_acceptance(runs).iloc[0]
     assert t["runs"] == 2 and t["alpha"] == pytest.approx(0.5) and t["rollback_share"] == pytest.approx(0.05)
     assert analysis.own_acceptance(runs[runs.method == "x"]).empty

@@ -8,11 +8,11 @@ import pandas as pd
 import pytest
 import torch
 
-from servelab.assisted import analysis
-from servelab.assisted.attention_backend import first_call_costs, first_call_summary, hf_sdpa
-from servelab.assisted.budget import Deadline
-from servelab.assisted.runs import GenerationRun, Job, Pair, times_at_lengths
-from servelab.assisted.sweep import CostEstimates, Pass, plan_passes, run_order, run_passes
+from servelab.studies.s06_hf_assisted import analysis
+from servelab.studies.s06_hf_assisted.attention_backend import first_call_costs, first_call_summary, hf_sdpa
+from servelab.studies.s06_hf_assisted.budget import Deadline
+from servelab.studies.s06_hf_assisted.runs import GenerationRun, Job, Pair, times_at_lengths
+from servelab.studies.s06_hf_assisted.sweep import CostEstimates, Pass, plan_passes, run_order, run_passes
 
 PAIRS = [Pair("a", "T"), Pair("b", "T"), Pair("a", "b")]
 
@@ -42,8 +42,15 @@ class FakeRunner:
 
 
 def passes_for(n_prompts=3, long=16, short=4, cost=2, own=False):
-    return plan_passes(PAIRS, n_prompts, max_new_tokens=long, short_new_tokens=short, cost_tokens=cost,
-                       prompt_lookup_targets=["T"], own=own)
+    return plan_passes(
+        PAIRS,
+        n_prompts,
+        max_new_tokens=long,
+        short_new_tokens=short,
+        cost_tokens=cost,
+        prompt_lookup_targets=["T"],
+        own=own,
+    )
 
 
 def test_plan_is_short_long_then_spread_and_the_long_pass_has_no_cost_runs():
@@ -53,29 +60,41 @@ def test_plan_is_short_long_then_spread_and_the_long_pass_has_no_cost_runs():
     assert not any(j.method == "plain" and j.target == "a" for j in ps[1].jobs)
     assert {j.new_tokens for j in ps[1].jobs} == {16} and ps[2].jobs == ps[0].jobs
     assert {j.method for j in ps[1].jobs} == {"plain", "assisted", "prompt_lookup", "own_plain", "own"}
-    one = plan_passes(PAIRS, 1, max_new_tokens=16, short_new_tokens=4, cost_tokens=2, prompt_lookup_targets=[],
-                      own=False)
+    one = plan_passes(
+        PAIRS, 1, max_new_tokens=16, short_new_tokens=4, cost_tokens=2, prompt_lookup_targets=[], own=False
+    )
     assert [(p.kind, p.new_tokens) for p in one] == [("long", 16)]  # one prompt: it runs the longest output
     assert Job("plain", "a", None, 2) in one[0].jobs
     with pytest.raises(ValueError):
-        plan_passes(PAIRS, 0, max_new_tokens=16, short_new_tokens=4, cost_tokens=2, prompt_lookup_targets=[],
-                    own=False)
+        plan_passes(PAIRS, 0, max_new_tokens=16, short_new_tokens=4, cost_tokens=2, prompt_lookup_targets=[], own=False)
 
 
 def test_long_pass_runs_target_by_target_baseline_first_then_cheapest_first():
     long = passes_for(own=True)[1]
     est = CostEstimates()
-    for job, s in [(Job("assisted", "T", "a", 4), 3.0), (Job("assisted", "T", "b", 4), 0.5),
-                   (Job("prompt_lookup", "T", None, 4), 1.0), (Job("own", "T", "a", 4), 0.01),
-                   (Job("own", "T", "b", 4), 0.02), (Job("own_plain", "T", None, 4), 0.01)]:
+    for job, s in [
+        (Job("assisted", "T", "a", 4), 3.0),
+        (Job("assisted", "T", "b", 4), 0.5),
+        (Job("prompt_lookup", "T", None, 4), 1.0),
+        (Job("own", "T", "a", 4), 0.01),
+        (Job("own", "T", "b", 4), 0.02),
+        (Job("own_plain", "T", None, 4), 0.01),
+    ]:
         est.record(job, GenerationRun([1] * 4, np.arange(1, 5), np.arange(1, 5) * s * 1e3))
     order = [(j.method, j.target, j.draft) for j in run_order(long, est)]
     assert order == [
-        ("plain", "T", None),             # the main target's baseline
-        ("own_plain", "T", None), ("own", "T", "a"), ("own", "T", "b"), ("assisted", "T", "b"),
-        ("prompt_lookup", "T", None), ("assisted", "T", "a"),
-        ("plain", "b", None),             # a draft serving as a target, after the main target's runs
-        ("assisted", "b", "a"), ("own_plain", "b", None), ("own", "b", "a")]  # unmeasured: as planned
+        ("plain", "T", None),  # the main target's baseline
+        ("own_plain", "T", None),
+        ("own", "T", "a"),
+        ("own", "T", "b"),
+        ("assisted", "T", "b"),
+        ("prompt_lookup", "T", None),
+        ("assisted", "T", "a"),
+        ("plain", "b", None),  # a draft serving as a target, after the main target's runs
+        ("assisted", "b", "a"),
+        ("own_plain", "b", None),
+        ("own", "b", "a"),
+    ]  # unmeasured: as planned
     assert est.seconds(Job("assisted", "T", "b", 16), 16) == pytest.approx(0.5 * 16 * 1.05)
     assert est.seconds(Job("own", "b", "a", 16), 16) is None
     assert run_order(passes_for()[0], est) == list(passes_for()[0].jobs)  # other passes keep the plan
@@ -153,9 +172,8 @@ def test_hf_sdpa_switch_keeps_outputs_and_restores_the_flags():
     assert torch.backends.cuda.cudnn_sdp_enabled() == before
     with hf_sdpa("default"):
         assert torch.backends.cuda.cudnn_sdp_enabled() == before
-    with pytest.raises(ValueError, match="hf_sdpa"):
-        with hf_sdpa("cudnn"):
-            pass
+    with pytest.raises(ValueError, match="hf_sdpa"), hf_sdpa("cudnn"):
+        pass
 
 
 def test_first_call_probe_times_each_backend_and_marks_what_cannot_run():
@@ -166,10 +184,13 @@ def test_first_call_probe_times_each_backend_and_marks_what_cannot_run():
     assert (t[t["backend"] == "cudnn"]["status"] == "unsupported").all()  # no cuDNN attention on the CPU
     text = first_call_summary(t)
     assert text.startswith("**math**: first call at a new key length") and "**cudnn**: cannot run this shape" in text
-    fixed = pd.DataFrame([dict(backend="cudnn", key_length=n, status="ok", error="", first_ms=f, repeat_ms=0.01)
-                          for n, f in [(1, 40.0), (2, 50.0), (3, 60.0)]])
-    assert first_call_summary(fixed) == ("**cudnn**: first call at a new key length 50.00 ms, again 0.010 ms "
-                                         "(5000×).")
+    fixed = pd.DataFrame(
+        [
+            dict(backend="cudnn", key_length=n, status="ok", error="", first_ms=f, repeat_ms=0.01)
+            for n, f in [(1, 40.0), (2, 50.0), (3, 60.0)]
+        ]
+    )
+    assert first_call_summary(fixed) == ("**cudnn**: first call at a new key length 50.00 ms, again 0.010 ms (5000×).")
     with pytest.raises(ValueError, match="unknown backends"):
         first_call_costs(2, 16, [33], ["xformers"], device="cpu")
 

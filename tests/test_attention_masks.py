@@ -5,11 +5,16 @@ import math
 import pytest
 import torch
 
-from servelab.attention import Architecture, AttentionShape, Mask, ragged_documents, reference_attention
-from servelab.attention.reference import check_rows, relative_error, tolerance
+from servelab.studies.s05_attention import Architecture, AttentionShape, Mask, ragged_documents, reference_attention
+from servelab.studies.s05_attention.reference import check_rows, relative_error, tolerance
 
-MASKS = [Mask("none"), Mask("causal"), Mask("sliding_window", window=5), Mask("sliding_window", window=100),
-         Mask("document", doc_lengths=(3, 10, 1, 16))]
+MASKS = [
+    Mask("none"),
+    Mask("causal"),
+    Mask("sliding_window", window=5),
+    Mask("sliding_window", window=100),
+    Mask("document", doc_lengths=(3, 10, 1, 16)),
+]
 
 
 @pytest.mark.parametrize("mask", MASKS, ids=lambda m: m.label)
@@ -24,7 +29,7 @@ def test_causal_pairs_are_the_causal_half_and_flops_follow():
     assert s.flops == 4 * 8 * 64 * 1024 * 1025 / 2
     d = AttentionShape.decode(arch, 4096, batch=3)
     assert d.flops == 4 * 3 * 8 * 64 * 4096
-    assert d.kv_bytes(2) == 2 * 3 * 4096 * 2 * 64 * 2   # K and V, kv_heads only
+    assert d.kv_bytes(2) == 2 * 3 * 4096 * 2 * 64 * 2  # K and V, kv_heads only
 
 
 def test_document_mask_blocks_attention_across_documents():
@@ -41,8 +46,15 @@ def test_ragged_documents_cover_the_row():
         ragged_documents(3, 5)
 
 
-@pytest.mark.parametrize("kwargs", [dict(kind="diagonal"), dict(kind="sliding_window"),
-                                    dict(kind="sliding_window", window=0), dict(kind="document", doc_lengths=())])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(kind="diagonal"),
+        dict(kind="sliding_window"),
+        dict(kind="sliding_window", window=0),
+        dict(kind="document", doc_lengths=()),
+    ],
+)
 def test_bad_masks_are_rejected(kwargs):
     with pytest.raises(ValueError):
         Mask(**kwargs)

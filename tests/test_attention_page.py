@@ -5,10 +5,20 @@ import numpy as np
 import pytest
 import torch
 
-from servelab.attention import (Architecture, TimingPolicy, add_roofline, decode_sweep, mask_factories, mask_sweep,
-                                prefill_sweep)
-from servelab.attention import plots, recommend, report, verdicts
 from servelab.measure import Roofline, measure_ceilings
+from servelab.studies.s05_attention import (
+    Architecture,
+    TimingPolicy,
+    add_roofline,
+    decode_sweep,
+    mask_factories,
+    mask_sweep,
+    plots,
+    prefill_sweep,
+    recommend,
+    report,
+    verdicts,
+)
 
 matplotlib.use("Agg")
 FAST = TimingPolicy(target_ms=1, min_repeats=2, max_repeats=2, warmup=1)
@@ -46,7 +56,7 @@ def test_tables_and_findings_from_a_run_with_failures(run):
     assert all(r["verdict"] in ("holds", "changes", "fails") for r in rows)
     reco = recommend.recommend(recommend.regimes(pre, dec, masks, long_from=256, small_batch=1))
     assert {"prefill, sliding window mask", "prefill, document mask"} <= set(reco["regime"])
-    assert not reco["recommended"].isin(["sdpa_cudnn", "flex"]).any()     # never timed on the CPU
+    assert not reco["recommended"].isin(["sdpa_cudnn", "flex"]).any()  # never timed on the CPU
     flex = masks[masks["variant"].eq("flex")]
     assert set(flex["status"]) == {"untimed"} and (flex["rel_error"] < flex["tolerance"]).all()
     gqa = report.gqa_comparison(dec)
@@ -58,10 +68,16 @@ def test_tables_and_findings_from_a_run_with_failures(run):
 
 def test_every_figure_draws(run):
     ceil, roof, pre, dec, masks = run
-    figs = [plots.prefill_time(pre, roof), plots.prefill_tflops(pre, ceil),
-            plots.speedup(pre, verdicts.speedup_vs_naive(pre), 2048), plots.memory(pre, 8e9),
-            plots.memory_growth_bars(verdicts.memory_growth(pre, [[8, 256]])), plots.decode_bandwidth(dec, ceil),
-            plots.masks(masks, roof), plots.spread(verdicts.spreads(pre, dec, start=256))]
+    figs = [
+        plots.prefill_time(pre, roof),
+        plots.prefill_tflops(pre, ceil),
+        plots.speedup(pre, verdicts.speedup_vs_naive(pre), 2048),
+        plots.memory(pre, 8e9),
+        plots.memory_growth_bars(verdicts.memory_growth(pre, [[8, 256]])),
+        plots.decode_bandwidth(dec, ceil),
+        plots.masks(masks, roof),
+        plots.spread(verdicts.spreads(pre, dec, start=256)),
+    ]
     for f in figs:
         assert any(ax.has_data() for ax in f.axes)
         # the quantitative axis carries its unit (category axes are labelled by their ticks)

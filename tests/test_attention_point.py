@@ -3,13 +3,13 @@
 import pytest
 import torch
 
-from servelab.attention import Architecture, AttentionShape, TimingPolicy, get_variant, measure_point
-from servelab.attention.memory import LiveTensorBytes, peak_bytes
-from servelab.attention.params import study_params
-from servelab.attention.reference import check_rows, reference_attention
-from servelab.attention.sweep import decode_sweep, prefill_sweep
-from servelab.attention.variants import Variant
-from servelab.profiles import ParameterError
+from servelab.errors import ParameterError
+from servelab.studies.s05_attention import Architecture, AttentionShape, TimingPolicy, get_variant, measure_point
+from servelab.studies.s05_attention.memory import LiveTensorBytes, peak_bytes
+from servelab.studies.s05_attention.params import study_params
+from servelab.studies.s05_attention.reference import check_rows, reference_attention
+from servelab.studies.s05_attention.sweep import decode_sweep, prefill_sweep
+from servelab.studies.s05_attention.variants import Variant
 
 ARCH = Architecture("t", heads=4, kv_heads=2, head_dim=16)
 FAST = TimingPolicy(target_ms=1, min_repeats=2, max_repeats=3, warmup=1)
@@ -32,8 +32,13 @@ def test_correct_variant_is_timed_with_spread_and_memory():
 
 
 def test_wrong_variant_is_reported_incorrect_and_not_timed():
-    wrong = Variant("wrong", "naive", None, "drops the softmax scale",
-                    lambda shape, device: (lambda q, k, v: get_variant("naive").build(shape, device)(q * 3, k, v)))
+    wrong = Variant(
+        "wrong",
+        "naive",
+        None,
+        "drops the softmax scale",
+        lambda shape, device: lambda q, k, v: get_variant("naive").build(shape, device)(q * 3, k, v),
+    )
     row = _point(wrong, AttentionShape.prefill(ARCH, 64))
     assert row["status"] == "incorrect" and row["rel_error"] > row["tolerance"]
     assert "median_ms" not in row
@@ -46,6 +51,7 @@ def test_unavailable_and_failing_variants_become_rows():
     def boom(shape, device):
         def f(q, k, v):
             raise RuntimeError("device lost")
+
         return f
 
     row = _point(Variant("boom", "naive", None, "always fails", boom), shape)
@@ -59,37 +65,65 @@ def test_naive_memory_grows_quadratically_fused_linearly():
         attn = get_variant(name).build(s, "cpu")
         return peak_bytes(lambda: attn(q, k, v), "cpu")
 
-    assert peak("naive", 1024) / peak("naive", 256) > 12      # ~16× for 4× length
+    assert peak("naive", 1024) / peak("naive", 256) > 12  # ~16× for 4× length
     assert peak("sdpa_flash", 1024) / peak("sdpa_flash", 256) < 5
 
 
 def test_tracker_frees_dead_tensors():
     with LiveTensorBytes() as t:
-        a = torch.ones(1000)          # 4,000 bytes
+        a = torch.ones(1000)  # 4,000 bytes
         b = a * 2
-        del a                         # freed: the next tensor reuses its share of the peak
+        del a  # freed: the next tensor reuses its share of the peak
         c = b + 1
-        d = c.view(10, 100)           # a view allocates nothing
+        d = c.view(10, 100)  # a view allocates nothing
         assert t.live == 8_000
         del b, c, d
     assert t.peak == 8_000 and t.live == 0
 
 
 def test_sweeps_skip_over_budget_and_record_every_variant():
-    p = prefill_sweep([ARCH], [32, 64], ["naive", "sdpa_default"], dtype=torch.float32, device="cpu",
-                      policy=FAST, max_call_ms=1e-9, progress=False)
+    p = prefill_sweep(
+        [ARCH],
+        [32, 64],
+        ["naive", "sdpa_default"],
+        dtype=torch.float32,
+        device="cpu",
+        policy=FAST,
+        max_call_ms=1e-9,
+        progress=False,
+    )
     assert len(p) == 4
     # a call slower than max_call_ms stops that variant at longer lengths
     assert set(p[p["q_len"] == 64]["status"]) == {"skipped"}
-    d = decode_sweep([ARCH], [16, 4096], [1], ["sdpa_default"], dtype=torch.float32, device="cpu", policy=FAST,
-                     max_kv_bytes=100_000, progress=False)
+    d = decode_sweep(
+        [ARCH],
+        [16, 4096],
+        [1],
+        ["sdpa_default"],
+        dtype=torch.float32,
+        device="cpu",
+        policy=FAST,
+        max_kv_bytes=100_000,
+        progress=False,
+    )
     assert d.set_index("kv_len").loc[4096, "status"] == "skipped"
     assert d.set_index("kv_len").loc[16, "status"] == "ok"
 
 
-@pytest.mark.parametrize("bad", [dict(dtype="int8"), dict(models=["nope"]), dict(growth_pairs=[[256, 1024]]),
-                                 dict(variants=["flash3"]), dict(head_dims=[0]), dict(prefill_lengths=[64, 128]),
-                                 dict(max_kv_gib=-1), dict(colour="red"), dict(growth_pairs=[[64, 2048 * 32]])])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(dtype="int8"),
+        dict(models=["nope"]),
+        dict(growth_pairs=[[256, 1024]]),
+        dict(variants=["flash3"]),
+        dict(head_dims=[0]),
+        dict(prefill_lengths=[64, 128]),
+        dict(max_kv_gib=-1),
+        dict(colour="red"),
+        dict(growth_pairs=[[64, 2048 * 32]]),
+    ],
+)
 def test_bad_parameters_raise_parameter_error(bad):
     with pytest.raises(ParameterError):
         study_params("smoke", **bad)
@@ -121,7 +155,7 @@ def test_refused_grouped_heads_are_measured_repeated_with_the_reason(monkeypatch
 
 
 def test_backend_is_read_from_kernel_names():
-    from servelab.attention.backends import backend_from_kernels, priority_order
+    from servelab.studies.s05_attention.backends import backend_from_kernels, priority_order
 
     # names as the H200's profiler printed them (2026-12-02)
     assert backend_from_kernels("cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_7") == "cudnn"

@@ -3,8 +3,18 @@
 import pytest
 import torch
 
-from servelab.attention import (VARIANTS, Architecture, AttentionShape, Mask, Unavailable, get_variant,
-                                ragged_documents, reference_attention, relative_error, tolerance)
+from servelab.studies.s05_attention import (
+    VARIANTS,
+    Architecture,
+    AttentionShape,
+    Mask,
+    Unavailable,
+    get_variant,
+    ragged_documents,
+    reference_attention,
+    relative_error,
+    tolerance,
+)
 
 GQA = Architecture("gqa", heads=4, kv_heads=2, head_dim=16)
 MHA = Architecture("mha", heads=2, kv_heads=2, head_dim=8)
@@ -56,7 +66,7 @@ def test_masked_variants_differ_from_unmasked():
     q, k, v = causal.random_inputs(torch.float32, "cpu")
     a = get_variant("sdpa_default").build(causal, "cpu")(q, k, v)
     b = get_variant("sdpa_default").build(sliding, "cpu")(q, k, v)
-    assert torch.allclose(a[:, :, :8], b[:, :, :8], atol=1e-5)   # first rows see < window keys either way
+    assert torch.allclose(a[:, :, :8], b[:, :, :8], atol=1e-5)  # first rows see < window keys either way
     assert relative_error(b, a.double()) > 1e-2
 
 
@@ -91,7 +101,7 @@ def test_held_backend_is_entered_once_not_per_call(monkeypatch):
     """Timing µs-scale kernels must not include sdpa_kernel's host cost on every call."""
     import contextlib
 
-    from servelab.attention import variants
+    from servelab.studies.s05_attention import variants
 
     entered = []
 
@@ -105,10 +115,10 @@ def test_held_backend_is_entered_once_not_per_call(monkeypatch):
     q, k, v = shape.random_inputs(torch.float32, "cpu")
     attn = get_variant("sdpa_math").build(shape, "cpu")
     attn(q, k, v)
-    assert entered == ["math"]            # alone, each call forces its backend
+    assert entered == ["math"]  # alone, each call forces its backend
     with attn.held():
         for _ in range(5):
             attn(q, k, v)
-    assert entered == ["math", "math"]    # held: once for all five
+    assert entered == ["math", "math"]  # held: once for all five
     get_variant("sdpa_default").build(shape, "cpu")(q, k, v)
-    assert entered == ["math", "math"]    # the default dispatch forces nothing
+    assert entered == ["math", "math"]  # the default dispatch forces nothing

@@ -3,7 +3,7 @@
 import pandas as pd
 import pytest
 
-from servelab.attention import recommend, report, verdicts
+from servelab.studies.s05_attention import recommend, report, verdicts
 
 
 def _rows(times: dict, lengths=(256, 2048, 8192), configs=(("m1", 64), ("m2", 128)), mem=None):
@@ -13,12 +13,30 @@ def _rows(times: dict, lengths=(256, 2048, 8192), configs=(("m1", 64), ("m2", 12
         for L in lengths:
             for var, f in times.items():
                 t = f(L, d)
-                rows.append(dict(arch=arch, head_dim=d, heads=4, kv_heads=2, batch=1, q_len=L, kv_len=L,
-                                 mask="causal", mask_label="causal", variant=var, backend="cudnn" if "sdpa" in var else "",
-                                 status="ok" if t is not None else "oom", median_ms=t, p25_ms=t, p75_ms=t,
-                                 rel_error=1e-3, tolerance=2e-2, pct_of_floor=50.0,
-                                 peak_mem_bytes=(mem or {}).get(var, lambda L: L)(L),
-                                 peak_mem_incl_inputs_bytes=(mem or {}).get(var, lambda L: L)(L) + L))
+                rows.append(
+                    dict(
+                        arch=arch,
+                        head_dim=d,
+                        heads=4,
+                        kv_heads=2,
+                        batch=1,
+                        q_len=L,
+                        kv_len=L,
+                        mask="causal",
+                        mask_label="causal",
+                        variant=var,
+                        backend="cudnn" if "sdpa" in var else "",
+                        status="ok" if t is not None else "oom",
+                        median_ms=t,
+                        p25_ms=t,
+                        p75_ms=t,
+                        rel_error=1e-3,
+                        tolerance=2e-2,
+                        pct_of_floor=50.0,
+                        peak_mem_bytes=(mem or {}).get(var, lambda L: L)(L),
+                        peak_mem_incl_inputs_bytes=(mem or {}).get(var, lambda L: L)(L) + L,
+                    )
+                )
     return pd.DataFrame(rows)
 
 
@@ -38,25 +56,32 @@ def test_f51_without_data_says_what_is_missing():
 
 
 def test_f52_growth_and_verdict():
-    df = _rows({"naive": lambda L, d: 1.0, "sdpa_default": lambda L, d: 1.0},
-               mem={"naive": lambda L: L * L, "sdpa_default": lambda L: 10 * L})
+    df = _rows(
+        {"naive": lambda L, d: 1.0, "sdpa_default": lambda L, d: 1.0},
+        mem={"naive": lambda L: L * L, "sdpa_default": lambda L: 10 * L},
+    )
     g = verdicts.memory_growth(df, [[256, 8192]])
     naive = g[(g["variant"] == "naive") & (g["arch"] == "m1")].iloc[0]
     assert naive["growth_working"] == pytest.approx(1024)
     row = verdicts.f52(g, ("m1", 64))
-    assert row["verdict"] == "changes"          # direction holds, magnitudes far from 25× / 2.4×
+    assert row["verdict"] == "changes"  # direction holds, magnitudes far from 25× / 2.4×
     exps = verdicts.growth_exponents(df).set_index(["arch", "variant"])
     assert exps.loc[("m1", "naive"), "exponent"] == pytest.approx(2.0)
     assert exps.loc[("m1", "sdpa_default"), "exponent"] == pytest.approx(1.0)
-    flat = _rows({"naive": lambda L, d: 1.0, "sdpa_default": lambda L, d: 1.0},
-                 mem={"naive": lambda L: 5, "sdpa_default": lambda L: L})
+    flat = _rows(
+        {"naive": lambda L, d: 1.0, "sdpa_default": lambda L, d: 1.0},
+        mem={"naive": lambda L: 5, "sdpa_default": lambda L: L},
+    )
     assert verdicts.f52(verdicts.memory_growth(flat, [[256, 8192]]), ("m1", 64))["verdict"] == "fails"
 
 
 def test_f53_compares_kernel_and_architecture_spreads_where_all_ran():
     # naive runs out of memory at 8192: the comparison falls back to 2048, where every kernel ran
-    big_kernel_gap = {"naive": lambda L, d: None if L > 2048 else 50.0 * d / 64,
-                      "sdpa_flash": lambda L, d: 1.0 * d / 64, "sdpa_default": lambda L, d: 1.0 * d / 64}
+    big_kernel_gap = {
+        "naive": lambda L, d: None if L > 2048 else 50.0 * d / 64,
+        "sdpa_flash": lambda L, d: 1.0 * d / 64,
+        "sdpa_default": lambda L, d: 1.0 * d / 64,
+    }
     df = _rows(big_kernel_gap)
     assert verdicts.comparison_length(df) == 2048
     sp = verdicts.spreads(df)
@@ -67,19 +92,29 @@ def test_f53_compares_kernel_and_architecture_spreads_where_all_ran():
 
 
 def test_recommendation_picks_the_fastest_that_ran_everywhere():
-    df = _rows({"naive": lambda L, d: 10.0, "sdpa_flash": lambda L, d: 2.0,
-                "sdpa_cudnn": lambda L, d: 1.0 if L < 8192 else None})
+    df = _rows(
+        {
+            "naive": lambda L, d: 10.0,
+            "sdpa_flash": lambda L, d: 2.0,
+            "sdpa_cudnn": lambda L, d: 1.0 if L < 8192 else None,
+        }
+    )
     table = recommend.recommend({"all": df})
     row = table.iloc[0]
-    assert row["recommended"] == "sdpa_flash"          # cuDNN is faster but failed at 8192
+    assert row["recommended"] == "sdpa_flash"  # cuDNN is faster but failed at 8192
     assert "sdpa_cudnn" in row["not_everywhere"]
     # naive against the best at each shape: 10× where cuDNN ran (1 ms), 5× where only flash did (2 ms)
     assert row["naive_slowdown"] == pytest.approx((10 * 10 * 5) ** (1 / 3))
 
 
 def test_report_tables():
-    df = _rows({"naive": lambda L, d: None if L > 2048 else 5.0, "sdpa_default": lambda L, d: 1.0,
-                "sdpa_repeat_kv": lambda L, d: 2.0})
+    df = _rows(
+        {
+            "naive": lambda L, d: None if L > 2048 else 5.0,
+            "sdpa_default": lambda L, d: 1.0,
+            "sdpa_repeat_kv": lambda L, d: 2.0,
+        }
+    )
     fails = report.first_failures(df)
     assert set(fails["first_failure_len"]) == {8192} and set(fails["longest_ok_len"]) == {2048}
     g = report.gqa_comparison(df)

@@ -11,21 +11,32 @@ import nbformat
 import pandas as pd
 import pytest
 
-from servelab.book.__main__ import main
-from servelab.book.claim_links import claim_target, findings_anchor
-from servelab.book.findings import FindingsError, book_findings, book_runs
-from servelab.book.findings_table import (NOT_MEASURED, TABLE_CLASS, FindingsMismatch, findings_table, format_value,
-                                          md_text, one_line, render_landing_table, render_summary, verdict_counts)
-from servelab.book.prepare import prepare
-from servelab.book.reproduce import parameters_source, render_reproduce
-from servelab.book.seed_claims import SEED_CLAIMS_CSV, claim_anchor, claim_sort_key, load_seed_claims
-from servelab.book.studies import STUDIES, STUDIES_DIR, PageConflict, study_pages
-from servelab.results import REPO_ROOT
+from servelab.paths import REPO_ROOT
+from servelab_book.__main__ import main
+from servelab_book.claim_links import claim_target, findings_anchor
+from servelab_book.findings import FindingsError, book_findings, book_runs
+from servelab_book.findings_table import (
+    NOT_MEASURED,
+    TABLE_CLASS,
+    FindingsMismatch,
+    findings_table,
+    format_value,
+    md_text,
+    one_line,
+    render_landing_table,
+    render_summary,
+    verdict_counts,
+)
+from servelab_book.prepare import prepare
+from servelab_book.reproduce import parameters_source, render_reproduce
+from servelab_book.seed_claims import SEED_CLAIMS_CSV, claim_anchor, claim_sort_key, load_seed_claims
+from servelab_book.studies import STUDIES, STUDIES_DIR, PageConflict, study_pages
 
 REAL_PLACEHOLDERS = STUDIES_DIR
 
 
 # ---- fixtures: a scratch book with placeholders, results and notebooks ---------------------------
+
 
 @pytest.fixture
 def studies_dir(tmp_path) -> Path:
@@ -46,8 +57,11 @@ def executed_notebook(path: Path, findings_heading: str | None = "## Findings") 
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_markdown_cell("# Study 5: Attention kernels\n\nThe question.")]
     if findings_heading:
-        nb.cells.append(nbformat.v4.new_markdown_cell(f"```python\n# {findings_heading[3:]} (in a fence: no heading)\n```"
-                                                      f"\n\n{findings_heading}\n\nTakeaways."))
+        nb.cells.append(
+            nbformat.v4.new_markdown_cell(
+                f"```python\n# {findings_heading[3:]} (in a fence: no heading)\n```\n\n{findings_heading}\n\nTakeaways."
+            )
+        )
     nbformat.write(nb, path)
     return path
 
@@ -55,32 +69,69 @@ def executed_notebook(path: Path, findings_heading: str | None = "## Findings") 
 def write_run(root: Path, slug: str, study: str, findings: list[dict] | None, started="2026-12-02T12:00:00+00:00"):
     d = root / slug / study
     d.mkdir(parents=True, exist_ok=True)
-    (d / "run.json").write_text(json.dumps({
-        "study": study, "git_commit": "0123456789abcdef", "started_utc": started,
-        "device": {"name": "NVIDIA H200", "torch": "2.11.0", "cuda": "13.0", "driver": "580.1"},
-        "ceilings": {"copy_gb_s": 4223.17, "matmul_tflop_s": 804.4, "matmul_dtype": "bfloat16"}}))
+    (d / "run.json").write_text(
+        json.dumps(
+            {
+                "study": study,
+                "git_commit": "0123456789abcdef",
+                "started_utc": started,
+                "device": {"name": "NVIDIA H200", "torch": "2.11.0", "cuda": "13.0", "driver": "580.1"},
+                "ceilings": {"copy_gb_s": 4223.17, "matmul_tflop_s": 804.4, "matmul_dtype": "bfloat16"},
+            }
+        )
+    )
     if findings is not None:
         pd.DataFrame(findings).to_csv(d / "findings.csv", index=False)
     return d
 
 
-F5 = [{"id": "F5.1", "claim": "sdpa vs naive", "seed_value": 7.64, "measured_value": 23.1234, "unit": "×",
-       "verdict": "changes", "note": "cuDNN attention is the default on sm90. It fuses the softmax."},
-      {"id": "F5.2", "claim": "memory", "seed_value": "25 vs 2.4", "measured_value": 1024.0, "unit": "×",
-       "verdict": "holds", "note": "naive grows quadratically"},
-      {"id": "F5.3", "claim": "kernel vs arch", "seed_value": "", "measured_value": "kernel", "unit": "",
-       "verdict": "fails", "note": "a | pipe, *stars* and $dollars$"}]
+F5 = [
+    {
+        "id": "F5.1",
+        "claim": "sdpa vs naive",
+        "seed_value": 7.64,
+        "measured_value": 23.1234,
+        "unit": "×",
+        "verdict": "changes",
+        "note": "cuDNN attention is the default on sm90. It fuses the softmax.",
+    },
+    {
+        "id": "F5.2",
+        "claim": "memory",
+        "seed_value": "25 vs 2.4",
+        "measured_value": 1024.0,
+        "unit": "×",
+        "verdict": "holds",
+        "note": "naive grows quadratically",
+    },
+    {
+        "id": "F5.3",
+        "claim": "kernel vs arch",
+        "seed_value": "",
+        "measured_value": "kernel",
+        "unit": "",
+        "verdict": "fails",
+        "note": "a | pipe, *stars* and $dollars$",
+    },
+]
 
 
 # ---- seed claims ---------------------------------------------------------------------------------
+
 
 def test_seed_claims_are_the_22_numbered_claims_in_order():
     seed = load_seed_claims()
     assert len(seed) == 22
     assert seed["id"].iloc[0] == "F1.1" and seed["id"].iloc[-1] == "F7.4"
     assert seed.groupby("study").size().to_dict() == {
-        "01_scheduling": 3, "02_gpu_costs": 3, "03_speculative": 3, "04_kv_cache": 4, "05_attention": 3,
-        "06_hf_assisted": 2, "07_prefix_cache": 4}
+        "01_scheduling": 3,
+        "02_gpu_costs": 3,
+        "03_speculative": 3,
+        "04_kv_cache": 4,
+        "05_attention": 3,
+        "06_hf_assisted": 2,
+        "07_prefix_cache": 4,
+    }
     # every claim of the seed's summary table is in the data file, spelled the same way
     assert seed.set_index("id").loc["F5.1", "rtx2070_value"] == "7.64×"
 
@@ -106,6 +157,7 @@ def test_claim_ids_sort_numerically_and_anchor():
 
 # ---- study pages ---------------------------------------------------------------------------------
 
+
 def test_committed_placeholders_follow_the_study_structure():
     for page in study_pages():
         if page.measured:
@@ -114,15 +166,26 @@ def test_committed_placeholders_follow_the_study_structure():
         assert text.startswith(f"# Study {page.study.number}: ")
         assert ":::{admonition} Not yet measured" in text
         headings = re.findall(r"^## (.+)$", text, re.M)
-        assert headings == ["Question", "Setup", "Results", "Findings", "Seed vs H200", "Limitations",
-                            "How to re-run this study"]
+        assert headings == [
+            "Question",
+            "Setup",
+            "Results",
+            "Findings",
+            "Seed vs H200",
+            "Limitations",
+            "How to re-run this study",
+        ]
         assert f"../_generated/claims/{page.study.slug}.md" in text
         issue = page.study.issue
         assert (f"issue #{issue}" in text) if issue else ("a later issue" in text)
         # no placeholder numbers: the only digits are the study number, claim ranges, issue and file names
         prose = re.sub(r"```.*?```", "", text, flags=re.S)
-        prose = re.sub(r"F\d\.\d|Study \d|issue #\d+|\d\d_[a-z_]+|sm\d\d|Qwen2(-\d\.\dB)?|gpt2|float64|bf16|fp16|RTX 2070|H200"
-                       r"|\{cite:[pt]\}`[^`]+`", "", prose)
+        prose = re.sub(
+            r"F\d\.\d|Study \d|issue #\d+|\d\d_[a-z_]+|sm\d\d|Qwen2(-\d\.\dB)?|gpt2|float64|bf16|fp16|RTX 2070|H200"
+            r"|\{cite:[pt]\}`[^`]+`",
+            "",
+            prose,
+        )
         assert not re.search(r"\d", prose), re.search(r".{30}\d.{30}", prose)
 
 
@@ -147,13 +210,15 @@ def test_claim_links_go_to_the_claim_or_the_findings_heading(studies_dir):
     pages = {p.study.slug: p for p in study_pages(studies_dir)}
     assert claim_target(pages["04_kv_cache"], "F4.2") == "project:#claim-f4-2"
     assert findings_anchor(pages["05_attention"]) == "findings-seed-vs-h200"
-    assert claim_target(pages["05_attention"], "F5.1") == \
-        "project:/book/studies/05_attention.ipynb#findings-seed-vs-h200"
+    assert (
+        claim_target(pages["05_attention"], "F5.1") == "project:/book/studies/05_attention.ipynb#findings-seed-vs-h200"
+    )
     executed_notebook(studies_dir / "05_attention.ipynb", None)
     assert claim_target(pages["05_attention"], "F5.1") == "project:/book/studies/05_attention.ipynb"
 
 
 # ---- findings ------------------------------------------------------------------------------------
+
 
 def test_only_the_h200_counts_and_the_latest_run_wins(tmp_path):
     write_run(tmp_path, "cpu", "05_attention", F5)  # a smoke run must never become an H200 value
@@ -170,13 +235,29 @@ def test_only_the_h200_counts_and_the_latest_run_wins(tmp_path):
 
 
 def test_f23_takes_the_simulators_validation_as_its_evidence(tmp_path):
-    own = {"id": "F2.3", "claim": "default costs hold", "seed_value": "30-70", "measured_value": "7.4",
-           "unit": "µs/token", "verdict": "changes", "note": "re-fit per GPU"}
+    own = {
+        "id": "F2.3",
+        "claim": "default costs hold",
+        "seed_value": "30-70",
+        "measured_value": "7.4",
+        "unit": "µs/token",
+        "verdict": "changes",
+        "note": "re-fit per GPU",
+    }
     write_run(tmp_path, "nvidia-h200", "02_gpu_costs", [own])
     assert book_findings(tmp_path).loc[0, "verdict"] == "changes"  # no validation run yet: the study's own row
     sim = write_run(tmp_path, "nvidia-h200", "08_simulator", None, "2026-12-03T00:00:00+00:00")
-    pd.DataFrame([dict(own, measured_value="33.9", unit="% median |error|", verdict="fails",
-                       note="median error over held-out runs")]).to_csv(sim / "f23_evidence.csv", index=False)
+    pd.DataFrame(
+        [
+            dict(
+                own,
+                measured_value="33.9",
+                unit="% median |error|",
+                verdict="fails",
+                note="median error over held-out runs",
+            )
+        ]
+    ).to_csv(sim / "f23_evidence.csv", index=False)
     row = book_findings(tmp_path).iloc[0]
     assert (row["verdict"], row["measured_value"], row["claim"]) == ("fails", "33.9", "default costs hold")
     assert "the study's own run alone said: changes, 7.4 µs/token" in row["note"]
@@ -186,11 +267,14 @@ def test_f23_takes_the_simulators_validation_as_its_evidence(tmp_path):
         book_findings(tmp_path)
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"verdict": "maybe"}, "verdict must be one of"),
-    ({"id": "F4.1"}, "claim F4.1 belongs to study 4, not to 05_attention"),
-    ({"id": "X"}, "not a claim id"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"verdict": "maybe"}, "verdict must be one of"),
+        ({"id": "F4.1"}, "claim F4.1 belongs to study 4, not to 05_attention"),
+        ({"id": "X"}, "not a claim id"),
+    ],
+)
 def test_bad_findings_are_refused_with_the_file_named(tmp_path, change, message):
     write_run(tmp_path, "nvidia-h200", "05_attention", [dict(F5[0], **change)])
     with pytest.raises(FindingsError, match=f"findings.csv: .*{message}"):
@@ -206,10 +290,24 @@ def test_missing_findings_columns_are_refused(tmp_path):
 
 # ---- the table -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("raw, shown", [("7.641234", "7.64"), ("4223.1", "4,223"), ("0.012345", "0.0123"),
-                                        ("36864", "36,864"), ("36864.0", "36,864"), ("-1.5", "-1.5"), ("7.80", "7.8"),
-                                        ("21923–47819", "21,923–47,819"), ("7.8 / 275.2", "7.8 / 275.2"),
-                                        ("0", "0"), ("nan", "nan"), ("n=2 and n=12", "n=2 and n=12")])
+
+@pytest.mark.parametrize(
+    "raw, shown",
+    [
+        ("7.641234", "7.64"),
+        ("4223.1", "4,223"),
+        ("0.012345", "0.0123"),
+        ("36864", "36,864"),
+        ("36864.0", "36,864"),
+        ("-1.5", "-1.5"),
+        ("7.80", "7.8"),
+        ("21923–47819", "21,923–47,819"),
+        ("7.8 / 275.2", "7.8 / 275.2"),
+        ("0", "0"),
+        ("nan", "nan"),
+        ("n=2 and n=12", "n=2 and n=12"),
+    ],
+)
 def test_values_are_formatted_for_reading(raw, shown):
     assert format_value(raw) == shown
 
@@ -235,8 +333,10 @@ def test_findings_table_joins_seed_h200_and_pages(tmp_path, studies_dir):
     unmeasured = table.set_index("id").loc["F4.1"]
     assert unmeasured.verdict == NOT_MEASURED and "issue #4" in unmeasured.reason
     assert verdict_counts(table) == {"holds": 1, "changes": 1, "fails": 1, NOT_MEASURED: 19}
-    assert render_summary(table).startswith("Of the seed's 22 claims, 3 have been measured on the H200: "
-                                            "1 hold, 1 change and 1 fail; 19 are not yet measured.")
+    assert render_summary(table).startswith(
+        "Of the seed's 22 claims, 3 have been measured on the H200: "
+        "1 hold, 1 change and 1 fail; 19 are not yet measured."
+    )
     md = render_landing_table(table)
     assert f":class: {TABLE_CLASS}" in md
     assert md.count("\n* - ") == 23  # header + 22 claims
@@ -254,6 +354,7 @@ def test_findings_for_a_placeholder_page_are_refused(tmp_path, studies_dir):
 
 # ---- reproduce ------------------------------------------------------------------------------------
 
+
 def test_reproduce_reads_each_notebooks_parameters(tmp_path):
     nb = nbformat.v4.new_notebook()
     cell = nbformat.v4.new_code_cell('profile = "auto"\nseq_lens = None  # profile default')
@@ -262,7 +363,9 @@ def test_reproduce_reads_each_notebooks_parameters(tmp_path):
     nbformat.write(nb, tmp_path / "02_gpu_costs.ipynb")
     assert parameters_source(tmp_path / "02_gpu_costs.ipynb").startswith('profile = "auto"')
     md = render_reproduce(tmp_path)
-    assert "papermill --cwd notebooks notebooks/02_gpu_costs.ipynb book/studies/02_gpu_costs.ipynb -p profile full" in md
+    assert (
+        "papermill --cwd notebooks notebooks/02_gpu_costs.ipynb book/studies/02_gpu_costs.ipynb -p profile full" in md
+    )
     assert "seq_lens = None" in md
     assert "`notebooks/01_scheduling.ipynb`, is not written yet" in md
     nb.cells[1].metadata["tags"] = []
@@ -273,6 +376,7 @@ def test_reproduce_reads_each_notebooks_parameters(tmp_path):
 
 # ---- prepare, end to end -------------------------------------------------------------------------
 
+
 def test_prepare_writes_deterministic_includes(tmp_path, studies_dir):
     (studies_dir / "05_attention.md").unlink()
     executed_notebook(studies_dir / "05_attention.ipynb")
@@ -282,9 +386,21 @@ def test_prepare_writes_deterministic_includes(tmp_path, studies_dir):
     kwargs = dict(studies_dir=studies_dir, notebooks_dir=tmp_path / "nb", generated_dir=gen, mathjax_target=None)
     first = prepare(results, **kwargs)
     names = sorted(p.relative_to(gen).as_posix() for p in first.written)
-    assert names == sorted(["findings_summary.md", "findings_table.md", "findings_by_study.md", "runs_table.md",
-                            "reproduce.md", "engine_bench.md", "engine_decode.md", "engine_exactness.md",
-                            "engine_code_status.md", "scheduling_step_costs.md"] + [f"claims/{s.slug}.md" for s in STUDIES])
+    assert names == sorted(
+        [
+            "findings_summary.md",
+            "findings_table.md",
+            "findings_by_study.md",
+            "runs_table.md",
+            "reproduce.md",
+            "engine_bench.md",
+            "engine_decode.md",
+            "engine_exactness.md",
+            "engine_code_status.md",
+            "scheduling_step_costs.md",
+        ]
+        + [f"claims/{s.slug}.md" for s in STUDIES]
+    )
     assert first.measured_pages == ["05_attention"] and first.counts["holds"] == 1 and not first.warnings
     snapshot = {p: p.read_bytes() for p in gen.rglob("*.md")}
     second = prepare(results, **kwargs)
@@ -297,14 +413,14 @@ def test_prepare_writes_deterministic_includes(tmp_path, studies_dir):
 
 
 def test_cli_prepare_fails_with_a_clear_message(tmp_path, monkeypatch, capsys):
-    import servelab.book.prepare as prep
+    import servelab_book.prepare as prep
 
     def conflict(_):
         raise PageConflict("boom: fix it")
 
     monkeypatch.setattr(prep, "study_pages", conflict)
     assert main(["prepare", "--results", str(tmp_path)]) == 1
-    assert "servelab.book prepare: boom: fix it" in capsys.readouterr().err
+    assert "servelab_book prepare: boom: fix it" in capsys.readouterr().err
 
 
 def test_pages_are_named_by_their_own_title(studies_dir):
@@ -316,15 +432,18 @@ def test_pages_are_named_by_their_own_title(studies_dir):
 
 
 def test_engine_bench_table(tmp_path):
-    from servelab.book.engine_bench import find_bench, render_engine_bench
+    from servelab_book.engine_bench import find_bench, render_engine_bench
 
     assert find_bench(tmp_path) is None
     assert "not been benchmarked on the H200 yet" in render_engine_bench(None)
     d = tmp_path / "nvidia-h200" / "engine"
     d.mkdir(parents=True)
-    pd.DataFrame([{"metric": "decode_ms_b1_ctx128", "value": 0.61234, "unit": "ms", "floor": 0.24},
-                  {"metric": "offline_tok_s", "value": 41234.7, "unit": "tok/s", "floor": ""}]).to_csv(
-        d / "bench.csv", index=False)
+    pd.DataFrame(
+        [
+            {"metric": "decode_ms_b1_ctx128", "value": 0.61234, "unit": "ms", "floor": 0.24},
+            {"metric": "offline_tok_s", "value": 41234.7, "unit": "tok/s", "floor": ""},
+        ]
+    ).to_csv(d / "bench.csv", index=False)
     md = render_engine_bench(find_bench(tmp_path))
     assert "decode\\_ms\\_b1\\_ctx128" in md and "0.612" in md and "41,235" in md and "floor" in md and "  - —" in md
     pd.DataFrame([{"metric": "x"}]).to_csv(d / "bench.csv", index=False)
@@ -334,14 +453,15 @@ def test_engine_bench_table(tmp_path):
 
 def test_prepare_checkout_builds_another_clones_book(tmp_path, monkeypatch):
     """A second checkout using this package (a shared venv) gets its own includes, not this one's."""
-    from servelab.book.prepare import prepare_checkout
+    from servelab_book.prepare import prepare_checkout
 
     monkeypatch.delenv("SERVELAB_RESULTS", raising=False)
     clone = tmp_path / "clone"
     (clone / "data" / "seed").mkdir(parents=True)
     shutil.copy(SEED_CLAIMS_CSV, clone / "data" / "seed" / "claims.csv")
-    shutil.copytree(REPO_ROOT / "book" / "studies", clone / "book" / "studies",
-                    ignore=shutil.ignore_patterns("*.ipynb"))
+    shutil.copytree(
+        REPO_ROOT / "book" / "studies", clone / "book" / "studies", ignore=shutil.ignore_patterns("*.ipynb")
+    )
     for s in STUDIES:
         if not (clone / "book" / "studies" / f"{s.slug}.md").exists():
             (clone / "book" / "studies" / f"{s.slug}.md").write_text(f"# Study {s.number}: x\n")
@@ -349,7 +469,7 @@ def test_prepare_checkout_builds_another_clones_book(tmp_path, monkeypatch):
         prepare_checkout(clone)
     (clone / "_toc.yml").write_text("root: book/intro\n")
     write_run(clone / "data" / "results", "nvidia-h200", "01_scheduling", None)
-    monkeypatch.setattr("servelab.book.prepare.vendor_mathjax", lambda target: target.mkdir(parents=True))
+    monkeypatch.setattr("servelab_book.prepare.vendor_mathjax", lambda target: target.mkdir(parents=True))
     report = prepare_checkout(clone)
     assert all(p.is_relative_to(clone) for p in report.written)
     assert (clone / "book" / "_generated" / "findings_table.md").exists()
@@ -361,15 +481,22 @@ def test_prepare_warns_about_an_executed_page_without_an_h200_run(tmp_path, stud
     (studies_dir / "05_attention.md").unlink()
     executed_notebook(studies_dir / "05_attention.ipynb")
     write_run(tmp_path / "results", "cpu", "05_attention", F5)  # e.g. a smoke run copied into the book
-    report = prepare(tmp_path / "results", studies_dir=studies_dir, notebooks_dir=tmp_path / "nb",
-                     generated_dir=tmp_path / "gen", mathjax_target=None)
-    assert report.warnings == ["book/studies/05_attention.ipynb is an executed notebook, but the results hold no "
-                               "'h200' run of 05_attention (a smoke run, or results not committed?)"]
+    report = prepare(
+        tmp_path / "results",
+        studies_dir=studies_dir,
+        notebooks_dir=tmp_path / "nb",
+        generated_dir=tmp_path / "gen",
+        mathjax_target=None,
+    )
+    assert report.warnings == [
+        "book/studies/05_attention.ipynb is an executed notebook, but the results hold no "
+        "'h200' run of 05_attention (a smoke run, or results not committed?)"
+    ]
     assert "\n  warning: book/studies/05_attention.ipynb" in report.summary()
 
 
 def test_mathjax_is_vendored_from_the_installed_package(tmp_path):
-    from servelab.book.mathjax import ENTRY, PARTS, MathJaxMissing, mathjax_source, vendor_mathjax
+    from servelab_book.mathjax import ENTRY, PARTS, MathJaxMissing, mathjax_source, vendor_mathjax
 
     src = mathjax_source()  # the pinned sphinx-mathjax-offline ships MathJax 3
     assert "MathJax" in (src / ENTRY).read_text(errors="replace")

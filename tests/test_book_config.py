@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import yaml
 
-from servelab.book.check import BOOK_PAGES
-from servelab.book.studies import STUDIES
-from servelab.results import REPO_ROOT
+from servelab.paths import REPO_ROOT
+from servelab_book.check import BOOK_PAGES
+from servelab_book.studies import STUDIES
 
 CONFIG = yaml.safe_load((REPO_ROOT / "_config.yml").read_text())
 TOC = yaml.safe_load((REPO_ROOT / "_toc.yml").read_text())
@@ -45,9 +45,19 @@ def test_config_renders_executed_notebooks_offline_and_strictly():
 
 def test_bibliography_has_every_work_the_issue_names():
     bib = (REPO_ROOT / "book" / "references.bib").read_text()
-    for key in ("yu2022orca", "kwon2023vllm", "agrawal2024sarathi", "agrawal2024vidur", "leviathan2023speculative",
-                "chen2023speculative", "dao2024flashattention2", "shah2024flashattention3", "dong2024flexattention",
-                "zheng2024sglang", "williams2009roofline"):
+    for key in (
+        "yu2022orca",
+        "kwon2023vllm",
+        "agrawal2024sarathi",
+        "agrawal2024vidur",
+        "leviathan2023speculative",
+        "chen2023speculative",
+        "dao2024flashattention2",
+        "shah2024flashattention3",
+        "dong2024flexattention",
+        "zheng2024sglang",
+        "williams2009roofline",
+    ):
         assert f"{{{key}," in bib
         cited = any(key in p.read_text() for p in (REPO_ROOT / "book").rglob("*.md"))
         assert cited, f"{key} is never cited"

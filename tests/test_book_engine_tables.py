@@ -4,8 +4,12 @@ import json
 
 import pandas as pd
 
-from servelab.book.engine_tables import (engine_code_changed_since, render_code_status, render_decode_comparison,
-                                         render_exactness)
+from servelab_book.engine_tables import (
+    engine_code_changed_since,
+    render_code_status,
+    render_decode_comparison,
+    render_exactness,
+)
 
 
 def bench_dir(tmp_path):
@@ -17,9 +21,15 @@ def bench_dir(tmp_path):
 
 def test_decode_table_has_each_impl_and_the_floor(tmp_path):
     d = bench_dir(tmp_path)
-    rows = [dict(impl=i, batch=b, context=c, median_ms=m, floor_ms=f, pct_of_floor=100 * f / m, status=s)
-            for i, b, c, m, f, s in [("engine_triton", 1, 128, 1.0, 0.25, "ok"), ("hf_eager", 1, 128, 30.0, 0.25, "ok"),
-                                     ("engine_triton", 64, 512, 2.0, 0.5, "ok"), ("hf_eager", 64, 512, 1e9, 0.5, "oom")]]
+    rows = [
+        dict(impl=i, batch=b, context=c, median_ms=m, floor_ms=f, pct_of_floor=100 * f / m, status=s)
+        for i, b, c, m, f, s in [
+            ("engine_triton", 1, 128, 1.0, 0.25, "ok"),
+            ("hf_eager", 1, 128, 30.0, 0.25, "ok"),
+            ("engine_triton", 64, 512, 2.0, 0.5, "ok"),
+            ("hf_eager", 64, 512, 1e9, 0.5, "oom"),
+        ]
+    ]
     pd.DataFrame(rows).to_csv(d / "decode.csv", index=False)
     text = render_decode_comparison(d / "bench.csv")
     assert "1.00 ms (25.0%)" in text and "30.00 ms (0.8%)" in text and "2.00 ms (25.0%)" in text
@@ -29,9 +39,20 @@ def test_decode_table_has_each_impl_and_the_floor(tmp_path):
 
 def test_exactness_table_summarises_prompts(tmp_path):
     d = bench_dir(tmp_path)
-    rows = [dict(model="config:m", dtype="bfloat16", engine="triton", prompt=p, steps=32, tokens_agree=a,
-                 logit_max_abs_err=e, ref_top1_top2_gap=0.05, tf_argmax_agree_frac=t)
-            for p, a, e, t in [(0, 4, 0.01, 1.0), (1, 32, 0.03, 0.5), (2, 10, 0.02, 0.75)]]
+    rows = [
+        dict(
+            model="config:m",
+            dtype="bfloat16",
+            engine="triton",
+            prompt=p,
+            steps=32,
+            tokens_agree=a,
+            logit_max_abs_err=e,
+            ref_top1_top2_gap=0.05,
+            tf_argmax_agree_frac=t,
+        )
+        for p, a, e, t in [(0, 4, 0.01, 1.0), (1, 32, 0.03, 0.5), (2, 10, 0.02, 0.75)]
+    ]
     pd.DataFrame(rows).to_csv(d / "exactness.csv", index=False)
     text = render_exactness(d / "bench.csv")
     assert "4 / 10 of 32" in text and "0.03" in text and "0.750" in text
@@ -51,13 +72,16 @@ def test_code_status_names_the_commit(tmp_path):
 
 def test_caption_and_code_status_read_one_provenance(tmp_path):
     """The bench table's caption and the code-status line name the same commit, read once from run.json."""
-    from servelab.book.engine_bench import bench_provenance, render_engine_bench
+    from servelab_book.engine_bench import bench_provenance, render_engine_bench
 
     d = bench_dir(tmp_path)
     assert bench_provenance(d / "bench.csv") is None and bench_provenance(None) is None
     assert render_code_status(d / "bench.csv") == ""  # no sidecar: nothing to say
-    (d / "run.json").write_text(json.dumps({"git_commit": "f" * 40 + "+dirty", "started_utc": "2026-12-02T14:00",
-                                            "written_utc": "2026-12-02T14:05"}))
+    (d / "run.json").write_text(
+        json.dumps(
+            {"git_commit": "f" * 40 + "+dirty", "started_utc": "2026-12-02T14:00", "written_utc": "2026-12-02T14:05"}
+        )
+    )
     prov = bench_provenance(d / "bench.csv")
     assert prov.commit == "f" * 12 and prov.when == "2026-12-02T14:05"
     assert f"run at commit `{'f' * 12}` on 2026-12-02T14:05" in render_engine_bench(d / "bench.csv")

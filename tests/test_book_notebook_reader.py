@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import nbformat
 
-from servelab.book.notebook_reader import merge_streams, read_notebook, settle_carriage_returns
+from servelab_book.notebook_reader import merge_streams, read_notebook, settle_carriage_returns
 
 
 def stream(name, text):
@@ -17,19 +17,33 @@ def test_carriage_returns_keep_the_last_write_of_each_line():
 
 
 def test_tqdm_refreshes_collapse_and_order_is_kept():
-    outs = [stream("stdout", "loading model\n")] + [stream("stderr", f"\rsweep: {i}/3") for i in range(4)] + [
-        stream("stderr", "\n"), nbformat.v4.new_output("display_data", data={"text/plain": "table"}),
-        stream("stderr", "\rsweep: 0/2"), stream("stderr", "\rsweep: 2/2\n"), stream("stdout", "done\n")]
+    outs = (
+        [stream("stdout", "loading model\n")]
+        + [stream("stderr", f"\rsweep: {i}/3") for i in range(4)]
+        + [
+            stream("stderr", "\n"),
+            nbformat.v4.new_output("display_data", data={"text/plain": "table"}),
+            stream("stderr", "\rsweep: 0/2"),
+            stream("stderr", "\rsweep: 2/2\n"),
+            stream("stdout", "done\n"),
+        ]
+    )
     merged = merge_streams(outs)
     assert [(o.output_type, o.get("name"), o.get("text")) for o in merged] == [
-        ("stream", "stdout", "loading model\n"), ("stream", "stderr", "sweep: 3/3\n"),
-        ("display_data", None, None), ("stream", "stderr", "sweep: 2/2\n"), ("stream", "stdout", "done\n")]
+        ("stream", "stdout", "loading model\n"),
+        ("stream", "stderr", "sweep: 3/3\n"),
+        ("display_data", None, None),
+        ("stream", "stderr", "sweep: 2/2\n"),
+        ("stream", "stdout", "done\n"),
+    ]
 
 
 def test_read_notebook_touches_only_stream_outputs():
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_markdown_cell("# T\n\r"),
-                nbformat.v4.new_code_cell("x", outputs=[stream("stderr", "\ra"), stream("stderr", "\rb")])]
+    nb.cells = [
+        nbformat.v4.new_markdown_cell("# T\n\r"),
+        nbformat.v4.new_code_cell("x", outputs=[stream("stderr", "\ra"), stream("stderr", "\rb")]),
+    ]
     out = read_notebook(nbformat.writes(nb))
     assert out.cells[0].source == "# T\n\r"
     assert [o.text for o in out.cells[1].outputs] == ["b"]
@@ -37,15 +51,25 @@ def test_read_notebook_touches_only_stream_outputs():
 
 def test_a_takeaway_echo_is_dropped_but_other_results_stay():
     box = ":::{admonition} F5.1\n:class: tip\nIt's **2×** faster.\n:::\n"
-    outs = [nbformat.v4.new_output("display_data", data={"text/markdown": box, "text/plain": "<Markdown>"}),
-            nbformat.v4.new_output("execute_result", data={"text/plain": repr(box)}, execution_count=3),
-            # IPython's pretty printer may wrap a long string as implicitly joined pieces
-            nbformat.v4.new_output("execute_result", data={"text/plain": "(':::{admonition} F5.1\\n'\n ':class: tip\\n'\n"
-                                                           " \"It's **2×** faster.\\n\"\n ':::\\n')"}, execution_count=3)]
+    outs = [
+        nbformat.v4.new_output("display_data", data={"text/markdown": box, "text/plain": "<Markdown>"}),
+        nbformat.v4.new_output("execute_result", data={"text/plain": repr(box)}, execution_count=3),
+        # IPython's pretty printer may wrap a long string as implicitly joined pieces
+        nbformat.v4.new_output(
+            "execute_result",
+            data={
+                "text/plain": "(':::{admonition} F5.1\\n'\n ':class: tip\\n'\n \"It's **2×** faster.\\n\"\n ':::\\n')"
+            },
+            execution_count=3,
+        ),
+    ]
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell("takeaway(...)", outputs=outs),
-                nbformat.v4.new_code_cell("'x'", outputs=[nbformat.v4.new_output(
-                    "execute_result", data={"text/plain": "'x'"}, execution_count=4)])]
+    nb.cells = [
+        nbformat.v4.new_code_cell("takeaway(...)", outputs=outs),
+        nbformat.v4.new_code_cell(
+            "'x'", outputs=[nbformat.v4.new_output("execute_result", data={"text/plain": "'x'"}, execution_count=4)]
+        ),
+    ]
     out = read_notebook(nbformat.writes(nb))
     assert [o.output_type for o in out.cells[0].outputs] == ["display_data"]
     assert [o.output_type for o in out.cells[1].outputs] == ["execute_result"]

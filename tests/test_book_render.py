@@ -15,8 +15,8 @@ import nbformat
 import pytest
 from bs4 import BeautifulSoup
 
-from servelab.book.takeaway import takeaway
-from servelab.results import REPO_ROOT
+from servelab.paths import REPO_ROOT
+from servelab_book.takeaway import takeaway
 
 JB = Path(sys.executable).with_name("jupyter-book")
 
@@ -28,19 +28,35 @@ def test_takeaway_output_renders_as_an_admonition(tmp_path, monkeypatch):
     shutil.copy(REPO_ROOT / "_config.yml", tmp_path / "_config.yml")
     (tmp_path / "book" / "studies").mkdir(parents=True)
     shutil.copy(REPO_ROOT / "book" / "references.bib", tmp_path / "book" / "references.bib")
-    shutil.copytree(REPO_ROOT / "book" / "_static", tmp_path / "book" / "_static",
-                    ignore=shutil.ignore_patterns("mathjax"))
+    shutil.copytree(
+        REPO_ROOT / "book" / "_static", tmp_path / "book" / "_static", ignore=shutil.ignore_patterns("mathjax")
+    )
     (tmp_path / "_toc.yml").write_text("format: jb-book\nroot: book/intro\nchapters:\n  - file: book/studies/05_x\n")
-    (tmp_path / "book" / "intro.md").write_text("# Intro\n\nSee [the findings](project:/book/studies/05_x.ipynb#findings).\n")
+    (tmp_path / "book" / "intro.md").write_text(
+        "# Intro\n\nSee [the findings](project:/book/studies/05_x.ipynb#findings).\n"
+    )
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.cells = [nbformat.v4.new_markdown_cell("# Study 5: x\n\n## Findings"),
-                nbformat.v4.new_code_cell("takeaway(...)", execution_count=1, outputs=[nbformat.v4.new_output(
-                    "display_data", data={"text/markdown": box, "text/plain": "<IPython.core.display.Markdown object>"})])]
+    nb.cells = [
+        nbformat.v4.new_markdown_cell("# Study 5: x\n\n## Findings"),
+        nbformat.v4.new_code_cell(
+            "takeaway(...)",
+            execution_count=1,
+            outputs=[
+                nbformat.v4.new_output(
+                    "display_data", data={"text/markdown": box, "text/plain": "<IPython.core.display.Markdown object>"}
+                )
+            ],
+        ),
+    ]
     nbformat.write(nb, tmp_path / "book" / "studies" / "05_x.ipynb")
 
-    out = subprocess.run([str(JB), "build", str(tmp_path), "--builder", "html", "-W", "-n", "--keep-going"],
-                         capture_output=True, text=True, timeout=240)
+    out = subprocess.run(
+        [str(JB), "build", str(tmp_path), "--builder", "html", "-W", "-n", "--keep-going"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     html = tmp_path / "_build" / "html" / "book" / "studies" / "05_x.html"
     soup = BeautifulSoup(html.read_text(), "html.parser")

@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from servelab.corpus import build_corpus, default_roots, discover, heldout_prompts, is_heldout
-from servelab.profiles import ParameterError
+from servelab.errors import ParameterError
+from servelab.studies.common.family.corpus import build_corpus, default_roots, discover, heldout_prompts, is_heldout
 
 
 def _write_tree(root: Path, n: int = 40) -> None:
@@ -13,10 +13,12 @@ def _write_tree(root: Path, n: int = 40) -> None:
     for i in range(n):
         pkg = root / f"pkg{i % 4}"
         pkg.mkdir(parents=True, exist_ok=True)
-        (pkg / f"mod{i}.py").write_text("".join(f"def f{i}_{j}(x):\n    return x * {j} + {i}\n\n" for j in range(10 + i)))
+        (pkg / f"mod{i}.py").write_text(
+            "".join(f"def f{i}_{j}(x):\n    return x * {j} + {i}\n\n" for j in range(10 + i))
+        )
     (root / "pkg0" / "empty.py").write_text("")
-    (root / "pkg0" / "latin1.py").write_bytes(b"s = '\xe9\xe8'\n" * 20)        # not UTF-8
-    (root / "pkg1" / "huge.py").write_text("x = 1\n" * 20000)                  # over max_file_bytes below
+    (root / "pkg0" / "latin1.py").write_bytes(b"s = '\xe9\xe8'\n" * 20)  # not UTF-8
+    (root / "pkg1" / "huge.py").write_text("x = 1\n" * 20000)  # over max_file_bytes below
     (root / "pkg1" / "__pycache__").mkdir()
     (root / "pkg1" / "__pycache__" / "cached.py").write_text("y = 2\n")
     (root / "pkg2" / "notes.txt").write_text("not python\n")
@@ -96,7 +98,7 @@ def test_heldout_prompts_are_slices_of_one_file():
     for p in ps:  # contiguous run from a file long enough
         src = next(f for f in files if p[0] in f)
         i = src.index(p[0])
-        assert src[i:i + 20] == p and len(src) >= 20
+        assert src[i : i + 20] == p and len(src) >= 20
     assert heldout_prompts(files, 4, 20, seed=1) == ps
     with pytest.raises(ParameterError, match="no held-out file"):
         heldout_prompts(files, 1, 500)

@@ -4,17 +4,24 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from servelab.costs import (CostModel, StepPoint, context_prefill_points, decode_points, mixed_points, prefill_points,
-                            step_sweep)
-from servelab.costs import verdicts
-from servelab.costs.cost_model import STEP_TERMS, fit_all, heldout_table, step_features
-from servelab.costs.launch_overhead import launch_overhead, step_label
-from servelab.costs.params import study_params
-from servelab.costs.points import study_plan
-from servelab.costs.sweep import NO_MIXED_STEP, time_steps
+from servelab.errors import ParameterError
 from servelab.measure import Roofline
 from servelab.models import ModelShape, load_model
-from servelab.profiles import ParameterError
+from servelab.sim.cost_fit import STEP_TERMS, fit_all, heldout_table, step_features
+from servelab.studies.s02_gpu_costs import (
+    CostModel,
+    StepPoint,
+    context_prefill_points,
+    decode_points,
+    mixed_points,
+    prefill_points,
+    step_sweep,
+    verdicts,
+)
+from servelab.studies.s02_gpu_costs.launch_overhead import launch_overhead, step_label
+from servelab.studies.s02_gpu_costs.params import study_params
+from servelab.studies.s02_gpu_costs.points import study_plan
+from servelab.studies.s02_gpu_costs.sweep import NO_MIXED_STEP, time_steps
 
 
 def test_points_respect_their_caps():
@@ -28,12 +35,14 @@ def test_points_respect_their_caps():
 def test_step_sweep_on_cpu_gives_floor_and_percent():
     m = load_model("config:tiny-llama").model
     roof = Roofline(matmul_tflop_s=0.1, copy_gb_s=10.0)
-    df = step_sweep(m, "tiny", prefill_points([8], [1], 64) + decode_points([2], [16], 64), ["hf_eager"], roof,
-                    warmup=1, repeats=2)
+    df = step_sweep(
+        m, "tiny", prefill_points([8], [1], 64) + decode_points([2], [16], 64), ["hf_eager"], roof, warmup=1, repeats=2
+    )
     assert (df["status"] == "ok").all()
     assert (df["floor_ms"] > 0).all() and (df["pct_of_floor"] > 0).all()
     assert df.loc[df.phase == "decode", "us_per_token"].iloc[0] == pytest.approx(
-        df.loc[df.phase == "decode", "median_ms"].iloc[0] * 1e3 / 2)
+        df.loc[df.phase == "decode", "median_ms"].iloc[0] * 1e3 / 2
+    )
 
 
 def test_step_sweep_rejects_unknown_mode():
@@ -82,13 +91,50 @@ def test_cost_model_needs_enough_points():
 
 
 def _verdict_frame(prefill_us, decode_ms_by_ctx, floor_ms):
-    rows = [dict(model="m", mode="hf_eager", phase="prefill", batch=1, new_tokens=n, context=0, status="ok",
-                 us_per_token=prefill_us, pct_of_floor=60.0, median_ms=prefill_us * n / 1e3) for n in (1024, 4096, 8192)]
+    rows = [
+        dict(
+            model="m",
+            mode="hf_eager",
+            phase="prefill",
+            batch=1,
+            new_tokens=n,
+            context=0,
+            status="ok",
+            us_per_token=prefill_us,
+            pct_of_floor=60.0,
+            median_ms=prefill_us * n / 1e3,
+        )
+        for n in (1024, 4096, 8192)
+    ]
     for c, t in decode_ms_by_ctx.items():
-        rows.append(dict(model="m", mode="hf_eager", phase="decode", batch=1, new_tokens=1, context=c, status="ok",
-                         median_ms=t, us_per_token=t * 1e3, pct_of_floor=100 * floor_ms / t))
-        rows.append(dict(model="m", mode="hf_cuda_graph", phase="decode", batch=64, new_tokens=1, context=c,
-                         status="ok", median_ms=t, us_per_token=t * 1e3 / 64, pct_of_floor=50.0))
+        rows.append(
+            dict(
+                model="m",
+                mode="hf_eager",
+                phase="decode",
+                batch=1,
+                new_tokens=1,
+                context=c,
+                status="ok",
+                median_ms=t,
+                us_per_token=t * 1e3,
+                pct_of_floor=100 * floor_ms / t,
+            )
+        )
+        rows.append(
+            dict(
+                model="m",
+                mode="hf_cuda_graph",
+                phase="decode",
+                batch=64,
+                new_tokens=1,
+                context=c,
+                status="ok",
+                median_ms=t,
+                us_per_token=t * 1e3 / 64,
+                pct_of_floor=50.0,
+            )
+        )
     return pd.DataFrame(rows)
 
 
@@ -110,8 +156,16 @@ def test_study_params_validate():
     p = study_params("smoke")
     assert p["profile"] == "smoke" and p["modes"] == ["hf_eager", "engine", "engine_eager"]
     assert study_params("smoke", decode_batches=[4, 1, 4])["decode_batches"] == [1, 4]
-    for bad in (dict(profile="fast"), dict(dtype="int8"), dict(modes=["warp"]), dict(prefill_lengths=[0]),
-                dict(repeats=-1), dict(models=["config:nope"]), dict(models=[]), dict(modes=["hf_cuda_graph"])):
+    for bad in (
+        dict(profile="fast"),
+        dict(dtype="int8"),
+        dict(modes=["warp"]),
+        dict(prefill_lengths=[0]),
+        dict(repeats=-1),
+        dict(models=["config:nope"]),
+        dict(models=[]),
+        dict(modes=["hf_cuda_graph"]),
+    ):
         prof = bad.pop("profile", "smoke")
         with pytest.raises(ParameterError):
             study_params(prof, **bad)
@@ -130,14 +184,19 @@ def test_engine_mode_runs_in_the_same_sweep_as_hf():
 # ---- chunks after context, mixed steps, the step model ---------------------------------------------------------
 
 
-@pytest.mark.parametrize("kw", [dict(phase="chunk", batch=1, new_tokens=8, context=0),
-                                dict(phase="decode", batch=1, new_tokens=2, context=8),
-                                dict(phase="decode", batch=1, new_tokens=1, context=0),
-                                dict(phase="mixed", batch=2, new_tokens=8, context=0, decodes=4, decode_context=8),
-                                dict(phase="mixed", batch=1, new_tokens=8, context=0, decodes=0, decode_context=8),
-                                dict(phase="prefill", batch=1, new_tokens=8, context=0, decodes=4, decode_context=8),
-                                dict(phase="prefill", batch=0, new_tokens=8, context=0),
-                                dict(phase="prefill", batch=1, new_tokens=8, context=-3)])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(phase="chunk", batch=1, new_tokens=8, context=0),
+        dict(phase="decode", batch=1, new_tokens=2, context=8),
+        dict(phase="decode", batch=1, new_tokens=1, context=0),
+        dict(phase="mixed", batch=2, new_tokens=8, context=0, decodes=4, decode_context=8),
+        dict(phase="mixed", batch=1, new_tokens=8, context=0, decodes=0, decode_context=8),
+        dict(phase="prefill", batch=1, new_tokens=8, context=0, decodes=4, decode_context=8),
+        dict(phase="prefill", batch=0, new_tokens=8, context=0),
+        dict(phase="prefill", batch=1, new_tokens=8, context=-3),
+    ],
+)
 def test_step_points_refuse_steps_that_do_not_exist(kw):
     with pytest.raises(ParameterError):
         StepPoint(**kw)
@@ -148,12 +207,17 @@ def test_a_mixed_step_costs_its_parts_with_the_weights_read_once():
     mixed = StepPoint("mixed", 1, 64, 128, decodes=8, decode_context=256)
     flops, nbytes = mixed.work(shape, 2)
     assert flops == pytest.approx(shape.prefill_flops(64, 128, 1) + shape.decode_flops(8, 256))
-    assert nbytes == pytest.approx(shape.prefill_bytes(64, 128, 1, 2) + shape.decode_bytes(8, 256, 2)
-                                   - shape.weight_bytes(2))
+    assert nbytes == pytest.approx(
+        shape.prefill_bytes(64, 128, 1, 2) + shape.decode_bytes(8, 256, 2) - shape.weight_bytes(2)
+    )
     assert mixed.tokens == 72
     assert [(p.new_tokens, p.context) for p in context_prefill_points([128, 512], [512])] == [(128, 512), (512, 512)]
     assert {(p.decodes, p.context) for p in mixed_points([16, 64], 512, 512, [0, 1024])} == {
-        (16, 0), (16, 1024), (64, 0), (64, 1024)}
+        (16, 0),
+        (16, 1024),
+        (64, 0),
+        (64, 1024),
+    }
 
 
 def test_the_plan_runs_chunks_in_the_engine_modes_and_asks_every_mode_for_mixed_steps():
@@ -173,7 +237,8 @@ def test_sweep_times_server_steps_in_the_engine_and_says_hf_has_no_mixed_step():
     big = StepPoint("prefill", 1, 64, 0)
     todo = [(mode, p) for mode in ("hf_eager", "engine", "engine_eager") for p in (chunk, mixed, big)]
     df = time_steps(m, "tiny", todo, roof, warmup=1, repeats=2, max_tokens={"engine_eager": 32}).set_index(
-        ["mode", "phase", "context", "new_tokens"])
+        ["mode", "phase", "context", "new_tokens"]
+    )
     assert df.loc[("hf_eager", "mixed", 16, 8), "status"] == NO_MIXED_STEP
     assert df.loc[("engine_eager", "prefill", 0, 64), "status"].startswith("skipped")
     ok = df[df["status"] == "ok"]
@@ -235,8 +300,13 @@ def test_step_model_reports_held_out_error_above_its_fit_error_with_noise(tmp_pa
 
 
 def test_cost_model_json_without_the_step_model_still_loads(tmp_path):
-    old = {"model": "m", "mode": "x", "prefill": dict.fromkeys(("intercept_ms", "ms_per_token", "ms_per_attn_pair"), 1.0),
-           "decode": dict.fromkeys(("intercept_ms", "ms_per_seq", "ms_per_ctx_token"), 1.0), "fit_error": {}}
+    old = {
+        "model": "m",
+        "mode": "x",
+        "prefill": dict.fromkeys(("intercept_ms", "ms_per_token", "ms_per_attn_pair"), 1.0),
+        "decode": dict.fromkeys(("intercept_ms", "ms_per_seq", "ms_per_ctx_token"), 1.0),
+        "fit_error": {},
+    }
     (tmp_path / "old.json").write_text(json.dumps(old))
     cm = CostModel.load(tmp_path / "old.json")
     assert cm.step == {} and cm.decode_ms(1, 1)[0] == pytest.approx(3.0)
@@ -247,10 +317,36 @@ def test_cost_model_json_without_the_step_model_still_loads(tmp_path):
 def test_launch_overhead_pairs_the_engine_modes_per_step():
     rows = []
     for mode, ms in (("engine", 1.0), ("engine_eager", 4.0), ("hf_eager", 9.0)):
-        rows.append(dict(model="m", mode=mode, phase="mixed", batch=1, new_tokens=512, context=1024, decodes=16,
-                         decode_context=512, status="ok", median_ms=ms, floor_ms=0.5))
-        rows.append(dict(model="m", mode=mode, phase="decode", batch=1, new_tokens=1, context=128, decodes=0,
-                         decode_context=0, status="ok" if mode != "engine_eager" else "oom", median_ms=ms, floor_ms=0.1))
+        rows.append(
+            dict(
+                model="m",
+                mode=mode,
+                phase="mixed",
+                batch=1,
+                new_tokens=512,
+                context=1024,
+                decodes=16,
+                decode_context=512,
+                status="ok",
+                median_ms=ms,
+                floor_ms=0.5,
+            )
+        )
+        rows.append(
+            dict(
+                model="m",
+                mode=mode,
+                phase="decode",
+                batch=1,
+                new_tokens=1,
+                context=128,
+                decodes=0,
+                decode_context=0,
+                status="ok" if mode != "engine_eager" else "oom",
+                median_ms=ms,
+                floor_ms=0.1,
+            )
+        )
     t = launch_overhead(pd.DataFrame(rows))
     assert len(t) == 1  # the decode step has no eager time
     r = t.iloc[0]
@@ -261,13 +357,19 @@ def test_launch_overhead_pairs_the_engine_modes_per_step():
 
 
 def test_new_study_params_validate():
-    from servelab.costs.params import DEFAULTS
+    from servelab.studies.s02_gpu_costs.params import DEFAULTS
 
     assert "engine_eager" in DEFAULTS["full"]["modes"]
     p = study_params("full", modes=["engine", "engine_eager"])  # no HF CUDA graph on a CPU
     assert p["mixed_chunk_contexts"] == [0, 1024] and p["engine_eager_max_tokens"] == 4096
-    for bad in (dict(mixed_chunk_contexts=[-1]), dict(mixed_chunk_contexts=[]), dict(mixed_decode_context=1),
-                dict(chunk_contexts=[0]), dict(mixed_decodes=[0]), dict(engine_eager_max_tokens=0)):
+    for bad in (
+        dict(mixed_chunk_contexts=[-1]),
+        dict(mixed_chunk_contexts=[]),
+        dict(mixed_decode_context=1),
+        dict(chunk_contexts=[0]),
+        dict(mixed_decodes=[0]),
+        dict(engine_eager_max_tokens=0),
+    ):
         with pytest.raises(ParameterError):
             study_params("smoke", **bad)
 
@@ -276,12 +378,25 @@ def test_launch_overhead_figure_draws_both_modes_against_the_floor():
     import matplotlib
 
     matplotlib.use("Agg")
-    from servelab.costs import plots
+    from servelab.studies.s02_gpu_costs import plots
 
-    rows = [dict(model="m", mode=mode, phase=ph, batch=1, new_tokens=n, context=0, decodes=d, decode_context=dc,
-                 status="ok", median_ms=ms, floor_ms=0.2)
-            for mode, ms in (("engine", 1.0), ("engine_eager", 20.0))
-            for ph, n, d, dc in (("prefill", 64, 0, 0), ("mixed", 64, 8, 128))]
+    rows = [
+        dict(
+            model="m",
+            mode=mode,
+            phase=ph,
+            batch=1,
+            new_tokens=n,
+            context=0,
+            decodes=d,
+            decode_context=dc,
+            status="ok",
+            median_ms=ms,
+            floor_ms=0.2,
+        )
+        for mode, ms in (("engine", 1.0), ("engine_eager", 20.0))
+        for ph, n, d, dc in (("prefill", 64, 0, 0), ("mixed", 64, 8, 128))
+    ]
     fig = plots.launch_overhead(launch_overhead(pd.DataFrame(rows)), "test GPU")
     ax = fig.axes[0]
     labels = ax.get_legend_handles_labels()[1]

@@ -5,8 +5,8 @@ import torch
 
 from servelab.engine import Engine, EngineConfig, FinishReason, SamplingParams
 from servelab.engine.engine import CPU_DEFAULT_BLOCKS
+from servelab.errors import ParameterError
 from servelab.models import load_model
-from servelab.profiles import ParameterError
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +47,10 @@ def test_stop_token_and_eos_end_a_request(engine):
 def test_seeded_sampling_is_reproducible_and_seed_dependent(engine):
     def run(seed, neighbours=0):
         others = [SamplingParams(max_tokens=8, temperature=1.0, ignore_eos=True)] * neighbours
-        outs = engine.generate([PROMPT] + [PROMPT[:4]] * neighbours,
-                               [SamplingParams(max_tokens=8, temperature=1.0, seed=seed, ignore_eos=True)] + others)
+        outs = engine.generate(
+            [PROMPT] + [PROMPT[:4]] * neighbours,
+            [SamplingParams(max_tokens=8, temperature=1.0, seed=seed, ignore_eos=True)] + others,
+        )
         return outs[0]
 
     assert run(1) == run(1) == run(1, neighbours=2)
@@ -89,8 +91,9 @@ def test_kv_pool_size_is_reported(hf):
 
 
 def test_from_spec_builds_an_engine_from_the_loader():
-    engine = Engine.from_spec("config:tiny-gpt2", dtype="float32", device="cpu",
-                              config=EngineConfig(block_size=4, num_blocks=32))
+    engine = Engine.from_spec(
+        "config:tiny-gpt2", dtype="float32", device="cpu", config=EngineConfig(block_size=4, num_blocks=32)
+    )
     out = engine.generate([[1, 2, 3]], SamplingParams(max_tokens=4, ignore_eos=True))
     assert len(out[0]) == 4 and engine.model.family == "gpt2"
 
@@ -98,8 +101,8 @@ def test_from_spec_builds_an_engine_from_the_loader():
 def test_varlen_prefill_plumbing(monkeypatch, hf):
     """Where varlen attention exists (CUDA), context-free prefills go through it in one call per layer; here
     an exact CPU stand-in checks that the engine hands it the right packed segments."""
-    import servelab.models.layers.attention as attention
-    from servelab.models.layers.prefill import PrefillSegment, prefill_attention
+    import servelab.kernels.attention as attention
+    from servelab.kernels.prefill import PrefillSegment, prefill_attention
 
     calls = []
 
@@ -112,7 +115,9 @@ def test_varlen_prefill_plumbing(monkeypatch, hf):
 
     monkeypatch.setattr(attention, "varlen_prefill", fake_varlen)
     prompts = [PROMPT, PROMPT[:2], PROMPT * 3]
-    plain = Engine.from_hf(hf, EngineConfig(block_size=4, num_blocks=64)).generate(prompts, SamplingParams(max_tokens=3))
+    plain = Engine.from_hf(hf, EngineConfig(block_size=4, num_blocks=64)).generate(
+        prompts, SamplingParams(max_tokens=3)
+    )
     engine = Engine.from_hf(hf, EngineConfig(block_size=4, num_blocks=64))
     engine.runner.varlen = True
     assert engine.generate(prompts, SamplingParams(max_tokens=3)) == plain
@@ -139,11 +144,15 @@ def test_compile_falls_back_to_eager_when_it_fails_or_disagrees(hf, monkeypatch)
     assert engine.model.block_fns == (llama.attention_inputs, llama.attention_outputs)
 
 
-@pytest.mark.skipif(not __import__("os").environ.get("SERVELAB_SLOW_TESTS"),
-                    reason="torch.compile on a CPU takes about a minute; set SERVELAB_SLOW_TESTS=1")
+@pytest.mark.skipif(
+    not __import__("os").environ.get("SERVELAB_SLOW_TESTS"),
+    reason="torch.compile on a CPU takes about a minute; set SERVELAB_SLOW_TESTS=1",
+)
 def test_compiled_blocks_give_the_same_greedy_tokens(hf):
     prompts = [PROMPT, PROMPT[:2], PROMPT * 3]
-    plain = Engine.from_hf(hf, EngineConfig(block_size=4, num_blocks=64)).generate(prompts, SamplingParams(max_tokens=5))
+    plain = Engine.from_hf(hf, EngineConfig(block_size=4, num_blocks=64)).generate(
+        prompts, SamplingParams(max_tokens=5)
+    )
     engine = Engine.from_hf(hf, EngineConfig(block_size=4, num_blocks=64, compile=True))
     assert engine.compile_status.startswith("on")
     assert engine.generate(prompts, SamplingParams(max_tokens=5)) == plain
@@ -153,8 +162,16 @@ def test_kv_plan_fills_the_memory_fraction_and_refuses_when_one_request_does_not
     from servelab.engine.memory import plan_kv_blocks
 
     gib = 2**30
-    common = dict(total=100 * gib, free=90 * gib, weights=2 * gib, activation_peak=3 * gib, decode_extra=gib, reserve=gib,
-                  bytes_per_block=gib // 1024, max_blocks_per_seq=128)
+    common = dict(
+        total=100 * gib,
+        free=90 * gib,
+        weights=2 * gib,
+        activation_peak=3 * gib,
+        decode_extra=gib,
+        reserve=gib,
+        bytes_per_block=gib // 1024,
+        max_blocks_per_seq=128,
+    )
     plan = plan_kv_blocks(fraction=0.5, max_num_seqs=10**6, **common)
     assert plan.num_blocks == (50 - 2 - 3 - 1 - 1) * 1024 and not plan.capped
     capped = plan_kv_blocks(fraction=0.5, max_num_seqs=4, **common)
@@ -167,14 +184,17 @@ def test_kv_plan_fills_the_memory_fraction_and_refuses_when_one_request_does_not
 
 def test_multi_step_decoding_stops_mid_group_and_keeps_seeded_sampling(hf):
     free_run = Engine.from_hf(hf, EngineConfig(block_size=4, num_blocks=64)).generate(
-        [PROMPT], SamplingParams(max_tokens=12, ignore_eos=True))[0]
+        [PROMPT], SamplingParams(max_tokens=12, ignore_eos=True)
+    )[0]
     stop = free_run[5]
-    params = [SamplingParams(max_tokens=12, stop_token_ids=(stop,)),
-              SamplingParams(max_tokens=12, temperature=1.0, seed=4, ignore_eos=True)]
+    params = [
+        SamplingParams(max_tokens=12, stop_token_ids=(stop,)),
+        SamplingParams(max_tokens=12, temperature=1.0, seed=4, ignore_eos=True),
+    ]
     one = Engine.from_hf(hf, EngineConfig(block_size=4, num_blocks=64)).generate([PROMPT, PROMPT[:3]], params)
     multi = Engine.from_hf(hf, EngineConfig(block_size=4, num_blocks=64, decode_steps=8))
     assert multi.generate([PROMPT, PROMPT[:3]], params) == one
-    assert one[0] == free_run[:free_run.index(stop) + 1]
+    assert one[0] == free_run[: free_run.index(stop) + 1]
     assert multi.runner.decode_groups > 0 and multi.block_manager.num_used_blocks == 0
 
 

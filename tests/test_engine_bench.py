@@ -4,22 +4,28 @@ step of each kind a server runs (``engine/bench/step.py``) is the step asked for
 import pandas as pd
 import pytest
 
-from servelab import bench
-from servelab.engine.bench.offline import offline_floor_s
-from servelab.engine.bench.step import engine_step, prepared_step, step_engine_config, timed_tokens
-from servelab.engine.bench.workload import offline_workload
+from servelab.bench import run as bench
+from servelab.bench.offline import offline_floor_s
+from servelab.bench.step import engine_step, prepared_step, step_engine_config, timed_tokens
+from servelab.bench.workload import offline_workload
 from servelab.engine.engine import Engine
+from servelab.errors import ParameterError
 from servelab.measure import Roofline
 from servelab.models import ModelShape, load_model
-from servelab.profiles import ParameterError
 
 
 def test_smoke_bench_writes_every_row(scratch_results, capsys):
     assert bench.main(["--smoke", "--num-requests", "4"]) == 0
     df = pd.read_csv(next(scratch_results.glob("*/engine/bench.csv")))
     assert list(df.columns[:3]) == ["metric", "value", "unit"]
-    assert set(df["metric"]) == {"decode_ms_b1_ctx16", "decode_ms_b4_ctx32", "offline_tok_s", "hf_offline_tok_s",
-                                 "engine_speedup_vs_hf", "prefill_mfu_128"}
+    assert set(df["metric"]) == {
+        "decode_ms_b1_ctx16",
+        "decode_ms_b4_ctx32",
+        "offline_tok_s",
+        "hf_offline_tok_s",
+        "engine_speedup_vs_hf",
+        "prefill_mfu_128",
+    }
     assert df.set_index("metric").loc[["decode_ms_b1_ctx16", "offline_tok_s"], "value"].gt(0).all()
     exact = pd.read_csv(next(scratch_results.glob("*/engine/exactness.csv")))
     assert exact["all_agree"].all() and exact["logit_max_abs_err"].max() < 1e-3  # float32: identical tokens
@@ -50,8 +56,10 @@ def test_offline_floor_is_the_sum_of_prefill_and_per_step_floors():
     roof = Roofline(matmul_tflop_s=1.0, copy_gb_s=1.0)
     one = offline_workload(1, 10, 10, vocab=100)
     flops = shape.prefill_flops(10)
-    decode = [roof.floor_ms(shape.decode_flops(1, 10 + k), shape.decode_bytes(1, 10 + k - 1, 2) +
-                            shape.kv_bytes_per_token(2)) for k in range(1, 10)]
+    decode = [
+        roof.floor_ms(shape.decode_flops(1, 10 + k), shape.decode_bytes(1, 10 + k - 1, 2) + shape.kv_bytes_per_token(2))
+        for k in range(1, 10)
+    ]
     expected = float(roof.compute_ms(flops)) / 1e3 + sum(float(d) for d in decode) / 1e3
     assert offline_floor_s(shape, one, roof) == pytest.approx(expected, rel=1e-6)
 
@@ -60,10 +68,15 @@ def test_decode_plot_draws_every_implementation_and_the_floor():
     import matplotlib
 
     matplotlib.use("Agg")
-    from servelab.engine.bench.plots import plot_decode_steps
+    from servelab.bench.plots import plot_decode_steps
 
-    df = pd.DataFrame([{"impl": i, "batch": b, "context": c, "median_ms": m, "floor_ms": 0.2, "status": "ok"}
-                       for i, m in (("hf_eager", 60.0), ("engine_triton", 0.9)) for b, c in ((1, 128), (64, 512))])
+    df = pd.DataFrame(
+        [
+            {"impl": i, "batch": b, "context": c, "median_ms": m, "floor_ms": 0.2, "status": "ok"}
+            for i, m in (("hf_eager", 60.0), ("engine_triton", 0.9))
+            for b, c in ((1, 128), (64, 512))
+        ]
+    )
     ax = plot_decode_steps(df)
     labels = ax.get_legend_handles_labels()[1]
     assert {"hf_eager", "engine_triton", "roofline floor"} <= set(labels)
@@ -139,16 +152,23 @@ def test_engine_configs_by_kind_and_mode():
     pre = step_engine_config(2, 64, 0)
     assert pre.step_graphs and pre.step_graph_sizes == (128,) and not pre.cuda_graphs
     assert step_engine_config(2, 64, 32).prefix_caching and not step_engine_config(1, 64, 32).prefix_caching
-    for cfg in (step_engine_config(4, 1, 128, graphs=False), step_engine_config(1, 8, 8, decodes=2, decode_context=4,
-                                                                                 graphs=False)):
+    for cfg in (
+        step_engine_config(4, 1, 128, graphs=False),
+        step_engine_config(1, 8, 8, decodes=2, decode_context=4, graphs=False),
+    ):
         assert not cfg.cuda_graphs and not cfg.step_graphs
 
 
-@pytest.mark.parametrize("kw", [dict(batch=2, new_tokens=8, context=0, decodes=2, decode_context=16),
-                                dict(batch=1, new_tokens=8, context=8, decodes=2, decode_context=1),
-                                dict(batch=1, new_tokens=8, context=8, decode_context=16),
-                                dict(batch=0, new_tokens=8, context=0),
-                                dict(batch=1, new_tokens=8, context=-1)])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(batch=2, new_tokens=8, context=0, decodes=2, decode_context=16),
+        dict(batch=1, new_tokens=8, context=8, decodes=2, decode_context=1),
+        dict(batch=1, new_tokens=8, context=8, decode_context=16),
+        dict(batch=0, new_tokens=8, context=0),
+        dict(batch=1, new_tokens=8, context=-1),
+    ],
+)
 def test_steps_the_engine_cannot_run_are_refused(tiny_llama, kw):
     with pytest.raises(ParameterError):
         engine_step(tiny_llama, **kw)

@@ -24,9 +24,15 @@ def family(request):
     with torch.inference_mode():
         for p in prompts:
             ids = torch.tensor([p])
-            out = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=STEPS,
-                              min_new_tokens=STEPS, pad_token_id=0)
-            refs.append(out[0, len(p):].tolist())
+            out = hf.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=STEPS,
+                min_new_tokens=STEPS,
+                pad_token_id=0,
+            )
+            refs.append(out[0, len(p) :].tolist())
     return hf, prompts, refs
 
 

@@ -9,9 +9,9 @@ import pytest
 from test_engine_exactness import GREEDY, STEPS, family  # noqa: F401  (the HF references, per tiny family)
 
 from servelab.engine import Engine, EngineConfig, SamplingParams, Sequence, TokenBudgetScheduler
-from servelab.engine.policies import POLICIES, ChunkedPrefill, EagerContBatch, FCFS, make_scheduler
+from servelab.engine.policies import FCFS, POLICIES, ChunkedPrefill, EagerContBatch, make_scheduler
+from servelab.errors import ParameterError
 from servelab.kv import BlockManager
-from servelab.profiles import ParameterError
 
 NAMES = ["fcfs", "eager_cont_batch", "chunked_prefill"]
 
@@ -62,38 +62,50 @@ def split(step_line):
 
 # ---- the registry and the engine's choice ----------------------------------------------------------------
 
+
 def test_registry_names_the_three_policies_and_chunked_prefill_is_the_default():
-    assert POLICIES == {"fcfs": FCFS, "eager_cont_batch": EagerContBatch, "chunked_prefill": ChunkedPrefill}
+    assert {"fcfs": FCFS, "eager_cont_batch": EagerContBatch, "chunked_prefill": ChunkedPrefill} == POLICIES
     assert issubclass(ChunkedPrefill, TokenBudgetScheduler)  # reused, not duplicated
     assert EngineConfig().scheduler == "chunked_prefill"
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_make_scheduler_builds_each_policy(name):
-    s = make_scheduler(name, num_blocks=10, block_size=4, max_num_seqs=3, max_num_batched_tokens=40,
-                       eos_token_ids=[2])
+    s = make_scheduler(name, num_blocks=10, block_size=4, max_num_seqs=3, max_num_batched_tokens=40, eos_token_ids=[2])
     assert type(s) is POLICIES[name]
-    assert (s.bm.num_blocks, s.bm.block_size, s.max_num_seqs, s.max_num_batched_tokens, s.eos_token_ids) == \
-        (10, 4, 3, 40, (2,))
+    assert (s.bm.num_blocks, s.bm.block_size, s.max_num_seqs, s.max_num_batched_tokens, s.eos_token_ids) == (
+        10,
+        4,
+        3,
+        40,
+        (2,),
+    )
     bm = BlockManager(5, 8)
     assert make_scheduler(name, block_manager=bm).bm is bm
 
 
-@pytest.mark.parametrize("name, params, match", [
-    ("sjf", dict(num_blocks=4), "unknown scheduling policy 'sjf'; known: chunked_prefill, eager_cont_batch, fcfs"),
-    ("fcfs", dict(num_blocks=4, budget=8), "unknown parameter.*budget.*accepted"),
-    ("fcfs", dict(), "needs the KV pool"),
-    ("fcfs", dict(num_blocks=0), "num_blocks must be a positive integer"),
-    ("fcfs", dict(num_blocks=4, block_size=2.5), "block_size must be a positive integer"),
-    ("fcfs", dict(block_manager=BlockManager(4, 4), num_blocks=4), "either block_manager or num_blocks"),
-    ("fcfs", dict(block_manager="pool"), "block_manager must be a BlockManager"),
-    ("eager_cont_batch", dict(num_blocks=4, max_num_seqs=0), "max_num_seqs must be >= 1"),
-    ("eager_cont_batch", dict(num_blocks=4, max_num_seqs="8"), "max_num_seqs must be an integer"),
-    ("chunked_prefill", dict(num_blocks=4, max_num_seqs=8, max_num_batched_tokens=4), "max_num_batched_tokens"),
-    ("chunked_prefill", dict(num_blocks=4, max_num_batched_tokens=True), "max_num_batched_tokens must be an integer"),
-    ("chunked_prefill", dict(num_blocks=4, eos_token_ids=[-1]), "eos_token_ids"),
-    ("chunked_prefill", dict(num_blocks=4, eos_token_ids=3), "eos_token_ids"),
-])
+@pytest.mark.parametrize(
+    "name, params, match",
+    [
+        ("sjf", dict(num_blocks=4), "unknown scheduling policy 'sjf'; known: chunked_prefill, eager_cont_batch, fcfs"),
+        ("fcfs", dict(num_blocks=4, budget=8), "unknown parameter.*budget.*accepted"),
+        ("fcfs", dict(), "needs the KV pool"),
+        ("fcfs", dict(num_blocks=0), "num_blocks must be a positive integer"),
+        ("fcfs", dict(num_blocks=4, block_size=2.5), "block_size must be a positive integer"),
+        ("fcfs", dict(block_manager=BlockManager(4, 4), num_blocks=4), "either block_manager or num_blocks"),
+        ("fcfs", dict(block_manager="pool"), "block_manager must be a BlockManager"),
+        ("eager_cont_batch", dict(num_blocks=4, max_num_seqs=0), "max_num_seqs must be >= 1"),
+        ("eager_cont_batch", dict(num_blocks=4, max_num_seqs="8"), "max_num_seqs must be an integer"),
+        ("chunked_prefill", dict(num_blocks=4, max_num_seqs=8, max_num_batched_tokens=4), "max_num_batched_tokens"),
+        (
+            "chunked_prefill",
+            dict(num_blocks=4, max_num_batched_tokens=True),
+            "max_num_batched_tokens must be an integer",
+        ),
+        ("chunked_prefill", dict(num_blocks=4, eos_token_ids=[-1]), "eos_token_ids"),
+        ("chunked_prefill", dict(num_blocks=4, eos_token_ids=3), "eos_token_ids"),
+    ],
+)
 def test_bad_names_and_parameters_are_clear_errors(name, params, match):
     with pytest.raises(ParameterError, match=match):
         make_scheduler(name, **params)
@@ -116,15 +128,16 @@ def test_whole_prompt_policies_refuse_requests_over_one_steps_budget(name):
 
 # ---- batch composition, step by step ---------------------------------------------------------------------
 
+
 def test_fcfs_static_batches_no_one_joins_until_the_batch_is_done():
     s = make_scheduler("fcfs", num_blocks=64, block_size=4, max_num_seqs=2, max_num_batched_tokens=64)
     a, b, c, d = req("a", 5, 3), req("b", 3, 2), req("c", 4, 2), req("d", 2, 1)
     lines = trace(s, {0: [a, b, c], 2: [d]})
     assert lines == [
-        "a:p5 b:p3",   # the first batch: two (max_num_seqs), prefilled together
-        "a:d b:d",     # b is done
-        "a:d",         # a slot is free and c, d wait, but nothing joins a running batch
-        "c:p4 d:p2",   # the next batch, in arrival order; d is done at once (max_tokens=1)
+        "a:p5 b:p3",  # the first batch: two (max_num_seqs), prefilled together
+        "a:d b:d",  # b is done
+        "a:d",  # a slot is free and c, d wait, but nothing joins a running batch
+        "c:p4 d:p2",  # the next batch, in arrival order; d is done at once (max_tokens=1)
         "c:d",
     ]
     assert [split(ln) for ln in lines] == [(8, 0), (0, 2), (0, 1), (6, 0), (0, 1)]
@@ -133,7 +146,7 @@ def test_fcfs_static_batches_no_one_joins_until_the_batch_is_done():
 def test_fcfs_batch_is_also_limited_by_the_token_budget_and_free_blocks():
     s = make_scheduler("fcfs", num_blocks=64, block_size=4, max_num_seqs=4, max_num_batched_tokens=12)
     assert trace(s, {0: [req("a", 6, 2), req("b", 5, 2), req("c", 3, 2), req("d", 1, 2)]}) == [
-        "a:p6 b:p5",   # c (3 more tokens) would exceed the budget of 12, and d waits behind c
+        "a:p6 b:p5",  # c (3 more tokens) would exceed the budget of 12, and d waits behind c
         "a:d b:d",
         "c:p3 d:p1",
         "c:d d:d",
@@ -149,10 +162,10 @@ def test_eager_cont_batch_admits_at_every_step_and_prefill_steps_pause_decodes()
     assert lines == [
         "a:p4",
         "a:d",
-        "b:p6 c:p3",   # newcomers join at once, whole prompts; a's decode waits (c is done: max_tokens=1)
-        "a:d b:d",     # b is done
-        "d:p2",        # again a prefill step of its own
-        "a:d d:d",     # d is done
+        "b:p6 c:p3",  # newcomers join at once, whole prompts; a's decode waits (c is done: max_tokens=1)
+        "a:d b:d",  # b is done
+        "d:p2",  # again a prefill step of its own
+        "a:d d:d",  # d is done
         "a:d",
     ]
     assert [split(ln) for ln in lines] == [(4, 0), (0, 1), (9, 0), (0, 2), (2, 0), (0, 2), (0, 1)]
@@ -162,9 +175,9 @@ def test_eager_cont_batch_respects_running_limit_and_budget():
     s = make_scheduler("eager_cont_batch", num_blocks=64, block_size=4, max_num_seqs=2, max_num_batched_tokens=10)
     a, b, c, d = req("a", 5, 3), req("b", 4, 3), req("c", 3, 2), req("d", 2, 1)
     assert trace(s, {0: [a, b, c], 1: [d]}) == [
-        "a:p5 b:p4",   # c would fit the running limit but not the budget (5 + 4 + 3 > 10)
-        "a:d b:d",     # c cannot join: two running (max_num_seqs=2)
-        "a:d b:d",     # a and b are done
+        "a:p5 b:p4",  # c would fit the running limit but not the budget (5 + 4 + 3 > 10)
+        "a:d b:d",  # c cannot join: two running (max_num_seqs=2)
+        "a:d b:d",  # a and b are done
         "c:p3 d:p2",
         "c:d",
     ]
@@ -176,10 +189,10 @@ def test_chunked_prefill_decodes_first_and_chunks_fill_the_budget():
     lines = trace(s, {0: [a], 1: [b], 2: [c]})
     assert lines == [
         "a:p4",
-        "a:d b:p7",    # a keeps decoding; b's prompt fills the other 7 tokens of the budget
+        "a:d b:p7",  # a keeps decoding; b's prompt fills the other 7 tokens of the budget
         "a:d b:p6 c:p1",  # the rest of b (it samples); newcomer c gets the one token left
-        "a:d b:d c:p2",   # b is done; the rest of c
-        "a:d c:d",        # a and c are done
+        "a:d b:d c:p2",  # b is done; the rest of c
+        "a:d c:d",  # a and c are done
     ]
     assert [split(ln) for ln in lines] == [(4, 0), (7, 1), (7, 1), (2, 2), (0, 2)]
 
@@ -187,17 +200,23 @@ def test_chunked_prefill_decodes_first_and_chunks_fill_the_budget():
 def test_chunked_prefill_cuts_a_newcomer_to_the_budget_left():
     s = make_scheduler("chunked_prefill", num_blocks=64, block_size=4, max_num_seqs=4, max_num_batched_tokens=8)
     assert trace(s, {0: [req("a", 3, 2), req("b", 9, 1)]}) == [
-        "a:p3 b:p5",   # b gets the 5 tokens a left
-        "a:d b:p4",    # a is done; b's last chunk samples and b is done
+        "a:p3 b:p5",  # b gets the 5 tokens a left
+        "a:d b:p4",  # a is done; b's last chunk samples and b is done
     ]
 
 
 def test_the_same_arrivals_under_the_three_policies():
     """A long prompt arriving while a short request decodes: FCFS makes it wait for the batch, EagerContBatch
     stalls the decode for one 13-token step, ChunkedPrefill spreads it over steps next to the decodes."""
+
     def run(name):
-        s = make_scheduler(name, num_blocks=64, block_size=4, max_num_seqs=4,
-                           max_num_batched_tokens=8 if name == "chunked_prefill" else 16)
+        s = make_scheduler(
+            name,
+            num_blocks=64,
+            block_size=4,
+            max_num_seqs=4,
+            max_num_batched_tokens=8 if name == "chunked_prefill" else 16,
+        )
         return trace(s, {0: [req("a", 4, 4)], 1: [req("b", 13, 2)]})
 
     assert run("fcfs") == ["a:p4", "a:d", "a:d", "a:d", "b:p13", "b:d"]
@@ -207,15 +226,22 @@ def test_the_same_arrivals_under_the_three_policies():
 
 # ---- preemption ----------------------------------------------------------------------------------------
 
+
 def test_preemption_step_by_step():
     """16 slots; a and b each end at 10 tokens (3 blocks): a decode that finds no block preempts the newest."""
     for name, budget in (("fcfs", 16), ("eager_cont_batch", 16), ("chunked_prefill", 16)):
         s = make_scheduler(name, num_blocks=4, block_size=4, max_num_seqs=2, max_num_batched_tokens=budget)
         a, b = req("a", 4, 6), req("b", 4, 6)
         lines = trace(s, {0: [a, b]})
-        assert lines == ["a:p4 b:p4", "a:d b:d", "a:d b:d", "a:d b:d", "a:d b:d",
-                         "a:d !b",   # a needs a third block: b gives its two back and goes to the queue's head
-                         "b:p9"], name  # b recomputes prompt + 5 outputs, samples its 6th token
+        assert lines == [
+            "a:p4 b:p4",
+            "a:d b:d",
+            "a:d b:d",
+            "a:d b:d",
+            "a:d b:d",
+            "a:d !b",  # a needs a third block: b gives its two back and goes to the queue's head
+            "b:p9",
+        ], name  # b recomputes prompt + 5 outputs, samples its 6th token
         assert a.output_token_ids == b.output_token_ids == [7] * 6
         assert b.num_preemptions == 1 and a.num_preemptions == 0 and s.num_preemptions == 1
         assert s.bm.num_used_blocks == 0
@@ -225,9 +251,15 @@ def test_fcfs_preempted_member_leaves_the_batch_and_heads_the_next():
     s = make_scheduler("fcfs", num_blocks=4, block_size=4, max_num_seqs=3, max_num_batched_tokens=16)
     a, b, c = req("a", 4, 6), req("b", 4, 6), req("c", 2, 1)
     lines = trace(s, {0: [a, b], 1: [c]})
-    assert lines == ["a:p4 b:p4", "a:d b:d", "a:d b:d", "a:d b:d", "a:d b:d",  # c arrived, but the batch runs
-                     "a:d !b",       # b leaves the batch...
-                     "b:p9 c:p2"]    # ...and heads the next one
+    assert lines == [
+        "a:p4 b:p4",
+        "a:d b:d",
+        "a:d b:d",
+        "a:d b:d",
+        "a:d b:d",  # c arrived, but the batch runs
+        "a:d !b",  # b leaves the batch...
+        "b:p9 c:p2",
+    ]  # ...and heads the next one
     assert b.num_preemptions == 1 and all(q.is_finished for q in (a, b, c))
 
 
@@ -283,6 +315,7 @@ def test_random_loads_on_a_tiny_pool_never_crash_and_keep_the_limits(name, seed)
 
 # ---- the engine runs each policy, HF-exact ---------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", NAMES)
 def test_engine_config_picks_the_policy(name):
     from servelab.models import load_model
@@ -290,8 +323,9 @@ def test_engine_config_picks_the_policy(name):
     hf = load_model("config:tiny-llama").model
     engine = Engine.from_hf(hf, EngineConfig(block_size=4, num_blocks=64, scheduler=name))
     assert type(engine.scheduler) is POLICIES[name] and engine.stats()["scheduler"] == POLICIES[name].__name__
-    explicit = Engine.from_hf(hf, EngineConfig(block_size=4, num_blocks=64, scheduler=name),
-                              scheduler_cls=TokenBudgetScheduler)
+    explicit = Engine.from_hf(
+        hf, EngineConfig(block_size=4, num_blocks=64, scheduler=name), scheduler_cls=TokenBudgetScheduler
+    )
     assert type(explicit.scheduler) is TokenBudgetScheduler  # an explicit class wins
 
 
@@ -337,21 +371,27 @@ def test_eager_cont_batch_engine_is_hf_exact(family):  # noqa: F811
 
 def test_chunked_prefill_engine_is_hf_exact(family):  # noqa: F811
     hf, prompts, refs = family
-    engine = Engine.from_hf(hf, EngineConfig(block_size=4, num_blocks=64, max_num_seqs=4, max_num_batched_tokens=8,
-                                             scheduler="chunked_prefill"))
+    engine = Engine.from_hf(
+        hf,
+        EngineConfig(
+            block_size=4, num_blocks=64, max_num_seqs=4, max_num_batched_tokens=8, scheduler="chunked_prefill"
+        ),
+    )
     outs, batches = run_staggered(engine, prompts, [0, 0, 3, 5])
     assert outs == refs
     assert any(n > 1 and start > 0 for b in batches for _, start, n in b)  # a prompt really was chunked
-    assert any(any(n == 1 and start > 0 for _, start, n in b) and any(n > 1 for _, _, n in b)
-               for b in batches)  # decodes next to prefill chunks in one step
+    assert any(
+        any(n == 1 and start > 0 for _, start, n in b) and any(n > 1 for _, _, n in b) for b in batches
+    )  # decodes next to prefill chunks in one step
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_preemption_in_the_engine_keeps_outputs_exact(family, name):  # noqa: F811
     hf, prompts, refs = family
     order = [2, 3, 0, 1]  # the 33-token prompt first: it and the 2-token one outgrow 11 blocks together
-    engine = Engine.from_hf(hf, EngineConfig(block_size=4, num_blocks=11, max_num_seqs=4, max_num_batched_tokens=48,
-                                             scheduler=name))
+    engine = Engine.from_hf(
+        hf, EngineConfig(block_size=4, num_blocks=11, max_num_seqs=4, max_num_batched_tokens=48, scheduler=name)
+    )
     assert engine.generate([prompts[i] for i in order], GREEDY) == [refs[i] for i in order]
     assert engine.scheduler.num_preemptions > 0
     assert engine.block_manager.num_used_blocks == 0

@@ -42,8 +42,9 @@ def test_a_seeded_row_does_not_depend_on_its_neighbours():
     logits = torch.randn(3, 100, generator=g)
     p = SamplingParams(temperature=1.0, seed=5)
     alone = sample(logits[1:2], [p], [torch.Generator().manual_seed(5)])
-    together = sample(logits, [SamplingParams(temperature=1.0), p, SamplingParams()],
-                      [None, torch.Generator().manual_seed(5), None])
+    together = sample(
+        logits, [SamplingParams(temperature=1.0), p, SamplingParams()], [None, torch.Generator().manual_seed(5), None]
+    )
     assert together[1] == alone[0] and together[2] == logits[2].argmax()
 
 

@@ -4,8 +4,8 @@ import pytest
 
 from servelab.engine.scheduler import Scheduler, TokenBudgetScheduler
 from servelab.engine.sequence import FinishReason, SamplingParams, Sequence, SequenceStatus
+from servelab.errors import ParameterError
 from servelab.kv import BlockManager
-from servelab.profiles import ParameterError
 
 
 def make(num_blocks=64, block_size=4, max_num_seqs=8, budget=32, eos=(2,)):
@@ -103,11 +103,14 @@ def test_a_request_larger_than_the_pool_is_refused_not_deadlocked():
         s.add(seq(10, max_tokens=7))
 
 
-@pytest.mark.parametrize("params, expected, reason", [
-    (dict(max_tokens=3), [7, 2, 9], FinishReason.LENGTH),               # ignore_eos: EOS (2) does not stop it
-    (dict(max_tokens=9, ignore_eos=False), [7, 2], FinishReason.EOS),
-    (dict(max_tokens=9, stop_token_ids=(9,)), [7, 2, 9], FinishReason.STOP),
-])
+@pytest.mark.parametrize(
+    "params, expected, reason",
+    [
+        (dict(max_tokens=3), [7, 2, 9], FinishReason.LENGTH),  # ignore_eos: EOS (2) does not stop it
+        (dict(max_tokens=9, ignore_eos=False), [7, 2], FinishReason.EOS),
+        (dict(max_tokens=9, stop_token_ids=(9,)), [7, 2, 9], FinishReason.STOP),
+    ],
+)
 def test_finish_reasons(params, expected, reason):
     s, bm = make()
     q = seq(3, **params)
@@ -134,8 +137,18 @@ def test_budget_must_cover_one_decode_per_running_sequence():
         TokenBudgetScheduler(BlockManager(4, 4), max_num_seqs=8, max_num_batched_tokens=4)
 
 
-@pytest.mark.parametrize("bad", [dict(max_tokens=0), dict(temperature=-1.0), dict(top_p=0.0), dict(top_p=1.5),
-                                 dict(seed="x"), dict(stop_token_ids=(-1,)), dict(temperature=float("nan"))])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(max_tokens=0),
+        dict(temperature=-1.0),
+        dict(top_p=0.0),
+        dict(top_p=1.5),
+        dict(seed="x"),
+        dict(stop_token_ids=(-1,)),
+        dict(temperature=float("nan")),
+    ],
+)
 def test_sampling_params_are_validated(bad):
     with pytest.raises(ParameterError):
         SamplingParams(**bad)

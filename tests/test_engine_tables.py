@@ -42,8 +42,9 @@ def test_buckets_pick_the_smallest_capture_that_holds_a_step():
     assert power_of_two_buckets(1) == [1]
     pool = KVPool(1, 9, 4, 1, 8, torch.float32)
     bm = BlockManager(8, 4)
-    graphs = DecodeGraphs(None, pool, DeviceBlockTables(bm, 6, 5, 8, "cpu"), max_batch=6, scratch_block=8,
-                          block_widths=[2, 5])
+    graphs = DecodeGraphs(
+        None, pool, DeviceBlockTables(bm, 6, 5, 8, "cpu"), max_batch=6, scratch_block=8, block_widths=[2, 5]
+    )
     assert graphs.batch_sizes == [1, 2, 4, 6]
     assert graphs.bucket(3, 1) == (4, 2) and graphs.bucket(6, 3) == (6, 5)
     assert graphs.bucket(7, 1) is None and graphs.bucket(1, 6) is None

@@ -17,7 +17,7 @@ pytest.importorskip("triton")
 
 CHECK = textwrap.dedent("""
     import torch
-    from servelab.models.layers.decode import DECODE_BACKENDS, gather_decode
+    from servelab.kernels.decode import DECODE_BACKENDS, gather_decode
     triton_decode = DECODE_BACKENDS["triton"]
     g = torch.Generator().manual_seed(0)
     for heads, kv_heads, head_dim, block_size in [(14, 2, 64, 16), (4, 4, 16, 4), (6, 2, 32, 16), (4, 1, 16, 8)]:
@@ -30,7 +30,7 @@ CHECK = textwrap.dedent("""
         got = triton_decode(q, kp, vp, tables, lens, head_dim ** -0.5)
         torch.testing.assert_close(got, gather_decode(q, kp, vp, tables, lens, head_dim ** -0.5), rtol=1e-5, atol=1e-5)
 
-    from servelab.models.layers.triton_decode import tune_triton_decode
+    from servelab.kernels.triton_decode import tune_triton_decode
     assert tune_triton_decode(14, 2, 64, 16, torch.float32, "cpu").startswith("not tuned")  # GPUs only
 
     from servelab.engine import Engine, EngineConfig, SamplingParams
@@ -48,8 +48,11 @@ CHECK = textwrap.dedent("""
 
 def test_triton_decode_matches_gather_decode_and_drives_the_engine():
     root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": os.pathsep.join([str(root / "lib"), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "1",
+        "PYTHONPATH": os.pathsep.join([str(root / "lib"), os.environ.get("PYTHONPATH", "")]),
+    }
     out = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().endswith("ok")

@@ -21,21 +21,30 @@ def hf_greedy(hf, prompts):
     with torch.inference_mode():
         for p in prompts:
             ids = torch.tensor([p], device="cuda")
-            out = hf.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=STEPS,
-                              min_new_tokens=STEPS, pad_token_id=0)
-            refs.append(out[0, len(p):].tolist())
+            out = hf.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=STEPS,
+                min_new_tokens=STEPS,
+                pad_token_id=0,
+            )
+            refs.append(out[0, len(p) :].tolist())
     return refs
 
 
 @pytest.mark.parametrize("family", ["tiny-qwen2", "tiny-llama", "tiny-gpt2"])
-@pytest.mark.parametrize("policy,budget", [("chunked_prefill", 64), ("chunked_prefill", 160), ("eager_cont_batch", 512)])
+@pytest.mark.parametrize(
+    "policy,budget", [("chunked_prefill", 64), ("chunked_prefill", 160), ("eager_cont_batch", 512)]
+)
 def test_captured_steps_give_hf_greedy_tokens_in_float32(family, policy, budget):
     """Budgets of 160 and 512 put runs of 128 tokens or more (long tiles) in the steps, after cached context too."""
     hf = load_model(f"config:{family}", dtype="float32", device="cuda").model
     g = torch.Generator().manual_seed(11)
     prompts = [torch.randint(3, hf.config.vocab_size, (n,), generator=g).tolist() for n in (6, 19, 33, 2, 45, 300)]
-    engine = Engine.from_hf(hf, EngineConfig(block_size=4, num_blocks=512, max_num_seqs=4,
-                                             max_num_batched_tokens=budget, scheduler=policy))
+    engine = Engine.from_hf(
+        hf, EngineConfig(block_size=4, num_blocks=512, max_num_seqs=4, max_num_batched_tokens=budget, scheduler=policy)
+    )
     assert engine.step_graphs_status.startswith("on"), engine.step_graphs_status
     assert engine.generate(prompts, GREEDY) == hf_greedy(hf, prompts)
     st = engine.stats()

@@ -1,7 +1,7 @@
 import torch
 
-from servelab.hf_modes.cuda_graph import static_step
-from servelab.hf_modes.eager import eager_step
+from servelab.bench.hf_modes.cuda_graph import static_step
+from servelab.bench.hf_modes.eager import eager_step
 from servelab.models import load_model
 
 
@@ -57,6 +57,6 @@ def test_hf_modes_prefill_a_chunk_after_random_context():
 
 
 def test_only_the_engine_modes_run_mixed_steps():
-    from servelab.hf_modes import MIXED_MODES, MODES
+    from servelab.bench.hf_modes import MIXED_MODES, MODES
 
     assert set(MIXED_MODES) == {"engine", "engine_eager"} and set(MIXED_MODES) < set(MODES)

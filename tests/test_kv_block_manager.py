@@ -6,8 +6,11 @@ from servelab.kv.block_manager import BlockManager, OutOfBlocks
 
 
 def snapshot(bm: BlockManager):
-    return (bm.num_free_blocks, {s: (bm.block_table(s), bm.num_tokens(s)) for s in bm.seq_ids},
-            [bm.ref_count(b) for b in range(bm.num_blocks)])
+    return (
+        bm.num_free_blocks,
+        {s: (bm.block_table(s), bm.num_tokens(s)) for s in bm.seq_ids},
+        [bm.ref_count(b) for b in range(bm.num_blocks)],
+    )
 
 
 def test_allocate_gives_ceil_blocks_lowest_first():
@@ -23,14 +26,14 @@ def test_allocate_gives_ceil_blocks_lowest_first():
 def test_slot_mapping_follows_block_table():
     bm = BlockManager(8, 4)
     bm.allocate("x", 2)
-    bm.allocate("y", 4)           # takes block 1, so x's next block is 2
-    slots = bm.append("x", 5)     # positions 2..6 of x
+    bm.allocate("y", 4)  # takes block 1, so x's next block is 2
+    slots = bm.append("x", 5)  # positions 2..6 of x
     assert bm.block_table("x") == [0, 2]
     assert slots == [2, 3, 8, 9, 10]
     assert bm.slot_mapping("x", 0, 7) == [0, 1, 2, 3, 8, 9, 10]
     assert bm.slot_mapping("y", 1, 3) == [5, 6]
     with pytest.raises(ValueError):
-        bm.slot_mapping("x", 3, 8)   # past the sequence's tokens
+        bm.slot_mapping("x", 3, 8)  # past the sequence's tokens
 
 
 def test_append_within_last_block_takes_no_block():
@@ -57,14 +60,14 @@ def test_exhaustion_raises_and_leaves_state_unchanged():
     with pytest.raises(OutOfBlocks):
         bm.append("b", 4)
     assert snapshot(bm) == before
-    bm.append("b", 3)              # what does fit still works after a refusal
+    bm.append("b", 3)  # what does fit still works after a refusal
     assert bm.num_tokens("b") == 8
 
 
 def test_free_returns_blocks_and_they_are_reused():
     bm = BlockManager(6, 2)
-    bm.allocate("a", 4)   # 0, 1
-    bm.allocate("b", 4)   # 2, 3
+    bm.allocate("a", 4)  # 0, 1
+    bm.allocate("b", 4)  # 2, 3
     bm.free("a")
     assert bm.num_free_blocks == 4 and bm.ref_count(0) == 0
     assert bm.allocate("c", 6) == [0, 1, 4]
@@ -76,12 +79,12 @@ def test_free_returns_blocks_and_they_are_reused():
 
 def test_fork_shares_blocks_with_reference_counts():
     bm = BlockManager(8, 4)
-    bm.allocate("p", 8)                      # two full blocks
+    bm.allocate("p", 8)  # two full blocks
     assert bm.fork("p", "q") == [0, 1]
     assert bm.ref_count(0) == 2 and bm.num_used_blocks == 2
     bm.free("p")
-    assert bm.ref_count(0) == 1 and bm.num_free_blocks == 6   # q still holds them
-    bm.append("q", 1)                         # a full last block: grows into a fresh block, no copy
+    assert bm.ref_count(0) == 1 and bm.num_free_blocks == 6  # q still holds them
+    bm.append("q", 1)  # a full last block: grows into a fresh block, no copy
     assert bm.block_table("q") == [0, 1, 2] and bm.take_copies() == []
     bm.free("q")
     assert bm.num_free_blocks == 8
@@ -89,12 +92,12 @@ def test_fork_shares_blocks_with_reference_counts():
 
 def test_append_into_shared_partial_block_copies_on_write():
     bm = BlockManager(8, 4)
-    bm.allocate("p", 6)                       # blocks 0 (full), 1 (2 of 4)
+    bm.allocate("p", 6)  # blocks 0 (full), 1 (2 of 4)
     bm.fork("p", "q")
-    bm.allocate("z", 4)                       # block 2
+    bm.allocate("z", 4)  # block 2
     before = snapshot(bm)
     slots = bm.append("q", 1)
-    assert bm.block_table("q") == [0, 3]      # private copy of the partial block
+    assert bm.block_table("q") == [0, 3]  # private copy of the partial block
     assert bm.block_table("p") == [0, 1]
     assert slots == [3 * 4 + 2]
     assert bm.take_copies() == [(1, 3)] and bm.take_copies() == []
@@ -107,7 +110,7 @@ def test_copy_on_write_counts_in_exhaustion():
     bm.allocate("p", 2)
     bm.fork("p", "q")
     bm.allocate("z", 1)
-    assert not bm.can_append("q", 1)          # needs a private copy, and no block is free
+    assert not bm.can_append("q", 1)  # needs a private copy, and no block is free
     with pytest.raises(OutOfBlocks):
         bm.append("q", 1)
     assert bm.block_table("q") == [0] and bm.ref_count(0) == 2

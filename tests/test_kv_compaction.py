@@ -14,27 +14,34 @@ def fragmented(num_blocks=64, block_size=4, seed=0):
     rng = random.Random(seed)
     g = torch.Generator().manual_seed(seed)
     bm = BlockManager(num_blocks, block_size)
-    pool = KVPool(layers=3, num_blocks=num_blocks, block_size=block_size, kv_heads=2, head_dim=4,
-                  dtype=torch.bfloat16).fill_random(g)
-    for i in range(40):               # churn, then departures that leave holes nothing refills
+    pool = KVPool(
+        layers=3, num_blocks=num_blocks, block_size=block_size, kv_heads=2, head_dim=4, dtype=torch.bfloat16
+    ).fill_random(g)
+    for i in range(40):  # churn, then departures that leave holes nothing refills
         if bm.can_allocate(12):
             bm.allocate(i, rng.randint(1, 12))
         if i % 3 == 2:
             bm.free(rng.choice(bm.seq_ids))
     for s in rng.sample(bm.seq_ids, len(bm.seq_ids) // 2):
         bm.free(s)
-    bm.fork(bm.seq_ids[0], "fork")   # shared blocks must move once and stay shared
+    bm.fork(bm.seq_ids[0], "fork")  # shared blocks must move once and stay shared
     for s in bm.seq_ids:
         n = bm.num_tokens(s)
         for layer in range(3):
-            pool.write(layer, torch.tensor(bm.slot_mapping(s, 0, n)), torch.randn(n, 2, 4, generator=g),
-                       torch.randn(n, 2, 4, generator=g))
+            pool.write(
+                layer,
+                torch.tensor(bm.slot_mapping(s, 0, n)),
+                torch.randn(n, 2, 4, generator=g),
+                torch.randn(n, 2, 4, generator=g),
+            )
     return bm, pool
 
 
 def contents(bm, pool):
-    return {s: [pool.gather(layer, torch.tensor(bm.block_table(s)), bm.num_tokens(s)) for layer in range(3)]
-            for s in bm.seq_ids}
+    return {
+        s: [pool.gather(layer, torch.tensor(bm.block_table(s)), bm.num_tokens(s)) for layer in range(3)]
+        for s in bm.seq_ids
+    }
 
 
 def test_plan_moves_only_blocks_beyond_the_prefix():
@@ -51,14 +58,14 @@ def test_compaction_preserves_kv_bit_for_bit(method):
     before = contents(bm, pool)
     plan = compact(pool, bm, method=method)
     assert plan.moved > 0
-    assert bm.live_blocks() == list(range(plan.live))          # a contiguous prefix
+    assert bm.live_blocks() == list(range(plan.live))  # a contiguous prefix
     after = contents(bm, pool)
     assert before.keys() == after.keys()
     for s in before:
         for (k0, v0), (k1, v1) in zip(before[s], after[s]):
             assert torch.equal(k0, k1) and torch.equal(v0, v1)
     assert bm.block_table("fork") == bm.block_table(bm.seq_ids[0])
-    assert compact(pool, bm, method=method).moved == 0          # already compact: nothing to do
+    assert compact(pool, bm, method=method).moved == 0  # already compact: nothing to do
 
 
 def test_compacted_manager_keeps_allocating_after_the_prefix():
@@ -72,7 +79,7 @@ def test_wide_view_reinterprets_bytes_only_when_they_fit():
 
     bf16 = torch.zeros(2, 3, 8, dtype=torch.bfloat16)
     assert wide_view(bf16).dtype == torch.int64 and wide_view(bf16).shape == (2, 3, 2)
-    odd = torch.zeros(2, 3, 6, dtype=torch.bfloat16)          # 12 bytes per row: not whole 64-bit words
+    odd = torch.zeros(2, 3, 6, dtype=torch.bfloat16)  # 12 bytes per row: not whole 64-bit words
     assert wide_view(odd) is odd
     assert wide_view(torch.zeros(4, dtype=torch.float64)).dtype == torch.float64
 

@@ -5,25 +5,33 @@ import pandas as pd
 import pytest
 import torch
 
-from servelab.kv.bytes_per_token import KVGeometry, bytes_per_token_table, model_config
-from servelab.kv.capacity import (LengthDistribution, capacity_table, contiguous_fill, fixed_length_capacity,
-                                  paged_fill)
+from servelab.errors import ParameterError
 from servelab.kv.compaction import plan_compaction
-from servelab.kv.compaction_bench import compaction_sweep, fragmented_manager, mover_ratio
-from servelab.kv.decode_scaling import variation_summary
-from servelab.kv.overlap import OverlapRig, overlap_experiment, overlap_summary
-from servelab.kv import verdicts
-from servelab.kv.params import study_params
-from servelab.profiles import ParameterError
+from servelab.studies.s04_kv_cache import verdicts
+from servelab.studies.s04_kv_cache.bytes_per_token import KVGeometry, bytes_per_token_table, model_config
+from servelab.studies.s04_kv_cache.capacity import (
+    LengthDistribution,
+    capacity_table,
+    contiguous_fill,
+    fixed_length_capacity,
+    paged_fill,
+)
+from servelab.studies.s04_kv_cache.compaction_bench import compaction_sweep, fragmented_manager, mover_ratio
+from servelab.studies.s04_kv_cache.decode_scaling import variation_summary
+from servelab.studies.s04_kv_cache.overlap import OverlapRig, overlap_experiment, overlap_summary
+from servelab.studies.s04_kv_cache.params import study_params
 
 
 # ---- F4.1 ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("spec, attention, per_token_fp16", [
-    ("config:gpt2", "MHA", 36 * 1024),                      # the seed's 36 KB/token
-    ("config:qwen2-0.5b", "GQA", 2 * 24 * 2 * 64 * 2),
-    ("config:llama-3-8b", "GQA", 2 * 32 * 8 * 128 * 2),
-    ("config:gpt-bigcode-santacoder", "MQA", 2 * 24 * 1 * 128 * 2),
-])
+@pytest.mark.parametrize(
+    "spec, attention, per_token_fp16",
+    [
+        ("config:gpt2", "MHA", 36 * 1024),  # the seed's 36 KB/token
+        ("config:qwen2-0.5b", "GQA", 2 * 24 * 2 * 64 * 2),
+        ("config:llama-3-8b", "GQA", 2 * 32 * 8 * 128 * 2),
+        ("config:gpt-bigcode-santacoder", "MQA", 2 * 24 * 1 * 128 * 2),
+    ],
+)
 def test_geometry_formula_for_full_configs(spec, attention, per_token_fp16):
     g = KVGeometry.from_config(model_config(spec))
     assert g.attention == attention
@@ -31,8 +39,11 @@ def test_geometry_formula_for_full_configs(spec, attention, per_token_fp16):
 
 
 def test_hf_cache_and_pool_match_formula_on_tiny_models():
-    cases = [("config:tiny-qwen2", "float32", True), ("config:tiny-gpt-bigcode", "float32", True),
-             ("config:gpt2", "float16", False)]
+    cases = [
+        ("config:tiny-qwen2", "float32", True),
+        ("config:tiny-gpt-bigcode", "float32", True),
+        ("config:gpt2", "float16", False),
+    ]
     df = bytes_per_token_table(cases, "cpu", batch=2, tokens=8, pool_blocks=2, block_size=4)
     assert (df["status"] == "ok").all()
     assert df["exact"].all()
@@ -109,16 +120,28 @@ def test_fragmented_manager_refuses_impossible_states():
 
 
 def test_compaction_sweep_rows_and_bandwidth():
-    df = compaction_sweep(2, 2, 8, torch.float32, "cpu", block_sizes=[4, 16], pool_mib=[1],
-                          move_fractions=[0.5], copy_gb_s=10.0, repeats=2, warmup=1)
+    df = compaction_sweep(
+        2,
+        2,
+        8,
+        torch.float32,
+        "cpu",
+        block_sizes=[4, 16],
+        pool_mib=[1],
+        move_fractions=[0.5],
+        copy_gb_s=10.0,
+        repeats=2,
+        warmup=1,
+    )
     assert len(df) == 6 and (df["status"] == "ok").all()
     assert (df["gb_s"] > 0).all()
     # bandwidth = read + write of the moved bytes over the median time
     r = df.iloc[0]
     assert r["gb_s"] == pytest.approx(2 * r["bytes_moved"] / (r["median_ms"] * 1e-3) / 1e9)
     assert set(df.loc[df.method.str.startswith("gather_scatter"), "kernel_launches"]) == {2}
-    assert (df.loc[df.method == "block_loop", "kernel_launches"] == df.loc[df.method == "block_loop",
-                                                                            "blocks_moved"]).all()
+    assert (
+        df.loc[df.method == "block_loop", "kernel_launches"] == df.loc[df.method == "block_loop", "blocks_moved"]
+    ).all()
     assert len(mover_ratio(df)) == 2
     assert len(mover_ratio(df, "gather_scatter", "gather_scatter_wide")) == 2
     assert mover_ratio(df, "block_loop", "memcpy").empty
@@ -141,9 +164,20 @@ def _steps(mode, batch, kv_gb_s, fixed_ms, floor_pct):
     ctx = np.array([128, 256, 512, 1024])
     kv = batch * ctx * 36864.0
     ms = fixed_ms + kv / (kv_gb_s * 1e9) * 1e3
-    return pd.DataFrame(dict(model="m", mode=mode, batch=batch, context=ctx, kv_bytes=kv, bytes=kv + 2.5e8,
-                             median_ms=ms, status="ok", achieved_gb_s=(kv + 2.5e8) / (ms * 1e-3) / 1e9,
-                             pct_of_floor=floor_pct))
+    return pd.DataFrame(
+        dict(
+            model="m",
+            mode=mode,
+            batch=batch,
+            context=ctx,
+            kv_bytes=kv,
+            bytes=kv + 2.5e8,
+            median_ms=ms,
+            status="ok",
+            achieved_gb_s=(kv + 2.5e8) / (ms * 1e-3) / 1e9,
+            pct_of_floor=floor_pct,
+        )
+    )
 
 
 def test_variation_summary_recovers_marginal_bandwidth():
@@ -165,8 +199,12 @@ def test_f42_verdicts_by_regime():
 # ---- F4.4 ---------------------------------------------------------------------------------------------
 def test_overlap_rig_on_cpu_runs_three_conditions():
     calls = {"d": 0, "c": 0}
-    rig = OverlapRig(lambda: calls.__setitem__("d", calls["d"] + 1), lambda: calls.__setitem__("c", calls["c"] + 1),
-                     decode_steps=3, device="cpu")
+    rig = OverlapRig(
+        lambda: calls.__setitem__("d", calls["d"] + 1),
+        lambda: calls.__setitem__("c", calls["c"] + 1),
+        decode_steps=3,
+        device="cpu",
+    )
     runs = overlap_experiment(rig, rounds=4, warmup_rounds=0)
     assert set(runs["condition"]) == {"compaction_alone", "decode_alone", "serialised"}
     assert calls == {"d": 3 * 4 * 2, "c": 4 * 2}
@@ -184,10 +222,12 @@ def _runs(c_alone, c_conc, d=2.0, rounds=30, seed=0):
     rows = []
     for r in range(rounds):
         ca, cc, da, dc = n(c_alone)[r], n(c_conc)[r], n(d)[r], n(d)[r]
-        rows += [dict(round=r, condition="compaction_alone", compaction_ms=ca, decode_ms=np.nan, total_ms=ca),
-                 dict(round=r, condition="decode_alone", compaction_ms=np.nan, decode_ms=da, total_ms=da),
-                 dict(round=r, condition="serialised", compaction_ms=ca, decode_ms=da, total_ms=ca + da),
-                 dict(round=r, condition="concurrent", compaction_ms=cc, decode_ms=dc, total_ms=max(cc, dc))]
+        rows += [
+            dict(round=r, condition="compaction_alone", compaction_ms=ca, decode_ms=np.nan, total_ms=ca),
+            dict(round=r, condition="decode_alone", compaction_ms=np.nan, decode_ms=da, total_ms=da),
+            dict(round=r, condition="serialised", compaction_ms=ca, decode_ms=da, total_ms=ca + da),
+            dict(round=r, condition="concurrent", compaction_ms=cc, decode_ms=dc, total_ms=max(cc, dc)),
+        ]
     return pd.DataFrame(rows)
 
 
@@ -210,32 +250,42 @@ def test_f44_over_several_regimes_needs_all_for_holds():
 
 def test_overlap_summary_wall_saving():
     s = overlap_summary(_runs(2.0, 2.0, d=2.0))
-    assert s["wall_saving_pct"] == pytest.approx(50, abs=2)   # serialised 4 ms, overlapped 2 ms
+    assert s["wall_saving_pct"] == pytest.approx(50, abs=2)  # serialised 4 ms, overlapped 2 ms
     assert s["overlap_pct"] == pytest.approx(100, abs=4)
     assert "prioritised_wall_saving_pct" not in s
 
 
 def test_overlap_summary_prioritised_condition():
     runs = _runs(2.0, 2.0, d=2.0)
-    prio = runs[runs.condition == "concurrent"].assign(condition="concurrent_prioritised", compaction_ms=3.0,
-                                                       decode_ms=2.2, total_ms=3.0)
+    prio = runs[runs.condition == "concurrent"].assign(
+        condition="concurrent_prioritised", compaction_ms=3.0, decode_ms=2.2, total_ms=3.0
+    )
     s = overlap_summary(pd.concat([runs, prio], ignore_index=True))
     assert s["prioritised_decode_slowdown"] == pytest.approx(1.1, rel=0.02)
-    assert s["prioritised_wall_saving_pct"] == pytest.approx(25, abs=1)      # 3 ms against 4 serialised
+    assert s["prioritised_wall_saving_pct"] == pytest.approx(25, abs=1)  # 3 ms against 4 serialised
     assert s["prioritised_wall_saving_ci_low_pct"] <= 25 + 1e-9 <= s["prioritised_wall_saving_ci_high_pct"] + 1
     note = verdicts.f44(pd.DataFrame([dict(s, decode_batch=1)]), on_cuda=True)["note"]
     assert "high-priority stream: decode 1.10×" in note
 
 
 # ---- parameters ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("bad", [
-    dict(repeats=0), dict(block_sizes=[]), dict(block_sizes=[0]), dict(decode_contexts=[64]),
-    dict(decode_contexts=[64, 4096]),                 # past GPT-2's 1,024 positions (tiny-gpt2 has 1,024 too)
-    dict(compaction_move_fractions=[0]), dict(compaction_methods=["memcpy"]),
-    dict(bpt_cases=[["config:gpt2", "int8", True]]),
-    dict(bpt_cases=[["config:gpt2", "float16"]]), dict(capacity_model="config:nope"), dict(unknown=1),
-    dict(decode_modes=["hf_cuda_graph"]) if not torch.cuda.is_available() else dict(decode_modes=["warp"]),
-])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(repeats=0),
+        dict(block_sizes=[]),
+        dict(block_sizes=[0]),
+        dict(decode_contexts=[64]),
+        dict(decode_contexts=[64, 4096]),  # past GPT-2's 1,024 positions (tiny-gpt2 has 1,024 too)
+        dict(compaction_move_fractions=[0]),
+        dict(compaction_methods=["memcpy"]),
+        dict(bpt_cases=[["config:gpt2", "int8", True]]),
+        dict(bpt_cases=[["config:gpt2", "float16"]]),
+        dict(capacity_model="config:nope"),
+        dict(unknown=1),
+        dict(decode_modes=["hf_cuda_graph"]) if not torch.cuda.is_available() else dict(decode_modes=["warp"]),
+    ],
+)
 def test_bad_parameters_are_refused(bad):
     with pytest.raises(ParameterError):
         study_params("smoke", **bad)
@@ -255,8 +305,9 @@ def test_f42_flat_but_far_from_floor_changes():
 
 
 def test_compaction_sweep_skips_points_with_nothing_to_move():
-    df = compaction_sweep(2, 2, 8, torch.float32, "cpu", block_sizes=[4], pool_mib=[1], move_fractions=[0.0001],
-                          repeats=1, warmup=0)
+    df = compaction_sweep(
+        2, 2, 8, torch.float32, "cpu", block_sizes=[4], pool_mib=[1], move_fractions=[0.0001], repeats=1, warmup=0
+    )
     assert (df["status"] == "skipped: no block to move").all()
 
 
@@ -273,7 +324,7 @@ def test_overlap_rig_on_cuda_times_all_four_conditions():
 
 
 def test_cold_start_effect_rows_on_cpu():
-    from servelab.kv.overlap_probes import cold_start_effect
+    from servelab.studies.s04_kv_cache.overlap_probes import cold_start_effect
 
     rig = OverlapRig(lambda: None, lambda: sum(range(1000)), decode_steps=1, device="cpu")
     df = cold_start_effect(rig, idle_s=0.0, samples=2, warm_runs=3)
@@ -285,14 +336,16 @@ def test_cold_start_effect_rows_on_cpu():
 
 def test_kernel_comparison_subtracts_the_decodes_share(monkeypatch):
     """Compaction kernels during decode: the same-named kernel's decode share is taken out (profiler faked)."""
-    from servelab.kv import overlap_probes
     from servelab.measure import kernel_profile
     from servelab.measure.kernel_profile import KernelProfile
+    from servelab.studies.s04_kv_cache import overlap_probes
 
-    tops = {"compaction_alone": [("indexSelect", 1, 100.0), ("indexCopy", 1, 100.0)],
-            "decode_alone": [("indexSelect", 1, 5.0), ("gemm", 10, 500.0)],
-            "serialised": [("indexSelect", 2, 105.0), ("indexCopy", 1, 100.0), ("gemm", 10, 500.0)],
-            "concurrent": [("indexSelect", 2, 135.0), ("indexCopy", 1, 120.0), ("gemm", 10, 520.0)]}
+    tops = {
+        "compaction_alone": [("indexSelect", 1, 100.0), ("indexCopy", 1, 100.0)],
+        "decode_alone": [("indexSelect", 1, 5.0), ("gemm", 10, 500.0)],
+        "serialised": [("indexSelect", 2, 105.0), ("indexCopy", 1, 100.0), ("gemm", 10, 500.0)],
+        "concurrent": [("indexSelect", 2, 135.0), ("indexCopy", 1, 120.0), ("gemm", 10, 520.0)],
+    }
 
     class FakeRig:
         current = None
@@ -304,8 +357,14 @@ def test_kernel_comparison_subtracts_the_decodes_share(monkeypatch):
     def fake_profile_call(fn, **kw):
         fn()
         top = tops[FakeRig.current]
-        return KernelProfile(wall_ms=1.0, kernels=sum(n for _, n, _ in top), gpu_busy_ms=0.5, gpu_busy_pct=50.0,
-                             cpu_us_per_launch=1.0, top_kernels=top)
+        return KernelProfile(
+            wall_ms=1.0,
+            kernels=sum(n for _, n, _ in top),
+            gpu_busy_ms=0.5,
+            gpu_busy_pct=50.0,
+            cpu_us_per_launch=1.0,
+            top_kernels=top,
+        )
 
     monkeypatch.setattr(kernel_profile, "profile_call", fake_profile_call)
     df = overlap_probes.kernel_comparison(FakeRig())
@@ -313,13 +372,13 @@ def test_kernel_comparison_subtracts_the_decodes_share(monkeypatch):
     assert k.loc["indexSelect", "during_decode_us"] == pytest.approx(130.0)
     assert k.loc["indexSelect", "shared_with_decode"]
     assert k.loc["indexCopy", "during_decode_ratio"] == pytest.approx(1.2)
-    assert "during_prioritised_decode_us" not in k.columns   # that condition was not run
+    assert "during_prioritised_decode_us" not in k.columns  # that condition was not run
     assert "gemm" not in k.index and "[all kernels, concurrent]" in k.index
 
 
 def test_clocks_by_condition_samples_each_condition(monkeypatch):
-    from servelab.kv import overlap_probes
     from servelab.measure import device
+    from servelab.studies.s04_kv_cache import overlap_probes
 
     monkeypatch.setattr(device, "read_clocks", lambda: {"clocks.sm": "1980", "clocks.mem": "3201"})
     rig = OverlapRig(lambda: None, lambda: None, decode_steps=1, device="cpu")

@@ -10,12 +10,12 @@ import pandas as pd
 import pytest
 from aiohttp import web
 
+from servelab.errors import ParameterError
 from servelab.loadgen.__main__ import main
 from servelab.loadgen.lengths import FixedLengths
 from servelab.loadgen.metrics import summarize
 from servelab.loadgen.run import DEADLINE_ERROR, run_load
 from servelab.loadgen.workload import Trace
-from servelab.profiles import ParameterError
 
 TOKEN_GAP_S = 0.02
 FIRST_TOKEN_S = 0.05
@@ -44,8 +44,12 @@ class FakeServer:
             for i in range(n):
                 if i:
                     await asyncio.sleep(TOKEN_GAP_S)
-                choice = {"index": 0, "text": "" if i == 1 else "x", "token_ids": [7],
-                          "finish_reason": "length" if i == n - 1 else None}
+                choice = {
+                    "index": 0,
+                    "text": "" if i == 1 else "x",
+                    "token_ids": [7],
+                    "finish_reason": "length" if i == n - 1 else None,
+                }
                 await resp.write(f"data: {json.dumps({'choices': [choice], 'usage': None})}\n\n".encode())
             await resp.write(f"data: {json.dumps({'choices': [], 'usage': {'completion_tokens': n}})}\n\n".encode())
             await resp.write(b"data: [DONE]\n\n")
@@ -87,9 +91,9 @@ def test_run_load_times_every_token_and_sends_on_schedule():
     with fake as url:
         rec = run_load(url, trace)
     assert rec["ok"].all() and (rec["output_tokens"] == 5).all()
-    assert all(len(t) == 5 for t in rec["token_times_s"])     # the empty-text token counted too
+    assert all(len(t) == 5 for t in rec["token_times_s"])  # the empty-text token counted too
     lag = rec["sent_s"] - rec["arrival_s"]
-    assert (lag >= 0).all() and lag.max() < 0.25               # open loop: sent at the trace's times
+    assert (lag >= 0).all() and lag.max() < 0.25  # open loop: sent at the trace's times
     s = summarize(rec)
     # never earlier than the server sends; later only by scheduling noise (loose: CI boxes are busy)
     assert FIRST_TOKEN_S * 1e3 - 1 <= s["ttft_p50_ms"] < FIRST_TOKEN_S * 1e3 + 150
@@ -127,14 +131,14 @@ def test_deadline_cuts_long_requests_and_keeps_their_tokens():
     with fake as url:
         t = time.perf_counter()
         rec = run_load(url, trace, deadline_s=0.3)
-        assert time.perf_counter() - t < 5.0        # far less than 200 tokens × 20 ms
+        assert time.perf_counter() - t < 5.0  # far less than 200 tokens × 20 ms
     assert not rec["ok"].any() and (rec["error"] == DEADLINE_ERROR).all()
     assert (rec["output_tokens"] > 3).all() and (rec["output_tokens"] < 200).all()
-    assert (rec["target_output_tokens"] == 200).all()             # what the trace asked, for a replay
+    assert (rec["target_output_tokens"] == 200).all()  # what the trace asked, for a replay
 
 
 def test_unreachable_server_and_bad_arguments():
-    rec = run_load("http://127.0.0.1:9", small_trace(n=2))    # nothing listens on port 9
+    rec = run_load("http://127.0.0.1:9", small_trace(n=2))  # nothing listens on port 9
     assert not rec["ok"].any() and rec["error"].str.contains("Connect").all()
     with pytest.raises(ParameterError, match="prompt_ids nor prompt text"):
         run_load("http://127.0.0.1:9", Trace.synthetic(rate=1, lengths=FixedLengths(4, 2), n=1))
@@ -145,15 +149,37 @@ def test_unreachable_server_and_bad_arguments():
 def test_cli_writes_records_and_trace(tmp_path, capsys):
     out, tr, summ = tmp_path / "r.csv", tmp_path / "t.jsonl", tmp_path / "s.json"
     with FakeServer() as url:
-        rc = main(["--base-url", url, "--rate", "40", "--num-requests", "4", "--lengths", "fixed",
-                   "--prompt-tokens", "6", "--output-tokens", "3", "--out", str(out), "--save-trace", str(tr),
-                   "--summary-out", str(summ), "--slo-ttft-ms", "1000", "--no-progress"])
+        rc = main(
+            [
+                "--base-url",
+                url,
+                "--rate",
+                "40",
+                "--num-requests",
+                "4",
+                "--lengths",
+                "fixed",
+                "--prompt-tokens",
+                "6",
+                "--output-tokens",
+                "3",
+                "--out",
+                str(out),
+                "--save-trace",
+                str(tr),
+                "--summary-out",
+                str(summ),
+                "--slo-ttft-ms",
+                "1000",
+                "--no-progress",
+            ]
+        )
         assert rc == 0
-        rc2 = main(["--base-url", url, "--trace", str(tr), "--no-progress"])   # replay the saved trace
+        rc2 = main(["--base-url", url, "--trace", str(tr), "--no-progress"])  # replay the saved trace
         assert rc2 == 0
     rec = pd.read_csv(out)
     assert len(rec) == 4 and rec["ok"].all() and (rec["output_tokens"] == 3).all()
     assert json.loads(summ.read_text())["goodput_req_s"] > 0
     assert len(Trace.read_jsonl(tr)) == 4
     assert "ttft_p99_ms" in capsys.readouterr().out
-    assert main(["--base-url", "http://127.0.0.1:9", "--no-progress"]) == 2   # neither --trace nor --rate
+    assert main(["--base-url", "http://127.0.0.1:9", "--no-progress"]) == 2  # neither --trace nor --rate

@@ -7,32 +7,50 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from servelab.loadgen.metrics import (RECORD_COLUMNS, SUMMARY_KEYS, check_records, empty_records, records_for_csv,
-                                      request_metrics, summarize)
-from servelab.profiles import ParameterError
+from servelab.errors import ParameterError
+from servelab.loadgen.metrics import (
+    RECORD_COLUMNS,
+    SUMMARY_KEYS,
+    check_records,
+    empty_records,
+    records_for_csv,
+    request_metrics,
+    summarize,
+)
 
 
 def record(rid, sent, times, ok=True, arrival=None, prompt=10, error=""):
-    return {"request_id": rid, "arrival_s": sent if arrival is None else arrival, "prompt_tokens": prompt,
-            "output_tokens": len(times), "sent_s": sent, "first_token_s": times[0] if times else np.nan,
-            "finish_s": times[-1] if times else np.nan, "token_times_s": times, "ok": ok, "error": error}
+    return {
+        "request_id": rid,
+        "arrival_s": sent if arrival is None else arrival,
+        "prompt_tokens": prompt,
+        "output_tokens": len(times),
+        "sent_s": sent,
+        "first_token_s": times[0] if times else np.nan,
+        "finish_s": times[-1] if times else np.nan,
+        "token_times_s": times,
+        "ok": ok,
+        "error": error,
+    }
 
 
 @pytest.fixture
 def records():
-    return pd.DataFrame([
-        record(0, 0.0, [0.100, 0.110, 0.120, 0.130]),          # TTFT 100 ms, gaps 10 ms, E2E 130
-        record(1, 0.5, [0.550, 0.570, 0.650]),                 # TTFT 50, gaps 20 and 80, E2E 150
-        record(2, 1.0, [1.300]),                               # one token: TTFT 300, no TPOT
-        record(3, 1.2, [1.25], ok=False, error="HTTP 500"),    # failed: not counted
-    ])
+    return pd.DataFrame(
+        [
+            record(0, 0.0, [0.100, 0.110, 0.120, 0.130]),  # TTFT 100 ms, gaps 10 ms, E2E 130
+            record(1, 0.5, [0.550, 0.570, 0.650]),  # TTFT 50, gaps 20 and 80, E2E 150
+            record(2, 1.0, [1.300]),  # one token: TTFT 300, no TPOT
+            record(3, 1.2, [1.25], ok=False, error="HTTP 500"),  # failed: not counted
+        ]
+    )
 
 
 def test_request_metrics_follow_vllm_definitions(records):
     m = request_metrics(records).set_index("request_id")
     assert m.loc[0, "ttft_ms"] == pytest.approx(100)
     assert m.loc[0, "e2e_ms"] == pytest.approx(130)
-    assert m.loc[0, "tpot_ms"] == pytest.approx(30 / 3)        # (E2E - TTFT) / (n - 1)
+    assert m.loc[0, "tpot_ms"] == pytest.approx(30 / 3)  # (E2E - TTFT) / (n - 1)
     assert m.loc[1, "tpot_ms"] == pytest.approx(100 / 2)
     assert m.loc[1, "itl"] == pytest.approx([20, 80])
     assert m.loc[1, "max_itl_ms"] == pytest.approx(80)
@@ -49,7 +67,7 @@ def test_summarize_pools_itl_and_counts(records):
     assert s["ttft_p50_ms"] == pytest.approx(100)
     assert s["throughput_tok_s"] == pytest.approx((4 + 3 + 1) / 2.0)
     assert s["request_throughput"] == pytest.approx(3 / 2.0)
-    assert s["goodput_req_s"] == s["request_throughput"]      # no SLO given
+    assert s["goodput_req_s"] == s["request_throughput"]  # no SLO given
 
 
 def test_goodput_applies_every_slo(records):

@@ -5,10 +5,10 @@ import json
 import numpy as np
 import pytest
 
+from servelab.errors import ParameterError
 from servelab.loadgen.arrivals import gamma_arrivals, poisson_arrivals
 from servelab.loadgen.lengths import FixedLengths, ShareGPTLike, UniformLengths, length_distribution
 from servelab.loadgen.workload import Trace
-from servelab.profiles import ParameterError
 
 
 def test_poisson_rate_and_exponential_gaps():
@@ -16,7 +16,7 @@ def test_poisson_rate_and_exponential_gaps():
     gaps = np.diff(np.concatenate([[0], t]))
     assert np.all(gaps > 0)
     assert 1 / gaps.mean() == pytest.approx(20.0, rel=0.03)
-    assert gaps.std() / gaps.mean() == pytest.approx(1.0, rel=0.05)   # exponential: CV 1
+    assert gaps.std() / gaps.mean() == pytest.approx(1.0, rel=0.05)  # exponential: CV 1
 
 
 @pytest.mark.parametrize("burstiness", [0.25, 4.0])
@@ -76,7 +76,7 @@ def test_synthetic_trace_is_deterministic_and_bounded():
     assert a.frame["arrival_s"].is_monotonic_increasing
     assert len(Trace.synthetic(rate=5, lengths=FixedLengths(16, 4), n=7)) == 7
     bursty = Trace.synthetic(rate=50, lengths=FixedLengths(16, 4), duration_s=20, burstiness=0.05, seed=0)
-    assert bursty.duration_s > 15                       # very bursty arrivals still fill the window
+    assert bursty.duration_s > 15  # very bursty arrivals still fill the window
     with pytest.raises(ParameterError, match="exactly one"):
         Trace.synthetic(rate=5, lengths=FixedLengths(16, 4))
 
@@ -86,7 +86,7 @@ def test_prompt_ids_are_random_in_range_and_reproducible():
     ids = t.frame["prompt_ids"]
     assert all(len(x) == n for x, n in zip(ids, t.frame["prompt_tokens"]))
     assert all(0 <= v < 100 for x in ids for v in x)
-    assert all(len(set(x)) > 1 for x in ids)          # never a constant prompt
+    assert all(len(set(x)) > 1 for x in ids)  # never a constant prompt
     again = Trace.synthetic(rate=5, lengths=UniformLengths(8, 64, 1, 4), n=20, seed=1).with_prompt_ids(100, seed=2)
     assert again.frame["prompt_ids"].tolist() == ids.tolist()
 
@@ -95,16 +95,25 @@ def test_jsonl_round_trip_and_replay_by_hand(tmp_path):
     t = Trace.synthetic(rate=5, lengths=FixedLengths(6, 3), n=5, seed=0).with_prompt_ids(50)
     back = Trace.read_jsonl(t.write_jsonl(tmp_path / "t.jsonl"))
     assert back.frame[["request_id", "arrival_s", "prompt_tokens", "output_tokens"]].equals(
-        t.frame[["request_id", "arrival_s", "prompt_tokens", "output_tokens"]])
+        t.frame[["request_id", "arrival_s", "prompt_tokens", "output_tokens"]]
+    )
     assert back.frame["prompt_ids"].tolist() == t.frame["prompt_ids"].tolist()
     hand = tmp_path / "hand.jsonl"
-    hand.write_text(json.dumps({"arrival_s": 1.5, "prompt_ids": [1, 2, 3], "output_tokens": 2}) + "\n\n"
-                    + json.dumps({"arrival_s": 0.5, "prompt_ids": [4, 5, 6, 7], "output_tokens": 1}) + "\n")
+    hand.write_text(
+        json.dumps({"arrival_s": 1.5, "prompt_ids": [1, 2, 3], "output_tokens": 2})
+        + "\n\n"
+        + json.dumps({"arrival_s": 0.5, "prompt_ids": [4, 5, 6, 7], "output_tokens": 1})
+        + "\n"
+    )
     h = Trace.read_jsonl(hand)
-    assert h.frame["arrival_s"].tolist() == [0.5, 1.5]         # sorted by arrival
-    assert h.frame["prompt_tokens"].tolist() == [4, 3]         # from the ids
-    hand.write_text(json.dumps({"arrival_s": 1.5, "prompt_ids": [1, 2, 3], "output_tokens": 2}) + "\n"
-                    + json.dumps({"arrival_s": 0.5, "prompt_tokens": 4, "output_tokens": 1}) + "\n")
+    assert h.frame["arrival_s"].tolist() == [0.5, 1.5]  # sorted by arrival
+    assert h.frame["prompt_tokens"].tolist() == [4, 3]  # from the ids
+    hand.write_text(
+        json.dumps({"arrival_s": 1.5, "prompt_ids": [1, 2, 3], "output_tokens": 2})
+        + "\n"
+        + json.dumps({"arrival_s": 0.5, "prompt_tokens": 4, "output_tokens": 1})
+        + "\n"
+    )
     with pytest.raises(ParameterError, match="every request"):
         Trace.read_jsonl(hand)
 
@@ -120,6 +129,7 @@ def test_bad_traces_name_the_problem(tmp_path):
     with pytest.raises(ParameterError, match="does not exist"):
         Trace.read_jsonl(tmp_path / "nope.jsonl")
     import pandas as pd
+
     with pytest.raises(ParameterError, match="arrival_s"):
         Trace(pd.DataFrame({"arrival_s": [-1.0], "prompt_tokens": [3], "output_tokens": [1]}))
     with pytest.raises(ParameterError, match="output_tokens"):

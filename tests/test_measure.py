@@ -1,12 +1,11 @@
 import json
 
-import numpy as np
 import pandas as pd
 import pytest
 
 from servelab.measure import Roofline, device_record, measure_ceilings
-from servelab.measure.device import slugify, sdpa_priority_order
-from servelab.results import StudyResults, findings_frame, load_results
+from servelab.measure.device import sdpa_priority_order, slugify
+from servelab.measure.results import StudyResults, findings_frame, load_results
 
 
 def test_roofline_floor_bound_and_percent():
@@ -46,8 +45,9 @@ def test_study_results_write_csv_sidecar_and_findings(scratch_results):
     dev = device_record("cpu")
     res = StudyResults("99_test", dev, {"profile": "smoke", "n": 3})
     res.write("steps", pd.DataFrame({"a": [1, 2]}))
-    res.write_findings([dict(id="F9.1", claim="c", seed_value="1", measured_value="2", unit="ms", verdict="changes",
-                             note="n")])
+    res.write_findings(
+        [dict(id="F9.1", claim="c", seed_value="1", measured_value="2", unit="ms", verdict="changes", note="n")]
+    )
     res.finish()
     side = json.loads((res.dir / "run.json").read_text())
     assert res.dir == scratch_results / "cpu" / "99_test"
@@ -59,7 +59,7 @@ def test_study_results_write_csv_sidecar_and_findings(scratch_results):
 
 def test_study_results_write_for_another_study(scratch_results):
     dev = device_record("cpu")
-    with pytest.raises(FileNotFoundError, match="01_x"):   # no such study's results yet: nothing to add to
+    with pytest.raises(FileNotFoundError, match="01_x"):  # no such study's results yet: nothing to add to
         StudyResults("08_y", dev, {}).write_for("01_x", "sim_validation", pd.DataFrame({"a": [1]}))
     StudyResults("01_x", dev, {}).write("requests", pd.DataFrame({"a": [0]}))
     res = StudyResults("08_y", dev, {})
@@ -79,7 +79,7 @@ def test_findings_reject_bad_verdicts_and_missing_columns():
 
 
 def test_git_commit_prefers_the_run_scripts_revision(monkeypatch):
-    from servelab.results import git_commit
+    from servelab.measure.results import git_commit
 
     monkeypatch.setenv("SERVELAB_REVISION", "abc123")
     assert git_commit() == "abc123"

@@ -48,8 +48,10 @@ def test_shipped_configs_cover_the_study_models():
     assert {"qwen2-0.5b", "qwen2-1.5b", "gpt2", "gpt2-medium", "distilgpt2", "llama-3-8b"} <= set(shipped_configs())
 
 
-@pytest.mark.parametrize("name,params", [("qwen2-0.5b", 494_032_768), ("qwen2-1.5b", 1_543_714_304),
-                                         ("gpt2", 124_439_808), ("llama-3-8b", 8_030_261_248)])
+@pytest.mark.parametrize(
+    "name,params",
+    [("qwen2-0.5b", 494_032_768), ("qwen2-1.5b", 1_543_714_304), ("gpt2", 124_439_808), ("llama-3-8b", 8_030_261_248)],
+)
 def test_shape_parameter_counts_match_the_published_models(name, params):
     from transformers import AutoConfig
 

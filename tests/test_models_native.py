@@ -3,11 +3,11 @@
 import pytest
 import torch
 
+from servelab.kernels.attention import AttentionMetadata
+from servelab.kernels.decode import gather_decode
+from servelab.kernels.prefill import PrefillSegment
 from servelab.kv import BlockManager, KVPool
 from servelab.models import load_model
-from servelab.models.layers.attention import AttentionMetadata
-from servelab.models.layers.decode import gather_decode
-from servelab.models.layers.prefill import PrefillSegment
 from servelab.models.layers.rotary import RotaryEmbedding
 from servelab.models.native import native_from_hf, native_model_class
 
@@ -22,8 +22,10 @@ def pair(request):
 
 def _prefill_meta(bm, seq, start, end):
     table = torch.tensor(bm.block_table(seq))
-    return AttentionMetadata(slot_mapping=torch.tensor(bm.slot_mapping(seq, start, end)),
-                             prefills=[PrefillSegment(0, end - start, start, table if start else None)])
+    return AttentionMetadata(
+        slot_mapping=torch.tensor(bm.slot_mapping(seq, start, end)),
+        prefills=[PrefillSegment(0, end - start, start, table if start else None)],
+    )
 
 
 def _pool(model, blocks=32, block_size=4):
@@ -49,7 +51,9 @@ def test_prefill_in_chunks_over_cached_context_matches_one_prefill(pair):
     ids = torch.randint(0, ours.shape.vocab, (13,), generator=torch.Generator().manual_seed(2))
     pool, bm = _pool(ours)
     bm.allocate("s", 13)
-    parts = [ours(ids[a:b], torch.arange(a, b), _prefill_meta(bm, "s", a, b), pool) for a, b in ((0, 5), (5, 6), (6, 13))]
+    parts = [
+        ours(ids[a:b], torch.arange(a, b), _prefill_meta(bm, "s", a, b), pool) for a, b in ((0, 5), (5, 6), (6, 13))
+    ]
     torch.testing.assert_close(torch.cat(parts), hf(ids[None]).logits[0], rtol=1e-4, atol=1e-4)
 
 
@@ -65,10 +69,14 @@ def test_batched_decode_matches_the_reference_path(pair):
         ours(torch.randint(0, ours.shape.vocab, (n,), generator=g), torch.arange(n), _prefill_meta(bm, i, 0, n), pool)
     slots = [bm.append(i, 1)[0] for i in range(3)]
     width = max(len(bm.block_table(i)) for i in range(3))
-    meta = AttentionMetadata(slot_mapping=torch.tensor(slots), num_decode_tokens=3,
-                             decode_context_lens=torch.tensor([n + 1 for n in lens]),
-                             decode_block_tables=torch.tensor([bm.block_table(i) + [0] * (width - len(bm.block_table(i)))
-                                                               for i in range(3)]))
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots),
+        num_decode_tokens=3,
+        decode_context_lens=torch.tensor([n + 1 for n in lens]),
+        decode_block_tables=torch.tensor(
+            [bm.block_table(i) + [0] * (width - len(bm.block_table(i))) for i in range(3)]
+        ),
+    )
     ids, pos = torch.randint(0, ours.shape.vocab, (3,), generator=g), torch.tensor(lens)
     batched = ours(ids, pos, meta, pool)
     for block in ours.layers:
@@ -87,10 +95,10 @@ def test_gather_decode_ignores_keys_past_each_length():
     v = torch.randn(6, 4, 2, 8, generator=g)
     q = torch.randn(1, 4, 8, generator=g)
     table = torch.tensor([[2, 5]])
-    out = gather_decode(q, k, v, table, torch.tensor([3]), 8 ** -0.5)
+    out = gather_decode(q, k, v, table, torch.tensor([3]), 8**-0.5)
     k2, v2 = k.clone(), v.clone()
     k2[2, 3:], v2[2, 3:], k2[5], v2[5] = 1e4, 1e4, 1e4, 1e4  # everything past length 3 changes
-    torch.testing.assert_close(gather_decode(q, k2, v2, table, torch.tensor([3]), 8 ** -0.5), out)
+    torch.testing.assert_close(gather_decode(q, k2, v2, table, torch.tensor([3]), 8**-0.5), out)
 
 
 def test_rope_tables_equal_hf_rotary_embedding():

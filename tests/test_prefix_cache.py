@@ -8,10 +8,10 @@ import pytest
 
 from servelab.engine import EngineConfig, SamplingParams, Sequence
 from servelab.engine.policies import make_scheduler
-from servelab.engine.prefix_cache import PrefixCache
+from servelab.errors import ParameterError
 from servelab.kv import BlockManager
 from servelab.kv.block_manager import OutOfBlocks
-from servelab.profiles import ParameterError
+from servelab.kv.prefix_cache import PrefixCache
 
 BS = 4
 
@@ -29,14 +29,15 @@ def put(bm, seq_id, tokens, cached=()):
 
 # ---- the index ---------------------------------------------------------------------------------------
 
+
 def test_a_block_matches_only_under_the_same_whole_prefix():
     bm = cached_bm()
     a = list(range(12))
     table = put(bm, "a", a)
     assert bm.match_prefix(a) == table
-    assert bm.match_prefix(a + [99, 98]) == table           # a trailing partial block is never matched
-    assert bm.match_prefix(a[:7]) == table[:1]               # full blocks only
-    assert bm.match_prefix(a[4:]) == []                      # same tokens at another position: a foreign block
+    assert bm.match_prefix(a + [99, 98]) == table  # a trailing partial block is never matched
+    assert bm.match_prefix(a[:7]) == table[:1]  # full blocks only
+    assert bm.match_prefix(a[4:]) == []  # same tokens at another position: a foreign block
     assert bm.match_prefix([0, 1, 2, 3, 9, 9, 9, 9]) == table[:1]  # diverges in the second block
     assert bm.match_prefix([]) == []
 
@@ -52,7 +53,7 @@ def test_without_a_cache_nothing_matches_and_freeing_returns_blocks():
 
 def test_shared_blocks_are_referenced_once_per_sequence_and_cached_when_released():
     bm = cached_bm(num_blocks=6)
-    a = list(range(10))                      # 2 full blocks + a partial one
+    a = list(range(10))  # 2 full blocks + a partial one
     ta = put(bm, "a", a)
     hit = bm.match_prefix(a[:9])
     assert hit == ta[:2]
@@ -72,13 +73,13 @@ def test_allocation_evicts_only_when_the_free_list_is_empty_and_never_a_referenc
     a, b = list(range(8)), list(range(100, 108))
     ta = put(bm, "a", a)
     tb = put(bm, "b", b)
-    bm.free("a")                             # a's blocks evictable; b's still referenced
+    bm.free("a")  # a's blocks evictable; b's still referenced
     c = put(bm, "c", list(range(200, 204)))  # no free block left: evicts from a's prefix, never b's
     assert c == [ta[1]] and bm.prefix_cache.evictions == 1  # a's tail went first
-    assert bm.match_prefix(b) == tb          # b's blocks untouched
-    assert bm.match_prefix(a) == ta[:1]      # a's first block is still cached
+    assert bm.match_prefix(b) == tb  # b's blocks untouched
+    assert bm.match_prefix(a) == ta[:1]  # a's first block is still cached
     with pytest.raises(OutOfBlocks):
-        bm.allocate("d", 3 * BS)             # only what is free or evictable can be taken; state unchanged
+        bm.allocate("d", 3 * BS)  # only what is free or evictable can be taken; state unchanged
     assert bm.match_prefix(b) == tb and bm.ref_count(tb[0]) == 1
 
 
@@ -111,12 +112,12 @@ def test_lru_recycles_the_least_recently_released_prefix_and_lfu_the_least_hit()
         a, b = list(range(4)), list(range(10, 14))
         put(bm, "a", a)
         bm.free("a")
-        for i in range(3):                    # a is reused three times: popular
+        for i in range(3):  # a is reused three times: popular
             put(bm, f"a{i}", a, bm.match_prefix(a))
             bm.free(f"a{i}")
         put(bm, "b", b)
-        bm.free("b")                          # b released after a: the most recent
-        put(bm, "c", list(range(20, 24)))     # one block must go
+        bm.free("b")  # b released after a: the most recent
+        put(bm, "c", list(range(20, 24)))  # one block must go
         kept = {"a": bm.match_prefix(a) != [], "b": bm.match_prefix(b) != []}
         assert kept == {"a": survivor == "a", "b": survivor == "b"}, eviction
 
@@ -125,11 +126,11 @@ def test_can_allocate_counts_the_evictable_blocks_a_hit_would_pin():
     bm = cached_bm(num_blocks=3)
     a = list(range(8))
     put(bm, "a", a)
-    bm.free("a")                              # 2 evictable + 1 free = 3 free
+    bm.free("a")  # 2 evictable + 1 free = 3 free
     hit = bm.match_prefix(a)
-    assert bm.can_allocate(12, hit)           # 2 shared + 1 new
-    assert not bm.can_allocate(16, hit)       # 2 shared + 2 new: pinning the hit leaves only 1
-    assert not bm.can_allocate(16)            # without the hit: 4 new
+    assert bm.can_allocate(12, hit)  # 2 shared + 1 new
+    assert not bm.can_allocate(16, hit)  # 2 shared + 2 new: pinning the hit leaves only 1
+    assert not bm.can_allocate(16)  # without the hit: 4 new
     with pytest.raises(ValueError, match="more than"):
         bm.can_allocate(4, hit)
 
@@ -154,7 +155,7 @@ def test_truncating_into_a_cached_block_uncaches_it():
     bm = cached_bm()
     a = list(range(8))
     ta = put(bm, "a", a)
-    bm.truncate("a", 6)                      # the second block will be overwritten from position 6
+    bm.truncate("a", 6)  # the second block will be overwritten from position 6
     assert bm.match_prefix(a) == ta[:1]
 
 
@@ -167,8 +168,9 @@ def test_hit_rate_counts_tokens_and_blocks():
     assert cache.stats()["prefix_hit_tokens"] == 8
 
 
-@pytest.mark.parametrize("kw, match", [({"prefix_eviction": "fifo"}, "prefix_eviction"),
-                                       ({"prefix_caching": "yes"}, "prefix_caching")])
+@pytest.mark.parametrize(
+    "kw, match", [({"prefix_eviction": "fifo"}, "prefix_eviction"), ({"prefix_caching": "yes"}, "prefix_caching")]
+)
 def test_bad_engine_config_is_a_clear_error(kw, match):
     with pytest.raises(ParameterError, match=match):
         EngineConfig(**kw)
@@ -197,7 +199,7 @@ def expected_output(prompt, n):
     toks = list(prompt)
     for _ in range(n):
         toks.append(next_token(toks))
-    return toks[len(prompt):]
+    return toks[len(prompt) :]
 
 
 def check_invariants(bm):
@@ -209,8 +211,8 @@ def check_invariants(bm):
     assert all(bm.ref_count(b) == refs.get(b, 0) for b in range(bm.num_blocks))
     free = set(bm._free)
     assert len(free) == len(bm._free)
-    assert not free & set(cache._by_block)                  # a free block is never indexed
-    assert not free & set(refs)                             # nor referenced
+    assert not free & set(cache._by_block)  # a free block is never indexed
+    assert not free & set(refs)  # nor referenced
     for b in range(bm.num_blocks):
         if b in cache._evictable:
             assert b in cache._by_block and refs.get(b, 0) == 0
@@ -224,7 +226,7 @@ def shadow_run(policy, seed, eviction, num_blocks=14):
     bm = cached_bm(num_blocks, eviction)
     s = make_scheduler(policy, block_manager=bm, max_num_seqs=3, max_num_batched_tokens=budget)
     prefixes = [[rng.randrange(VOCAB) for _ in range(rng.randint(3, 13))] for _ in range(4)]
-    pool = {}          # slot -> the tokens (position 0 … p) whose K/V the slot holds
+    pool = {}  # slot -> the tokens (position 0 … p) whose K/V the slot holds
     seqs, arrivals = [], {}
 
     def request(prompt, at):
@@ -243,22 +245,25 @@ def shadow_run(policy, seed, eviction, num_blocks=14):
         items = batch.items
         for it in items:  # every layer writes the whole step's K/V first...
             seq = it.seq
-            assert seq.kv_slots[:it.start + it.num_tokens] == bm.slot_mapping(seq.seq_id, 0, it.start + it.num_tokens)
+            assert seq.kv_slots[: it.start + it.num_tokens] == bm.slot_mapping(seq.seq_id, 0, it.start + it.num_tokens)
             for j, slot in enumerate(it.slots):
                 pool[slot] = tuple(seq.token_ids(0, it.start + j + 1))
         for it in items:  # ...then attends over the context: each slot must hold this sequence's own tokens
             seq = it.seq
             for p in range(it.start + it.num_tokens):
-                assert pool.get(seq.kv_slots[p]) == tuple(seq.token_ids(0, p + 1)), \
+                assert pool.get(seq.kv_slots[p]) == tuple(seq.token_ids(0, p + 1)), (
                     f"stale or foreign K/V at position {p} of {seq}"
+                )
         sampled = [next_token(it.seq.token_ids(0, it.seq.num_tokens)) if it.samples else None for it in items]
         for ev in s.postprocess(batch, sampled):
             q = next(q for q in seqs if q.seq_id == ev.seq_id)
             if ev.finished and len(q.prompt_token_ids) + len(q.output_token_ids) < budget - 2 and rng.random() < 0.5:
                 # a follow-up turn: the whole conversation so far, then a new message
                 history = q.prompt_token_ids + q.output_token_ids
-                request(history + [rng.randrange(VOCAB) for _ in range(rng.randint(1, budget - 1 - len(history)))],
-                        k + rng.randint(1, 4))
+                request(
+                    history + [rng.randrange(VOCAB) for _ in range(rng.randint(1, budget - 1 - len(history)))],
+                    k + rng.randint(1, 4),
+                )
         check_invariants(bm)
     else:
         raise AssertionError("did not finish")

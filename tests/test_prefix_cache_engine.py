@@ -54,8 +54,8 @@ def test_shared_system_prompt_outputs_are_identical_under_every_policy(family, p
     prompts = [system + rand_tokens(hf, n, 10 + n) for n in (3, 8, 1, 5)]
     ref = reference(hf, prompts)
     e = engine(hf, scheduler=policy)
-    assert e.generate(prompts, GREEDY) == ref      # all admitted at once: later ones share blocks computed in-step
-    assert e.generate(prompts, GREEDY) == ref      # warm cache
+    assert e.generate(prompts, GREEDY) == ref  # all admitted at once: later ones share blocks computed in-step
+    assert e.generate(prompts, GREEDY) == ref  # warm cache
     assert [e.generate([p], GREEDY)[0] for p in prompts] == ref
     st = e.stats()
     assert st["prefix_hit_tokens"] > 0 and 0 < st["prefix_hit_rate"] < 1
@@ -120,8 +120,8 @@ def test_eviction_under_pressure_then_reuse_gives_correct_outputs(hf, eviction):
     e = engine(hf, num_blocks=12, prefix_eviction=eviction)
     assert [e.generate([p], GREEDY)[0] for p in prompts] == ref
     assert e.stats()["prefix_evictions"] > 0
-    assert [e.generate([p], GREEDY)[0] for p in prompts[:3]] == ref[:3]   # the first again, after eviction
-    assert e.generate(prompts, GREEDY) == ref                            # all together, on the tiny pool
+    assert [e.generate([p], GREEDY)[0] for p in prompts[:3]] == ref[:3]  # the first again, after eviction
+    assert e.generate(prompts, GREEDY) == ref  # all together, on the tiny pool
     assert e.block_manager.num_used_blocks == 0
 
 
@@ -177,7 +177,7 @@ def test_multi_step_decoding_caches_generated_blocks_too(hf):
     ref = reference(hf, prompts, params)
     e = engine(hf, decode_steps=4)
     assert e.generate(prompts, params) == ref and e.runner.decode_groups > 0
-    follow_up = prompts[0] + ref[0] + rand_tokens(hf, 2, 99)   # the next turn reuses the generated blocks
+    follow_up = prompts[0] + ref[0] + rand_tokens(hf, 2, 99)  # the next turn reuses the generated blocks
     hit_before = e.stats()["prefix_hit_tokens"]
     assert e.generate([follow_up], params) == reference(hf, [follow_up], params)
     assert e.stats()["prefix_hit_tokens"] - hit_before == (len(prompts[0]) + len(ref[0]) - 1) // 4 * 4
@@ -185,7 +185,7 @@ def test_multi_step_decoding_caches_generated_blocks_too(hf):
 
 @pytest.mark.parametrize("decode_steps", [1, 4])
 def test_a_hit_leaving_one_token_runs_as_a_decode_beside_others(hf, decode_steps):
-    prompt = rand_tokens(hf, 17, 10)                        # 4 full blocks + 1 token: a hit leaves exactly 1
+    prompt = rand_tokens(hf, 17, 10)  # 4 full blocks + 1 token: a hit leaves exactly 1
     other = rand_tokens(hf, 6, 11)
     params = SamplingParams(max_tokens=7, ignore_eos=True)
     ref = reference(hf, [prompt, other], params)
@@ -193,8 +193,8 @@ def test_a_hit_leaving_one_token_runs_as_a_decode_beside_others(hf, decode_steps
     assert e.generate([prompt], params) == ref[:1]
     counted = prefill_tokens(e)
     first = e.add_request(other, params)
-    e.step()                                                # other's prefill; it decodes from the next step on
-    again = e.add_request(prompt, params)                   # joins the running decode as a one-token item
+    e.step()  # other's prefill; it decodes from the next step on
+    again = e.add_request(prompt, params)  # joins the running decode as a one-token item
     for _ in e.stream():
         pass
     assert [first.output_token_ids, again.output_token_ids] == [ref[1], ref[0]]

@@ -6,12 +6,22 @@ import time
 import httpx
 import pytest
 
-from servelab.prefix.serving import HIT_RATE_GAUGE, read_gauge
 from servelab.server.cli import engine_config_from_args, engine_from_args, parse_args
 from servelab.server.launch import ServerThread
+from servelab.studies.s07_prefix_cache.serving import HIT_RATE_GAUGE, read_gauge
 
-ARGS = ["--model", "config:tiny-llama", "--device", "cpu", "--num-blocks", "256", "--max-num-seqs", "8",
-        "--max-num-batched-tokens", "512"]
+ARGS = [
+    "--model",
+    "config:tiny-llama",
+    "--device",
+    "cpu",
+    "--num-blocks",
+    "256",
+    "--max-num-seqs",
+    "8",
+    "--max-num-batched-tokens",
+    "512",
+]
 
 
 def test_flags_reach_the_engine_config():
@@ -32,5 +42,5 @@ def test_metrics_export_the_hit_rate_of_a_caching_server():
         second = httpx.post(f"{srv.base_url}/v1/completions", json=body, timeout=60).json()
         gauge = read_gauge(srv.base_url, HIT_RATE_GAUGE)
     assert first["choices"][0]["text"] == second["choices"][0]["text"]
-    assert engine.stats()["prefix_hit_tokens"] == 64            # (80 - 1) // 16 blocks of the second prompt
+    assert engine.stats()["prefix_hit_tokens"] == 64  # (80 - 1) // 16 blocks of the second prompt
     assert gauge == pytest.approx(64 / 160)

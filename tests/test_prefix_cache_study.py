@@ -8,26 +8,32 @@ import pandas as pd
 import pytest
 
 from servelab.engine import Engine, EngineConfig
-from servelab.prefix import verdicts
-from servelab.prefix.batch_sharing import batch_sharing_sweep, breakeven
-from servelab.prefix.budget import SKIPPED, Budget
-from servelab.prefix.first_token import random_tokens, time_requests
-from servelab.prefix.multi_turn import build_conversation, multi_turn_sweep, turn_speedups
-from servelab.prefix.params import study_params
-from servelab.prefix.prefix_length import prefix_length_sweep, speedups
-from servelab.prefix.serving import ideal_hit_rate, prefix_trace
-from servelab.prefix.simulate import hit_rates
-from servelab.profiles import ParameterError
+from servelab.errors import ParameterError
+from servelab.studies.s07_prefix_cache import verdicts
+from servelab.studies.s07_prefix_cache.batch_sharing import batch_sharing_sweep, breakeven
+from servelab.studies.s07_prefix_cache.budget import SKIPPED, Budget
+from servelab.studies.s07_prefix_cache.first_token import random_tokens, time_requests
+from servelab.studies.s07_prefix_cache.multi_turn import build_conversation, multi_turn_sweep, turn_speedups
+from servelab.studies.s07_prefix_cache.params import study_params
+from servelab.studies.s07_prefix_cache.prefix_length import prefix_length_sweep, speedups
+from servelab.studies.s07_prefix_cache.serving import ideal_hit_rate, prefix_trace
+from servelab.studies.s07_prefix_cache.simulate import hit_rates
 
 
 @pytest.fixture(scope="module")
 def engine():
-    return Engine.from_spec("config:tiny-llama", dtype="float32", device="cpu",
-                            config=EngineConfig(block_size=16, num_blocks=256, max_num_seqs=8,
-                                                max_num_batched_tokens=512, prefix_caching=True))
+    return Engine.from_spec(
+        "config:tiny-llama",
+        dtype="float32",
+        device="cpu",
+        config=EngineConfig(
+            block_size=16, num_blocks=256, max_num_seqs=8, max_num_batched_tokens=512, prefix_caching=True
+        ),
+    )
 
 
 # ---- parameters ----------------------------------------------------------------------------------------
+
 
 def test_smoke_parameters_resolve_and_size_the_engine():
     P = study_params("smoke")
@@ -35,23 +41,27 @@ def test_smoke_parameters_resolve_and_size_the_engine():
     assert P["max_model_len"] >= max(P["prefix_lengths"]) + P["suffix_tokens"] + 1
 
 
-@pytest.mark.parametrize("kw, match", [
-    ({"prefix_lengths": []}, "must not be empty"),
-    ({"eviction": "mru"}, "eviction"),
-    ({"sim_policies": ["fifo"]}, "sim_policies"),
-    ({"serve_rate": 0}, "serve_rate"),
-    ({"turns": 1}, "turns"),
-    ({"model": "config:nope"}, "unknown config"),
-    ({"prefix_lengths": [5000]}, "positions"),           # tiny-llama has 4096
-    ({"num_blocks": 16, "prefix_lengths": [1000]}, "cannot hold"),
-    ({"colour": 1}, "unknown parameters"),
-])
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        ({"prefix_lengths": []}, "must not be empty"),
+        ({"eviction": "mru"}, "eviction"),
+        ({"sim_policies": ["fifo"]}, "sim_policies"),
+        ({"serve_rate": 0}, "serve_rate"),
+        ({"turns": 1}, "turns"),
+        ({"model": "config:nope"}, "unknown config"),
+        ({"prefix_lengths": [5000]}, "positions"),  # tiny-llama has 4096
+        ({"num_blocks": 16, "prefix_lengths": [1000]}, "cannot hold"),
+        ({"colour": 1}, "unknown parameters"),
+    ],
+)
 def test_bad_parameters_are_clear_errors(kw, match):
     with pytest.raises(ParameterError, match=match):
         study_params("smoke", **kw)
 
 
 # ---- measuring on a tiny engine ------------------------------------------------------------------------
+
 
 def test_cached_requests_compute_only_their_suffix(engine):
     rng = np.random.default_rng(0)
@@ -79,7 +89,7 @@ def test_sweeps_produce_tidy_rows_and_honour_the_budget(engine):
 def test_conversation_turns_reuse_the_history(engine):
     conv = build_conversation(engine, 3, 20, 10, 5)
     assert [c["turn"] for c in conv] == [1, 2, 3] and conv[0]["history"] is None
-    assert conv[2]["prompt"][:len(conv[1]["history"])] == conv[1]["history"]  # prompt = history + message
+    assert conv[2]["prompt"][: len(conv[1]["history"])] == conv[1]["history"]  # prompt = history + message
     mt = multi_turn_sweep(engine, conv, 5, warmup=0, repeats=1, turn_repeats=1, progress=False)
     assert (mt["status"] == "ok").all() and len(mt) == 3 * 2 * 2
     cached = mt[(mt["mode"] == "cached") & (mt["metric"] == "ttft")].set_index("turn")
@@ -110,6 +120,7 @@ def test_prefix_trace_and_ideal_hit_rate():
 
 # ---- breakeven and verdicts ----------------------------------------------------------------------------
 
+
 def sharing_rows(p, times):
     """Rows for prefix ``p``: {n: (independent ms, shared ms)}."""
     rows = []
@@ -120,11 +131,13 @@ def sharing_rows(p, times):
 
 
 def test_breakeven_is_the_first_n_from_which_sharing_never_loses():
-    df = pd.DataFrame(sharing_rows(128, {1: (10, 11), 2: (12, 13), 4: (20, 18), 8: (30, 31), 12: (40, 30)})
-                      + sharing_rows(512, {1: (10, 11), 2: (20, 12), 4: (40, 14)})
-                      + sharing_rows(64, {1: (10, 11), 2: (12, 13)}))
+    df = pd.DataFrame(
+        sharing_rows(128, {1: (10, 11), 2: (12, 13), 4: (20, 18), 8: (30, 31), 12: (40, 30)})
+        + sharing_rows(512, {1: (10, 11), 2: (20, 12), 4: (40, 14)})
+        + sharing_rows(64, {1: (10, 11), 2: (12, 13)})
+    )
     be = breakeven(df).set_index("prefix_tokens")
-    assert be.loc[128, "breakeven_n"] == 12      # n=4 wins but n=8 loses again
+    assert be.loc[128, "breakeven_n"] == 12  # n=4 wins but n=8 loses again
     assert be.loc[512, "breakeven_n"] == 2
     assert np.isnan(be.loc[64, "breakeven_n"])
     assert verdicts.f73(be.reset_index())["verdict"] == "holds"
@@ -132,13 +145,19 @@ def test_breakeven_is_the_first_n_from_which_sharing_never_loses():
     assert verdicts.f73(be.reset_index())["verdict"] == "changes"
     never = be.reset_index().assign(breakeven_n=np.nan)
     assert verdicts.f73(never)["verdict"] == "fails"
-    failed = breakeven(df.assign(status="oom"))              # every point failed: an empty table, a clear verdict
+    failed = breakeven(df.assign(status="oom"))  # every point failed: an empty table, a clear verdict
     assert failed.empty and verdicts.f73(failed)["verdict"] == "fails"
 
 
 def speedup_table(values):
-    return pd.DataFrame({"prefix_tokens": list(values), "speedup": list(values.values()),
-                         "speedup_lo": list(values.values()), "speedup_hi": list(values.values())})
+    return pd.DataFrame(
+        {
+            "prefix_tokens": list(values),
+            "speedup": list(values.values()),
+            "speedup_lo": list(values.values()),
+            "speedup_hi": list(values.values()),
+        }
+    )
 
 
 def test_f71_compares_the_speedup_at_512_tokens():
@@ -152,7 +171,7 @@ def test_f71_compares_the_speedup_at_512_tokens():
 def test_f72_needs_a_growing_speedup():
     turns = np.arange(1, 13)
     grow = pd.DataFrame({"metric": "ttft", "turn": turns, "speedup": 1 + 0.11 * (turns - 1)})
-    assert verdicts.f72(grow)["verdict"] == "holds"                     # 1.99× at turn 10
+    assert verdicts.f72(grow)["verdict"] == "holds"  # 1.99× at turn 10
     assert verdicts.f72(grow.assign(speedup=1 + 0.5 * (turns - 1)))["verdict"] == "changes"
     assert verdicts.f72(grow.assign(speedup=1.0 + 0.01 * np.sin(turns)))["verdict"] == "fails"
 
@@ -176,21 +195,23 @@ def test_server_runs_report_a_failure_instead_of_raising(engine, tmp_path, monke
         raise RuntimeError("no port for you")
 
     monkeypatch.setattr(worker.LoadWorker, "start", refuse)
-    from servelab.prefix.serving import serve_comparison
+    from servelab.studies.s07_prefix_cache.serving import serve_comparison
 
     trace, _ = prefix_trace(4, 10.0, 2, 1.0, 16, 4, 2, vocab=512)
-    req, summ = serve_comparison(engine, {"poisson": trace}, tmp_path, deadline_s=5.0, progress=False,
-                                 log=lambda *_: None)
+    req, summ = serve_comparison(
+        engine, {"poisson": trace}, tmp_path, deadline_s=5.0, progress=False, log=lambda *_: None
+    )
     assert req.empty and list(summ["caching"]) == ["off", "on"]
     assert summ["status"].str.contains("no port for you").all()
 
 
 def test_linear_cost_recovers_a_fixed_cost_and_a_slope():
-    from servelab.prefix.cost_fit import linear_cost, prefill_costs, sharing_costs
+    from servelab.studies.s07_prefix_cache.cost_fit import linear_cost, prefill_costs, sharing_costs
 
     x = np.array([64, 128, 512, 1024, 4096])
-    df = pd.DataFrame({"computed_tokens": x, "prefix_tokens": x, "median_ms": 20 + 0.002 * x, "status": "ok",
-                       "mode": "uncached"})
+    df = pd.DataFrame(
+        {"computed_tokens": x, "prefix_tokens": x, "median_ms": 20 + 0.002 * x, "status": "ok", "mode": "uncached"}
+    )
     fit = linear_cost(df, "computed_tokens")
     assert fit["fixed"] == pytest.approx(20) and fit["slope"] == pytest.approx(0.002) and fit["r2"] == pytest.approx(1)
     assert np.isnan(linear_cost(df.assign(status="oom"), "computed_tokens")["fixed"])
@@ -202,7 +223,7 @@ def test_linear_cost_recovers_a_fixed_cost_and_a_slope():
 
 
 def test_served_engine_reaches_the_engine_between_steps(engine):
-    from servelab.prefix.serving import ServedEngine, engine_state, engine_stats, set_caching
+    from servelab.studies.s07_prefix_cache.serving import ServedEngine, engine_state, engine_stats, set_caching
 
     with pytest.raises(ValueError, match="either"):
         ServedEngine()
@@ -215,16 +236,24 @@ def test_served_engine_reaches_the_engine_between_steps(engine):
         assert served.call(engine_stats)["prefix_caching"] is True
 
 
-@pytest.mark.skipif(not os.environ.get("SERVELAB_SLOW_TESTS"),
-                    reason="spawns a fresh interpreter (torch imports: 10-25 s on 2 cores); set SERVELAB_SLOW_TESTS=1")
+@pytest.mark.skipif(
+    not os.environ.get("SERVELAB_SLOW_TESTS"),
+    reason="spawns a fresh interpreter (torch imports: 10-25 s on 2 cores); set SERVELAB_SLOW_TESTS=1",
+)
 def test_server_runs_with_the_engine_in_a_process_of_its_own(tmp_path):
     import functools
 
-    from servelab.prefix.serving import serve_comparison
+    from servelab.studies.s07_prefix_cache.serving import serve_comparison
 
-    build = functools.partial(Engine.from_spec, "config:tiny-llama", dtype="float32", device="cpu",
-                              config=EngineConfig(block_size=16, num_blocks=256, max_num_seqs=8,
-                                                  max_num_batched_tokens=512, prefix_caching=True))
+    build = functools.partial(
+        Engine.from_spec,
+        "config:tiny-llama",
+        dtype="float32",
+        device="cpu",
+        config=EngineConfig(
+            block_size=16, num_blocks=256, max_num_seqs=8, max_num_batched_tokens=512, prefix_caching=True
+        ),
+    )
     trace, _ = prefix_trace(8, 20.0, 2, 1.0, 64, 8, 2, vocab=512)
     req, summ = serve_comparison(None, {"poisson": trace}, tmp_path, deadline_s=60.0, build=build, progress=False)
     assert (summ["status"] == "ok").all() and list(summ["caching"]) == ["off", "on"]

@@ -6,8 +6,19 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from servelab.prefix import (LFU, LRU, POLICY_NAMES, RadixLRU, ZipfWorkload, belady_hit_rate, hit_rates,
-                             shared_prefixes, static_block_optimum, static_optimum, zipf_probabilities)
+from servelab.studies.s07_prefix_cache import (
+    LFU,
+    LRU,
+    POLICY_NAMES,
+    RadixLRU,
+    ZipfWorkload,
+    belady_hit_rate,
+    hit_rates,
+    shared_prefixes,
+    static_block_optimum,
+    static_optimum,
+    zipf_probabilities,
+)
 
 
 def run(cache, stream):
@@ -21,11 +32,12 @@ def noise(p, n, sigmas=4.0):
 
 # --- workload ---------------------------------------------------------------------------------------------
 
+
 def test_zipf_probabilities_normalised_and_decreasing():
     p = zipf_probabilities(1.2, 50)
     assert p.sum() == pytest.approx(1.0)
     assert np.all(np.diff(p) < 0)
-    assert p[0] / p[1] == pytest.approx(2 ** 1.2)
+    assert p[0] / p[1] == pytest.approx(2**1.2)
 
 
 def test_workload_draws_follow_zipf():
@@ -44,6 +56,7 @@ def test_shared_prefixes_share_exactly_the_system_prompt():
 
 
 # --- LRU / LFU --------------------------------------------------------------------------------------------
+
 
 def test_lru_eviction_order():
     c = LRU(3)
@@ -177,15 +190,20 @@ class NaiveRadix:
     def access(self, blocks, pin=False):
         self.t += 1
         k = 0
-        while k < len(blocks) and tuple(blocks[:k + 1]) in self.last:
+        while k < len(blocks) and tuple(blocks[: k + 1]) in self.last:
             k += 1
         mine = [tuple(blocks[:j]) for j in range(1, k + 1)]
         for p in mine:
             self.last[p] = self.t
         for j in range(k + 1, len(blocks) + 1):
             if len(self.last) >= self.capacity:
-                leaves = [p for p in self.last if self.ref.get(p, 0) == 0 and p not in mine
-                          and not any(len(q) == len(p) + 1 and q[:-1] == p for q in self.last)]
+                leaves = [
+                    p
+                    for p in self.last
+                    if self.ref.get(p, 0) == 0
+                    and p not in mine
+                    and not any(len(q) == len(p) + 1 and q[:-1] == p for q in self.last)
+                ]
                 if not leaves:
                     break
                 del self.last[min(leaves, key=self.last.get)]
@@ -227,6 +245,7 @@ def test_radix_matches_a_naive_reference_on_random_streams():
 
 # --- optimum ----------------------------------------------------------------------------------------------
 
+
 def test_static_optimum():
     assert static_optimum(1.0, 10, 10) == pytest.approx(1.0)
     assert static_optimum(1.0, 10, 50) == pytest.approx(1.0)
@@ -258,6 +277,7 @@ def test_belady_beats_online_policies_on_the_same_stream():
 
 # --- simulate ---------------------------------------------------------------------------------------------
 
+
 def test_hit_rates_tidy_frame():
     df = hit_rates([0.8, 1.2], [2, 8], POLICY_NAMES, n_prefixes=40, n_requests=2_000, seed=1, progress=False)
     assert list(df.columns) == ["policy", "alpha", "capacity", "unit", "capacity_blocks", "hit_rate", "optimum"]
@@ -276,8 +296,15 @@ def test_progress_bar_is_tqdm(capsys):
 
 def test_online_policies_do_not_beat_the_static_optimum():
     n = 30_000
-    df = hit_rates([0.8, 1.2], [4, 16], ["lru", "lfu", "lfu_perfect", "radix"], n_prefixes=200, n_requests=n,
-                   seed=7, progress=False)
+    df = hit_rates(
+        [0.8, 1.2],
+        [4, 16],
+        ["lru", "lfu", "lfu_perfect", "radix"],
+        n_prefixes=200,
+        n_requests=n,
+        seed=7,
+        progress=False,
+    )
     for r in df.itertuples():
         assert r.hit_rate <= r.optimum + noise(r.optimum, n), r
     # and the ordering the theory predicts: perfect LFU ≈ optimum > in-cache LFU > LRU
@@ -291,8 +318,9 @@ def test_lfu_alpha_2_four_slots_close_to_static_top4():
     n, n_prefixes = 40_000, 1000
     opt4 = static_optimum(2.0, n_prefixes, 4)
     opt3 = static_optimum(2.0, n_prefixes, 3)
-    df = hit_rates([2.0], [4], ["lfu", "lfu_perfect"], n_prefixes=n_prefixes, n_requests=n, seed=0,
-                   progress=False).set_index("policy")
+    df = hit_rates(
+        [2.0], [4], ["lfu", "lfu_perfect"], n_prefixes=n_prefixes, n_requests=n, seed=0, progress=False
+    ).set_index("policy")
     assert df.loc["lfu_perfect", "hit_rate"] == pytest.approx(opt4, abs=noise(opt4, n))
     # in-cache LFU: within 5 points of top-4, but only guaranteed top-3 (newcomers churn through one slot)
     lfu = df.loc["lfu", "hit_rate"]
@@ -301,8 +329,7 @@ def test_lfu_alpha_2_four_slots_close_to_static_top4():
 
 
 def test_determinism_given_a_seed():
-    kw = dict(alphas=[1.0], capacities=[4], policies=["lru", "radix"], n_prefixes=30, n_requests=1_000,
-              progress=False)
+    kw = dict(alphas=[1.0], capacities=[4], policies=["lru", "radix"], n_prefixes=30, n_requests=1_000, progress=False)
     a, b = hit_rates(seed=5, **kw), hit_rates(seed=5, **kw)
     pd.testing.assert_frame_equal(a, b)
     assert not hit_rates(seed=6, **kw)["hit_rate"].equals(a["hit_rate"])
@@ -310,29 +337,32 @@ def test_determinism_given_a_seed():
     assert np.array_equal(w.keys(100, 9), w.keys(100, np.random.default_rng(9)))
 
 
-@pytest.mark.parametrize("call, match", [
-    (lambda: ZipfWorkload(0.0, 10), "alpha"),
-    (lambda: ZipfWorkload(-1.0, 10), "alpha"),
-    (lambda: ZipfWorkload(float("nan"), 10), "alpha"),
-    (lambda: ZipfWorkload(1.0, 0), "n_prefixes"),
-    (lambda: ZipfWorkload(1.0, 10).keys(0), "n_requests"),
-    (lambda: LRU(0), "capacity"),
-    (lambda: LFU(0), "capacity"),
-    (lambda: LRU(2.5), "capacity"),
-    (lambda: LRU(True), "capacity"),
-    (lambda: RadixLRU(0), "capacity"),
-    (lambda: RadixLRU(4, block_size=0), "block_size"),
-    (lambda: static_optimum(1.0, 10, 0), "capacity"),
-    (lambda: shared_prefixes(4, shared_blocks=0, own_blocks=0), "at least one block"),
-    (lambda: static_block_optimum([blocks(1)], [0.5, 0.5], 1, BS), "probabilities"),
-    (lambda: belady_hit_rate([], 2), "empty"),
-    (lambda: hit_rates([0.0], [4], progress=False), "alpha"),
-    (lambda: hit_rates([1.0], [0], progress=False), "capacity"),
-    (lambda: hit_rates([1.0], [4], ["fifo"], progress=False), "unknown policy"),
-    (lambda: hit_rates([], [4], progress=False), "at least one"),
-    (lambda: hit_rates([1.0], [4], n_requests=0, progress=False), "n_requests"),
-    (lambda: hit_rates([1.0], [4], seed=-1, progress=False), "seed"),
-])
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: ZipfWorkload(0.0, 10), "alpha"),
+        (lambda: ZipfWorkload(-1.0, 10), "alpha"),
+        (lambda: ZipfWorkload(float("nan"), 10), "alpha"),
+        (lambda: ZipfWorkload(1.0, 0), "n_prefixes"),
+        (lambda: ZipfWorkload(1.0, 10).keys(0), "n_requests"),
+        (lambda: LRU(0), "capacity"),
+        (lambda: LFU(0), "capacity"),
+        (lambda: LRU(2.5), "capacity"),
+        (lambda: LRU(True), "capacity"),
+        (lambda: RadixLRU(0), "capacity"),
+        (lambda: RadixLRU(4, block_size=0), "block_size"),
+        (lambda: static_optimum(1.0, 10, 0), "capacity"),
+        (lambda: shared_prefixes(4, shared_blocks=0, own_blocks=0), "at least one block"),
+        (lambda: static_block_optimum([blocks(1)], [0.5, 0.5], 1, BS), "probabilities"),
+        (lambda: belady_hit_rate([], 2), "empty"),
+        (lambda: hit_rates([0.0], [4], progress=False), "alpha"),
+        (lambda: hit_rates([1.0], [0], progress=False), "capacity"),
+        (lambda: hit_rates([1.0], [4], ["fifo"], progress=False), "unknown policy"),
+        (lambda: hit_rates([], [4], progress=False), "at least one"),
+        (lambda: hit_rates([1.0], [4], n_requests=0, progress=False), "n_requests"),
+        (lambda: hit_rates([1.0], [4], seed=-1, progress=False), "seed"),
+    ],
+)
 def test_bad_parameters_raise_value_error(call, match):
     with pytest.raises(ValueError, match=match):
         call()

@@ -16,9 +16,15 @@ import torch
 
 from servelab.engine import EngineConfig
 from servelab.engine.step_graphs import StepGraphs, step_graph_sizes
-from servelab.models.layers.ragged import (RaggedTiles, max_long_tiles, max_tiles, plan_tiles, ragged_reference,
-                                           ragged_tile_tokens)
-from servelab.profiles import ParameterError
+from servelab.errors import ParameterError
+from servelab.kernels.ragged import (
+    RaggedTiles,
+    max_long_tiles,
+    max_tiles,
+    plan_tiles,
+    ragged_reference,
+    ragged_tile_tokens,
+)
 
 # (tokens, first position) per sequence: a decode deep in its context, a fresh prompt, a chunk after 50
 # cached tokens, a decode at position 0
@@ -42,20 +48,26 @@ def paged_case(heads, kv_heads, d, bs, *, seed=0, padding=5, long_tile_tokens=0)
     for planned, width in [(packed, n_tiles), (long, n_long)]:
         t = torch.zeros(4, width + 3, dtype=torch.long)[:, :width]  # a strided view, as in the graphs' buffer
         if planned:
-            t[:, :len(planned)] = torch.tensor(planned).t()
+            t[:, : len(planned)] = torch.tensor(planned).t()
         tables_.append(t)
     q = torch.randn(start + padding, heads, d, generator=g)
-    return q, kp, vp, RaggedTiles(tables_[0], tables, tt, tables_[1] if long_tile_tokens else None, long_tile_tokens), runs
+    return (
+        q,
+        kp,
+        vp,
+        RaggedTiles(tables_[0], tables, tt, tables_[1] if long_tile_tokens else None, long_tile_tokens),
+        runs,
+    )
 
 
 def dense(q, kp, vp, tables, row, start, n, pos):
     heads, d = q.shape[1:]
     kv_heads, bs = kp.shape[2], kp.shape[1]
     keys = pos + n
-    blocks = tables[row, :-(-keys // bs)]
+    blocks = tables[row, : -(-keys // bs)]
     k = kp[blocks].flatten(0, 1)[:keys].repeat_interleave(heads // kv_heads, 1)
     v = vp[blocks].flatten(0, 1)[:keys].repeat_interleave(heads // kv_heads, 1)
-    scores = torch.einsum("thd,lhd->htl", q[start:start + n], k) * d ** -0.5
+    scores = torch.einsum("thd,lhd->htl", q[start : start + n], k) * d**-0.5
     visible = torch.arange(keys)[None, :] <= (pos + torch.arange(n))[:, None]
     return torch.einsum("htl,lhd->thd", scores.masked_fill(~visible, float("-inf")).softmax(-1), v)
 
@@ -64,11 +76,12 @@ def dense(q, kp, vp, tables, row, start, n, pos):
 @pytest.mark.parametrize("heads,kv_heads,d,bs", [(14, 2, 64, 16), (4, 4, 16, 4), (6, 2, 32, 16)])
 def test_reference_is_causal_paged_attention_per_sequence(heads, kv_heads, d, bs, long_tile_tokens):
     q, kp, vp, rt, runs = paged_case(heads, kv_heads, d, bs, long_tile_tokens=long_tile_tokens)
-    out = ragged_reference(q, kp, vp, rt, d ** -0.5)
+    out = ragged_reference(q, kp, vp, rt, d**-0.5)
     for row, start, n, pos in runs:
-        torch.testing.assert_close(out[start:start + n], dense(q, kp, vp, rt.block_tables, row, start, n, pos),
-                                   rtol=1e-5, atol=1e-5)
-    assert (out[sum(n for n, _ in RUNS):] == 0).all()  # padding tokens belong to no tile
+        torch.testing.assert_close(
+            out[start : start + n], dense(q, kp, vp, rt.block_tables, row, start, n, pos), rtol=1e-5, atol=1e-5
+        )
+    assert (out[sum(n for n, _ in RUNS) :] == 0).all()  # padding tokens belong to no tile
 
 
 def test_tiles_split_runs_and_fit_the_fixed_width():
@@ -94,8 +107,12 @@ def test_step_buckets_and_bad_sizes():
 def test_a_step_larger_than_every_bucket_is_left_to_the_eager_path():
     from servelab.engine import Engine, SamplingParams
 
-    engine = Engine.from_spec("config:tiny-llama", dtype="float32", device="cpu",
-                              config=EngineConfig(block_size=4, num_blocks=64, max_num_seqs=4, max_num_batched_tokens=64))
+    engine = Engine.from_spec(
+        "config:tiny-llama",
+        dtype="float32",
+        device="cpu",
+        config=EngineConfig(block_size=4, num_blocks=64, max_num_seqs=4, max_num_batched_tokens=64),
+    )
     engine.runner.enable_step_graphs([8], capture=False)
     engine.generate([list(range(5, 30))], SamplingParams(max_tokens=3, ignore_eos=True))
     assert engine.runner.eager_steps == 1 and engine.runner.step_graph_steps == 2  # the 25-token prefill ran eagerly
@@ -105,8 +122,8 @@ def test_a_step_larger_than_every_bucket_is_left_to_the_eager_path():
 KERNEL_CHECK = textwrap.dedent("""
     import torch
     import tests.test_ragged_attention as t
-    from servelab.models.layers.ragged import ragged_reference
-    from servelab.models.layers.triton_ragged import triton_ragged
+    from servelab.kernels.ragged import ragged_reference
+    from servelab.kernels.triton_ragged import triton_ragged
     for shape, long in [((14, 2, 64, 16), 16), ((4, 4, 16, 4), 0), ((4, 1, 16, 8), 32)]:
         q, kp, vp, rt, runs = t.paged_case(*shape, long_tile_tokens=long)
         got = triton_ragged(q, kp, vp, rt, shape[2] ** -0.5, keys=16)
@@ -118,9 +135,13 @@ KERNEL_CHECK = textwrap.dedent("""
 def test_triton_kernel_matches_the_reference_under_the_interpreter():
     pytest.importorskip("triton")
     root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "TRITON_INTERPRET": "1",
-           "PYTHONPATH": os.pathsep.join([str(root / "lib"), str(root), os.environ.get("PYTHONPATH", "")])}
-    out = subprocess.run([sys.executable, "-c", KERNEL_CHECK], env=env, capture_output=True, text=True, timeout=600,
-                         cwd=root)
+    env = {
+        **os.environ,
+        "TRITON_INTERPRET": "1",
+        "PYTHONPATH": os.pathsep.join([str(root / "lib"), str(root), os.environ.get("PYTHONPATH", "")]),
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", KERNEL_CHECK], env=env, capture_output=True, text=True, timeout=600, cwd=root
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().endswith("ok")

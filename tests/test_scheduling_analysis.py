@@ -11,9 +11,9 @@ import pytest
 
 from servelab.measure.roofline import Roofline
 from servelab.models.shape import ModelShape
-from servelab.scheduling import plots, verdicts
-from servelab.scheduling.capacity import capacity_table
-from servelab.scheduling.capacity_probe import estimate_capacity, probe_roofline
+from servelab.studies.s01_scheduling import plots, verdicts
+from servelab.studies.s01_scheduling.capacity import capacity_table
+from servelab.studies.s01_scheduling.capacity_probe import estimate_capacity, probe_roofline
 
 
 def steps_frame(rows):
@@ -21,12 +21,15 @@ def steps_frame(rows):
 
 
 def test_capacity_estimate_from_pure_steps():
-    steps = steps_frame([(0.0, 0.2, 1000, 0, 2), (0.2, 0.3, 500, 0, 1)]       # 0.3 s for 1500 tokens
-                        + [(0.3 + i * 0.01, 0.308 + i * 0.01, 0, 3, 3) for i in range(9)])  # 8 ms steps, 10 ms apart
-    est = estimate_capacity(steps.sample(frac=1, random_state=0), mean_prompt_tokens=300, mean_output_tokens=50,
-                            batch=10)
+    steps = steps_frame(
+        [(0.0, 0.2, 1000, 0, 2), (0.2, 0.3, 500, 0, 1)]  # 0.3 s for 1500 tokens
+        + [(0.3 + i * 0.01, 0.308 + i * 0.01, 0, 3, 3) for i in range(9)]
+    )  # 8 ms steps, 10 ms apart
+    est = estimate_capacity(
+        steps.sample(frac=1, random_state=0), mean_prompt_tokens=300, mean_output_tokens=50, batch=10
+    )
     assert est.prefill_s_per_token == pytest.approx(0.3 / 1500)
-    assert est.decode_step_s == pytest.approx(0.01)        # start to next start: the server's own time counts
+    assert est.decode_step_s == pytest.approx(0.01)  # start to next start: the server's own time counts
     assert est.request_s == pytest.approx(300 * 0.3 / 1500 + 50 * 0.01 / 10)
     assert est.capacity_req_s == pytest.approx(1 / est.request_s)
     with pytest.raises(ValueError, match="decode-only"):
@@ -44,14 +47,30 @@ def test_capacity_estimate_classifies_steps_like_step_costs():
     assert est2.decode_step_s == pytest.approx(0.01)
     assert est2.decode_batch == 2
     with pytest.raises(ValueError, match="prefill-only"):
-        estimate_capacity(steps_frame([(0.0, 0.1, 50, 2, 3), (0.1, 0.2, 0, 2, 2)]), mean_prompt_tokens=1,
-                          mean_output_tokens=1, batch=1)
+        estimate_capacity(
+            steps_frame([(0.0, 0.1, 50, 2, 3), (0.1, 0.2, 0, 2, 2)]),
+            mean_prompt_tokens=1,
+            mean_output_tokens=1,
+            batch=1,
+        )
 
 
 def test_probe_roofline_sets_costs_against_floors():
-    cfg = type("C", (), dict(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, hidden_size=64,
-                             intermediate_size=128, vocab_size=512, head_dim=16, model_type="llama",
-                             tie_word_embeddings=False))()
+    cfg = type(
+        "C",
+        (),
+        dict(
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            hidden_size=64,
+            intermediate_size=128,
+            vocab_size=512,
+            head_dim=16,
+            model_type="llama",
+            tie_word_embeddings=False,
+        ),
+    )()
     shape = ModelShape.from_config(cfg)
     roof = Roofline(matmul_tflop_s=100.0, copy_gb_s=1000.0)
     steps = steps_frame([(0.0, 0.1, 100, 0, 1), (0.1, 0.101, 0, 2, 2), (0.101, 0.102, 0, 2, 2)])
@@ -64,8 +83,23 @@ def test_probe_roofline_sets_costs_against_floors():
 
 
 def summary_frame(rows):
-    cols = ["model", "scheduler", "budget", "rate", "rate_fraction", "sweep", "status", "itl_p99_ms", "max_itl_ms",
-            "mean_ttft_ms", "delivered_tok_s", "cut", "failed", "slo_itl_ms", "ttft_p50_ms"]
+    cols = [
+        "model",
+        "scheduler",
+        "budget",
+        "rate",
+        "rate_fraction",
+        "sweep",
+        "status",
+        "itl_p99_ms",
+        "max_itl_ms",
+        "mean_ttft_ms",
+        "delivered_tok_s",
+        "cut",
+        "failed",
+        "slo_itl_ms",
+        "ttft_p50_ms",
+    ]
     df = pd.DataFrame(rows, columns=cols[:12])
     df["failed"], df["slo_itl_ms"] = df["cut"], 30.0
     df["ttft_p50_ms"] = df["mean_ttft_ms"]
@@ -75,34 +109,42 @@ def summary_frame(rows):
 def sweep(eager_stall, chunked_stall, eager_tp, chunked_tp, eager_ttft=50.0, model="config:m"):
     rows = []
     for f, rate in ((0.5, 1.0), (1.0, 2.0)):
-        rows += [(model, "eager_cont_batch", 8192, rate, f, "rate", "ok", 20.0, eager_stall, eager_ttft, eager_tp * f, 0),
-                 (model, "chunked_prefill", 512, rate, f, "rate", "ok", 25.0, chunked_stall, 80.0, chunked_tp * f, 0),
-                 (model, "fcfs", 8192, rate, f, "rate", "ok", 10.0, 15.0, 400.0, 500.0 * f, 1 if f == 1.0 else 0)]
+        rows += [
+            (model, "eager_cont_batch", 8192, rate, f, "rate", "ok", 20.0, eager_stall, eager_ttft, eager_tp * f, 0),
+            (model, "chunked_prefill", 512, rate, f, "rate", "ok", 25.0, chunked_stall, 80.0, chunked_tp * f, 0),
+            (model, "fcfs", 8192, rate, f, "rate", "ok", 10.0, 15.0, 400.0, 500.0 * f, 1 if f == 1.0 else 0),
+        ]
     return summary_frame(rows)
 
 
-@pytest.mark.parametrize("eager, chunked, verdict", [(58.6, 34.1, "holds"), (300.0, 20.0, "changes"),
-                                                     (50.0, 49.0, "fails"), (50.0, 45.0, "changes")])
+@pytest.mark.parametrize(
+    "eager, chunked, verdict",
+    [(58.6, 34.1, "holds"), (300.0, 20.0, "changes"), (50.0, 49.0, "fails"), (50.0, 45.0, "changes")],
+)
 def test_f11_judges_the_stall_cut(eager, chunked, verdict):
     row = verdicts.f11(sweep(eager, chunked, 1000, 1000), 512)
     assert row["verdict"] == verdict and row["seed_value"].startswith("58.6")
     assert f"{eager:.1f} → {chunked:.1f} ms" in row["measured_value"]
 
 
-@pytest.mark.parametrize("chunked_tp, stall, verdict", [(1000, 30.0, "holds"), (900, 30.0, "holds"),
-                                                        (1200, 30.0, "changes"), (1000, 58.0, "fails")])
+@pytest.mark.parametrize(
+    "chunked_tp, stall, verdict",
+    [(1000, 30.0, "holds"), (900, 30.0, "holds"), (1200, 30.0, "changes"), (1000, 58.0, "fails")],
+)
 def test_f12_weighs_throughput_against_fairness(chunked_tp, stall, verdict):
     assert verdicts.f12(sweep(58.6, stall, 1000, chunked_tp), 512)["verdict"] == verdict
 
 
 def test_f13_and_combination_across_models():
-    both = verdicts.f13(sweep(58.6, 34.1, 1000, 900))              # eager: lowest TTFT, highest throughput
+    both = verdicts.f13(sweep(58.6, 34.1, 1000, 900))  # eager: lowest TTFT, highest throughput
     assert both["verdict"] == "holds"
-    slower = verdicts.f13(sweep(58.6, 34.1, 1000, 1200))          # ChunkedPrefill delivers more
+    slower = verdicts.f13(sweep(58.6, 34.1, 1000, 1200))  # ChunkedPrefill delivers more
     assert slower["verdict"] == "changes"
     neither = verdicts.f13(sweep(58.6, 34.1, 1000, 1200, eager_ttft=500.0))
     assert neither["verdict"] == "fails"
-    mixed = pd.concat([sweep(58.6, 34.1, 1000, 1000, model="config:a"), sweep(50.0, 49.9, 1000, 1000, model="config:b")])
+    mixed = pd.concat(
+        [sweep(58.6, 34.1, 1000, 1000, model="config:a"), sweep(50.0, 49.9, 1000, 1000, model="config:b")]
+    )
     row = verdicts.f11(mixed, 512)
     assert row["verdict"] == "changes" and "a: holds" in row["note"] and "b: fails" in row["note"]
 
@@ -111,12 +153,12 @@ def test_runs_past_capacity_are_left_out_of_the_pairs():
     s = sweep(58.6, 34.1, 1000, 1000)
     s["requests"] = 10
     late = (s["scheduler"] == "chunked_prefill") & (s["rate_fraction"] == 1.0)
-    s.loc[late, "cut"] = 8                                      # most requests cut: past capacity
+    s.loc[late, "cut"] = 8  # most requests cut: past capacity
     assert verdicts.paired(s, 512)["rate_fraction"].tolist() == [0.5]
-    s.loc[late, "cut"], s.loc[late, "max_itl_ms"] = 0, float("nan")   # no stall measured at all
+    s.loc[late, "cut"], s.loc[late, "max_itl_ms"] = 0, float("nan")  # no stall measured at all
     assert verdicts.paired(s, 512)["rate_fraction"].tolist() == [0.5]
     s.loc[s["scheduler"] == "chunked_prefill", "max_itl_ms"] = float("nan")
-    assert verdicts.f12(s, 512)["measured_value"] == "not measured"   # never judged on NaN
+    assert verdicts.f12(s, 512)["measured_value"] == "not measured"  # never judged on NaN
 
 
 def test_missing_data_is_said_not_invented():
@@ -127,13 +169,15 @@ def test_missing_data_is_said_not_invented():
 
 
 def test_capacity_is_the_highest_rate_below_the_first_miss():
-    rows = [("config:m", "chunked_prefill", 512, r, r, "rate", "ok", itl, 0, 0, 0, cut)
-            for r, itl, cut in ((1.0, 10.0, 0), (2.0, 25.0, 0), (4.0, 40.0, 0), (8.0, 20.0, 3))]
+    rows = [
+        ("config:m", "chunked_prefill", 512, r, r, "rate", "ok", itl, 0, 0, 0, cut)
+        for r, itl, cut in ((1.0, 10.0, 0), (2.0, 25.0, 0), (4.0, 40.0, 0), (8.0, 20.0, 3))
+    ]
     rows += [("config:m", "fcfs", 8192, r, r, "rate", "ok", 50.0, 0, 0, 0, 0) for r in (1.0, 2.0)]
     rows += [("config:m", "eager_cont_batch", 8192, r, r, "rate", "ok", 5.0, 0, 0, 0, 0) for r in (1.0, 2.0)]
-    rows += [("config:m", "chunked_prefill", 128, 2.0, 2.0, "budget", "ok", 5.0, 0, 0, 0, 0)]   # not a rate sweep
+    rows += [("config:m", "chunked_prefill", 128, 2.0, 2.0, "budget", "ok", 5.0, 0, 0, 0, 0)]  # not a rate sweep
     cap = capacity_table(summary_frame(rows)).set_index(["scheduler", "budget"])
-    assert cap.loc[("chunked_prefill", 512), "capacity_req_s"] == 2.0          # 4.0 misses; 8.0 meets ITL but was cut
+    assert cap.loc[("chunked_prefill", 512), "capacity_req_s"] == 2.0  # 4.0 misses; 8.0 meets ITL but was cut
     assert cap.loc[("chunked_prefill", 512), "bound"] == "within sweep"
     assert cap.loc[("fcfs", 8192), "capacity_req_s"] == 0.0
     assert cap.loc[("fcfs", 8192), "bound"] == "below lowest rate"
@@ -150,22 +194,59 @@ def test_figures_draw_from_sweep_shaped_frames():
         for f, rate in ((0.5, 1.0), (1.0, 2.0)):
             for i in range(4):
                 times = np.cumsum(rng.uniform(0.005, 0.05, 6)) + i * 0.1
-                req.append({"model": "config:m", "scheduler": sched, "budget": budget, "rate": rate,
-                            "rate_fraction": f, "sweep": "rate", "request_id": i, "arrival_s": i * 0.1,
-                            "prompt_tokens": 10, "output_tokens": 6, "sent_s": i * 0.1, "first_token_s": times[0],
-                            "finish_s": times[-1], "token_times_s": list(times), "ok": True, "error": ""})
+                req.append(
+                    {
+                        "model": "config:m",
+                        "scheduler": sched,
+                        "budget": budget,
+                        "rate": rate,
+                        "rate_fraction": f,
+                        "sweep": "rate",
+                        "request_id": i,
+                        "arrival_s": i * 0.1,
+                        "prompt_tokens": 10,
+                        "output_tokens": 6,
+                        "sent_s": i * 0.1,
+                        "first_token_s": times[0],
+                        "finish_s": times[-1],
+                        "token_times_s": list(times),
+                        "ok": True,
+                        "error": "",
+                    }
+                )
             t = np.cumsum(rng.uniform(0.005, 0.02, 30))
-            steps.append(pd.DataFrame({"model": "config:m", "scheduler": sched, "budget": budget, "rate": rate,
-                                       "rate_fraction": f, "sweep": "rate", "start_s": t, "end_s": t + 0.004,
-                                       "prefill_tokens": rng.integers(0, 500, 30), "decode_tokens": 4,
-                                       "num_seqs": 4, "num_waiting": 0, "num_preempted": 0, "decode_steps": 1}))
+            steps.append(
+                pd.DataFrame(
+                    {
+                        "model": "config:m",
+                        "scheduler": sched,
+                        "budget": budget,
+                        "rate": rate,
+                        "rate_fraction": f,
+                        "sweep": "rate",
+                        "start_s": t,
+                        "end_s": t + 0.004,
+                        "prefill_tokens": rng.integers(0, 500, 30),
+                        "decode_tokens": 4,
+                        "num_seqs": 4,
+                        "num_waiting": 0,
+                        "num_preempted": 0,
+                        "decode_steps": 1,
+                    }
+                )
+            )
     rm = plots.per_request(pd.DataFrame(req))
     st = pd.concat(steps)
     s = sweep(58.6, 34.1, 1000, 1000)
     cap = capacity_table(s)
-    figs = [plots.latency_cdfs(rm, 1.0, "dev"), plots.stall_distribution(rm, "dev"),
-            plots.throughput_latency(s, "dev"), plots.capacity_bars(cap, "dev"),
-            plots.timeline(st, "config:m", 1.0, "dev"), plots.budget_sweep(s, "config:m", 1.0, "dev")]
+    figs = [
+        plots.latency_cdfs(rm, 1.0, "dev"),
+        plots.stall_distribution(rm, "dev"),
+        plots.throughput_latency(s, "dev"),
+        plots.capacity_bars(cap, "dev"),
+        plots.timeline(st, "config:m", 1.0, "dev"),
+        plots.budget_sweep(s, "config:m", 1.0, "dev"),
+    ]
     assert all(f.axes for f in figs)
     assert figs[4].axes[0].get_xlabel() == "" and "tokens" in figs[4].axes[0].get_ylabel()
     plt.close("all")

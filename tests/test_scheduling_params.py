@@ -2,15 +2,15 @@
 
 import pytest
 
-from servelab.profiles import ParameterError
-from servelab.scheduling.params import study_params
-from servelab.scheduling.sweep import estimate_runtime_s, plan_points
+from servelab.errors import ParameterError
+from servelab.studies.s01_scheduling.params import study_params
+from servelab.studies.s01_scheduling.sweep import estimate_runtime_s, plan_points
 
 
 def test_profiles_validate_and_full_fits_its_budget():
     full = study_params("full")
     assert full["models"] == ["config:qwen2-0.5b", "config:llama-3-8b"]
-    assert ["eager_cont_batch", full["max_num_batched_tokens"]] in full["policies"]   # None → whole prompts
+    assert ["eager_cont_batch", full["max_num_batched_tokens"]] in full["policies"]  # None → whole prompts
     # the sweep's upper-bound estimate stays near the study's 240 s (model loads guessed at 12 s each, plus 8 s
     # for each engine process's fresh interpreter); the sweep itself stops at time_budget_s, skipping what is left
     assert full["engine_process"] is True and estimate_runtime_s(full) < 250 and full["time_budget_s"] < 240
@@ -26,30 +26,33 @@ def test_plan_pairs_policies_on_shared_traces():
     by_fraction = {}
     for p in pts:
         by_fraction.setdefault(p.rate_fraction, set()).add(p.seed)
-    assert all(len(seeds) == 1 for seeds in by_fraction.values())          # one trace per rate
+    assert all(len(seeds) == 1 for seeds in by_fraction.values())  # one trace per rate
     budgets = [p.budget for p in pts if p.sweep == "budget"]
     assert budgets == [128, 256, 1024, 4096]
     assert not [p for p in plan_points(P, "config:qwen2-0.5b") if p.sweep == "budget"]
 
 
-@pytest.mark.parametrize("override, match", [
-    (dict(models=[]), "models"),
-    (dict(models=["config:nope"]), "unknown config"),
-    (dict(policies=[["lifo", None]]), "policy"),
-    (dict(policies=[["eager_cont_batch", 1024], ["chunked_prefill", 512]]), "whole prompts"),
-    (dict(policies=[["eager_cont_batch", None], ["chunked_prefill", 999999]]), "<="),
-    (dict(policies=[["chunked_prefill", 512]]), "eager_cont_batch"),
-    (dict(reference_budget=1024), "reference_budget"),
-    (dict(budget_sweep_fraction=0.5), "budget_sweep_fraction"),
-    (dict(budget_sweep=[16]), "max_num_seqs"),
-    (dict(rate_fractions=[0.5, -1]), "rate_fractions"),
-    (dict(window_s=0), "window_s"),
-    (dict(prompt_max=8000, output_max=512), "max_model_len"),
-    (dict(slo_itl_ms="fast"), "slo_itl_ms"),
-    (dict(engine_process="yes"), "engine_process"),
-    (dict(engine_process=1), "engine_process"),
-    (dict(profile_typo=1), "unknown parameters"),
-])
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        (dict(models=[]), "models"),
+        (dict(models=["config:nope"]), "unknown config"),
+        (dict(policies=[["lifo", None]]), "policy"),
+        (dict(policies=[["eager_cont_batch", 1024], ["chunked_prefill", 512]]), "whole prompts"),
+        (dict(policies=[["eager_cont_batch", None], ["chunked_prefill", 999999]]), "<="),
+        (dict(policies=[["chunked_prefill", 512]]), "eager_cont_batch"),
+        (dict(reference_budget=1024), "reference_budget"),
+        (dict(budget_sweep_fraction=0.5), "budget_sweep_fraction"),
+        (dict(budget_sweep=[16]), "max_num_seqs"),
+        (dict(rate_fractions=[0.5, -1]), "rate_fractions"),
+        (dict(window_s=0), "window_s"),
+        (dict(prompt_max=8000, output_max=512), "max_model_len"),
+        (dict(slo_itl_ms="fast"), "slo_itl_ms"),
+        (dict(engine_process="yes"), "engine_process"),
+        (dict(engine_process=1), "engine_process"),
+        (dict(profile_typo=1), "unknown parameters"),
+    ],
+)
 def test_bad_parameters(override, match):
     with pytest.raises(ParameterError, match=match):
         study_params("full", **override)

@@ -6,20 +6,28 @@ import math
 
 import pytest
 
+from servelab.errors import ParameterError
 from servelab.loadgen.lengths import FixedLengths, UniformLengths
 from servelab.loadgen.worker import LoadWorker
 from servelab.loadgen.workload import Trace
-from servelab.profiles import ParameterError
-from servelab.scheduling.params import study_params
-from servelab.scheduling.serving import WARMUP_PROMPT_TOKENS, PolicyServer, graph_sizes
-from servelab.scheduling.sweep import Point, run_point, run_probe
 from servelab.server.step_log import read_step_log
+from servelab.studies.s01_scheduling.params import study_params
+from servelab.studies.s01_scheduling.serving import WARMUP_PROMPT_TOKENS, PolicyServer, graph_sizes
+from servelab.studies.s01_scheduling.sweep import Point, run_point, run_probe
 
 
 def tiny_server(tmp, *, engine_process: bool) -> PolicyServer:
-    return PolicyServer("config:tiny-llama", dtype="float32", device="cpu", max_num_seqs=8, max_num_batched_tokens=256,
-                        max_model_len=256, num_blocks=128, step_log_path=tmp / "steps.jsonl",
-                        engine_process=engine_process)
+    return PolicyServer(
+        "config:tiny-llama",
+        dtype="float32",
+        device="cpu",
+        max_num_seqs=8,
+        max_num_batched_tokens=256,
+        max_model_len=256,
+        num_blocks=128,
+        step_log_path=tmp / "steps.jsonl",
+        engine_process=engine_process,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +68,8 @@ def serve_under_two_policies(srv: PolicyServer, worker, tmp) -> dict:
 
 def check_batch_shapes(seen: dict) -> None:
     eager, chunked = seen["eager_cont_batch"], seen["chunked_prefill"]
-    assert eager["prefill_tokens"].max() >= 200                         # whole prompts, several at once
-    assert ((eager["prefill_tokens"] > 0) & (eager["decode_tokens"] > 0)).sum() == 0   # decodes paused
+    assert eager["prefill_tokens"].max() >= 200  # whole prompts, several at once
+    assert ((eager["prefill_tokens"] > 0) & (eager["decode_tokens"] > 0)).sum() == 0  # decodes paused
     # exactly the run's 400 prompt tokens in its window: the warm-up's prefill is not in it
     assert eager["prefill_tokens"].sum() == 400
     assert chunked["prefill_tokens"].max() <= 32 and chunked["prefill_tokens"].sum() == 400
@@ -69,7 +77,7 @@ def check_batch_shapes(seen: dict) -> None:
 
 def test_policy_switch_changes_batch_composition(served):
     srv, worker, tmp = served
-    assert srv.engine is not None and srv.engine_child is None   # in this process
+    assert srv.engine is not None and srv.engine_child is None  # in this process
     check_batch_shapes(serve_under_two_policies(srv, worker, tmp))
 
 
@@ -82,7 +90,7 @@ def test_engine_process_serves_switches_policy_and_exits(tmp_path, worker):
         assert srv.vocab == 512 and srv.stats["num_blocks"] == 128 and srv.shape.layers > 0
         check_batch_shapes(serve_under_two_policies(srv, worker, tmp_path))
         assert srv.alive and srv.error == ""
-    assert not child.is_alive() and child.exitcode == 0    # drained and exited with the server
+    assert not child.is_alive() and child.exitcode == 0  # drained and exited with the server
     assert not srv.alive
 
 
@@ -90,21 +98,31 @@ def test_bad_budget_policy_and_worker_job(served):
     srv, worker, tmp = served
     trace = Trace.synthetic(rate=1, lengths=FixedLengths(4, 2), n=1).with_prompt_ids(srv.vocab)
     with pytest.raises(RuntimeError, match="base_url"):
-        worker.run("ftp://nowhere", trace, tmp, deadline_s=1)      # the worker answers the error, stays up
+        worker.run("ftp://nowhere", trace, tmp, deadline_s=1)  # the worker answers the error, stays up
     records, _ = worker.run(srv.base_url, trace, tmp, deadline_s=30)
     assert records["ok"].all()
     with pytest.raises(ParameterError, match="budget"):
-        srv.use_policy("chunked_prefill", 512)          # above the engine's planned step
+        srv.use_policy("chunked_prefill", 512)  # above the engine's planned step
     with pytest.raises(ParameterError, match="unknown scheduling policy"):
         srv.use_policy("lifo", 64)
 
 
 def test_probe_and_point_rows(served):
     srv, worker, tmp = served
-    P = study_params("smoke", probe_requests=4, window_s=0.6, drain_s=3.0, max_num_seqs=8, max_num_batched_tokens=256,
-                     max_model_len=256, prompt_max=120, output_max=8, policies=[["eager_cont_batch", None],
-                                                                                 ["chunked_prefill", 32]],
-                     budget_sweep=[], reference_budget=32)
+    P = study_params(
+        "smoke",
+        probe_requests=4,
+        window_s=0.6,
+        drain_s=3.0,
+        max_num_seqs=8,
+        max_num_batched_tokens=256,
+        max_model_len=256,
+        prompt_max=120,
+        output_max=8,
+        policies=[["eager_cont_batch", None], ["chunked_prefill", 32]],
+        budget_sweep=[],
+        reference_budget=32,
+    )
     lengths = UniformLengths(20, 120, 2, 8)
     est = run_probe(srv, worker, P, lengths, tmp, batch=8)
     assert est.capacity_req_s > 0 and est.prefill_s_per_token > 0
@@ -112,7 +130,7 @@ def test_probe_and_point_rows(served):
     req, steps, row = run_point(srv, worker, pt, P, lengths, tmp, slo_itl_ms=50.0)
     assert row["status"] == "ok" and row["requests"] == len(req) > 0 and row["completed"] == len(req)
     assert {"model", "scheduler", "budget", "rate", "token_times_s", "t0_perf_s"} <= set(req.columns)
-    assert steps["start_s"].min() >= 0 and steps["prefill_tokens"].max() <= 32   # on the records' axis
+    assert steps["start_s"].min() >= 0 and steps["prefill_tokens"].max() <= 32  # on the records' axis
     assert row["delivered_tok_s"] > 0 and row["slo_itl_ms"] == 50.0
 
 
@@ -122,25 +140,37 @@ def test_graph_sizes():
 
 
 def test_a_model_that_cannot_load_is_recorded_not_raised(tmp_path):
-    from servelab.scheduling.sweep import run_study
+    from servelab.studies.s01_scheduling.sweep import run_study
 
     P = study_params("smoke", budget_sweep=[], engine_process=False)  # in-process: no interpreter to spawn
-    data = run_study(P, tmp_path, device="cuda:99" if not __import__("torch").cuda.is_available() else "meta",
-                     progress=False, log=lambda *_: None)
+    data = run_study(
+        P,
+        tmp_path,
+        device="cuda:99" if not __import__("torch").cuda.is_available() else "meta",
+        progress=False,
+        log=lambda *_: None,
+    )
     f = data.frames()
     assert (f["summary"]["status"] == "error: server did not start").all()
     assert len(f["summary"]) == len(P["policies"]) * len(P["rate_fractions"])
     assert f["servers"]["status"].str.startswith("error").all() and f["requests"].empty
 
 
-@pytest.mark.skipif(not __import__("os").environ.get("SERVELAB_SLOW_TESTS"),
-                    reason="spawns a fresh interpreter (torch imports: 10-25 s on 2 cores); set SERVELAB_SLOW_TESTS=1")
+@pytest.mark.skipif(
+    not __import__("os").environ.get("SERVELAB_SLOW_TESTS"),
+    reason="spawns a fresh interpreter (torch imports: 10-25 s on 2 cores); set SERVELAB_SLOW_TESTS=1",
+)
 def test_an_engine_process_that_cannot_load_is_recorded_not_raised(tmp_path):
-    from servelab.scheduling.sweep import run_study
+    from servelab.studies.s01_scheduling.sweep import run_study
 
     P = study_params("smoke", budget_sweep=[], engine_process=True)
-    data = run_study(P, tmp_path, device="cuda:99" if not __import__("torch").cuda.is_available() else "meta",
-                     progress=False, log=lambda *_: None)
+    data = run_study(
+        P,
+        tmp_path,
+        device="cuda:99" if not __import__("torch").cuda.is_available() else "meta",
+        progress=False,
+        log=lambda *_: None,
+    )
     servers = data.frames()["servers"]
     assert servers["engine_process"].all() and servers["status"].str.contains("EngineStartError").all()
     assert (data.frames()["summary"]["status"] == "error: server did not start").all()

@@ -3,12 +3,13 @@
 import pandas as pd
 import pytest
 
-from servelab.scheduling.step_costs import step_costs, step_kind
+from servelab.studies.s01_scheduling.step_costs import step_costs, step_kind
 
 
 def log(rows):
-    return pd.DataFrame([dict(model=m, start_s=t, end_s=t + ms / 1e3, prefill_tokens=p, decode_tokens=d)
-                         for m, t, ms, p, d in rows])
+    return pd.DataFrame(
+        [dict(model=m, start_s=t, end_s=t + ms / 1e3, prefill_tokens=p, decode_tokens=d) for m, t, ms, p, d in rows]
+    )
 
 
 def test_kinds():
@@ -16,8 +17,17 @@ def test_kinds():
 
 
 def test_medians_and_ratio_to_the_decode_step():
-    steps = log([("a", 0, 2, 0, 8), ("a", 1, 4, 0, 8), ("a", 2, 3, 0, 8), ("a", 3, 30, 500, 8), ("a", 4, 50, 500, 8),
-                 ("a", 5, 100, 2000, 0), ("b", 0, 10, 0, 1)])
+    steps = log(
+        [
+            ("a", 0, 2, 0, 8),
+            ("a", 1, 4, 0, 8),
+            ("a", 2, 3, 0, 8),
+            ("a", 3, 30, 500, 8),
+            ("a", 4, 50, 500, 8),
+            ("a", 5, 100, 2000, 0),
+            ("b", 0, 10, 0, 1),
+        ]
+    )
     t = step_costs(steps).set_index(["model", "kind"])
     assert t.loc[("a", "decode only"), "median_ms"] == pytest.approx(3)
     assert t.loc[("a", "mixed"), "median_ms"] == pytest.approx(40) and t.loc[("a", "mixed"), "steps"] == 2

@@ -10,13 +10,12 @@ import time
 import httpx
 import openai
 import pytest
+from test_server_text import tiny_hf_tokenizer
 
 from servelab.engine import Engine, EngineConfig, SamplingParams
 from servelab.server import ServerThread
 from servelab.server.app import ServerSettings
 from servelab.server.tokenizer import ByteTokenizer, HFTokenizer, special_ids
-
-from test_server_text import tiny_hf_tokenizer
 
 MODEL = "config:tiny-llama"
 KEY = "sk-test"
@@ -26,8 +25,13 @@ LONG = 48  # tokens of the stop-string test's reference output
 
 
 def tiny_engine() -> Engine:
-    return Engine.from_spec(MODEL, dtype="float32", device="cpu", seed=0,
-                            config=EngineConfig(num_blocks=512, max_num_seqs=256, max_num_batched_tokens=2048))
+    return Engine.from_spec(
+        MODEL,
+        dtype="float32",
+        device="cpu",
+        seed=0,
+        config=EngineConfig(num_blocks=512, max_num_seqs=256, max_num_batched_tokens=2048),
+    )
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +50,7 @@ def expected(engine, codec):
     out = engine.generate(PROMPTS + [codec.encode(TEXT)], SamplingParams(max_tokens=8))
     long = engine.generate([PROMPTS[1]], SamplingParams(max_tokens=LONG, ignore_eos=True))[0]
     assert engine.block_manager.num_used_blocks == 0
-    return {"ids": out[:len(PROMPTS)], "text": out[-1], "long": long}
+    return {"ids": out[: len(PROMPTS)], "text": out[-1], "long": long}
 
 
 @pytest.fixture(scope="module")
@@ -79,10 +83,11 @@ def sse_events(text: str) -> list:
     lines = [ln for ln in text.split("\n\n") if ln.strip()]
     assert all(ln.startswith("data: ") for ln in lines), lines
     assert lines[-1] == "data: [DONE]"
-    return [json.loads(ln[len("data: "):]) for ln in lines[:-1]]
+    return [json.loads(ln[len("data: ") :]) for ln in lines[:-1]]
 
 
 # ---- the openai client ---------------------------------------------------------------------------
+
 
 def test_models_lists_the_served_name(client):
     assert [m.id for m in client.models.list().data] == ["tiny"]
@@ -90,8 +95,9 @@ def test_models_lists_the_served_name(client):
 
 def test_greedy_completion_equals_engine_generate(client, expected):
     for prompt, want in zip(PROMPTS, expected["ids"]):
-        r = client.completions.create(model="tiny", prompt=prompt, max_tokens=8, temperature=0,
-                                      extra_body={"return_token_ids": True})
+        r = client.completions.create(
+            model="tiny", prompt=prompt, max_tokens=8, temperature=0, extra_body={"return_token_ids": True}
+        )
         choice = r.choices[0]
         assert choice.model_extra["token_ids"] == want
         assert choice.finish_reason == ("length" if len(want) == 8 else "stop")
@@ -101,33 +107,49 @@ def test_greedy_completion_equals_engine_generate(client, expected):
 
 def test_streamed_completion_equals_engine_generate(client, codec, expected):
     want = expected["text"]
-    stream = client.completions.create(model="tiny", prompt=TEXT, max_tokens=8, temperature=0, stream=True,
-                                       stream_options={"include_usage": True}, extra_body={"return_token_ids": True})
+    stream = client.completions.create(
+        model="tiny",
+        prompt=TEXT,
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"return_token_ids": True},
+    )
     chunks = list(stream)
     token_chunks = [c for c in chunks if c.choices]
     assert [c.choices[0].model_extra["token_ids"][0] for c in token_chunks] == want  # one chunk per token
     assert [c.choices[0].finish_reason for c in token_chunks][:-1] == [None] * (len(want) - 1)
     assert token_chunks[-1].choices[0].finish_reason in ("length", "stop")
-    assert "".join(c.choices[0].text for c in token_chunks) == codec.decode(want[:8 if len(want) == 8 else -1])
+    assert "".join(c.choices[0].text for c in token_chunks) == codec.decode(want[: 8 if len(want) == 8 else -1])
     assert chunks[-1].usage.completion_tokens == len(want) and chunks[-1].usage.prompt_tokens == len(TEXT)
 
 
 def test_batch_of_prompts_gives_one_choice_each(client, expected):
-    r = client.completions.create(model="tiny", prompt=PROMPTS, max_tokens=8, temperature=0,
-                                  extra_body={"return_token_ids": True})
+    r = client.completions.create(
+        model="tiny", prompt=PROMPTS, max_tokens=8, temperature=0, extra_body={"return_token_ids": True}
+    )
     assert [c.index for c in r.choices] == [0, 1, 2]
     assert [c.model_extra["token_ids"] for c in r.choices] == expected["ids"]
 
 
 def test_stop_string_ends_the_request_and_frees_its_blocks(client, server, codec, expected):
     full = codec.decode(expected["long"])
-    stop = next(full[i:i + 2] for i in range(len(full) // 2, len(full) - 1) if full[i:i + 2].strip())
-    cut = full[:full.find(stop)]
-    r = client.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=LONG, temperature=0, stop=[stop],
-                                  extra_body={"ignore_eos": True})
+    stop = next(full[i : i + 2] for i in range(len(full) // 2, len(full) - 1) if full[i : i + 2].strip())
+    cut = full[: full.find(stop)]
+    r = client.completions.create(
+        model="tiny", prompt=PROMPTS[1], max_tokens=LONG, temperature=0, stop=[stop], extra_body={"ignore_eos": True}
+    )
     assert r.choices[0].text == cut and r.choices[0].finish_reason == "stop"
-    streamed = client.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=LONG, temperature=0,
-                                         stop=stop, stream=True, extra_body={"ignore_eos": True})
+    streamed = client.completions.create(
+        model="tiny",
+        prompt=PROMPTS[1],
+        max_tokens=LONG,
+        temperature=0,
+        stop=stop,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
     chunks = list(streamed)
     assert "".join(c.choices[0].text for c in chunks) == cut
     assert chunks[-1].choices[0].finish_reason == "stop"
@@ -138,15 +160,27 @@ def test_stop_token_ids_extension(client, expected):
     want = expected["long"]
     stop_id = want[5]
     first = want.index(stop_id)
-    r = client.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=LONG, temperature=0,
-                                  extra_body={"ignore_eos": True, "stop_token_ids": [stop_id], "return_token_ids": True})
-    assert r.choices[0].model_extra["token_ids"] == want[:first + 1]
+    r = client.completions.create(
+        model="tiny",
+        prompt=PROMPTS[1],
+        max_tokens=LONG,
+        temperature=0,
+        extra_body={"ignore_eos": True, "stop_token_ids": [stop_id], "return_token_ids": True},
+    )
+    assert r.choices[0].model_extra["token_ids"] == want[: first + 1]
     assert r.choices[0].finish_reason == "stop"
 
 
 def test_seeded_sampling_is_reproducible(client):
-    kw = dict(model="tiny", prompt=PROMPTS[0], max_tokens=12, temperature=1.0, top_p=0.9, seed=1234,
-              extra_body={"return_token_ids": True, "ignore_eos": True})
+    kw = dict(
+        model="tiny",
+        prompt=PROMPTS[0],
+        max_tokens=12,
+        temperature=1.0,
+        top_p=0.9,
+        seed=1234,
+        extra_body={"return_token_ids": True, "ignore_eos": True},
+    )
     a = client.completions.create(**kw).choices[0].model_extra["token_ids"]
     b = client.completions.create(**kw).choices[0].model_extra["token_ids"]
     assert a == b and len(a) == 12
@@ -191,8 +225,9 @@ def test_bad_input_gets_an_openai_error_and_costs_nothing(http, server, expected
     if code is not None:
         assert err["code"] == code
     # the next good request is unaffected
-    ok = http.post("/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0,
-                                            "return_token_ids": True})
+    ok = http.post(
+        "/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 8, "temperature": 0, "return_token_ids": True}
+    )
     assert ok.status_code == 200 and ok.json()["choices"][0]["token_ids"] == expected["ids"][0]
     assert wait_blocks_free(server.engine) == 0
 
@@ -230,6 +265,7 @@ def test_full_queue_is_429_with_retry_after(http, server, client):
 
 # ---- disconnects -----------------------------------------------------------------------------------
 
+
 def test_client_disconnect_mid_stream_aborts_and_frees_blocks(server):
     engine = server.engine
     assert wait_blocks_free(engine) == 0
@@ -259,8 +295,9 @@ def test_client_timeout_on_a_non_streaming_request_aborts_it(server):
 
 def test_code_runs_on_the_engine_thread_between_steps(server):
     loop = server.state.loop
-    assert loop.call(lambda lp: (lp.engine.block_manager.num_used_blocks, len(lp.engine.scheduler.running))) \
-        .result(10) == (0, 0)
+    assert loop.call(lambda lp: (lp.engine.block_manager.num_used_blocks, len(lp.engine.scheduler.running))).result(
+        10
+    ) == (0, 0)
     with pytest.raises(ZeroDivisionError):
         loop.call(lambda lp: 1 / 0).result(10)
 
@@ -269,18 +306,26 @@ def test_metrics_expose_queue_running_kv_and_latency(http):
     http.post("/v1/completions", json={"prompt": PROMPTS[0], "max_tokens": 4, "ignore_eos": True})
     assert http.post("/v1/completions", json={"prompt": []}).status_code == 400
     text = http.get("/metrics").text
-    for name in ("servelab_num_requests_waiting", "servelab_num_requests_running", "servelab_kv_blocks_used",
-                 "servelab_kv_blocks_total 512.0", "servelab_time_to_first_token_seconds_bucket",
-                 "servelab_inter_token_latency_seconds_bucket", "servelab_prefix_cache_hit_rate",
-                 'servelab_requests_finished_total{finish_reason="length"}',
-                 'servelab_requests_rejected_total{status="400"}'):
+    for name in (
+        "servelab_num_requests_waiting",
+        "servelab_num_requests_running",
+        "servelab_kv_blocks_used",
+        "servelab_kv_blocks_total 512.0",
+        "servelab_time_to_first_token_seconds_bucket",
+        "servelab_inter_token_latency_seconds_bucket",
+        "servelab_prefix_cache_hit_rate",
+        'servelab_requests_finished_total{finish_reason="length"}',
+        'servelab_requests_rejected_total{status="400"}',
+    ):
         assert name in text, name
-    count = next(float(ln.split()[-1]) for ln in text.splitlines()
-                 if ln.startswith("servelab_time_to_first_token_seconds_count"))
+    count = next(
+        float(ln.split()[-1]) for ln in text.splitlines() if ln.startswith("servelab_time_to_first_token_seconds_count")
+    )
     assert count >= 1
 
 
 # ---- chat, with a tokenizer that has a template ---------------------------------------------------
+
 
 def test_chat_completions_with_a_chat_template():
     hf = tiny_hf_tokenizer()
@@ -291,14 +336,20 @@ def test_chat_completions_with_a_chat_template():
     want = engine.generate([ids], SamplingParams(max_tokens=10, ignore_eos=True))[0]
     with ServerThread(engine, codec, ServerSettings(model_name="chat")) as srv:
         client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="unused", max_retries=0)
-        r = client.chat.completions.create(model="chat", messages=messages, max_tokens=10, temperature=0,
-                                           extra_body={"ignore_eos": True, "return_token_ids": True})
+        r = client.chat.completions.create(
+            model="chat",
+            messages=messages,
+            max_tokens=10,
+            temperature=0,
+            extra_body={"ignore_eos": True, "return_token_ids": True},
+        )
         assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
         assert r.choices[0].model_extra["token_ids"] == want
         assert r.choices[0].message.content == hf.decode(want, skip_special_tokens=True)
         assert r.usage.prompt_tokens == len(ids) and r.usage.completion_tokens == 10
-        stream = client.chat.completions.create(model="chat", messages=messages, max_tokens=10, temperature=0,
-                                                stream=True, extra_body={"ignore_eos": True})
+        stream = client.chat.completions.create(
+            model="chat", messages=messages, max_tokens=10, temperature=0, stream=True, extra_body={"ignore_eos": True}
+        )
         chunks = list(stream)
         assert chunks[0].choices[0].delta.role == "assistant"
         assert "".join(c.choices[0].delta.content or "" for c in chunks) == r.choices[0].message.content

@@ -23,8 +23,13 @@ BAD_EVERY = 12  # one malformed request in every 12
 
 @pytest.fixture(scope="module")
 def setup():
-    engine = Engine.from_spec("config:tiny-llama", dtype="float32", device="cpu", seed=0,
-                              config=EngineConfig(num_blocks=1024, max_num_seqs=256, max_num_batched_tokens=1024))
+    engine = Engine.from_spec(
+        "config:tiny-llama",
+        dtype="float32",
+        device="cpu",
+        seed=0,
+        config=EngineConfig(num_blocks=1024, max_num_seqs=256, max_num_batched_tokens=1024),
+    )
     rng = random.Random(7)
     prompts = [[rng.randrange(3, 512) for _ in range(rng.randrange(4, 24))] for _ in range(STREAMS)]
     expected = engine.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS))
@@ -36,8 +41,14 @@ async def one_stream(session, url, i, prompt):
     if i % BAD_EVERY == 0:
         body = {"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": "zero", "stream": True}
     else:
-        body = {"prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True,
-                "return_token_ids": True, "stream_options": {"include_usage": True}}
+        body = {
+            "prompt": prompt,
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0,
+            "stream": True,
+            "return_token_ids": True,
+            "stream_options": {"include_usage": True},
+        }
     async with session.post(url, json=body) as r:
         return r.status, r.headers.get("Content-Type", ""), await r.text()
 
@@ -78,14 +89,18 @@ def test_hundreds_of_simultaneous_streams_are_complete_and_exact(setup):
         tokens, reasons, usage, ids = parse_stream(text)
         assert tokens == want, f"stream {i}"
         assert reasons[:-1] == [None] * (len(want) - 1) and reasons[-1] in ("length", "stop")
-        assert usage == {"prompt_tokens": len(prompt), "completion_tokens": len(want),
-                         "total_tokens": len(prompt) + len(want)}
+        assert usage == {
+            "prompt_tokens": len(prompt),
+            "completion_tokens": len(want),
+            "total_tokens": len(prompt) + len(want),
+        }
         assert len(ids) == 1  # every chunk of a stream carries that stream's id
         good += 1
     assert good == STREAMS - len(range(0, STREAMS, BAD_EVERY))
     engine = srv.engine
     assert engine.block_manager.num_used_blocks == 0 and not engine.has_unfinished()
     metrics = srv.state.metrics.render().decode()
-    finished = sum(float(ln.split()[-1]) for ln in metrics.splitlines()
-                   if ln.startswith("servelab_requests_finished_total"))
+    finished = sum(
+        float(ln.split()[-1]) for ln in metrics.splitlines() if ln.startswith("servelab_requests_finished_total")
+    )
     assert finished == good

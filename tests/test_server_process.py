@@ -36,8 +36,7 @@ def stream_all(base_url: str, body: dict, first_chunk: threading.Event, out: dic
 
 
 def token_count(lines) -> int:
-    return sum(len(json.loads(ln[6:])["choices"][0]["token_ids"]) for ln in lines[:-1]
-               if json.loads(ln[6:])["choices"])
+    return sum(len(json.loads(ln[6:])["choices"][0]["token_ids"]) for ln in lines[:-1] if json.loads(ln[6:])["choices"])
 
 
 def gauge(client: httpx.Client, name: str) -> float:
@@ -55,19 +54,52 @@ def wait_for(condition, timeout_s: float = 15.0) -> bool:
 
 
 def test_cli_flags_build_the_engine_config():
-    args = parse_args(["--model", "config:tiny-llama", "--scheduler", "fcfs", "--max-num-seqs", "8",
-                       "--max-num-batched-tokens", "512", "--num-blocks", "64", "--block-size", "32",
-                       "--no-cuda-graphs", "--graph-batch-sizes", "1,2,4", "--max-model-len", "1024"])
+    args = parse_args(
+        [
+            "--model",
+            "config:tiny-llama",
+            "--scheduler",
+            "fcfs",
+            "--max-num-seqs",
+            "8",
+            "--max-num-batched-tokens",
+            "512",
+            "--num-blocks",
+            "64",
+            "--block-size",
+            "32",
+            "--no-cuda-graphs",
+            "--graph-batch-sizes",
+            "1,2,4",
+            "--max-model-len",
+            "1024",
+        ]
+    )
     cfg = engine_config_from_args(args)
-    assert (cfg.scheduler, cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.num_blocks, cfg.block_size,
-            cfg.cuda_graphs, cfg.graph_batch_sizes, cfg.max_model_len) == ("fcfs", 8, 512, 64, 32, False,
-                                                                          (1, 2, 4), 1024)
+    assert (
+        cfg.scheduler,
+        cfg.max_num_seqs,
+        cfg.max_num_batched_tokens,
+        cfg.num_blocks,
+        cfg.block_size,
+        cfg.cuda_graphs,
+        cfg.graph_batch_sizes,
+        cfg.max_model_len,
+    ) == ("fcfs", 8, 512, 64, 32, False, (1, 2, 4), 1024)
     assert args.host == "127.0.0.1"  # loopback unless asked
 
 
-@pytest.mark.parametrize("argv", [["--scheduler", "lottery"], ["--max-num-seqs", "0"], ["--port", "70000"],
-                                  ["--graph-batch-sizes", "1,x"], ["--memory-fraction", "1.5"],
-                                  ["--max-num-seqs", "64", "--max-num-batched-tokens", "32"]])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--scheduler", "lottery"],
+        ["--max-num-seqs", "0"],
+        ["--port", "70000"],
+        ["--graph-batch-sizes", "1,x"],
+        ["--memory-fraction", "1.5"],
+        ["--max-num-seqs", "64", "--max-num-batched-tokens", "32"],
+    ],
+)
 def test_bad_flags_exit_with_a_message(argv, capsys):
     with pytest.raises(SystemExit) as e:
         parse_args(argv)
@@ -84,13 +116,26 @@ def test_server_process_that_dies_raises_with_its_log(tmp_path):
 
 def test_server_process_serves_logs_steps_and_drains_on_sigterm(tmp_path):
     steps = tmp_path / "steps.jsonl"
-    with ServerProcess("config:tiny-llama", scheduler="eager_cont_batch", startup_timeout_s=180,
-                       extra_args=["--num-blocks", "256", "--max-num-batched-tokens", "1024", "--step-log", steps,
-                                   "--served-model-name", "tiny"]) as srv:
+    with ServerProcess(
+        "config:tiny-llama",
+        scheduler="eager_cont_batch",
+        startup_timeout_s=180,
+        extra_args=[
+            "--num-blocks",
+            "256",
+            "--max-num-batched-tokens",
+            "1024",
+            "--step-log",
+            steps,
+            "--served-model-name",
+            "tiny",
+        ],
+    ) as srv:
         assert srv.base_url.startswith("http://127.0.0.1:")
         client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="none", max_retries=0)
-        r = client.completions.create(model="tiny", prompt="ping", max_tokens=5, temperature=0,
-                                      extra_body={"ignore_eos": True})
+        r = client.completions.create(
+            model="tiny", prompt="ping", max_tokens=5, temperature=0, extra_body={"ignore_eos": True}
+        )
         assert r.usage.completion_tokens == 5
         # the engine's own refusal (EagerContBatch cannot prefill 1100 tokens in a 1024-token step) crosses the
         # process boundary as a 400
@@ -104,12 +149,19 @@ def test_server_process_serves_logs_steps_and_drains_on_sigterm(tmp_path):
                 chunks = (ln for ln in resp.iter_lines() if ln.startswith("data: "))
                 assert len([next(chunks) for _ in range(3)]) == 3
                 assert gauge(c, "servelab_kv_blocks_used") > 0
-            assert wait_for(lambda: gauge(c, "servelab_kv_blocks_used") == 0
-                            and gauge(c, "servelab_num_requests_running") == 0)
+            assert wait_for(
+                lambda: gauge(c, "servelab_kv_blocks_used") == 0 and gauge(c, "servelab_num_requests_running") == 0
+            )
         # SIGTERM while a long stream runs: the stream must still end normally
         first, out = threading.Event(), {}
-        body = {"prompt": [5, 6, 7], "max_tokens": 300, "temperature": 0, "ignore_eos": True, "stream": True,
-                "return_token_ids": True}
+        body = {
+            "prompt": [5, 6, 7],
+            "max_tokens": 300,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+            "return_token_ids": True,
+        }
         t = threading.Thread(target=stream_all, args=(srv.base_url, body, first, out))
         t.start()
         assert first.wait(60)
@@ -125,12 +177,22 @@ def test_server_process_serves_logs_steps_and_drains_on_sigterm(tmp_path):
 
 
 def test_draining_server_refuses_new_requests_and_finishes_running_ones():
-    engine = Engine.from_spec("config:tiny-llama", dtype="float32", device="cpu",
-                              config=EngineConfig(num_blocks=128, max_num_batched_tokens=1024))
+    engine = Engine.from_spec(
+        "config:tiny-llama",
+        dtype="float32",
+        device="cpu",
+        config=EngineConfig(num_blocks=128, max_num_batched_tokens=1024),
+    )
     srv = ServerThread(engine).start()
     first, out = threading.Event(), {}
-    body = {"prompt": [9, 8, 7], "max_tokens": 400, "temperature": 0, "ignore_eos": True, "stream": True,
-            "return_token_ids": True}
+    body = {
+        "prompt": [9, 8, 7],
+        "max_tokens": 400,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "return_token_ids": True,
+    }
     t = threading.Thread(target=stream_all, args=(srv.base_url, body, first, out))
     t.start()
     assert first.wait(30)
@@ -152,8 +214,12 @@ if sys.platform == "win32":  # pragma: no cover - signals and fork semantics dif
 def set_policy(loop, name: str, budget: int):
     """Swap the engine's scheduling policy (run in the engine process, between steps)."""
     eng = loop.engine
-    eng.scheduler = policy_class(name)(eng.block_manager, max_num_seqs=eng.config.max_num_seqs,
-                                       max_num_batched_tokens=budget, eos_token_ids=eng.scheduler.eos_token_ids)
+    eng.scheduler = policy_class(name)(
+        eng.block_manager,
+        max_num_seqs=eng.config.max_num_seqs,
+        max_num_batched_tokens=budget,
+        eos_token_ids=eng.scheduler.eos_token_ids,
+    )
     return type(eng.scheduler).__name__, eng.scheduler.max_num_batched_tokens
 
 
@@ -161,17 +227,29 @@ def fail(loop):
     raise ValueError("as asked")
 
 
-@pytest.mark.skipif(not os.environ.get("SERVELAB_SLOW_TESTS"),
-                    reason="spawns a fresh interpreter (torch imports: 10-25 s on 2 cores); set SERVELAB_SLOW_TESTS=1")
+@pytest.mark.skipif(
+    not os.environ.get("SERVELAB_SLOW_TESTS"),
+    reason="spawns a fresh interpreter (torch imports: 10-25 s on 2 cores); set SERVELAB_SLOW_TESTS=1",
+)
 def test_engine_process_behind_a_server_thread_switches_policy_between_runs(tmp_path):
-    build = functools.partial(Engine.from_spec, "config:tiny-llama", dtype="float32", device="cpu",
-                              config=EngineConfig(num_blocks=128, max_num_batched_tokens=1024))
+    build = functools.partial(
+        Engine.from_spec,
+        "config:tiny-llama",
+        dtype="float32",
+        device="cpu",
+        config=EngineConfig(num_blocks=128, max_num_batched_tokens=1024),
+    )
     ep = EngineProcess(build, step_log_path=str(tmp_path / "steps.jsonl"))
     assert ep.launch(timeout_s=180)["vocab"] == 512
     with ServerThread(ep) as srv:
         client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="none", max_retries=0)
-        body = dict(model="servelab", prompt=[5, 6, 7], max_tokens=6, temperature=0, extra_body={"return_token_ids": True,
-                                                                               "ignore_eos": True})
+        body = dict(
+            model="servelab",
+            prompt=[5, 6, 7],
+            max_tokens=6,
+            temperature=0,
+            extra_body={"return_token_ids": True, "ignore_eos": True},
+        )
         first = client.completions.create(**body).choices[0].model_extra["token_ids"]
         assert ep.call(set_policy, "fcfs", 512) == ("FCFS", 512)
         again = client.completions.create(**body).choices[0].model_extra["token_ids"]

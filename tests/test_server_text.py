@@ -5,7 +5,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from servelab.profiles import ParameterError
+from servelab.errors import ParameterError
 from servelab.server.errors import from_validation_error
 from servelab.server.output_text import OutputText
 from servelab.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -24,8 +24,10 @@ def tiny_hf_tokenizer():
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
-    hf.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-                        "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+    hf.chat_template = (
+        "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
     return hf
 
 
@@ -37,10 +39,11 @@ def decode_all(codec, ids, stops=()):
 
 # ---- byte-level fallback ---------------------------------------------------------------------------
 
+
 def test_byte_window_avoids_special_ids_and_fits_the_vocab():
-    assert byte_window(512, [1, 2]) == 3            # tiny-llama: bos 1, eos 2
-    assert byte_window(512, [0]) == 1               # tiny-gpt2: eos 0
-    assert byte_window(151936, [151643]) == 0       # qwen2: specials far above the bytes
+    assert byte_window(512, [1, 2]) == 3  # tiny-llama: bos 1, eos 2
+    assert byte_window(512, [0]) == 1  # tiny-gpt2: eos 0
+    assert byte_window(151936, [151643]) == 0  # qwen2: specials far above the bytes
     assert byte_window(300, [10]) == 11
     with pytest.raises(ParameterError, match="at least 256"):
         byte_window(100, [])
@@ -65,6 +68,7 @@ def test_byte_tokenizer_round_trips_unicode_split_across_tokens():
 
 
 # ---- stop strings ------------------------------------------------------------------------------------
+
 
 def test_stop_string_spanning_tokens_is_cut_and_never_streamed():
     codec = ByteTokenizer(512, [1, 2])
@@ -96,6 +100,7 @@ def test_empty_stop_string_is_refused():
 
 # ---- HF tokenizer ------------------------------------------------------------------------------------
 
+
 def test_hf_incremental_decoding_equals_full_decoding():
     hf = tiny_hf_tokenizer()
     codec = HFTokenizer(hf)
@@ -115,16 +120,20 @@ def test_hf_chat_template_renders_the_conversation():
 
 # ---- request parsing -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("body, param", [
-    ({"prompt": "x", "max_tokens": "5"}, "max_tokens"),      # no coercion of strings to numbers
-    ({"prompt": "x", "temperature": 3.0}, "temperature"),
-    ({"prompt": "x", "top_p": 0}, "top_p"),
-    ({"prompt": 5}, "prompt"),
-    ({"prompt": ["a", 1]}, "prompt"),
-    ({"prompt": "x", "stream": "yes"}, "stream"),
-    ({"prompt": "x", "frobnicate": 1}, "frobnicate"),        # unknown fields are errors, not ignored
-    ({}, "prompt"),
-])
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"prompt": "x", "max_tokens": "5"}, "max_tokens"),  # no coercion of strings to numbers
+        ({"prompt": "x", "temperature": 3.0}, "temperature"),
+        ({"prompt": "x", "top_p": 0}, "top_p"),
+        ({"prompt": 5}, "prompt"),
+        ({"prompt": ["a", 1]}, "prompt"),
+        ({"prompt": "x", "stream": "yes"}, "stream"),
+        ({"prompt": "x", "frobnicate": 1}, "frobnicate"),  # unknown fields are errors, not ignored
+        ({}, "prompt"),
+    ],
+)
 def test_bad_completion_bodies_name_the_field(body, param):
     with pytest.raises(ValidationError) as e:
         CompletionRequest.model_validate_json(json.dumps(body))
@@ -144,8 +153,15 @@ def test_unsupported_options_are_listed():
     req = CompletionRequest.model_validate_json(json.dumps({"prompt": "x", "n": 2, "logprobs": 3, "echo": True}))
     assert {p for p, _ in req.unsupported()} == {"n", "logprobs", "echo"}
     assert CompletionRequest.model_validate_json('{"prompt": [1, 2]}').unsupported() == []
-    chat = ChatCompletionRequest.model_validate_json(json.dumps(
-        {"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
-         "stream_options": {"include_usage": True}}))
+    chat = ChatCompletionRequest.model_validate_json(
+        json.dumps(
+            {
+                "messages": [
+                    {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}
+                ],
+                "stream_options": {"include_usage": True},
+            }
+        )
+    )
     assert chat.messages[0].text() == "ab"
     assert [p for p, _ in chat.unsupported()] == ["stream_options"]  # only with stream=true

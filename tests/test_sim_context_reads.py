@@ -5,17 +5,28 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from servelab.profiles import ParameterError
+from servelab.errors import ParameterError
 from servelab.sim import StepCostModel, simulate
 from servelab.sim.calibration import step_features
-from servelab.sim.context_reads import (context_rows, decode_walk_check, fit_chunk_context, fit_decode_walk,
-                                        mixed_step_excess, with_context_reads)
 from servelab.sim.cost_model import CostModel
+from servelab.studies.s08_simulator.context_reads import (
+    context_rows,
+    decode_walk_check,
+    fit_chunk_context,
+    fit_decode_walk,
+    mixed_step_excess,
+    with_context_reads,
+)
 
-GPU = CostModel("m", "engine", {"intercept_ms": 3.0, "ms_per_token": 0.002, "ms_per_attn_pair": 1e-6},
-                {"intercept_ms": 2.5, "ms_per_seq": 0.01, "ms_per_ctx_token": 1e-4}, {})
+GPU = CostModel(
+    "m",
+    "engine",
+    {"intercept_ms": 3.0, "ms_per_token": 0.002, "ms_per_attn_pair": 1e-6},
+    {"intercept_ms": 2.5, "ms_per_seq": 0.01, "ms_per_ctx_token": 1e-4},
+    {},
+)
 BASE = StepCostModel(gpu=GPU)
-K = 1.2e-3   # the truth: ms per cached token a chunk reads
+K = 1.2e-3  # the truth: ms per cached token a chunk reads
 
 
 def _steps(k=K, mixed_fixed=1.5):
@@ -25,14 +36,50 @@ def _steps(k=K, mixed_fixed=1.5):
     for n in (128, 512):
         for c in (0, 512, 2048):
             t = BASE.gpu_ms(n, n * (c + n / 2), 0, 0, n * c) + k * c
-            rows.append(dict(model="m", mode="engine", phase="prefill", batch=1, new_tokens=n, context=c, decodes=0,
-                             decode_context=0, median_ms=t, status="ok"))
+            rows.append(
+                dict(
+                    model="m",
+                    mode="engine",
+                    phase="prefill",
+                    batch=1,
+                    new_tokens=n,
+                    context=c,
+                    decodes=0,
+                    decode_context=0,
+                    median_ms=t,
+                    status="ok",
+                )
+            )
     for c in (0, 1024):
         t = BASE.gpu_ms(512, 512 * (c + 256), 16, 16 * 512, 512 * c) + mixed_fixed + k * c
-        rows.append(dict(model="m", mode="engine", phase="mixed", batch=1, new_tokens=512, context=c, decodes=16,
-                         decode_context=512, median_ms=t, status="ok"))
-    rows.append(dict(model="m", mode="hf_eager", phase="prefill", batch=1, new_tokens=128, context=512, decodes=0,
-                     decode_context=0, median_ms=999.0, status="ok"))
+        rows.append(
+            dict(
+                model="m",
+                mode="engine",
+                phase="mixed",
+                batch=1,
+                new_tokens=512,
+                context=c,
+                decodes=16,
+                decode_context=512,
+                median_ms=t,
+                status="ok",
+            )
+        )
+    rows.append(
+        dict(
+            model="m",
+            mode="hf_eager",
+            phase="prefill",
+            batch=1,
+            new_tokens=128,
+            context=512,
+            decodes=0,
+            decode_context=0,
+            median_ms=999.0,
+            status="ok",
+        )
+    )
     return pd.DataFrame(rows)
 
 
@@ -46,8 +93,9 @@ def test_fit_recovers_the_cost_of_reading_context():
     assert model.ms_per_longest_context_token == pytest.approx(K, rel=1e-3)
     assert st["rows"] == 5 and st["median_abs_pct_after"] < 0.1 < st["median_abs_pct_before"]
     # the mixed step's own fixed cost cancels against the fresh mixed step: it is not read as context
-    assert with_context_reads(BASE, _steps(mixed_fixed=10.0), "m", "engine")[0].ms_per_longest_context_token == \
-        pytest.approx(K, rel=1e-3)
+    assert with_context_reads(BASE, _steps(mixed_fixed=10.0), "m", "engine")[
+        0
+    ].ms_per_longest_context_token == pytest.approx(K, rel=1e-3)
 
 
 def test_no_context_rows_leaves_the_model_alone():
@@ -61,16 +109,28 @@ def test_no_context_rows_leaves_the_model_alone():
         context_rows(pd.DataFrame({"model": ["m"]}), "m", "engine")
 
 
-W = 3e-4   # the truth: ms per token of a decode-only step's longest sequence
+W = 3e-4  # the truth: ms per token of a decode-only step's longest sequence
 
 
 def _decode_rows(w=W):
     """Study 2's decode steps as the decode kernel times them: the longest sequence sets part of the step."""
     truth = {"intercept_ms": 2.0, "ms_per_seq": 0.004, "ms_per_ctx_token": 1e-6}
-    rows = [dict(model="m", mode="engine", phase="decode", batch=b, new_tokens=1, context=c, decodes=0,
-                 decode_context=0, status="ok",
-                 median_ms=truth["intercept_ms"] + truth["ms_per_seq"] * b + truth["ms_per_ctx_token"] * b * c + w * c)
-            for b in (1, 4, 16, 64, 256) for c in (128, 512, 2048, 8192)]
+    rows = [
+        dict(
+            model="m",
+            mode="engine",
+            phase="decode",
+            batch=b,
+            new_tokens=1,
+            context=c,
+            decodes=0,
+            decode_context=0,
+            status="ok",
+            median_ms=truth["intercept_ms"] + truth["ms_per_seq"] * b + truth["ms_per_ctx_token"] * b * c + w * c,
+        )
+        for b in (1, 4, 16, 64, 256)
+        for c in (128, 512, 2048, 8192)
+    ]
     return pd.DataFrame(rows), truth
 
 
@@ -82,7 +142,8 @@ def test_decode_terms_refitted_with_the_longest_sequence():
     assert st["median_abs_pct_after"] < 0.1 < st["median_abs_pct_before"]
     # one sequence of 8,192 tokens, priced as measured
     assert model.step_ms(0, 0, 1, 8192, 1, 0.0, 8192) == pytest.approx(
-        rows[(rows["batch"] == 1) & (rows["context"] == 8192)]["median_ms"].iloc[0])
+        rows[(rows["batch"] == 1) & (rows["context"] == 8192)]["median_ms"].iloc[0]
+    )
     check = decode_walk_check(BASE, rows, "m", "engine")
     assert len(check) == len(rows) and (abs(check["after_ms"] / check["measured_ms"] - 1) < 1e-3).all()
     # the prefill side is untouched, and a step model's decode terms are not refitted
@@ -95,18 +156,24 @@ def test_with_context_reads_prices_both_walks():
     rows, _ = _decode_rows()
     model, st = with_context_reads(BASE, pd.concat([_steps(), rows], ignore_index=True), "m", "engine")
     assert model.ms_per_decode_walk_token == pytest.approx(W, rel=1e-3)
-    assert model.ms_per_longest_context_token == pytest.approx(K, rel=1e-3)   # the chunks' fit is unaffected
+    assert model.ms_per_longest_context_token == pytest.approx(K, rel=1e-3)  # the chunks' fit is unaffected
 
 
 def test_mixed_step_excess_is_what_the_model_charges_for_walks():
     # a chunked server whose mixed steps pay for the longest context in them: measured against the model that
     # made them, each mixed step's excess is exactly the model's price of the walk and the mixed-step cost
-    truth = StepCostModel(gpu=GPU, step_overhead_ms=0.5, mixed_step_ms=0.7, ms_per_longest_context_token=K,
-                          ms_per_decode_walk_token=W)
+    truth = StepCostModel(
+        gpu=GPU, step_overhead_ms=0.5, mixed_step_ms=0.7, ms_per_longest_context_token=K, ms_per_decode_walk_token=W
+    )
     rng = np.random.default_rng(3)
     n = 80
-    trace = pd.DataFrame({"arrival_s": np.cumsum(rng.exponential(1 / 10, n)), "prompt_tokens": rng.integers(300, 1500, n),
-                          "output_tokens": rng.integers(20, 120, n)})
+    trace = pd.DataFrame(
+        {
+            "arrival_s": np.cumsum(rng.exponential(1 / 10, n)),
+            "prompt_tokens": rng.integers(300, 1500, n),
+            "output_tokens": rng.integers(20, 120, n),
+        }
+    )
     run = simulate(trace, cost=truth, max_num_seqs=32, max_num_batched_tokens=256, step_log=True, fast_forward=False)
     feats = step_features(run.steps, run.records.drop(columns="replica"))
     ex = mixed_step_excess(truth, feats)

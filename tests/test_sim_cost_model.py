@@ -6,14 +6,18 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from servelab.profiles import ParameterError
+from servelab.errors import ParameterError
 from servelab.sim import StepCostModel, simulate
-from servelab.sim.calibration import (fit_overheads, fit_step_log_model, logs_contexts, predict_cycles,
-                                      step_features)
+from servelab.sim.calibration import fit_overheads, fit_step_log_model, logs_contexts, predict_cycles, step_features
 from servelab.sim.cost_model import CostModel
 
-GPU = CostModel("m", "test", {"intercept_ms": 3.0, "ms_per_token": 0.002, "ms_per_attn_pair": 1e-6},
-                {"intercept_ms": 2.5, "ms_per_seq": 0.01, "ms_per_ctx_token": 1e-4}, {})
+GPU = CostModel(
+    "m",
+    "test",
+    {"intercept_ms": 3.0, "ms_per_token": 0.002, "ms_per_attn_pair": 1e-6},
+    {"intercept_ms": 2.5, "ms_per_seq": 0.01, "ms_per_ctx_token": 1e-4},
+    {},
+)
 
 
 def test_step_ms_formula():
@@ -27,26 +31,30 @@ def test_step_ms_formula():
     # the prefill intercept scaled on its own, and a fixed cost for steps with both chunks and decodes
     m = c.with_overheads(prefill_fixed_scale=0.25, mixed_step_ms=2.0)
     assert m.step_ms(100, 5000.0, 2, 300, 3) == pytest.approx(0.75 + 0.2 + 0.005 + 0.02 + 0.03 + 0.5 + 0.3 + 2.0)
-    assert m.step_ms(100, 5000.0, 0, 0, 1) == pytest.approx(0.75 + 0.2 + 0.005 + 0.5 + 0.1)      # not mixed
-    assert m.step_ms(0, 0, 4, 1000, 4) == c.step_ms(0, 0, 4, 1000, 4)                          # decode only
+    assert m.step_ms(100, 5000.0, 0, 0, 1) == pytest.approx(0.75 + 0.2 + 0.005 + 0.5 + 0.1)  # not mixed
+    assert m.step_ms(0, 0, 4, 1000, 4) == c.step_ms(0, 0, 4, 1000, 4)  # decode only
     fixed, per_decode, per_ctx, per_walk = m.decode_step_terms()
     assert per_walk == 0 and fixed + per_decode * 4 + per_ctx * 1000 == pytest.approx(m.step_ms(0, 0, 4, 1000, 4))
 
 
 def test_longest_walk_priced_by_the_kernel_that_runs_it():
-    c = StepCostModel(gpu=GPU, prefill_scale=2.0, decode_scale=3.0, ms_per_longest_context_token=1e-3,
-                      ms_per_decode_walk_token=1e-4)
+    c = StepCostModel(
+        gpu=GPU, prefill_scale=2.0, decode_scale=3.0, ms_per_longest_context_token=1e-3, ms_per_decode_walk_token=1e-4
+    )
     plain = c.with_overheads(ms_per_longest_context_token=0.0, ms_per_decode_walk_token=0.0)
     # a step with prefill: its longest context (a chunk's or a decode's) at the ragged kernel's rate, prefill-scaled
-    assert c.step_ms(100, 5000.0, 2, 300, 3, 0.0, 2000) - plain.step_ms(100, 5000.0, 2, 300, 3) == \
-        pytest.approx(2.0 * 1e-3 * 2000)
+    assert c.step_ms(100, 5000.0, 2, 300, 3, 0.0, 2000) - plain.step_ms(100, 5000.0, 2, 300, 3) == pytest.approx(
+        2.0 * 1e-3 * 2000
+    )
     # decode-only: the longest sequence at the decode kernel's rate, decode-scaled
     assert c.step_ms(0, 0, 4, 1000, 4, 0.0, 400) - plain.step_ms(0, 0, 4, 1000, 4) == pytest.approx(3.0 * 1e-4 * 400)
     # a run of decode steps: every sequence grows by one, so the longest does too
     run = c.decode_run_ms(4, 1000, 3, 400)
     assert run == pytest.approx([c.step_ms(0, 0, 4, 1000 + 4 * j, 4, 0.0, 400 + j) for j in range(3)])
     fixed, per_decode, per_ctx, per_walk = c.decode_step_terms()
-    assert fixed + per_decode * 4 + per_ctx * 1000 + per_walk * 400 == pytest.approx(c.step_ms(0, 0, 4, 1000, 4, 0.0, 400))
+    assert fixed + per_decode * 4 + per_ctx * 1000 + per_walk * 400 == pytest.approx(
+        c.step_ms(0, 0, 4, 1000, 4, 0.0, 400)
+    )
 
 
 def test_load_study2_json_and_roundtrip(tmp_path):
@@ -79,8 +87,13 @@ def _sim_run(cost, seed=0):
     """A 'real' run made by the simulator with known terms: its records and a step log in Study 1's form."""
     rng = np.random.default_rng(seed)
     n = 150
-    trace = pd.DataFrame({"arrival_s": np.cumsum(rng.exponential(1 / 40, n)), "prompt_tokens": rng.integers(20, 300, n),
-                          "output_tokens": rng.integers(8, 80, n)})
+    trace = pd.DataFrame(
+        {
+            "arrival_s": np.cumsum(rng.exponential(1 / 40, n)),
+            "prompt_tokens": rng.integers(20, 300, n),
+            "output_tokens": rng.integers(8, 80, n),
+        }
+    )
     run = simulate(trace, cost=cost, max_num_seqs=32, max_num_batched_tokens=512, step_log=True, fast_forward=False)
     return run.records.drop(columns="replica"), run.steps
 
@@ -103,8 +116,10 @@ def test_decode_context_reconstruction_is_exact_for_decode_steps():
     rec, steps = _sim_run(truth, seed=1)
     feats = step_features(steps, rec)
     dec = feats[feats["prefill_tokens"] == 0]
-    pred = [truth.step_ms(0, 0, int(d), c, int(n)) for d, c, n in zip(dec["decode_tokens"], dec["decode_context"],
-                                                                      dec["num_seqs"])]
+    pred = [
+        truth.step_ms(0, 0, int(d), c, int(n))
+        for d, c, n in zip(dec["decode_tokens"], dec["decode_context"], dec["num_seqs"])
+    ]
     assert np.median(np.abs(np.array(pred) - dec["cycle_ms"]) / dec["cycle_ms"]) < 1e-6
 
 
@@ -127,12 +142,18 @@ def test_step_features_bad_input():
 def test_fit_recovers_scales_and_the_context_pair_cost():
     # the server's prefill runs 2.5x Study 2's mode, and chunks attending cached context pay a term Study 2
     # never measured
-    truth = StepCostModel(gpu=GPU, prefill_scale=2.5, ms_per_context_pair=2e-5,
-                          step_overhead_ms=0.5, seq_overhead_ms=0.03)
+    truth = StepCostModel(
+        gpu=GPU, prefill_scale=2.5, ms_per_context_pair=2e-5, step_overhead_ms=0.5, seq_overhead_ms=0.03
+    )
     rng = np.random.default_rng(5)
     n = 150
-    trace = pd.DataFrame({"arrival_s": np.cumsum(rng.exponential(1 / 15, n)), "prompt_tokens": rng.integers(200, 1500, n),
-                          "output_tokens": rng.integers(8, 80, n)})
+    trace = pd.DataFrame(
+        {
+            "arrival_s": np.cumsum(rng.exponential(1 / 15, n)),
+            "prompt_tokens": rng.integers(200, 1500, n),
+            "output_tokens": rng.integers(8, 80, n),
+        }
+    )
     run = simulate(trace, cost=truth, max_num_seqs=32, max_num_batched_tokens=256, step_log=True, fast_forward=False)
     feats = step_features(run.steps, run.records.drop(columns="replica"))
     assert (feats["context_pairs"] > 0).any()
@@ -146,16 +167,29 @@ def test_fit_recovers_the_prefill_intercept_and_the_mixed_step_cost():
     # the server's prefill steps pay a third of Study 2's intercept, and a step mixing chunks with decodes pays a
     # fixed cost of its own (a mixed step without CUDA graphs): a chunked run has mixed steps, a whole-prompt run
     # prefill-only ones
-    truth = StepCostModel(gpu=GPU, prefill_fixed_scale=0.3, mixed_step_ms=4.0, step_overhead_ms=0.5,
-                          seq_overhead_ms=0.03)
+    truth = StepCostModel(
+        gpu=GPU, prefill_fixed_scale=0.3, mixed_step_ms=4.0, step_overhead_ms=0.5, seq_overhead_ms=0.03
+    )
     rng = np.random.default_rng(8)
     n = 150
-    trace = pd.DataFrame({"arrival_s": np.cumsum(rng.exponential(1 / 20, n)), "prompt_tokens": rng.integers(50, 400, n),
-                          "output_tokens": rng.integers(8, 60, n)})
+    trace = pd.DataFrame(
+        {
+            "arrival_s": np.cumsum(rng.exponential(1 / 20, n)),
+            "prompt_tokens": rng.integers(50, 400, n),
+            "output_tokens": rng.integers(8, 60, n),
+        }
+    )
     feats = []
     for policy in ("chunked_prefill", "eager_cont_batch"):
-        run = simulate(trace, cost=truth, scheduler=policy, max_num_seqs=32, max_num_batched_tokens=512,
-                       step_log=True, fast_forward=False)
+        run = simulate(
+            trace,
+            cost=truth,
+            scheduler=policy,
+            max_num_seqs=32,
+            max_num_batched_tokens=512,
+            step_log=True,
+            fast_forward=False,
+        )
         feats.append(step_features(run.steps, run.records.drop(columns="replica")))
     feats = pd.concat(feats, ignore_index=True)
     mixed = (feats["prefill_tokens"] > 0) & (feats["decode_tokens"] > 0)
@@ -176,12 +210,24 @@ def test_fit_step_log_model_prices_mixed_steps_and_ignores_outliers():
     truth = StepCostModel(gpu=GPU, mixed_step_ms=4.0, step_overhead_ms=0.5, seq_overhead_ms=0.03)
     rng = np.random.default_rng(9)
     n = 150
-    trace = pd.DataFrame({"arrival_s": np.cumsum(rng.exponential(1 / 20, n)), "prompt_tokens": rng.integers(50, 400, n),
-                          "output_tokens": rng.integers(8, 60, n)})
+    trace = pd.DataFrame(
+        {
+            "arrival_s": np.cumsum(rng.exponential(1 / 20, n)),
+            "prompt_tokens": rng.integers(50, 400, n),
+            "output_tokens": rng.integers(8, 60, n),
+        }
+    )
     feats = []
     for policy in ("chunked_prefill", "eager_cont_batch"):
-        run = simulate(trace, cost=truth, scheduler=policy, max_num_seqs=32, max_num_batched_tokens=512,
-                       step_log=True, fast_forward=False)
+        run = simulate(
+            trace,
+            cost=truth,
+            scheduler=policy,
+            max_num_seqs=32,
+            max_num_batched_tokens=512,
+            step_log=True,
+            fast_forward=False,
+        )
         feats.append(step_features(run.steps, run.records.drop(columns="replica")))
     feats = pd.concat(feats, ignore_index=True)
     slow = rng.choice(len(feats), size=len(feats) // 50, replace=False)
@@ -189,9 +235,18 @@ def test_fit_step_log_model_prices_mixed_steps_and_ignores_outliers():
     model, stats = fit_step_log_model(feats, "m")
     assert model.mixed_step_ms == pytest.approx(4.0, rel=0.15) and stats["mixed_step_ms"] == model.mixed_step_ms
     clean = feats.drop(index=slow)
-    pred = np.array([model.step_ms(p, q, int(d), c, int(k)) for p, q, d, c, k in
-                     zip(clean["prefill_tokens"], clean["prefill_pairs"], clean["decode_tokens"],
-                         clean["decode_context"], clean["num_seqs"])])
+    pred = np.array(
+        [
+            model.step_ms(p, q, int(d), c, int(k))
+            for p, q, d, c, k in zip(
+                clean["prefill_tokens"],
+                clean["prefill_pairs"],
+                clean["decode_tokens"],
+                clean["decode_context"],
+                clean["num_seqs"],
+            )
+        ]
+    )
     assert np.median(np.abs(pred - clean["cycle_ms"]) / clean["cycle_ms"]) < 0.03
     # prefill-only steps alone cannot tell the mixed cost from the intercept: it stays 0
     alone, _ = fit_step_log_model(feats[(feats["prefill_tokens"] == 0) | (feats["decode_tokens"] == 0)], "m")
@@ -210,8 +265,10 @@ def test_step_features_take_the_logged_contexts():
 
     def err(f):
         d = f[f["prefill_tokens"] == 0]
-        pred = [truth.step_ms(0, 0, int(k), c, int(m)) for k, c, m in zip(d["decode_tokens"], d["decode_context"],
-                                                                        d["num_seqs"])]
+        pred = [
+            truth.step_ms(0, 0, int(k), c, int(m))
+            for k, c, m in zip(d["decode_tokens"], d["decode_context"], d["num_seqs"])
+        ]
         return np.median(np.abs(np.array(pred) - d["cycle_ms"]) / d["cycle_ms"])
 
     assert err(logged) < 1e-9 < 1e-4 < err(guessed)
@@ -222,19 +279,28 @@ def test_step_features_take_the_logged_contexts():
 def test_study2_step_model_as_the_gpu_terms(tmp_path):
     # Study 2's one model of any step: intercept, a fixed cost of a step with chunks, pairs with cached context
     # priced apart from pairs within a chunk
-    step = {"intercept_ms": 2.0, "ms_per_prefill_step": 0.5, "ms_per_prefill_token": 0.002, "ms_per_context_pair": 4e-6,
-            "ms_per_new_pair": 1e-6, "ms_per_decode": 0.01, "ms_per_decode_ctx_token": 1e-4}
+    step = {
+        "intercept_ms": 2.0,
+        "ms_per_prefill_step": 0.5,
+        "ms_per_prefill_token": 0.002,
+        "ms_per_context_pair": 4e-6,
+        "ms_per_new_pair": 1e-6,
+        "ms_per_decode": 0.01,
+        "ms_per_decode_ctx_token": 1e-4,
+    }
     gpu = CostModel("m", "engine", GPU.prefill, GPU.decode, {}, step=step)
     phase, model = StepCostModel(gpu=gpu), StepCostModel(gpu=gpu, gpu_form="step")
     assert phase.step_ms(100, 5000.0, 2, 300, 3) == StepCostModel(gpu=GPU).step_ms(100, 5000.0, 2, 300, 3)
     # a 100-token chunk after 20 cached (2000 context pairs, 5000 within the chunk) and 2 decodes over 300 tokens
     assert model.gpu_ms(100, 7000.0, 2, 300, 2000.0) == pytest.approx(
-        2.0 + 0.5 + 0.2 + 4e-6 * 2000 + 1e-6 * 5000 + 0.02 + 0.03)
+        2.0 + 0.5 + 0.2 + 4e-6 * 2000 + 1e-6 * 5000 + 0.02 + 0.03
+    )
     assert model.gpu_ms(0, 0, 4, 1000) == pytest.approx(2.0 + 0.04 + 0.1)
     model.with_overheads(step_overhead_ms=1.0).save(tmp_path / "s.json")
     back = StepCostModel.load(tmp_path / "s.json")
     assert back.gpu_form == "step" and back.step_ms(100, 7000.0, 2, 300, 3, 2000.0) == pytest.approx(
-        model.step_ms(100, 7000.0, 2, 300, 3, 2000.0) + 1.0)
+        model.step_ms(100, 7000.0, 2, 300, 3, 2000.0) + 1.0
+    )
     with pytest.raises(ParameterError, match="step model"):
         StepCostModel(gpu=GPU, gpu_form="step")
     with pytest.raises(ParameterError, match="gpu_form"):
@@ -245,11 +311,11 @@ def test_step_graph_padding_is_priced_at_the_per_token_rate():
     # a server that replays captured step graphs pays for the bucket that holds the step, not for its tokens
     c = StepCostModel(gpu=GPU, prefill_scale=2.0).with_step_buckets([256, 64, 128])
     assert c.step_buckets == (64, 128, 256)
-    assert c.pad_tokens(100) == 28 and c.pad_tokens(128) == 0 and c.pad_tokens(300) == 0   # above: eager
+    assert c.pad_tokens(100) == 28 and c.pad_tokens(128) == 0 and c.pad_tokens(300) == 0  # above: eager
     plain = c.with_step_buckets(None)
     # 90 prefill tokens and 10 decodes run in the 128-token graph: 28 padding tokens at 2 × 0.002 ms
     assert c.step_ms(90, 4050.0, 10, 500, 11) == pytest.approx(plain.step_ms(90, 4050.0, 10, 500, 11) + 28 * 0.004)
-    assert c.step_ms(0, 0, 10, 500, 10) == plain.step_ms(0, 0, 10, 500, 10)   # decode-only steps: decode graphs
+    assert c.step_ms(0, 0, 10, 500, 10) == plain.step_ms(0, 0, 10, 500, 10)  # decode-only steps: decode graphs
     with pytest.raises(ParameterError, match="step_buckets"):
         StepCostModel(gpu=GPU, step_buckets=(128, 64))
 
@@ -258,9 +324,11 @@ def test_chunk_context_reads_are_priced_and_scaled_with_prefill():
     c = StepCostModel(gpu=GPU, prefill_scale=2.0, ms_per_longest_context_token=1e-3)
     plain = c.with_overheads(ms_per_longest_context_token=0.0)
     # the step's longest chunk context, 2,048 cached tokens, at 2 × 1 µs
-    extra = c.step_ms(64, 64 * 2048.0, 0, 0, 2, 64 * 2048.0, 2048) - plain.step_ms(64, 64 * 2048.0, 0, 0, 2, 64 * 2048.0, 2048)
+    extra = c.step_ms(64, 64 * 2048.0, 0, 0, 2, 64 * 2048.0, 2048) - plain.step_ms(
+        64, 64 * 2048.0, 0, 0, 2, 64 * 2048.0, 2048
+    )
     assert extra == pytest.approx(2048 * 2e-3)
-    assert c.step_ms(0, 0, 4, 1000, 4) == plain.step_ms(0, 0, 4, 1000, 4)   # decodes read context by their own term
+    assert c.step_ms(0, 0, 4, 1000, 4) == plain.step_ms(0, 0, 4, 1000, 4)  # decodes read context by their own term
 
 
 def test_saved_cost_model_keeps_buckets_and_context_reads(tmp_path):
@@ -275,14 +343,27 @@ def test_fits_recover_padding_and_context_reads_from_a_step_log():
     # the padding and the chunk contexts, so the serving fit recovers the scale with the GPU terms as given,
     # and the step-log fit recovers the context-read cost
     buckets = [64, 256]
-    truth = StepCostModel(gpu=GPU, prefill_scale=1.5, ms_per_longest_context_token=2e-3, step_overhead_ms=0.5,
-                          seq_overhead_ms=0.03)
+    truth = StepCostModel(
+        gpu=GPU, prefill_scale=1.5, ms_per_longest_context_token=2e-3, step_overhead_ms=0.5, seq_overhead_ms=0.03
+    )
     rng = np.random.default_rng(7)
     n = 150
-    trace = pd.DataFrame({"arrival_s": np.cumsum(rng.exponential(1 / 15, n)), "prompt_tokens": rng.integers(200, 1500, n),
-                          "output_tokens": rng.integers(8, 80, n)})
-    run = simulate(trace, cost=truth, max_num_seqs=32, max_num_batched_tokens=256, step_log=True, fast_forward=False,
-                   step_buckets=buckets)
+    trace = pd.DataFrame(
+        {
+            "arrival_s": np.cumsum(rng.exponential(1 / 15, n)),
+            "prompt_tokens": rng.integers(200, 1500, n),
+            "output_tokens": rng.integers(8, 80, n),
+        }
+    )
+    run = simulate(
+        trace,
+        cost=truth,
+        max_num_seqs=32,
+        max_num_batched_tokens=256,
+        step_log=True,
+        fast_forward=False,
+        step_buckets=buckets,
+    )
     assert run.params["step_buckets"] == buckets
     feats = step_features(run.steps, run.records.drop(columns="replica"), step_buckets=buckets)
     assert (feats["pad_tokens"] > 0).any() and (feats["longest_context"] > 0).any()
@@ -300,7 +381,7 @@ def test_fits_recover_padding_and_context_reads_from_a_step_log():
     err = np.median(np.abs(predict_cycles(model, feats)[padded] - y) / y)
     assert err < 0.01 < err_blind
     full, st = fit_step_log_model(feats, "m")
-    assert full.ms_per_longest_context_token == pytest.approx(3e-3, rel=0.35)   # 1.5 × 2 µs per token read
+    assert full.ms_per_longest_context_token == pytest.approx(3e-3, rel=0.35)  # 1.5 × 2 µs per token read
     assert st["prefill_median_abs_pct"] < 10
 
 
@@ -310,13 +391,19 @@ def test_step_log_fit_recovers_the_decode_walk():
     truth = StepCostModel(gpu=GPU, ms_per_decode_walk_token=5e-4, step_overhead_ms=0.3)
     rng = np.random.default_rng(11)
     n = 150
-    trace = pd.DataFrame({"arrival_s": np.cumsum(rng.exponential(1 / 8, n)), "prompt_tokens": rng.integers(100, 4000, n),
-                          "output_tokens": rng.integers(8, 150, n)})
+    trace = pd.DataFrame(
+        {
+            "arrival_s": np.cumsum(rng.exponential(1 / 8, n)),
+            "prompt_tokens": rng.integers(100, 4000, n),
+            "output_tokens": rng.integers(8, 150, n),
+        }
+    )
     run = simulate(trace, cost=truth, max_num_seqs=32, max_num_batched_tokens=1024, step_log=True, fast_forward=False)
     feats = step_features(run.steps, run.records.drop(columns="replica"))
     dec = feats[feats["prefill_tokens"] == 0]
-    assert (dec["longest_context"] > 0).all() and (dec["longest_context"] * dec["decode_tokens"]
-                                                   >= dec["decode_context"] - 1e-6).all()
+    assert (dec["longest_context"] > 0).all() and (
+        dec["longest_context"] * dec["decode_tokens"] >= dec["decode_context"] - 1e-6
+    ).all()
     full, st = fit_step_log_model(feats, "m")
     assert full.ms_per_decode_walk_token == pytest.approx(5e-4, rel=0.2)
     blind, st_blind = fit_step_log_model(feats, "m", context_reads=False)

@@ -4,17 +4,24 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from servelab.errors import ParameterError
 from servelab.loadgen.lengths import UniformLengths
 from servelab.loadgen.workload import Trace
-from servelab.profiles import ParameterError
 from servelab.sim import StepCostModel, make_router, simulate
 from servelab.sim.capacity import meets_slo, replicas_needed, single_replica_rate
 from servelab.sim.cost_model import CostModel
 from servelab.sim.prefix_workload import with_shared_prefixes
 from servelab.sim.routers import prefix_keys
 
-COST = StepCostModel(gpu=CostModel("m", "test", {"intercept_ms": 3.0, "ms_per_token": 0.01, "ms_per_attn_pair": 0.0},
-                                   {"intercept_ms": 2.0, "ms_per_seq": 0.02, "ms_per_ctx_token": 0.0}, {}))
+COST = StepCostModel(
+    gpu=CostModel(
+        "m",
+        "test",
+        {"intercept_ms": 3.0, "ms_per_token": 0.01, "ms_per_attn_pair": 0.0},
+        {"intercept_ms": 2.0, "ms_per_seq": 0.02, "ms_per_ctx_token": 0.0},
+        {},
+    )
+)
 
 
 class Rep:
@@ -27,7 +34,7 @@ def test_round_robin_and_least_outstanding():
     rr = make_router("round_robin", reps)
     assert [rr.route(i) for i in range(7)] == [0, 1, 2, 0, 1, 2, 0]
     lo = make_router("least_outstanding", [Rep(3), Rep(1), Rep(1), Rep(2)])
-    assert lo.route(0) == 1   # ties: lowest index
+    assert lo.route(0) == 1  # ties: lowest index
 
 
 def test_prefix_affinity_keys_on_the_prefix_and_falls_back_when_overloaded():
@@ -38,7 +45,7 @@ def test_prefix_affinity_keys_on_the_prefix_and_falls_back_when_overloaded():
     r = make_router("prefix_affinity", reps, prompt_ids=ids, prefix_k=3, max_imbalance=2)
     home = r.route(0)
     assert r.route(1) == home
-    reps[home].outstanding = 5          # far ahead of the least loaded
+    reps[home].outstanding = 5  # far ahead of the least loaded
     assert r.route(1) != home and r.num_fallbacks == 1
 
 
@@ -56,7 +63,7 @@ def test_affinity_routes_a_group_to_one_replica_in_a_simulation():
     t = with_shared_prefixes(t, groups=3, prefix_tokens=16, seed=0, materialize=True)
     rec = simulate(t, cost=COST, replicas=4, router="prefix_affinity", prefix_k=16).records
     per_group = rec.assign(g=t.frame["prefix_group"]).groupby("g")["replica"].nunique()
-    assert (per_group == 1).all()     # light load: no fallback
+    assert (per_group == 1).all()  # light load: no fallback
     # keyed on 32 tokens, the random tails after the 16 shared ones scatter each group
     rec = simulate(t, cost=COST, replicas=4, router="prefix_affinity", prefix_k=32).records
     assert (rec.assign(g=t.frame["prefix_group"]).groupby("g")["replica"].nunique() > 1).any()
@@ -65,7 +72,7 @@ def test_affinity_routes_a_group_to_one_replica_in_a_simulation():
 def test_least_outstanding_beats_round_robin_on_skewed_lengths():
     rng = np.random.default_rng(0)
     n = 400
-    out = np.where(np.arange(n) % 2 == 0, 200, 2)   # round robin with 2 replicas sends every long one to replica 0
+    out = np.where(np.arange(n) % 2 == 0, 200, 2)  # round robin with 2 replicas sends every long one to replica 0
     t = pd.DataFrame({"arrival_s": np.cumsum(rng.exponential(1 / 80, n)), "prompt_tokens": 50, "output_tokens": out})
     rr = simulate(t, cost=COST, replicas=2, router="round_robin", token_times=False).summary()
     lo = simulate(t, cost=COST, replicas=2, router="least_outstanding", token_times=False).summary()
@@ -78,8 +85,15 @@ def test_capacity_search():
     slo = dict(slo_ttft_ms=60.0, slo_tpot_ms=6.0)
     one = single_replica_rate(make, cost=COST, **slo, start=8.0, refine=1, max_num_batched_tokens=512)
     assert one > 8
-    needed, tried = replicas_needed(make, [one, 3 * one], ["round_robin", "least_outstanding"], cost=COST,
-                                    max_replicas=16, max_num_batched_tokens=512, **slo)
+    needed, tried = replicas_needed(
+        make,
+        [one, 3 * one],
+        ["round_robin", "least_outstanding"],
+        cost=COST,
+        max_replicas=16,
+        max_num_batched_tokens=512,
+        **slo,
+    )
     assert needed["met"].all()
     for _, g in needed.groupby("router"):
         assert g.sort_values("rate")["replicas"].is_monotonic_increasing
@@ -87,7 +101,9 @@ def test_capacity_search():
     # the answer is minimal: one replica fewer was tried and missed the SLO (unless the answer is 1)
     for row in needed.itertuples():
         if row.replicas > 1:
-            fewer = tried[(tried.router == row.router) & (tried.rate == row.rate) & (tried.replicas == row.replicas - 1)]
+            fewer = tried[
+                (tried.router == row.router) & (tried.rate == row.rate) & (tried.replicas == row.replicas - 1)
+            ]
             assert len(fewer) == 1 and not fewer["met"].iloc[0]
     with pytest.raises(ParameterError, match="slo_ttft_ms"):
         replicas_needed(make, [1.0], ["round_robin"], cost=COST, slo_ttft_ms=0, slo_tpot_ms=1)
@@ -100,6 +116,7 @@ def test_meets_slo():
 
 def test_capacity_search_respects_its_time_budget():
     make = lambda rate: Trace.synthetic(rate=rate, lengths=UniformLengths(50, 150, 10, 30), duration_s=1.0, seed=1)  # noqa: E731
-    needed, tried = replicas_needed(make, [10.0, 20.0], ["round_robin"], cost=COST, slo_ttft_ms=60.0,
-                                    slo_tpot_ms=6.0, time_budget_s=0.0)
+    needed, tried = replicas_needed(
+        make, [10.0, 20.0], ["round_robin"], cost=COST, slo_ttft_ms=60.0, slo_tpot_ms=6.0, time_budget_s=0.0
+    )
     assert tried.empty and (needed["status"] == "skipped: time budget").all() and not needed["met"].any()

@@ -6,19 +6,38 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from servelab.profiles import ParameterError
+from servelab.errors import ParameterError
 from servelab.sim import StepCostModel, simulate
-from servelab.sim import prefix_routing, study7_runs
 from servelab.sim.cost_model import CostModel
-from servelab.sim.validation import METRICS
+from servelab.studies.s08_simulator import prefix_routing, study7_runs
+from servelab.studies.s08_simulator.validation import METRICS
 
-GPU = CostModel("m", "test", {"intercept_ms": 3.0, "ms_per_token": 0.002, "ms_per_attn_pair": 1e-6},
-                {"intercept_ms": 2.5, "ms_per_seq": 0.01, "ms_per_ctx_token": 1e-4}, {})
+GPU = CostModel(
+    "m",
+    "test",
+    {"intercept_ms": 3.0, "ms_per_token": 0.002, "ms_per_attn_pair": 1e-6},
+    {"intercept_ms": 2.5, "ms_per_seq": 0.01, "ms_per_ctx_token": 1e-4},
+    {},
+)
 COST = StepCostModel(gpu=GPU, step_overhead_ms=0.5, ms_per_longest_context_token=1e-3)
-PARAMS = dict(model="config:tiny-llama", scheduler="chunked_prefill", max_num_seqs=16, max_num_batched_tokens=512,
-              num_blocks=2048, block_size=16, eviction="lru", serve_requests=60, serve_rate=40.0, serve_prefixes=3,
-              serve_alpha=1.0, serve_prefix_tokens=256, serve_suffix_tokens=32, serve_output_tokens=8, seed=0,
-              step_graphs=True)
+PARAMS = dict(
+    model="config:tiny-llama",
+    scheduler="chunked_prefill",
+    max_num_seqs=16,
+    max_num_batched_tokens=512,
+    num_blocks=2048,
+    block_size=16,
+    eviction="lru",
+    serve_requests=60,
+    serve_rate=40.0,
+    serve_prefixes=3,
+    serve_alpha=1.0,
+    serve_prefix_tokens=256,
+    serve_suffix_tokens=32,
+    serve_output_tokens=8,
+    seed=0,
+    step_graphs=True,
+)
 
 
 def _real_summary(cost=COST, params=PARAMS):
@@ -27,8 +46,15 @@ def _real_summary(cost=COST, params=PARAMS):
     for load, trace in study7_runs.serving_traces(params).items():
         for mode in ("off", "on"):
             run = simulate(trace, cost=cost, prefix_caching=mode == "on", **study7_runs.sim_kwargs(params))
-            rows.append({"load": load, "caching": mode, "status": "ok", **run.summary(),
-                         "hit_rate_engine": run.prefix_hit_rate if mode == "on" else np.nan})
+            rows.append(
+                {
+                    "load": load,
+                    "caching": mode,
+                    "status": "ok",
+                    **run.summary(),
+                    "hit_rate_engine": run.prefix_hit_rate if mode == "on" else np.nan,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -46,8 +72,9 @@ def test_traces_are_study7s_workload():
 
 def test_replay_with_the_true_costs_reproduces_the_runs():
     summary = _real_summary()
-    table, runs = study7_runs.replay_serving(summary, PARAMS,
-                                             {"truth": COST, "slower": study7_runs.scaled_steps(COST, 1.5)})
+    table, runs = study7_runs.replay_serving(
+        summary, PARAMS, {"truth": COST, "slower": study7_runs.scaled_steps(COST, 1.5)}
+    )
     assert set(runs) == {"truth", "slower"} and len(runs["truth"]) == 4
     assert len(table) == 4 * 2 * len(METRICS)
     truth = table[table["cost_model"] == "truth"]
@@ -73,25 +100,38 @@ def test_load_study7(tmp_path, monkeypatch):
     assert study7_runs.load_study7(tmp_path) is None
     d = tmp_path / "nvidia-h200" / "07_prefix_cache"
     d.mkdir(parents=True)
-    (d / "run.json").write_text(json.dumps({"params": {k: v for k, v in PARAMS.items() if k != "step_graphs"},
-                                            "device": {"kind": "cuda"}}))
+    (d / "run.json").write_text(
+        json.dumps({"params": {k: v for k, v in PARAMS.items() if k != "step_graphs"}, "device": {"kind": "cuda"}})
+    )
     _real_summary().to_csv(d / "serving_summary.csv", index=False)
     runs = study7_runs.load_study7(tmp_path)
     assert runs.slug == "nvidia-h200" and runs.params["step_graphs"] is True and len(runs.summary) == 4
     assert runs.prefix_length.empty and runs.requests is None
     bad = _real_summary().assign(status="error: x")
     bad.to_csv(d / "serving_summary.csv", index=False)
-    assert study7_runs.load_study7(tmp_path) is None   # runs that did not complete are not replayed
+    assert study7_runs.load_study7(tmp_path) is None  # runs that did not complete are not replayed
 
 
 def test_prefix_affinity_keeps_hitting_when_no_replica_holds_every_prefix():
     kw = dict(requests=400, prefixes=12, prefix_tokens=256, suffix_tokens=16, output_tokens=4)
-    pools = [prefix_routing.pool_for_fraction(f, prefixes=12, prefix_tokens=256, private_tokens=20, block_size=16,
-                                              max_num_seqs=16) for f in (2.0, 0.3)]
+    pools = [
+        prefix_routing.pool_for_fraction(
+            f, prefixes=12, prefix_tokens=256, private_tokens=20, block_size=16, max_num_seqs=16
+        )
+        for f in (2.0, 0.3)
+    ]
     assert pools[0] > pools[1] > 16 * 2
-    table = prefix_routing.compare_routers(lambda r: prefix_routing.affinity_trace(r, **kw), [50.0], cost=COST,
-                                           replicas=3, pools=pools, prefixes=12, scheduler="chunked_prefill",
-                                           max_num_seqs=16, max_num_batched_tokens=512)
+    table = prefix_routing.compare_routers(
+        lambda r: prefix_routing.affinity_trace(r, **kw),
+        [50.0],
+        cost=COST,
+        replicas=3,
+        pools=pools,
+        prefixes=12,
+        scheduler="chunked_prefill",
+        max_num_seqs=16,
+        max_num_batched_tokens=512,
+    )
     assert len(table) == 2 * 3 and (table["failed"] == 0).all()
     tight = table[table["pool_blocks"] == pools[1]].set_index("router")["hit_rate"]
     ample = table[table["pool_blocks"] == pools[0]].set_index("router")["hit_rate"]
@@ -108,22 +148,32 @@ def test_router_comparison_bad_input():
     with pytest.raises(ParameterError, match="at least one"):
         prefix_routing.compare_routers(lambda r: None, [], cost=COST, replicas=2, pools=[64], prefixes=2)
     with pytest.raises(ParameterError, match="pool fractions"):
-        prefix_routing.pool_for_fraction(0, prefixes=2, prefix_tokens=64, private_tokens=8, block_size=16, max_num_seqs=4)
+        prefix_routing.pool_for_fraction(
+            0, prefixes=2, prefix_tokens=64, private_tokens=8, block_size=16, max_num_seqs=4
+        )
 
 
 def test_prefill_check_prices_study7s_single_prompts():
-    sweep = pd.DataFrame({"mode": ["uncached", "cached"], "prefix_tokens": [256, 256], "computed_tokens": [288, 32],
-                          "cached_tokens": [0, 256]})
-    sweep["step_ms"] = [COST.with_step_buckets([64, 128, 384, 512]).step_ms(288, 288 * 144.0, 0, 0, 1),
-                        COST.step_ms(32, 32 * 272.0, 0, 0, 1, 32 * 256.0, 256)]
+    sweep = pd.DataFrame(
+        {
+            "mode": ["uncached", "cached"],
+            "prefix_tokens": [256, 256],
+            "computed_tokens": [288, 32],
+            "cached_tokens": [0, 256],
+        }
+    )
+    sweep["step_ms"] = [
+        COST.with_step_buckets([64, 128, 384, 512]).step_ms(288, 288 * 144.0, 0, 0, 1),
+        COST.step_ms(32, 32 * 272.0, 0, 0, 1, 32 * 256.0, 256),
+    ]
     check = study7_runs.prefill_check(sweep, {**PARAMS, "step_graphs": False}, {"truth": COST})
     assert len(check) == 2 and check.loc[1, "error_pct"] == pytest.approx(0.0, abs=1e-9)
-    assert check.loc[0, "error_pct"] < -1          # without the ladder the 288-token prompt pays no padding
+    assert check.loc[0, "error_pct"] < -1  # without the ladder the 288-token prompt pays no padding
     assert study7_runs.prefill_check(pd.DataFrame(), PARAMS, {"truth": COST}).empty
 
 
 def test_which_process_stepped_study7s_engine():
-    assert study7_runs.engine_in_process({}) is True                     # runs before the parameter existed
+    assert study7_runs.engine_in_process({}) is True  # runs before the parameter existed
     assert study7_runs.engine_in_process({"serve_engine_process": True}) is False
 
 
@@ -135,8 +185,11 @@ def test_first_tokens_locate_a_delay_before_the_first_step():
         for mode in ("off", "on"):
             rec = simulate(trace, cost=COST, prefix_caching=mode == "on", **study7_runs.sim_kwargs(PARAMS)).records
             ttft = (rec["first_token_s"] - rec["sent_s"]) * 1e3 + (200.0 if load == "burst" else 0.0)
-            rows.append(pd.DataFrame({"request_id": rec["request_id"], "ok": True, "ttft_ms": ttft, "load": load,
-                                      "caching": mode}))
+            rows.append(
+                pd.DataFrame(
+                    {"request_id": rec["request_id"], "ok": True, "ttft_ms": ttft, "load": load, "caching": mode}
+                )
+            )
     _, runs = study7_runs.replay_serving(_real_summary(), PARAMS, {"truth": COST})
     ft = study7_runs.first_tokens(pd.concat(rows, ignore_index=True), runs["truth"])
     assert len(ft) == 4 * 3 and list(ft["quantile"].unique()) == [0.0, 0.1, 0.5]

@@ -6,7 +6,7 @@ import pytest
 import torch
 from scipy import stats
 
-from servelab.speculative.acceptance import greedy_accept, probabilities, rejection_accept
+from servelab.spec.acceptance import greedy_accept, probabilities, rejection_accept
 
 V, GAMMA, N = 5, 2, 4000
 
@@ -73,9 +73,9 @@ def test_greedy_keeps_the_longest_matching_prefix_and_adds_the_targets_argmax():
     best = [2, 4, 1, 3]
     for i, b in enumerate(best):
         logits[i, b] = 5.0
-    assert greedy_accept(logits, torch.tensor([2, 4, 1])) == (3, 3)   # all kept: the bonus
-    assert greedy_accept(logits, torch.tensor([2, 0, 1])) == (1, 4)   # the correction at the first mismatch
-    assert greedy_accept(logits, torch.tensor([0, 4, 1])) == (0, 2)   # a later match does not count
+    assert greedy_accept(logits, torch.tensor([2, 4, 1])) == (3, 3)  # all kept: the bonus
+    assert greedy_accept(logits, torch.tensor([2, 0, 1])) == (1, 4)  # the correction at the first mismatch
+    assert greedy_accept(logits, torch.tensor([0, 4, 1])) == (0, 2)  # a later match does not count
 
 
 def test_bad_shapes_are_refused():

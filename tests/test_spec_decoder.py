@@ -11,10 +11,10 @@ import torch
 from scipy import stats
 
 from servelab.engine import SamplingParams
+from servelab.errors import ParameterError
 from servelab.models import load_model
-from servelab.profiles import ParameterError
-from servelab.speculative import PagedLM, SpeculativeDecoder, autoregressive
-from servelab.speculative.pair import SpeculativePair
+from servelab.spec import PagedLM, SpeculativeDecoder, autoregressive
+from servelab.studies.s03_speculative.pair import SpeculativePair
 
 STEPS = 16
 
@@ -38,9 +38,15 @@ def pair(request):
     with torch.inference_mode():
         for p in prompts:
             ids = torch.tensor([p])
-            out = target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=STEPS,
-                                  min_new_tokens=STEPS, pad_token_id=0)
-            refs.append(out[0, len(p):].tolist())
+            out = target.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                do_sample=False,
+                max_new_tokens=STEPS,
+                min_new_tokens=STEPS,
+                pad_token_id=0,
+            )
+            refs.append(out[0, len(p) :].tolist())
     t = PagedLM.from_hf(target, 128, 9, name="target", block_size=4)
     d = PagedLM.from_hf(draft, 128, 2, name="draft", block_size=4)
     return target, t, d, prompts, refs
@@ -81,8 +87,9 @@ def test_a_draft_equal_to_the_target_is_always_accepted(pair):
 def test_adaptive_gamma_grows_with_a_perfect_draft(pair):
     hf, t, _, prompts, _ = pair
     twin = PagedLM.from_hf(hf, 128, 2, name="twin", block_size=4)
-    gen = SpeculativeDecoder(t, twin, gamma="adaptive").generate(prompts[0], SamplingParams(max_tokens=48,
-                                                                                             ignore_eos=True))
+    gen = SpeculativeDecoder(t, twin, gamma="adaptive").generate(
+        prompts[0], SamplingParams(max_tokens=48, ignore_eos=True)
+    )
     gammas = [r.gamma for r in gen.rounds]
     assert gammas[:6] == [4, 5, 6, 7, 8, 8]  # one more per fully accepted round, up to the maximum
 
@@ -90,11 +97,14 @@ def test_adaptive_gamma_grows_with_a_perfect_draft(pair):
 def test_stop_tokens_and_max_tokens_end_generation(pair):
     _, t, d, prompts, refs = pair
     stop = refs[0][5]
-    gen = SpeculativeDecoder(t, d, gamma=3).generate(prompts[0], SamplingParams(max_tokens=STEPS, stop_token_ids=(stop,),
-                                                                                 ignore_eos=True))
-    assert gen.tokens == refs[0][:refs[0].index(stop) + 1] and gen.finish_reason == "stop"
-    assert SpeculativeDecoder(t, d, gamma=8).generate(prompts[0], SamplingParams(max_tokens=3, ignore_eos=True)).tokens \
+    gen = SpeculativeDecoder(t, d, gamma=3).generate(
+        prompts[0], SamplingParams(max_tokens=STEPS, stop_token_ids=(stop,), ignore_eos=True)
+    )
+    assert gen.tokens == refs[0][: refs[0].index(stop) + 1] and gen.finish_reason == "stop"
+    assert (
+        SpeculativeDecoder(t, d, gamma=8).generate(prompts[0], SamplingParams(max_tokens=3, ignore_eos=True)).tokens
         == refs[0][:3]
+    )
 
 
 def test_bad_input_is_refused(pair):
@@ -107,7 +117,7 @@ def test_bad_input_is_refused(pair):
         SpeculativeDecoder(t, d, gamma=2).generate([], GREEDY)
     with pytest.raises(ParameterError, match="token ids"):
         t.reset()
-        t.forward([10 ** 6])
+        t.forward([10**6])
     with pytest.raises(ParameterError, match="gamma"):
         SpeculativeDecoder(t, d, gamma=0)
 
@@ -131,9 +141,17 @@ def _tiny_vocab_model(seed, vocab=4):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64, bos_token_id=0,
-                      eos_token_id=1)
+    cfg = LlamaConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        bos_token_id=0,
+        eos_token_id=1,
+    )
     m = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():  # sharpen the random logits so that target and draft disagree clearly
         m.lm_head.weight.mul_(15)
@@ -147,10 +165,12 @@ def test_speculative_sampling_keeps_the_targets_distribution():
     V, prompt, n = 4, [2, 3, 1], 500
     with torch.inference_mode():
         p1 = torch.softmax(target(torch.tensor([prompt])).logits[0, -1].double(), -1)
-        p2 = torch.stack([torch.softmax(target(torch.tensor([prompt + [a]])).logits[0, -1].double(), -1)
-                          for a in range(V)])
-        q2 = torch.stack([torch.softmax(draft(torch.tensor([prompt + [a]])).logits[0, -1].double(), -1)
-                          for a in range(V)])
+        p2 = torch.stack(
+            [torch.softmax(target(torch.tensor([prompt + [a]])).logits[0, -1].double(), -1) for a in range(V)]
+        )
+        q2 = torch.stack(
+            [torch.softmax(draft(torch.tensor([prompt + [a]])).logits[0, -1].double(), -1) for a in range(V)]
+        )
     expected = (p1[:, None] * p2).sum(0).numpy()
     assert expected.min() * n > 5  # chi-square needs every cell populated
     t = PagedLM.from_hf(target, 16, 3, block_size=4)
@@ -178,10 +198,16 @@ class EagerGraphs:
             def run(self, ids, positions, slots, table_rows):
                 key = self.bucket(len(ids), max(positions) // self.pool.block_size + 1)
                 self.load(self.pack(ids, positions, slots, table_rows, key[0]))
-                return self._forward(*key)[:len(ids)]
+                return self._forward(*key)[: len(ids)]
 
-        return _Eager(lm.model, lm.pool, lm.tables, max_batch=lm.max_rows, scratch_block=lm.engine.num_blocks,
-                      batch_sizes=batch_sizes)
+        return _Eager(
+            lm.model,
+            lm.pool,
+            lm.tables,
+            max_batch=lm.max_rows,
+            scratch_block=lm.engine.num_blocks,
+            batch_sizes=batch_sizes,
+        )
 
 
 def test_graph_input_path_with_padding_rows_stays_exact(pair):
@@ -189,7 +215,7 @@ def test_graph_input_path_with_padding_rows_stays_exact(pair):
     draft = load_model("config:tiny-llama" if hf.config.model_type == "llama" else "config:tiny-gpt2", seed=9).model
     t = PagedLM.from_hf(hf, 128, 9, name="target", block_size=4)
     d = PagedLM.from_hf(draft, 128, 2, name="draft", block_size=4)
-    t.graphs = EagerGraphs(t, (1, 2, 4, 8, 9))   # a verify of 5 rows runs in the 8-row bucket: 3 padding rows
+    t.graphs = EagerGraphs(t, (1, 2, 4, 8, 9))  # a verify of 5 rows runs in the 8-row bucket: 3 padding rows
     d.graphs = EagerGraphs(d, (1, 2))
     dec = SpeculativeDecoder(t, d, gamma=4)
     assert [dec.generate(p, GREEDY).tokens for p in prompts] == refs
@@ -197,10 +223,12 @@ def test_graph_input_path_with_padding_rows_stays_exact(pair):
 
 
 def test_chained_baseline_is_the_targets_greedy_output(pair):
-    from servelab.speculative.decoder import autoregressive_chained
+    from servelab.spec.decoder import autoregressive_chained
 
     _, t, _, prompts, refs = pair
     assert [autoregressive_chained(t, p, GREEDY, chain=5).tokens for p in prompts] == refs
     stop = refs[0][6]
-    gen = autoregressive_chained(t, prompts[0], SamplingParams(max_tokens=STEPS, stop_token_ids=(stop,), ignore_eos=True))
-    assert gen.tokens == refs[0][:refs[0].index(stop) + 1] and gen.finish_reason == "stop"
+    gen = autoregressive_chained(
+        t, prompts[0], SamplingParams(max_tokens=STEPS, stop_token_ids=(stop,), ignore_eos=True)
+    )
+    assert gen.tokens == refs[0][: refs[0].index(stop) + 1] and gen.finish_reason == "stop"

@@ -4,11 +4,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from servelab.profiles import ParameterError
-from servelab.speculative import leviathan, verdicts
-from servelab.speculative.gamma import AdaptiveGamma, FixedGamma, gamma_policy
-from servelab.speculative.params import study_params
-from servelab.speculative.study import pays_map, speedup_table
+from servelab.errors import ParameterError
+from servelab.spec import leviathan
+from servelab.spec.gamma import AdaptiveGamma, FixedGamma, gamma_policy
+from servelab.studies.s03_speculative import verdicts
+from servelab.studies.s03_speculative.params import study_params
+from servelab.studies.s03_speculative.study import pays_map, speedup_table
 
 
 def test_expected_tokens_matches_a_simulation_of_the_rounds():
@@ -20,11 +21,11 @@ def test_expected_tokens_matches_a_simulation_of_the_rounds():
 
 
 def test_improvement_and_break_even():
-    assert leviathan.improvement(0.8, 4, 0.0) == pytest.approx((1 - 0.8 ** 5) / 0.2)
-    assert leviathan.improvement(0.0, 3, 0.1) == pytest.approx(1 / 1.3)    # nothing kept: the drafts are pure cost
+    assert leviathan.improvement(0.8, 4, 0.0) == pytest.approx((1 - 0.8**5) / 0.2)
+    assert leviathan.improvement(0.0, 3, 0.1) == pytest.approx(1 / 1.3)  # nothing kept: the drafts are pure cost
     a = leviathan.break_even_alpha(0.2, 3)
     assert leviathan.improvement(a, 3, 0.2) == pytest.approx(1.0)
-    assert leviathan.break_even_alpha(1.0, 4) == 1.0                       # a draft as slow as the target never pays
+    assert leviathan.break_even_alpha(1.0, 4) == 1.0  # a draft as slow as the target never pays
     g, imp = leviathan.best_gamma(0.9, 0.05)
     assert imp == max(leviathan.improvement(0.9, k, 0.05) for k in range(1, 17)) and g > 3
     arr = leviathan.improvement(np.array([0.5, 0.9]), np.array([2, 2]), 0.1)
@@ -66,13 +67,19 @@ def test_study_params_defaults_and_errors():
     p = study_params("smoke")
     assert p["profile"] == "smoke" and p["target"] is None
     assert study_params("smoke", temperatures=[1, 0])["temperatures"] == [0.0, 1.0]
-    for kw, match in [(dict(gammas=[0]), "gamma"), (dict(chain_steps=-1), "chain_steps"), (dict(gammas=[]), "gammas"),
-                      (dict(temperatures=[-1]), "temperatures"),
-                      (dict(target="config:tiny-llama"), "both target and drafts"),
-                      (dict(target="config:nope", drafts=["config:tiny-llama"]), "unknown config"),
-                      (dict(shape_pairs=[["config:tiny-llama"]]), "shape_pairs"), (dict(cost_modes=["warp"]), "cost_modes"),
-                      (dict(num_prompts=0), "num_prompts"), (dict(time_budget_s=-1), "time_budget_s"),
-                      (dict(bogus=1), "unknown parameters")]:
+    for kw, match in [
+        (dict(gammas=[0]), "gamma"),
+        (dict(chain_steps=-1), "chain_steps"),
+        (dict(gammas=[]), "gammas"),
+        (dict(temperatures=[-1]), "temperatures"),
+        (dict(target="config:tiny-llama"), "both target and drafts"),
+        (dict(target="config:nope", drafts=["config:tiny-llama"]), "unknown config"),
+        (dict(shape_pairs=[["config:tiny-llama"]]), "shape_pairs"),
+        (dict(cost_modes=["warp"]), "cost_modes"),
+        (dict(num_prompts=0), "num_prompts"),
+        (dict(time_budget_s=-1), "time_budget_s"),
+        (dict(bogus=1), "unknown parameters"),
+    ]:
         with pytest.raises(ParameterError, match=match):
             study_params("smoke", **kw)
     with pytest.raises(ParameterError, match="profile"):
@@ -83,18 +90,67 @@ def _sweep():
     """Two prompts; the speculative run takes half the baseline's time on one and 2/3 on the other."""
     rows = []
     for p, ms in [(0, 100.0), (1, 90.0)]:
-        rows.append(dict(method="autoregressive", target="t", draft="", gamma="", temperature=0.0, prompt=p, status="ok",
-                         tokens=10,
-                         ms=ms, ms_per_token=ms / 10, rounds=0, accepted=0, proposed=0, rejections=0, draft_ms=0,
-                         verify_ms=0, rollback_ms=0, output="1 2 3"))
+        rows.append(
+            dict(
+                method="autoregressive",
+                target="t",
+                draft="",
+                gamma="",
+                temperature=0.0,
+                prompt=p,
+                status="ok",
+                tokens=10,
+                ms=ms,
+                ms_per_token=ms / 10,
+                rounds=0,
+                accepted=0,
+                proposed=0,
+                rejections=0,
+                draft_ms=0,
+                verify_ms=0,
+                rollback_ms=0,
+                output="1 2 3",
+            )
+        )
     for p, ms in [(0, 75.0), (1, 60.0)]:
-        rows.append(dict(method="autoregressive_chained", target="t", draft="", gamma="", temperature=0.0, prompt=p,
-                         status="ok", tokens=10, ms=ms, ms_per_token=ms / 10, output="1 2 3"))
+        rows.append(
+            dict(
+                method="autoregressive_chained",
+                target="t",
+                draft="",
+                gamma="",
+                temperature=0.0,
+                prompt=p,
+                status="ok",
+                tokens=10,
+                ms=ms,
+                ms_per_token=ms / 10,
+                output="1 2 3",
+            )
+        )
     for p, ms, acc, rej in [(0, 50.0, 6, 2), (1, 60.0, 4, 3)]:
-        rows.append(dict(method="speculative", target="t", draft="d", gamma="2", temperature=0.0, prompt=p, status="ok",
-                         tokens=10,
-                         ms=ms, ms_per_token=ms / 10, rounds=5, accepted=acc, proposed=10, rejections=rej,
-                         draft_ms=ms / 3, verify_ms=ms / 2, rollback_ms=0.01, output="1 2 3" if p == 0 else "1 2 4"))
+        rows.append(
+            dict(
+                method="speculative",
+                target="t",
+                draft="d",
+                gamma="2",
+                temperature=0.0,
+                prompt=p,
+                status="ok",
+                tokens=10,
+                ms=ms,
+                ms_per_token=ms / 10,
+                rounds=5,
+                accepted=acc,
+                proposed=10,
+                rejections=rej,
+                draft_ms=ms / 3,
+                verify_ms=ms / 2,
+                rollback_ms=0.01,
+                output="1 2 3" if p == 0 else "1 2 4",
+            )
+        )
     return pd.DataFrame(rows)
 
 
@@ -107,18 +163,25 @@ def test_speedup_table_and_verdicts_from_data():
     assert r.greedy_exact_match == 0.5
     assert r.speedup_vs_chained == pytest.approx(np.median([75 / 50, 60 / 60]))
     f31 = verdicts.f31(speed, 0.01, "test pair")
-    assert f31["verdict"] == "changes" and f31["id"] == "F3.1"       # the CI lies above 1
+    assert f31["verdict"] == "changes" and f31["id"] == "F3.1"  # the CI lies above 1
     f32 = verdicts.f32(speed)
     err = abs(r.prediction_error_pct)
     assert f32["verdict"] == ("holds" if err <= 20 else "changes" if err <= 50 else "fails")
-    slow = speedup_table(_sweep().assign(ms=lambda d: np.where(d.method == "speculative", d.ms * 3, d.ms)), {("d", "t"): 0.1})
+    slow = speedup_table(
+        _sweep().assign(ms=lambda d: np.where(d.method == "speculative", d.ms * 3, d.ms)), {("d", "t"): 0.1}
+    )
     assert verdicts.f31(slow, 0.01, "test pair")["verdict"] == "holds"
 
 
 def test_f33_compares_modes_with_the_parameter_ratio():
     def ratios(eager, graph):
-        return pd.DataFrame([dict(draft="qwen2-0.5b", target="qwen2-1.5b", mode=m, c=1 / r, target_over_draft=r,
-                                  param_ratio=3.1) for m, r in (("hf_eager", eager), ("engine", graph))])
+        return pd.DataFrame(
+            [
+                dict(draft="qwen2-0.5b", target="qwen2-1.5b", mode=m, c=1 / r, target_over_draft=r, param_ratio=3.1)
+                for m, r in (("hf_eager", eager), ("engine", graph))
+            ]
+        )
+
     assert verdicts.f33(ratios(1.2, 2.6), ("qwen2-0.5b", "qwen2-1.5b"))["verdict"] == "holds"
     assert verdicts.f33(ratios(2.9, 3.0), ("qwen2-0.5b", "qwen2-1.5b"))["verdict"] == "changes"
     assert verdicts.f33(ratios(1.2, 2.6).iloc[:0], ("qwen2-0.5b", "qwen2-1.5b"))["verdict"] == "fails"
@@ -126,14 +189,14 @@ def test_f33_compares_modes_with_the_parameter_ratio():
 
 def test_pays_map_break_even_line():
     grid = pays_map(np.array([0.0, 0.5, 0.95]), np.array([0.05, 1.0]))
-    assert (grid[grid.c == 1.0].improvement < 1).all()            # a draft as costly as the target never pays
+    assert (grid[grid.c == 1.0].improvement < 1).all()  # a draft as costly as the target never pays
     assert grid[(grid.alpha == 0.95) & (grid.c == 0.05)].improvement.iloc[0] > 3
 
 
 def test_model_set_from_specs_and_its_errors(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from servelab.speculative.pair import load_model_set, paged_models
+    from servelab.studies.s03_speculative.pair import load_model_set, paged_models
 
     ms = load_model_set("config:tiny-llama", ["config:tiny-llama"], profile="smoke", dtype="float32", device="cpu")
     assert ms.target == "tiny-llama" and ms.drafts == ["tiny-llama#0"] and ms.family is None
@@ -142,14 +205,23 @@ def test_model_set_from_specs_and_its_errors(tmp_path):
     lms = paged_models(ms, 64, 4)
     assert lms["tiny-llama"].max_rows == 5 and lms["tiny-llama#0"].max_rows == 2
     assert ms.pairs() == [("tiny-llama#0", "tiny-llama")]
-    three = load_model_set("config:tiny-llama", ["config:tiny-gpt2", "config:tiny-llama"], profile="smoke",
-                           dtype="float32", device="cpu")
+    three = load_model_set(
+        "config:tiny-llama", ["config:tiny-gpt2", "config:tiny-llama"], profile="smoke", dtype="float32", device="cpu"
+    )
     big, small = sorted(three.drafts, key=lambda d: -sum(p.numel() for p in three.hf[d].parameters()))
     assert three.pairs() == [(d, "tiny-llama") for d in three.drafts] + [(small, big)]  # the middle target
     assert three.pairs(middle_target=False) == [(d, "tiny-llama") for d in three.drafts]
     assert paged_models(three, 64, 4, targets={big})[big].max_rows == 5
-    LlamaForCausalLM(LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                 num_attention_heads=2, num_key_value_heads=1)).save_pretrained(tmp_path / "other")
+    LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=300,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    ).save_pretrained(tmp_path / "other")
     with pytest.raises(ParameterError, match="vocabularies differ"):
         load_model_set("config:tiny-llama", [str(tmp_path / "other")], profile="smoke", dtype="float32", device="cpu")
     with pytest.raises(ParameterError, match="both target and drafts"):
@@ -161,12 +233,13 @@ def test_step_costs_and_cost_ratios_record_failures_as_rows():
 
     from servelab.measure import Roofline
     from servelab.models import load_model
-    from servelab.speculative.cost_ratio import cost_ratios, step_costs
+    from servelab.studies.s03_speculative.cost_ratio import cost_ratios, step_costs
 
     models = {"small": load_model("config:tiny-gpt2").model, "big": load_model("config:tiny-llama").model}
     roof = Roofline(matmul_tflop_s=0.1, copy_gb_s=10.0)
-    steps = step_costs(models, ["hf_eager", "hf_cuda_graph"], context=8, roofline=roof, warmup=1, repeats=2,
-                       progress=False)
+    steps = step_costs(
+        models, ["hf_eager", "hf_cuda_graph"], context=8, roofline=roof, warmup=1, repeats=2, progress=False
+    )
     assert len(steps) == 4
     ok = steps[steps.status == "ok"]
     assert set(ok["mode"]) == {"hf_eager"} and (ok.median_ms > 0).all()

@@ -10,10 +10,10 @@ import torch
 from servelab.engine import SamplingParams
 from servelab.kv.block_manager import BlockManager
 from servelab.models import load_model
-from servelab.speculative import PagedLM, greedy_accept
-from servelab.speculative.proposer import DraftProposer
-from servelab.speculative.rollback import rollback
-from servelab.speculative.verifier import TargetVerifier
+from servelab.spec import PagedLM, greedy_accept
+from servelab.spec.proposer import DraftProposer
+from servelab.spec.rollback import rollback
+from servelab.spec.verifier import TargetVerifier
 
 BS = 4
 
@@ -48,17 +48,17 @@ def test_both_caches_hold_exactly_the_accepted_prefix_after_each_round(models):
     rejected_rounds = 0
     for _ in range(6):
         gamma = 5
-        prop = proposer.propose(committed[draft.num_cached:], gamma, greedy)
+        prop = proposer.propose(committed[draft.num_cached :], gamma, greedy)
         logits = verifier.score(committed[-1], prop.tokens)
         assert target.num_cached == len(committed) + gamma and draft.num_cached == len(committed) + gamma - 1
         acc = greedy_accept(logits, torch.tensor(prop.tokens))
         sync = rollback(target, draft, len(committed), acc.accepted, gamma)
-        committed += prop.tokens[:acc.accepted] + [acc.next_token]
+        committed += prop.tokens[: acc.accepted] + [acc.next_token]
         rejected_rounds += acc.accepted < gamma
         assert sync.target_dropped == gamma - acc.accepted
         # the target holds every committed token but the pending last one; the draft too, or one fewer
         assert target.tokens == committed[:-1]
-        assert draft.tokens == committed[:len(draft.tokens)] and len(committed) - 2 <= draft.num_cached
+        assert draft.tokens == committed[: len(draft.tokens)] and len(committed) - 2 <= draft.num_cached
         for lm in (target, draft):
             assert lm.bm.num_tokens(lm.seq_id) == lm.num_cached
             assert len(lm.bm.block_table(lm.seq_id)) == -(-lm.num_cached // BS)
@@ -80,9 +80,9 @@ def test_truncate_then_regrow_writes_into_reused_blocks(models):
     ref_logits = ref.forward(seq[20:23])
     lm.forward(seq[:10])
     lm.forward(seq[10:13])
-    lm.truncate(9)                       # back across a block boundary
+    lm.truncate(9)  # back across a block boundary
     assert lm.bm.num_used_blocks == 3
-    lm.forward(seq[9:20])                # regrow: the stale slots are overwritten
+    lm.forward(seq[9:20])  # regrow: the stale slots are overwritten
     torch.testing.assert_close(lm.forward(seq[20:23]), ref_logits, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="cannot truncate"):
         lm.truncate(lm.num_cached + 1)
@@ -92,13 +92,13 @@ def test_truncate_then_regrow_writes_into_reused_blocks(models):
 
 def test_block_manager_truncate_frees_blocks_and_respects_sharing():
     bm = BlockManager(num_blocks=8, block_size=4)
-    bm.allocate("a", 10)                 # 3 blocks
+    bm.allocate("a", 10)  # 3 blocks
     bm.fork("a", "b")
-    assert bm.truncate("a", 5) == []     # the third block is still held by "b"
+    assert bm.truncate("a", 5) == []  # the third block is still held by "b"
     assert bm.block_table("a") == bm.block_table("b")[:2] and bm.num_tokens("a") == 5
-    freed = bm.truncate("b", 6)        # now nobody holds the third block
+    freed = bm.truncate("b", 6)  # now nobody holds the third block
     assert len(freed) == 1 and bm.num_used_blocks == 2
-    bm.append("a", 3)                    # "a" and "b" share a partly filled block: copied on write
+    bm.append("a", 3)  # "a" and "b" share a partly filled block: copied on write
     assert bm.take_copies() and bm.num_tokens("a") == 8
     with pytest.raises(ValueError, match="cannot truncate"):
         bm.truncate("a", 9)

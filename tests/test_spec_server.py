@@ -13,11 +13,25 @@ from servelab.server.cli import engine_from_args, parse_args
 from servelab.server.engine_loop import EngineLoop
 from servelab.server.metrics import ServerMetrics
 from servelab.server.tokenizer import ByteTokenizer, special_ids
-from servelab.speculative.serving import SpeculativeEngine
+from servelab.spec.serving import SpeculativeEngine
 
 PROMPTS = [[5, 6, 7], [10, 20, 30, 40, 50, 60, 70], [300, 301, 302, 303]]
-BASE = ["--model", "config:tiny-llama", "--dtype", "float32", "--device", "cpu", "--num-blocks", "256",
-        "--max-num-seqs", "8", "--max-num-batched-tokens", "512", "--max-model-len", "256"]
+BASE = [
+    "--model",
+    "config:tiny-llama",
+    "--dtype",
+    "float32",
+    "--device",
+    "cpu",
+    "--num-blocks",
+    "256",
+    "--max-num-seqs",
+    "8",
+    "--max-num-batched-tokens",
+    "512",
+    "--max-model-len",
+    "256",
+]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -57,7 +71,9 @@ def plain():
 
 
 def test_speculative_server_gives_the_same_greedy_completions(plain):
-    engine = engine_from_args(parse_args(BASE + ["--draft-model", "config:tiny-llama", "--num-speculative-tokens", "3"]))
+    engine = engine_from_args(
+        parse_args(BASE + ["--draft-model", "config:tiny-llama", "--num-speculative-tokens", "3"])
+    )
     assert isinstance(engine, SpeculativeEngine)
     assert _completions(engine) == plain
     assert _completions(engine, stream=True) == plain  # one SSE chunk per token, even when a round emits several
@@ -76,17 +92,30 @@ def test_twin_draft_accepts_everything_and_stays_exact(plain):
 
 def test_speculative_engine_refuses_bad_requests_and_settings():
     from servelab.engine import SamplingParams
-    from servelab.profiles import ParameterError
+    from servelab.errors import ParameterError
 
     engine = engine_from_args(parse_args(BASE + ["--draft-model", "config:tiny-llama", "--no-warmup"]))
     with pytest.raises(ParameterError, match="max_model_len"):
         engine.add_request([1, 2], SamplingParams(max_tokens=300))
     with pytest.raises(ParameterError, match="vocab"):
-        engine.add_request([10 ** 6])
+        engine.add_request([10**6])
     seq = engine.add_request([1, 2, 3], SamplingParams(max_tokens=20, ignore_eos=True))
     engine.step()
     assert engine.abort(seq) and not engine.has_unfinished() and engine.block_manager.num_used_blocks == 0
     with pytest.raises(ParameterError, match="gamma up to"):
-        engine_from_args(parse_args(BASE[:-6] + ["--max-num-seqs", "2", "--max-num-batched-tokens", "512",
-                                                 "--max-model-len", "256", "--draft-model", "config:tiny-llama",
-                                                 "--no-warmup"]))
+        engine_from_args(
+            parse_args(
+                BASE[:-6]
+                + [
+                    "--max-num-seqs",
+                    "2",
+                    "--max-num-batched-tokens",
+                    "512",
+                    "--max-model-len",
+                    "256",
+                    "--draft-model",
+                    "config:tiny-llama",
+                    "--no-warmup",
+                ]
+            )
+        )

@@ -1,6 +1,5 @@
 import time
 
-import numpy as np
 import pytest
 
 from servelab.measure.timing import summarize, time_fn
@@ -32,8 +31,13 @@ def test_time_fn_measures_sleep_on_cpu():
 
 def test_time_fn_runs_before_each_untimed():
     seen = []
-    t = time_fn(lambda: seen.append("fn"), before_each=lambda: (seen.append("reset"), time.sleep(0.02)),
-                warmup=1, repeats=3, device="cpu")
+    t = time_fn(
+        lambda: seen.append("fn"),
+        before_each=lambda: (seen.append("reset"), time.sleep(0.02)),
+        warmup=1,
+        repeats=3,
+        device="cpu",
+    )
     assert seen == ["reset", "fn"] * 4
     assert t.median_ms < 15.0  # the 20 ms reset is outside the timed region
 

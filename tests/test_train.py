@@ -6,21 +6,53 @@ import math
 import pytest
 import torch
 
-from servelab.corpus import build_corpus, default_roots
-from servelab.profiles import ParameterError
-from servelab.train import (EOS, PAD, RECIPES, FamilyRecipe, ModelRecipe, load_family, lr_at, model_config,
-                            train_family, train_tokenizer)
+from servelab.errors import ParameterError
+from servelab.studies.common.family.corpus import build_corpus, default_roots
+from servelab.studies.common.family.train import (
+    EOS,
+    PAD,
+    RECIPES,
+    FamilyRecipe,
+    ModelRecipe,
+    load_family,
+    lr_at,
+    model_config,
+    train_family,
+    train_tokenizer,
+)
 
 
 def _m(name, d, layers, heads, kv, budget_s=60.0, max_steps=12):
-    return ModelRecipe(name, d, layers, heads, kv, 2 * d, tie_embeddings=name != "t", budget_s=budget_s,
-                       max_steps=max_steps, batch_size=8, lr=1e-2, warmup_steps=2)
+    return ModelRecipe(
+        name,
+        d,
+        layers,
+        heads,
+        kv,
+        2 * d,
+        tie_embeddings=name != "t",
+        budget_s=budget_s,
+        max_steps=max_steps,
+        batch_size=8,
+        lr=1e-2,
+        warmup_steps=2,
+    )
 
 
-TINY = FamilyRecipe(profile="smoke", vocab_size=400, seq_len=32, corpus_bytes=120_000, max_file_bytes=16_384,
-                    heldout_fraction=0.1, tokenizer_sample_bytes=60_000, eval_windows=4, evals=2, log_every=2,
-                    target=_m("t", 32, 2, 2, 1),
-                    drafts=(_m("d-a", 16, 1, 2, 1), _m("d-b", 16, 1, 1, 1), _m("d-c", 24, 1, 2, 2)))
+TINY = FamilyRecipe(
+    profile="smoke",
+    vocab_size=400,
+    seq_len=32,
+    corpus_bytes=120_000,
+    max_file_bytes=16_384,
+    heldout_fraction=0.1,
+    tokenizer_sample_bytes=60_000,
+    eval_windows=4,
+    evals=2,
+    log_every=2,
+    target=_m("t", 32, 2, 2, 1),
+    drafts=(_m("d-a", 16, 1, 2, 1), _m("d-b", 16, 1, 1, 1), _m("d-c", 24, 1, 2, 2)),
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -34,8 +66,12 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def corpus():
-    return build_corpus(TINY.corpus_bytes, TINY.heldout_fraction, roots={"stdlib": default_roots()["stdlib"]},
-                        max_file_bytes=TINY.max_file_bytes)
+    return build_corpus(
+        TINY.corpus_bytes,
+        TINY.heldout_fraction,
+        roots={"stdlib": default_roots()["stdlib"]},
+        max_file_bytes=TINY.max_file_bytes,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +132,7 @@ def test_eval_prompts_come_from_heldout_files(family):
 
 
 def _contains(seq, sub):
-    return any(seq[i:i + len(sub)] == sub for i in range(len(seq) - len(sub) + 1))
+    return any(seq[i : i + len(sub)] == sub for i in range(len(seq) - len(sub) + 1))
 
 
 def test_cache_hit_loads_instead_of_training(family, corpus):
@@ -112,8 +148,14 @@ def test_cache_hit_loads_instead_of_training(family, corpus):
 
 
 def test_training_stops_at_its_wall_time_budget(corpus, tmp_path):
-    quick = FamilyRecipe(**{**TINY.__dict__, "target": _m("t", 32, 2, 2, 1, budget_s=0.05, max_steps=10_000),
-                            "drafts": (_m("d", 16, 1, 2, 1, max_steps=3),), "log_every": 1})
+    quick = FamilyRecipe(
+        **{
+            **TINY.__dict__,
+            "target": _m("t", 32, 2, 2, 1, budget_s=0.05, max_steps=10_000),
+            "drafts": (_m("d", 16, 1, 2, 1, max_steps=3),),
+            "log_every": 1,
+        }
+    )
     fam = train_family("smoke", cache_dir=tmp_path, recipe=quick, corpus=corpus, device="cpu", progress=False)
     steps = fam.training.set_index("model")["steps"]
     assert steps["t"] < 100 and steps["d"] == 3
@@ -138,8 +180,12 @@ def test_bad_inputs_are_rejected(corpus, tmp_path):
     with pytest.raises(ParameterError, match="vocab_size"):
         train_tokenizer(["x = 1"], 100)
     with pytest.raises(ParameterError, match="distinct names"):
-        train_family("smoke", cache_dir=tmp_path, recipe=FamilyRecipe(**{**TINY.__dict__, "drafts": (_m("t", 16, 1, 2, 1),)}),
-                     corpus=corpus)
+        train_family(
+            "smoke",
+            cache_dir=tmp_path,
+            recipe=FamilyRecipe(**{**TINY.__dict__, "drafts": (_m("t", 16, 1, 2, 1),)}),
+            corpus=corpus,
+        )
     with pytest.raises(ParameterError, match="no trained family"):
         load_family(tmp_path)
 
@@ -167,7 +213,7 @@ def test_shipped_recipes_have_a_target_and_three_drafts_of_the_stated_sizes():
 def test_tokenizer_parallelism_is_on_only_while_encoding(monkeypatch):
     import os
 
-    from servelab.train import tokenizers_parallel
+    from servelab.studies.common.family.train import tokenizers_parallel
 
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
     with tokenizers_parallel():

@@ -1,18 +1,19 @@
 """servelab: measure what it costs to serve a large language model on one GPU.
 
-The tree is the architecture:
+The tree is the architecture. The system, what a user runs (none of it imports a study):
 
-- ``measure``   timing, device record, measured ceilings, roofline, kernel profiles
-- ``models``    model loading (hub id, local directory, ``config:<name>``) and model shapes
-- ``hf_modes``  execution modes of a step: HF eager, HF in a CUDA graph, the engine with its graphs, the engine launching every kernel (engine_eager)
-- ``costs``     Study 2: prefill/decode sweeps, the fitted cost model, verdicts
-- ``results``   tidy CSVs, sidecars and ``findings.csv`` under ``data/results``
-- ``profiles``  notebook profiles (full / smoke) and parameter validation
-- ``kv``        the paged KV cache (block manager, pool, compaction) and Study 4
-- ``attention`` Study 5's attention variants behind one call signature
-- ``engine``    the continuous-batching inference engine (scheduler, model runner, CUDA graphs)
-- ``prefix``    prefix-cache policies (LRU, LFU, radix LRU) under Zipf popularity, and their optimum
-- ``book``      pieces of the book generated from data (the findings table)
+- ``models``   model loading (hub id, local directory, GGUF, ``config:<name>``), shapes, the engine's model code
+- ``kernels``  attention over a paged KV cache: PyTorch references and the Triton kernels
+- ``kv``       the paged KV cache: block manager, pool, prefix cache, compaction
+- ``engine``   the continuous-batching engine: scheduler and its policies, model runner, CUDA graphs, sampling
+- ``spec``     speculative decoding on the engine's model code
+- ``server``   the OpenAI-compatible HTTP server
+- ``loadgen``  the streaming load generator and vLLM's serving metrics
+- ``sim``      the discrete-event serving simulator and its cost models
+- ``measure``  timing, device record, ceilings, roofline, kernel profiles, result files
+- ``bench``    the engine's benchmark (``python -m servelab.bench``) and the HF execution modes it compares with
+
+``studies`` holds the seven studies of the book (and the simulator's validation), on one shared scaffold.
 """
 
 __version__ = "0.1.0"

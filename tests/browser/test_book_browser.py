@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from servelab.book.check import LANDING
-from servelab.book.findings_table import TABLE_CLASS
-from servelab.book.seed_claims import load_seed_claims
-from servelab.book.studies import STUDIES
+from servelab_book.check import LANDING
+from servelab_book.findings_table import TABLE_CLASS
+from servelab_book.seed_claims import load_seed_claims
+from servelab_book.studies import STUDIES
 
 HTML = os.environ.get("SERVELAB_BOOK_HTML")
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
@@ -58,12 +58,21 @@ def browser(tmp_path_factory):
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--disable-dev-shm-usage", "--window-size=1400,900",
-                # any name other than the local server fails to resolve: a CDN fetch becomes an error
-                "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
-                f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,900",
+        # any name other than the local server fails to resolve: a CDN fetch becomes an error
+        "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+        f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}",
+    ):
         opts.add_argument(arg)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=opts)
@@ -75,8 +84,11 @@ def browser(tmp_path_factory):
 
 def book_pages(root: Path) -> list[str]:
     """Every HTML page of the site (Sphinx's own index and search pages too), relative to its root."""
-    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*.html")
-                  if not p.relative_to(root).as_posix().startswith(("_static/", "_sources/", "_images/")))
+    return sorted(
+        p.relative_to(root).as_posix()
+        for p in root.rglob("*.html")
+        if not p.relative_to(root).as_posix().startswith(("_static/", "_sources/", "_images/"))
+    )
 
 
 def open_page(driver, url: str) -> dict:

@@ -23,5 +23,17 @@ from servelab.engine.engine import Engine, StepRecord
 from servelab.engine.scheduler import ScheduledBatch, ScheduledSequence, Scheduler, TokenBudgetScheduler, TokenEvent
 from servelab.engine.sequence import FinishReason, SamplingParams, Sequence, SequenceStatus
 
-__all__ = ["Engine", "StepRecord", "EngineConfig", "Scheduler", "TokenBudgetScheduler", "ScheduledBatch", "ScheduledSequence",
-           "TokenEvent", "Sequence", "SamplingParams", "SequenceStatus", "FinishReason"]
+__all__ = [
+    "Engine",
+    "StepRecord",
+    "EngineConfig",
+    "Scheduler",
+    "TokenBudgetScheduler",
+    "ScheduledBatch",
+    "ScheduledSequence",
+    "TokenEvent",
+    "Sequence",
+    "SamplingParams",
+    "SequenceStatus",
+    "FinishReason",
+]

@@ -42,21 +42,24 @@ class DeviceBlockTables:
             r = self.row_of.get(sid)
             if r is None:
                 if not self.free_rows:
-                    raise RuntimeError(f"no free block-table row for sequence {sid!r}: more sequences in flight than "
-                                       "max_num_seqs, or finished ones were not released")
+                    raise RuntimeError(
+                        f"no free block-table row for sequence {sid!r}: more sequences in flight than "
+                        "max_num_seqs, or finished ones were not released"
+                    )
                 r = self.row_of[sid] = self.free_rows.pop()
             known = self.known[r]
             j = p // bs
             if j >= len(known) or known[j] != s // bs:
                 table = self.bm.block_table(sid)
                 self.known[r] = table
-                self.host[r, :len(table)] = torch.tensor(table, dtype=torch.long)
+                self.host[r, : len(table)] = torch.tensor(table, dtype=torch.long)
                 changed.append(r)
             rows.append(r)
         if changed:
             idx = torch.tensor(changed, dtype=torch.long)
-            self.device_table.index_copy_(0, idx.to(self.device_table.device),
-                                          self.host.index_select(0, idx).to(self.device_table.device))
+            self.device_table.index_copy_(
+                0, idx.to(self.device_table.device), self.host.index_select(0, idx).to(self.device_table.device)
+            )
         return rows
 
     def gather(self, rows: list[int], width: int) -> torch.Tensor:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from servelab.models.layers.attention import AttentionMetadata
-from servelab.models.layers.prefill import PrefillSegment
+from servelab.kernels.attention import AttentionMetadata
+from servelab.kernels.prefill import PrefillSegment
 
 
 @torch.inference_mode()
@@ -21,8 +21,10 @@ def compile_with_check(model, pool, scratch_block: int) -> str:
     dev = pool.device
     ids = torch.randint(0, model.shape.vocab, (2 * n,), generator=torch.Generator().manual_seed(0)).to(dev)
     pos = torch.arange(n, device=dev).repeat(2)
-    meta = AttentionMetadata(slot_mapping=scratch_block * pool.block_size + pos,
-                             prefills=[PrefillSegment(0, n, 0, None), PrefillSegment(n, n, 0, None)])
+    meta = AttentionMetadata(
+        slot_mapping=scratch_block * pool.block_size + pos,
+        prefills=[PrefillSegment(0, n, 0, None), PrefillSegment(n, n, 0, None)],
+    )
     ref = model(ids, pos, meta, pool).float()
     try:
         model.compile_blocks()

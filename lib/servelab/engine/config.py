@@ -4,30 +4,30 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from servelab.profiles import ParameterError
+from servelab.errors import ParameterError
 
 ATTENTION_BACKENDS = ("auto", "gather", "triton", "reference")
 
 
 @dataclass(frozen=True)
 class EngineConfig:
-    block_size: int = 16                   # tokens per KV block
-    max_num_seqs: int = 256                # running sequences at once (also the largest decode graph)
-    max_num_batched_tokens: int = 8192     # tokens per step (prefill chunks + decodes)
-    max_model_len: int | None = None       # prompt + output tokens per request; None: min(model's, 4096)
-    memory_fraction: float = 0.9           # of the GPU's memory the engine may fill (weights, activations, KV)
-    num_blocks: int | None = None          # fix the KV pool size instead (required sense on CPU: default 4096)
-    cuda_graphs: bool = True               # capture decode steps (CUDA only)
-    attention_backend: str = "auto"        # "auto": triton where it imports on CUDA, else gather
-    decode_steps: int = 1                  # decode steps run back to back per scheduling round (multi-step)
-    compile: bool = False                  # torch.compile the blocks' elementwise work (checked against eager first)
+    block_size: int = 16  # tokens per KV block
+    max_num_seqs: int = 256  # running sequences at once (also the largest decode graph)
+    max_num_batched_tokens: int = 8192  # tokens per step (prefill chunks + decodes)
+    max_model_len: int | None = None  # prompt + output tokens per request; None: min(model's, 4096)
+    memory_fraction: float = 0.9  # of the GPU's memory the engine may fill (weights, activations, KV)
+    num_blocks: int | None = None  # fix the KV pool size instead (required sense on CPU: default 4096)
+    cuda_graphs: bool = True  # capture decode steps (CUDA only)
+    attention_backend: str = "auto"  # "auto": triton where it imports on CUDA, else gather
+    decode_steps: int = 1  # decode steps run back to back per scheduling round (multi-step)
+    compile: bool = False  # torch.compile the blocks' elementwise work (checked against eager first)
     graph_batch_sizes: tuple[int, ...] | None = None  # decode batch buckets to capture; None: 1, 2, 4, … max_num_seqs
     # whole prefill and mixed steps captured as CUDA graphs at token-count buckets (CUDA with Triton only)
     step_graphs: bool = True
     step_graph_sizes: tuple[int, ...] | None = None  # token buckets; None: a ladder up to max_num_batched_tokens
-    scheduler: str = "chunked_prefill"    # scheduling policy, a name in servelab.engine.policies.POLICIES
-    prefix_caching: bool = False           # share the KV blocks of cached prefixes between requests
-    prefix_eviction: str = "lru"           # which unreferenced cached block to recycle first: "lru" or "lfu"
+    scheduler: str = "chunked_prefill"  # scheduling policy, a name in servelab.engine.policies.POLICIES
+    prefix_caching: bool = False  # share the KV blocks of cached prefixes between requests
+    prefix_eviction: str = "lru"  # which unreferenced cached block to recycle first: "lru" or "lfu"
 
     def __post_init__(self):
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "decode_steps"):
@@ -40,26 +40,30 @@ class EngineConfig:
                 raise ParameterError(f"{name} must be a positive integer or None, got {v!r}")
         if self.graph_batch_sizes is not None:
             sizes = tuple(self.graph_batch_sizes)
-            if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= self.max_num_seqs
-                                for b in sizes):
+            if not sizes or any(
+                isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= self.max_num_seqs for b in sizes
+            ):
                 raise ParameterError(f"graph_batch_sizes must be integers in [1, max_num_seqs], got {sizes!r}")
             object.__setattr__(self, "graph_batch_sizes", tuple(sorted(set(sizes))))
         if not isinstance(self.step_graphs, bool):
             raise ParameterError(f"step_graphs must be True or False, got {self.step_graphs!r}")
         if self.step_graph_sizes is not None:
             sizes = tuple(self.step_graph_sizes)
-            if not sizes or any(isinstance(t, bool) or not isinstance(t, int) or not 1 <= t <= self.max_num_batched_tokens
-                                for t in sizes):
-                raise ParameterError("step_graph_sizes must be integers in [1, max_num_batched_tokens], "
-                                     f"got {sizes!r}")
+            if not sizes or any(
+                isinstance(t, bool) or not isinstance(t, int) or not 1 <= t <= self.max_num_batched_tokens
+                for t in sizes
+            ):
+                raise ParameterError(f"step_graph_sizes must be integers in [1, max_num_batched_tokens], got {sizes!r}")
             object.__setattr__(self, "step_graph_sizes", tuple(sorted(set(sizes))))
         if not isinstance(self.memory_fraction, (int, float)) or not 0 < self.memory_fraction <= 1:
             raise ParameterError(f"memory_fraction must be in (0, 1], got {self.memory_fraction!r}")
         if self.attention_backend not in ATTENTION_BACKENDS:
-            raise ParameterError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+            raise ParameterError(
+                f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}"
+            )
         if not isinstance(self.prefix_caching, bool):
             raise ParameterError(f"prefix_caching must be True or False, got {self.prefix_caching!r}")
-        from servelab.engine.prefix_cache import EVICTION_POLICIES
+        from servelab.kv.prefix_cache import EVICTION_POLICIES
 
         if self.prefix_eviction not in EVICTION_POLICIES:
             raise ParameterError(f"prefix_eviction must be one of {EVICTION_POLICIES}, got {self.prefix_eviction!r}")
@@ -67,5 +71,7 @@ class EngineConfig:
 
         policy_class(self.scheduler)  # a ParameterError naming the known policies
         if self.max_num_batched_tokens < self.max_num_seqs:
-            raise ParameterError(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
-                                 f"({self.max_num_seqs}): every running sequence must be able to decode each step")
+            raise ParameterError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
+                f"({self.max_num_seqs}): every running sequence must be able to decode each step"
+            )

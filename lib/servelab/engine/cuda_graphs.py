@@ -20,7 +20,7 @@ import bisect
 import torch
 
 from servelab.engine.block_tables import DeviceBlockTables
-from servelab.models.layers.attention import AttentionMetadata
+from servelab.kernels.attention import AttentionMetadata
 
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 IDS, POSITIONS, SLOTS, CONTEXT_LENS, TABLE_ROWS = range(5)
@@ -49,13 +49,25 @@ def power_of_two_buckets(maximum: int, smallest: int = 1) -> list[int]:
 class DecodeGraphs:
     """Captured decode steps of ``model`` on ``pool``; ``run(...)`` replays the right bucket."""
 
-    def __init__(self, model, pool, tables: DeviceBlockTables, *, max_batch: int, scratch_block: int,
-                 block_widths: list[int] | None = None, batch_sizes=None):
+    def __init__(
+        self,
+        model,
+        pool,
+        tables: DeviceBlockTables,
+        *,
+        max_batch: int,
+        scratch_block: int,
+        block_widths: list[int] | None = None,
+        batch_sizes=None,
+    ):
         """Nothing is captured until ``capture()``; uncaptured, ``forward`` runs the same step eagerly."""
         self.model, self.pool, self.tables = model, pool, tables
         # explicit sizes are captured as given; by default powers of two up to max_batch, and max_batch
-        self.batch_sizes = (sorted(set(batch_sizes)) if batch_sizes is not None
-                            else sorted({b for b in GRAPH_BATCH_SIZES if b < max_batch} | {max_batch}))
+        self.batch_sizes = (
+            sorted(set(batch_sizes))
+            if batch_sizes is not None
+            else sorted({b for b in GRAPH_BATCH_SIZES if b < max_batch} | {max_batch})
+        )
         self.block_widths = sorted(block_widths or [tables.max_blocks])
         self.scratch_slot = scratch_block * pool.block_size
         B = self.batch_sizes[-1]
@@ -67,8 +79,9 @@ class DecodeGraphs:
     def _forward(self, b: int, w: int):
         x = self.inputs[:, :b]
         tables = self.tables.device_table[:, :w][x[TABLE_ROWS]]  # gathered inside the graph
-        meta = AttentionMetadata(slot_mapping=x[SLOTS], num_decode_tokens=b, decode_context_lens=x[CONTEXT_LENS],
-                                 decode_block_tables=tables)
+        meta = AttentionMetadata(
+            slot_mapping=x[SLOTS], num_decode_tokens=b, decode_context_lens=x[CONTEXT_LENS], decode_block_tables=tables
+        )
         return self.model(x[IDS], x[POSITIONS], meta, self.pool)
 
     @torch.inference_mode()
@@ -96,7 +109,7 @@ class DecodeGraphs:
 
     def load(self, host: torch.Tensor) -> None:
         """Copy a step's packed inputs ``[5, B]`` (ids, positions, slots, context lengths, table rows) in."""
-        self.inputs[:, :host.shape[1]].copy_(host, non_blocking=True)
+        self.inputs[:, : host.shape[1]].copy_(host, non_blocking=True)
 
     def forward(self, key: tuple[int, int]) -> torch.Tensor:
         """Run bucket ``key`` on the loaded inputs: a graph replay, or (uncaptured, e.g. on a CPU) the same forward."""
@@ -126,7 +139,9 @@ class DecodeGraphs:
         self.load(self.pack(ids, positions, slots, table_rows, key[0]))
         return self.forward(key)[:b]
 
-    def run_steps(self, first_ids: list[int], steps: list[list[tuple[int, int, int]]], sample_fn) -> torch.Tensor | None:
+    def run_steps(
+        self, first_ids: list[int], steps: list[list[tuple[int, int, int]]], sample_fn
+    ) -> torch.Tensor | None:
         """``K = len(steps)`` decode steps back to back, each feeding its sampled tokens to the next on the device.
 
         ``steps[j][i] = (position, slot, table_row)`` of sequence i at step j, or None where it sits out (it

@@ -22,20 +22,20 @@ from servelab.engine.config import EngineConfig
 from servelab.engine.memory import MemoryPlan, plan_gpu_memory
 from servelab.engine.model_runner import ModelRunner, max_blocks_per_sequence
 from servelab.engine.policies import policy_class
-from servelab.engine.prefix_cache import PrefixCache
 from servelab.engine.scheduler import ScheduledBatch, ScheduledSequence, Scheduler, TokenEvent
 from servelab.engine.sequence import SamplingParams, Sequence
+from servelab.errors import ParameterError
+from servelab.kernels.prefill import varlen_available, varlen_self_check
 from servelab.kv.block_manager import BlockManager
 from servelab.kv.pool import KVPool
-from servelab.models.layers.prefill import varlen_available, varlen_self_check
-from servelab.profiles import ParameterError
+from servelab.kv.prefix_cache import PrefixCache
 
 CPU_DEFAULT_BLOCKS = 4096
 
 
 def resolve_backend(name: str, device: torch.device) -> str:
     """``auto`` is the Triton paged kernel on CUDA where Triton imports, else the gather backend."""
-    from servelab.models.layers.decode import DECODE_BACKENDS
+    from servelab.kernels.decode import DECODE_BACKENDS
 
     if name == "auto":
         return "triton" if device.type == "cuda" and "triton" in DECODE_BACKENDS else "gather"
@@ -50,14 +50,14 @@ class StepRecord(NamedTuple):
 
     start_s: float
     end_s: float
-    prefill_tokens: int   # tokens of items that are not single-token decodes (prefill chunks, recomputes)
+    prefill_tokens: int  # tokens of items that are not single-token decodes (prefill chunks, recomputes)
     decode_tokens: int
-    num_seqs: int         # sequences in the batch
-    num_waiting: int      # queue length after scheduling
+    num_seqs: int  # sequences in the batch
+    num_waiting: int  # queue length after scheduling
     num_preempted: int
-    decode_steps: int     # >1 for a multi-step decode group
+    decode_steps: int  # >1 for a multi-step decode group
     prefill_context_tokens: int = 0  # Σ over prefill items of new tokens × tokens cached before them (attention work)
-    decode_context_tokens: int = 0   # Σ over decode items of the tokens each attends to (KV bytes read)
+    decode_context_tokens: int = 0  # Σ over decode items of the tokens each attends to (KV bytes read)
 
 
 def eos_ids(config) -> tuple[int, ...]:
@@ -68,15 +68,24 @@ def eos_ids(config) -> tuple[int, ...]:
 
 
 class Engine:
-    def __init__(self, model, config: EngineConfig | None = None, *, eos_token_ids: Iterable[int] | None = None,
-                 scheduler_cls: type[Scheduler] | None = None, graph_progress=None):
+    def __init__(
+        self,
+        model,
+        config: EngineConfig | None = None,
+        *,
+        eos_token_ids: Iterable[int] | None = None,
+        scheduler_cls: type[Scheduler] | None = None,
+        graph_progress=None,
+    ):
         self.config = cfg = config or EngineConfig()
         self.model = model
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
         self.max_model_len = min(cfg.max_model_len or 4096, model.max_positions)
         if cfg.max_model_len is not None and cfg.max_model_len > model.max_positions:
-            raise ParameterError(f"max_model_len={cfg.max_model_len} exceeds the model's {model.max_positions} positions")
+            raise ParameterError(
+                f"max_model_len={cfg.max_model_len} exceeds the model's {model.max_positions} positions"
+            )
         self.backend = resolve_backend(cfg.attention_backend, self.device)
         for block in model.layers:  # the model was built with some backend; the engine's choice wins
             block.attn.backend = self.backend
@@ -97,12 +106,20 @@ class Engine:
         self.block_manager = BlockManager(num_blocks, cfg.block_size, prefix_cache)
         if scheduler_cls is None:  # an explicit class wins over the config's policy name
             scheduler_cls = policy_class(cfg.scheduler)
-        self.scheduler = scheduler_cls(self.block_manager, max_num_seqs=cfg.max_num_seqs,
-                                       max_num_batched_tokens=cfg.max_num_batched_tokens,
-                                       eos_token_ids=tuple(eos_token_ids) if eos_token_ids is not None
-                                       else eos_ids(model.config))
-        self.runner = ModelRunner(model, self.pool, self.block_manager, scratch_block=num_blocks,
-                                  max_num_seqs=cfg.max_num_seqs, max_blocks=max_blocks)
+        self.scheduler = scheduler_cls(
+            self.block_manager,
+            max_num_seqs=cfg.max_num_seqs,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            eos_token_ids=tuple(eos_token_ids) if eos_token_ids is not None else eos_ids(model.config),
+        )
+        self.runner = ModelRunner(
+            model,
+            self.pool,
+            self.block_manager,
+            scratch_block=num_blocks,
+            max_num_seqs=cfg.max_num_seqs,
+            max_blocks=max_blocks,
+        )
         self.varlen_status = "not tried (CPU or 32-bit)"
         if varlen_available(torch.empty(0, device=self.device, dtype=self.dtype)):
             s = model.shape
@@ -133,7 +150,7 @@ class Engine:
     def _capture_step_graphs(self, progress) -> str:
         """Capture whole prefill/mixed steps; they need the ragged Triton kernel (why not, if they are off)."""
         from servelab.engine.step_graphs import step_graph_sizes
-        from servelab.models.layers.decode import DECODE_BACKENDS
+        from servelab.kernels.decode import DECODE_BACKENDS
 
         if "triton" not in DECODE_BACKENDS:
             return "off: Triton is not installed"
@@ -148,7 +165,7 @@ class Engine:
 
     # ---- construction -----------------------------------------------------------------------------
     @classmethod
-    def from_hf(cls, hf_model, config: EngineConfig | None = None, **kw) -> "Engine":
+    def from_hf(cls, hf_model, config: EngineConfig | None = None, **kw) -> Engine:
         """An engine running the project's model code with ``hf_model``'s weights (same dtype and device)."""
         from servelab.models.native import native_from_hf
 
@@ -161,8 +178,9 @@ class Engine:
         return cls(model, cfg, **kw)
 
     @classmethod
-    def from_spec(cls, spec: str, *, dtype="bfloat16", device=None, config: EngineConfig | None = None,
-                  seed: int = 0, **kw) -> "Engine":
+    def from_spec(
+        cls, spec: str, *, dtype="bfloat16", device=None, config: EngineConfig | None = None, seed: int = 0, **kw
+    ) -> Engine:
         """Load ``spec`` with the model loader (``config:<name>``, a directory or a hub id) and build an engine."""
         from servelab.models import load_model
 
@@ -175,16 +193,21 @@ class Engine:
         return engine
 
     # ---- requests ---------------------------------------------------------------------------------
-    def add_request(self, prompt_token_ids, params: SamplingParams | None = None, *,
-                    arrival_s: float | None = None) -> Sequence:
+    def add_request(
+        self, prompt_token_ids, params: SamplingParams | None = None, *, arrival_s: float | None = None
+    ) -> Sequence:
         params = params or SamplingParams()
-        seq = Sequence(list(prompt_token_ids), params, arrival_s=time.perf_counter() if arrival_s is None else arrival_s)
+        seq = Sequence(
+            list(prompt_token_ids), params, arrival_s=time.perf_counter() if arrival_s is None else arrival_s
+        )
         vocab = self.model.shape.vocab
         if max(seq.prompt_token_ids) >= vocab:
             raise ParameterError(f"prompt token ids must be < vocab size {vocab}")
         if seq.max_total_tokens > self.max_model_len:
-            raise ParameterError(f"prompt ({len(seq.prompt_token_ids)}) + max_tokens ({params.max_tokens}) exceeds "
-                                 f"max_model_len={self.max_model_len}")
+            raise ParameterError(
+                f"prompt ({len(seq.prompt_token_ids)}) + max_tokens ({params.max_tokens}) exceeds "
+                f"max_model_len={self.max_model_len}"
+            )
         if params.seed is not None:
             seq.generator = torch.Generator(device=self.device).manual_seed(params.seed)
         self.scheduler.add(seq)
@@ -209,8 +232,10 @@ class Engine:
         if not batch.items:
             if batch.preempted or not self.has_unfinished():
                 return []
-            raise RuntimeError(f"scheduler produced no work with {len(self.scheduler.waiting)} waiting and "
-                               f"{len(self.scheduler.running)} running sequences")
+            raise RuntimeError(
+                f"scheduler produced no work with {len(self.scheduler.waiting)} waiting and "
+                f"{len(self.scheduler.running)} running sequences"
+            )
         for seq in batch.preempted:
             self.runner.release(seq.seq_id)
         events = self._decode_group(batch) if self.config.decode_steps > 1 and batch.is_decode_only else None
@@ -224,10 +249,20 @@ class Engine:
                 self.runner.release(ev.seq_id)
         if self.on_step is not None:
             decodes = sum(1 for it in batch.items if it.is_decode)
-            self.on_step(StepRecord(t0, time.perf_counter(), batch.num_tokens - decodes, decodes, len(batch.items),
-                                    len(self.scheduler.waiting), len(batch.preempted), group_steps,
-                                    sum(it.num_tokens * it.start for it in batch.items if not it.is_decode),
-                                    sum(it.start + 1 for it in batch.items if it.is_decode)))
+            self.on_step(
+                StepRecord(
+                    t0,
+                    time.perf_counter(),
+                    batch.num_tokens - decodes,
+                    decodes,
+                    len(batch.items),
+                    len(self.scheduler.waiting),
+                    len(batch.preempted),
+                    group_steps,
+                    sum(it.num_tokens * it.start for it in batch.items if not it.is_decode),
+                    sum(it.start + 1 for it in batch.items if it.is_decode),
+                )
+            )
         return events
 
     def _decode_group(self, batch: ScheduledBatch) -> list[TokenEvent] | None:
@@ -254,8 +289,11 @@ class Engine:
             return None  # no bucket holds it: one ordinary step (the extra reservations stay for later)
         events = []
         for j in range(max(steps)):
-            items = [(ScheduledSequence(it.seq, it.start + j, 1, [it.seq.kv_slots[it.start + j]]), tokens[j][i])
-                     for i, (it, k) in enumerate(zip(batch.items, steps)) if j < k and not it.seq.is_finished]
+            items = [
+                (ScheduledSequence(it.seq, it.start + j, 1, [it.seq.kv_slots[it.start + j]]), tokens[j][i])
+                for i, (it, k) in enumerate(zip(batch.items, steps))
+                if j < k and not it.seq.is_finished
+            ]
             if not items:
                 break
             events += self.scheduler.postprocess(ScheduledBatch([it for it, _ in items]), [t for _, t in items])
@@ -267,8 +305,13 @@ class Engine:
         while self.has_unfinished():
             yield from self.step()
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] | None = None,
-                 *, progress: bool = False) -> list[list[int]]:
+    def generate(
+        self,
+        prompts: list[list[int]],
+        params: SamplingParams | list[SamplingParams] | None = None,
+        *,
+        progress: bool = False,
+    ) -> list[list[int]]:
         """Run ``prompts`` to completion; output token ids per prompt, in order."""
         plist = params if isinstance(params, list) else [params] * len(prompts)
         if len(plist) != len(prompts):
@@ -302,20 +345,34 @@ class Engine:
         if self.has_unfinished():
             raise RuntimeError("switch prefix caching only when no request is in flight")
         self.block_manager.reset_prefix_cache()
-        self.block_manager.prefix_cache = (PrefixCache(self.config.block_size, eviction or self.config.prefix_eviction)
-                                           if enabled else None)
+        self.block_manager.prefix_cache = (
+            PrefixCache(self.config.block_size, eviction or self.config.prefix_eviction) if enabled else None
+        )
 
     def stats(self) -> dict:
         cache = self.block_manager.prefix_cache
         prefix = {"prefix_caching": cache is not None, **(cache.stats() if cache is not None else {})}
-        return {**prefix, "num_blocks": self.num_blocks, "block_size": self.config.block_size,
-                "kv_pool_gib": self.pool.nbytes / 2**30, "attention_backend": self.backend, "varlen_prefill": self.varlen_status, "triton_tuning": self.runner.triton_tuning,
-                "compile": self.compile_status,
-                "cuda_graphs": self.num_graphs, "graph_capture_s": self.graph_capture_s, "steps": self.steps,
-                "step_graphs": self.step_graphs_status, "graph_steps": self.runner.graph_steps,
-                "step_graph_steps": self.runner.step_graph_steps, "eager_steps": self.runner.eager_steps,
-                "decode_steps": self.config.decode_steps, "decode_groups": self.runner.decode_groups,
-                "preemptions": self.scheduler.num_preemptions, "scheduler": type(self.scheduler).__name__}
+        return {
+            **prefix,
+            "num_blocks": self.num_blocks,
+            "block_size": self.config.block_size,
+            "kv_pool_gib": self.pool.nbytes / 2**30,
+            "attention_backend": self.backend,
+            "varlen_prefill": self.varlen_status,
+            "triton_tuning": self.runner.triton_tuning,
+            "compile": self.compile_status,
+            "cuda_graphs": self.num_graphs,
+            "graph_capture_s": self.graph_capture_s,
+            "steps": self.steps,
+            "step_graphs": self.step_graphs_status,
+            "graph_steps": self.runner.graph_steps,
+            "step_graph_steps": self.runner.step_graph_steps,
+            "eager_steps": self.runner.eager_steps,
+            "decode_steps": self.config.decode_steps,
+            "decode_groups": self.runner.decode_groups,
+            "preemptions": self.scheduler.num_preemptions,
+            "scheduler": type(self.scheduler).__name__,
+        }
 
 
 def _max_positions(config) -> int:

@@ -9,13 +9,13 @@ blocks, capped at what ``max_num_seqs`` sequences of ``max_model_len`` tokens co
 
 from __future__ import annotations
 
-from dataclasses import dataclass, asdict
+from dataclasses import asdict, dataclass
 
 import torch
 
+from servelab.kernels.attention import AttentionMetadata
+from servelab.kernels.prefill import PrefillSegment
 from servelab.kv.pool import KVPool
-from servelab.models.layers.attention import AttentionMetadata
-from servelab.models.layers.prefill import PrefillSegment
 
 RESERVE_BYTES = 1 << 30  # graphs' private pool, cuBLAS/cuDNN workspaces, allocator fragmentation
 
@@ -23,14 +23,14 @@ RESERVE_BYTES = 1 << 30  # graphs' private pool, cuBLAS/cuDNN workspaces, alloca
 @dataclass(frozen=True)
 class MemoryPlan:
     total_bytes: int
-    weights_bytes: int        # allocated after the model loaded (weights and buffers)
+    weights_bytes: int  # allocated after the model loaded (weights and buffers)
     activation_peak_bytes: int
     decode_extra_bytes: int
     reserve_bytes: int
     kv_budget_bytes: int
     bytes_per_block: int
-    num_blocks: int           # KV blocks the block manager hands out
-    capped: bool              # True when max_num_seqs × max_model_len, not memory, set num_blocks
+    num_blocks: int  # KV blocks the block manager hands out
+    capped: bool  # True when max_num_seqs × max_model_len, not memory, set num_blocks
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -64,9 +64,19 @@ def profile_activation_peak(model, config, max_model_len: int, max_num_seqs: int
     return int(peak)
 
 
-def plan_kv_blocks(*, total: int, free: int, weights: int, activation_peak: int, decode_extra: int,
-                   fraction: float, bytes_per_block: int, max_blocks_per_seq: int, max_num_seqs: int,
-                   reserve: int = RESERVE_BYTES) -> MemoryPlan:
+def plan_kv_blocks(
+    *,
+    total: int,
+    free: int,
+    weights: int,
+    activation_peak: int,
+    decode_extra: int,
+    fraction: float,
+    bytes_per_block: int,
+    max_blocks_per_seq: int,
+    max_num_seqs: int,
+    reserve: int = RESERVE_BYTES,
+) -> MemoryPlan:
     """Pure arithmetic of the plan (bytes in, blocks out); ``plan_gpu_memory`` measures its inputs.
 
     The KV budget is ``fraction × total`` minus what is already allocated (weights) and what a step will
@@ -79,11 +89,22 @@ def plan_kv_blocks(*, total: int, free: int, weights: int, activation_peak: int,
     ceiling = max_num_seqs * max_blocks_per_seq
     n = min(by_memory, ceiling)
     if n < max_blocks_per_seq:
-        raise MemoryError(f"the KV budget ({budget / 2**30:.2f} GiB) holds {by_memory} blocks; one request of full "
-                          f"length needs {max_blocks_per_seq}. Raise memory_fraction or lower "
-                          f"max_num_batched_tokens / max_num_seqs / max_model_len.")
-    return MemoryPlan(total, weights, activation_peak, decode_extra, reserve, max(budget, 0), bytes_per_block,
-                      int(n), by_memory > ceiling)
+        raise MemoryError(
+            f"the KV budget ({budget / 2**30:.2f} GiB) holds {by_memory} blocks; one request of full "
+            f"length needs {max_blocks_per_seq}. Raise memory_fraction or lower "
+            f"max_num_batched_tokens / max_num_seqs / max_model_len."
+        )
+    return MemoryPlan(
+        total,
+        weights,
+        activation_peak,
+        decode_extra,
+        reserve,
+        max(budget, 0),
+        bytes_per_block,
+        int(n),
+        by_memory > ceiling,
+    )
 
 
 def plan_gpu_memory(model, config, max_model_len: int, backend: str) -> MemoryPlan:
@@ -99,6 +120,14 @@ def plan_gpu_memory(model, config, max_model_len: int, backend: str) -> MemoryPl
     # gathered K and V of the largest decode batch, and SDPA's contiguous copy of them
     gathered = 4 * config.max_num_seqs * max_blocks * config.block_size * s.kv_dim * esize if backend == "gather" else 0
     logits = config.max_num_seqs * s.vocab * (esize + 4 * 4)  # the graph's logits + softmax/sampling copies in fp32
-    return plan_kv_blocks(total=total, free=free, weights=weights, activation_peak=peak, decode_extra=gathered + logits,
-                          fraction=config.memory_fraction, bytes_per_block=KVPool.block_bytes(s, config.block_size, dtype),
-                          max_blocks_per_seq=max_blocks, max_num_seqs=config.max_num_seqs)
+    return plan_kv_blocks(
+        total=total,
+        free=free,
+        weights=weights,
+        activation_peak=peak,
+        decode_extra=gathered + logits,
+        fraction=config.memory_fraction,
+        bytes_per_block=KVPool.block_bytes(s, config.block_size, dtype),
+        max_blocks_per_seq=max_blocks,
+        max_num_seqs=config.max_num_seqs,
+    )

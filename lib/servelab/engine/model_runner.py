@@ -29,11 +29,11 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None
         self.step_graphs: StepGraphs | None = None
         self.max_num_seqs = max_num_seqs
-        self.varlen = False          # set by the engine once varlen prefill passed its self-check here
+        self.varlen = False  # set by the engine once varlen prefill passed its self-check here
         self.graph_steps = 0
-        self.step_graph_steps = 0   # prefill and mixed steps replayed from a whole-step graph
+        self.step_graph_steps = 0  # prefill and mixed steps replayed from a whole-step graph
         self.eager_steps = 0
-        self.decode_groups = 0       # multi-step decode rounds (each counted in graph_steps/eager_steps too)
+        self.decode_groups = 0  # multi-step decode rounds (each counted in graph_steps/eager_steps too)
         self.race = exponential_race  # the whole-batch sampler; the engine swaps in a compiled one
         self.triton_tuning = "n/a"
 
@@ -48,15 +48,22 @@ class ModelRunner:
         backend = self.model.layers[0].attn.backend
         max_blocks = self.tables.max_blocks
         if backend == "triton":  # tile/warps/stages chosen by timing, before any capture
-            from servelab.models.layers.triton_decode import tune_triton_decode
+            from servelab.kernels.triton_decode import tune_triton_decode
 
             s = self.model.shape
-            self.triton_tuning = tune_triton_decode(s.heads, s.kv_heads, s.head_dim, self.pool.block_size,
-                                                    self.pool.dtype, self.device)
+            self.triton_tuning = tune_triton_decode(
+                s.heads, s.kv_heads, s.head_dim, self.pool.block_size, self.pool.dtype, self.device
+            )
         widths = power_of_two_buckets(max_blocks, smallest=min(8, max_blocks)) if backend == "gather" else [max_blocks]
-        self.graphs = DecodeGraphs(self.model, self.pool, self.tables, max_batch=max_batch,
-                                   scratch_block=self.scratch_block, block_widths=widths,
-                                   batch_sizes=batch_sizes)
+        self.graphs = DecodeGraphs(
+            self.model,
+            self.pool,
+            self.tables,
+            max_batch=max_batch,
+            scratch_block=self.scratch_block,
+            block_widths=widths,
+            batch_sizes=batch_sizes,
+        )
         if progress is not None:
             progress.reset(total=self.graphs.num_graphs)
         self.graphs.capture(progress)
@@ -65,8 +72,14 @@ class ModelRunner:
     def enable_step_graphs(self, sizes, *, capture: bool, progress=None) -> int:
         """Run every step that fits one of the token buckets ``sizes`` through ``StepGraphs``; ``capture`` them
         as CUDA graphs (on a CPU, ``capture=False`` runs the same padded steps eagerly, for tests)."""
-        self.step_graphs = StepGraphs(self.model, self.pool, self.tables, sizes=sizes, max_seqs=self.max_num_seqs,
-                                      scratch_block=self.scratch_block)
+        self.step_graphs = StepGraphs(
+            self.model,
+            self.pool,
+            self.tables,
+            sizes=sizes,
+            max_seqs=self.max_num_seqs,
+            scratch_block=self.scratch_block,
+        )
         if capture:
             if self.device.type != "cuda":
                 raise RuntimeError("CUDA graphs need a CUDA device")
@@ -110,16 +123,24 @@ class ModelRunner:
         Returns None when no captured bucket holds the group.
         """
         if self.graphs is None:  # CPU or graphs off: the same packed-input path, run eagerly
-            self.graphs = DecodeGraphs(self.model, self.pool, self.tables, max_batch=self.tables.pad_row,
-                                       scratch_block=self.scratch_block)
+            self.graphs = DecodeGraphs(
+                self.model, self.pool, self.tables, max_batch=self.tables.pad_row, scratch_block=self.scratch_block
+            )
         last = [it.start + k - 1 for it, k in zip(items, steps)]
-        rows = self.tables.rows_for([it.seq.seq_id for it in items], last,
-                                    [it.seq.kv_slots[p] for it, p in zip(items, last)])
-        plan = [[(it.start + j, it.seq.kv_slots[it.start + j], r) if j < k else None
-                 for it, k, r in zip(items, steps, rows)] for j in range(max(steps))]
+        rows = self.tables.rows_for(
+            [it.seq.seq_id for it in items], last, [it.seq.kv_slots[p] for it, p in zip(items, last)]
+        )
+        plan = [
+            [
+                (it.start + j, it.seq.kv_slots[it.start + j], r) if j < k else None
+                for it, k, r in zip(items, steps, rows)
+            ]
+            for j in range(max(steps))
+        ]
         params, gens = [it.seq.params for it in items], [it.seq.generator for it in items]
-        tokens = self.graphs.run_steps([it.seq.token_at(it.start) for it in items], plan,
-                                       lambda logits: sample(logits, params, gens, self.race))
+        tokens = self.graphs.run_steps(
+            [it.seq.token_at(it.start) for it in items], plan, lambda logits: sample(logits, params, gens, self.race)
+        )
         if tokens is None:
             return None
         self.decode_groups += 1
@@ -134,8 +155,11 @@ class ModelRunner:
         for src, dst in self.bm.take_copies():  # copy-on-write of shared blocks, before any K/V is written
             self.pool.copy_blocks([(src, dst)])
         logits, items = self.logits(batch)
-        tokens = sample(logits, [it.seq.params for it in items], [it.seq.generator for it in items],
-                        self.race).tolist() if items else []
+        tokens = (
+            sample(logits, [it.seq.params for it in items], [it.seq.generator for it in items], self.race).tolist()
+            if items
+            else []
+        )
         by_seq = {it.seq.seq_id: t for it, t in zip(items, tokens)}
         return [by_seq.get(it.seq.seq_id) for it in batch.items]
 

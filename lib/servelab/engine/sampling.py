@@ -41,14 +41,20 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list,
     """
     n = logits.shape[0]
     if len(params) != n or len(generators) != n:
-        raise ValueError(f"need one SamplingParams and one generator (or None) per row; got {len(params)}, "
-                         f"{len(generators)} for {n} rows")
+        raise ValueError(
+            f"need one SamplingParams and one generator (or None) per row; got {len(params)}, "
+            f"{len(generators)} for {n} rows"
+        )
     rows = [i for i, p in enumerate(params) if not p.greedy]
     if not rows:
         return logits.argmax(dim=-1)
     t0, p0 = params[0].temperature, params[0].top_p
-    if len(rows) == n and p0 == 1 and all(g is None for g in generators) \
-            and all(p.temperature == t0 and p.top_p == 1 for p in params):
+    if (
+        len(rows) == n
+        and p0 == 1
+        and all(g is None for g in generators)
+        and all(p.temperature == t0 and p.top_p == 1 for p in params)
+    ):
         return race(logits, t0)  # the common batch: one whole-batch draw, no per-row indexing
     tokens = logits.argmax(dim=-1)
     idx = torch.tensor(rows, device=logits.device)

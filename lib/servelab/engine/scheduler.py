@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from servelab.engine.sequence import FinishReason, Sequence, SequenceStatus
+from servelab.errors import ParameterError
 from servelab.kv.block_manager import BlockManager, OutOfBlocks
-from servelab.profiles import ParameterError
 
 
 @dataclass(slots=True)
@@ -34,9 +34,9 @@ class ScheduledSequence:
     """One sequence's share of a step: tokens [start, start + num_tokens) and where their K/V go."""
 
     seq: Sequence
-    start: int                 # == seq.num_computed_tokens when scheduled
+    start: int  # == seq.num_computed_tokens when scheduled
     num_tokens: int
-    slots: list[int]           # pool slot of each of these tokens
+    slots: list[int]  # pool slot of each of these tokens
 
     @property
     def samples(self) -> bool:
@@ -84,16 +84,24 @@ class Scheduler(ABC):
 
     chunks_prompts = True
 
-    def __init__(self, block_manager: BlockManager, *, max_num_seqs: int, max_num_batched_tokens: int,
-                 eos_token_ids: tuple[int, ...] = ()):
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        *,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        eos_token_ids: tuple[int, ...] = (),
+    ):
         for name, v in (("max_num_seqs", max_num_seqs), ("max_num_batched_tokens", max_num_batched_tokens)):
             if isinstance(v, bool) or not isinstance(v, int):
                 raise ParameterError(f"{name} must be an integer, got {v!r}")
         if max_num_seqs < 1:
             raise ParameterError(f"max_num_seqs must be >= 1, got {max_num_seqs}")
         if max_num_batched_tokens < max_num_seqs:
-            raise ParameterError(f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_num_seqs "
-                                 f"({max_num_seqs}) so that every running sequence can decode each step")
+            raise ParameterError(
+                f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_num_seqs "
+                f"({max_num_seqs}) so that every running sequence can decode each step"
+            )
         self.bm = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -109,12 +117,16 @@ class Scheduler(ABC):
     def add(self, seq: Sequence) -> None:
         """Queue a request. Refuses one that could never fit the KV pool, even alone."""
         if seq.max_total_tokens > self.capacity_tokens:
-            raise ParameterError(f"request {seq.seq_id} needs up to {seq.max_total_tokens} tokens of KV cache; "
-                                 f"the pool holds {self.capacity_tokens}")
+            raise ParameterError(
+                f"request {seq.seq_id} needs up to {seq.max_total_tokens} tokens of KV cache; "
+                f"the pool holds {self.capacity_tokens}"
+            )
         if not self.chunks_prompts and seq.max_total_tokens > self.max_num_batched_tokens:
-            raise ParameterError(f"request {seq.seq_id} may need to prefill up to {seq.max_total_tokens} tokens in "
-                                 f"one step (prompt + max_tokens, on recompute), over max_num_batched_tokens="
-                                 f"{self.max_num_batched_tokens}; {type(self).__name__} does not chunk prompts")
+            raise ParameterError(
+                f"request {seq.seq_id} may need to prefill up to {seq.max_total_tokens} tokens in "
+                f"one step (prompt + max_tokens, on recompute), over max_num_batched_tokens="
+                f"{self.max_num_batched_tokens}; {type(self).__name__} does not chunk prompts"
+            )
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
 
@@ -137,11 +149,11 @@ class Scheduler(ABC):
             seq.status = SequenceStatus.FINISHED
             seq.finish_reason = FinishReason.ABORT
         else:
-            self._finish(seq, FinishReason.ABORT)
+            self.finish(seq, FinishReason.ABORT)
         return True
 
-    # ---- shared mechanics ---------------------------------------------------------------------------
-    def _reserve(self, seq: Sequence, end: int) -> None:
+    # ---- shared mechanics, public: the simulator drives a real scheduler through them too ----------------
+    def reserve_slots(self, seq: Sequence, end: int) -> None:
         """Make sure positions ``[0, end)`` have slots, reserving whole blocks (to the end of ``end``'s block).
 
         Reserving to the block end allocates exactly the blocks the tokens need, but asks the block
@@ -164,7 +176,7 @@ class Scheduler(ABC):
         Multi-step decoding uses this to run several decode steps of a scheduled batch at once.
         """
         try:
-            self._reserve(seq, end)
+            self.reserve_slots(seq, end)
         except OutOfBlocks:
             return False
         return True
@@ -188,7 +200,7 @@ class Scheduler(ABC):
             self.bm.allocate(seq.seq_id, target, cached_blocks)  # raises OutOfBlocks with nothing changed
             seq.kv_slots = self.bm.slot_mapping(seq.seq_id, 0, target)
         else:
-            self._reserve(seq, num_tokens)  # raises OutOfBlocks with nothing changed
+            self.reserve_slots(seq, num_tokens)  # raises OutOfBlocks with nothing changed
         self.waiting.remove(seq)
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
@@ -216,7 +228,7 @@ class Scheduler(ABC):
         blocks are short (recorded in ``batch.preempted``). False if ``seq`` itself was preempted."""
         while True:
             try:
-                self._reserve(seq, end)  # raises with nothing changed when blocks run out
+                self.reserve_slots(seq, end)  # raises with nothing changed when blocks run out
                 return True
             except OutOfBlocks:
                 victim = self.running[-1]  # the newest running sequence gives its blocks back
@@ -233,7 +245,7 @@ class Scheduler(ABC):
             start = seq.num_computed_tokens
             n = seq.num_tokens - start
             if self._reserve_or_preempt(seq, start + n, batch):
-                batch.items.append(ScheduledSequence(seq, start, n, seq.kv_slots[start:start + n]))
+                batch.items.append(ScheduledSequence(seq, start, n, seq.kv_slots[start : start + n]))
 
     def _admit_whole(self, batch: ScheduledBatch, budget: int) -> int:
         """Admit waiting sequences in arrival order, each with its whole prompt (or recompute), while the
@@ -265,13 +277,14 @@ class Scheduler(ABC):
             if tok is None:
                 raise ValueError(f"sequence {seq.seq_id} completed its tokens but no token was sampled")
             seq.output_token_ids.append(tok)
-            reason = self._finish_reason(seq, tok)
+            reason = self.finish_reason(seq, tok)
             if reason is not None:
-                self._finish(seq, reason)
+                self.finish(seq, reason)
             events.append(TokenEvent(seq.seq_id, tok, reason is not None, reason))
         return events
 
-    def _finish_reason(self, seq: Sequence, tok: int) -> FinishReason | None:
+    def finish_reason(self, seq: Sequence, tok: int) -> FinishReason | None:
+        """Why ``seq`` stops after appending ``tok`` (a stop id, EOS unless ignored, its length), or None."""
         p = seq.params
         if tok in p.stop_token_ids:
             return FinishReason.STOP
@@ -281,7 +294,8 @@ class Scheduler(ABC):
             return FinishReason.LENGTH
         return None
 
-    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+    def finish(self, seq: Sequence, reason: FinishReason) -> None:
+        """Mark a running ``seq`` finished for ``reason``, free its blocks and drop it from the running list."""
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
         self.bm.free(seq.seq_id)
@@ -312,7 +326,7 @@ class TokenBudgetScheduler(Scheduler):
             start = seq.num_computed_tokens
             if not self._reserve_or_preempt(seq, start + n, batch):
                 continue
-            batch.items.append(ScheduledSequence(seq, start, n, seq.kv_slots[start:start + n]))
+            batch.items.append(ScheduledSequence(seq, start, n, seq.kv_slots[start : start + n]))
             budget -= n
         if batch.preempted:
             return batch

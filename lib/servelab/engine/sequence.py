@@ -13,7 +13,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-from servelab.profiles import ParameterError
+from servelab.errors import ParameterError
 
 
 @dataclass(frozen=True)
@@ -35,8 +35,11 @@ class SamplingParams:
     def __post_init__(self):
         if isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise ParameterError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
-        if not isinstance(self.temperature, (int, float)) or not math.isfinite(self.temperature) \
-                or self.temperature < 0:
+        if (
+            not isinstance(self.temperature, (int, float))
+            or not math.isfinite(self.temperature)
+            or self.temperature < 0
+        ):
             raise ParameterError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
         if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
             raise ParameterError(f"top_p must be in (0, 1], got {self.top_p!r}")
@@ -61,8 +64,8 @@ class SequenceStatus(enum.Enum):
 class FinishReason(enum.Enum):
     LENGTH = "length"  # max_tokens reached
     EOS = "eos"
-    STOP = "stop"      # one of stop_token_ids
-    ABORT = "abort"    # the client went away or the request was cancelled
+    STOP = "stop"  # one of stop_token_ids
+    ABORT = "abort"  # the client went away or the request was cancelled
 
 
 _ids = itertools.count()
@@ -73,13 +76,13 @@ class Sequence:
     prompt_token_ids: list[int]
     params: SamplingParams = field(default_factory=SamplingParams)
     seq_id: int = field(default_factory=lambda: next(_ids))
-    arrival_s: float = 0.0                    # when it arrived (clock of whoever drives the scheduler)
+    arrival_s: float = 0.0  # when it arrived (clock of whoever drives the scheduler)
     output_token_ids: list[int] = field(default_factory=list)
     num_computed_tokens: int = 0
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: FinishReason | None = None
     num_preemptions: int = 0
-    generator: object = None                  # torch.Generator for seeded sampling (set by the engine)
+    generator: object = None  # torch.Generator for seeded sampling (set by the engine)
     kv_slots: list[int] = field(default_factory=list)  # pool slots reserved for positions 0, 1, … (to a block end)
 
     def __post_init__(self):
@@ -110,8 +113,8 @@ class Sequence:
         if end <= p:
             return self.prompt_token_ids[start:end]
         if start >= p:
-            return self.output_token_ids[start - p:end - p]
-        return self.prompt_token_ids[start:] + self.output_token_ids[:end - p]
+            return self.output_token_ids[start - p : end - p]
+        return self.prompt_token_ids[start:] + self.output_token_ids[: end - p]
 
     def token_at(self, i: int) -> int:
         p = len(self.prompt_token_ids)
@@ -122,5 +125,7 @@ class Sequence:
         return self.status is SequenceStatus.FINISHED
 
     def __repr__(self) -> str:
-        return (f"Sequence(id={self.seq_id}, {self.status.value}, prompt={len(self.prompt_token_ids)}, "
-                f"out={len(self.output_token_ids)}, computed={self.num_computed_tokens})")
+        return (
+            f"Sequence(id={self.seq_id}, {self.status.value}, prompt={len(self.prompt_token_ids)}, "
+            f"out={len(self.output_token_ids)}, computed={self.num_computed_tokens})"
+        )

@@ -21,9 +21,15 @@ import torch
 
 from servelab.engine.block_tables import DeviceBlockTables
 from servelab.engine.cuda_graphs import capture_graph
-from servelab.models.layers.attention import AttentionMetadata
-from servelab.models.layers.ragged import (RaggedTiles, max_long_tiles, max_tiles, plan_tiles, ragged_long_tile_tokens,
-                                           ragged_tile_tokens)
+from servelab.kernels.attention import AttentionMetadata
+from servelab.kernels.ragged import (
+    RaggedTiles,
+    max_long_tiles,
+    max_tiles,
+    plan_tiles,
+    ragged_long_tile_tokens,
+    ragged_tile_tokens,
+)
 
 # about 1.5x apart, so padding wastes at most a third of a step's tokens
 STEP_GRAPH_SIZES = (16, 32, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192)
@@ -60,14 +66,15 @@ class StepGraphs:
 
     def _forward(self, size: int):
         n_tiles, n_long, n_rows, total = self._layout(size)
-        tokens = self.buffer[:3 * size].view(3, size)
+        tokens = self.buffer[: 3 * size].view(3, size)
         at = 3 * size + 4 * n_tiles
-        tiles = self.buffer[3 * size:at].view(4, n_tiles)
-        long = self.buffer[at:at + 4 * n_long].view(4, n_long)
-        meta = AttentionMetadata(slot_mapping=tokens[2],
-                                 ragged=RaggedTiles(tiles, self.tables.device_table, self.tile_tokens, long,
-                                                    self.long_tile_tokens))
-        return self.model(tokens[0], tokens[1], meta, self.pool, self.buffer[total - n_rows:total])
+        tiles = self.buffer[3 * size : at].view(4, n_tiles)
+        long = self.buffer[at : at + 4 * n_long].view(4, n_long)
+        meta = AttentionMetadata(
+            slot_mapping=tokens[2],
+            ragged=RaggedTiles(tiles, self.tables.device_table, self.tile_tokens, long, self.long_tile_tokens),
+        )
+        return self.model(tokens[0], tokens[1], meta, self.pool, self.buffer[total - n_rows : total])
 
     @torch.inference_mode()
     def capture(self, progress=None) -> None:
@@ -83,7 +90,7 @@ class StepGraphs:
     def _load_padding(self, size: int) -> None:
         """An all-padding step: every token writes to the scratch block, no tile has tokens."""
         self.buffer.zero_()
-        self.buffer[2 * size:3 * size] = self.scratch_slot
+        self.buffer[2 * size : 3 * size] = self.scratch_slot
 
     def bucket(self, num_tokens: int, num_items: int) -> int | None:
         """The smallest bucket that holds a step of ``num_tokens`` tokens over ``num_items`` sequences."""
@@ -102,8 +109,9 @@ class StepGraphs:
         seq_ids = [it.seq.seq_id for it in items]
         # a step may write into a block that copy-on-write just replaced: check the first and the last block written
         self.tables.rows_for(seq_ids, [it.start for it in items], [it.slots[0] for it in items])
-        rows = self.tables.rows_for(seq_ids, [it.start + it.num_tokens - 1 for it in items],
-                                    [it.slots[-1] for it in items])
+        rows = self.tables.rows_for(
+            seq_ids, [it.start + it.num_tokens - 1 for it in items], [it.slots[-1] for it in items]
+        )
         ids, pos, slots, runs, sampled, sampling = [], [], [], [], [], []
         for it, row in zip(items, rows):
             runs.append((row, len(ids), it.num_tokens, it.start))
@@ -116,16 +124,26 @@ class StepGraphs:
         n_tiles, n_long, n_rows, _ = self._layout(size)
         packed, long = plan_tiles(runs, self.tile_tokens, self.long_tile_tokens)
         pad_t = size - num_tokens
-        host = (ids + [0] * pad_t + pos + [0] * pad_t + slots + [self.scratch_slot] * pad_t
-                + _columns(packed, n_tiles) + _columns(long, n_long) + sampled + [0] * (n_rows - len(sampled)))
-        self.buffer[:len(host)].copy_(torch.tensor(host, dtype=torch.long), non_blocking=True)
+        host = (
+            ids
+            + [0] * pad_t
+            + pos
+            + [0] * pad_t
+            + slots
+            + [self.scratch_slot] * pad_t
+            + _columns(packed, n_tiles)
+            + _columns(long, n_long)
+            + sampled
+            + [0] * (n_rows - len(sampled))
+        )
+        self.buffer[: len(host)].copy_(torch.tensor(host, dtype=torch.long), non_blocking=True)
         if size in self.graphs:
             graph, out = self.graphs[size]
             graph.replay()
         else:
             with torch.inference_mode():
                 out = self._forward(size)
-        return out[:len(sampling)], sampling
+        return out[: len(sampling)], sampling
 
 
 def _columns(tiles: list, width: int) -> list[int]:

@@ -10,19 +10,19 @@ from dataclasses import dataclass
 
 import torch
 
-from servelab.engine.scheduler import ScheduledBatch, ScheduledSequence
 from servelab.engine.block_tables import DeviceBlockTables
-from servelab.models.layers.attention import AttentionMetadata
-from servelab.models.layers.context_prefill import build_context_batch
-from servelab.models.layers.prefill import PrefillSegment
+from servelab.engine.scheduler import ScheduledBatch, ScheduledSequence
+from servelab.kernels.attention import AttentionMetadata
+from servelab.kernels.context_prefill import build_context_batch
+from servelab.kernels.prefill import PrefillSegment
 
 
 @dataclass
 class StepInputs:
-    input_ids: torch.Tensor        # LongTensor [T]
-    positions: torch.Tensor        # LongTensor [T]
+    input_ids: torch.Tensor  # LongTensor [T]
+    positions: torch.Tensor  # LongTensor [T]
     meta: AttentionMetadata
-    logits_indices: torch.Tensor   # LongTensor [S]: flat index of each sampling item's last token
+    logits_indices: torch.Tensor  # LongTensor [S]: flat index of each sampling item's last token
     sampling_items: list[ScheduledSequence]  # the S items that sample, in logits order
 
 
@@ -37,8 +37,9 @@ def build_step_inputs(batch: ScheduledBatch, tables: DeviceBlockTables, device, 
         ids += it.seq.token_ids(it.start, it.start + it.num_tokens)
         pos += range(it.start, it.start + it.num_tokens)
         slots += it.slots
-    meta = AttentionMetadata(slot_mapping=torch.tensor(slots, dtype=torch.long, device=device),
-                             num_decode_tokens=len(decodes))
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor(slots, dtype=torch.long, device=device), num_decode_tokens=len(decodes)
+    )
     bm = tables.bm
     if decodes:
         positions = [it.start for it in decodes]
@@ -51,8 +52,7 @@ def build_step_inputs(batch: ScheduledBatch, tables: DeviceBlockTables, device, 
         # segments with cached context run batched (meta.context), so none needs its own block table
         meta.prefills.append(PrefillSegment(q, it.num_tokens, it.start, None))
         if it.start > 0:
-            context.append((q, it.num_tokens, it.start,
-                            bm.slot_mapping(it.seq.seq_id, 0, it.start + it.num_tokens)))
+            context.append((q, it.num_tokens, it.start, bm.slot_mapping(it.seq.seq_id, 0, it.start + it.num_tokens)))
         q += it.num_tokens
     if context:
         meta.context = build_context_batch(context, device)
@@ -71,7 +71,10 @@ def build_step_inputs(batch: ScheduledBatch, tables: DeviceBlockTables, device, 
         if it.samples:
             sampling.append(it)
             last.append(q - 1)
-    return StepInputs(torch.tensor(ids, dtype=torch.long, device=device),
-                      torch.tensor(pos, dtype=torch.long, device=device), meta,
-                      torch.tensor(last, dtype=torch.long, device=device), sampling)
-
+    return StepInputs(
+        torch.tensor(ids, dtype=torch.long, device=device),
+        torch.tensor(pos, dtype=torch.long, device=device),
+        meta,
+        torch.tensor(last, dtype=torch.long, device=device),
+        sampling,
+    )

@@ -15,7 +15,7 @@ copy those blocks (``take_copies``) before writing the new tokens.
 Free blocks are handed out lowest id first, so a pool that only grows stays a contiguous prefix; frees
 in the middle leave holes, which compaction (``servelab.kv.compaction``) closes with ``relocate``.
 
-With a prefix cache (``servelab.engine.prefix_cache.PrefixCache``), full blocks are also indexed by the tokens
+With a prefix cache (``servelab.kv.prefix_cache.PrefixCache``), full blocks are also indexed by the tokens
 they hold: ``match_prefix`` finds the blocks of a request's longest cached prefix, ``allocate(...,
 cached_blocks=...)`` shares them, ``cache_blocks`` indexes a sequence's newly computed full blocks. A cached
 block whose last reference goes away keeps its K/V and becomes *evictable* instead of free; it counts as free
@@ -273,8 +273,10 @@ class BlockManager:
             raise KeyError(f"unknown sequence {seq_id!r}") from None
 
     def __repr__(self) -> str:
-        return (f"BlockManager(num_blocks={self.num_blocks}, block_size={self.block_size}, "
-                f"used={self.num_used_blocks}, sequences={len(self._tables)})")
+        return (
+            f"BlockManager(num_blocks={self.num_blocks}, block_size={self.block_size}, "
+            f"used={self.num_used_blocks}, sequences={len(self._tables)})"
+        )
 
     # ---- speculative decoding: rollback ----------------------------------------------------------
     def truncate(self, seq_id, num_tokens: int) -> list[int]:

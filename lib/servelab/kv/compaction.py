@@ -120,8 +120,10 @@ def compact(pool, manager: BlockManager, method: str = "gather_scatter", stream=
     import torch
 
     if pool.num_blocks != manager.num_blocks or pool.block_size != manager.block_size:
-        raise ValueError(f"pool ({pool.num_blocks} blocks of {pool.block_size}) and manager "
-                         f"({manager.num_blocks} of {manager.block_size}) describe different pools")
+        raise ValueError(
+            f"pool ({pool.num_blocks} blocks of {pool.block_size}) and manager "
+            f"({manager.num_blocks} of {manager.block_size}) describe different pools"
+        )
     if stream is not None and pool.device.type != "cuda":
         raise ValueError("a stream only makes sense for a pool on a CUDA device")
     plan = plan_compaction(manager)

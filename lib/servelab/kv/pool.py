@@ -15,8 +15,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # the pool needs only .layers/.kv_heads/.head_dim/.kv_bytes_per_token of a shape
     from servelab.models.shape import ModelShape
 
-_DTYPES = {"float32": "float32", "fp32": "float32", "float16": "float16", "fp16": "float16",
-           "bfloat16": "bfloat16", "bf16": "bfloat16", "float64": "float64"}
+_DTYPES = {
+    "float32": "float32",
+    "fp32": "float32",
+    "float16": "float16",
+    "fp16": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float64": "float64",
+}
 
 
 def as_torch_dtype(dtype):
@@ -33,12 +40,25 @@ def as_torch_dtype(dtype):
 class KVPool:
     """Preallocated paged K/V storage for ``layers`` layers, ``num_blocks`` blocks of ``block_size`` tokens."""
 
-    def __init__(self, layers: int, num_blocks: int, block_size: int, kv_heads: int, head_dim: int,
-                 dtype="bfloat16", device="cpu"):
+    def __init__(
+        self,
+        layers: int,
+        num_blocks: int,
+        block_size: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype="bfloat16",
+        device="cpu",
+    ):
         import torch
 
-        for name, v in (("layers", layers), ("num_blocks", num_blocks), ("block_size", block_size),
-                        ("kv_heads", kv_heads), ("head_dim", head_dim)):
+        for name, v in (
+            ("layers", layers),
+            ("num_blocks", num_blocks),
+            ("block_size", block_size),
+            ("kv_heads", kv_heads),
+            ("head_dim", head_dim),
+        ):
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {v!r}")
         self.layers, self.num_blocks, self.block_size = layers, num_blocks, block_size
@@ -47,37 +67,41 @@ class KVPool:
         self.device = torch.device(device)
         # uninitialised on purpose: a slot is always written before it is read, and a large pool would
         # otherwise cost a full memset at start-up
-        self.kv = torch.empty((2, layers, num_blocks, block_size, kv_heads, head_dim), dtype=self.dtype,
-                              device=self.device)
+        self.kv = torch.empty(
+            (2, layers, num_blocks, block_size, kv_heads, head_dim), dtype=self.dtype, device=self.device
+        )
         self.k = self.kv[0]
         self.v = self.kv[1]
 
     # ---- construction -----------------------------------------------------------------------------
     @classmethod
-    def for_model(cls, shape: "ModelShape", num_blocks: int, block_size: int, dtype="bfloat16",
-                  device="cpu") -> "KVPool":
+    def for_model(
+        cls, shape: ModelShape, num_blocks: int, block_size: int, dtype="bfloat16", device="cpu"
+    ) -> KVPool:
         return cls(shape.layers, num_blocks, block_size, shape.kv_heads, shape.head_dim, dtype, device)
 
     @staticmethod
-    def block_bytes(shape: "ModelShape", block_size: int, dtype="bfloat16") -> int:
+    def block_bytes(shape: ModelShape, block_size: int, dtype="bfloat16") -> int:
         """Bytes of one block across all layers, K and V: block_size × kv_bytes_per_token."""
         return block_size * shape.kv_bytes_per_token(as_torch_dtype(dtype).itemsize)
 
     @classmethod
-    def blocks_for_budget(cls, shape: "ModelShape", bytes_budget: int, block_size: int, dtype="bfloat16") -> int:
+    def blocks_for_budget(cls, shape: ModelShape, bytes_budget: int, block_size: int, dtype="bfloat16") -> int:
         """How many whole blocks fit in ``bytes_budget`` bytes (no allocation)."""
         if isinstance(bytes_budget, bool) or not isinstance(bytes_budget, int) or bytes_budget <= 0:
             raise ValueError(f"bytes_budget must be a positive integer number of bytes, got {bytes_budget!r}")
         return bytes_budget // cls.block_bytes(shape, block_size, dtype)
 
     @classmethod
-    def from_memory(cls, shape: "ModelShape", bytes_budget: int, block_size: int, dtype="bfloat16",
-                    device="cpu") -> "KVPool":
+    def from_memory(
+        cls, shape: ModelShape, bytes_budget: int, block_size: int, dtype="bfloat16", device="cpu"
+    ) -> KVPool:
         """The largest pool that fits in ``bytes_budget`` bytes."""
         n = cls.blocks_for_budget(shape, bytes_budget, block_size, dtype)
         if n == 0:
-            raise ValueError(f"a budget of {bytes_budget} bytes holds no block of "
-                             f"{cls.block_bytes(shape, block_size, dtype)} bytes")
+            raise ValueError(
+                f"a budget of {bytes_budget} bytes holds no block of {cls.block_bytes(shape, block_size, dtype)} bytes"
+            )
         return cls.for_model(shape, n, block_size, dtype, device)
 
     # ---- sizes ------------------------------------------------------------------------------------
@@ -109,8 +133,10 @@ class KVPool:
         """Write ``k``, ``v`` (each ``[T, kv_heads, head_dim]``) into the flat ``slots`` (LongTensor ``[T]``)."""
         ks, vs = self.slot_view(layer)
         if k.shape != v.shape or k.shape[1:] != ks.shape[1:] or k.shape[0] != slots.shape[0]:
-            raise ValueError(f"k and v must be [T={slots.shape[0]}, {self.kv_heads}, {self.head_dim}], "
-                             f"got {tuple(k.shape)} and {tuple(v.shape)}")
+            raise ValueError(
+                f"k and v must be [T={slots.shape[0]}, {self.kv_heads}, {self.head_dim}], "
+                f"got {tuple(k.shape)} and {tuple(v.shape)}"
+            )
         ks.index_copy_(0, slots, k.to(self.dtype))
         vs.index_copy_(0, slots, v.to(self.dtype))
 
@@ -136,12 +162,14 @@ class KVPool:
         dst = torch.tensor([d for _, d in pairs], dtype=torch.long, device=self.device)
         self.kv.index_copy_(2, dst, self.kv.index_select(2, src))
 
-    def fill_random(self, generator=None) -> "KVPool":
+    def fill_random(self, generator=None) -> KVPool:
         """Fill every slot with N(0, 1) values (benchmarks never time on zeros or uninitialised memory)."""
         self.kv.normal_(generator=generator)
         return self
 
     def __repr__(self) -> str:
-        return (f"KVPool(layers={self.layers}, num_blocks={self.num_blocks}, block_size={self.block_size}, "
-                f"kv_heads={self.kv_heads}, head_dim={self.head_dim}, dtype={self.dtype}, device={self.device}, "
-                f"{self.nbytes / 2**20:.1f} MiB)")
+        return (
+            f"KVPool(layers={self.layers}, num_blocks={self.num_blocks}, block_size={self.block_size}, "
+            f"kv_heads={self.kv_heads}, head_dim={self.head_dim}, dtype={self.dtype}, device={self.device}, "
+            f"{self.nbytes / 2**20:.1f} MiB)"
+        )

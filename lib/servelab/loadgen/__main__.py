@@ -18,21 +18,26 @@ import json
 import math
 import sys
 
+from servelab.errors import ParameterError
 from servelab.loadgen.lengths import length_distribution
 from servelab.loadgen.metrics import records_for_csv, summarize
 from servelab.loadgen.run import run_load
 from servelab.loadgen.workload import Trace
-from servelab.profiles import ParameterError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m servelab.loadgen", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m servelab.loadgen",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--base-url", required=True, help="server root, e.g. http://127.0.0.1:8000")
     p.add_argument("--model", default=None, help="model name to put in requests (the server's served name)")
     p.add_argument("--api-key", default=None)
     src = p.add_argument_group("workload")
-    src.add_argument("--trace", default=None, help="replay this JSONL trace (arrival_s, prompt_tokens/ids, output_tokens)")
+    src.add_argument(
+        "--trace", default=None, help="replay this JSONL trace (arrival_s, prompt_tokens/ids, output_tokens)"
+    )
     src.add_argument("--rate", type=float, default=None, help="requests/s (inf: all at once)")
     src.add_argument("--burstiness", type=float, default=1.0, help="gamma shape; 1 = Poisson (vLLM's convention)")
     src.add_argument("--num-requests", type=int, default=None)
@@ -46,8 +51,12 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--output-scale", type=float, default=1.0, help="sharegpt: multiply its output lengths")
     src.add_argument("--max-prompt-tokens", type=int, default=8000, help="sharegpt: clip prompts")
     src.add_argument("--max-output-tokens", type=int, default=2048, help="sharegpt: clip outputs")
-    src.add_argument("--vocab-size", type=int, default=256,
-                     help="prompt ids are drawn below this (default 256: valid for every model)")
+    src.add_argument(
+        "--vocab-size",
+        type=int,
+        default=256,
+        help="prompt ids are drawn below this (default 256: valid for every model)",
+    )
     src.add_argument("--seed", type=int, default=0)
     src.add_argument("--save-trace", default=None, help="write the trace used as JSONL")
     out = p.add_argument_group("measurement")
@@ -69,13 +78,24 @@ def trace_from_args(a) -> Trace:
         if a.lengths == "fixed":
             lengths = length_distribution("fixed", prompt=a.prompt_tokens, output=a.output_tokens)
         elif a.lengths == "uniform":
-            lengths = length_distribution("uniform", prompt_min=a.prompt_range[0], prompt_max=a.prompt_range[1],
-                                          output_min=a.output_range[0], output_max=a.output_range[1])
+            lengths = length_distribution(
+                "uniform",
+                prompt_min=a.prompt_range[0],
+                prompt_max=a.prompt_range[1],
+                output_min=a.output_range[0],
+                output_max=a.output_range[1],
+            )
         else:
-            lengths = length_distribution("sharegpt", prompt_scale=a.prompt_scale, output_scale=a.output_scale,
-                                          prompt_max=a.max_prompt_tokens, output_max=a.max_output_tokens)
-        trace = Trace.synthetic(rate=a.rate, lengths=lengths, n=a.num_requests, duration_s=a.duration,
-                                burstiness=a.burstiness, seed=a.seed)
+            lengths = length_distribution(
+                "sharegpt",
+                prompt_scale=a.prompt_scale,
+                output_scale=a.output_scale,
+                prompt_max=a.max_prompt_tokens,
+                output_max=a.max_output_tokens,
+            )
+        trace = Trace.synthetic(
+            rate=a.rate, lengths=lengths, n=a.num_requests, duration_s=a.duration, burstiness=a.burstiness, seed=a.seed
+        )
     if not trace.has_prompt_ids and "prompt" not in trace.frame.columns:  # lengths only: random ids
         trace = trace.with_prompt_ids(a.vocab_size, seed=a.seed)
     return trace
@@ -88,8 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         if a.save_trace:
             trace.write_jsonl(a.save_trace)
         print(f"{trace}", file=sys.stderr)
-        records = run_load(a.base_url, trace, model=a.model, api_key=a.api_key, deadline_s=a.deadline,
-                           progress=not a.no_progress)
+        records = run_load(
+            a.base_url, trace, model=a.model, api_key=a.api_key, deadline_s=a.deadline, progress=not a.no_progress
+        )
         summary = summarize(records, slo_ttft_ms=a.slo_ttft_ms, slo_tpot_ms=a.slo_tpot_ms)
     except ParameterError as e:
         print(f"error: {e}", file=sys.stderr)

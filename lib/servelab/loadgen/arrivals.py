@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from servelab.profiles import ParameterError
+from servelab.errors import ParameterError
 
 
 def _check(rate, burstiness, n) -> None:

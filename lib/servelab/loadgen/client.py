@@ -31,15 +31,21 @@ class StreamResult:
     usage_tokens: int | None = None
 
 
-def completion_body(prompt: list[int] | str, max_tokens: int, model: str | None, *, seed: int | None = None,
-                    temperature: float = 0.0) -> dict:
+def completion_body(
+    prompt: list[int] | str, max_tokens: int, model: str | None, *, seed: int | None = None, temperature: float = 0.0
+) -> dict:
     """The request body: the prompt (token ids, or text), exactly ``max_tokens`` output tokens (EOS ignored), streamed,
     with the token ids in every chunk (``return_token_ids``, an extension the servelab server and recent
     vLLM accept) so that tokens are counted exactly even when a token's text is empty."""
-    body = {"prompt": prompt if isinstance(prompt, str) else [int(t) for t in prompt], "max_tokens": int(max_tokens),
-            "stream": True,
-            "ignore_eos": True, "temperature": temperature, "stream_options": {"include_usage": True},
-            "return_token_ids": True}
+    body = {
+        "prompt": prompt if isinstance(prompt, str) else [int(t) for t in prompt],
+        "max_tokens": int(max_tokens),
+        "stream": True,
+        "ignore_eos": True,
+        "temperature": temperature,
+        "stream_options": {"include_usage": True},
+        "return_token_ids": True,
+    }
     if model:
         body["model"] = model
     if seed is not None:
@@ -61,8 +67,9 @@ def _tokens_in(chunk: dict) -> int:
     return 1
 
 
-async def stream_completion(session: aiohttp.ClientSession, url: str, body: dict,
-                            headers: dict | None = None, res: StreamResult | None = None) -> StreamResult:
+async def stream_completion(
+    session: aiohttp.ClientSession, url: str, body: dict, headers: dict | None = None, res: StreamResult | None = None
+) -> StreamResult:
     """Send one streaming completion to ``url`` and time every token into ``res`` (a new ``StreamResult``
     if None), filled as tokens arrive so that a cancelled request keeps what it received. Never raises for
     a failed request (the error is in the result), only for cancellation."""

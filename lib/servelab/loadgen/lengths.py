@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from servelab.profiles import ParameterError
+from servelab.errors import ParameterError
 
 # Z of the 90th percentile of a standard normal: sigma = ln(p90 / median) / Z90 for a lognormal
 Z90 = 1.2815515655446004
@@ -67,18 +67,24 @@ class UniformLengths:
         for k in ("prompt_min", "prompt_max", "output_min", "output_max"):
             _check_int(k, getattr(self, k))
         if self.prompt_min > self.prompt_max or self.output_min > self.output_max:
-            raise ParameterError(f"uniform lengths need min <= max, got prompt [{self.prompt_min}, "
-                                 f"{self.prompt_max}], output [{self.output_min}, {self.output_max}]")
+            raise ParameterError(
+                f"uniform lengths need min <= max, got prompt [{self.prompt_min}, "
+                f"{self.prompt_max}], output [{self.output_min}, {self.output_max}]"
+            )
 
     @property
     def source(self) -> str:
-        return (f"uniform: prompt U[{self.prompt_min}, {self.prompt_max}], "
-                f"output U[{self.output_min}, {self.output_max}] tokens")
+        return (
+            f"uniform: prompt U[{self.prompt_min}, {self.prompt_max}], "
+            f"output U[{self.output_min}, {self.output_max}] tokens"
+        )
 
     def sample(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         _check_n(n)
-        return (rng.integers(self.prompt_min, self.prompt_max + 1, n),
-                rng.integers(self.output_min, self.output_max + 1, n))
+        return (
+            rng.integers(self.prompt_min, self.prompt_max + 1, n),
+            rng.integers(self.output_min, self.output_max + 1, n),
+        )
 
     def means(self) -> tuple[float, float]:
         """Mean prompt and output tokens."""
@@ -132,9 +138,11 @@ class ShareGPTLike:
     def source(self) -> str:
         ps = f" × {self.prompt_scale:g}" if self.prompt_scale != 1 else ""
         os_ = f" × {self.output_scale:g}" if self.output_scale != 1 else ""
-        return (f"ShareGPT-like lognormal ({self.origin}): prompt median {self.prompt_median:g} / p90 "
-                f"{self.prompt_p90:g}{ps} (≤ {self.prompt_max:,}), output median {self.output_median:g} / p90 "
-                f"{self.output_p90:g}{os_} (≤ {self.output_max:,}) tokens")
+        return (
+            f"ShareGPT-like lognormal ({self.origin}): prompt median {self.prompt_median:g} / p90 "
+            f"{self.prompt_p90:g}{ps} (≤ {self.prompt_max:,}), output median {self.output_median:g} / p90 "
+            f"{self.output_p90:g}{os_} (≤ {self.output_max:,}) tokens"
+        )
 
     def means(self, n: int = 200_000, seed: int = 12345) -> tuple[float, float]:
         """Mean prompt and output tokens after clipping (Monte Carlo, deterministic)."""
@@ -145,8 +153,10 @@ class ShareGPTLike:
         _check_n(n)
         p = rng.lognormal(np.log(self.prompt_median * self.prompt_scale), self.prompt_sigma, n)
         o = rng.lognormal(np.log(self.output_median * self.output_scale), self.output_sigma, n)
-        return (np.clip(np.rint(p), 1, self.prompt_max).astype(int),
-                np.clip(np.rint(o), 1, self.output_max).astype(int))
+        return (
+            np.clip(np.rint(p), 1, self.prompt_max).astype(int),
+            np.clip(np.rint(o), 1, self.output_max).astype(int),
+        )
 
 
 LENGTHS = {"fixed": FixedLengths, "uniform": UniformLengths, "sharegpt": ShareGPTLike}

@@ -27,20 +27,37 @@ import json
 import numpy as np
 import pandas as pd
 
-from servelab.profiles import ParameterError
+from servelab.errors import ParameterError
 
-RECORD_COLUMNS = ["request_id", "arrival_s", "prompt_tokens", "output_tokens", "sent_s", "first_token_s",
-                  "finish_s", "token_times_s", "ok", "error"]
+RECORD_COLUMNS = [
+    "request_id",
+    "arrival_s",
+    "prompt_tokens",
+    "output_tokens",
+    "sent_s",
+    "first_token_s",
+    "finish_s",
+    "token_times_s",
+    "ok",
+    "error",
+]
 PERCENTILES = (50, 90, 99)
 LATENCIES = ("ttft", "tpot", "itl", "e2e")
-SUMMARY_KEYS = ([f"{m}_p{p}_ms" for m in LATENCIES for p in PERCENTILES]
-                + ["max_itl_ms", "throughput_tok_s", "request_throughput", "goodput_req_s", "completed", "failed"])
+SUMMARY_KEYS = [f"{m}_p{p}_ms" for m in LATENCIES for p in PERCENTILES] + [
+    "max_itl_ms",
+    "throughput_tok_s",
+    "request_throughput",
+    "goodput_req_s",
+    "completed",
+    "failed",
+]
 
 
 def empty_records() -> pd.DataFrame:
     """A records frame with the schema and no rows."""
-    return pd.DataFrame({c: pd.Series(dtype=object if c in ("token_times_s", "error") else float)
-                         for c in RECORD_COLUMNS})
+    return pd.DataFrame(
+        {c: pd.Series(dtype=object if c in ("token_times_s", "error") else float) for c in RECORD_COLUMNS}
+    )
 
 
 def check_records(records: pd.DataFrame) -> pd.DataFrame:
@@ -87,12 +104,35 @@ def request_metrics(records: pd.DataFrame) -> pd.DataFrame:
         itl = list(np.diff(times) * 1e3) if ok and len(times) > 1 else []
         n_out = int(rec.output_tokens) if ok else 0
         tpot = (e2e - ttft) / (n_out - 1) if ok and n_out > 1 else np.nan
-        rows.append({"request_id": rec.request_id, "ok": ok, "prompt_tokens": rec.prompt_tokens,
-                     "output_tokens": rec.output_tokens, "ttft_ms": ttft, "tpot_ms": tpot, "e2e_ms": e2e,
-                     "max_itl_ms": max(itl) if itl else np.nan, "itl": itl,
-                     "queue_lag_ms": (rec.sent_s - rec.arrival_s) * 1e3})
-    return pd.DataFrame(rows, columns=["request_id", "ok", "prompt_tokens", "output_tokens", "ttft_ms", "tpot_ms",
-                                       "e2e_ms", "max_itl_ms", "itl", "queue_lag_ms"])
+        rows.append(
+            {
+                "request_id": rec.request_id,
+                "ok": ok,
+                "prompt_tokens": rec.prompt_tokens,
+                "output_tokens": rec.output_tokens,
+                "ttft_ms": ttft,
+                "tpot_ms": tpot,
+                "e2e_ms": e2e,
+                "max_itl_ms": max(itl) if itl else np.nan,
+                "itl": itl,
+                "queue_lag_ms": (rec.sent_s - rec.arrival_s) * 1e3,
+            }
+        )
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "request_id",
+            "ok",
+            "prompt_tokens",
+            "output_tokens",
+            "ttft_ms",
+            "tpot_ms",
+            "e2e_ms",
+            "max_itl_ms",
+            "itl",
+            "queue_lag_ms",
+        ],
+    )
 
 
 def _pct(values, p: float) -> float:
@@ -101,8 +141,13 @@ def _pct(values, p: float) -> float:
     return float(np.percentile(v, p)) if v.size else float("nan")
 
 
-def summarize(records: pd.DataFrame, *, slo_ttft_ms: float | None = None, slo_tpot_ms: float | None = None,
-              duration_s: float | None = None) -> dict:
+def summarize(
+    records: pd.DataFrame,
+    *,
+    slo_ttft_ms: float | None = None,
+    slo_tpot_ms: float | None = None,
+    duration_s: float | None = None,
+) -> dict:
     """The run's summary (keys ``SUMMARY_KEYS``): p50/p90/p99 of TTFT, TPOT, ITL and E2E in ms, max ITL
     (ms), output-token throughput (tokens/s), request throughput and goodput (requests/s), completed and
     failed counts.

@@ -17,16 +17,24 @@ import aiohttp
 import numpy as np
 import pandas as pd
 
+from servelab.errors import ParameterError
 from servelab.loadgen.client import StreamResult, completion_body, stream_completion
 from servelab.loadgen.metrics import RECORD_COLUMNS
 from servelab.loadgen.workload import Trace
-from servelab.profiles import ParameterError
 
 DEADLINE_ERROR = "cut at the run's deadline"
 
 
-async def _replay(base_url: str, trace: Trace, *, model: str | None, api_key: str | None, deadline_s: float,
-                  progress, request_timeout_s: float) -> tuple[float, list[StreamResult]]:
+async def _replay(
+    base_url: str,
+    trace: Trace,
+    *,
+    model: str | None,
+    api_key: str | None,
+    deadline_s: float,
+    progress,
+    request_timeout_s: float,
+) -> tuple[float, list[StreamResult]]:
     url = base_url.rstrip("/") + "/v1/completions"
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     df = trace.frame
@@ -46,8 +54,10 @@ async def _replay(base_url: str, trace: Trace, *, model: str | None, api_key: st
                 progress.update(1)
 
         prompts = df["prompt_ids"].map(list) if "prompt_ids" in df else df["prompt"].astype(str)
-        tasks = [asyncio.create_task(one(i, float(a), p, int(n)))
-                 for i, (a, p, n) in enumerate(zip(df["arrival_s"], prompts, df["output_tokens"]))]
+        tasks = [
+            asyncio.create_task(one(i, float(a), p, int(n)))
+            for i, (a, p, n) in enumerate(zip(df["arrival_s"], prompts, df["output_tokens"]))
+        ]
         done, pending = await asyncio.wait(tasks, timeout=deadline_s if math.isfinite(deadline_s) else None)
         for t in pending:
             t.cancel()
@@ -56,9 +66,16 @@ async def _replay(base_url: str, trace: Trace, *, model: str | None, api_key: st
     return t0, results
 
 
-def run_load(base_url: str, trace: Trace, *, model: str | None = None, api_key: str | None = None,
-             deadline_s: float = math.inf, progress: bool | object = False,
-             request_timeout_s: float = 600.0) -> pd.DataFrame:
+def run_load(
+    base_url: str,
+    trace: Trace,
+    *,
+    model: str | None = None,
+    api_key: str | None = None,
+    deadline_s: float = math.inf,
+    progress: bool | object = False,
+    request_timeout_s: float = 600.0,
+) -> pd.DataFrame:
     """Replay ``trace`` (its ``prompt_ids``, else its text ``prompt``) against ``base_url`` and return the records
     (``servelab.loadgen.metrics.RECORD_COLUMNS``), times in seconds from the run's start.
 
@@ -82,16 +99,26 @@ def run_load(base_url: str, trace: Trace, *, model: str | None = None, api_key: 
     elif progress is False:
         bar = None
     try:
-        t0, results = asyncio.run(_replay(base_url, trace, model=model, api_key=api_key, deadline_s=deadline_s,
-                                          progress=bar, request_timeout_s=request_timeout_s))
+        t0, results = asyncio.run(
+            _replay(
+                base_url,
+                trace,
+                model=model,
+                api_key=api_key,
+                deadline_s=deadline_s,
+                progress=bar,
+                request_timeout_s=request_timeout_s,
+            )
+        )
     finally:
         if own_bar:
             bar.close()
     return records_from_results(trace, results, t0, deadline_s)
 
 
-def records_from_results(trace: Trace, results: list[StreamResult], t0: float,
-                         deadline_s: float = math.inf) -> pd.DataFrame:
+def records_from_results(
+    trace: Trace, results: list[StreamResult], t0: float, deadline_s: float = math.inf
+) -> pd.DataFrame:
     """Turn the client's results into records on the run's time axis (seconds since ``t0``), with the
     trace's ``target_output_tokens`` beside the schema's columns."""
     rows = []
@@ -100,12 +127,21 @@ def records_from_results(trace: Trace, results: list[StreamResult], t0: float,
         error = r.error
         if not r.ok and not error:
             error = DEADLINE_ERROR
-        rows.append({"request_id": int(rec.request_id), "arrival_s": float(rec.arrival_s),
-                     "prompt_tokens": int(rec.prompt_tokens), "output_tokens": len(times),
-                     "sent_s": r.sent - t0, "first_token_s": times[0] if times else np.nan,
-                     "finish_s": (r.finish - t0) if r.ok else (times[-1] if times else np.nan),
-                     "token_times_s": times, "ok": bool(r.ok), "error": error,
-                     "target_output_tokens": int(rec.output_tokens)})
+        rows.append(
+            {
+                "request_id": int(rec.request_id),
+                "arrival_s": float(rec.arrival_s),
+                "prompt_tokens": int(rec.prompt_tokens),
+                "output_tokens": len(times),
+                "sent_s": r.sent - t0,
+                "first_token_s": times[0] if times else np.nan,
+                "finish_s": (r.finish - t0) if r.ok else (times[-1] if times else np.nan),
+                "token_times_s": times,
+                "ok": bool(r.ok),
+                "error": error,
+                "target_output_tokens": int(rec.output_tokens),
+            }
+        )
     # beyond the schema: the trace's output length, which a cut request did not reach (a replay needs it)
     df = pd.DataFrame(rows, columns=RECORD_COLUMNS + ["target_output_tokens"])
     df.attrs["t0_perf_s"] = t0

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from servelab.profiles import ParameterError
+from servelab.errors import ParameterError
 
 LIB_DIR = Path(__file__).resolve().parents[2]
 
@@ -35,11 +35,18 @@ class LoadWorker:
         self.timeout_margin_s = timeout_margin_s
         self.proc: subprocess.Popen | None = None
 
-    def start(self) -> "LoadWorker":
+    def start(self) -> LoadWorker:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(LIB_DIR), env.get("PYTHONPATH", "")) if p)
-        self.proc = subprocess.Popen([self.python, "-m", "servelab.loadgen.worker"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=None, text=True, bufsize=1, env=env)
+        self.proc = subprocess.Popen(
+            [self.python, "-m", "servelab.loadgen.worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=None,
+            text=True,
+            bufsize=1,
+            env=env,
+        )
         hello = self.proc.stdout.readline()
         if not hello.startswith("{"):
             raise RuntimeError(f"load worker did not start (exit code {self.proc.poll()})")
@@ -56,8 +63,10 @@ class LoadWorker:
         workdir.mkdir(parents=True, exist_ok=True)
         trace_path, out_path = workdir / f"{name}.jsonl", workdir / f"{name}.csv"
         trace.write_jsonl(trace_path)
-        self.proc.stdin.write(json.dumps({"base_url": base_url, "trace": str(trace_path), "out": str(out_path),
-                                          "deadline_s": deadline_s}) + "\n")
+        self.proc.stdin.write(
+            json.dumps({"base_url": base_url, "trace": str(trace_path), "out": str(out_path), "deadline_s": deadline_s})
+            + "\n"
+        )
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
         if not line:
@@ -78,7 +87,7 @@ class LoadWorker:
                 self.proc.kill()
                 self.proc.wait()
 
-    def __enter__(self) -> "LoadWorker":
+    def __enter__(self) -> LoadWorker:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -101,8 +110,12 @@ def serve(stdin=sys.stdin, stdout=sys.stdout) -> None:
             deadline = float(job.get("deadline_s") or math.inf)
             records = run_load(job["base_url"], trace, deadline_s=deadline)
             records_for_csv(records).to_csv(job["out"], index=False)
-            answer = {"ok": True, "t0_perf_s": records.attrs["t0_perf_s"], "duration_s": records.attrs["duration_s"],
-                      "requests": len(records)}
+            answer = {
+                "ok": True,
+                "t0_perf_s": records.attrs["t0_perf_s"],
+                "duration_s": records.attrs["duration_s"],
+                "requests": len(records),
+            }
         except (ParameterError, KeyError, ValueError, OSError) as e:
             answer = {"ok": False, "error": f"{type(e).__name__}: {e}"}
         print(json.dumps(answer), file=stdout, flush=True)

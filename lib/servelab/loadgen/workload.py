@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from servelab.errors import ParameterError
 from servelab.loadgen.arrivals import gamma_arrivals
-from servelab.profiles import ParameterError
 
 REQUIRED = ["arrival_s", "prompt_tokens", "output_tokens"]
 OPTIONAL = ["prompt_ids", "prompt"]
@@ -77,8 +77,17 @@ class Trace:
 
     # ---- building --------------------------------------------------------------------------------
     @classmethod
-    def synthetic(cls, *, rate: float, lengths, n: int | None = None, duration_s: float | None = None,
-                  burstiness: float = 1.0, seed: int = 0, max_requests: int = 100_000) -> "Trace":
+    def synthetic(
+        cls,
+        *,
+        rate: float,
+        lengths,
+        n: int | None = None,
+        duration_s: float | None = None,
+        burstiness: float = 1.0,
+        seed: int = 0,
+        max_requests: int = 100_000,
+    ) -> Trace:
         """Requests at ``rate`` per second (gamma arrivals with ``burstiness``; 1 is Poisson) with lengths
         from ``lengths`` (``servelab.loadgen.lengths``): either ``n`` requests, or every arrival within
         ``duration_s`` seconds (at least one). Deterministic given ``seed``."""
@@ -98,23 +107,31 @@ class Trace:
                 arrivals = np.concatenate([arrivals, arrivals[-1] + gamma_arrivals(rate, chunk, rng, burstiness)])
             arrivals = arrivals[arrivals <= duration_s][:max_requests] if arrivals[0] <= duration_s else arrivals[:1]
         prompt, output = lengths.sample(len(arrivals), rng)
-        frame = pd.DataFrame({"request_id": np.arange(len(arrivals)), "arrival_s": arrivals,
-                              "prompt_tokens": prompt, "output_tokens": output})
+        frame = pd.DataFrame(
+            {
+                "request_id": np.arange(len(arrivals)),
+                "arrival_s": arrivals,
+                "prompt_tokens": prompt,
+                "output_tokens": output,
+            }
+        )
         b = f", burstiness {burstiness:g}" if burstiness != 1 else " (Poisson)"
         return cls(frame, source=f"{rate:g} req/s{b}, seed {seed}; {lengths.source}")
 
-    def with_prompt_ids(self, vocab_size: int, seed: int = 0, low: int = 0) -> "Trace":
+    def with_prompt_ids(self, vocab_size: int, seed: int = 0, low: int = 0) -> Trace:
         """This trace with random prompt token ids, uniform on ``[low, vocab_size)`` (random, never a
         constant: a prompt of one repeated token would be an unrepresentative input), deterministic given
         ``seed`` and the request id."""
         if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size <= low or low < 0:
             raise ParameterError(f"vocab_size must be an integer > low ({low}), got {vocab_size!r}")
         df = self.frame.copy()
-        df["prompt_ids"] = [np.random.default_rng([seed, int(rid)]).integers(low, vocab_size, int(n)).tolist()
-                            for rid, n in zip(df["request_id"], df["prompt_tokens"])]
+        df["prompt_ids"] = [
+            np.random.default_rng([seed, int(rid)]).integers(low, vocab_size, int(n)).tolist()
+            for rid, n in zip(df["request_id"], df["prompt_tokens"])
+        ]
         return Trace(df, source=self.source)
 
-    def head(self, n: int) -> "Trace":
+    def head(self, n: int) -> Trace:
         """The first ``n`` arrivals."""
         return Trace(self.frame.head(n), source=self.source)
 
@@ -134,7 +151,7 @@ class Trace:
         return path
 
     @classmethod
-    def read_jsonl(cls, path) -> "Trace":
+    def read_jsonl(cls, path) -> Trace:
         """Read a trace written by ``write_jsonl`` (or by hand: ``arrival_s``, ``output_tokens`` and either
         ``prompt_tokens``, ``prompt_ids`` or ``prompt`` per line; ``prompt_tokens`` defaults to the length
         of ``prompt_ids``). Errors name the line."""

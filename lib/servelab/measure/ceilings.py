@@ -6,14 +6,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, asdict
+from dataclasses import asdict, dataclass
 
 from servelab.measure.timing import Timing, time_fn
 
 
 @dataclass(frozen=True)
 class Ceilings:
-    copy_gb_s: float       # bytes read + written per second, 1e9
+    copy_gb_s: float  # bytes read + written per second, 1e9
     matmul_tflop_s: float  # dense matmul, 1e12 FLOP/s
     matmul_dtype: str
     copy_bytes: int
@@ -33,8 +33,9 @@ class Ceilings:
         return self.matmul_tflop_s * 1e12 / (self.copy_gb_s * 1e9)
 
 
-def measure_ceilings(device=None, *, copy_mib: int | None = None, matmul_n: int | None = None,
-                     repeats: int = 20) -> Ceilings:
+def measure_ceilings(
+    device=None, *, copy_mib: int | None = None, matmul_n: int | None = None, repeats: int = 20
+) -> Ceilings:
     """Measure the copy and matmul ceilings on ``device``.
 
     Defaults are sized for the device: on a GPU a 2 GiB copy (many times the L2) and an 8192³ bf16
@@ -62,7 +63,12 @@ def measure_ceilings(device=None, *, copy_mib: int | None = None, matmul_n: int 
     mm_t = time_fn(lambda: torch.matmul(a, b, out=c), warmup=5, repeats=repeats, device=dev)
     del a, b, c
     flops = 2 * matmul_n**3
-    return Ceilings(copy_gb_s=copy_bytes / (copy_t.median_ms * 1e-3) / 1e9,
-                    matmul_tflop_s=flops / (mm_t.median_ms * 1e-3) / 1e12,
-                    matmul_dtype=str(dtype).replace("torch.", ""), copy_bytes=copy_bytes, matmul_n=matmul_n,
-                    copy_timing=copy_t, matmul_timing=mm_t)
+    return Ceilings(
+        copy_gb_s=copy_bytes / (copy_t.median_ms * 1e-3) / 1e9,
+        matmul_tflop_s=flops / (mm_t.median_ms * 1e-3) / 1e12,
+        matmul_dtype=str(dtype).replace("torch.", ""),
+        copy_bytes=copy_bytes,
+        matmul_n=matmul_n,
+        copy_timing=copy_t,
+        matmul_timing=mm_t,
+    )

@@ -7,7 +7,7 @@ import platform
 import re
 import shutil
 import subprocess
-from dataclasses import dataclass, field, asdict
+from dataclasses import asdict, dataclass, field
 
 
 def _smi(query: str) -> dict:
@@ -15,8 +15,13 @@ def _smi(query: str) -> dict:
     if shutil.which("nvidia-smi") is None:
         return {}
     try:
-        out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits", "-i", "0"],
-                             capture_output=True, text=True, timeout=20, check=True).stdout.strip()
+        out = subprocess.run(
+            ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits", "-i", "0"],
+            capture_output=True,
+            text=True,
+            timeout=20,
+            check=True,
+        ).stdout.strip()
     except (subprocess.SubprocessError, OSError):
         return {}
     return dict(zip(query.split(","), [v.strip() for v in out.split(",")]))
@@ -91,7 +96,7 @@ class DeviceRecord:
     clocks_start: dict = field(default_factory=dict)
     clocks_end: dict = field(default_factory=dict)
 
-    def close(self) -> "DeviceRecord":
+    def close(self) -> DeviceRecord:
         """Stamp the clocks at the end of the run (call when measuring is done)."""
         self.clocks_end = read_clocks() if self.kind == "cuda" else {}
         return self
@@ -101,9 +106,11 @@ class DeviceRecord:
 
     def summary(self) -> str:
         if self.kind == "cuda":
-            return (f"{self.name} ({self.sm_count} SMs, {self.memory_gib:.0f} GiB, sm{self.compute_capability}), "
-                    f"driver {self.driver}, CUDA {self.cuda}, torch {self.torch}, transformers {self.transformers}; "
-                    f"SDPA order {' > '.join(self.sdpa_priority)}")
+            return (
+                f"{self.name} ({self.sm_count} SMs, {self.memory_gib:.0f} GiB, sm{self.compute_capability}), "
+                f"driver {self.driver}, CUDA {self.cuda}, torch {self.torch}, transformers {self.transformers}; "
+                f"SDPA order {' > '.join(self.sdpa_priority)}"
+            )
         return f"CPU {self.cpu}, torch {self.torch}, transformers {self.transformers}"
 
 
@@ -118,19 +125,44 @@ def device_record(device=None) -> DeviceRecord:
 
     try:
         import transformers
+
         tf_version = transformers.__version__
     except ImportError:
         tf_version = None
     dev = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cpu = platform.processor() or platform.machine()
-    common = dict(torch=torch.__version__, transformers=tf_version, python=platform.python_version(), cpu=cpu,
-                  sdpa_priority=sdpa_priority_order())
+    common = dict(
+        torch=torch.__version__,
+        transformers=tf_version,
+        python=platform.python_version(),
+        cpu=cpu,
+        sdpa_priority=sdpa_priority_order(),
+    )
     if dev.type == "cuda":
         props = torch.cuda.get_device_properties(dev)
         smi = _smi("driver_version")
-        return DeviceRecord(name=props.name, slug=slugify(props.name), kind="cuda", sm_count=props.multi_processor_count,
-                            memory_gib=props.total_memory / 2**30, compute_capability=f"{props.major}{props.minor}",
-                            driver=smi.get("driver_version"), cuda=torch.version.cuda,
-                            cudnn=torch.backends.cudnn.version(), clocks_start=read_clocks(), **common)
-    return DeviceRecord(name=f"cpu ({cpu})", slug="cpu", kind="cpu", sm_count=None, memory_gib=None,
-                        compute_capability=None, driver=None, cuda=None, cudnn=None, **common)
+        return DeviceRecord(
+            name=props.name,
+            slug=slugify(props.name),
+            kind="cuda",
+            sm_count=props.multi_processor_count,
+            memory_gib=props.total_memory / 2**30,
+            compute_capability=f"{props.major}{props.minor}",
+            driver=smi.get("driver_version"),
+            cuda=torch.version.cuda,
+            cudnn=torch.backends.cudnn.version(),
+            clocks_start=read_clocks(),
+            **common,
+        )
+    return DeviceRecord(
+        name=f"cpu ({cpu})",
+        slug="cpu",
+        kind="cpu",
+        sm_count=None,
+        memory_gib=None,
+        compute_capability=None,
+        driver=None,
+        cuda=None,
+        cudnn=None,
+        **common,
+    )

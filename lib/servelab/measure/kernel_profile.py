@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, asdict
-from typing import Callable
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 
 
 @dataclass(frozen=True)
 class KernelProfile:
-    wall_ms: float            # host wall time of the profiled calls, synchronised, per call
-    kernels: int              # device kernels launched per call
-    gpu_busy_ms: float        # sum of kernel durations per call
-    gpu_busy_pct: float       # gpu_busy_ms / wall_ms
+    wall_ms: float  # host wall time of the profiled calls, synchronised, per call
+    kernels: int  # device kernels launched per call
+    gpu_busy_ms: float  # sum of kernel durations per call
+    gpu_busy_pct: float  # gpu_busy_ms / wall_ms
     cpu_us_per_launch: float  # wall time per kernel launched: the launch-bound cost of one kernel
-    top_kernels: list         # [(name, count, total_us)] for the largest kernels
+    top_kernels: list  # [(name, count, total_us)] for the largest kernels
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -47,7 +47,11 @@ def profile_call(fn: Callable[[], object], *, calls: int = 3, warmup: int = 2, t
     kernels_per_call = kernels / calls
     busy_ms = busy_us / 1e3 / calls
     ranked = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]
-    return KernelProfile(wall_ms=wall_ms, kernels=int(round(kernels_per_call)), gpu_busy_ms=busy_ms,
-                         gpu_busy_pct=100.0 * busy_ms / wall_ms if wall_ms else float("nan"),
-                         cpu_us_per_launch=wall_ms * 1e3 / kernels_per_call if kernels_per_call else float("nan"),
-                         top_kernels=[(name[:80], n // calls, tot / calls) for name, (n, tot) in ranked])
+    return KernelProfile(
+        wall_ms=wall_ms,
+        kernels=int(round(kernels_per_call)),
+        gpu_busy_ms=busy_ms,
+        gpu_busy_pct=100.0 * busy_ms / wall_ms if wall_ms else float("nan"),
+        cpu_us_per_launch=wall_ms * 1e3 / kernels_per_call if kernels_per_call else float("nan"),
+        top_kernels=[(name[:80], n // calls, tot / calls) for name, (n, tot) in ranked],
+    )

@@ -20,7 +20,7 @@ class Roofline:
     copy_gb_s: float
 
     @classmethod
-    def from_ceilings(cls, c: Ceilings) -> "Roofline":
+    def from_ceilings(cls, c: Ceilings) -> Roofline:
         return cls(matmul_tflop_s=c.matmul_tflop_s, copy_gb_s=c.copy_gb_s)
 
     def compute_ms(self, flops):

@@ -8,8 +8,8 @@ and read ``elapsed_time`` only after the device has finished.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, asdict
-from typing import Callable
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 
 import numpy as np
 from scipy import stats
@@ -45,13 +45,22 @@ def summarize(samples_ms, clock: str = "cuda_event", confidence: float = 0.95) -
         raise ValueError("timing samples contain NaN or inf")
     med = float(np.median(x))
     if x.size >= 3 and np.ptp(x) > 0:
-        ci = stats.bootstrap((x,), np.median, confidence_level=confidence, n_resamples=999,
-                             method="percentile", random_state=0).confidence_interval
+        ci = stats.bootstrap(
+            (x,), np.median, confidence_level=confidence, n_resamples=999, method="percentile", random_state=0
+        ).confidence_interval
         lo, hi = float(ci.low), float(ci.high)
     else:
         lo = hi = med
-    return Timing(median_ms=med, p25_ms=float(np.percentile(x, 25)), p75_ms=float(np.percentile(x, 75)),
-                  ci_low_ms=lo, ci_high_ms=hi, min_ms=float(x.min()), repeats=int(x.size), clock=clock)
+    return Timing(
+        median_ms=med,
+        p25_ms=float(np.percentile(x, 25)),
+        p75_ms=float(np.percentile(x, 75)),
+        ci_low_ms=lo,
+        ci_high_ms=hi,
+        min_ms=float(x.min()),
+        repeats=int(x.size),
+        clock=clock,
+    )
 
 
 def _on_cuda(device) -> bool:
@@ -62,8 +71,14 @@ def _on_cuda(device) -> bool:
     return torch.device(device).type == "cuda"
 
 
-def time_fn(fn: Callable[[], object], *, warmup: int = 3, repeats: int = 10, device=None,
-            before_each: Callable[[], object] | None = None) -> Timing:
+def time_fn(
+    fn: Callable[[], object],
+    *,
+    warmup: int = 3,
+    repeats: int = 10,
+    device=None,
+    before_each: Callable[[], object] | None = None,
+) -> Timing:
     """Time ``fn()``: ``warmup`` untimed calls, then ``repeats`` timed ones.
 
     ``before_each`` runs untimed before every timed call (e.g. to reset a cache position or rotate

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from servelab.models.layers.attention import AttentionMetadata, PagedAttention
+from servelab.kernels.attention import AttentionMetadata, PagedAttention
 from servelab.models.layers.compiled import compiled
 from servelab.models.shape import ModelShape
 
@@ -43,7 +43,7 @@ class GPT2Block(nn.Module):
         self.s, self.approximate = s, approximate
         self.ln_1 = nn.LayerNorm(s.hidden, eps=eps)
         self.qkv = nn.Linear(s.hidden, 3 * s.hidden)
-        self.attn = PagedAttention(layer, s.heads, s.heads, s.head_dim, s.head_dim ** -0.5, backend)
+        self.attn = PagedAttention(layer, s.heads, s.heads, s.head_dim, s.head_dim**-0.5, backend)
         self.attn_proj = nn.Linear(s.hidden, s.hidden)
         self.ln_2 = nn.LayerNorm(s.hidden, eps=eps)
         self.fc = nn.Linear(s.hidden, s.intermediate)
@@ -52,12 +52,32 @@ class GPT2Block(nn.Module):
     def forward(self, h, delta, meta, kv, fns):
         """``(h, delta)`` -> ``(h, delta)``: the residual stream and the MLP output not yet added to it."""
         s, (pre, post) = self.s, fns
-        h, q, kv_new = pre(h, delta, self.ln_1.weight, self.ln_1.bias, self.ln_1.eps, self.qkv.weight,
-                           self.qkv.bias, s.heads, s.head_dim)
+        h, q, kv_new = pre(
+            h,
+            delta,
+            self.ln_1.weight,
+            self.ln_1.bias,
+            self.ln_1.eps,
+            self.qkv.weight,
+            self.qkv.bias,
+            s.heads,
+            s.head_dim,
+        )
         attn = self.attn(q, kv_new, meta, kv)
-        return post(h, attn, self.attn_proj.weight, self.attn_proj.bias, self.ln_2.weight, self.ln_2.bias,
-                    self.ln_2.eps, self.fc.weight, self.fc.bias, self.mlp_proj.weight, self.mlp_proj.bias,
-                    self.approximate)
+        return post(
+            h,
+            attn,
+            self.attn_proj.weight,
+            self.attn_proj.bias,
+            self.ln_2.weight,
+            self.ln_2.bias,
+            self.ln_2.eps,
+            self.fc.weight,
+            self.fc.bias,
+            self.mlp_proj.weight,
+            self.mlp_proj.bias,
+            self.approximate,
+        )
 
 
 class GPT2Model(nn.Module):
@@ -80,8 +100,9 @@ class GPT2Model(nn.Module):
         self.max_positions = min(max_positions or s.positions, s.positions)
         self.wte = nn.Embedding(s.vocab, s.hidden)
         self.wpe = nn.Embedding(s.positions, s.hidden)
-        self.layers = nn.ModuleList(GPT2Block(i, s, config.layer_norm_epsilon, ACTIVATIONS[act], attention_backend)
-                                    for i in range(s.layers))
+        self.layers = nn.ModuleList(
+            GPT2Block(i, s, config.layer_norm_epsilon, ACTIVATIONS[act], attention_backend) for i in range(s.layers)
+        )
         self.ln_f = nn.LayerNorm(s.hidden, eps=config.layer_norm_epsilon)
         self.lm_head = nn.Linear(s.hidden, s.vocab, bias=False)
         self.block_fns = (attention_inputs, attention_outputs)
@@ -111,8 +132,14 @@ class GPT2Model(nn.Module):
         self.wpe.weight.copy_(sd["wpe.weight"])
         self.ln_f.weight.copy_(sd["ln_f.weight"])
         self.ln_f.bias.copy_(sd["ln_f.bias"])
-        pairs = {"ln_1": "ln_1", "ln_2": "ln_2", "qkv": "attn.c_attn", "attn_proj": "attn.c_proj",
-                 "fc": "mlp.c_fc", "mlp_proj": "mlp.c_proj"}
+        pairs = {
+            "ln_1": "ln_1",
+            "ln_2": "ln_2",
+            "qkv": "attn.c_attn",
+            "attn_proj": "attn.c_proj",
+            "fc": "mlp.c_fc",
+            "mlp_proj": "mlp.c_proj",
+        }
         for i, b in enumerate(self.layers):
             for ours, theirs in pairs.items():
                 mod, p = getattr(b, ours), f"h.{i}.{theirs}."

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from servelab.models.layers.attention import AttentionMetadata, PagedAttention
+from servelab.kernels.attention import AttentionMetadata, PagedAttention
 from servelab.models.layers.compiled import compiled
 from servelab.models.layers.norm import RMSNorm, rms_norm
 from servelab.models.layers.rotary import RotaryEmbedding, apply_rotary
@@ -53,7 +53,7 @@ class LlamaBlock(nn.Module):
         self.s, self.eps = s, eps
         self.input_norm = RMSNorm(s.hidden, eps)
         self.qkv = nn.Linear(s.hidden, s.q_dim + 2 * s.kv_dim, bias=s.qkv_bias)
-        self.attn = PagedAttention(layer, s.heads, s.kv_heads, s.head_dim, s.head_dim ** -0.5, backend)
+        self.attn = PagedAttention(layer, s.heads, s.kv_heads, s.head_dim, s.head_dim**-0.5, backend)
         self.o_proj = nn.Linear(s.q_dim, s.hidden, bias=False)
         self.post_norm = RMSNorm(s.hidden, eps)
         self.gate_up = nn.Linear(s.hidden, 2 * s.intermediate, bias=False)
@@ -62,11 +62,20 @@ class LlamaBlock(nn.Module):
     def forward(self, h, delta, rope, meta, kv, fns):
         """``(h, delta)`` -> ``(h, delta)``: the residual stream and the MLP output not yet added to it."""
         s, (pre, post) = self.s, fns
-        h, q, kv_new = pre(h, delta, self.input_norm.weight, self.eps, self.qkv.weight, self.qkv.bias, *rope,
-                           s.heads, s.kv_heads, s.head_dim)
+        h, q, kv_new = pre(
+            h,
+            delta,
+            self.input_norm.weight,
+            self.eps,
+            self.qkv.weight,
+            self.qkv.bias,
+            *rope,
+            s.heads,
+            s.kv_heads,
+            s.head_dim,
+        )
         attn = self.attn(q, kv_new, meta, kv)
-        return post(h, attn, self.o_proj.weight, self.post_norm.weight, self.eps, self.gate_up.weight,
-                    self.down.weight)
+        return post(h, attn, self.o_proj.weight, self.post_norm.weight, self.eps, self.gate_up.weight, self.down.weight)
 
 
 class LlamaModel(nn.Module):

@@ -13,16 +13,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from servelab.results import REPO_ROOT
+from servelab.paths import REPO_ROOT
 
 CONFIG_DIR = REPO_ROOT / "data" / "models"
 CONFIG_PREFIX = "config:"
 
 # hub ids whose architecture we ship, so an offline failure can name the equivalent config
 HUB_EQUIVALENTS = {
-    "qwen/qwen2-0.5b": "qwen2-0.5b", "qwen/qwen2-1.5b": "qwen2-1.5b", "gpt2": "gpt2",
-    "openai-community/gpt2": "gpt2", "gpt2-medium": "gpt2-medium", "openai-community/gpt2-medium": "gpt2-medium",
-    "distilgpt2": "distilgpt2", "distilbert/distilgpt2": "distilgpt2", "meta-llama/meta-llama-3-8b": "llama-3-8b",
+    "qwen/qwen2-0.5b": "qwen2-0.5b",
+    "qwen/qwen2-1.5b": "qwen2-1.5b",
+    "gpt2": "gpt2",
+    "openai-community/gpt2": "gpt2",
+    "gpt2-medium": "gpt2-medium",
+    "openai-community/gpt2-medium": "gpt2-medium",
+    "distilgpt2": "distilgpt2",
+    "distilbert/distilgpt2": "distilgpt2",
+    "meta-llama/meta-llama-3-8b": "llama-3-8b",
 }
 
 
@@ -32,10 +38,10 @@ class ModelLoadError(RuntimeError):
 
 @dataclass
 class LoadedModel:
-    model: object        # a transformers PreTrainedModel in eval mode
-    tokenizer: object    # a tokenizer, or None (``config:`` models ship none)
+    model: object  # a transformers PreTrainedModel in eval mode
+    tokenizer: object  # a tokenizer, or None (``config:`` models ship none)
     spec: str
-    source: str          # "config", "directory" or "hub"
+    source: str  # "config", "directory" or "hub"
 
     @property
     def config(self):
@@ -51,8 +57,15 @@ def _dtype(dtype):
 
     if isinstance(dtype, torch.dtype):
         return dtype
-    table = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float16": torch.float16, "fp16": torch.float16, "float64": torch.float64}
+    table = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+        "float64": torch.float64,
+    }
     if dtype not in table:
         raise ModelLoadError(f"unknown dtype {dtype!r}; use one of {sorted(table)}")
     return table[dtype]
@@ -73,8 +86,15 @@ def _randomise_zeros(model, seed: int) -> None:
                 p.copy_((torch.randn(p.shape, generator=g) * 0.02).to(p.dtype))
 
 
-def load_model(spec: str, *, dtype="float32", device="cpu", seed: int = 0, attn_implementation: str = "sdpa",
-               load_tokenizer: bool = True) -> LoadedModel:
+def load_model(
+    spec: str,
+    *,
+    dtype="float32",
+    device="cpu",
+    seed: int = 0,
+    attn_implementation: str = "sdpa",
+    load_tokenizer: bool = True,
+) -> LoadedModel:
     """Load ``spec`` (``config:<name>``, a directory, or a hub id) in ``dtype`` on ``device``, in eval mode."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -85,7 +105,7 @@ def load_model(spec: str, *, dtype="float32", device="cpu", seed: int = 0, attn_
     dev = torch.device(device)
 
     if spec.startswith(CONFIG_PREFIX):
-        name = spec[len(CONFIG_PREFIX):]
+        name = spec[len(CONFIG_PREFIX) :]
         cfg_dir = CONFIG_DIR / name
         if not (cfg_dir / "config.json").exists():
             raise ModelLoadError(f"no shipped config {name!r}; available: {', '.join(shipped_configs())}")
@@ -110,10 +130,15 @@ def load_model(spec: str, *, dtype="float32", device="cpu", seed: int = 0, attn_
         tok = AutoTokenizer.from_pretrained(spec) if load_tokenizer else None
     except (OSError, ValueError) as e:
         alt = HUB_EQUIVALENTS.get(spec.lower())
-        hint = (f"use 'config:{alt}' for an architecture-exact random initialisation (right for cost measurements)"
-                if alt else f"use one of the shipped configs: {', '.join('config:' + c for c in shipped_configs())}")
-        raise ModelLoadError(f"could not load hub model {spec!r} (no network or not cached?): "
-                             f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; {hint}") from e
+        hint = (
+            f"use 'config:{alt}' for an architecture-exact random initialisation (right for cost measurements)"
+            if alt
+            else f"use one of the shipped configs: {', '.join('config:' + c for c in shipped_configs())}"
+        )
+        raise ModelLoadError(
+            f"could not load hub model {spec!r} (no network or not cached?): "
+            f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; {hint}"
+        ) from e
     return LoadedModel(model.to(dev).eval(), tok, spec, "hub")
 
 

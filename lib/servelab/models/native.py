@@ -19,8 +19,9 @@ def native_model_class(config):
     return FAMILIES[mt]
 
 
-def native_from_hf(hf_model, *, max_positions: int | None = None, attention_backend: str = "gather",
-                   dtype=None, device=None):
+def native_from_hf(
+    hf_model, *, max_positions: int | None = None, attention_backend: str = "gather", dtype=None, device=None
+):
     """Our model with ``hf_model``'s weights, in its dtype and on its device unless told otherwise."""
     cls = native_model_class(hf_model.config)
     p = next(hf_model.parameters())

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ModelShape:
-    family: str          # "llama" (Llama/Qwen2) or "gpt2"
+    family: str  # "llama" (Llama/Qwen2) or "gpt2"
     layers: int
     hidden: int
     heads: int
@@ -20,21 +20,42 @@ class ModelShape:
     head_dim: int
     intermediate: int
     vocab: int
-    positions: int       # learned position embeddings (GPT-2), else 0
+    positions: int  # learned position embeddings (GPT-2), else 0
     tied_embeddings: bool
     qkv_bias: bool
 
     @classmethod
-    def from_config(cls, cfg) -> "ModelShape":
+    def from_config(cls, cfg) -> ModelShape:
         mt = getattr(cfg, "model_type", "")
         if mt == "gpt2":
-            return cls("gpt2", cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.n_head, cfg.n_embd // cfg.n_head,
-                       cfg.n_inner or 4 * cfg.n_embd, cfg.vocab_size, cfg.n_positions, True, True)
+            return cls(
+                "gpt2",
+                cfg.n_layer,
+                cfg.n_embd,
+                cfg.n_head,
+                cfg.n_head,
+                cfg.n_embd // cfg.n_head,
+                cfg.n_inner or 4 * cfg.n_embd,
+                cfg.vocab_size,
+                cfg.n_positions,
+                True,
+                True,
+            )
         if mt in ("llama", "qwen2", "mistral"):
             hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-            return cls("llama", cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads,
-                       cfg.num_key_value_heads, hd, cfg.intermediate_size, cfg.vocab_size, 0,
-                       bool(cfg.tie_word_embeddings), mt == "qwen2" or bool(getattr(cfg, "attention_bias", False)))
+            return cls(
+                "llama",
+                cfg.num_hidden_layers,
+                cfg.hidden_size,
+                cfg.num_attention_heads,
+                cfg.num_key_value_heads,
+                hd,
+                cfg.intermediate_size,
+                cfg.vocab_size,
+                0,
+                bool(cfg.tie_word_embeddings),
+                mt == "qwen2" or bool(getattr(cfg, "attention_bias", False)),
+            )
         raise ValueError(f"no shape accounting for model_type {mt!r}")
 
     # ---- parameters -------------------------------------------------------------------------------
@@ -96,8 +117,11 @@ class ModelShape:
 
     def prefill_flops(self, tokens: int, context: int = 0, batch: int = 1, logits_tokens: int = 1) -> float:
         """FLOPs of prefilling ``tokens`` per sequence after ``context`` cached, for ``batch`` sequences."""
-        per_seq = (2.0 * self.matmul_params * tokens + self.attention_flops(tokens, context)
-                   + 2.0 * self.vocab * self.hidden * logits_tokens)
+        per_seq = (
+            2.0 * self.matmul_params * tokens
+            + self.attention_flops(tokens, context)
+            + 2.0 * self.vocab * self.hidden * logits_tokens
+        )
         return batch * per_seq
 
     def prefill_bytes(self, tokens: int, context: int = 0, batch: int = 1, dtype_bytes: int = 2) -> float:

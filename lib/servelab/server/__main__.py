@@ -47,12 +47,22 @@ def main(argv=None) -> int:
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     name = args.served_model_name or args.model
     metrics = ServerMetrics(name)
-    settings = ServerSettings(model_name=name, api_key=args.api_key, max_body_bytes=args.max_body_bytes,
-                              max_waiting=args.max_queue, drain_timeout_s=args.drain_timeout)
+    settings = ServerSettings(
+        model_name=name,
+        api_key=args.api_key,
+        max_body_bytes=args.max_body_bytes,
+        max_waiting=args.max_queue,
+        drain_timeout_s=args.drain_timeout,
+    )
     t0 = time.perf_counter()
     if args.engine_process:
-        backend = EngineProcess(functools.partial(engine_from_args, args), max_waiting=args.max_queue,
-                                metrics=metrics, step_log_path=args.step_log, start_method="fork")
+        backend = EngineProcess(
+            functools.partial(engine_from_args, args),
+            max_waiting=args.max_queue,
+            metrics=metrics,
+            step_log_path=args.step_log,
+            start_method="fork",
+        )
         try:
             info = backend.launch()
         except EngineStartError as e:
@@ -61,25 +71,47 @@ def main(argv=None) -> int:
         specials, stats, device = info["special_ids"], info["stats"], info["device"]
     else:
         engine = engine_from_args(args)
-        backend = EngineLoop(engine, max_waiting=args.max_queue, metrics=metrics,
-                             step_log=StepLog(args.step_log) if args.step_log else None)
+        backend = EngineLoop(
+            engine,
+            max_waiting=args.max_queue,
+            metrics=metrics,
+            step_log=StepLog(args.step_log) if args.step_log else None,
+        )
         metrics.kv_total.set(engine.num_blocks)
         specials, stats, device = special_ids(engine.model.config), engine.stats(), str(engine.device)
-    log.info("engine: %s on %s (%s), %s, %d KV blocks of %d tokens, max_model_len %d, CUDA graphs %d; "
-             "ready in %.1f s", args.model, device, "own process" if args.engine_process else "thread",
-             stats["scheduler"], stats["num_blocks"], stats["block_size"], backend.max_model_len,
-             stats["cuda_graphs"], time.perf_counter() - t0)
+    log.info(
+        "engine: %s on %s (%s), %s, %d KV blocks of %d tokens, max_model_len %d, CUDA graphs %d; ready in %.1f s",
+        args.model,
+        device,
+        "own process" if args.engine_process else "thread",
+        stats["scheduler"],
+        stats["num_blocks"],
+        stats["block_size"],
+        backend.max_model_len,
+        stats["cuda_graphs"],
+        time.perf_counter() - t0,
+    )
     codec, note = load_codec(args.model, specials, backend.vocab)
     log.info(note)
     app = create_app(backend, codec, settings, metrics=metrics)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False,
-                            timeout_graceful_shutdown=args.drain_timeout, timeout_keep_alive=30)
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=args.drain_timeout,
+        timeout_keep_alive=30,
+    )
     server = DrainingServer(config, on_shutdown=backend.begin_drain)
     # uvicorn re-raises a caught signal after its graceful shutdown; by then there is nothing left to do
     signal.signal(signal.SIGTERM, lambda *_: None)
     signal.signal(signal.SIGINT, lambda *_: None)
-    print(f"servelab server starting on http://{args.host}:{args.port} (model {name!r}; /v1/completions, "
-          f"/v1/chat/completions, /metrics)", flush=True)
+    print(
+        f"servelab server starting on http://{args.host}:{args.port} (model {name!r}; /v1/completions, "
+        f"/v1/chat/completions, /metrics)",
+        flush=True,
+    )
     server.run()
     return 0 if server.started else 1
 

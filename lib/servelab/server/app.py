@@ -20,7 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import ValidationError
 
 from servelab.engine import Engine, SamplingParams
-from servelab.profiles import ParameterError
+from servelab.errors import ParameterError
 from servelab.server.engine_loop import EngineLoop
 from servelab.server.engine_process import EngineProcess
 from servelab.server.errors import APIError, from_validation_error, install_handlers
@@ -36,20 +36,21 @@ SEED_RANGE = (-(2**63), 2**63 - 1)  # what torch.Generator.manual_seed takes
 
 @dataclass
 class ServerSettings:
-    model_name: str                    # what /v1/models lists and requests may name
-    api_key: str | None = None         # Bearer token required on /v1/* when set
-    max_body_bytes: int = 1 << 20      # larger bodies: 413
-    max_waiting: int | None = 4096     # requests waiting to be scheduled; beyond: 429
-    retry_after_s: int = 1             # the Retry-After of a 429
-    drain_timeout_s: float = 120.0     # at shutdown, running requests get this long to finish
+    model_name: str  # what /v1/models lists and requests may name
+    api_key: str | None = None  # Bearer token required on /v1/* when set
+    max_body_bytes: int = 1 << 20  # larger bodies: 413
+    max_waiting: int | None = 4096  # requests waiting to be scheduled; beyond: 429
+    retry_after_s: int = 1  # the Retry-After of a 429
+    drain_timeout_s: float = 120.0  # at shutdown, running requests get this long to finish
 
 
 class ServerState:
     """What the handlers share: the engine (an ``EngineLoop`` thread here, or an ``EngineProcess``), the
     tokenizer, settings and metrics."""
 
-    def __init__(self, loop: EngineLoop | EngineProcess, codec: TextCodec, settings: ServerSettings,
-                 metrics: ServerMetrics):
+    def __init__(
+        self, loop: EngineLoop | EngineProcess, codec: TextCodec, settings: ServerSettings, metrics: ServerMetrics
+    ):
         self.loop, self.codec, self.settings, self.metrics = loop, codec, settings, metrics
         self.vocab = loop.vocab
         self.max_model_len = loop.max_model_len
@@ -76,32 +77,54 @@ class ServerState:
     def check_ids(self, ids: list[int]) -> None:
         bad = [t for t in ids if t < 0 or t >= self.vocab]
         if bad:
-            raise APIError(400, f"prompt token ids must be in [0, {self.vocab}); got {bad[0]}", param="prompt",
-                           code="token_id_out_of_range")
+            raise APIError(
+                400,
+                f"prompt token ids must be in [0, {self.vocab}); got {bad[0]}",
+                param="prompt",
+                code="token_id_out_of_range",
+            )
         if len(ids) >= self.max_model_len:
-            raise APIError(400, f"prompt has {len(ids)} tokens; this model's context is {self.max_model_len} "
-                                f"tokens, which must also hold at least one output token", param="prompt",
-                           code="context_length_exceeded")
+            raise APIError(
+                400,
+                f"prompt has {len(ids)} tokens; this model's context is {self.max_model_len} "
+                f"tokens, which must also hold at least one output token",
+                param="prompt",
+                code="context_length_exceeded",
+            )
 
     def sampling_params(self, req: SamplingFields, prompt_len: int, max_tokens: int | None) -> SamplingParams:
         if max_tokens is None:
             max_tokens = self.max_model_len - prompt_len
         if prompt_len + max_tokens > self.max_model_len:
-            raise APIError(400, f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds this model's "
-                                f"context of {self.max_model_len} tokens", param="max_tokens",
-                           code="context_length_exceeded")
+            raise APIError(
+                400,
+                f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds this model's "
+                f"context of {self.max_model_len} tokens",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
         if req.seed is not None and not SEED_RANGE[0] <= req.seed <= SEED_RANGE[1]:
             raise APIError(400, f"seed must be a 64-bit signed integer, got {req.seed}", param="seed")
         try:
-            return SamplingParams(max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p, seed=req.seed,
-                                  stop_token_ids=tuple(req.stop_token_ids or ()), ignore_eos=req.ignore_eos)
+            return SamplingParams(
+                max_tokens=max_tokens,
+                temperature=req.temperature,
+                top_p=req.top_p,
+                seed=req.seed,
+                stop_token_ids=tuple(req.stop_token_ids or ()),
+                ignore_eos=req.ignore_eos,
+            )
         except ParameterError as e:
             raise APIError(400, str(e)) from None
 
     def check_common(self, req: SamplingFields) -> None:
         if req.model is not None and req.model != self.settings.model_name:
-            raise APIError(404, f"the model {req.model!r} does not exist; this server serves "
-                                f"{self.settings.model_name!r}", param="model", code="model_not_found")
+            raise APIError(
+                404,
+                f"the model {req.model!r} does not exist; this server serves {self.settings.model_name!r}",
+                param="model",
+                code="model_not_found",
+            )
         for param, why in req.unsupported():
             raise APIError(400, why, param=param, code="unsupported")
         if any(not s for s in req.stop_strings()):
@@ -112,8 +135,9 @@ async def read_body(request: Request, limit: int) -> bytes:
     """The request body, refusing (413) one larger than ``limit`` bytes before reading it all."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise APIError(413, f"request body of {declared} bytes exceeds the limit of {limit} bytes",
-                       code="body_too_large")
+        raise APIError(
+            413, f"request body of {declared} bytes exceeds the limit of {limit} bytes", code="body_too_large"
+        )
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
@@ -144,8 +168,12 @@ class GenerationStream(StreamingResponse):
     server cancelled) — a never-started body iterator would otherwise leak its engine requests."""
 
     def __init__(self, generation: Generation, content, on_abort=None, **kw):
-        super().__init__(content, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}, **kw)
+        super().__init__(
+            content,
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+            **kw,
+        )
         self.generation = generation
         self.on_abort = on_abort
 
@@ -158,8 +186,14 @@ class GenerationStream(StreamingResponse):
             self.generation.cancel()
 
 
-def create_app(engine: Engine | EngineLoop | EngineProcess, codec: TextCodec, settings: ServerSettings, *,
-               metrics: ServerMetrics | None = None, step_log: StepLog | None = None) -> FastAPI:
+def create_app(
+    engine: Engine | EngineLoop | EngineProcess,
+    codec: TextCodec,
+    settings: ServerSettings,
+    *,
+    metrics: ServerMetrics | None = None,
+    step_log: StepLog | None = None,
+) -> FastAPI:
     """The app serving ``engine``: anything that steps like an ``Engine`` (the engine, or a speculative one;
     stepped by an ``EngineLoop`` thread made here, with ``settings.max_waiting`` and ``step_log``), or a ready
     ``EngineLoop``/``EngineProcess`` built with ``metrics``."""
@@ -188,8 +222,9 @@ def create_app(engine: Engine | EngineLoop | EngineProcess, codec: TextCodec, se
             return
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), settings.api_key.encode()):
-            raise APIError(401, "invalid or missing API key (send 'Authorization: Bearer <key>')",
-                           code="invalid_api_key")
+            raise APIError(
+                401, "invalid or missing API key (send 'Authorization: Bearer <key>')", code="invalid_api_key"
+            )
 
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
 
@@ -205,12 +240,26 @@ def create_app(engine: Engine | EngineLoop | EngineProcess, codec: TextCodec, se
 
     @v1.get("/models")
     async def models():
-        return {"object": "list", "data": [{"id": settings.model_name, "object": "model", "created": now_s(),
-                                            "owned_by": "servelab", "max_model_len": state.max_model_len}]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": settings.model_name,
+                    "object": "model",
+                    "created": now_s(),
+                    "owned_by": "servelab",
+                    "max_model_len": state.max_model_len,
+                }
+            ],
+        }
 
     async def respond(request: Request, gen: Generation, req: SamplingFields, chat: bool):
-        fmt = ResponseFormat(settings.model_name, chat=chat, return_token_ids=req.return_token_ids,
-                             include_usage=bool(req.stream_options and req.stream_options.include_usage))
+        fmt = ResponseFormat(
+            settings.model_name,
+            chat=chat,
+            return_token_ids=req.return_token_ids,
+            include_usage=bool(req.stream_options and req.stream_options.include_usage),
+        )
 
         def count(batch) -> None:
             for ev in batch:
@@ -218,6 +267,7 @@ def create_app(engine: Engine | EngineLoop | EngineProcess, codec: TextCodec, se
                     metrics.finished.labels(finish_reason=ev.finish_reason).inc()
 
         if req.stream:
+
             async def chunks():
                 if chat:
                     yield "".join(fmt.role_chunk(c.index) for c in gen.choices)
@@ -230,13 +280,16 @@ def create_app(engine: Engine | EngineLoop | EngineProcess, codec: TextCodec, se
                 if fmt.include_usage:
                     yield fmt.usage_chunk(gen)
                 yield DONE
-            return GenerationStream(gen, chunks(),
-                                    on_abort=lambda n: metrics.finished.labels(finish_reason="abort").inc(n))
+
+            return GenerationStream(
+                gen, chunks(), on_abort=lambda n: metrics.finished.labels(finish_reason="abort").inc(n)
+            )
 
         # not streaming: collect, aborting if the client goes away meanwhile
         async def collect():
             async for batch in gen.events():
                 count(batch)
+
         collector, gone = asyncio.ensure_future(collect()), asyncio.ensure_future(until_disconnect(request))
         try:
             await asyncio.wait({collector, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -260,8 +313,15 @@ def create_app(engine: Engine | EngineLoop | EngineProcess, codec: TextCodec, se
         state.check_common(req)
         prompts = state.prompt_ids(req.prompt)
         params = [state.sampling_params(req, len(p), req.max_tokens) for p in prompts]
-        gen = Generation(state.loop, codec, prompts, params, req.stop_strings(), retry_after_s=settings.retry_after_s,
-                         mailbox=state.mailbox)
+        gen = Generation(
+            state.loop,
+            codec,
+            prompts,
+            params,
+            req.stop_strings(),
+            retry_after_s=settings.retry_after_s,
+            mailbox=state.mailbox,
+        )
         await gen.start()
         return await respond(request, gen, req, chat=False)
 
@@ -279,8 +339,15 @@ def create_app(engine: Engine | EngineLoop | EngineProcess, codec: TextCodec, se
         state.check_ids(ids)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         params = [state.sampling_params(req, len(ids), max_tokens)]
-        gen = Generation(state.loop, codec, [ids], params, req.stop_strings(), retry_after_s=settings.retry_after_s,
-                         mailbox=state.mailbox)
+        gen = Generation(
+            state.loop,
+            codec,
+            [ids],
+            params,
+            req.stop_strings(),
+            retry_after_s=settings.retry_after_s,
+            mailbox=state.mailbox,
+        )
         await gen.start()
         return await respond(request, gen, req, chat=True)
 

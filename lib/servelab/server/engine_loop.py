@@ -22,7 +22,7 @@ from typing import NamedTuple
 
 from servelab.engine import Engine, SamplingParams, Sequence
 from servelab.engine.sequence import FinishReason
-from servelab.profiles import ParameterError
+from servelab.errors import ParameterError
 from servelab.server.metrics import ServerMetrics
 from servelab.server.step_log import StepLog
 
@@ -47,8 +47,8 @@ class Rejected(NamedTuple):
 
 
 class Tokens(NamedTuple):
-    token_ids: list[int]                 # tokens produced for the request in one step (usually one)
-    finish_reason: FinishReason | None   # set on the last update of a request
+    token_ids: list[int]  # tokens produced for the request in one step (usually one)
+    finish_reason: FinishReason | None  # set on the last update of a request
 
 
 @dataclass(eq=False)
@@ -60,7 +60,7 @@ class Handle:
     deliver: Callable[[object], None]
     arrival_s: float = field(default_factory=time.perf_counter)
     seq: Sequence | None = None
-    rid: int = -1                 # the request's id across a process boundary (EngineProcess)
+    rid: int = -1  # the request's id across a process boundary (EngineProcess)
     accepted: bool = False
     cancelled: bool = False
     last_token_s: float | None = None
@@ -68,8 +68,15 @@ class Handle:
 
 
 class EngineLoop:
-    def __init__(self, engine: Engine, *, max_waiting: int | None = None, metrics: ServerMetrics | None = None,
-                 step_log: StepLog | None = None, after_iteration: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        max_waiting: int | None = None,
+        metrics: ServerMetrics | None = None,
+        step_log: StepLog | None = None,
+        after_iteration: Callable[[], None] | None = None,
+    ):
         self.engine = engine
         self.vocab = engine.model.shape.vocab
         self.max_model_len = engine.max_model_len
@@ -82,7 +89,7 @@ class EngineLoop:
         self._aborts: deque[Handle] = deque()
         self._calls: deque[tuple[Callable, Future]] = deque()
         self._live: dict[int, Handle] = {}
-        self._waiting_in_engine = 0       # the scheduler's queue length after the last step
+        self._waiting_in_engine = 0  # the scheduler's queue length after the last step
         self._draining = False
         self._stop_when_idle = False
         self._abort_all = False
@@ -99,7 +106,7 @@ class EngineLoop:
         self.metrics = metrics
         metrics.kv_total.set(self.engine.block_manager.num_blocks)
 
-    def start(self) -> "EngineLoop":
+    def start(self) -> EngineLoop:
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
         self._thread.start()
         return self
@@ -136,7 +143,7 @@ class EngineLoop:
             self._aborts.append(handle)
             self._cond.notify()
 
-    def call(self, fn: Callable[["EngineLoop"], object]) -> Future:
+    def call(self, fn: Callable[[EngineLoop], object]) -> Future:
         """Run ``fn(self)`` in the engine thread between two steps (the only safe time to touch the engine
         from outside, e.g. to swap its scheduler while idle); a ``Future`` of its result."""
         fut: Future = Future()
@@ -297,8 +304,12 @@ class EngineLoop:
         if now - self._last_hit_rate_s > HIT_RATE_PERIOD_S:
             self._last_hit_rate_s = now
             self._hit_rate = self.engine.stats().get("prefix_hit_rate")
-        return {"waiting": self.num_waiting, "running": len(self.engine.scheduler.running),
-                "kv_used": self.engine.block_manager.num_used_blocks, "hit_rate": self._hit_rate}
+        return {
+            "waiting": self.num_waiting,
+            "running": len(self.engine.scheduler.running),
+            "kv_used": self.engine.block_manager.num_used_blocks,
+            "hit_rate": self._hit_rate,
+        }
 
     def _update_gauges(self) -> None:
         self._waiting_in_engine = len(self.engine.scheduler.waiting)

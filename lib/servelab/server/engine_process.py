@@ -30,7 +30,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 
 from servelab.engine import SamplingParams
-from servelab.profiles import ParameterError
+from servelab.errors import ParameterError
 from servelab.server.engine_loop import Accepted, Draining, EngineLoop, Handle, QueueFull, Rejected, Tokens
 from servelab.server.metrics import ServerMetrics
 
@@ -76,15 +76,25 @@ def engine_process_main(conn, build_engine: Callable, step_log_path: str | None)
         gauges = loop.gauges()
         if outbox or gauges != sent_gauges[0]:
             items = outbox[:]
-            del outbox[:len(items)]
+            del outbox[: len(items)]
             sent_gauges[0] = gauges
             send(("updates", items, gauges))
 
     loop = EngineLoop(engine, step_log=StepLog(step_log_path) if step_log_path else None, after_iteration=flush)
     handles: dict[int, Handle] = {}
-    send(("ready", {"vocab": loop.vocab, "max_model_len": loop.max_model_len, "num_blocks": engine.num_blocks,
-                    "special_ids": special_ids(engine.model.config), "stats": engine.stats(),
-                    "device": str(engine.device)}))
+    send(
+        (
+            "ready",
+            {
+                "vocab": loop.vocab,
+                "max_model_len": loop.max_model_len,
+                "num_blocks": engine.num_blocks,
+                "special_ids": special_ids(engine.model.config),
+                "stats": engine.stats(),
+                "device": str(engine.device),
+            },
+        )
+    )
     loop.start()
     while True:
         try:
@@ -98,6 +108,7 @@ def engine_process_main(conn, build_engine: Callable, step_log_path: str | None)
 
             def deliver(update, rid=rid):
                 outbox.append((rid, _portable(update)))
+
             try:
                 handles[rid] = loop.submit(prompt_ids, params, deliver)
             except (Draining, QueueFull) as e:
@@ -112,6 +123,7 @@ def engine_process_main(conn, build_engine: Callable, step_log_path: str | None)
             def reply(fut, cid=cid):
                 err = fut.exception()
                 send(("result", cid, err is None, fut.result() if err is None else f"{type(err).__name__}: {err}"))
+
             loop.call(lambda lp, fn=fn, args=args: fn(lp, *args)).add_done_callback(reply)
         elif kind == "drain":
             clean = loop.drain(msg[1])
@@ -126,9 +138,15 @@ def engine_process_main(conn, build_engine: Callable, step_log_path: str | None)
 class EngineProcess:
     """The parent's proxy for the engine process; the same interface as ``EngineLoop``."""
 
-    def __init__(self, build_engine: Callable, *, max_waiting: int | None = None,
-                 metrics: ServerMetrics | None = None, step_log_path: str | None = None,
-                 start_method: str | None = None):
+    def __init__(
+        self,
+        build_engine: Callable,
+        *,
+        max_waiting: int | None = None,
+        metrics: ServerMetrics | None = None,
+        step_log_path: str | None = None,
+        start_method: str | None = None,
+    ):
         self.build_engine = build_engine
         self.start_method = start_method
         self.max_waiting = max_waiting
@@ -140,7 +158,7 @@ class EngineProcess:
         self._send_lock = threading.Lock()
         self._draining = False
         self._dead = False
-        self._unadmitted = 0        # submitted, not yet accepted or rejected by the child
+        self._unadmitted = 0  # submitted, not yet accepted or rejected by the child
         self._count_lock = threading.Lock()
         self._drained_clean = False
         self._waiting_in_engine = 0
@@ -158,8 +176,12 @@ class EngineProcess:
         does not survive a fork): ``python -m servelab.server`` forks first thing, before either."""
         ctx = multiprocessing.get_context(self.start_method or "spawn")
         self._conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=engine_process_main, args=(child, self.build_engine, self.step_log_path),
-                                name="servelab-engine", daemon=True)
+        self.proc = ctx.Process(
+            target=engine_process_main,
+            args=(child, self.build_engine, self.step_log_path),
+            name="servelab-engine",
+            daemon=True,
+        )
         self.proc.start()
         child.close()
         if not self._conn.poll(timeout_s):
@@ -183,7 +205,7 @@ class EngineProcess:
         self.metrics = metrics
         metrics.kv_total.set(self.info.get("num_blocks", 0))
 
-    def start(self) -> "EngineProcess":
+    def start(self) -> EngineProcess:
         """Start reading the child's messages (in this process's serving phase)."""
         self._reader = threading.Thread(target=self._read, name="engine-reader", daemon=True)
         self._reader.start()

@@ -21,16 +21,30 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-               405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
-               500: "internal_error", 503: "service_unavailable"}
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "internal_error",
+    503: "service_unavailable",
+}
 
 
 class APIError(Exception):
     """An error to answer with; raised anywhere in a request handler."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.headers = status, message, param, code, headers
 
@@ -42,8 +56,14 @@ class APIError(Exception):
 
 
 def error_body(status: int, message: str, *, param: str | None = None, code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": ERROR_TYPES.get(status, "invalid_request_error"),
-                      "param": param, "code": code}}
+    return {
+        "error": {
+            "message": message,
+            "type": ERROR_TYPES.get(status, "invalid_request_error"),
+            "param": param,
+            "code": code,
+        }
+    }
 
 
 def from_validation_error(e: ValidationError) -> APIError:
@@ -51,8 +71,9 @@ def from_validation_error(e: ValidationError) -> APIError:
     errs = e.errors(include_url=False)
     first = errs[0] if errs else {"loc": (), "msg": str(e), "type": ""}
     if first["type"] == "json_invalid":
-        return APIError(400, f"malformed JSON body: {first.get('ctx', {}).get('error', first['msg'])}",
-                        code="malformed_json")
+        return APIError(
+            400, f"malformed JSON body: {first.get('ctx', {}).get('error', first['msg'])}", code="malformed_json"
+        )
     loc = [str(p) for p in first["loc"] if not isinstance(p, int)]
     # a union reports the branch it tried ("prompt.str"); the field is what the client wrote
     param = loc[0] if loc else None

@@ -19,14 +19,18 @@ from typing import NamedTuple
 
 from servelab.engine import SamplingParams
 from servelab.engine.sequence import FinishReason
-from servelab.profiles import ParameterError
+from servelab.errors import ParameterError
 from servelab.server.engine_loop import Accepted, Draining, EngineLoop, Handle, QueueFull, Rejected, Tokens
 from servelab.server.errors import APIError
 from servelab.server.output_text import OutputText
 from servelab.server.tokenizer import TextCodec
 
-FINISH_REASONS = {FinishReason.LENGTH: "length", FinishReason.EOS: "stop", FinishReason.STOP: "stop",
-                  FinishReason.ABORT: "abort"}
+FINISH_REASONS = {
+    FinishReason.LENGTH: "length",
+    FinishReason.EOS: "stop",
+    FinishReason.STOP: "stop",
+    FinishReason.ABORT: "abort",
+}
 
 
 class GenerationFailed(Exception):
@@ -35,8 +39,8 @@ class GenerationFailed(Exception):
 
 class ChoiceEvent(NamedTuple):
     index: int
-    text: str                  # text that may be sent now (possibly empty)
-    token_id: int | None       # the generated token (None on a finish without a new token)
+    text: str  # text that may be sent now (possibly empty)
+    token_id: int | None  # the generated token (None on a finish without a new token)
     finish_reason: str | None  # "stop", "length" or "abort" on the choice's last event
 
 
@@ -87,14 +91,24 @@ class Mailbox:
 
 
 class Generation:
-    def __init__(self, engine_loop: EngineLoop, codec: TextCodec, prompts: list[list[int]],
-                 params: list[SamplingParams], stop_strings: list[str], *, retry_after_s: int = 1,
-                 mailbox: Mailbox | None = None):
+    def __init__(
+        self,
+        engine_loop: EngineLoop,
+        codec: TextCodec,
+        prompts: list[list[int]],
+        params: list[SamplingParams],
+        stop_strings: list[str],
+        *,
+        retry_after_s: int = 1,
+        mailbox: Mailbox | None = None,
+    ):
         self.engine_loop = engine_loop
         self.mailbox = mailbox
         self.retry_after_s = retry_after_s
-        self.choices = [Choice(i, p, sp, OutputText(codec.new_decoder(p), stop_strings))
-                        for i, (p, sp) in enumerate(zip(prompts, params))]
+        self.choices = [
+            Choice(i, p, sp, OutputText(codec.new_decoder(p), stop_strings))
+            for i, (p, sp) in enumerate(zip(prompts, params))
+        ]
         self.queue: asyncio.Queue = asyncio.Queue()
         self._early: list = []  # token updates that arrived while start() was still waiting for acceptances
 
@@ -115,14 +129,20 @@ class Generation:
         (400 for a prompt the engine refuses, 429 for a full queue, 503 while draining)."""
         mailbox = self.mailbox or Mailbox(asyncio.get_running_loop())
         for c in self.choices:
+
             def deliver(update, i=c.index):
                 mailbox.post(self.queue, (i, update))
+
             try:
                 c.handle = self.engine_loop.submit(c.prompt_ids, c.params, deliver)
             except QueueFull as e:
                 self.cancel()
-                raise APIError(429, f"server busy: {e}; retry later", code="queue_full",
-                               headers={"Retry-After": str(self.retry_after_s)}) from None
+                raise APIError(
+                    429,
+                    f"server busy: {e}; retry later",
+                    code="queue_full",
+                    headers={"Retry-After": str(self.retry_after_s)},
+                ) from None
             except Draining as e:
                 self.cancel()
                 raise APIError(503, str(e), code="shutting_down") from None
@@ -138,8 +158,12 @@ class Generation:
                     if isinstance(err, ParameterError):
                         raise APIError(400, str(err), param="prompt" if "prompt" in str(err) else None)
                     raise APIError(500, f"engine error: {type(err).__name__}: {err}")
-                elif isinstance(update, Tokens) and update.finish_reason is not None and not update.token_ids \
-                        and i in pending:
+                elif (
+                    isinstance(update, Tokens)
+                    and update.finish_reason is not None
+                    and not update.token_ids
+                    and i in pending
+                ):
                     self.cancel()  # aborted before it was admitted: the server is shutting down
                     raise APIError(503, "the request was aborted: the server is shutting down", code="shutting_down")
                 else:

@@ -69,10 +69,20 @@ class ServerProcess:
     file unless given). ``startup_timeout_s`` covers model loading and CUDA-graph capture.
     """
 
-    def __init__(self, model: str = "config:tiny-llama", *, scheduler: str = "chunked_prefill",
-                 port: int | None = None, host: str = "127.0.0.1", extra_args=(), env: dict | None = None,
-                 startup_timeout_s: float = 600.0, stop_timeout_s: float = 120.0, log_path: str | Path | None = None,
-                 python: str = sys.executable):
+    def __init__(
+        self,
+        model: str = "config:tiny-llama",
+        *,
+        scheduler: str = "chunked_prefill",
+        port: int | None = None,
+        host: str = "127.0.0.1",
+        extra_args=(),
+        env: dict | None = None,
+        startup_timeout_s: float = 600.0,
+        stop_timeout_s: float = 120.0,
+        log_path: str | Path | None = None,
+        python: str = sys.executable,
+    ):
         self.model, self.scheduler, self.host = model, scheduler, host
         self.port = port or free_port(host)
         self.extra_args = [str(a) for a in extra_args]
@@ -92,26 +102,41 @@ class ServerProcess:
 
     @property
     def command(self) -> list[str]:
-        return [self.python, "-m", "servelab.server", "--model", self.model, "--scheduler", self.scheduler,
-                "--host", self.host, "--port", str(self.port), *self.extra_args]
+        return [
+            self.python,
+            "-m",
+            "servelab.server",
+            "--model",
+            self.model,
+            "--scheduler",
+            self.scheduler,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            *self.extra_args,
+        ]
 
     @property
     def returncode(self) -> int | None:
         return None if self.proc is None else self.proc.poll()
 
-    def start(self) -> "ServerProcess":
+    def start(self) -> ServerProcess:
         env = dict(os.environ if self.env is None else self.env)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(LIB_DIR), env.get("PYTHONPATH", "")) if p)
         env.setdefault("PYTHONUNBUFFERED", "1")
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT, env=env,
-                                     stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            self.command, stdout=self._log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL
+        )
         try:
             wait_healthy(self.base_url, self.startup_timeout_s, alive=lambda: self.proc.poll() is None)
         except (ServerStartError, TimeoutError) as e:
             self.stop()
-            raise ServerStartError(f"{e}; exit code {self.returncode}; command: {' '.join(self.command)}\n"
-                                   f"--- log tail ({self.log_path}) ---\n{log_tail(self.log_path)}") from None
+            raise ServerStartError(
+                f"{e}; exit code {self.returncode}; command: {' '.join(self.command)}\n"
+                f"--- log tail ({self.log_path}) ---\n{log_tail(self.log_path)}"
+            ) from None
         return self
 
     def stop(self) -> int | None:
@@ -132,7 +157,7 @@ class ServerProcess:
     def log(self, lines: int = 40) -> str:
         return log_tail(self.log_path, lines)
 
-    def __enter__(self) -> "ServerProcess":
+    def __enter__(self) -> ServerProcess:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -155,8 +180,17 @@ class ServerThread:
     down the way a signal would: new requests get 503, running ones drain, then the engine stops.
     """
 
-    def __init__(self, engine, codec=None, settings=None, *, host: str = "127.0.0.1", port: int | None = None,
-                 step_log=None, startup_timeout_s: float = 60.0):
+    def __init__(
+        self,
+        engine,
+        codec=None,
+        settings=None,
+        *,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        step_log=None,
+        startup_timeout_s: float = 60.0,
+    ):
         import uvicorn
 
         from servelab.server.app import ServerSettings, create_app
@@ -175,8 +209,14 @@ class ServerThread:
         self.settings = settings or ServerSettings(model_name="servelab")
         self.host, self.port = host, port or free_port(host)
         self.app = create_app(engine, self.codec, self.settings, step_log=step_log)
-        config = uvicorn.Config(self.app, host=self.host, port=self.port, log_level="warning", access_log=False,
-                                timeout_graceful_shutdown=self.settings.drain_timeout_s)
+        config = uvicorn.Config(
+            self.app,
+            host=self.host,
+            port=self.port,
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=self.settings.drain_timeout_s,
+        )
         self.server = uvicorn.Server(config)
         self.startup_timeout_s = startup_timeout_s
         self._thread: threading.Thread | None = None
@@ -190,7 +230,7 @@ class ServerThread:
         """The app's ``ServerState`` (engine loop, metrics)."""
         return self.app.state.server
 
-    def start(self) -> "ServerThread":
+    def start(self) -> ServerThread:
         from servelab.server.engine_loop import EngineLoop
 
         self._switch_interval_s = sys.getswitchinterval()
@@ -214,7 +254,7 @@ class ServerThread:
             self._thread.join(timeout_s)
         sys.setswitchinterval(getattr(self, "_switch_interval_s", sys.getswitchinterval()))
 
-    def __enter__(self) -> "ServerThread":
+    def __enter__(self) -> ServerThread:
         return self.start()
 
     def __exit__(self, *exc) -> None:

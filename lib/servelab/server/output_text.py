@@ -19,8 +19,8 @@ class OutputText:
         self.stops = list(stop_strings)
         self.hold = max((len(s) for s in self.stops), default=1) - 1  # characters withheld while streaming
         self.text = ""
-        self.sent = 0          # characters of ``text`` already handed out
-        self.stopped = False   # a stop string was found; ``text`` ends before it
+        self.sent = 0  # characters of ``text`` already handed out
+        self.stopped = False  # a stop string was found; ``text`` ends before it
 
     def push(self, token_id: int) -> str:
         """Add a generated token; the text that may be sent now (possibly empty)."""
@@ -34,7 +34,7 @@ class OutputText:
             return ""
         delta = self._add(self.decoder.flush())
         if not self.stopped:
-            delta += self.text[self.sent:]
+            delta += self.text[self.sent :]
             self.sent = len(self.text)
         return delta
 
@@ -45,12 +45,12 @@ class OutputText:
         self.text += new
         hits = [i for i in (self.text.find(s, search_from) for s in self.stops) if i >= 0]
         if hits:
-            self.text = self.text[:min(hits)]
+            self.text = self.text[: min(hits)]
             self.stopped = True
-            delta, self.sent = self.text[self.sent:], len(self.text)
+            delta, self.sent = self.text[self.sent :], len(self.text)
             return delta
         safe = len(self.text) - self.hold
         if safe > self.sent:
-            delta, self.sent = self.text[self.sent:safe], safe
+            delta, self.sent = self.text[self.sent : safe], safe
             return delta
         return ""

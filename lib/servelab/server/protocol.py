@@ -68,8 +68,12 @@ class SamplingFields(StrictModel):
         if self.n != 1:
             out.append(("n", "only n=1 is supported"))
         if self.presence_penalty or self.frequency_penalty:
-            out.append(("presence_penalty" if self.presence_penalty else "frequency_penalty",
-                        "presence/frequency penalties are not supported"))
+            out.append(
+                (
+                    "presence_penalty" if self.presence_penalty else "frequency_penalty",
+                    "presence/frequency penalties are not supported",
+                )
+            )
         if self.logit_bias:
             out.append(("logit_bias", "logit_bias is not supported"))
         if self.stream_options is not None and not self.stream:
@@ -127,6 +131,7 @@ class ChatCompletionRequest(SamplingFields):
 
 # ---- responses (plain dicts: they are built per token, so no validation on the hot path) ----------
 
+
 def completion_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
@@ -137,5 +142,8 @@ def now_s() -> int:
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }

@@ -29,15 +29,19 @@ class ResponseFormat:
         self.created = now_s()
         self.model = model_name
         obj = "chat.completion.chunk" if chat else "text_completion"
-        self._prefix = (f'data: {{"id":"{self.id}","object":"{obj}","created":{self.created},'
-                        f'"model":{json.dumps(model_name)},"choices":[{{"index":')
+        self._prefix = (
+            f'data: {{"id":"{self.id}","object":"{obj}","created":{self.created},'
+            f'"model":{json.dumps(model_name)},"choices":[{{"index":'
+        )
         self._suffix = '}],"usage":null}\n\n' if include_usage else "}]}\n\n"
 
     # ---- streaming ------------------------------------------------------------------------------
     def role_chunk(self, index: int) -> str:
         """A chat stream opens each choice with the assistant role."""
-        return f'{self._prefix}{index},"delta":{{"role":"assistant","content":""}},"logprobs":null,' \
-               f'"finish_reason":null{self._suffix}'
+        return (
+            f'{self._prefix}{index},"delta":{{"role":"assistant","content":""}},"logprobs":null,'
+            f'"finish_reason":null{self._suffix}'
+        )
 
     def chunk(self, ev: ChoiceEvent) -> str:
         if self.chat:
@@ -47,13 +51,20 @@ class ResponseFormat:
         ids = ""
         if self.return_token_ids:
             ids = ',"token_ids":[]' if ev.token_id is None else f',"token_ids":[{ev.token_id}]'
-        return f'{self._prefix}{ev.index},{body},"logprobs":null,"finish_reason":{_finish(ev.finish_reason)}' \
-               f'{ids}{self._suffix}'
+        return (
+            f'{self._prefix}{ev.index},{body},"logprobs":null,"finish_reason":{_finish(ev.finish_reason)}'
+            f"{ids}{self._suffix}"
+        )
 
     def usage_chunk(self, gen: Generation) -> str:
-        obj = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
-               "created": self.created, "model": self.model, "choices": [],
-               "usage": usage(gen.prompt_tokens, gen.completion_tokens)}
+        obj = {
+            "id": self.id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [],
+            "usage": usage(gen.prompt_tokens, gen.completion_tokens),
+        }
         return f"data: {json.dumps(obj, separators=(',', ':'))}\n\n"
 
     @staticmethod
@@ -64,12 +75,20 @@ class ResponseFormat:
     def body(self, gen: Generation) -> dict:
         choices = []
         for c in gen.choices:
-            choice = ({"index": c.index, "message": {"role": "assistant", "content": c.text.text}}
-                      if self.chat else {"index": c.index, "text": c.text.text})
+            choice = (
+                {"index": c.index, "message": {"role": "assistant", "content": c.text.text}}
+                if self.chat
+                else {"index": c.index, "text": c.text.text}
+            )
             choice |= {"logprobs": None, "finish_reason": c.finish_reason}
             if self.return_token_ids:
                 choice["token_ids"] = c.token_ids
             choices.append(choice)
-        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
-                "created": self.created, "model": self.model, "choices": choices,
-                "usage": usage(gen.prompt_tokens, gen.completion_tokens)}
+        return {
+            "id": self.id,
+            "object": "chat.completion" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": usage(gen.prompt_tokens, gen.completion_tokens),
+        }

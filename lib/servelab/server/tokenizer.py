@@ -16,7 +16,7 @@ import codecs
 from pathlib import Path
 from typing import Protocol
 
-from servelab.profiles import ParameterError
+from servelab.errors import ParameterError
 
 BYTES = 256
 CONTEXT_TOKENS = 5  # prompt tokens an HF decoder starts from, so the first output token gets its leading space right
@@ -83,8 +83,9 @@ class ByteTokenizer:
         return bytes(i - self.offset for i in ids if 0 <= i - self.offset < BYTES).decode("utf-8", errors="replace")
 
     def chat_prompt(self, messages: list[dict]) -> list[int]:
-        raise NoChatTemplate("this model has no chat template (its tokenizer is the byte-level fallback); "
-                             "use /v1/completions")
+        raise NoChatTemplate(
+            "this model has no chat template (its tokenizer is the byte-level fallback); use /v1/completions"
+        )
 
 
 class HFDecoder:
@@ -102,18 +103,18 @@ class HFDecoder:
 
     def push(self, token_id: int) -> str:
         self.ids.append(token_id)
-        prefix = self._decode(self.ids[self.prefix_offset:self.read_offset])
-        text = self._decode(self.ids[self.prefix_offset:])
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        text = self._decode(self.ids[self.prefix_offset :])
         if len(text) > len(prefix) and not text.endswith("\ufffd"):
             self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-            return text[len(prefix):]
+            return text[len(prefix) :]
         return ""
 
     def flush(self) -> str:
-        prefix = self._decode(self.ids[self.prefix_offset:self.read_offset])
-        text = self._decode(self.ids[self.prefix_offset:])
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        text = self._decode(self.ids[self.prefix_offset :])
         self.prefix_offset = self.read_offset = len(self.ids)
-        return text[len(prefix):] if len(text) > len(prefix) else ""
+        return text[len(prefix) :] if len(text) > len(prefix) else ""
 
 
 class HFTokenizer:
@@ -154,8 +155,9 @@ def load_codec(spec: str, special: list[int], vocab_size: int) -> tuple[TextCode
     the ``special`` ids); and a one-line note saying which was chosen and why."""
     if not spec.startswith("config:"):
         path = Path(spec).expanduser()
-        has_files = path.is_dir() and any((path / f).exists() for f in
-                                          ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model"))
+        has_files = path.is_dir() and any(
+            (path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+        )
         if has_files or not path.exists():
             try:
                 from transformers import AutoTokenizer
@@ -167,4 +169,7 @@ def load_codec(spec: str, special: list[int], vocab_size: int) -> tuple[TextCode
                 codec = ByteTokenizer(vocab_size, special)
                 return codec, f"tokenizer: byte-level fallback ({why})"
     codec = ByteTokenizer(vocab_size, special)
-    return codec, f"tokenizer: byte-level fallback (ids {codec.offset}..{codec.offset + BYTES - 1}; the model ships none)"
+    return (
+        codec,
+        f"tokenizer: byte-level fallback (ids {codec.offset}..{codec.offset + BYTES - 1}; the model ships none)",
+    )

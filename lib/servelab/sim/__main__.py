@@ -17,10 +17,10 @@ import sys
 
 from servelab.engine.policies import POLICIES
 from servelab.engine.step_graphs import step_graph_sizes
+from servelab.errors import ParameterError
 from servelab.loadgen.lengths import ShareGPTLike, UniformLengths
 from servelab.loadgen.metrics import records_for_csv
 from servelab.loadgen.workload import Trace
-from servelab.profiles import ParameterError
 from servelab.sim.cost_model import StepCostModel
 from servelab.sim.routers import ROUTERS
 from servelab.sim.simulator import DEFAULT_NUM_BLOCKS, simulate
@@ -44,11 +44,17 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--num-blocks", type=int, default=DEFAULT_NUM_BLOCKS, help="KV blocks per replica")
     p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--step-graphs", action="store_true",
-                   help="the server replays captured step graphs (the engine's default on CUDA): price each prefill "
-                        "step's padding to its bucket of the ladder below --max-num-batched-tokens")
-    p.add_argument("--prefix-caching", action="store_true",
-                   help="give every replica the engine's prefix cache (the trace must carry prompt_ids)")
+    p.add_argument(
+        "--step-graphs",
+        action="store_true",
+        help="the server replays captured step graphs (the engine's default on CUDA): price each prefill "
+        "step's padding to its bucket of the ladder below --max-num-batched-tokens",
+    )
+    p.add_argument(
+        "--prefix-caching",
+        action="store_true",
+        help="give every replica the engine's prefix cache (the trace must carry prompt_ids)",
+    )
     p.add_argument("--slo-ttft-ms", type=float, help="goodput SLO on TTFT (ms)")
     p.add_argument("--slo-tpot-ms", type=float, help="goodput SLO on TPOT (ms)")
     p.add_argument("--no-token-times", action="store_true", help="keep only first/last token per request (long runs)")
@@ -67,23 +73,47 @@ def main(argv=None) -> int:
         else:
             if args.duration is None:
                 raise ParameterError("--rate needs --duration (seconds of arrivals)")
-            trace = Trace.synthetic(rate=args.rate, lengths=LENGTHS[args.lengths](), duration_s=args.duration,
-                                    seed=args.seed, max_requests=10_000_000)
+            trace = Trace.synthetic(
+                rate=args.rate,
+                lengths=LENGTHS[args.lengths](),
+                duration_s=args.duration,
+                seed=args.seed,
+                max_requests=10_000_000,
+            )
         cost = StepCostModel.load(args.cost_model)
-        run = simulate(trace, cost=cost, scheduler=args.scheduler, replicas=args.replicas, router=args.router,
-                       max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                       num_blocks=args.num_blocks, block_size=args.block_size, token_times=not args.no_token_times,
-                       prefix_caching=args.prefix_caching, progress=not args.no_progress,
-                       step_buckets=step_graph_sizes(args.max_num_batched_tokens) if args.step_graphs else None)
+        run = simulate(
+            trace,
+            cost=cost,
+            scheduler=args.scheduler,
+            replicas=args.replicas,
+            router=args.router,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            num_blocks=args.num_blocks,
+            block_size=args.block_size,
+            token_times=not args.no_token_times,
+            prefix_caching=args.prefix_caching,
+            progress=not args.no_progress,
+            step_buckets=step_graph_sizes(args.max_num_batched_tokens) if args.step_graphs else None,
+        )
         summary = run.summary(slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms)
     except ParameterError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     records_for_csv(run.records).to_csv(args.out, index=False)
-    print(json.dumps({"requests": len(run.records), "wall_s": round(run.wall_s, 3),
-                      "prefix_hit_rate": run.prefix_hit_rate,
-                      "sim_requests_per_s": round(len(run.records) / max(run.wall_s, 1e-9), 1), **summary},
-                     indent=1, default=float))
+    print(
+        json.dumps(
+            {
+                "requests": len(run.records),
+                "wall_s": round(run.wall_s, 3),
+                "prefix_hit_rate": run.prefix_hit_rate,
+                "sim_requests_per_s": round(len(run.records) / max(run.wall_s, 1e-9), 1),
+                **summary,
+            },
+            indent=1,
+            default=float,
+        )
+    )
     return 0
 
 

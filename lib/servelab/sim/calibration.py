@@ -36,16 +36,17 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import least_squares, nnls
 
-from servelab.costs.cost_model import DECODE_TERMS, PREFILL_TERMS, CostModel
+from servelab.errors import ParameterError
 from servelab.loadgen.metrics import check_records
-from servelab.profiles import ParameterError
+from servelab.sim.cost_fit import DECODE_TERMS, PREFILL_TERMS, CostModel
 from servelab.sim.cost_model import StepCostModel
 
 STEP_LOG_COLUMNS = ("start_s", "end_s", "prefill_tokens", "decode_tokens", "num_seqs")
 
 
-def step_features(steps: pd.DataFrame, records: pd.DataFrame, *, busy_gap_ms: float = 1.0,
-                  step_buckets=None) -> pd.DataFrame:
+def step_features(
+    steps: pd.DataFrame, records: pd.DataFrame, *, busy_gap_ms: float = 1.0, step_buckets=None
+) -> pd.DataFrame:
     """One row per step of one run that was followed at once by another: ``cycle_ms``, ``prefill_tokens``,
     ``prefill_pairs`` (Σ n(c + n/2)), ``context_pairs`` (Σ n·c), ``longest_context`` (the most cached tokens
     one chunk or decode of a step with prefill reads, reconstructed),
@@ -68,12 +69,12 @@ def step_features(steps: pd.DataFrame, records: pd.DataFrame, *, busy_gap_ms: fl
     with np.errstate(invalid="ignore", divide="ignore"):
         mean_ctx = np.where(live > 0, ctx_sum / np.maximum(live, 1), 0.0)
     pre = s["prefill_tokens"].to_numpy(float)
-    if "decode_steps" in s.columns:   # a multi-step decode group is several steps in one row: not fitted
+    if "decode_steps" in s.columns:  # a multi-step decode group is several steps in one row: not fitted
         busy &= (s["decode_steps"] <= 1).to_numpy()
     pairs, ctx_pairs, chunk_ctx = _prefill_pairs(pre, records)
     dec_ctx = dec * mean_ctx
-    if logs_contexts(s):   # as the engine counted them: exact, where the reconstruction is an estimate
-        within = pairs - ctx_pairs                       # Σ n²/2 of the chunks, which the log does not hold
+    if logs_contexts(s):  # as the engine counted them: exact, where the reconstruction is an estimate
+        within = pairs - ctx_pairs  # Σ n²/2 of the chunks, which the log does not hold
         logged = s["prefill_context_tokens"].to_numpy(float)
         # the longest context a chunk reads (max c), which the log does not hold either: the stream's where it
         # agrees with the logged Σ n·c, else that of one chunk holding the step's prefill tokens (c = Σ n·c / n)
@@ -83,7 +84,7 @@ def step_features(steps: pd.DataFrame, records: pd.DataFrame, *, busy_gap_ms: fl
         chunk_ctx = np.where(agree, chunk_ctx, one_chunk)
         ctx_pairs = logged
         pairs = within + ctx_pairs
-        dec_ctx = s["decode_context_tokens"].to_numpy(float) - dec   # the simulator counts cached tokens only
+        dec_ctx = s["decode_context_tokens"].to_numpy(float) - dec  # the simulator counts cached tokens only
     # a step waits for its longest walk over cached keys: with prefill, in its one ragged kernel, a chunk's or a
     # decode's beside it (Study 1's mixed steps pay for their longest decode's context at the chunks' rate);
     # decode-only, in the decode kernel, its longest sequence's
@@ -96,10 +97,20 @@ def step_features(steps: pd.DataFrame, records: pd.DataFrame, *, busy_gap_ms: fl
         i = np.searchsorted(b, tokens, side="left")
         inside = (pre > 0) & (i < len(b))
         pad[inside] = b[i[inside]] - tokens[inside]
-    out = pd.DataFrame({"start_s": start, "cycle_ms": (nxt - start) * 1e3, "prefill_tokens": pre,
-                        "prefill_pairs": pairs, "context_pairs": ctx_pairs, "longest_context": longest,
-                        "decode_tokens": dec, "decode_context": dec_ctx,
-                        "num_seqs": s["num_seqs"].to_numpy(float), "pad_tokens": pad})
+    out = pd.DataFrame(
+        {
+            "start_s": start,
+            "cycle_ms": (nxt - start) * 1e3,
+            "prefill_tokens": pre,
+            "prefill_pairs": pairs,
+            "context_pairs": ctx_pairs,
+            "longest_context": longest,
+            "decode_tokens": dec,
+            "decode_context": dec_ctx,
+            "num_seqs": s["num_seqs"].to_numpy(float),
+            "pad_tokens": pad,
+        }
+    )
     return out[busy & (out["cycle_ms"] > 0)].reset_index(drop=True)
 
 
@@ -118,15 +129,16 @@ def _prefill_pairs(pre: np.ndarray, records: pd.DataFrame) -> tuple[np.ndarray, 
     most cached tokens one of its chunks reads (max c), taking the steps' prefill tokens from the prompts laid
     end to end in send order (see the module docstring)."""
     sent = records["sent_s"].to_numpy(float)
-    lengths = records["prompt_tokens"].to_numpy(float)[np.argsort(np.where(np.isnan(sent), np.inf, sent),
-                                                                  kind="stable")]
+    lengths = records["prompt_tokens"].to_numpy(float)[
+        np.argsort(np.where(np.isnan(sent), np.inf, sent), kind="stable")
+    ]
     ends = np.cumsum(lengths)
     pairs, ctx, chunk_ctx = np.zeros(len(pre)), np.zeros(len(pre)), np.zeros(len(pre))
     pos, j = 0.0, 0
     for i, p in enumerate(pre):
         left = float(p)
         while left > 0 and j < len(lengths):
-            c = pos - (ends[j] - lengths[j])            # tokens of prompt j already prefilled
+            c = pos - (ends[j] - lengths[j])  # tokens of prompt j already prefilled
             take = min(left, ends[j] - pos)
             pairs[i] += take * (c + take / 2)
             ctx[i] += take * c
@@ -135,7 +147,7 @@ def _prefill_pairs(pre: np.ndarray, records: pd.DataFrame) -> tuple[np.ndarray, 
             left -= take
             if pos >= ends[j]:
                 j += 1
-        if left > 0:                                    # a recompute the stream does not hold: context 0
+        if left > 0:  # a recompute the stream does not hold: context 0
             pairs[i] += left * left / 2
     return pairs, ctx, chunk_ctx
 
@@ -166,8 +178,8 @@ def _decoding_context(records: pd.DataFrame, t: np.ndarray) -> tuple[np.ndarray,
         lo, hi = np.searchsorted(ts, [times[0], times[-1]], side="left")
         if hi <= lo:
             continue
-        got = np.searchsorted(times, ts[lo:hi], side="right")   # tokens received by then
-        c = prompt + got - 1                                       # the newest token is the one being decoded
+        got = np.searchsorted(times, ts[lo:hi], side="right")  # tokens received by then
+        c = prompt + got - 1  # the newest token is the one being decoded
         ctx[order[lo:hi]] += c
         live[order[lo:hi]] += 1
         longest[order[lo:hi]] = np.maximum(longest[order[lo:hi]], c)
@@ -187,10 +199,19 @@ def _parts(base: StepCostModel, f: pd.DataFrame) -> tuple[np.ndarray, np.ndarray
     ctx = _col(f, "context_pairs")
     longest = _col(f, "longest_context")
     p_fixed = np.where(has, a_p, 0.0)
-    p_var = np.where(has, b_p * (pre + _col(f, "pad_tokens")) + k_p * f["prefill_pairs"].to_numpy(float)
-                     + k_cx * ctx + base.ms_per_longest_context_token * longest, 0.0)
-    d_part = (np.where(has, 0.0, a_d + base.ms_per_decode_walk_token * longest)
-              + b_d * f["decode_tokens"].to_numpy(float) + k_d * f["decode_context"].to_numpy(float))
+    p_var = np.where(
+        has,
+        b_p * (pre + _col(f, "pad_tokens"))
+        + k_p * f["prefill_pairs"].to_numpy(float)
+        + k_cx * ctx
+        + base.ms_per_longest_context_token * longest,
+        0.0,
+    )
+    d_part = (
+        np.where(has, 0.0, a_d + base.ms_per_decode_walk_token * longest)
+        + b_d * f["decode_tokens"].to_numpy(float)
+        + k_d * f["decode_context"].to_numpy(float)
+    )
     return p_fixed, p_var, d_part
 
 
@@ -211,17 +232,23 @@ def fit_overheads(base: StepCostModel, features: pd.DataFrame) -> tuple[StepCost
     d_part = sd * d_part
     dec = features["prefill_tokens"].to_numpy(float) == 0
     if dec.sum() < 3 or (~dec).sum() < 3:
-        raise ParameterError(f"need at least 3 decode-only and 3 prefill steps, got {int(dec.sum())} and "
-                             f"{int((~dec).sum())}")
+        raise ParameterError(
+            f"need at least 3 decode-only and 3 prefill steps, got {int(dec.sum())} and {int((~dec).sum())}"
+        )
     # Two stages, so that the many decode steps do not drown the few prefill ones: the overheads from the
     # decode-only steps, then the prefill terms from what the prefill steps leave.
     # Robust (soft-L1) least squares on relative residuals: steps slowed by a GC pause, a compilation or a
     # busy CPU must not pull the fit; every term >= 0. The decode scale stays as given: on decode-only steps it
     # is indistinguishable from the overheads (a_d against the per-step one, b_d against the per-sequence one).
     yd, nd = y[dec], n[dec]
-    sol = least_squares(lambda c: (d_part[dec] + c[0] + c[1] * nd - yd) / yd,
-                        x0=[max(float(np.median(yd - d_part[dec])), 0.0), 0.0], bounds=([0, 0], [np.inf, np.inf]),
-                        loss="soft_l1", f_scale=0.05, x_scale="jac")
+    sol = least_squares(
+        lambda c: (d_part[dec] + c[0] + c[1] * nd - yd) / yd,
+        x0=[max(float(np.median(yd - d_part[dec])), 0.0), 0.0],
+        bounds=([0, 0], [np.inf, np.inf]),
+        loss="soft_l1",
+        f_scale=0.05,
+        x_scale="jac",
+    )
     c0, c1 = (float(v) for v in sol.x)
     pre = ~dec
     yp = y[pre]
@@ -233,43 +260,69 @@ def fit_overheads(base: StepCostModel, features: pd.DataFrame) -> tuple[StepCost
     free_mixed = n_mixed >= 3
     pf, pv, cx, mx = p_fixed[pre], p_var[pre], ctx[pre], mixed[pre]
 
-    def prefill_model(c):   # c = [prefill_scale, ms_per_context_pair, prefill_fixed_scale, mixed_step_ms]
+    def prefill_model(c):  # c = [prefill_scale, ms_per_context_pair, prefill_fixed_scale, mixed_step_ms]
         return c[0] * (c[2] * pf + pv) + c[1] * cx + c[3] * mx + rest
 
     lo = [0.1, 0.0, 0.0 if free_fixed else 1.0, 0.0]
     hi = [20.0, np.inf, 20.0 if free_fixed else 1.0 + 1e-9, np.inf if free_mixed else 1e-12]
-    sol = least_squares(lambda c: (prefill_model(c) - yp) / yp, x0=[1.0, 0.0, 1.0, 0.0], bounds=(lo, hi),
-                        loss="soft_l1", f_scale=0.2, x_scale="jac")
+    sol = least_squares(
+        lambda c: (prefill_model(c) - yp) / yp,
+        x0=[1.0, 0.0, 1.0, 0.0],
+        bounds=(lo, hi),
+        loss="soft_l1",
+        f_scale=0.2,
+        x_scale="jac",
+    )
     sp, kc, fs, mstep = (float(v) for v in sol.x)
     fs = fs if free_fixed else 1.0
     mstep = mstep if free_mixed else 0.0
 
-    model = base.with_overheads(prefill_scale=sp, decode_scale=sd, ms_per_context_pair=kc, step_overhead_ms=c0,
-                                seq_overhead_ms=c1, prefill_fixed_scale=fs, mixed_step_ms=mstep,
-                                source=f"{base.source} + serving terms fitted on {len(features)} steps")
+    model = base.with_overheads(
+        prefill_scale=sp,
+        decode_scale=sd,
+        ms_per_context_pair=kc,
+        step_overhead_ms=c0,
+        seq_overhead_ms=c1,
+        prefill_fixed_scale=fs,
+        mixed_step_ms=mstep,
+        source=f"{base.source} + serving terms fitted on {len(features)} steps",
+    )
     before = 100 * np.abs(predict_cycles(base, features) - y) / y
     after = 100 * np.abs(predict_cycles(model, features) - y) / y
-    stats = {"steps": int(len(features)), "prefill_scale": sp, "decode_scale": sd, "ms_per_context_pair": kc,
-             "prefill_fixed_scale": fs, "mixed_step_ms": mstep,
-             "median_abs_pct_before": float(np.median(before)), "p90_abs_pct_before": float(np.percentile(before, 90)),
-             "median_abs_pct_after": float(np.median(after)), "p90_abs_pct_after": float(np.percentile(after, 90))}
+    stats = {
+        "steps": int(len(features)),
+        "prefill_scale": sp,
+        "decode_scale": sd,
+        "ms_per_context_pair": kc,
+        "prefill_fixed_scale": fs,
+        "mixed_step_ms": mstep,
+        "median_abs_pct_before": float(np.median(before)),
+        "p90_abs_pct_before": float(np.percentile(before, 90)),
+        "median_abs_pct_after": float(np.median(after)),
+        "p90_abs_pct_after": float(np.percentile(after, 90)),
+    }
     return model, stats
 
 
 def predict_cycles(model: StepCostModel, features: pd.DataFrame) -> np.ndarray:
     """``model``'s step time (ms) of each row of ``features``, its padding as the features give it."""
-    cols = [features[k].to_numpy(float) for k in ("prefill_tokens", "prefill_pairs", "decode_tokens",
-                                                  "decode_context", "num_seqs")]
+    cols = [
+        features[k].to_numpy(float)
+        for k in ("prefill_tokens", "prefill_pairs", "decode_tokens", "decode_context", "num_seqs")
+    ]
     m = model.with_step_buckets(())
     b_p = m.prefill_scale * m.gpu_terms()[1]
-    return np.array([m.step_ms(p, q, d, c, n, x, k) + (b_p * pad if p else 0.0)
-                     for p, q, d, c, n, x, k, pad in zip(*cols, _col(features, "context_pairs"),
-                                                         _col(features, "longest_context"),
-                                                         _col(features, "pad_tokens"))])
+    return np.array(
+        [
+            m.step_ms(p, q, d, c, n, x, k) + (b_p * pad if p else 0.0)
+            for p, q, d, c, n, x, k, pad in zip(
+                *cols, _col(features, "context_pairs"), _col(features, "longest_context"), _col(features, "pad_tokens")
+            )
+        ]
+    )
 
 
-def fit_step_log_model(features: pd.DataFrame, model: str, *, context_reads: bool = True
-                       ) -> tuple[StepCostModel, dict]:
+def fit_step_log_model(features: pd.DataFrame, model: str, *, context_reads: bool = True) -> tuple[StepCostModel, dict]:
     """The whole ``CostModel`` form (prefill and decode terms) fitted to the cycle times of ``features``;
     serving overheads are inside its intercepts and per-sequence terms, and a step mixing prefill chunks with
     decodes pays a fixed cost of its own (``mixed_step_ms``) when the log holds both kinds of prefill step. For
@@ -286,36 +339,68 @@ def fit_step_log_model(features: pd.DataFrame, model: str, *, context_reads: boo
     if len(pre) < len(PREFILL_TERMS) or len(dec) < len(DECODE_TERMS) + 1:
         raise ParameterError(f"too few busy steps to fit {model}: {len(pre)} with prefill, {len(dec)} decode-only")
     # and a decode-only step waits for its longest sequence's walk over its keys (``StepCostModel``)
-    walk = _col(dec, "longest_context") if context_reads else None   # None: unpriced (``ablation``'s before)
-    Xd = np.column_stack([np.ones(len(dec)), dec["decode_tokens"], dec["decode_context"]]
-                         + ([walk] if context_reads else []))
+    walk = _col(dec, "longest_context") if context_reads else None  # None: unpriced (``ablation``'s before)
+    Xd = np.column_stack(
+        [np.ones(len(dec)), dec["decode_tokens"], dec["decode_context"]] + ([walk] if context_reads else [])
+    )
     yd = dec["cycle_ms"].to_numpy(float)
     start, _ = nnls(Xd / yd[:, None], np.ones(len(yd)))
-    cd = least_squares(lambda c: (Xd @ c - yd) / yd, x0=start, bounds=(0, np.inf), loss="soft_l1", f_scale=0.05,
-                       x_scale="jac").x
+    cd = least_squares(
+        lambda c: (Xd @ c - yd) / yd, x0=start, bounds=(0, np.inf), loss="soft_l1", f_scale=0.05, x_scale="jac"
+    ).x
     w_d = float(cd[3]) if context_reads else 0.0
     # a mixed step: prefill terms + the decode terms of its decodes (not the decode intercept) + the mixed cost
     yp = pre["cycle_ms"].to_numpy(float)
     rest = (cd[1] * pre["decode_tokens"] + cd[2] * pre["decode_context"]).to_numpy(float)
     mixed = (pre["decode_tokens"] > 0).to_numpy(float)
-    free_mixed = 3 <= mixed.sum() <= len(mixed) - 3   # else the mixed cost and the intercept are one number
+    free_mixed = 3 <= mixed.sum() <= len(mixed) - 3  # else the mixed cost and the intercept are one number
     # padding tokens go through the dense layers like real ones: they count as prefill tokens
-    # and a chunk after cached context pays for the context it reads (``servelab.sim.context_reads``)
-    Xp = np.column_stack([np.ones(len(pre)), pre["prefill_tokens"] + _col(pre, "pad_tokens"), pre["prefill_pairs"],
-                          mixed, _col(pre, "longest_context") if context_reads else np.zeros(len(pre))])
+    # and a chunk after cached context pays for the context it reads (``servelab.studies.s08_simulator.context_reads``)
+    Xp = np.column_stack(
+        [
+            np.ones(len(pre)),
+            pre["prefill_tokens"] + _col(pre, "pad_tokens"),
+            pre["prefill_pairs"],
+            mixed,
+            _col(pre, "longest_context") if context_reads else np.zeros(len(pre)),
+        ]
+    )
     hi = [np.inf, np.inf, np.inf, np.inf if free_mixed else 1e-12, np.inf if context_reads else 1e-12]
-    cp = least_squares(lambda c: (Xp @ c + rest - yp) / yp, x0=[1.0, 0.01, 0.0, 0.0, 0.0],
-                       bounds=([0, 0, 0, 0, 0], hi), loss="soft_l1", f_scale=0.2, x_scale="jac").x
+    cp = least_squares(
+        lambda c: (Xp @ c + rest - yp) / yp,
+        x0=[1.0, 0.01, 0.0, 0.0, 0.0],
+        bounds=([0, 0, 0, 0, 0], hi),
+        loss="soft_l1",
+        f_scale=0.2,
+        x_scale="jac",
+    ).x
     mixed_ms = float(cp[3]) if free_mixed else 0.0
     cp[4] = cp[4] if context_reads else 0.0
     ep = 100 * (Xp[:, :3] @ cp[:3] + mixed_ms * mixed + cp[4] * Xp[:, 4] + rest - yp) / yp
     ed = 100 * (Xd @ cd - yd) / yd
-    err = {"prefill_median_abs_pct": float(np.median(np.abs(ep))), "prefill_max_abs_pct": float(np.max(np.abs(ep))),
-           "decode_median_abs_pct": float(np.median(np.abs(ed))), "decode_max_abs_pct": float(np.max(np.abs(ed)))}
-    gpu = CostModel(model, "step_log", dict(zip(PREFILL_TERMS, map(float, cp[:3]))),
-                    dict(zip(DECODE_TERMS, map(float, cd[:3]))), err)
-    return StepCostModel(gpu=gpu, mixed_step_ms=mixed_ms, ms_per_longest_context_token=float(cp[4]),
-                         ms_per_decode_walk_token=w_d,
-                         source=f"{model}: fitted to {len(features)} busy steps of the server's step log"), \
-        {"steps": int(len(features)), "mixed_step_ms": mixed_ms, "ms_per_longest_context_token": float(cp[4]),
-         "ms_per_decode_walk_token": w_d, **err}
+    err = {
+        "prefill_median_abs_pct": float(np.median(np.abs(ep))),
+        "prefill_max_abs_pct": float(np.max(np.abs(ep))),
+        "decode_median_abs_pct": float(np.median(np.abs(ed))),
+        "decode_max_abs_pct": float(np.max(np.abs(ed))),
+    }
+    gpu = CostModel(
+        model,
+        "step_log",
+        dict(zip(PREFILL_TERMS, map(float, cp[:3]))),
+        dict(zip(DECODE_TERMS, map(float, cd[:3]))),
+        err,
+    )
+    return StepCostModel(
+        gpu=gpu,
+        mixed_step_ms=mixed_ms,
+        ms_per_longest_context_token=float(cp[4]),
+        ms_per_decode_walk_token=w_d,
+        source=f"{model}: fitted to {len(features)} busy steps of the server's step log",
+    ), {
+        "steps": int(len(features)),
+        "mixed_step_ms": mixed_ms,
+        "ms_per_longest_context_token": float(cp[4]),
+        "ms_per_decode_walk_token": w_d,
+        **err,
+    }

@@ -14,21 +14,29 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import pandas as pd
 
-from servelab.profiles import ParameterError
+from servelab.errors import ParameterError
 from servelab.sim.cost_model import StepCostModel
 from servelab.sim.simulator import simulate
 
 
 def meets_slo(summary: dict, slo_ttft_ms: float, slo_tpot_ms: float) -> bool:
     """Whether p99 TTFT and p99 TPOT are within the SLO and every request completed."""
-    return (summary["failed"] == 0 and summary["ttft_p99_ms"] <= slo_ttft_ms
-            and not summary["tpot_p99_ms"] > slo_tpot_ms)
+    return summary["failed"] == 0 and summary["ttft_p99_ms"] <= slo_ttft_ms and not summary["tpot_p99_ms"] > slo_tpot_ms
 
 
-def replicas_needed(make_trace: Callable[[float], object], rates: Iterable[float], routers: Iterable[str], *,
-                    cost: StepCostModel, slo_ttft_ms: float, slo_tpot_ms: float, max_replicas: int = 64,
-                    time_budget_s: float | None = None, progress: bool = False,
-                    **sim_kwargs) -> tuple[pd.DataFrame, pd.DataFrame]:
+def replicas_needed(
+    make_trace: Callable[[float], object],
+    rates: Iterable[float],
+    routers: Iterable[str],
+    *,
+    cost: StepCostModel,
+    slo_ttft_ms: float,
+    slo_tpot_ms: float,
+    max_replicas: int = 64,
+    time_budget_s: float | None = None,
+    progress: bool = False,
+    **sim_kwargs,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """``(needed, tried)``: per router and rate the fewest replicas that meet the SLO (``replicas`` NaN and
     ``met`` False when even ``max_replicas`` do not), and every (router, rate, replicas) simulated with its
     p99 TTFT and TPOT. ``make_trace(rate)`` builds the trace of one rate (the same for every router).
@@ -59,22 +67,40 @@ def replicas_needed(make_trace: Callable[[float], object], rates: Iterable[float
                 run = simulate(traces[rate], cost=cost, replicas=n, router=router, token_times=False, **sim_kwargs)
                 s = run.summary(slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms)
                 cache[(rate, n)] = meets_slo(s, slo_ttft_ms, slo_tpot_ms)
-                tried.append({"router": router, "rate": rate, "replicas": n, "met": cache[(rate, n)],
-                              "ttft_p99_ms": s["ttft_p99_ms"], "tpot_p99_ms": s["tpot_p99_ms"],
-                              "goodput_req_s": s["goodput_req_s"], "requests": len(run.records),
-                              "sim_wall_s": run.wall_s})
+                tried.append(
+                    {
+                        "router": router,
+                        "rate": rate,
+                        "replicas": n,
+                        "met": cache[(rate, n)],
+                        "ttft_p99_ms": s["ttft_p99_ms"],
+                        "tpot_p99_ms": s["tpot_p99_ms"],
+                        "goodput_req_s": s["goodput_req_s"],
+                        "requests": len(run.records),
+                        "sim_wall_s": run.wall_s,
+                    }
+                )
             return cache[(rate, n)]
 
         prev_rate, prev_n = None, 1
         for rate in rates:
             if t_end is not None and time.perf_counter() > t_end:
-                needed.append({"router": router, "rate": rate, "replicas": np.nan, "met": False,
-                               "slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms, "status": "skipped: time budget"})
+                needed.append(
+                    {
+                        "router": router,
+                        "rate": rate,
+                        "replicas": np.nan,
+                        "met": False,
+                        "slo_ttft_ms": slo_ttft_ms,
+                        "slo_tpot_ms": slo_tpot_ms,
+                        "status": "skipped: time budget",
+                    }
+                )
                 if bar is not None:
                     bar.update(1)
                 continue
             if prev_n > max_replicas:
-                met, n = False, prev_n     # a lower rate already needed more than max_replicas
+                met, n = False, prev_n  # a lower rate already needed more than max_replicas
             else:
                 floor_n = prev_n
                 n = max(floor_n, int(prev_n * rate / prev_rate * 0.9)) if prev_rate else 1
@@ -91,9 +117,17 @@ def replicas_needed(make_trace: Callable[[float], object], rates: Iterable[float
                             met = True
                             break
                 prev_rate, prev_n = rate, (n if met else max_replicas + 1)
-            needed.append({"router": router, "rate": rate, "replicas": n if met else np.nan, "met": met,
-                           "slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms,
-                           "status": "ok" if met else f"not met with {max_replicas} replicas"})
+            needed.append(
+                {
+                    "router": router,
+                    "rate": rate,
+                    "replicas": n if met else np.nan,
+                    "met": met,
+                    "slo_ttft_ms": slo_ttft_ms,
+                    "slo_tpot_ms": slo_tpot_ms,
+                    "status": "ok" if met else f"not met with {max_replicas} replicas",
+                }
+            )
             if bar is not None:
                 bar.update(1)
     if bar is not None:
@@ -108,15 +142,24 @@ def default_slo(cost: StepCostModel, mean_prompt_tokens: float, mean_output_toke
     p = float(mean_prompt_tokens)
     prefill = cost.step_ms(int(p), p * p / 2, 0, 0, 1) + cost.ingress_ms
     ctx = int(p + mean_output_tokens / 2)
-    decode = cost.step_ms(0, 0.0, 1, ctx, 1, 0.0, ctx)   # one sequence: it is also the longest
+    decode = cost.step_ms(0, 0.0, 1, ctx, 1, 0.0, ctx)  # one sequence: it is also the longest
     return 10 * prefill, 5 * decode
 
 
-def single_replica_rate(make_trace: Callable[[float], object], *, cost: StepCostModel, slo_ttft_ms: float,
-                        slo_tpot_ms: float, start: float = 1.0, doublings: int = 14, refine: int = 3,
-                        **sim_kwargs) -> float:
+def single_replica_rate(
+    make_trace: Callable[[float], object],
+    *,
+    cost: StepCostModel,
+    slo_ttft_ms: float,
+    slo_tpot_ms: float,
+    start: float = 1.0,
+    doublings: int = 14,
+    refine: int = 3,
+    **sim_kwargs,
+) -> float:
     """The highest request rate (req/s) one replica serves within the SLO, to a factor 2^(1/2^refine):
     doubling from ``start``, then bisection in log space. NaN when even ``start`` fails."""
+
     def ok(rate):
         s = simulate(make_trace(rate), cost=cost, replicas=1, token_times=False, **sim_kwargs).summary()
         return meets_slo(s, slo_ttft_ms, slo_tpot_ms)

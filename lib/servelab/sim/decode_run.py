@@ -16,7 +16,7 @@ number of steps, so booking, cutting and committing it cost O(sequences), not O(
 The run is committed lazily (``commit``), so that an arrival routed to the replica mid-run cuts it (``cut``) at
 the first step that starts at or after the arrival, exactly where a step-by-step simulation would next call
 ``schedule()``. Committing does the scheduler's own bookkeeping for the steps kept: slots reserved through its
-``_reserve``, tokens appended, finishes through its ``_finish_reason`` / ``_finish``.
+``reserve_slots``, tokens appended, finishes through its ``finish_reason`` / ``finish``.
 ``tests/test_sim_fast_forward.py`` checks the outcome against step-by-step simulation (every step through
 ``schedule`` and ``postprocess``), and ``tests/test_sim_engine_order.py`` against the engine itself.
 
@@ -34,8 +34,8 @@ from servelab.engine.scheduler import Scheduler
 from servelab.sim.cost_model import StepCostModel
 from servelab.sim.records import RequestBook
 
-MAX_RUN_STEPS = 4096   # bounds one run (and the token-time lists it builds)
-SIM_TOKEN = 0          # the token every simulated step "samples" (the simulator's schedulers know no EOS)
+MAX_RUN_STEPS = 4096  # bounds one run (and the token-time lists it builds)
+SIM_TOKEN = 0  # the token every simulated step "samples" (the simulator's schedulers know no EOS)
 
 
 def _at(t: float, a: float, b: float, i: int) -> float:
@@ -49,15 +49,31 @@ class DecodeRun:
     with ``decodes[g]`` decodes, the ``l``-th lasting ``a[g] + b[g]·l`` ms, from ``t[g]`` to ``end[g]`` (s), and
     ``fin[g]`` sequences get their last token in its last step; its first step reads ``ctx[g]`` cached tokens."""
 
-    __slots__ = ("seqs", "starts", "lefts", "t0", "steps", "first", "length", "decodes", "a", "b", "t", "end", "fin",
-                 "ctx", "_fin_end", "_fin_cum")
+    __slots__ = (
+        "seqs",
+        "starts",
+        "lefts",
+        "t0",
+        "steps",
+        "first",
+        "length",
+        "decodes",
+        "a",
+        "b",
+        "t",
+        "end",
+        "fin",
+        "ctx",
+        "_fin_end",
+        "_fin_cum",
+    )
 
     def __init__(self, seqs, starts, lefts, t0: float, steps: int, segments: list[tuple]):
         self.seqs, self.starts, self.lefts = seqs, starts, lefts
         self.t0, self.steps = t0, steps
         cols = list(zip(*segments))
         self.first, self.length, self.decodes, self.a, self.b, self.t, self.end, self.fin, self.ctx = map(list, cols)
-        self._fin_end = self._fin_cum = None     # built when first asked (only a load-reading router asks)
+        self._fin_end = self._fin_cum = None  # built when first asked (only a load-reading router asks)
 
     @property
     def run_end(self) -> float:
@@ -65,7 +81,7 @@ class DecodeRun:
 
     # ---- planning ---------------------------------------------------------------------------------
     @classmethod
-    def plan(cls, sched: Scheduler, cost: StepCostModel, t: float) -> "DecodeRun | None":
+    def plan(cls, sched: Scheduler, cost: StepCostModel, t: float) -> DecodeRun | None:
         """The run that starts at ``t`` on ``sched``, or None when the pattern does not hold (someone waits, a
         sequence is mid-prompt or may stop early, a prefix cache is in use, no block for the first step)."""
         if sched.waiting or not sched.running or sched.bm.prefix_cache is not None:
@@ -78,8 +94,11 @@ class DecodeRun:
             p = seq.params
             out = len(seq.output_token_ids)
             c = seq.num_computed_tokens
-            if len(seq.prompt_token_ids) + out - c != 1 or SIM_TOKEN in p.stop_token_ids or (
-                    eos_stops and not p.ignore_eos):
+            if (
+                len(seq.prompt_token_ids) + out - c != 1
+                or SIM_TOKEN in p.stop_token_ids
+                or (eos_stops and not p.ignore_eos)
+            ):
                 return None
             add_start(c)
             add_left(p.max_tokens - out)
@@ -93,7 +112,7 @@ class DecodeRun:
             if k < 1:
                 return None
         fixed_ms, per_decode_ms, per_ctx_ms, per_walk_ms = cost.decode_step_terms()
-        d, ctx = len(seqs), sum(starts)         # decodes, and their total context at step 0
+        d, ctx = len(seqs), sum(starts)  # decodes, and their total context at step 0
         segments = []
         first, now, fin = 0, t, 0
         # the sequences in finishing order; a segment ends where the next one finishes (or at step k)
@@ -103,16 +122,16 @@ class DecodeRun:
         for j in range(len(order) - 1, -1, -1):
             longest[j] = max(longest[j + 1], order[j][1])
         for j, (left, start) in enumerate(order):
-            if left > first and first < k:      # close the segment [first, min(left, k)) before this finish
+            if left > first and first < k:  # close the segment [first, min(left, k)) before this finish
                 stop = left if left < k else k
                 n = stop - first
-                c = ctx + first * d             # cached tokens the segment's first step reads
+                c = ctx + first * d  # cached tokens the segment's first step reads
                 a = fixed_ms + per_decode_ms * d + per_ctx_ms * c + per_walk_ms * (longest[j] + first)
                 b = per_ctx_ms * d + per_walk_ms
                 end = _at(now, a, b, n)
                 segments.append([first, n, d, a, b, now, end, 0, c])
                 first, now = stop, end
-            if left == first:                   # it gets its last token in the segment just closed
+            if left == first:  # it gets its last token in the segment just closed
                 segments[-1][7] += 1
                 d -= 1
                 ctx -= start
@@ -136,7 +155,7 @@ class DecodeRun:
         end (s), or None when that keeps them all."""
         if not self.steps:
             return None
-        g = bisect_left(self.end, t_arrival)        # the first segment that ends at or after the arrival
+        g = bisect_left(self.end, t_arrival)  # the first segment that ends at or after the arrival
         if g >= len(self.end):
             return None
         t, a, b, n = self.t[g], self.a[g], self.b[g], self.length[g]
@@ -153,7 +172,7 @@ class DecodeRun:
             i -= 1
         while i < n and _at(t, a, b, i) < t_arrival:
             i += 1
-        m = self.first[g] + i                       # steps kept: those that start before the arrival
+        m = self.first[g] + i  # steps kept: those that start before the arrival
         if m >= self.steps:
             return None
         self.steps = m
@@ -162,14 +181,14 @@ class DecodeRun:
             for col in (self.first, self.length, self.decodes, self.a, self.b, self.t, self.end, self.fin, self.ctx):
                 col.clear()
             return self.t0
-        g = bisect_right(self.first, m - 1) - 1     # the segment holding the last kept step
-        del self.first[g + 1:], self.length[g + 1:], self.decodes[g + 1:], self.a[g + 1:], self.b[g + 1:]
-        del self.t[g + 1:], self.end[g + 1:], self.fin[g + 1:], self.ctx[g + 1:]
+        g = bisect_right(self.first, m - 1) - 1  # the segment holding the last kept step
+        del self.first[g + 1 :], self.length[g + 1 :], self.decodes[g + 1 :], self.a[g + 1 :], self.b[g + 1 :]
+        del self.t[g + 1 :], self.end[g + 1 :], self.fin[g + 1 :], self.ctx[g + 1 :]
         n = m - self.first[g]
         if n < self.length[g]:
             self.length[g] = n
             self.end[g] = _at(self.t[g], self.a[g], self.b[g], n)
-            self.fin[g] = 0                         # its finishes were due in its last step, now cut
+            self.fin[g] = 0  # its finishes were due in its last step, now cut
         return self.end[-1]
 
     # ---- at its end -------------------------------------------------------------------------------------
@@ -198,7 +217,7 @@ class DecodeRun:
                     gap_ms = longest
             seg_of[f + n] = (self.end[g], gap_ms / 1e3)
         finished = 0
-        run_tokens, reserve = book.run_tokens, sched._reserve
+        run_tokens, reserve = book.run_tokens, sched.reserve_slots
         for seq, c, r in zip(self.seqs, self.starts, self.lefts):
             s = r if r < m else m
             last, gap = seg_of[s]
@@ -206,20 +225,22 @@ class DecodeRun:
             seq.output_token_ids += [SIM_TOKEN] * s
             seq.num_computed_tokens = c + s
             if s == r:
-                reason = sched._finish_reason(seq, SIM_TOKEN)
+                reason = sched.finish_reason(seq, SIM_TOKEN)
                 if reason is None:
                     raise RuntimeError(f"sequence {seq.seq_id} was planned to finish but has no finish reason")
-                sched._finish(seq, reason)          # frees its blocks (its last steps' slots were never reserved)
+                sched.finish(seq, reason)  # frees its blocks (its last steps' slots were never reserved)
                 book.finish(seq.index, last)
                 finished += 1
-            elif c + s > len(seq.kv_slots):         # (the plan checked that the free blocks cover it)
+            elif c + s > len(seq.kv_slots):  # (the plan checked that the free blocks cover it)
                 reserve(seq, c + s)
         return finished
 
     def log_rows(self, replica: int) -> list[tuple]:
         """Step-log rows (``simulator.STEP_COLUMNS``) of the kept steps, one per segment (contexts of its first)."""
-        return [(replica, t, e, 0, d, d, 0, 0, n, 0, c + d)
-                for t, e, d, n, c in zip(self.t, self.end, self.decodes, self.length, self.ctx)]
+        return [
+            (replica, t, e, 0, d, d, 0, 0, n, 0, c + d)
+            for t, e, d, n, c in zip(self.t, self.end, self.decodes, self.length, self.ctx)
+        ]
 
 
 def _block_limit(sched: Scheduler, seqs, starts, lefts, k_max: int) -> int:
@@ -228,12 +249,12 @@ def _block_limit(sched: Scheduler, seqs, starts, lefts, k_max: int) -> int:
     free = sched.bm.num_free_blocks
     held = [len(s.kv_slots) // bs for s in seqs]
 
-    def blocks(k: int) -> int:   # new blocks steps 0 … k-1 need: positions [0, start + min(k, left)) covered
+    def blocks(k: int) -> int:  # new blocks steps 0 … k-1 need: positions [0, start + min(k, left)) covered
         return sum(max(0, -(-(c + (k if k < r else r)) // bs) - h) for c, r, h in zip(starts, lefts, held))
 
     if blocks(k_max) <= free:
         return k_max
-    lo, hi = 0, k_max   # blocks(lo) <= free < blocks(hi); blocks(0) = 0
+    lo, hi = 0, k_max  # blocks(lo) <= free < blocks(hi); blocks(0) = 0
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if blocks(mid) <= free:

@@ -21,15 +21,16 @@ import numpy as np
 import pandas as pd
 
 from servelab.engine import Engine, SamplingParams
+from servelab.errors import ParameterError
 from servelab.loadgen.metrics import RECORD_COLUMNS
-from servelab.profiles import ParameterError
 from servelab.sim.simulator import as_trace
 
 CLOCKS = ("steps", "wall")
 
 
-def replay_on_engine(engine: Engine, trace, *, clock: str = "steps", vocab_low: int = 3, seed: int = 0
-                     ) -> tuple[pd.DataFrame, pd.DataFrame]:
+def replay_on_engine(
+    engine: Engine, trace, *, clock: str = "steps", vocab_low: int = 3, seed: int = 0
+) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Run ``trace`` through ``engine`` (greedy, ``ignore_eos``, ``max_tokens`` = the trace's output tokens).
     Prompts are the trace's ``prompt_ids``, or random ids in ``[vocab_low, vocab)`` drawn from ``seed``."""
     if clock not in CLOCKS:
@@ -37,8 +38,11 @@ def replay_on_engine(engine: Engine, trace, *, clock: str = "steps", vocab_low: 
     df = as_trace(trace).frame
     rng = np.random.default_rng(seed)
     vocab = engine.model.shape.vocab
-    prompts = (df["prompt_ids"].tolist() if "prompt_ids" in df.columns
-               else [rng.integers(vocab_low, vocab, int(n)).tolist() for n in df["prompt_tokens"]])
+    prompts = (
+        df["prompt_ids"].tolist()
+        if "prompt_ids" in df.columns
+        else [rng.integers(vocab_low, vocab, int(n)).tolist() for n in df["prompt_tokens"]]
+    )
     arrivals = df["arrival_s"].to_numpy(float)
     n = len(df)
     times: list[list[float]] = [[] for _ in range(n)]
@@ -54,11 +58,31 @@ def replay_on_engine(engine: Engine, trace, *, clock: str = "steps", vocab_low: 
 
     def on_step(rec):
         if clock == "steps":
-            log.append((now_steps[0], now_steps[0] + 1.0, rec.prefill_tokens, rec.decode_tokens, rec.num_seqs,
-                        rec.num_waiting, rec.num_preempted, rec.decode_steps))
+            log.append(
+                (
+                    now_steps[0],
+                    now_steps[0] + 1.0,
+                    rec.prefill_tokens,
+                    rec.decode_tokens,
+                    rec.num_seqs,
+                    rec.num_waiting,
+                    rec.num_preempted,
+                    rec.decode_steps,
+                )
+            )
         else:
-            log.append((rec.start_s - t_wall0, rec.end_s - t_wall0, rec.prefill_tokens, rec.decode_tokens,
-                        rec.num_seqs, rec.num_waiting, rec.num_preempted, rec.decode_steps))
+            log.append(
+                (
+                    rec.start_s - t_wall0,
+                    rec.end_s - t_wall0,
+                    rec.prefill_tokens,
+                    rec.decode_tokens,
+                    rec.num_seqs,
+                    rec.num_waiting,
+                    rec.num_preempted,
+                    rec.decode_steps,
+                )
+            )
 
     previous_hook = engine.on_step
     engine.on_step = on_step
@@ -67,8 +91,9 @@ def replay_on_engine(engine: Engine, trace, *, clock: str = "steps", vocab_low: 
         while i < n or engine.has_unfinished():
             t = now()
             while i < n and arrivals[i] <= t:
-                seq = engine.add_request(prompts[i], SamplingParams(max_tokens=int(df["output_tokens"].iat[i]),
-                                                                    ignore_eos=True))
+                seq = engine.add_request(
+                    prompts[i], SamplingParams(max_tokens=int(df["output_tokens"].iat[i]), ignore_eos=True)
+                )
                 by_seq[seq.seq_id] = i
                 sent[i] = t if clock == "wall" else arrivals[i]
                 i += 1
@@ -81,7 +106,7 @@ def replay_on_engine(engine: Engine, trace, *, clock: str = "steps", vocab_low: 
             steps_before = engine.steps
             events = engine.step()
             if clock == "steps":
-                now_steps[0] += engine.steps - steps_before   # a step that only preempted takes no time
+                now_steps[0] += engine.steps - steps_before  # a step that only preempted takes no time
             t_tok = now()
             for ev in events:
                 j = by_seq[ev.seq_id]
@@ -91,11 +116,31 @@ def replay_on_engine(engine: Engine, trace, *, clock: str = "steps", vocab_low: 
     finally:
         engine.on_step = previous_hook
     ok = ~np.isnan(finish)
-    records = pd.DataFrame({
-        "request_id": df["request_id"].to_numpy(), "arrival_s": arrivals, "prompt_tokens": df["prompt_tokens"].to_numpy(),
-        "output_tokens": [len(x) for x in times], "sent_s": sent,
-        "first_token_s": [x[0] if x else np.nan for x in times], "finish_s": finish, "token_times_s": times,
-        "ok": ok, "error": np.where(ok, "", "unfinished")})[RECORD_COLUMNS]
-    steps = pd.DataFrame(log, columns=["start_s", "end_s", "prefill_tokens", "decode_tokens", "num_seqs",
-                                       "num_waiting", "num_preempted", "decode_steps"])
+    records = pd.DataFrame(
+        {
+            "request_id": df["request_id"].to_numpy(),
+            "arrival_s": arrivals,
+            "prompt_tokens": df["prompt_tokens"].to_numpy(),
+            "output_tokens": [len(x) for x in times],
+            "sent_s": sent,
+            "first_token_s": [x[0] if x else np.nan for x in times],
+            "finish_s": finish,
+            "token_times_s": times,
+            "ok": ok,
+            "error": np.where(ok, "", "unfinished"),
+        }
+    )[RECORD_COLUMNS]
+    steps = pd.DataFrame(
+        log,
+        columns=[
+            "start_s",
+            "end_s",
+            "prefill_tokens",
+            "decode_tokens",
+            "num_seqs",
+            "num_waiting",
+            "num_preempted",
+            "decode_steps",
+        ],
+    )
     return records, steps

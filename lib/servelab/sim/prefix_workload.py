@@ -12,12 +12,20 @@ from __future__ import annotations
 
 import numpy as np
 
+from servelab.errors import ParameterError
 from servelab.loadgen.workload import Trace
-from servelab.profiles import ParameterError
 
 
-def with_shared_prefixes(trace: Trace, *, groups: int, prefix_tokens: int, vocab: int = 32000, alpha: float = 1.0,
-                         seed: int = 0, materialize: bool = False) -> Trace:
+def with_shared_prefixes(
+    trace: Trace,
+    *,
+    groups: int,
+    prefix_tokens: int,
+    vocab: int = 32000,
+    alpha: float = 1.0,
+    seed: int = 0,
+    materialize: bool = False,
+) -> Trace:
     """``trace`` with a ``prefix_group`` column (and ``prompt_ids`` with ``materialize``), as described above."""
     for name, v in (("groups", groups), ("prefix_tokens", prefix_tokens), ("vocab", vocab)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -32,7 +40,7 @@ def with_shared_prefixes(trace: Trace, *, groups: int, prefix_tokens: int, vocab
     if materialize:
         ids = []
         for g, n in zip(group, df["prompt_tokens"].to_numpy()):
-            head = prefixes[g, :min(n, prefix_tokens)]
+            head = prefixes[g, : min(n, prefix_tokens)]
             tail = rng.integers(0, vocab, max(0, n - prefix_tokens))
             ids.append(np.concatenate([head, tail]).tolist())
         df["prompt_ids"] = ids

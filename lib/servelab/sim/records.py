@@ -24,12 +24,12 @@ class RequestBook:
     def __init__(self, n: int, *, token_times: bool):
         self.first_token_s = np.full(n, np.nan)
         self.finish_s = np.full(n, np.nan)
-        self.last_token_s = [np.nan] * n          # Python list: read and written once per token batch
+        self.last_token_s = [np.nan] * n  # Python list: read and written once per token batch
         self.max_gap_s = [0.0] * n
         self.num_tokens = [0] * n
         self.replica = np.full(n, -1, dtype=np.int32)
         self.token_times: list[list[float]] | None = [[] for _ in range(n)] if token_times else None
-        self.errors: dict[int, str] = {}          # requests the scheduler refused (the server's 400)
+        self.errors: dict[int, str] = {}  # requests the scheduler refused (the server's 400)
 
     def token(self, i: int, t: float) -> None:
         """Request ``i`` received one token at ``t``."""
@@ -46,8 +46,13 @@ class RequestBook:
     def step_tokens(self, seqs, t: float) -> list:
         """Each of ``seqs`` (objects with ``index``) received one token at ``t``; returns those that
         finished with it (status ``FINISHED``), their finish booked at ``t``: one step's samplers at once."""
-        first, last, gap, count, times = self.first_token_s, self.last_token_s, self.max_gap_s, self.num_tokens, \
-            self.token_times
+        first, last, gap, count, times = (
+            self.first_token_s,
+            self.last_token_s,
+            self.max_gap_s,
+            self.num_tokens,
+            self.token_times,
+        )
         done = []
         for seq in seqs:
             i = seq.index
@@ -81,8 +86,9 @@ class RequestBook:
         if self.token_times is not None:
             self.token_times[i].extend(times)
 
-    def run_tokens(self, i: int, first: float, last: float, count: int, max_step_gap_s: float,
-                   times: list[float] | None = None) -> None:
+    def run_tokens(
+        self, i: int, first: float, last: float, count: int, max_step_gap_s: float, times: list[float] | None = None
+    ) -> None:
         """Request ``i`` received ``count`` tokens from ``first`` to ``last`` (s), consecutive ones at most
         ``max_step_gap_s`` apart: the first ``count`` of ``times`` when token times are kept."""
         if self.num_tokens[i] == 0:
@@ -105,19 +111,22 @@ class RequestBook:
 def records_frame(book: RequestBook, trace_frame: pd.DataFrame, sent_s: np.ndarray) -> pd.DataFrame:
     """The load generator's record schema (``RECORD_COLUMNS``) plus ``replica``."""
     done = ~np.isnan(book.finish_s)
-    df = pd.DataFrame({
-        "request_id": trace_frame["request_id"].to_numpy(),
-        "arrival_s": trace_frame["arrival_s"].to_numpy(dtype=float),
-        "prompt_tokens": trace_frame["prompt_tokens"].to_numpy(),
-        "output_tokens": np.asarray(book.num_tokens),
-        "sent_s": sent_s,
-        "first_token_s": book.first_token_s,
-        "finish_s": book.finish_s,
-        "token_times_s": book.token_times if book.token_times is not None else [[] for _ in range(len(done))],
-        "ok": done,
-        "error": [("" if d else book.errors.get(i, "not finished when the simulation ended"))
-                  for i, d in enumerate(done)],
-    })
+    df = pd.DataFrame(
+        {
+            "request_id": trace_frame["request_id"].to_numpy(),
+            "arrival_s": trace_frame["arrival_s"].to_numpy(dtype=float),
+            "prompt_tokens": trace_frame["prompt_tokens"].to_numpy(),
+            "output_tokens": np.asarray(book.num_tokens),
+            "sent_s": sent_s,
+            "first_token_s": book.first_token_s,
+            "finish_s": book.finish_s,
+            "token_times_s": book.token_times if book.token_times is not None else [[] for _ in range(len(done))],
+            "ok": done,
+            "error": [
+                ("" if d else book.errors.get(i, "not finished when the simulation ended")) for i, d in enumerate(done)
+            ],
+        }
+    )
     df["replica"] = book.replica
     return df[RECORD_COLUMNS + ["replica"]]
 
@@ -133,14 +142,30 @@ def compact_metrics(records: pd.DataFrame, max_gap_s) -> pd.DataFrame:
     with np.errstate(invalid="ignore", divide="ignore"):
         tpot = np.where(ok & (n > 1), (e2e - ttft) / (n - 1), np.nan)
     gap = np.where(ok & (n > 1), np.asarray(max_gap_s, dtype=float) * 1e3, np.nan)
-    return pd.DataFrame({"request_id": records["request_id"].to_numpy(), "ok": ok,
-                         "prompt_tokens": records["prompt_tokens"].to_numpy(), "output_tokens": n.astype(int),
-                         "ttft_ms": ttft, "tpot_ms": tpot, "e2e_ms": e2e, "max_itl_ms": gap,
-                         "replica": records["replica"].to_numpy()})
+    return pd.DataFrame(
+        {
+            "request_id": records["request_id"].to_numpy(),
+            "ok": ok,
+            "prompt_tokens": records["prompt_tokens"].to_numpy(),
+            "output_tokens": n.astype(int),
+            "ttft_ms": ttft,
+            "tpot_ms": tpot,
+            "e2e_ms": e2e,
+            "max_itl_ms": gap,
+            "replica": records["replica"].to_numpy(),
+        }
+    )
 
 
-def compact_summary(metrics: pd.DataFrame, *, slo_ttft_ms=None, slo_tpot_ms=None, duration_s=None,
-                    first_sent_s: float = 0.0, last_finish_s: float | None = None) -> dict:
+def compact_summary(
+    metrics: pd.DataFrame,
+    *,
+    slo_ttft_ms=None,
+    slo_tpot_ms=None,
+    duration_s=None,
+    first_sent_s: float = 0.0,
+    last_finish_s: float | None = None,
+) -> dict:
     """``summarize``'s keys from ``compact_metrics`` (ITL percentiles are NaN: no per-token times were kept)."""
     done = metrics[metrics["ok"]]
     if duration_s is None:

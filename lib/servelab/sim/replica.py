@@ -11,11 +11,11 @@ is at its decode stage, the replica books the steps up to the next arrival as a 
 it included; see ``servelab.sim.decode_run``) without calling ``schedule()``. When someone waits, a decode-only
 batch the scheduler picked is repeated until the first finish, a block shortage or an arrival (the first step
 through ``postprocess``, the rest by appending the tokens and reserving their KV slots through the scheduler's
-own ``_reserve``, finishing through its ``_finish_reason`` / ``_finish``). Runs are committed lazily, so an
+own ``reserve_slots``, finishing through its ``finish_reason`` / ``finish``). Runs are committed lazily, so an
 arrival routed here mid-run cuts it at the first step that starts at or after the arrival, as the step-by-step
 simulation would. A single step the scheduler picked is settled when it starts (see ``Replica.start``).
 Every step that admits or preempts goes through the real scheduler, whose Python cost per running sequence
-then bounds the simulator's speed (``servelab.sim.speed`` measures it). ``fast_forward=False`` steps one at a
+then bounds the simulator's speed (``servelab.studies.s08_simulator.speed`` measures it). ``fast_forward=False`` steps one at a
 time through ``schedule`` and ``postprocess``: the reference ``tests/test_sim_fast_forward.py`` compares with.
 """
 
@@ -26,7 +26,7 @@ from bisect import bisect_left
 
 import numpy as np
 
-from servelab.engine.policies import ChunkedPrefill, EagerContBatch, FCFS
+from servelab.engine.policies import FCFS, ChunkedPrefill, EagerContBatch
 from servelab.engine.scheduler import ScheduledBatch, Scheduler, TokenBudgetScheduler
 from servelab.engine.sequence import SamplingParams, Sequence, SequenceStatus
 from servelab.kv.block_manager import BlockManager, OutOfBlocks
@@ -55,7 +55,7 @@ class SimBlockManager(BlockManager):
     def __init__(self, num_blocks: int, block_size: int):
         super().__init__(num_blocks, block_size)
         self._free_count = num_blocks
-        self._held: dict = {}        # seq_id -> blocks it holds
+        self._held: dict = {}  # seq_id -> blocks it holds
 
     @property
     def num_free_blocks(self) -> int:
@@ -111,10 +111,15 @@ class SimSequence(Sequence):
     scheduler only counts tokens) unless ``prompt_ids`` are given (a prefix cache compares them). The trace was
     validated as a whole, so the per-token check of ``Sequence`` is skipped."""
 
-    def __init__(self, index: int, prompt_tokens: int, params: SamplingParams, arrival_s: float,
-                 prompt_ids: list[int] | None = None):
-        super().__init__([SIM_TOKEN] * prompt_tokens if prompt_ids is None else prompt_ids, params,
-                         arrival_s=arrival_s)
+    def __init__(
+        self,
+        index: int,
+        prompt_tokens: int,
+        params: SamplingParams,
+        arrival_s: float,
+        prompt_ids: list[int] | None = None,
+    ):
+        super().__init__([SIM_TOKEN] * prompt_tokens if prompt_ids is None else prompt_ids, params, arrival_s=arrival_s)
         self.index = index
 
     def __post_init__(self):
@@ -128,25 +133,33 @@ class Replica:
     fast-forward mode, a ``DecodeRun`` (``_run``), possibly led by one step the scheduler picked and whose
     ``postprocess`` has already been applied (``_lead``, see ``start``)."""
 
-    def __init__(self, index: int, scheduler: Scheduler, cost: StepCostModel, book: RequestBook, *,
-                 fast_forward: bool = True, step_log: list | None = None):
+    def __init__(
+        self,
+        index: int,
+        scheduler: Scheduler,
+        cost: StepCostModel,
+        book: RequestBook,
+        *,
+        fast_forward: bool = True,
+        step_log: list | None = None,
+    ):
         self.index = index
         self.scheduler = scheduler
         self.cost = cost
         self.book = book
-        self.eager = fast_forward                                       # settle single steps at their start
+        self.eager = fast_forward  # settle single steps at their start
         self.fast_forward = fast_forward and type(scheduler) in FUSABLE  # and fuse decode steps
         self.step_log = step_log
-        self.outstanding = 0          # routed and not finished (the least-outstanding router reads it)
+        self.outstanding = 0  # routed and not finished (the least-outstanding router reads it)
         self.next_finish_s = math.inf  # no request in flight finishes before this (s): outstanding holds till then
-        self._committed = 0           # routed and not finished, but for the finishes of what is in flight
-        self.version = 0              # bumps when the in-flight run's end moves: stale heap entries are skipped
-        self.scheduled_wake = False   # a wake-up is queued for an idle replica
+        self._committed = 0  # routed and not finished, but for the finishes of what is in flight
+        self.version = 0  # bumps when the in-flight run's end moves: stale heap entries are skipped
+        self.scheduled_wake = False  # a wake-up is queued for an idle replica
         self._batch: ScheduledBatch | None = None
-        self._ends: list[float] | None = None   # end time (s) of each step of the in-flight ``_batch`` run
+        self._ends: list[float] | None = None  # end time (s) of each step of the in-flight ``_batch`` run
         self._steps = 0
-        self._lead: tuple | None = None         # (end s, requests it finished, step-log row) of a settled step
-        self._run: DecodeRun | None = None      # the in-flight decode run
+        self._lead: tuple | None = None  # (end s, requests it finished, step-log row) of a settled step
+        self._run: DecodeRun | None = None  # the in-flight decode run
         self.num_steps = 0
 
     @property
@@ -177,7 +190,7 @@ class Replica:
 
     def _in_flight(self, t: float, end: float | None) -> float | None:
         """Bookkeeping when what is in flight changes at ``t``; passes its ``end`` through."""
-        self.outstanding, self.next_finish_s = self._committed, -math.inf   # (the next sync sets it)
+        self.outstanding, self.next_finish_s = self._committed, -math.inf  # (the next sync sets it)
         return end
 
     # ---- stepping -------------------------------------------------------------------------------
@@ -202,12 +215,14 @@ class Replica:
                 break
             if not batch.preempted:
                 if sched.has_unfinished():
-                    raise RuntimeError(f"replica {self.index}: scheduler produced no work with {len(sched.waiting)} "
-                                       f"waiting and {len(sched.running)} running sequences")
+                    raise RuntimeError(
+                        f"replica {self.index}: scheduler produced no work with {len(sched.waiting)} "
+                        f"waiting and {len(sched.running)} running sequences"
+                    )
                 return None
         pre_tokens = decodes = ctx = longest = 0
         pairs = ctx_pairs = 0.0
-        samplers = []          # sequences that get a token from this step
+        samplers = []  # sequences that get a token from this step
         for it in batch.items:
             n = it.num_tokens
             seq = it.seq
@@ -223,18 +238,32 @@ class Replica:
                 ctx_pairs += n * it.start
                 if it.start + n == seq.num_tokens:
                     samplers.append(seq)
-        admitted = len(sched.waiting) != waiting_before   # (a prompt whose prefix is cached may admit as one token)
-        k = (self._run_length(batch) if self.fast_forward and not pre_tokens and not batch.preempted and not admitted
-             else 1)
+        admitted = len(sched.waiting) != waiting_before  # (a prompt whose prefix is cached may admit as one token)
+        k = (
+            self._run_length(batch)
+            if self.fast_forward and not pre_tokens and not batch.preempted and not admitted
+            else 1
+        )
         # the step-log row but for its end and step count (``simulator.STEP_COLUMNS``; contexts as the engine
         # logs them: Σ n·c of the chunks, Σ (c + 1) of the decodes)
-        log = ((t, pre_tokens, decodes, len(batch.items), len(sched.waiting), len(batch.preempted), int(ctx_pairs),
-                ctx + decodes) if self.step_log is not None else None)
+        log = (
+            (
+                t,
+                pre_tokens,
+                decodes,
+                len(batch.items),
+                len(sched.waiting),
+                len(batch.preempted),
+                int(ctx_pairs),
+                ctx + decodes,
+            )
+            if self.step_log is not None
+            else None
+        )
         if k == 1:
             # a step with prefill runs one ragged attention kernel and waits for its longest walk over cached keys,
             # a chunk's or a decode's (``StepCostModel``); the cost model ignores it for a decode-only step
-            end = t + self.cost.step_ms(pre_tokens, pairs, decodes, ctx, len(batch.items), ctx_pairs,
-                                        longest) / 1e3
+            end = t + self.cost.step_ms(pre_tokens, pairs, decodes, ctx, len(batch.items), ctx_pairs, longest) / 1e3
             if self.eager:
                 return self._in_flight(t, self._settle(batch, samplers, end, log))
             self._ends = [end]
@@ -268,7 +297,7 @@ class Replica:
             return 1
         k_cap = MAX_RUN_STEPS
         for it in items:
-            if it.start == 0 or it.seq.params.stop_token_ids:   # just admitted, or might stop early
+            if it.start == 0 or it.seq.params.stop_token_ids:  # just admitted, or might stop early
                 return 1
             left = it.seq.params.max_tokens - len(it.seq.output_token_ids)
             if left < k_cap:
@@ -304,7 +333,7 @@ class Replica:
             if end is not None:
                 self.version += 1
             return end
-        if self._batch is None or self._steps == 1:   # (a settled single step cannot be cut)
+        if self._batch is None or self._steps == 1:  # (a settled single step cannot be cut)
             return None
         ends = self._ends
         # step j starts at ends[j-1] (step 0 at the run's start); keep the steps starting strictly before
@@ -353,7 +382,7 @@ class Replica:
                     finished += 1
         else:
             times = ends
-            max_gap = ends[-1] - ends[-2]          # steps only lengthen within a run: its context grows
+            max_gap = ends[-1] - ends[-2]  # steps only lengthen within a run: its context grows
             extra = k - 1
             pad = [SIM_TOKEN] * extra
             cache = sched.bm.prefix_cache
@@ -362,15 +391,15 @@ class Replica:
                 book.tokens(seq.index, times, max_gap)
                 if seq.status is SequenceStatus.FINISHED:
                     raise RuntimeError("a fused decode run finished a sequence before its last step")
-                computed = seq.num_tokens + extra - 1   # the last sampled token stays uncomputed
-                sched._reserve(seq, computed)           # slots for every computed position; the run length
-                seq.output_token_ids += pad             # guaranteed the blocks
+                computed = seq.num_tokens + extra - 1  # the last sampled token stays uncomputed
+                sched.reserve_slots(seq, computed)  # slots for every computed position; the run length
+                seq.output_token_ids += pad  # guaranteed the blocks
                 seq.num_computed_tokens = computed
-                if cache is not None:                   # what postprocess does after each step
+                if cache is not None:  # what postprocess does after each step
                     sched.bm.cache_blocks(seq.seq_id, computed, seq.token_ids)
-                reason = sched._finish_reason(seq, SIM_TOKEN)
+                reason = sched.finish_reason(seq, SIM_TOKEN)
                 if reason is not None:
-                    sched._finish(seq, reason)
+                    sched.finish(seq, reason)
                     book.finish(seq.index, times[-1])
                     finished += 1
         self._committed -= finished

@@ -15,13 +15,13 @@ import zlib
 
 import numpy as np
 
-from servelab.profiles import ParameterError
+from servelab.errors import ParameterError
 
 ROUTERS = ("round_robin", "least_outstanding", "prefix_affinity")
 
 
 class RoundRobin:
-    reads_load = False     # whether it reads the replicas' ``outstanding`` (the simulator brings it up to date)
+    reads_load = False  # whether it reads the replicas' ``outstanding`` (the simulator brings it up to date)
     name = "round_robin"
 
     def __init__(self, replicas):
@@ -35,7 +35,7 @@ class RoundRobin:
 
 
 class LeastOutstanding:
-    reads_load = True     # whether it reads the replicas' ``outstanding`` (the simulator brings it up to date)
+    reads_load = True  # whether it reads the replicas' ``outstanding`` (the simulator brings it up to date)
     name = "least_outstanding"
 
     def __init__(self, replicas):
@@ -50,7 +50,7 @@ class LeastOutstanding:
 
 
 class PrefixAffinity:
-    reads_load = True     # whether it reads the replicas' ``outstanding`` (the simulator brings it up to date)
+    reads_load = True  # whether it reads the replicas' ``outstanding`` (the simulator brings it up to date)
     name = "prefix_affinity"
 
     def __init__(self, replicas, prefix_keys: np.ndarray, max_imbalance: int = 8):
@@ -74,8 +74,9 @@ def prefix_keys(prompt_ids, k: int) -> np.ndarray:
     return np.array([zlib.crc32(np.asarray(ids[:k], dtype=np.int64).tobytes()) for ids in prompt_ids], dtype=np.int64)
 
 
-def make_router(name: str, replicas, *, prompt_ids=None, prefix_groups=None, prefix_k: int = 32,
-                max_imbalance: int = 8):
+def make_router(
+    name: str, replicas, *, prompt_ids=None, prefix_groups=None, prefix_k: int = 32, max_imbalance: int = 8
+):
     """Router ``name`` over ``replicas`` (objects with ``.outstanding``). ``prefix_affinity`` needs
     ``prompt_ids`` (one list of token ids per request, in trace order), or ``prefix_groups`` (an integer per
     request naming its shared prefix, when the trace does not carry the ids)."""
@@ -86,8 +87,10 @@ def make_router(name: str, replicas, *, prompt_ids=None, prefix_groups=None, pre
     if name == "least_outstanding":
         return LeastOutstanding(replicas)
     if prompt_ids is None and prefix_groups is None:
-        raise ParameterError("the prefix_affinity router needs prompt token ids in the trace (a prompt_ids column) "
-                             "or a prefix_group column")
+        raise ParameterError(
+            "the prefix_affinity router needs prompt token ids in the trace (a prompt_ids column) "
+            "or a prefix_group column"
+        )
     for nm, v in (("prefix_k", prefix_k), ("max_imbalance", max_imbalance)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise ParameterError(f"{nm} must be a positive integer, got {v!r}")

@@ -17,8 +17,8 @@ from servelab.engine.policies.chunked_prefill import ChunkedPrefill
 from servelab.engine.policies.eager_cont_batch import EagerContBatch
 from servelab.engine.policies.fcfs import FCFS
 from servelab.engine.scheduler import Scheduler
+from servelab.errors import ParameterError
 from servelab.kv.block_manager import BlockManager
-from servelab.profiles import ParameterError
 
 POLICIES: dict[str, type[Scheduler]] = {
     "fcfs": FCFS,
@@ -50,8 +50,9 @@ def make_scheduler(name: str, **params) -> Scheduler:
     cls = policy_class(name)
     unknown = sorted(set(params) - set(PARAMS))
     if unknown:
-        raise ParameterError(f"unknown parameter(s) {', '.join(unknown)} for scheduler {name!r}; "
-                             f"accepted: {', '.join(PARAMS)}")
+        raise ParameterError(
+            f"unknown parameter(s) {', '.join(unknown)} for scheduler {name!r}; accepted: {', '.join(PARAMS)}"
+        )
     p = {**DEFAULTS, **params}
     bm = p.pop("block_manager", None)
     num_blocks = p.pop("num_blocks", None)
@@ -63,8 +64,9 @@ def make_scheduler(name: str, **params) -> Scheduler:
             raise ParameterError(f"block_manager must be a BlockManager, got {type(bm).__name__}")
     else:
         if num_blocks is None:
-            raise ParameterError(f"scheduler {name!r} needs the KV pool: block_manager=, or num_blocks= "
-                                 f"(and block_size=)")
+            raise ParameterError(
+                f"scheduler {name!r} needs the KV pool: block_manager=, or num_blocks= (and block_size=)"
+            )
         for k, v in (("num_blocks", num_blocks), ("block_size", block_size)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ParameterError(f"{k} must be a positive integer, got {v!r}")

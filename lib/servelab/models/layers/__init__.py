@@ -1,1 +1,1 @@
-"""Building blocks of the project's own model code: norms, rotary embeddings, paged attention."""
+"""Building blocks of the project's own model code: norms, rotary embeddings, the compiled-function cache."""

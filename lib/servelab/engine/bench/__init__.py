@@ -1,8 +1,0 @@
-"""The engine's benchmarks: what ``python -m servelab.bench`` runs and ``bench.csv`` records.
-
-- ``workload.py``: the standard offline workload (random prompts, lengths uniform in a range);
-- ``step.py``: one engine step (decode, prefill, a chunk after cached context, or mixed) as a timed callable, like ``servelab.hf_modes``;
-- ``offline.py``: offline throughput of the engine, and the roofline bound for the same workload;
-- ``hf_baseline.py``: HF ``generate`` with static batching on the same workload;
-- ``exactness.py``: greedy agreement and logit error against HF on the same weights.
-"""

@@ -1,0 +1,96 @@
+"""One attention call for a whole ragged step: decodes, prefill chunks and chunks after cached context alike.
+
+Once a step's K/V are in the paged pool, every query token is the same problem: token ``i`` of a
+sequence at position ``p`` attends to that sequence's keys ``0 … p``, read through its block table.
+A decode is a one-token run, a fresh prefill a run from position 0, a later chunk or a prefix-cache
+hit a run from position ``c > 0``. So the step's tokens are cut into *tiles* of at most
+``tile_tokens`` consecutive tokens of one sequence, each tile described by four integers::
+
+    tiles[:, j] = (block-table row, flat index of its first token, tokens in it, position of its first token)
+
+and one kernel runs every tile (``triton_ragged.py``; ``ragged_reference`` here is the same arithmetic
+in PyTorch, for the CPU and for tests). Short runs (decodes, small chunks) go into *packed* tiles, whose
+rows are tokens × the query heads sharing a KV head, so a decode's one token still fills the matrix
+units; runs of at least ``long_tile_tokens`` tokens go into *long* tiles of that many tokens of one
+query head each, as a flash-attention kernel lays out a prompt: many query rows per K/V tile read. The tile table has a fixed width, padded with empty tiles,
+and nothing about the step's mix changes any tensor's shape, so a whole step, whatever its mix of
+decodes and chunks, can be captured in one CUDA graph per token count (``engine/step_graphs.py``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+ROW, Q_START, Q_LEN, POS0 = range(4)
+
+
+@dataclass
+class RaggedTiles:
+    """The tiles of one step (``tiles [4, max_tiles]``, empty tiles have 0 tokens) and the block tables they index."""
+
+    tiles: torch.Tensor  # LongTensor [4, max_tiles] (rows ROW, Q_START, Q_LEN, POS0): packed tiles
+    block_tables: torch.Tensor  # LongTensor [rows, max_blocks]: pool block of each sequence's j-th block
+    tile_tokens: int
+    long_tiles: torch.Tensor | None = None  # LongTensor [4, max_long_tiles]: one query head per program
+    long_tile_tokens: int = 0
+
+
+def ragged_tile_tokens(heads: int, kv_heads: int, head_dim: int) -> int:
+    """Tokens per tile: a tile's query rows are (token, query head of one KV head) pairs, and about 128 of them
+    (64 for wide heads, which need more registers per row) keep the kernel's matrix products full."""
+    groups = 1 << (heads // kv_heads - 1).bit_length()
+    rows = 64 if head_dim > 64 else 128
+    return max(rows // groups, 1, 16 // groups)
+
+
+def ragged_long_tile_tokens(head_dim: int) -> int:
+    """Tokens per long tile: 128 query rows of one head, as flash-attention kernels use for head_dim <= 128."""
+    return 128 if head_dim <= 128 else 64
+
+
+def max_long_tiles(num_tokens: int, long_tile_tokens: int) -> int:
+    """A run of n >= L tokens takes ceil(n / L) <= 2n / L long tiles, so a step never needs more than 2T / L."""
+    return 2 * num_tokens // long_tile_tokens if long_tile_tokens else 0
+
+
+def max_tiles(num_tokens: int, max_seqs: int, tile_tokens: int) -> int:
+    """Enough tiles for any step of ``num_tokens`` tokens over at most ``max_seqs`` sequences: each run of
+    tokens wastes at most one partly filled tile."""
+    return -(-num_tokens // tile_tokens) + min(num_tokens, max_seqs)
+
+
+def plan_tiles(runs, tile_tokens: int, long_tile_tokens: int = 0) -> tuple[list, list]:
+    """``runs``: ``(row, flat start, tokens, first position)`` per sequence in the step -> (packed tiles, long
+    tiles), each ``(row, start, tokens, position)``; runs of at least ``long_tile_tokens`` (0: none) are long."""
+    packed, long = [], []
+    for row, start, n, pos in runs:
+        size, out = (long_tile_tokens, long) if long_tile_tokens and n >= long_tile_tokens else (tile_tokens, packed)
+        for off in range(0, n, size):
+            out.append((row, start + off, min(size, n - off), pos + off))
+    return packed, long
+
+
+def ragged_reference(q, k_pool, v_pool, rt: RaggedTiles, scale: float) -> torch.Tensor:
+    """q [T, H, D], pools [blocks, block_size, H_kv, D] -> [T, H, D]; rows of no tile are 0."""
+    heads, d = q.shape[1], q.shape[2]
+    block_size, kv_heads = k_pool.shape[1], k_pool.shape[2]
+    out = torch.zeros_like(q)
+    tables = rt.block_tables
+    tiles = rt.tiles.t().tolist() + (rt.long_tiles.t().tolist() if rt.long_tiles is not None else [])
+    for row, start, n, pos in tiles:
+        if n == 0:
+            continue
+        keys = pos + n
+        blocks = tables[row, : -(-keys // block_size)]
+        k = k_pool[blocks].flatten(0, 1)[:keys].transpose(0, 1)  # [H_kv, L, D]
+        v = v_pool[blocks].flatten(0, 1)[:keys].transpose(0, 1)
+        if heads != kv_heads:
+            k = k.repeat_interleave(heads // kv_heads, dim=0)
+            v = v.repeat_interleave(heads // kv_heads, dim=0)
+        visible = torch.arange(keys, device=q.device)[None, :] <= (pos + torch.arange(n, device=q.device))[:, None]
+        o = F.scaled_dot_product_attention(q[start : start + n].transpose(0, 1), k, v, attn_mask=visible, scale=scale)
+        out[start : start + n] = o.transpose(0, 1)
+    return out

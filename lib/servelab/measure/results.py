@@ -1,0 +1,171 @@
+"""Result records: tidy CSVs under ``data/results/<device-slug>/<NN_study>/`` with a JSON sidecar.
+
+The sidecar ``run.json`` holds the git commit, UTC time, device record, measured ceilings and the
+notebook's parameters. ``findings.csv`` holds one row per seed claim with a verdict. Everything the
+book shows is computed from these files.
+
+The results root is ``data/results`` in the repository, or ``$SERVELAB_RESULTS`` when set (CI's smoke
+runs write to a scratch directory so they never touch the committed H200 data).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+
+from servelab.paths import REPO_ROOT
+
+# "inconclusive": the repeats of a claim disagree (the spread is shown beside it)
+VERDICTS = ("holds", "changes", "fails", "inconclusive")
+FINDINGS_COLUMNS = ["id", "claim", "seed_value", "measured_value", "unit", "verdict", "note"]
+# columns a findings row may omit, with what an omitted one means (one run, models named in the note)
+FINDINGS_OPTIONAL = {"tested_on": "", "repeats": 1, "repeat_verdicts": ""}
+
+
+def results_root() -> Path:
+    return Path(os.environ.get("SERVELAB_RESULTS", REPO_ROOT / "data" / "results"))
+
+
+def git_commit() -> str:
+    """The commit the code ran at: ``$SERVELAB_REVISION`` when a run script sets it (the GPU machine's copy
+    of the tree may carry a stale ``.git`` of its own, whose HEAD is not what runs), else git's HEAD
+    (``+dirty`` with uncommitted changes), else ``.revision``."""
+    env = os.environ.get("SERVELAB_REVISION", "").strip()
+    if env:
+        return env
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=10)
+        if out.returncode == 0:
+            dirty = subprocess.run(
+                ["git", "status", "--porcelain", "--untracked-files=no"],
+                cwd=REPO_ROOT,
+                capture_output=True,
+                text=True,
+                timeout=10,
+            ).stdout.strip()
+            return out.stdout.strip() + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        pass
+    rev = REPO_ROOT / ".revision"
+    return rev.read_text().strip() if rev.exists() else "unknown"
+
+
+def _jsonable(o):
+    if hasattr(o, "as_dict"):
+        return o.as_dict()
+    if isinstance(o, Path):
+        return str(o)
+    if hasattr(o, "item"):
+        return o.item()
+    return str(o)
+
+
+class StudyResults:
+    """Writes one study's results for one device."""
+
+    def __init__(self, study: str, device, params: dict, ceilings=None, root: Path | None = None):
+        self.study = study
+        self.device = device
+        self.params = dict(params)
+        self.ceilings = ceilings
+        self.dir = Path(root or results_root()) / device.slug / study
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.files: list[str] = []
+        self.started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        self.write_sidecar()
+
+    def write_sidecar(self, **extra) -> Path:
+        path = self.dir / "run.json"
+        side = {
+            "study": self.study,
+            "git_commit": git_commit(),
+            "started_utc": self.started,
+            "written_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "device": self.device,
+            "ceilings": self.ceilings,
+            "params": self.params,
+            "files": self.files,
+            **extra,
+        }
+        path.write_text(json.dumps(side, indent=2, default=_jsonable) + "\n")
+        return path
+
+    def write(self, name: str, df: pd.DataFrame) -> Path:
+        """Write a tidy table as ``<name>.csv`` and list it in the sidecar."""
+        if not name.replace("_", "").isalnum():
+            raise ValueError(f"result name must be alphanumeric with underscores, got {name!r}")
+        path = self.dir / f"{name}.csv"
+        df.to_csv(path, index=False)
+        if path.name not in self.files:
+            self.files.append(path.name)
+        self.write_sidecar()
+        return path
+
+    def write_for(self, study: str, name: str, df: pd.DataFrame) -> Path:
+        """Write ``<name>.csv`` into another study's folder of the same device: a result that belongs to that
+        study's question but is computed here (the simulator's validation of Study 1's runs). This sidecar
+        lists it as ``<study>/<name>.csv``; the file's own provenance is this run's sidecar."""
+        if not name.replace("_", "").isalnum() or not study.replace("_", "").isalnum():
+            raise ValueError(f"study and result names must be alphanumeric with underscores, got {study!r}, {name!r}")
+        folder = self.dir.parent / study
+        if not folder.is_dir():
+            raise FileNotFoundError(f"no results of study {study!r} under {self.dir.parent}: nothing to add to")
+        path = folder / f"{name}.csv"
+        df.to_csv(path, index=False)
+        entry = f"{study}/{path.name}"
+        if entry not in self.files:
+            self.files.append(entry)
+        self.write_sidecar()
+        return path
+
+    def write_json(self, name: str, obj) -> Path:
+        """Write a JSON artefact (e.g. a fitted cost model) beside the CSVs and list it in the sidecar."""
+        if not name.replace("_", "").replace("-", "").replace(".", "").isalnum():
+            raise ValueError(f"artefact name must be alphanumeric with _ - ., got {name!r}")
+        path = self.dir / f"{name}.json"
+        path.write_text(json.dumps(obj, indent=2, default=_jsonable) + "\n")
+        if path.name not in self.files:
+            self.files.append(path.name)
+        self.write_sidecar()
+        return path
+
+    def write_findings(self, rows: list[dict]) -> Path:
+        return self.write("findings", findings_frame(rows))
+
+    def finish(self, **extra) -> Path:
+        """Stamp the end-of-run clocks into the device record and rewrite the sidecar."""
+        if hasattr(self.device, "close"):
+            self.device.close()
+        return self.write_sidecar(**extra)
+
+
+def findings_frame(rows: list[dict]) -> pd.DataFrame:
+    """Validate findings rows: every column present, a known verdict, one row per claim; optional columns filled."""
+    df = pd.DataFrame(rows)
+    missing = [c for c in FINDINGS_COLUMNS if c not in df.columns]
+    if missing:
+        raise ValueError(f"findings rows lack columns {missing}")
+    bad = df.loc[~df["verdict"].isin(VERDICTS), "verdict"].tolist()
+    if bad:
+        raise ValueError(f"verdict must be one of {VERDICTS}, got {bad}")
+    if df["id"].duplicated().any():
+        raise ValueError(f"duplicate finding ids: {df.loc[df['id'].duplicated(), 'id'].tolist()}")
+    for col, default in FINDINGS_OPTIONAL.items():
+        df[col] = df[col].fillna(default) if col in df.columns else default
+    return df[FINDINGS_COLUMNS + list(FINDINGS_OPTIONAL)]
+
+
+def load_results(study: str, name: str, slug: str | None = None, root: Path | None = None) -> pd.DataFrame:
+    """Read ``<name>.csv`` of ``study``; with no slug, the one device that has it (the H200 if several)."""
+    root = Path(root or results_root())
+    if slug is None:
+        found = sorted(p.parent.parent.name for p in root.glob(f"*/{study}/{name}.csv"))
+        if not found:
+            raise FileNotFoundError(f"no {study}/{name}.csv under {root}")
+        slug = next((s for s in found if "h200" in s), found[0])
+    return pd.read_csv(root / slug / study / f"{name}.csv")

@@ -1,0 +1,1 @@
+"""What every study shares: parameter handling (profiles, overrides, validation), the trained model family."""

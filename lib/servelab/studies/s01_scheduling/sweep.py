@@ -1,0 +1,363 @@
+"""Study 1's measurement loop: per model, a probe, then every (policy, budget, rate) point over HTTP.
+
+For each model: load it once (``PolicyServer``), probe its capacity (``capacity_probe``), then for each
+policy setting and each rate fraction replay a trace of ``window_s`` seconds of Poisson arrivals through
+the load generator, cut at ``window_s + drain_s``; then the budget sweep of ChunkedPrefill at one rate.
+Traces for one rate fraction share their seed, so every policy sees the same requests (paired runs).
+
+Every point runs in a try/except that records its failure; a time budget skips the points that would not
+finish within it (recorded as ``skipped``), so the notebook always ends, on time, with what it measured.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from servelab.loadgen.lengths import ShareGPTLike
+from servelab.loadgen.metrics import records_for_csv, request_metrics, summarize
+from servelab.loadgen.run import DEADLINE_ERROR
+from servelab.loadgen.workload import Trace
+from servelab.studies.s01_scheduling.capacity_probe import CapacityEstimate, estimate_capacity, probe_roofline
+from servelab.studies.s01_scheduling.serving import PolicyServer
+
+POINT_OVERHEAD_S = 0.7  # per point: trace file, worker round trip, idle wait, step-log read
+MODEL_LOAD_GUESS_S = 12.0  # a model load + CUDA-graph capture, for planning only
+ENGINE_PROCESS_START_GUESS_S = 8.0  # the engine process's fresh interpreter and its imports, for planning only
+
+
+@dataclass
+class Point:
+    model: str
+    scheduler: str
+    budget: int
+    rate_fraction: float
+    sweep: str  # "rate" or "budget"
+    seed: int
+    rate: float = float("nan")
+
+    @property
+    def key(self) -> str:
+        return f"{self.model.split(':')[-1]}_{self.scheduler}_{self.budget}_{self.sweep}_{self.rate_fraction:g}"
+
+
+@dataclass
+class StudyData:
+    """What the sweep measured, as tidy frames (the notebook writes them with ``StudyResults.write``)."""
+
+    requests: list = field(default_factory=list)
+    steps: list = field(default_factory=list)
+    summary: list = field(default_factory=list)
+    probes: list = field(default_factory=list)
+    servers: list = field(default_factory=list)
+
+    def frames(self) -> dict[str, pd.DataFrame]:
+        cat = lambda xs: pd.concat(xs, ignore_index=True) if xs else pd.DataFrame()  # noqa: E731
+        return {
+            "requests": cat(self.requests),
+            "steps": cat(self.steps),
+            "summary": pd.DataFrame(self.summary),
+            "probes": pd.DataFrame(self.probes),
+            "servers": pd.DataFrame(self.servers),
+        }
+
+
+def workload_lengths(P: dict) -> ShareGPTLike:
+    return ShareGPTLike(
+        prompt_scale=P["prompt_scale"],
+        output_scale=P["output_scale"],
+        prompt_max=P["prompt_max"],
+        output_max=P["output_max"],
+    )
+
+
+def plan_points(P: dict, model: str) -> list[Point]:
+    """The points of one model in run order: the rate sweep of every policy setting, then the budget sweep
+    (at one of the sweep's rate fractions, with that fraction's trace, so the rate sweep's ChunkedPrefill
+    points at that fraction belong to the budget series too). Rates are filled in from the probe
+    (``Point.rate = rate_fraction × capacity``)."""
+    seed = {f: P["seed"] * 1000 + i for i, f in enumerate(P["rate_fractions"])}
+    pts = [
+        Point(model, name, budget, f, "rate", seed[f]) for name, budget in P["policies"] for f in P["rate_fractions"]
+    ]
+    if P["budget_sweep"] and model == P["budget_sweep_model"]:
+        f = P["budget_sweep_fraction"]
+        done = {b for name, b in P["policies"] if name == "chunked_prefill"}
+        pts += [Point(model, "chunked_prefill", b, f, "budget", seed[f]) for b in P["budget_sweep"] if b not in done]
+    return pts
+
+
+def point_cost_s(P: dict) -> float:
+    return P["window_s"] + P["drain_s"] + POINT_OVERHEAD_S
+
+
+def load_guess_s(P: dict) -> float:
+    """Seconds to plan for starting one model's server (model load, graphs, and the engine process's start)."""
+    return MODEL_LOAD_GUESS_S + (ENGINE_PROCESS_START_GUESS_S if P.get("engine_process", True) else 0.0)
+
+
+def estimate_runtime_s(P: dict, model_load_s: dict | None = None) -> float:
+    """Seconds the sweep should take: probes, points and model loads (a guess per load unless given)."""
+    model_load_s = model_load_s or {}
+    total = 0.0
+    for m in P["models"]:
+        total += model_load_s.get(m, load_guess_s(P)) + P["probe_s"] + len(plan_points(P, m)) * point_cost_s(P)
+    return total
+
+
+def _tag(df: pd.DataFrame, pt: Point, **extra) -> pd.DataFrame:
+    df = df.copy()
+    df.insert(0, "model", pt.model)
+    df.insert(1, "scheduler", pt.scheduler)
+    df.insert(2, "budget", pt.budget)
+    df.insert(3, "rate", pt.rate)
+    df.insert(4, "rate_fraction", pt.rate_fraction)
+    df.insert(5, "sweep", pt.sweep)
+    for k, v in extra.items():
+        df[k] = v
+    return df
+
+
+def run_probe(srv: PolicyServer, worker, P: dict, lengths: ShareGPTLike, workdir: Path, batch: int) -> CapacityEstimate:
+    """Serve a burst of ``probe_requests`` under EagerContBatch and estimate the capacity from its steps."""
+    srv.use_policy("eager_cont_batch", P["max_num_batched_tokens"])
+    trace = Trace.synthetic(rate=math.inf, lengths=lengths, n=P["probe_requests"], seed=P["seed"] + 7)
+    trace = trace.with_prompt_ids(srv.vocab, seed=P["seed"] + 7)
+    records, meta = worker.run(srv.base_url, trace, workdir, P["probe_s"], name="probe")
+    srv.wait_idle()
+    t0 = meta["t0_perf_s"]
+    steps = srv.steps_between(t0, t0 + P["probe_s"] + 5)
+    mean_p, mean_o = lengths.means()
+    return estimate_capacity(steps, mean_prompt_tokens=mean_p, mean_output_tokens=mean_o, batch=batch)
+
+
+def run_point(
+    srv: PolicyServer, worker, pt: Point, P: dict, lengths: ShareGPTLike, workdir: Path, slo_itl_ms: float | None
+) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """One load point: switch policy, replay the trace, collect records, steps and the summary row."""
+    srv.use_policy(pt.scheduler, pt.budget)
+    trace = Trace.synthetic(rate=pt.rate, lengths=lengths, duration_s=P["window_s"], seed=pt.seed)
+    trace = trace.with_prompt_ids(srv.vocab, seed=pt.seed)
+    deadline = P["window_s"] + P["drain_s"]
+    # the HTTP server (and, with engine_process off, the engine thread) shares this interpreter: a full garbage
+    # collection over the notebook's objects would pause it mid-run and show up as a stall, so they are frozen
+    gc.collect()
+    gc.freeze()
+    try:
+        records, meta = worker.run(srv.base_url, trace, workdir, deadline, name=pt.key)
+        srv.wait_idle()
+    finally:
+        gc.unfreeze()
+    t0 = meta["t0_perf_s"]
+    steps = srv.steps_between(t0, t0 + deadline + 1.0)
+    steps[["start_s", "end_s"]] = steps[["start_s", "end_s"]] - t0  # onto the records' axis
+    s = summarize(records, slo_ttft_ms=P["slo_ttft_ms"], slo_tpot_ms=slo_itl_ms)
+    m = request_metrics(records)
+    ok = m[m["ok"]]
+    times = [t for ts in records["token_times_s"] for t in ts]
+    span = (max(times) - float(records["sent_s"].min())) if times else float("nan")
+    row = {
+        "model": pt.model,
+        "scheduler": pt.scheduler,
+        "budget": pt.budget,
+        "rate": pt.rate,
+        "rate_fraction": pt.rate_fraction,
+        "sweep": pt.sweep,
+        "status": "ok",
+        "requests": len(records),
+        "cut": int((records["error"] == DEADLINE_ERROR).sum()),
+        **s,
+        "mean_ttft_ms": float(ok["ttft_ms"].mean()) if len(ok) else float("nan"),
+        # every token received (cut requests included) per second of the run: the work the server did
+        "delivered_tok_s": len(times) / span if times and span > 0 else float("nan"),
+        "duration_s": meta["duration_s"],
+        "slo_itl_ms": slo_itl_ms,
+        "warmup_ms": srv.last_warmup_s * 1e3,
+        "steps": len(steps),
+        "preemptions": int(steps["num_preempted"].sum()) if len(steps) else 0,
+        "max_queue": int(steps["num_waiting"].max()) if len(steps) else 0,
+        "max_lag_ms": float(m["queue_lag_ms"].max()) if len(m) else float("nan"),
+    }
+    # times to the microsecond: the CSVs stay small enough to ship with the book
+    req = _tag(
+        records_for_csv(records).round({"arrival_s": 6, "sent_s": 6, "first_token_s": 6, "finish_s": 6}),
+        pt,
+        t0_perf_s=t0,
+    )
+    st = _tag(steps.round({"start_s": 6, "end_s": 6}), pt, t0_perf_s=t0)
+    return req, st, row
+
+
+def run_study(P: dict, workdir, *, device: str, roofline=None, progress: bool = True, log=print) -> StudyData:
+    """Run every model's probe and points within ``P['time_budget_s']``; never raises for a failed point.
+    With a ``Roofline`` (this run's measured ceilings) the probe's costs are set against their floors."""
+    from tqdm.auto import tqdm
+
+    from servelab.loadgen.worker import LoadWorker
+
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    lengths = workload_lengths(P)
+    data = StudyData()
+    t_start = time.perf_counter()
+    budget_end = t_start + P["time_budget_s"]
+    n_points = sum(len(plan_points(P, m)) for m in P["models"])
+    bar = tqdm(total=n_points, desc="load points", unit="pt", disable=not progress)
+    with LoadWorker() as worker:
+        for model in P["models"]:
+            points = plan_points(P, model)
+            left = budget_end - time.perf_counter()
+            if left < P["probe_s"] + point_cost_s(P) + load_guess_s(P):
+                log(f"{model}: skipped, {left:.0f} s of the time budget left")
+                data.servers.append(
+                    {"model": model, "engine_process": P["engine_process"], "status": "skipped: time budget"}
+                )
+                for pt in points:
+                    data.summary.append({**_row_head(pt), "status": "skipped: time budget"})
+                    bar.update(1)
+                continue
+            num_blocks = P["num_blocks"] or P["max_num_seqs"] * -(-P["max_model_len"] // 16)
+            srv = PolicyServer(
+                model,
+                dtype=P["dtype"],
+                device=device,
+                max_num_seqs=P["max_num_seqs"],
+                max_num_batched_tokens=P["max_num_batched_tokens"],
+                max_model_len=P["max_model_len"],
+                num_blocks=num_blocks,
+                step_log_path=workdir / f"steps_{model.split(':')[-1]}.jsonl",
+                seed=P["seed"],
+                engine_process=P["engine_process"],
+            )
+            try:
+                srv.start()
+            except Exception as e:  # noqa: BLE001 - a model that cannot load must not end the study
+                log(f"{model}: server did not start: {type(e).__name__}: {e}")
+                srv.stop()
+                data.servers.append(
+                    {
+                        "model": model,
+                        "engine_process": P["engine_process"],
+                        "status": f"error: {type(e).__name__}: {e}"[:300],
+                    }
+                )
+                for pt in points:
+                    data.summary.append({**_row_head(pt), "status": "error: server did not start"})
+                    bar.update(1)
+                continue
+            rows_before = len(data.summary)
+            try:
+                data.servers.append(
+                    {
+                        "model": model,
+                        "status": "ok",
+                        "engine_process": srv.engine_process,
+                        "load_s": srv.load_s,
+                        **srv.stats,
+                    }
+                )
+                t = time.perf_counter()
+                try:
+                    est = run_probe(srv, worker, P, lengths, workdir, P["max_num_seqs"])
+                    rates_from = est.capacity_req_s
+                    slo = P["slo_itl_ms"] or P["slo_itl_factor"] * est.decode_step_s * 1e3
+                    floors = {}
+                    if roofline is not None:
+                        floors = probe_roofline(est, srv.shape, roofline, srv.dtype_bytes)
+                    data.probes.append(
+                        {
+                            "model": model,
+                            "status": "ok",
+                            **est.as_dict(),
+                            **floors,
+                            "probe_wall_s": time.perf_counter() - t,
+                            "slo_itl_ms": slo,
+                        }
+                    )
+                    log(
+                        f"{model}: probe {time.perf_counter() - t:.1f} s; prefill {est.prefill_s_per_token * 1e6:.1f} "
+                        f"µs/token, decode iteration {est.decode_step_s * 1e3:.2f} ms (batch {est.decode_batch:.0f}); "
+                        f"capacity estimate {est.capacity_req_s:.2f} req/s; ITL SLO {slo:.1f} ms"
+                    )
+                except Exception as e:  # noqa: BLE001
+                    rates_from = None
+                    slo = P["slo_itl_ms"]
+                    data.probes.append({"model": model, "status": f"error: {type(e).__name__}: {e}"[:300]})
+                    log(f"{model}: probe failed ({type(e).__name__}: {e}); using fallback_rates {P['fallback_rates']}")
+                fallback = dict(zip(P["rate_fractions"], P["fallback_rates"]))
+                for pt in points:
+                    if rates_from is not None:
+                        pt.rate = pt.rate_fraction * rates_from
+                    else:
+                        pt.rate = fallback.get(pt.rate_fraction, P["fallback_rates"][-1])
+                    if time.perf_counter() + point_cost_s(P) > budget_end:
+                        data.summary.append({**_row_head(pt), "status": "skipped: time budget"})
+                        bar.update(1)
+                        continue
+                    if not srv.alive:
+                        data.summary.append(
+                            {**_row_head(pt), "status": f"error: engine loop stopped ({srv.error})"[:300]}
+                        )
+                        bar.update(1)
+                        continue
+                    try:
+                        req, st, row = run_point(srv, worker, pt, P, lengths, workdir, slo)
+                        data.requests.append(req)
+                        data.steps.append(st)
+                        data.summary.append(row)
+                    except Exception as e:  # noqa: BLE001 - record and go on
+                        log(f"{pt.key}: {type(e).__name__}: {e}")
+                        data.summary.append(
+                            {
+                                **_row_head(pt),
+                                "status": f"error: {type(e).__name__}: {e}"[:300],
+                                "traceback": traceback.format_exc(limit=3)[-600:],
+                            }
+                        )
+                        _recover(srv)
+                    bar.update(1)
+                if slo is None:  # no probe and no SLO given: 5x (the factor) the lightest run's median ITL
+                    rows = [r for r in data.summary[rows_before:] if r.get("status") == "ok"]
+                    light = min((r["itl_p50_ms"] for r in rows if r["itl_p50_ms"] == r["itl_p50_ms"]), default=None)
+                    for r in rows:
+                        r["slo_itl_ms"] = None if light is None else P["slo_itl_factor"] * light
+            except Exception as e:  # noqa: BLE001 - whatever broke, the other model still runs
+                log(f"{model}: stopped early: {type(e).__name__}: {e}")
+                recorded = {
+                    (r["scheduler"], r["budget"], r["rate_fraction"], r["sweep"]) for r in data.summary[rows_before:]
+                }
+                for pt in points:
+                    if (pt.scheduler, pt.budget, pt.rate_fraction, pt.sweep) not in recorded:
+                        data.summary.append({**_row_head(pt), "status": f"error: {type(e).__name__}: {e}"[:300]})
+                        bar.update(1)
+            finally:
+                srv.stop()
+    bar.close()
+    log(f"sweep: {time.perf_counter() - t_start:.0f} s of wall time (budget {P['time_budget_s']:.0f} s)")
+    return data
+
+
+def _row_head(pt: Point) -> dict:
+    return {
+        "model": pt.model,
+        "scheduler": pt.scheduler,
+        "budget": pt.budget,
+        "rate": pt.rate,
+        "rate_fraction": pt.rate_fraction,
+        "sweep": pt.sweep,
+    }
+
+
+def _recover(srv: PolicyServer) -> None:
+    """After a failed point: wait for the engine to empty (cut requests abort), free cached GPU memory."""
+    try:
+        srv.wait_idle(timeout_s=20)
+        srv.release_cached_memory()
+    except (TimeoutError, RuntimeError):
+        pass

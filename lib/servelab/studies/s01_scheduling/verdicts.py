@@ -1,0 +1,193 @@
+"""Verdicts on claims F1.1–F1.3, computed from the sweep's summary rows (never typed).
+
+F1.1 and F1.2 compare paired runs only where both policies served the load: a run whose worst stall is unknown
+(no request produced two tokens) or that had more than half its requests cut at the deadline is past its
+capacity, and its stall or throughput says nothing about fairness, so that rate is left out of the pair.
+
+Each claim is judged per model size, then combined: the same verdict on every model is the verdict; a
+claim that holds on one size and not on another has *changed* (the note says where it holds).
+
+- **F1.1** (ChunkedPrefill cuts the worst-case decode stall, 58.6 → 34.1 ms on the RTX 2070, a 42% cut):
+  the worst stall is the run's maximum inter-token gap; at each rate measured with both policies (the same
+  trace), the cut is 1 − ChunkedPrefill's / EagerContBatch's, and the model's cut is the median over
+  rates. holds: a cut of 20–70% (the seed's size, give or take); changes: a cut, but larger than 70% or
+  smaller than 20%; fails: no cut (≤ 5%).
+- **F1.2** (a fairness mechanism, not a throughput optimiser): at the most loaded rate measured with both,
+  the ratio of delivered token throughput, ChunkedPrefill / EagerContBatch. holds: the stall is cut
+  (> 5%) and throughput rises at most 10%; changes: the stall is cut and throughput rises more than 10%
+  (it is a throughput optimiser too); fails: no stall cut.
+- **F1.3** (EagerContBatch gives the best mean TTFT and the highest throughput): among all policy
+  settings of the rate sweep, EagerContBatch counts as best when within 5% (TTFT) or 3% (throughput) of
+  the best. Mean TTFT is judged at every rate (best at half of them or more), throughput at the most
+  loaded rate. holds: both; changes: one of the two; fails: neither.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+SEED_STALL_EAGER_MS = 58.6  # RTX 2070, the seed's EagerContBatch worst-case decode stall
+SEED_STALL_CHUNKED_MS = 34.1  # RTX 2070, ChunkedPrefill
+SEED_CUT = 1 - SEED_STALL_CHUNKED_MS / SEED_STALL_EAGER_MS
+CLAIMS = {
+    "F1.1": "ChunkedPrefill cuts the worst-case decode stall from 58.6 ms (EagerContBatch) to 34.1 ms",
+    "F1.2": "ChunkedPrefill is a fairness mechanism, not a throughput optimizer",
+    "F1.3": "EagerContBatch gives the best mean TTFT and the highest throughput",
+}
+CUT_HOLDS = (0.20, 0.70)
+NO_CUT = 0.05
+THROUGHPUT_GAIN = 1.10
+TTFT_TIE, THROUGHPUT_TIE = 1.05, 0.97
+
+
+def short(model: str) -> str:
+    return model.split(":")[-1]
+
+
+def _ok_rate_sweep(summary: pd.DataFrame) -> pd.DataFrame:
+    if summary.empty or "status" not in summary:
+        return summary.iloc[0:0]
+    return summary[(summary["status"] == "ok") & (summary["sweep"] == "rate")]
+
+
+MAX_CUT_SHARE = 0.5  # a run that cut more of its requests than this was past capacity
+
+
+def _served(s: pd.DataFrame) -> pd.DataFrame:
+    """Runs with a measured worst stall that did not cut most of their requests."""
+    keep = s["max_itl_ms"].notna()
+    if {"cut", "requests"} <= set(s.columns):
+        keep &= s["cut"] <= MAX_CUT_SHARE * s["requests"]
+    return s[keep]
+
+
+def paired(summary: pd.DataFrame, reference_budget: int) -> pd.DataFrame:
+    """Per model and rate fraction served by both (see ``_served``): EagerContBatch's and ChunkedPrefill's
+    (at the reference budget) max stall, p99 ITL, delivered throughput and mean TTFT."""
+    s = _served(_ok_rate_sweep(summary))
+    cols = ["max_itl_ms", "itl_p99_ms", "delivered_tok_s", "mean_ttft_ms", "rate", "cut"]
+    e = s[s["scheduler"] == "eager_cont_batch"].set_index(["model", "rate_fraction"])[cols]
+    c = s[(s["scheduler"] == "chunked_prefill") & (s["budget"] == reference_budget)].set_index(
+        ["model", "rate_fraction"]
+    )[cols]
+    j = e.join(c, lsuffix="_eager", rsuffix="_chunked", how="inner").reset_index()
+    j["stall_cut"] = 1 - j["max_itl_ms_chunked"] / j["max_itl_ms_eager"]
+    j["throughput_ratio"] = j["delivered_tok_s_chunked"] / j["delivered_tok_s_eager"]
+    return j
+
+
+def combine(per_model: dict[str, str]) -> str:
+    verdicts = set(per_model.values())
+    return verdicts.pop() if len(verdicts) == 1 else "changes"
+
+
+def _where(per_model: dict[str, str]) -> str:
+    return "; ".join(f"{m}: {v}" for m, v in per_model.items())
+
+
+def f11(summary: pd.DataFrame, reference_budget: int) -> dict:
+    j = paired(summary, reference_budget)
+    if j.empty:
+        return _missing("F1.1", "ms", "no rate was measured with both EagerContBatch and ChunkedPrefill")
+    per, parts = {}, []
+    for model, g in j.groupby("model", sort=False):
+        cut = float(np.median(g["stall_cut"]))
+        per[short(model)] = "fails" if cut <= NO_CUT else "holds" if CUT_HOLDS[0] <= cut <= CUT_HOLDS[1] else "changes"
+        worst = g.loc[g["max_itl_ms_eager"].idxmax()]
+        parts.append(
+            f"{short(model)}: worst stall {worst['max_itl_ms_eager']:.1f} → {worst['max_itl_ms_chunked']:.1f} ms "
+            f"at {worst['rate_eager']:.2f} req/s; median cut over {len(g)} rates {cut:.0%}"
+        )
+    return {
+        "id": "F1.1",
+        "claim": CLAIMS["F1.1"],
+        "seed_value": "58.6 → 34.1 ms (RTX 2070; a 42% cut)",
+        "measured_value": "; ".join(parts),
+        "unit": "ms",
+        "verdict": combine(per),
+        "note": f"ChunkedPrefill at a {reference_budget}-token budget vs EagerContBatch on the same traces; "
+        f"holds for a 20-70% cut, changes outside it, fails at <= 5%. Per model: {_where(per)}",
+    }
+
+
+def f12(summary: pd.DataFrame, reference_budget: int) -> dict:
+    j = paired(summary, reference_budget)
+    if j.empty:
+        return _missing("F1.2", "ratio", "no rate was measured with both EagerContBatch and ChunkedPrefill")
+    per, parts = {}, []
+    for model, g in j.groupby("model", sort=False):
+        cut = float(np.median(g["stall_cut"]))
+        top = g.loc[g["rate_fraction"].idxmax()]
+        ratio = float(top["throughput_ratio"])
+        per[short(model)] = "fails" if cut <= NO_CUT else "changes" if ratio > THROUGHPUT_GAIN else "holds"
+        parts.append(
+            f"{short(model)}: throughput ×{ratio:.2f} at {top['rate_eager']:.2f} req/s "
+            f"({top['delivered_tok_s_chunked']:,.0f} vs {top['delivered_tok_s_eager']:,.0f} tok/s), "
+            f"stall cut {cut:.0%}"
+        )
+    return {
+        "id": "F1.2",
+        "claim": CLAIMS["F1.2"],
+        "seed_value": "stall cut, no throughput gain (RTX 2070)",
+        "measured_value": "; ".join(parts),
+        "unit": "ChunkedPrefill / EagerContBatch delivered tokens/s",
+        "verdict": combine(per),
+        "note": f"holds if the stall is cut (> 5%) and throughput rises <= 10%; changes if it rises more; "
+        f"fails without a stall cut. Per model: {_where(per)}",
+    }
+
+
+def f13(summary: pd.DataFrame) -> dict:
+    s = _ok_rate_sweep(summary).copy()
+    if s.empty or not (s["scheduler"] == "eager_cont_batch").any():
+        return _missing("F1.3", "ms, tok/s", "EagerContBatch was not measured")
+    s["setting"] = np.where(
+        s["scheduler"] == "chunked_prefill", s["scheduler"] + "@" + s["budget"].astype(str), s["scheduler"]
+    )
+    per, parts = {}, []
+    for model, g in s.groupby("model", sort=False):
+        wins, rates = 0, 0
+        for _, r in g.groupby("rate_fraction"):
+            e = r.loc[r["scheduler"] == "eager_cont_batch", "mean_ttft_ms"]
+            if e.empty or r["mean_ttft_ms"].isna().all():
+                continue
+            rates += 1
+            wins += bool(e.iloc[0] <= TTFT_TIE * r["mean_ttft_ms"].min())
+        top = g[g["rate_fraction"] == g["rate_fraction"].max()]
+        e_tp = top.loc[top["scheduler"] == "eager_cont_batch", "delivered_tok_s"]
+        best_tp = top.loc[top["delivered_tok_s"].idxmax()]
+        ttft_best = rates > 0 and wins >= rates / 2
+        tp_best = not e_tp.empty and bool(e_tp.iloc[0] >= THROUGHPUT_TIE * best_tp["delivered_tok_s"])
+        per[short(model)] = "holds" if ttft_best and tp_best else "changes" if ttft_best or tp_best else "fails"
+        e_val = f"{e_tp.iloc[0]:,.0f}" if not e_tp.empty else "n/a"
+        parts.append(
+            f"{short(model)}: lowest mean TTFT at {wins}/{rates} rates; throughput at the top rate "
+            f"{e_val} tok/s vs best {best_tp['delivered_tok_s']:,.0f} ({best_tp['setting']})"
+        )
+    return {
+        "id": "F1.3",
+        "claim": CLAIMS["F1.3"],
+        "seed_value": "best mean TTFT and throughput (RTX 2070)",
+        "measured_value": "; ".join(parts),
+        "unit": "ms, tokens/s",
+        "verdict": combine(per),
+        "note": f"EagerContBatch is best if within 5% of the lowest mean TTFT (at half the rates or more) and "
+        f"within 3% of the highest delivered throughput at the most loaded rate. Per model: {_where(per)}",
+    }
+
+
+def _missing(fid: str, unit: str, why: str) -> dict:
+    return {
+        "id": fid,
+        "claim": CLAIMS[fid],
+        "seed_value": "",
+        "measured_value": "not measured",
+        "unit": unit,
+        "verdict": "fails",
+        "note": f"could not be judged: {why}",
+    }
+
+
+def findings(summary: pd.DataFrame, reference_budget: int) -> list[dict]:
+    return [f11(summary, reference_budget), f12(summary, reference_budget), f13(summary)]

@@ -1,0 +1,183 @@
+"""Verdicts on the seed's claims F7.1–F7.4, computed from the measured tables (never typed)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from servelab.studies.s07_prefix_cache.optimum import static_optimum
+
+SEED_SPEEDUP_512 = 2.41  # F7.1: TTFT speedup with a 512-token shared prefix
+SEED_PREFIX = 512
+SEED_TURN_SPEEDUP = 2.06  # F7.2: speedup reached after 10 turns
+SEED_TURNS = 10
+SEED_BREAKEVEN = {512: 2, 128: 12}  # F7.3: breakeven batch size per prefix length
+SEED_LFU_HIT = 0.82  # F7.4: LFU, Zipf α = 2.0, 4 slots
+SEED_ALPHA, SEED_SLOTS = 2.0, 4
+
+SPEEDUP_TOLERANCE = 0.25  # a speedup within ±25% of the seed's counts as the same
+HIT_TOLERANCE = 0.03  # hit rates within ±3 percentage points count as the same
+
+CLAIMS = {
+    "F7.1": "2.41× speedup with a 512-token shared prefix",
+    "F7.2": "multi-turn speedup grows to 2.06× over 10 turns",
+    "F7.3": "batch sharing breaks even at n=2 requests for a 512-token prefix, n=12 for 128",
+    "F7.4": "LFU with Zipf α=2.0 popularity reaches an 82% hit rate with only 4 slots",
+}
+
+
+def _row(fid: str, seed_value: str, measured: str, unit: str, verdict: str, note: str) -> dict:
+    return {
+        "id": fid,
+        "claim": CLAIMS[fid],
+        "seed_value": seed_value,
+        "measured_value": measured,
+        "unit": unit,
+        "verdict": verdict,
+        "note": note,
+    }
+
+
+def _close(x: float, ref: float, tol: float = SPEEDUP_TOLERANCE) -> bool:
+    return abs(x / ref - 1.0) <= tol
+
+
+def _prefill_cost_note(costs: pd.DataFrame | None) -> str:
+    """What the fitted lines say: the fixed cost every request pays, and what a token costs with and without the cache."""
+    if costs is None or costs.empty or costs["fixed"].isna().any():
+        return ""
+    c = costs.set_index("mode")
+    u, k = c.loc["uncached"], c.loc["cached"]
+    save = u.slope * SEED_PREFIX
+    line = lambda f, what: f"{f.fixed:.1f} ms {'+' if f.slope >= 0 else '−'} {abs(f.slope) * 1e3:.2f} µs per {what}"  # noqa: E731
+    return (
+        f". Fitted over the sweep: uncached TTFT ≈ {line(u, 'prompt token')} (r² {u.r2:.2f}); cached ≈ "
+        f"{line(k, 'cached token')} (r² {k.r2:.2f}): "
+        f"at {SEED_PREFIX} tokens the cache can save about {save:.1f} ms of prefill, against a fixed "
+        f"{u.fixed:.1f} ms that every request pays"
+    )
+
+
+def f71(sp: pd.DataFrame, costs: pd.DataFrame | None = None) -> dict:
+    """``sp``: ``prefix_length.speedups`` (prefix_tokens, speedup, …); ``costs``: ``cost_fit.prefill_costs``
+    (for the note). Holds if the speedup at 512 tokens is within ``SPEEDUP_TOLERANCE`` of 2.41×; changes if it
+    differs (the note says where the seed's speedup is reached); fails if caching never beats recomputing."""
+    seed = f"{SEED_SPEEDUP_512:.2f}× at {SEED_PREFIX} tokens"
+    if sp.empty:
+        return _row("F7.1", seed, "no data", "× TTFT", "fails", "no prefix length was measured in both modes")
+    sp = sp.sort_values("prefix_tokens")
+    at = sp.iloc[(sp["prefix_tokens"] - SEED_PREFIX).abs().argmin()]
+    p, x = int(at.prefix_tokens), float(at.speedup)
+    curve = ", ".join(f"{int(r.prefix_tokens)}: {r.speedup:.2f}×" for r in sp.itertuples())
+    reach = sp[sp["speedup"] >= SEED_SPEEDUP_512]
+    where = (
+        f"the seed's {SEED_SPEEDUP_512}× is first reached at a {int(reach.prefix_tokens.iloc[0]):,}-token prefix"
+        if len(reach)
+        else f"no prefix length up to {int(sp.prefix_tokens.max()):,} reaches {SEED_SPEEDUP_512}×"
+    )
+    measured = f"{x:.2f}× at {p} tokens (IQR-based range {at.speedup_lo:.2f}–{at.speedup_hi:.2f}×)"
+    fit = _prefill_cost_note(costs)
+    if sp["speedup"].max() <= 1.0:
+        return _row(
+            "F7.1",
+            seed,
+            measured,
+            "× TTFT",
+            "fails",
+            f"the cached prefix never made the first token faster; by prefix length: {curve}{fit}",
+        )
+    verdict = "holds" if _close(x, SEED_SPEEDUP_512) else "changes"
+    direction = "" if verdict == "holds" else (" smaller" if x < SEED_SPEEDUP_512 else " larger")
+    note = (
+        f"speedup{direction} at {p} tokens; {where}; the largest, {sp.speedup.max():.2f}×, at "
+        f"{int(sp.loc[sp.speedup.idxmax(), 'prefix_tokens']):,} tokens. By prefix length: {curve}{fit}"
+    )
+    return _row("F7.1", seed, measured, "× TTFT", verdict, note)
+
+
+def f72(turns: pd.DataFrame) -> dict:
+    """``turns``: per-turn speedups (turn, speedup, metric). The TTFT speedup decides: holds if it grows with the
+    turn (Spearman ρ > 0.5) and at turn 10 is within tolerance of 2.06×; changes if it grows to another value;
+    fails if it does not grow."""
+    seed = f"{SEED_TURN_SPEEDUP:.2f}× after {SEED_TURNS} turns"
+    t = turns[turns["metric"] == "ttft"].sort_values("turn") if "metric" in turns else turns.sort_values("turn")
+    t = t[t["turn"] >= 2]  # turn 1 has no history to reuse
+    if len(t) < 3:
+        return _row("F7.2", seed, "too few turns", "× TTFT", "fails", "fewer than three turns with history measured")
+    at = t.iloc[(t["turn"] - SEED_TURNS).abs().argmin()]
+    rho = float(stats.spearmanr(t["turn"], t["speedup"]).statistic)
+    x = float(at.speedup)
+    measured = f"{x:.2f}× at turn {int(at.turn)} (TTFT)"
+    e2e = turns[(turns.get("metric") == "turn") & (turns["turn"] == at.turn)] if "metric" in turns else pd.DataFrame()
+    extra = (
+        f"; the whole turn (first token + {int(e2e.output_tokens.iloc[0])}-token reply) is "
+        f"{float(e2e.speedup.iloc[0]):.2f}× faster"
+        if len(e2e) and "output_tokens" in e2e
+        else ""
+    )
+    curve = ", ".join(f"{int(r.turn)}: {r.speedup:.2f}×" for r in t.itertuples())
+    note = f"Spearman ρ(turn, speedup) = {rho:.2f}{extra}. TTFT speedup by turn: {curve}"
+    if not rho > 0.5:
+        return _row("F7.2", seed, measured, "× TTFT", "fails", "the speedup does not grow with the turn; " + note)
+    verdict = "holds" if _close(x, SEED_TURN_SPEEDUP) else "changes"
+    return _row("F7.2", seed, measured, "× TTFT", verdict, note)
+
+
+def f73(be: pd.DataFrame, costs: pd.DataFrame | None = None) -> dict:
+    """``be``: ``batch_sharing.breakeven``. Holds if sharing breaks even at n ≤ 2 for 512 tokens and at a batch
+    bracketing 12 (8–16) for 128; changes if it breaks even elsewhere; fails if it never breaks even."""
+    seed = "n=2 at 512 tokens, n=12 at 128"
+    if be.empty:
+        return _row("F7.3", seed, "no data", "requests", "fails", "no prefix length was measured both ways")
+    be = be.sort_values("prefix_tokens")
+    fmt = lambda r: (
+        f"n={int(r.breakeven_n)} at {int(r.prefix_tokens)}"
+        if not np.isnan(r.breakeven_n)  # noqa: E731
+        else f"never up to n={int(r.max_n)} at {int(r.prefix_tokens)}"
+    )
+    measured = "; ".join(fmt(r) for r in be.itertuples())
+    ratios = " | ".join(f"{int(r.prefix_tokens)} tokens: {r.ratios}" for r in be.itertuples())
+    note = f"time independent / shared: {ratios}"
+    if costs is not None and not costs.empty and costs["slope"].notna().all():
+        c = costs.set_index(["prefix_tokens", "sharing"])["slope"]
+        note += ". Each further request costs (fitted, ms): " + "; ".join(
+            f"{int(p)} tokens: independent {c[(p, 'independent')]:.2f}, shared {c[(p, 'shared')]:.2f}"
+            for p in sorted(costs["prefix_tokens"].unique())
+            if (p, "independent") in c and (p, "shared") in c
+        )
+    if be["breakeven_n"].isna().all():
+        return _row("F7.3", seed, measured, "requests", "fails", "sharing never broke even; " + note)
+    by_p = be.set_index("prefix_tokens")["breakeven_n"]
+    ok512 = SEED_PREFIX in by_p and by_p[SEED_PREFIX] <= 2
+    ok128 = 128 in by_p and not np.isnan(by_p[128]) and 8 <= by_p[128] <= 16
+    verdict = "holds" if ok512 and ok128 else "changes"
+    return _row("F7.3", seed, measured, "requests", verdict, note)
+
+
+def f74(sim: pd.DataFrame, n_prefixes: int) -> dict:
+    """``sim``: ``simulate.hit_rates``. The claim is that LFU *reaches* 82%: holds if plain LFU at α = 2.0 with 4
+    slots scores at least 82% less ``HIT_TOLERANCE`` (it cannot beat the static top-4 optimum beyond sampling
+    noise, which the note gives); changes if it falls short."""
+    seed = f"{SEED_LFU_HIT:.0%} (LFU, α={SEED_ALPHA}, {SEED_SLOTS} slots)"
+    row = sim[(sim["policy"] == "lfu") & (sim["alpha"] == SEED_ALPHA) & (sim["capacity"] == SEED_SLOTS)]
+    if row.empty:
+        return _row(
+            "F7.4",
+            seed,
+            "not simulated",
+            "hit rate",
+            "fails",
+            f"the sweep lacks LFU at α={SEED_ALPHA} with {SEED_SLOTS} slots",
+        )
+    x = float(row["hit_rate"].iloc[0])
+    top = {k: static_optimum(SEED_ALPHA, n_prefixes, k) for k in (SEED_SLOTS - 1, SEED_SLOTS)}
+    others = sim[(sim["alpha"] == SEED_ALPHA) & (sim["capacity"] == SEED_SLOTS) & (sim["policy"] != "lfu")]
+    note = (
+        f"static optimum over {n_prefixes} prefixes: top-{SEED_SLOTS} {top[SEED_SLOTS]:.1%}, top-{SEED_SLOTS - 1} "
+        f"{top[SEED_SLOTS - 1]:.1%}; plain LFU restarts a readmitted prefix at count 1, so one slot churns and "
+        f"4 slots behave like the top 3 plus a little. Same stream: "
+        + ", ".join(f"{r.policy} {r.hit_rate:.1%}" for r in others.itertuples())
+    )
+    verdict = "holds" if x >= SEED_LFU_HIT - HIT_TOLERANCE else "changes"
+    return _row("F7.4", seed, f"{x:.1%}", "hit rate", verdict, note)

@@ -1,0 +1,46 @@
+"""How to re-run each study: the papermill command and the notebook's parameters, read from the notebook.
+
+The parameters shown are the source of the cell tagged ``parameters`` in ``notebooks/NN_name.ipynb``,
+so the methodology page cannot drift from the notebooks.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+
+from servelab_book.findings_table import md_text
+from servelab_book.studies import NOTEBOOKS_DIR, STUDIES, Study, page_title
+
+
+def papermill_command(study: Study, profile: str = "full") -> str:
+    """The one-line command that re-executes a study into the book (run from the repository root)."""
+    return (
+        f"papermill --cwd notebooks notebooks/{study.slug}.ipynb book/studies/{study.slug}.ipynb -p profile {profile}"
+    )
+
+
+def parameters_source(notebook: Path) -> str:
+    """The source of the notebook's cell tagged ``parameters``; ValueError if it has none."""
+    nb = nbformat.read(notebook, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):
+            return cell.source.strip()
+    raise ValueError(f"{notebook}: no code cell tagged 'parameters' (papermill needs one)")
+
+
+def render_reproduce(notebooks_dir: Path = NOTEBOOKS_DIR) -> str:
+    """One section per study: its papermill command and parameters, or a note that it has no notebook yet."""
+    out = []
+    for s in STUDIES:
+        nb = notebooks_dir / f"{s.slug}.ipynb"
+        title = (page_title(nb) if nb.exists() else None) or f"Study {s.number}: {s.title}"
+        out.append(f"### {md_text(title)}\n")
+        if not nb.exists():
+            out.append(f"Its notebook, `notebooks/{s.slug}.ipynb`, is not written yet.\n")
+            continue
+        out.append(f"```bash\n{papermill_command(s)}\n# or: make reproduce STUDIES={s.slug} PROFILE=full\n```\n")
+        out.append("Parameters, from the notebook's `parameters` cell (pass any with `-p name value`):\n")
+        out.append(f"```python\n{parameters_source(nb)}\n```\n")
+    return "\n".join(out)
