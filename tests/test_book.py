@@ -512,3 +512,23 @@ def test_mathjax_is_vendored_from_the_installed_package(tmp_path):
     (partial / ENTRY).write_text("//")
     with pytest.raises(MathJaxMissing, match="MathJax part input/tex not found"):
         vendor_mathjax(tmp_path / "out", partial)
+
+
+def test_runs_table_shows_the_host_and_sm_clocks_or_not_recorded(tmp_path):
+    from servelab_book.runs_table import render_runs_table
+
+    write_run(tmp_path, "nvidia-h200", "01_scheduling", None)  # an old record: no host, no clocks
+    d = write_run(tmp_path, "nvidia-h200", "02_gpu_costs", None)
+    side = json.loads((d / "run.json").read_text())
+    side["device"].update(
+        cpu_model="AMD EPYC 9654 96-Core Processor",
+        cpu_cores=16,
+        clocks_start={"clocks.sm": "1980"},
+        clocks_end={"clocks.sm": "1755"},
+    )
+    (d / "run.json").write_text(json.dumps(side))
+    md = render_runs_table(book_runs(tmp_path))
+    rows = md.split("* - ")[2:]
+    assert len(rows) == 2
+    assert rows[0].count("not recorded") == 2 and "`0123456`" in rows[0]
+    assert "AMD EPYC 9654 96-Core Processor, 16 cores" in rows[1] and "1,980 → 1,755" in rows[1]

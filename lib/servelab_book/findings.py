@@ -32,6 +32,10 @@ RUN_COLUMNS = [
     "copy_gb_s",
     "matmul_tflop_s",
     "matmul_dtype",
+    "cpu_model",
+    "cpu_cores",
+    "sm_clock_start_mhz",
+    "sm_clock_end_mhz",
 ]
 
 
@@ -55,6 +59,11 @@ def read_run(run_json: Path) -> dict:
         "copy_gb_s": ceil.get("copy_gb_s"),
         "matmul_tflop_s": ceil.get("matmul_tflop_s"),
         "matmul_dtype": ceil.get("matmul_dtype"),
+        # the host and the SM clocks: None where a record predates them (the page says "not recorded")
+        "cpu_model": dev.get("cpu_model"),
+        "cpu_cores": dev.get("cpu_cores"),
+        "sm_clock_start_mhz": (dev.get("clocks_start") or {}).get("clocks.sm"),
+        "sm_clock_end_mhz": (dev.get("clocks_end") or {}).get("clocks.sm"),
     }
 
 
