@@ -332,7 +332,7 @@ def test_findings_table_joins_seed_h200_and_pages(tmp_path, studies_dir):
     assert row.link == "project:/book/studies/05_attention.ipynb#findings"
     unmeasured = table.set_index("id").loc["F4.1"]
     assert unmeasured.verdict == NOT_MEASURED and "issue #4" in unmeasured.reason
-    assert verdict_counts(table) == {"holds": 1, "changes": 1, "fails": 1, NOT_MEASURED: 19}
+    assert verdict_counts(table) == {"holds": 1, "changes": 1, "fails": 1, "inconclusive": 0, NOT_MEASURED: 19}
     assert render_summary(table).startswith(
         "Of the seed's 22 claims, 3 have been measured on the H200: "
         "1 hold, 1 change and 1 fail; 19 are not yet measured."

@@ -2,8 +2,8 @@
 
 It checks that every study has exactly one page source, then writes the generated includes under
 ``book/_generated/`` (findings table, findings by study, the seed's claims per study, the runs' hardware
-and ceilings, how to re-run each study, the engine's benchmark) and copies MathJax into ``book/_static/mathjax/``. The output
-depends only on the repository's files, so two runs on the same commit write the same bytes.
+and ceilings, how to re-run each study, the engine's benchmark) and copies MathJax into ``book/_static/mathjax/``.
+The output depends only on the repository's files, so two runs on the same commit write the same bytes.
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ class Prepared:
         return (
             f"prepared the book: {len(self.written)} generated files written, {len(self.unchanged)} unchanged; "
             f"claims: {c.get('holds', 0)} hold, {c.get('changes', 0)} change, {c.get('fails', 0)} fail, "
-            f"{c.get('not yet measured', 0)} not yet measured; executed study pages: "
+            f"{c.get('inconclusive', 0)} inconclusive, {c.get('not yet measured', 0)} not yet measured; "
+            "executed study pages: "
             f"{', '.join(self.measured_pages) or 'none'}" + "".join(f"\n  warning: {w}" for w in self.warnings)
         )
 

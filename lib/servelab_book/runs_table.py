@@ -57,7 +57,8 @@ def _missing(x) -> bool:
 
 
 def host_cpu(model, cores) -> str:
-    """The model and cores ("AMD EPYC 9654 96-Core Processor, 16 cores"), or "not recorded" for a run that predates the host record."""
+    """The model and cores ("AMD EPYC 9654 96-Core Processor, 16 cores"); "not recorded" for a run older than
+    the host record."""
     if _missing(model):
         return NOT_RECORDED
     return f"{model}, {int(cores)} cores" if not _missing(cores) else str(model)

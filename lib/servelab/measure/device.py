@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import os
 import platform
@@ -25,7 +26,11 @@ def _smi(query: str) -> dict:
         ).stdout.strip()
     except (subprocess.SubprocessError, OSError):
         return {}
-    return dict(zip(query.split(","), [v.strip() for v in out.split(",")]))
+    # strict: nvidia-smi answers one value per queried field; a mismatch is a format we do not understand
+    try:
+        return dict(zip(query.split(","), [v.strip() for v in out.split(",")], strict=True))
+    except ValueError:
+        return {}
 
 
 CLOCK_FIELDS = "clocks.sm,clocks.mem,clocks.max.sm,temperature.gpu,power.draw"
@@ -93,10 +98,8 @@ def sdpa_priority_order() -> list[str]:
 
     names = []
     for b in order:
-        try:
+        with contextlib.suppress(ValueError, TypeError):  # an unknown int keeps its number as its name
             b = SDPBackend(int(b)) if not hasattr(b, "name") else b
-        except (ValueError, TypeError):
-            pass
         name = getattr(b, "name", str(b))
         names.append(re.sub(r"^.*\.", "", name).lower())
     return names
