@@ -383,7 +383,9 @@ def test_prepare_writes_deterministic_includes(tmp_path, studies_dir):
     results = tmp_path / "results"
     write_run(results, "nvidia-h200", "05_attention", F5)
     gen = tmp_path / "generated"
-    kwargs = dict(studies_dir=studies_dir, notebooks_dir=tmp_path / "nb", generated_dir=gen, mathjax_target=None)
+    kwargs = dict(
+        studies_dir=studies_dir, notebooks_dir=tmp_path / "nb", generated_dir=gen, mathjax_target=None, root=None
+    )
     first = prepare(results, **kwargs)
     names = sorted(p.relative_to(gen).as_posix() for p in first.written)
     assert names == sorted(
@@ -487,6 +489,7 @@ def test_prepare_warns_about_an_executed_page_without_an_h200_run(tmp_path, stud
         notebooks_dir=tmp_path / "nb",
         generated_dir=tmp_path / "gen",
         mathjax_target=None,
+        root=None,
     )
     assert report.warnings == [
         "book/studies/05_attention.ipynb is an executed notebook, but the results hold no "
@@ -532,3 +535,25 @@ def test_runs_table_shows_the_host_and_sm_clocks_or_not_recorded(tmp_path):
     assert len(rows) == 2
     assert rows[0].count("not recorded") == 2 and "`0123456`" in rows[0]
     assert "AMD EPYC 9654 96-Core Processor, 16 cores" in rows[1] and "1,980 → 1,755" in rows[1]
+
+
+def test_prepare_notes_each_executed_pages_run_and_lists_the_stale_ones(tmp_path):
+    """On this checkout: every executed page gets its run's note; a page whose code changed is listed."""
+    from servelab_book.page_banner import load_banner
+    from servelab_book.staleness import PAGES
+
+    gen = tmp_path / "gen"
+    report = prepare(
+        REPO_ROOT / "data" / "results",
+        studies_dir=STUDIES_DIR,
+        notebooks_dir=tmp_path / "nb",
+        generated_dir=gen,
+        mathjax_target=None,
+    )
+    runs = json.loads((gen / "page_runs.json").read_text())
+    executed = [p.page for p in PAGES if (REPO_ROOT / p.page).is_file()]
+    assert sorted(runs) == sorted(executed)
+    assert report.stale_pages == [p for p in executed if runs[p]["status"] == "stale"]
+    for page, run in runs.items():
+        assert f"commit `{run['commit'][:7]}`" in load_banner(page, gen)
+        assert (run["status"] == "stale") == (":class: servelab-stale" in run["banner"])
