@@ -26,13 +26,13 @@ from servelab_book.findings_table import (
 )
 from servelab_book.mathjax import TARGET as MATHJAX_TARGET
 from servelab_book.mathjax import vendor_mathjax
-from servelab_book.reproduce import render_reproduce
 from servelab_book.page_banner import RUNS_FILE, render_runs_file
+from servelab_book.reproduce import render_reproduce
 from servelab_book.runs_table import render_runs_table
 from servelab_book.seed_claims import SEED_CLAIMS_CSV, load_seed_claims
 from servelab_book.seed_claims_page import render_seed_claims
-from servelab_book.step_costs_table import find_steps, render_step_costs
 from servelab_book.staleness import PAGES, page_status
+from servelab_book.step_costs_table import find_steps, render_step_costs
 from servelab_book.studies import BOOK_DIR, NOTEBOOKS_DIR, STUDIES, STUDIES_DIR, study_pages
 
 GENERATED_DIR = BOOK_DIR / "_generated"
