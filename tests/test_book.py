@@ -400,6 +400,7 @@ def test_prepare_writes_deterministic_includes(tmp_path, studies_dir):
             "engine_exactness.md",
             "engine_code_status.md",
             "scheduling_step_costs.md",
+            "rule_changes.md",
         ]
         + [f"claims/{s.slug}.md" for s in STUDIES]
     )
@@ -461,6 +462,7 @@ def test_prepare_checkout_builds_another_clones_book(tmp_path, monkeypatch):
     clone = tmp_path / "clone"
     (clone / "data" / "seed").mkdir(parents=True)
     shutil.copy(SEED_CLAIMS_CSV, clone / "data" / "seed" / "claims.csv")
+    shutil.copy(REPO_ROOT / "data" / "rules.yml", clone / "data" / "rules.yml")
     shutil.copytree(
         REPO_ROOT / "book" / "studies", clone / "book" / "studies", ignore=shutil.ignore_patterns("*.ipynb")
     )

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from servelab.measure.results import results_root as default_results_root
 from servelab.paths import REPO_ROOT
+from servelab.studies.common.rules import REGISTRY, load_registry
 from servelab_book.engine_bench import find_bench, render_engine_bench
 from servelab_book.engine_tables import render_code_status, render_decode_comparison, render_exactness
 from servelab_book.findings import BOOK_DEVICE, book_findings, book_runs
@@ -28,6 +29,7 @@ from servelab_book.mathjax import TARGET as MATHJAX_TARGET
 from servelab_book.mathjax import vendor_mathjax
 from servelab_book.page_banner import RUNS_FILE, render_runs_file
 from servelab_book.reproduce import render_reproduce
+from servelab_book.rule_changes import render_rule_changes
 from servelab_book.runs_table import render_runs_table
 from servelab_book.seed_claims import SEED_CLAIMS_CSV, load_seed_claims
 from servelab_book.seed_claims_page import render_seed_claims
@@ -86,6 +88,7 @@ def prepare_checkout(root: Path, results_root: Path | None = None, *, device: st
         seed_csv=rel(SEED_CLAIMS_CSV),
         mathjax_target=rel(MATHJAX_TARGET),
         root=root,
+        rules_file=rel(REGISTRY),
     )
 
 
@@ -120,6 +123,7 @@ def prepare(
     seed_csv: Path = SEED_CLAIMS_CSV,
     mathjax_target: Path | None = MATHJAX_TARGET,
     root: Path | None = REPO_ROOT,
+    rules_file: Path = REGISTRY,
 ) -> Prepared:
     """Check the study pages and write the generated includes (and MathJax unless ``mathjax_target`` is None).
 
@@ -152,6 +156,9 @@ def prepare(
         "scheduling_step_costs.md": render_step_costs(find_steps(results_root, device)),
     }
     files.update({f"claims/{s.slug}.md": render_seed_claims(seed, s.slug) for s in STUDIES})
+    files["rule_changes.md"] = render_rule_changes(
+        load_registry(rules_file), table, Path(results_root or default_results_root())
+    )
     for name, text in files.items():
         write_if_changed(generated_dir / name, HEADER + text, report)
     if root is not None:
