@@ -401,6 +401,7 @@ def test_prepare_writes_deterministic_includes(tmp_path, studies_dir):
             "engine_code_status.md",
             "scheduling_step_costs.md",
             "rule_changes.md",
+            "published.md",
         ]
         + [f"claims/{s.slug}.md" for s in STUDIES]
     )

@@ -28,6 +28,7 @@ from servelab_book.findings_table import (
 from servelab_book.mathjax import TARGET as MATHJAX_TARGET
 from servelab_book.mathjax import vendor_mathjax
 from servelab_book.page_banner import RUNS_FILE, render_runs_file
+from servelab_book.published import render_all_published
 from servelab_book.reproduce import render_reproduce
 from servelab_book.rule_changes import render_rule_changes
 from servelab_book.runs_table import render_runs_table
@@ -156,6 +157,7 @@ def prepare(
         "scheduling_step_costs.md": render_step_costs(find_steps(results_root, device)),
     }
     files.update({f"claims/{s.slug}.md": render_seed_claims(seed, s.slug) for s in STUDIES})
+    files["published.md"] = render_all_published(results_root)
     files["rule_changes.md"] = render_rule_changes(
         load_registry(rules_file), table, Path(results_root or default_results_root())
     )
