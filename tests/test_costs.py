@@ -275,7 +275,7 @@ TRUE_STEP = [0.3, 0.2, 2e-3, 4e-7, 6e-7, 5e-3, 2e-5]
 
 def test_step_model_recovers_known_coefficients_and_holds_out_exactly():
     cm = CostModel.fit(_synthetic_server_steps(TRUE_STEP), "m", "engine")
-    for k, v in zip(STEP_TERMS, TRUE_STEP):
+    for k, v in zip(STEP_TERMS, TRUE_STEP, strict=True):
         assert cm.step[k] == pytest.approx(v, rel=1e-5), k
     assert cm.step_error["heldout_median_abs_pct"] < 1e-6 and cm.step_error["heldout_mixed_median_abs_pct"] < 1e-6
     # a mixed step is a chunk plus decodes, each priced by its own terms
