@@ -105,7 +105,7 @@ def f11(summary: pd.DataFrame, reference_budget: int, dtype: str | None = None) 
     return Finding(
         id="F1.1",
         claim=CLAIMS["F1.1"],
-        seed_value="58.6 → 34.1 ms (RTX 2070; a 42% cut)",
+        seed_value="58.6 → 34.1 ms (a 42% cut)",
         measured_value="; ".join(parts),
         unit="ms",
         verdict=combine(per),
@@ -133,7 +133,7 @@ def f12(summary: pd.DataFrame, reference_budget: int, dtype: str | None = None) 
     return Finding(
         id="F1.2",
         claim=CLAIMS["F1.2"],
-        seed_value="stall cut, no throughput gain (RTX 2070)",
+        seed_value="stall cut, no throughput gain",
         measured_value="; ".join(parts),
         unit="ChunkedPrefill / EagerContBatch delivered tokens/s",
         verdict=combine(per),
@@ -174,7 +174,7 @@ def f13(summary: pd.DataFrame, dtype: str | None = None) -> Finding:
     return Finding(
         id="F1.3",
         claim=CLAIMS["F1.3"],
-        seed_value="best mean TTFT and throughput (RTX 2070)",
+        seed_value="best mean TTFT and throughput",
         measured_value="; ".join(parts),
         unit="ms, tokens/s",
         verdict=combine(per),
