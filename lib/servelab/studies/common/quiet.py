@@ -10,6 +10,7 @@ Only these messages are filtered, and only inside the block; every other warning
 
 from __future__ import annotations
 
+import importlib
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,4 +33,7 @@ def quiet_run() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=PROFILER_CYCLE_WARNING, category=UserWarning)
         warnings.filterwarnings("ignore", message=TQDM_WIDGETS_WARNING)
+        # tqdm.auto warns once, when first imported; the imports that reach it (transformers') add warning filters of
+        # their own ahead of ours on the way, so it is imported here first, while ours is the one that applies
+        importlib.import_module("tqdm.auto")
         yield

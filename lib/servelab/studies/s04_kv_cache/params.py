@@ -163,9 +163,11 @@ def _check_overlap(p: dict) -> None:
 
 def _check_positions(p: dict) -> None:
     """A position past the model's table is a device-side assert on CUDA, which kills the whole run: refuse it."""
+    from servelab.studies.common.quiet import quiet_run
     from servelab.studies.s04_kv_cache.bytes_per_token import model_config
 
-    cfg = model_config(p["decode_model"])
+    with quiet_run():  # the first transformers import happens here, in a notebook's (removed) parameters step
+        cfg = model_config(p["decode_model"])
     max_pos = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
     longest = max(max(p["decode_contexts"]), p["overlap_context"])
     if max_pos is not None and longest + 1 > max_pos:
