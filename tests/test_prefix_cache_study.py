@@ -9,6 +9,7 @@ import pytest
 
 from servelab.engine import Engine, EngineConfig
 from servelab.errors import ParameterError
+from servelab.studies.common.tested_on import model_tested_on
 from servelab.studies.s07_prefix_cache import verdicts
 from servelab.studies.s07_prefix_cache.batch_sharing import batch_sharing_sweep, breakeven
 from servelab.studies.s07_prefix_cache.budget import SKIPPED, Budget
@@ -140,13 +141,13 @@ def test_breakeven_is_the_first_n_from_which_sharing_never_loses():
     assert be.loc[128, "breakeven_n"] == 12  # n=4 wins but n=8 loses again
     assert be.loc[512, "breakeven_n"] == 2
     assert np.isnan(be.loc[64, "breakeven_n"])
-    assert verdicts.f73(be.reset_index())["verdict"] == "holds"
+    assert verdicts.f73(be.reset_index()).verdict == "holds"
     be.loc[128, "breakeven_n"] = 2
-    assert verdicts.f73(be.reset_index())["verdict"] == "changes"
+    assert verdicts.f73(be.reset_index()).verdict == "changes"
     never = be.reset_index().assign(breakeven_n=np.nan)
-    assert verdicts.f73(never)["verdict"] == "fails"
+    assert verdicts.f73(never).verdict == "fails"
     failed = breakeven(df.assign(status="oom"))  # every point failed: an empty table, a clear verdict
-    assert failed.empty and verdicts.f73(failed)["verdict"] == "fails"
+    assert failed.empty and verdicts.f73(failed).verdict == "fails"
 
 
 def speedup_table(values):
@@ -161,31 +162,36 @@ def speedup_table(values):
 
 
 def test_f71_compares_the_speedup_at_512_tokens():
-    assert verdicts.f71(speedup_table({256: 1.5, 512: 2.3, 1024: 3.0}))["verdict"] == "holds"
+    assert verdicts.f71(speedup_table({256: 1.5, 512: 2.3, 1024: 3.0})).verdict == "holds"
     row = verdicts.f71(speedup_table({256: 1.0, 512: 1.1, 4096: 3.0}))
-    assert row["verdict"] == "changes" and "4,096-token prefix" in row["note"]
-    assert verdicts.f71(speedup_table({512: 0.9, 1024: 1.0}))["verdict"] == "fails"
-    assert verdicts.f71(pd.DataFrame())["verdict"] == "fails"
+    assert row.verdict == "changes" and "4,096-token prefix" in row.note
+    assert verdicts.f71(speedup_table({512: 0.9, 1024: 1.0})).verdict == "fails"
+    assert verdicts.f71(pd.DataFrame()).verdict == "fails"
+    # what it was measured on is named from the model spec: a config: spec has random weights
+    on = verdicts.f71(speedup_table({512: 2.4}), tested_on=model_tested_on("config:qwen2-0.5b", "bfloat16")).tested_on
+    assert on == "qwen2-0.5b (bfloat16), random weights (architecture-exact config)"
+    assert model_tested_on("HuggingFaceTB/SmolLM2-135M").endswith(", trained weights")
 
 
 def test_f72_needs_a_growing_speedup():
     turns = np.arange(1, 13)
     grow = pd.DataFrame({"metric": "ttft", "turn": turns, "speedup": 1 + 0.11 * (turns - 1)})
-    assert verdicts.f72(grow)["verdict"] == "holds"  # 1.99× at turn 10
-    assert verdicts.f72(grow.assign(speedup=1 + 0.5 * (turns - 1)))["verdict"] == "changes"
-    assert verdicts.f72(grow.assign(speedup=1.0 + 0.01 * np.sin(turns)))["verdict"] == "fails"
+    assert verdicts.f72(grow).verdict == "holds"  # 1.99× at turn 10
+    assert verdicts.f72(grow.assign(speedup=1 + 0.5 * (turns - 1))).verdict == "changes"
+    assert verdicts.f72(grow.assign(speedup=1.0 + 0.01 * np.sin(turns))).verdict == "fails"
 
 
 def test_f74_reads_lfu_at_alpha_2_with_4_slots():
     sim = hit_rates([2.0], [3, 4], ["lfu", "lfu_perfect"], n_prefixes=100, n_requests=5000, progress=False)
     row = verdicts.f74(sim, 100)
     x = float(sim.query("policy == 'lfu' and capacity == 4")["hit_rate"].iloc[0])
-    assert row["measured_value"] == f"{x:.1%}"
-    assert row["verdict"] == ("holds" if x >= 0.79 else "changes")
+    assert row.measured_value == f"{x:.1%}"
+    assert row.verdict == ("holds" if x >= 0.79 else "changes")
     low = sim.assign(hit_rate=np.where(sim["policy"] == "lfu", 0.70, sim["hit_rate"]))
-    assert verdicts.f74(low, 100)["verdict"] == "changes"
-    assert "top-3" in row["note"]
-    assert verdicts.f74(sim[sim["capacity"] == 3], 100)["verdict"] == "fails"
+    assert verdicts.f74(low, 100).verdict == "changes"
+    assert "top-3" in row.note
+    assert "no model" in row.tested_on and "100 prefixes" in row.tested_on
+    assert verdicts.f74(sim[sim["capacity"] == 3], 100).verdict == "fails"
 
 
 def test_server_runs_report_a_failure_instead_of_raising(engine, tmp_path, monkeypatch):
