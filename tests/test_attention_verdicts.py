@@ -42,7 +42,7 @@ def _rows(times: dict, lengths=(256, 2048, 8192), configs=(("m1", 64), ("m2", 12
 
 def test_f51_verdicts_follow_the_rule():
     for speed, verdict in [(7.0, "holds"), (30.0, "changes"), (0.8, "fails")]:
-        df = _rows({"naive": lambda L, d: 1.0 * speed, "sdpa_default": lambda L, d: 1.0})
+        df = _rows({"naive": lambda L, d, s=speed: 1.0 * s, "sdpa_default": lambda L, d: 1.0})
         row = verdicts.f51(df, ("m1", 64))
         assert row.verdict == verdict and float(row.measured_value) == pytest.approx(speed)
         # the shapes it was judged on: the primary configuration's head layout only, random inputs

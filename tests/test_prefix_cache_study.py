@@ -113,7 +113,7 @@ def test_prefix_trace_and_ideal_hit_rate():
     f = trace.frame
     assert len(f) == 50 and (f["prompt_tokens"] == 40).all()
     firsts = {}
-    for k, ids in zip(keys, f.sort_values("request_id")["prompt_ids"]):
+    for k, ids in zip(keys, f.sort_values("request_id")["prompt_ids"], strict=True):
         assert firsts.setdefault(k, ids[:32]) == ids[:32]  # same prefix id, same system prompt
     distinct = len(set(keys.tolist()))
     assert ideal_hit_rate(keys, 32, 40, 16) == pytest.approx((50 - distinct) * 32 / (50 * 40))

@@ -95,7 +95,6 @@ def measure_shape(
     todo = [v for v in variants if v not in skip]
     if not todo:
         return rows
-    itemsize = torch.empty((), dtype=dtype).element_size()
     try:
         inputs = shape.random_inputs(dtype, device, seed)
         nb = min(shape.batch, REFERENCE_BATCHES)

@@ -105,7 +105,7 @@ def breakeven(df: pd.DataFrame) -> pd.DataFrame:
                 "breakeven_n": be,
                 "max_n": int(g["n"].max()),
                 "ratio_at_max_n": float(g["ratio"].iloc[-1]),
-                "ratios": ", ".join(f"n={int(n)}: {r:.2f}×" for n, r in zip(g["n"], g["ratio"])),
+                "ratios": ", ".join(f"n={int(n)}: {r:.2f}×" for n, r in zip(g["n"], g["ratio"], strict=True)),
             }
         )
     return pd.DataFrame(rows)
