@@ -2,6 +2,7 @@
 breakeven, and verdicts computed from tables (holds / changes / fails)."""
 
 import os
+import time
 
 import numpy as np
 import pandas as pd
@@ -9,10 +10,10 @@ import pytest
 
 from servelab.engine import Engine, EngineConfig
 from servelab.errors import ParameterError
+from servelab.studies.common.budget import SKIPPED, Budget
 from servelab.studies.common.tested_on import model_tested_on
 from servelab.studies.s07_prefix_cache import verdicts
 from servelab.studies.s07_prefix_cache.batch_sharing import batch_sharing_sweep, breakeven
-from servelab.studies.s07_prefix_cache.budget import SKIPPED, Budget
 from servelab.studies.s07_prefix_cache.first_token import random_tokens, time_requests
 from servelab.studies.s07_prefix_cache.multi_turn import build_conversation, multi_turn_sweep, turn_speedups
 from servelab.studies.s07_prefix_cache.params import study_params
@@ -85,6 +86,16 @@ def test_sweeps_produce_tidy_rows_and_honour_the_budget(engine):
     spent = Budget(0.0)
     skipped = prefix_length_sweep(engine, [16], 4, warmup=0, repeats=1, budget=spent, progress=False)
     assert (skipped["status"] == SKIPPED).all() and speedups(skipped).empty
+
+
+def test_budget_counts_down_and_reserves_for_later_work():
+    b = Budget(100.0, start=time.monotonic() - 30.0)  # 30 s already spent
+    assert b.left_s() == pytest.approx(70.0, abs=1.0) and not b.spent() and b.spent(need_s=80.0)
+    assert b.sweep_budget_s(reserve_s=20.0) == pytest.approx(50.0, abs=1.0)
+    assert b.sweep_budget_s(reserve_s=20.0, cap_s=10.0) == 10.0 and b.sweep_budget_s(reserve_s=90.0) == 0.0
+    for bad in (-1.0, True, "60"):
+        with pytest.raises(ValueError, match="total_s"):
+            Budget(bad)
 
 
 def test_conversation_turns_reuse_the_history(engine):

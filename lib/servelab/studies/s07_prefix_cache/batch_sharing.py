@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 
 from servelab.engine import Engine
 from servelab.measure import Roofline
-from servelab.studies.s07_prefix_cache.budget import SKIPPED, Budget
+from servelab.studies.common.budget import SKIPPED, Budget
 from servelab.studies.s07_prefix_cache.first_token import failure_status, random_tokens, recover, time_requests
 
 SHARING = {"shared": "cached", "independent": "uncached"}  # this study's names -> the cache mode timed

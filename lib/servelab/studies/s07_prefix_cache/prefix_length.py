@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from servelab.engine import Engine
 from servelab.measure import Roofline
-from servelab.studies.s07_prefix_cache.budget import SKIPPED, Budget
+from servelab.studies.common.budget import SKIPPED, Budget
 from servelab.studies.s07_prefix_cache.first_token import MODES, failure_status, random_tokens, recover, time_requests
 
 

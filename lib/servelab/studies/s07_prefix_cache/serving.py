@@ -23,7 +23,7 @@ from servelab.engine import Engine
 from servelab.loadgen.arrivals import poisson_arrivals
 from servelab.loadgen.metrics import request_metrics, summarize
 from servelab.loadgen.workload import Trace
-from servelab.studies.s07_prefix_cache.budget import SKIPPED, Budget
+from servelab.studies.common.budget import SKIPPED, Budget
 from servelab.studies.s07_prefix_cache.first_token import random_tokens
 from servelab.studies.s07_prefix_cache.workload import ZipfWorkload
 
