@@ -7,6 +7,7 @@ call and no number on the page is typed.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Mapping
 
 import pandas as pd
@@ -14,6 +15,10 @@ import pandas as pd
 from servelab.studies.common.findings import Finding
 
 SEED_GPU = "RTX 2070"
+
+# tqdm.auto, which huggingface_hub imports when a model loads, warns "IProgress not found" where ipywidgets is not
+# installed. The pages run every sweep with its progress bar off, so the warning says nothing to a reader.
+warnings.filterwarnings("ignore", message="IProgress not found")
 
 
 def verdict_table(findings: Iterable[Finding]) -> pd.DataFrame:

@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Iterable
 
 import pandas as pd
-from tqdm.auto import tqdm
+from tqdm import tqdm  # not tqdm.auto: it warns (TqdmWarning) on import where ipywidgets is missing
 
 from servelab.measure import Roofline
 from servelab.studies.s05_attention.masks import Mask, ragged_documents

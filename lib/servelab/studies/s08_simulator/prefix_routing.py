@@ -65,7 +65,7 @@ def compare_routers(
         raise ParameterError("need at least one pool size, one rate and one router")
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from tqdm import tqdm  # not tqdm.auto: it warns (TqdmWarning) on import where ipywidgets is missing
 
         bar = tqdm(total=len(pools) * len(rates) * len(routers), desc="routers with prefix caches", unit="run")
     rows = []

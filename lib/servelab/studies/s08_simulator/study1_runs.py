@@ -79,7 +79,7 @@ def engine_runs(
     base = Engine.from_spec(model, dtype="float32", device="cpu", config=EngineConfig(num_blocks=64, cuda_graphs=False))
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from tqdm import tqdm  # not tqdm.auto: it warns (TqdmWarning) on import where ipywidgets is missing
 
         bar = tqdm(total=len(policies) * len(rates), desc="engine runs (CPU stand-in)", unit="run")
     try:

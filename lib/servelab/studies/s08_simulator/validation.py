@@ -236,7 +236,7 @@ def validation_table(
     (the simulated ones are cut there too); ``context_reads=False``: a model fitted to the step log leaves the
     steps' longest walks over cached keys unpriced (``servelab.studies.s08_simulator.ablation``). Returns
     ``(table, calibration stats, fitted models keyed by model)``."""
-    from tqdm.auto import tqdm
+    from tqdm import tqdm  # not tqdm.auto: it warns (TqdmWarning) on import where ipywidgets is missing
 
     runs = list(run_groups(requests, steps))
     if not runs:

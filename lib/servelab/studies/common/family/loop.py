@@ -130,7 +130,7 @@ def train_model(
     budget guards against a slowdown after planning.
     """
     import torch
-    from tqdm.auto import tqdm
+    from tqdm import tqdm  # not tqdm.auto: it warns (TqdmWarning) on import where ipywidgets is missing
     from transformers import AutoModelForCausalLM
 
     cuda = torch.device(device).type == "cuda"
