@@ -52,8 +52,10 @@ def test_tables_and_findings_from_a_run_with_failures(run):
     assert set(pre_sp["length"]) == {256} and "naive" not in set(pre_sp["fixed"])
     assert {"sdpa_flash", "sdpa_math"} <= set(pre_sp["fixed"])
     rows, problems = verdicts.findings(pre, ("a", 8), [[8, 256]], dec, length=256)
-    assert [r["id"] for r in rows] == ["F5.1", "F5.2", "F5.3"] and not problems
-    assert all(r["verdict"] in ("holds", "changes", "fails") for r in rows)
+    assert [r.id for r in rows] == ["F5.1", "F5.2", "F5.3"] and not problems
+    assert all(r.verdict in ("holds", "changes", "fails") for r in rows)
+    assert all(r.tested_on.startswith("attention alone at a heads") for r in rows[:2])
+    assert "b heads" in rows[2].tested_on  # F5.3 compares every configuration
     reco = recommend.recommend(recommend.regimes(pre, dec, masks, long_from=256, small_batch=1))
     assert {"prefill, sliding window mask", "prefill, document mask"} <= set(reco["regime"])
     assert not reco["recommended"].isin(["sdpa_cudnn", "flex"]).any()  # never timed on the CPU

@@ -144,7 +144,7 @@ def test_refused_grouped_heads_are_measured_repeated_with_the_reason(monkeypatch
 
     def picky(q, k, v, *, enable_gqa=False, **kw):
         if enable_gqa:
-            warnings.warn("For dense input, both fused kernels require the same num_heads")
+            warnings.warn("For dense input, both fused kernels require the same num_heads", stacklevel=2)
             raise RuntimeError("No available kernel. Aborting execution.")
         return real(q, k, v, **kw)
 

@@ -42,9 +42,12 @@ def _rows(times: dict, lengths=(256, 2048, 8192), configs=(("m1", 64), ("m2", 12
 
 def test_f51_verdicts_follow_the_rule():
     for speed, verdict in [(7.0, "holds"), (30.0, "changes"), (0.8, "fails")]:
-        df = _rows({"naive": lambda L, d: 1.0 * speed, "sdpa_default": lambda L, d: 1.0})
+        df = _rows({"naive": lambda L, d, s=speed: 1.0 * s, "sdpa_default": lambda L, d: 1.0})
         row = verdicts.f51(df, ("m1", 64))
-        assert row["verdict"] == verdict and row["measured_value"] == pytest.approx(speed)
+        assert row.verdict == verdict and float(row.measured_value) == pytest.approx(speed)
+        # the shapes it was judged on: the primary configuration's head layout only, random inputs
+        assert row.tested_on.startswith("attention alone at m1 heads (") and "D=64" in row.tested_on
+        assert "m2" not in row.tested_on and "random" in row.tested_on
 
 
 def test_f51_without_data_says_what_is_missing():
@@ -52,7 +55,7 @@ def test_f51_without_data_says_what_is_missing():
     with pytest.raises(ValueError, match="naive"):
         verdicts.f51(df, ("m1", 64))
     rows, problems = verdicts.findings(df, ("m1", 64), [[256, 8192]])
-    assert problems and all(r["id"] != "F5.1" for r in rows)
+    assert problems and all(r.id != "F5.1" for r in rows)
 
 
 def test_f52_growth_and_verdict():
@@ -64,7 +67,7 @@ def test_f52_growth_and_verdict():
     naive = g[(g["variant"] == "naive") & (g["arch"] == "m1")].iloc[0]
     assert naive["growth_working"] == pytest.approx(1024)
     row = verdicts.f52(g, ("m1", 64))
-    assert row["verdict"] == "changes"  # direction holds, magnitudes far from 25× / 2.4×
+    assert row.verdict == "changes"  # direction holds, magnitudes far from 25× / 2.4×
     exps = verdicts.growth_exponents(df).set_index(["arch", "variant"])
     assert exps.loc[("m1", "naive"), "exponent"] == pytest.approx(2.0)
     assert exps.loc[("m1", "sdpa_default"), "exponent"] == pytest.approx(1.0)
@@ -72,7 +75,7 @@ def test_f52_growth_and_verdict():
         {"naive": lambda L, d: 1.0, "sdpa_default": lambda L, d: 1.0},
         mem={"naive": lambda L: 5, "sdpa_default": lambda L: L},
     )
-    assert verdicts.f52(verdicts.memory_growth(flat, [[256, 8192]]), ("m1", 64))["verdict"] == "fails"
+    assert verdicts.f52(verdicts.memory_growth(flat, [[256, 8192]]), ("m1", 64)).verdict == "fails"
 
 
 def test_f53_compares_kernel_and_architecture_spreads_where_all_ran():
@@ -86,9 +89,9 @@ def test_f53_compares_kernel_and_architecture_spreads_where_all_ran():
     assert verdicts.comparison_length(df) == 2048
     sp = verdicts.spreads(df)
     assert set(sp["fixed"]) >= {"naive", "sdpa_flash"} and "sdpa_default" not in set(sp["fixed"])
-    assert verdicts.f53(sp)["verdict"] == "holds"
+    assert verdicts.f53(sp).verdict == "holds"
     small_kernel_gap = {"naive": lambda L, d: 1.2 * d, "sdpa_flash": lambda L, d: 1.0 * d}
-    assert verdicts.f53(verdicts.spreads(_rows(small_kernel_gap)))["verdict"] == "fails"
+    assert verdicts.f53(verdicts.spreads(_rows(small_kernel_gap))).verdict == "fails"
 
 
 def test_recommendation_picks_the_fastest_that_ran_everywhere():

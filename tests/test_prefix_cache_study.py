@@ -2,6 +2,7 @@
 breakeven, and verdicts computed from tables (holds / changes / fails)."""
 
 import os
+import time
 
 import numpy as np
 import pandas as pd
@@ -9,9 +10,10 @@ import pytest
 
 from servelab.engine import Engine, EngineConfig
 from servelab.errors import ParameterError
+from servelab.studies.common.budget import SKIPPED, Budget
+from servelab.studies.common.tested_on import model_tested_on
 from servelab.studies.s07_prefix_cache import verdicts
 from servelab.studies.s07_prefix_cache.batch_sharing import batch_sharing_sweep, breakeven
-from servelab.studies.s07_prefix_cache.budget import SKIPPED, Budget
 from servelab.studies.s07_prefix_cache.first_token import random_tokens, time_requests
 from servelab.studies.s07_prefix_cache.multi_turn import build_conversation, multi_turn_sweep, turn_speedups
 from servelab.studies.s07_prefix_cache.params import study_params
@@ -86,6 +88,16 @@ def test_sweeps_produce_tidy_rows_and_honour_the_budget(engine):
     assert (skipped["status"] == SKIPPED).all() and speedups(skipped).empty
 
 
+def test_budget_counts_down_and_reserves_for_later_work():
+    b = Budget(100.0, start=time.monotonic() - 30.0)  # 30 s already spent
+    assert b.left_s() == pytest.approx(70.0, abs=1.0) and not b.spent() and b.spent(need_s=80.0)
+    assert b.sweep_budget_s(reserve_s=20.0) == pytest.approx(50.0, abs=1.0)
+    assert b.sweep_budget_s(reserve_s=20.0, cap_s=10.0) == 10.0 and b.sweep_budget_s(reserve_s=90.0) == 0.0
+    for bad in (-1.0, True, "60"):
+        with pytest.raises(ValueError, match="total_s"):
+            Budget(bad)
+
+
 def test_conversation_turns_reuse_the_history(engine):
     conv = build_conversation(engine, 3, 20, 10, 5)
     assert [c["turn"] for c in conv] == [1, 2, 3] and conv[0]["history"] is None
@@ -112,7 +124,7 @@ def test_prefix_trace_and_ideal_hit_rate():
     f = trace.frame
     assert len(f) == 50 and (f["prompt_tokens"] == 40).all()
     firsts = {}
-    for k, ids in zip(keys, f.sort_values("request_id")["prompt_ids"]):
+    for k, ids in zip(keys, f.sort_values("request_id")["prompt_ids"], strict=True):
         assert firsts.setdefault(k, ids[:32]) == ids[:32]  # same prefix id, same system prompt
     distinct = len(set(keys.tolist()))
     assert ideal_hit_rate(keys, 32, 40, 16) == pytest.approx((50 - distinct) * 32 / (50 * 40))
@@ -140,13 +152,13 @@ def test_breakeven_is_the_first_n_from_which_sharing_never_loses():
     assert be.loc[128, "breakeven_n"] == 12  # n=4 wins but n=8 loses again
     assert be.loc[512, "breakeven_n"] == 2
     assert np.isnan(be.loc[64, "breakeven_n"])
-    assert verdicts.f73(be.reset_index())["verdict"] == "holds"
+    assert verdicts.f73(be.reset_index()).verdict == "holds"
     be.loc[128, "breakeven_n"] = 2
-    assert verdicts.f73(be.reset_index())["verdict"] == "changes"
+    assert verdicts.f73(be.reset_index()).verdict == "changes"
     never = be.reset_index().assign(breakeven_n=np.nan)
-    assert verdicts.f73(never)["verdict"] == "fails"
+    assert verdicts.f73(never).verdict == "fails"
     failed = breakeven(df.assign(status="oom"))  # every point failed: an empty table, a clear verdict
-    assert failed.empty and verdicts.f73(failed)["verdict"] == "fails"
+    assert failed.empty and verdicts.f73(failed).verdict == "fails"
 
 
 def speedup_table(values):
@@ -161,31 +173,36 @@ def speedup_table(values):
 
 
 def test_f71_compares_the_speedup_at_512_tokens():
-    assert verdicts.f71(speedup_table({256: 1.5, 512: 2.3, 1024: 3.0}))["verdict"] == "holds"
+    assert verdicts.f71(speedup_table({256: 1.5, 512: 2.3, 1024: 3.0})).verdict == "holds"
     row = verdicts.f71(speedup_table({256: 1.0, 512: 1.1, 4096: 3.0}))
-    assert row["verdict"] == "changes" and "4,096-token prefix" in row["note"]
-    assert verdicts.f71(speedup_table({512: 0.9, 1024: 1.0}))["verdict"] == "fails"
-    assert verdicts.f71(pd.DataFrame())["verdict"] == "fails"
+    assert row.verdict == "changes" and "4,096-token prefix" in row.note
+    assert verdicts.f71(speedup_table({512: 0.9, 1024: 1.0})).verdict == "fails"
+    assert verdicts.f71(pd.DataFrame()).verdict == "fails"
+    # what it was measured on is named from the model spec: a config: spec has random weights
+    on = verdicts.f71(speedup_table({512: 2.4}), tested_on=model_tested_on("config:qwen2-0.5b", "bfloat16")).tested_on
+    assert on == "qwen2-0.5b (architecture-exact, random weights; bfloat16)"
+    assert model_tested_on("HuggingFaceTB/SmolLM2-135M").endswith(", trained weights")
 
 
 def test_f72_needs_a_growing_speedup():
     turns = np.arange(1, 13)
     grow = pd.DataFrame({"metric": "ttft", "turn": turns, "speedup": 1 + 0.11 * (turns - 1)})
-    assert verdicts.f72(grow)["verdict"] == "holds"  # 1.99× at turn 10
-    assert verdicts.f72(grow.assign(speedup=1 + 0.5 * (turns - 1)))["verdict"] == "changes"
-    assert verdicts.f72(grow.assign(speedup=1.0 + 0.01 * np.sin(turns)))["verdict"] == "fails"
+    assert verdicts.f72(grow).verdict == "holds"  # 1.99× at turn 10
+    assert verdicts.f72(grow.assign(speedup=1 + 0.5 * (turns - 1))).verdict == "changes"
+    assert verdicts.f72(grow.assign(speedup=1.0 + 0.01 * np.sin(turns))).verdict == "fails"
 
 
 def test_f74_reads_lfu_at_alpha_2_with_4_slots():
     sim = hit_rates([2.0], [3, 4], ["lfu", "lfu_perfect"], n_prefixes=100, n_requests=5000, progress=False)
     row = verdicts.f74(sim, 100)
     x = float(sim.query("policy == 'lfu' and capacity == 4")["hit_rate"].iloc[0])
-    assert row["measured_value"] == f"{x:.1%}"
-    assert row["verdict"] == ("holds" if x >= 0.79 else "changes")
+    assert row.measured_value == f"{x:.1%}"
+    assert row.verdict == ("holds" if x >= 0.79 else "changes")
     low = sim.assign(hit_rate=np.where(sim["policy"] == "lfu", 0.70, sim["hit_rate"]))
-    assert verdicts.f74(low, 100)["verdict"] == "changes"
-    assert "top-3" in row["note"]
-    assert verdicts.f74(sim[sim["capacity"] == 3], 100)["verdict"] == "fails"
+    assert verdicts.f74(low, 100).verdict == "changes"
+    assert "top-3" in row.note
+    assert "no model" in row.tested_on and "100 prefixes" in row.tested_on
+    assert verdicts.f74(sim[sim["capacity"] == 3], 100).verdict == "fails"
 
 
 def test_server_runs_report_a_failure_instead_of_raising(engine, tmp_path, monkeypatch):

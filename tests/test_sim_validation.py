@@ -65,7 +65,8 @@ def test_overheads_fitted_on_calibration_runs_fix_held_out_runs():
     c = calib.iloc[0]
     assert c["step_overhead_ms"] == pytest.approx(1.0, abs=0.3) and c["ingress_ms"] == pytest.approx(4.0, abs=1.0)
     row = f23_finding(table, "test runs")
-    assert row["verdict"] == "changes" and row["id"] == "F2.3"
+    assert row.verdict == "changes" and row.id == "F2.3"
+    assert row.tested_on == "m (trained weights), simulated against test runs"
 
 
 def test_split_runs():

@@ -7,19 +7,12 @@ import pytest
 import torch
 
 from servelab.errors import ParameterError
+from servelab.studies.common.family.cache import load_family
 from servelab.studies.common.family.corpus import build_corpus, default_roots
-from servelab.studies.common.family.train import (
-    EOS,
-    PAD,
-    RECIPES,
-    FamilyRecipe,
-    ModelRecipe,
-    load_family,
-    lr_at,
-    model_config,
-    train_family,
-    train_tokenizer,
-)
+from servelab.studies.common.family.loop import lr_at, model_config
+from servelab.studies.common.family.recipe import RECIPES, FamilyRecipe, ModelRecipe
+from servelab.studies.common.family.tokenizer import EOS, PAD, train_tokenizer
+from servelab.studies.common.family.train import train_family
 
 
 def _m(name, d, layers, heads, kv, budget_s=60.0, max_steps=12):
@@ -167,7 +160,7 @@ def test_schedule_warms_up_then_decays():
     assert lr_at(9, 100, peak, 10) == pytest.approx(peak)
     assert lr_at(100, 100, peak, 10) == pytest.approx(0.1 * peak)
     vals = [lr_at(s, 100, peak, 10) for s in range(10, 101)]
-    assert all(a >= b for a, b in zip(vals, vals[1:]))
+    assert all(a >= b for a, b in zip(vals, vals[1:], strict=False))
 
 
 def test_bad_inputs_are_rejected(corpus, tmp_path):
@@ -213,7 +206,7 @@ def test_shipped_recipes_have_a_target_and_three_drafts_of_the_stated_sizes():
 def test_tokenizer_parallelism_is_on_only_while_encoding(monkeypatch):
     import os
 
-    from servelab.studies.common.family.train import tokenizers_parallel
+    from servelab.studies.common.family.tokenizer import tokenizers_parallel
 
     monkeypatch.setenv("TOKENIZERS_PARALLELISM", "false")
     with tokenizers_parallel():

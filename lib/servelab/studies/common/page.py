@@ -7,11 +7,16 @@ them comes from the ``Finding`` records or tables the run computed, never from t
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import warnings
+from collections.abc import Iterable, Mapping
 
 from servelab.studies.common.findings import Finding
 
 SEED_DEVICE = "RTX 2070"  # the seed's GPU: every seed value in shared/seed-studies.md was measured on it
+
+# tqdm.auto, which huggingface_hub imports when a model loads, warns "IProgress not found" where ipywidgets is not
+# installed. The pages run every sweep with its progress bar off, so the warning says nothing to a reader.
+warnings.filterwarnings("ignore", message="IProgress not found")
 
 
 def md_cell(text) -> str:
@@ -19,7 +24,7 @@ def md_cell(text) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ").strip()
 
 
-def verdict_table(findings: Iterable[Finding], device: str) -> str:
+def verdict_table(findings: Iterable[Finding], device: str = "this run") -> str:
     """A markdown table, one row per claim: claim, the seed's value, this run's value and unit, verdict, tested on.
 
     ``device``: the GPU this run measured on (the column heading of the measured values).
@@ -40,13 +45,22 @@ def takeaway_list(sentences: Iterable[str]) -> str:
     return "".join(f"- {s}\n" for s in items)
 
 
-def show(markdown: str) -> None:
-    """Display markdown in a notebook (the book renders it as MyST); nothing if it is empty."""
-    if not markdown.strip():
-        return
+def show(*items) -> None:
+    """Display markdown strings, tables and figures in order (the book renders markdown as MyST); empty strings and
+    None are skipped, and a figure is closed once shown so that Jupyter does not show it a second time."""
+    import matplotlib.pyplot as plt
     from IPython.display import Markdown, display
 
-    display(Markdown(markdown))
+    for item in items:
+        if item is None or (isinstance(item, str) and not item.strip()):
+            continue
+        if isinstance(item, str):
+            display(Markdown(item))
+        elif hasattr(item, "savefig"):
+            display(item)
+            plt.close(item)
+        else:
+            display(item)
 
 
 def finding_sentence(f: Finding) -> str:
@@ -58,3 +72,30 @@ def finding_sentence(f: Finding) -> str:
     bare = value[:1].isdigit() and value[-1:].isdigit()
     unit = f" {f.unit}" if bare and f.unit else ""
     return f"**{f.id} {f.verdict}.** {f.claim[:1].upper()}{f.claim[1:]}: {value}{unit}."
+
+
+def finding_notes(findings: Iterable[Finding]) -> str:
+    """Markdown: each claim's verdict with the rule's reasoning (its note), for the page's details section."""
+    return "\n".join(
+        f"- **{f.id} {f.verdict}.** {f.claim}. {SEED_DEVICE}: {f.seed_value}; this run: {f.measured_value} "
+        f"({f.unit}). {f.note}."
+        for f in findings
+    )
+
+
+def rerun_recipe(slug: str, params: Mapping, *, out: str | None = None, extra: Iterable[str] = ()) -> str:
+    """Markdown: the papermill command that re-runs a study, the notebook's ``parameters`` cell as written (read
+    from ``notebooks/<slug>.ipynb``), and the values this run resolved them to."""
+    from servelab.paths import REPO_ROOT
+    from servelab_book.reproduce import parameters_source
+
+    out = out or f"book/studies/{slug}.ipynb"
+    cmd = f"papermill notebooks/{slug}.ipynb {out} --cwd notebooks -p profile full"
+    lines = [f"```bash\n{cmd}\n" + "".join(f"{e}\n" for e in extra) + "```\n"]
+    nb = REPO_ROOT / "notebooks" / f"{slug}.ipynb"
+    if nb.exists():
+        lines.append("The notebook's parameters (pass any with `-p name value`; `None` is the profile's default):\n")
+        lines.append(f"```python\n{parameters_source(nb)}\n```\n")
+    resolved = ", ".join(f"`{k}={v!r}`" for k, v in params.items())
+    lines.append(f"This run resolved them to: {resolved}.\n")
+    return "\n".join(lines)

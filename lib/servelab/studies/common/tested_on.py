@@ -38,3 +38,13 @@ def tested_on(specs: Iterable[str], *, dtype: str | None = None, setting: str = 
             what = "architecture-exact, random weights" if kind == "random weights" else "trained weights"
             groups.append(f"{', '.join(names)} ({what}{'; ' + dtype if dtype else ''})")
     return "; ".join(groups) + (f"; {setting}" if setting else "")
+
+
+def model_tested_on(spec: str, dtype: str | None = None) -> str:
+    """One model, in the words of ``tested_on``."""
+    return tested_on([spec], dtype=dtype)
+
+
+def models_tested_on(specs: Iterable[str], dtype: str | None = None) -> str:
+    """Several models in the order given (duplicates dropped), in the words of ``tested_on``."""
+    return tested_on(specs, dtype=dtype)

@@ -117,9 +117,7 @@ class SpeculativePair:
         self.decoder = SpeculativeDecoder(target, draft, gamma=gamma)
 
     @classmethod
-    def from_hf(
-        cls, target_hf, draft_hf, *, max_model_len: int, gamma=4, cuda_graphs: bool = True
-    ) -> SpeculativePair:
+    def from_hf(cls, target_hf, draft_hf, *, max_model_len: int, gamma=4, cuda_graphs: bool = True) -> SpeculativePair:
         from servelab.spec.gamma import gamma_policy
 
         gmax = gamma_policy(gamma).max_gamma

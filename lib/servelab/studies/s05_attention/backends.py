@@ -118,9 +118,10 @@ def kernel_names(call, top: int = 3) -> str:
     return "; ".join(name for name, _, _ in prof.top_kernels)
 
 
-def dispatch_table(shapes, dtype, device) -> pd.DataFrame:  # noqa: F821
+def dispatch_table(shapes, dtype, device):
     """For each (label, AttentionShape): the backend SDPA's default picks by replay (``picked``), and on CUDA
-    the kernels the profiler saw and the backend they belong to (``ran``); ``agree`` cross-checks the two."""
+    the kernels the profiler saw and the backend they belong to (``ran``); ``agree`` cross-checks the two.
+    Returns a ``pandas.DataFrame``, one row per shape."""
     import pandas as pd
     import torch
     import torch.nn.functional as F
@@ -129,13 +130,7 @@ def dispatch_table(shapes, dtype, device) -> pd.DataFrame:  # noqa: F821
     for label, s in shapes:
         q, k, v = s.random_inputs(dtype, device)
         causal = s.mask.kind == "causal"
-        call = lambda: F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            is_causal=causal,  # noqa: E731
-            enable_gqa=s.arch.group > 1,
-        )
+        call = functools.partial(F.scaled_dot_product_attention, q, k, v, is_causal=causal, enable_gqa=s.arch.group > 1)
         row = dict(shape=label, **s.describe(), priority=" > ".join(priority_order(device)))
         try:
             row["picked"] = picked_backend(call)
@@ -145,5 +140,5 @@ def dispatch_table(shapes, dtype, device) -> pd.DataFrame:  # noqa: F821
             row["picked"], row["kernels"], row["ran"] = "error", str(e).splitlines()[0][:160], ""
         row["agree"] = row["picked"] == row["ran"]
         rows.append(row)
-        del q, k, v
+        del q, k, v, call  # the call holds the inputs too
     return pd.DataFrame(rows)

@@ -34,9 +34,10 @@ class Mask:
             raise ValueError(f"mask kind must be one of {MASK_KINDS}, got {self.kind!r}")
         if self.kind == "sliding_window" and (not isinstance(self.window, int) or self.window < 1):
             raise ValueError(f"a sliding_window mask needs a positive integer window, got {self.window!r}")
-        if self.kind == "document":
-            if not self.doc_lengths or any((not isinstance(d, (int, np.integer))) or d < 1 for d in self.doc_lengths):
-                raise ValueError(f"a document mask needs positive document lengths, got {self.doc_lengths!r}")
+        if self.kind == "document" and (
+            not self.doc_lengths or any((not isinstance(d, (int, np.integer))) or d < 1 for d in self.doc_lengths)
+        ):
+            raise ValueError(f"a document mask needs positive document lengths, got {self.doc_lengths!r}")
 
     @property
     def label(self) -> str:

@@ -8,7 +8,7 @@ time and memory, so they are cut off by OOM or by ``max_call_ms``; FlexAttention
 from __future__ import annotations
 
 from servelab.models.loader import shipped_configs
-from servelab.studies.common.params import ParameterError, check_choice, check_positive_ints, resolve_profile
+from servelab.studies.common.params import ParameterError, check_choice, check_positive_ints, resolve
 from servelab.studies.s05_attention.variants import VARIANTS
 
 SEED_COMPARISON_LENGTH = 2048  # F5.1: the seed's comparison point, tokens
@@ -86,31 +86,10 @@ def _check_positive(name: str, value) -> float:
     return float(value)
 
 
-def study_params(profile: str = "auto", **overrides) -> dict:
-    """The profile's defaults with every non-None override validated (``ParameterError`` says what is wrong)."""
-    profile = resolve_profile(profile)
-    unknown = set(overrides) - set(DEFAULTS[profile])
-    if unknown:
-        raise ParameterError(f"unknown study 5 parameters {sorted(unknown)}; known: {sorted(DEFAULTS[profile])}")
-    p = dict(DEFAULTS[profile])
-    p.update({k: v for k, v in overrides.items() if v is not None})
-    check_choice("dtype", p["dtype"], DTYPES)
-    p["models"] = _check_models("models", p["models"])
-    check_choice("mask_model", p["mask_model"], shipped_configs())
-    for k in ("head_dims", "prefill_lengths", "decode_kv_lens", "decode_batches", "mask_lengths"):
-        p[k] = check_positive_ints(k, p[k], maximum=256 if k == "head_dims" else 2**20)
-    for k in ("window", "document_tokens", "max_repeats", "warmup", "long_from", "small_batch"):
-        p[k] = check_positive_ints(k, [p[k]])[0]
-    for k in ("max_kv_gib", "target_ms", "max_call_ms"):
-        p[k] = _check_positive(k, p[k])
-    p["variants"] = _check_variants("variants", p["variants"])
-    p["mask_variants"] = _check_variants("mask_variants", p["mask_variants"])
-    if SEED_COMPARISON_LENGTH not in p["prefill_lengths"]:
-        raise ParameterError(
-            f"prefill_lengths must include {SEED_COMPARISON_LENGTH}, the seed's comparison point (F5.1)"
-        )
-    pairs = []
-    for pair in p["growth_pairs"]:
+def _check_growth_pairs(pairs, lengths) -> list[list[int]]:
+    """Each F5.2 pair is [L, 32·L] with both lengths in the prefill sweep."""
+    out = []
+    for pair in pairs:
         if (
             not isinstance(pair, (list, tuple))
             or len(pair) != 2
@@ -118,9 +97,34 @@ def study_params(profile: str = "auto", **overrides) -> dict:
             or pair[1] != SEED_GROWTH * pair[0]
         ):
             raise ParameterError(f"each growth pair must be [L, {SEED_GROWTH}·L] (the seed's growth), got {pair!r}")
-        if not set(pair) <= set(p["prefill_lengths"]):
-            raise ParameterError(f"growth pair {pair} needs both lengths in prefill_lengths {p['prefill_lengths']}")
-        pairs.append(list(pair))
-    p["growth_pairs"] = pairs
-    p["profile"] = profile
+        if not set(pair) <= set(lengths):
+            raise ParameterError(f"growth pair {pair} needs both lengths in prefill_lengths {lengths}")
+        out.append(list(pair))
+    return out
+
+
+def _check_numbers(p: dict) -> None:
+    """The sizes (lists of positive ints, single positive ints, positive floats), normalised in place."""
+    for k in ("head_dims", "prefill_lengths", "decode_kv_lens", "decode_batches", "mask_lengths"):
+        p[k] = check_positive_ints(k, p[k], maximum=256 if k == "head_dims" else 2**20)
+    for k in ("window", "document_tokens", "max_repeats", "warmup", "long_from", "small_batch"):
+        p[k] = check_positive_ints(k, [p[k]])[0]
+    for k in ("max_kv_gib", "target_ms", "max_call_ms"):
+        p[k] = _check_positive(k, p[k])
+
+
+def study_params(profile: str = "auto", **overrides) -> dict:
+    """The profile's defaults with every non-None override validated (``ParameterError`` says what is wrong)."""
+    p = resolve(DEFAULTS, profile, overrides)
+    check_choice("dtype", p["dtype"], DTYPES)
+    p["models"] = _check_models("models", p["models"])
+    check_choice("mask_model", p["mask_model"], shipped_configs())
+    _check_numbers(p)
+    p["variants"] = _check_variants("variants", p["variants"])
+    p["mask_variants"] = _check_variants("mask_variants", p["mask_variants"])
+    if SEED_COMPARISON_LENGTH not in p["prefill_lengths"]:
+        raise ParameterError(
+            f"prefill_lengths must include {SEED_COMPARISON_LENGTH}, the seed's comparison point (F5.1)"
+        )
+    p["growth_pairs"] = _check_growth_pairs(p["growth_pairs"], p["prefill_lengths"])
     return p

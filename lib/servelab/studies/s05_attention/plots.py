@@ -13,12 +13,12 @@ import seaborn as sns
 from servelab.studies.s05_attention.verdicts import SEED_MEMORY_GROWTH, SEED_SPEEDUP, config_label
 
 ORDER = ["naive", "sdpa_math", "sdpa_efficient", "sdpa_flash", "sdpa_cudnn", "sdpa_default", "sdpa_repeat_kv", "flex"]
-PALETTE = dict(zip(ORDER, sns.color_palette("tab10", len(ORDER))))  # one colour per variant, every figure
+PALETTE = dict(zip(ORDER, sns.color_palette("tab10", len(ORDER)), strict=True))  # one colour per variant, every figure
 
 
 def _ok(df):
     out = df[df["status"].eq("ok")].copy()
-    out["config"] = [config_label(a, d) for a, d in zip(out["arch"], out["head_dim"])]
+    out["config"] = [config_label(a, d) for a, d in zip(out["arch"], out["head_dim"], strict=True)]
     return out
 
 
@@ -38,7 +38,7 @@ def prefill_time(prefill: pd.DataFrame, roof):
     pal = PALETTE
     configs = sorted(ok["config"].unique())
     fig, axes = plt.subplots(1, len(configs), figsize=(4.2 * len(configs), 3.8), sharey=True, squeeze=False)
-    for ax, cfg in zip(axes[0], configs):
+    for ax, cfg in zip(axes[0], configs, strict=True):
         g = ok[ok["config"] == cfg]
         for v in order:
             gv = g[g["variant"] == v].sort_values("q_len")
@@ -88,7 +88,7 @@ def prefill_tflops(prefill: pd.DataFrame, ceilings):
 def speedup(prefill: pd.DataFrame, speedups: pd.DataFrame, seed_length: int):
     """naive / SDPA-default time against length, with the RTX 2070's 7.64× at 2,048 tokens marked."""
     sp = speedups.copy()
-    sp["config"] = [config_label(a, d) for a, d in zip(sp["arch"], sp["head_dim"])]
+    sp["config"] = [config_label(a, d) for a, d in zip(sp["arch"], sp["head_dim"], strict=True)]
     fig, ax = plt.subplots(figsize=(6, 3.8))
     sns.lineplot(data=sp, x="q_len", y="speedup", hue="config", marker="o", ax=ax)
     ax.plot(
@@ -129,7 +129,7 @@ def memory(prefill: pd.DataFrame, device_memory_bytes: float | None):
         aspect=1.0,
     )
     oom = prefill[prefill["status"].isin(["oom"])].copy()
-    oom["config"] = [config_label(a, d) for a, d in zip(oom["arch"], oom["head_dim"])]
+    oom["config"] = [config_label(a, d) for a, d in zip(oom["arch"], oom["head_dim"], strict=True)]
     for cfg, ax in g.axes_dict.items():
         if device_memory_bytes:
             ax.axhline(device_memory_bytes, color="k", ls="--", lw=1)
@@ -153,8 +153,8 @@ def memory(prefill: pd.DataFrame, device_memory_bytes: float | None):
 def memory_growth_bars(growth: pd.DataFrame):
     """Peak-memory growth for 32× longer sequences per variant, with the RTX 2070's 25× and 2.4×."""
     g = growth.copy()
-    g["config"] = [config_label(a, d) for a, d in zip(g["arch"], g["head_dim"])]
-    g["pair"] = [f"{s:,}→{l:,}" for s, l in zip(g["short"], g["long"])]
+    g["config"] = [config_label(a, d) for a, d in zip(g["arch"], g["head_dim"], strict=True)]
+    g["pair"] = [f"{s:,}→{lo:,}" for s, lo in zip(g["short"], g["long"], strict=True)]
     cat = sns.catplot(
         data=g,
         x="variant",
@@ -236,9 +236,9 @@ def spread(spread_df: pd.DataFrame):
     regimes = list(dict.fromkeys(spread_df["regime"]))
     n = spread_df.groupby("regime").size().max()
     fig, axes = plt.subplots(1, len(regimes), figsize=(6.5 * len(regimes), 0.35 * n + 1.4), squeeze=False)
-    for ax, regime in zip(axes[0], regimes):
+    for ax, regime in zip(axes[0], regimes, strict=True):
         d = spread_df[spread_df["regime"] == regime]
-        d = d.assign(label=[f"{c.split(',')[0]}: {f}" for c, f in zip(d["comparison"], d["fixed"])])
+        d = d.assign(label=[f"{c.split(',')[0]}: {f}" for c, f in zip(d["comparison"], d["fixed"], strict=True)])
         sns.barplot(data=d, y="label", x="spread", hue="comparison", dodge=False, ax=ax)
         ax.set(
             xscale="log",

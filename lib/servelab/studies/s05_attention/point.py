@@ -12,6 +12,7 @@ Every failure becomes a row with a ``status`` instead of an exception, so a swee
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import time
 import warnings
@@ -68,6 +69,47 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0][:200] if text else ''}"
 
 
+def _timed(attn, sets: list, policy: TimingPolicy, device):
+    """Time ``attn`` over repeats sized from one untimed call, cycling through the input ``sets`` between calls."""
+    _sync(device)
+    t0 = time.perf_counter()
+    attn(*sets[0])
+    _sync(device)
+    call_ms = (time.perf_counter() - t0) * 1e3
+    turn = [0]
+
+    def next_set():
+        turn[0] = (turn[0] + 1) % len(sets)
+
+    return time_fn(
+        lambda: attn(*sets[turn[0]]),
+        warmup=policy.warmup,
+        repeats=policy.repeats_for(call_ms),
+        device=device,
+        before_each=next_set if len(sets) > 1 else None,
+    )
+
+
+def _failure(e: Exception, stage: str, said) -> dict:
+    """The row's ``status`` and ``reason`` for an exception raised at ``stage`` (``said``: warnings recorded)."""
+    import torch
+
+    if isinstance(e, Unavailable):
+        return dict(status="unsupported", reason=str(e))
+    if isinstance(e, torch.OutOfMemoryError):
+        return dict(status="oom", reason=f"out of memory at {stage}: {_first_line(e)[:160]}")
+    if isinstance(e, RuntimeError):
+        # a forced SDPA backend that refuses its inputs raises here ("No available kernel"); why it refused
+        # it said in a warning just before, which is the useful part
+        refused = stage == "first call" and ("kernel" in str(e).lower() or "backend" in str(e).lower())
+        why = _warned(said)
+        return dict(
+            status="unsupported" if refused else "error",
+            reason=f"at {stage}: {_first_line(e)}" + (f" ({why})" if why else ""),
+        )
+    return dict(status="error", reason=f"at {stage}: {_first_line(e)}")
+
+
 def measure_point(
     variant: Variant,
     shape: AttentionShape,
@@ -114,6 +156,7 @@ def measure_point(
     )
     q, k, v = inputs
     stage, said = "build", []
+    attn = out = None
     with contextlib.ExitStack() as stack:
         try:
             t0 = time.perf_counter()
@@ -130,10 +173,10 @@ def measure_point(
             if row["gqa"].startswith("repeat_kv (") and said:  # keep why the backend refused enable_gqa
                 row["reason"] = "enable_gqa refused: " + _warned(said)
             if variant.name in ("sdpa_default", "sdpa_repeat_kv") and detect_backend:
-                row["backend"] = picked_backend(lambda: attn(q, k, v))
+                row["backend"] = picked_backend(functools.partial(attn, q, k, v))
             stage = "correctness"
             check = check_output(out, q, k, v, shape.mask, reference=reference, rows=rows)
-            del out
+            out = None
             row.update(rel_error=check.rel_error, tolerance=check.tolerance)
             if not check.ok:
                 row.update(status="incorrect", reason=f"relative error {check.rel_error:.2e} > {check.tolerance:.0e}")
@@ -144,45 +187,13 @@ def measure_point(
                 row.update(status="untimed", reason="eager FlexAttention (no CUDA): correctness checked, not timed")
                 return row
             stage = "memory"
-            peak = peak_bytes(lambda: attn(q, k, v), device)
+            peak = peak_bytes(functools.partial(attn, q, k, v), device)
             row.update(peak_mem_bytes=peak, peak_mem_incl_inputs_bytes=peak + row["input_bytes"])
             stage = "timing"
-            _sync(device)
-            t0 = time.perf_counter()
-            attn(q, k, v)
-            _sync(device)
-            call_ms = (time.perf_counter() - t0) * 1e3
-            sets = [inputs, *rotation]
-            turn = [0]
-
-            def next_set():
-                turn[0] = (turn[0] + 1) % len(sets)
-
-            timing = time_fn(
-                lambda: attn(*sets[turn[0]]),
-                warmup=policy.warmup,
-                repeats=policy.repeats_for(call_ms),
-                device=device,
-                before_each=next_set if len(sets) > 1 else None,
-            )
-            sets = None
-            row.update(timing.as_row())
-        except Unavailable as e:
-            row.update(status="unsupported", reason=str(e))
-        except torch.OutOfMemoryError as e:
-            row.update(status="oom", reason=f"out of memory at {stage}: {_first_line(e)[:160]}")
-        except RuntimeError as e:
-            # a forced SDPA backend that refuses its inputs raises here ("No available kernel"); why it refused
-            # it said in a warning just before, which is the useful part
-            refused = stage == "first call" and ("kernel" in str(e).lower() or "backend" in str(e).lower())
-            why = _warned(said)
-            row.update(
-                status="unsupported" if refused else "error",
-                reason=f"at {stage}: {_first_line(e)}" + (f" ({why})" if why else ""),
-            )
-        except Exception as e:  # noqa: BLE001 - a sweep records every failure and carries on
-            row.update(status="error", reason=f"at {stage}: {_first_line(e)}")
-    attn = out = None  # noqa: F841 - drop the failed call's tensors before handing memory back
+            row.update(_timed(attn, [inputs, *rotation], policy, device).as_row())
+        except Exception as e:  # a sweep records every failure and carries on
+            row.update(_failure(e, stage, said))
+    del attn, out  # drop the failed call's tensors before handing memory back
     if row["status"] == "oom":  # a full collection costs ~0.1–0.5 s: only worth it when memory ran out
         _free(device)
     return row

@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Iterable
 
 import pandas as pd
-from tqdm.auto import tqdm
+from tqdm import tqdm  # not tqdm.auto: it warns (TqdmWarning) on import where ipywidgets is missing
 
 from servelab.measure import Roofline
 from servelab.studies.s05_attention.masks import Mask, ragged_documents
@@ -95,7 +95,6 @@ def measure_shape(
     todo = [v for v in variants if v not in skip]
     if not todo:
         return rows
-    itemsize = torch.empty((), dtype=dtype).element_size()
     try:
         inputs = shape.random_inputs(dtype, device, seed)
         nb = min(shape.batch, REFERENCE_BATCHES)

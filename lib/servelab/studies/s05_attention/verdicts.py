@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from servelab.studies.common.findings import Finding
 from servelab.studies.s05_attention.params import SEED_COMPARISON_LENGTH, SEED_GROWTH
 
 AGREEMENT = 2.0
@@ -43,6 +44,18 @@ def _ok(df: pd.DataFrame) -> pd.DataFrame:
     return df[df["status"].eq("ok")]
 
 
+def tested_on(df: pd.DataFrame, primary: tuple[str, int] | None = None) -> str:
+    """The head layouts (query heads, K/V heads, head dim) and dtypes of the measured rows a verdict rests on:
+    attention alone, on random N(0, 1) inputs (its time depends on shapes, not on trained weights)."""
+    ok = _ok(df)
+    if primary is not None:
+        ok = ok[(ok["arch"] == primary[0]) & (ok["head_dim"] == primary[1])]
+    cfg = ok[["arch", "heads", "kv_heads", "head_dim"]].drop_duplicates().sort_values(["arch", "head_dim"])
+    layouts = "; ".join(f"{r.arch} heads ({r.heads}q/{r.kv_heads}kv, D={r.head_dim})" for r in cfg.itertuples())
+    dtypes = ", ".join(sorted(ok["dtype"].unique())) if "dtype" in ok else "?"
+    return f"attention alone at {layouts or 'no measured shape'}; random N(0, 1) inputs, {dtypes}"
+
+
 # ---- F5.1 -------------------------------------------------------------------------------------------
 def speedup_vs_naive(prefill: pd.DataFrame, variant: str = "sdpa_default") -> pd.DataFrame:
     """naive time / ``variant`` time per configuration and length, where both ran."""
@@ -53,7 +66,7 @@ def speedup_vs_naive(prefill: pd.DataFrame, variant: str = "sdpa_default") -> pd
     return out
 
 
-def f51(prefill: pd.DataFrame, primary: tuple[str, int], length: int = SEED_COMPARISON_LENGTH) -> dict:
+def f51(prefill: pd.DataFrame, primary: tuple[str, int], length: int = SEED_COMPARISON_LENGTH) -> Finding:
     """F5.1 at the seed's 2,048 tokens for the primary configuration (the range over all in the note)."""
     sp = speedup_vs_naive(prefill)
     at = sp[sp["q_len"].eq(length)]
@@ -70,14 +83,15 @@ def f51(prefill: pd.DataFrame, primary: tuple[str, int], length: int = SEED_COMP
         f"{backend.iloc[0] if len(backend) else '?'}; over all {len(at)} configurations "
         f"{at['speedup'].min():.1f}–{at['speedup'].max():.1f}×; rule: holds within {AGREEMENT:g}× of the seed"
     )
-    return dict(
+    return Finding(
         id="F5.1",
         claim=CLAIMS["F5.1"],
-        seed_value=SEED_SPEEDUP,
-        measured_value=round(x, 2),
+        seed_value=str(SEED_SPEEDUP),
+        measured_value=str(round(x, 2)),
         unit="×",
         verdict=verdict,
         note=note,
+        tested_on=tested_on(prefill[prefill["q_len"].eq(length)], primary),
     )
 
 
@@ -96,7 +110,7 @@ def memory_growth(prefill: pd.DataFrame, pairs: list[list[int]]) -> pd.DataFrame
                 continue
             rows.append(
                 dict(
-                    zip(CONFIG + ["variant"], key),
+                    zip(CONFIG + ["variant"], key, strict=True),
                     short=short,
                     long=long,
                     peak_short_bytes=a["peak_mem_incl_inputs_bytes"],
@@ -118,7 +132,7 @@ def growth_exponents(prefill: pd.DataFrame) -> pd.DataFrame:
             fit = stats.linregress(np.log(g["q_len"]), np.log(g["peak_mem_bytes"]))
             rows.append(
                 dict(
-                    zip(CONFIG + ["variant"], key),
+                    zip(CONFIG + ["variant"], key, strict=True),
                     exponent=fit.slope,
                     r2=fit.rvalue**2,
                     lengths=f"{g['q_len'].min()}–{g['q_len'].max()}",
@@ -127,9 +141,14 @@ def growth_exponents(prefill: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def f52(growth: pd.DataFrame, primary: tuple[str, int], method: str = "max_memory_allocated during one call") -> dict:
+def f52(
+    growth: pd.DataFrame,
+    primary: tuple[str, int],
+    method: str = "max_memory_allocated during one call",
+    shapes: str = "",
+) -> Finding:
     """F5.2 on the first (L, 32·L) pair, primary configuration, peak memory including the inputs
-    (``method`` names how the peak was measured, for the note)."""
+    (``method`` names how the peak was measured, for the note; ``shapes``: what it was tested on)."""
     g = growth[(growth["arch"] == primary[0]) & (growth["head_dim"] == primary[1])]
     if g.empty:
         raise ValueError(f"F5.2 needs peak memory at L and {SEED_GROWTH}·L for {primary}")
@@ -150,7 +169,7 @@ def f52(growth: pd.DataFrame, primary: tuple[str, int], method: str = "max_memor
         f"Q/K/V included (beyond the inputs: naive {w['naive']:.0f}×, SDPA {w['sdpa_default']:.1f}×); "
         f"rule: holds if both within {AGREEMENT:g}× of the seed"
     )
-    return dict(
+    return Finding(
         id="F5.2",
         claim=CLAIMS["F5.2"],
         seed_value="25× naive, 2.4× SDPA",
@@ -158,6 +177,7 @@ def f52(growth: pd.DataFrame, primary: tuple[str, int], method: str = "max_memor
         unit="× peak memory",
         verdict=verdict,
         note=note,
+        tested_on=shapes,
     )
 
 
@@ -203,7 +223,7 @@ def _spread(df: pd.DataFrame, length_col: str, regime: str, start: int = SEED_CO
     length = comparison_length(df, length_col, start)
     ok = _ok(df)
     at = ok[ok[length_col].eq(length) & ok["variant"].isin(KERNELS)].copy()
-    at["config"] = [config_label(a, d) for a, d in zip(at["arch"], at["head_dim"])]
+    at["config"] = [config_label(a, d) for a, d in zip(at["arch"], at["head_dim"], strict=True)]
     t = at.pivot_table(index="config", columns="variant", values="median_ms").dropna(axis=1)
     rows = []
     for cfg, r in t.iterrows():
@@ -233,8 +253,9 @@ def _spread(df: pd.DataFrame, length_col: str, regime: str, start: int = SEED_CO
     return pd.DataFrame(rows)
 
 
-def f53(spread: pd.DataFrame) -> dict:
-    """F5.3 judged on causal prefill (the seed's setting); the decode comparison, if present, goes in the note."""
+def f53(spread: pd.DataFrame, shapes: str = "") -> Finding:
+    """F5.3 judged on causal prefill (the seed's setting); the decode comparison, if present, goes in the note
+    (``shapes``: what it was tested on)."""
     pre = spread[spread["regime"].eq("prefill")] if "regime" in spread else spread
     k = pre[pre["comparison"].str.startswith("across kernels")]["spread"]
     a = pre[pre["comparison"].str.startswith("across architectures")]["spread"]
@@ -255,7 +276,7 @@ def f53(spread: pd.DataFrame) -> dict:
             f"; decode (batch {int(dec['batch'].iloc[0])}, KV {int(dec['length'].iloc[0]):,}): kernels "
             f"{dk.min():.1f}–{dk.max():.1f}×, architectures {da.min():.1f}–{da.max():.1f}×"
         )
-    return dict(
+    return Finding(
         id="F5.3",
         claim=CLAIMS["F5.3"],
         seed_value="kernel > architecture",
@@ -263,6 +284,7 @@ def f53(spread: pd.DataFrame) -> dict:
         unit="× slowest/fastest",
         verdict=verdict,
         note=note,
+        tested_on=shapes,
     )
 
 
@@ -274,17 +296,18 @@ def findings(
     length: int = SEED_COMPARISON_LENGTH,
     decode_batch: int = 1,
     memory_method: str = "max_memory_allocated during one call",
-) -> tuple[list[dict], list[str]]:
-    """The F5.1–F5.3 rows that the data supports, and a message for each that it does not
+) -> tuple[list[Finding], list[str]]:
+    """The F5.1–F5.3 findings that the data supports, and a message for each that it does not
     (``length``: the comparison point, the seed's 2,048 tokens unless a test says otherwise)."""
-    rows, problems = [], []
-    for make in (
+    judges = (
         lambda: f51(prefill, primary, length),
-        lambda: f52(memory_growth(prefill, pairs), primary, memory_method),
-        lambda: f53(spreads(prefill, decode, decode_batch, start=length)),
-    ):
+        lambda: f52(memory_growth(prefill, pairs), primary, memory_method, tested_on(prefill, primary)),
+        lambda: f53(spreads(prefill, decode, decode_batch, start=length), tested_on(prefill)),
+    )
+    out, problems = [], []
+    for judge in judges:
         try:
-            rows.append(make())
+            out.append(judge())
         except ValueError as e:
             problems.append(str(e))
-    return rows, problems
+    return out, problems

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
+from tqdm import tqdm  # not tqdm.auto: it warns (TqdmWarning) on import where ipywidgets is missing
 
 from servelab.engine import Engine
 from servelab.measure import Roofline
-from servelab.studies.s07_prefix_cache.budget import SKIPPED, Budget
+from servelab.studies.common.budget import SKIPPED, Budget
 from servelab.studies.s07_prefix_cache.first_token import failure_status, random_tokens, recover, time_requests
 
 SHARING = {"shared": "cached", "independent": "uncached"}  # this study's names -> the cache mode timed
@@ -105,7 +105,7 @@ def breakeven(df: pd.DataFrame) -> pd.DataFrame:
                 "breakeven_n": be,
                 "max_n": int(g["n"].max()),
                 "ratio_at_max_n": float(g["ratio"].iloc[-1]),
-                "ratios": ", ".join(f"n={int(n)}: {r:.2f}×" for n, r in zip(g["n"], g["ratio"])),
+                "ratios": ", ".join(f"n={int(n)}: {r:.2f}×" for n, r in zip(g["n"], g["ratio"], strict=True)),
             }
         )
     return pd.DataFrame(rows)

@@ -37,7 +37,7 @@ def static_block_optimum(
         raise ValueError(f"{len(prefixes)} prefixes but {len(p)} probabilities")
     value: dict[tuple, float] = {}
     expected_blocks = 0.0
-    for tokens, pi in zip(prefixes, p):
+    for tokens, pi in zip(prefixes, p, strict=True):
         n_blocks = len(tokens) // bs
         expected_blocks += pi * n_blocks
         for j in range(1, n_blocks + 1):

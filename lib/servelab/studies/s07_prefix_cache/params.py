@@ -16,7 +16,7 @@ from servelab.studies.common.params import (
     check_choice,
     check_int_range,
     check_positive_ints,
-    resolve_profile,
+    resolve,
 )
 from servelab.studies.s07_prefix_cache.simulate import POLICY_NAMES
 
@@ -112,19 +112,26 @@ DEFAULTS = {
 
 def study_params(profile: str = "auto", **overrides) -> dict:
     """Resolve the profile, apply non-None overrides, and validate everything (``ParameterError`` on bad input)."""
-    prof = resolve_profile(profile)
-    p = {k: (list(v) if isinstance(v, list) else v) for k, v in DEFAULTS[prof].items()}
-    unknown = set(overrides) - set(p)
-    if unknown:
-        raise ParameterError(f"unknown parameters {sorted(unknown)}; known: {sorted(p)}")
-    p.update({k: v for k, v in overrides.items() if v is not None})
-    p["profile"] = prof
+    p = resolve(DEFAULTS, profile, overrides)
+    _check_model(p)
+    _check_engine(p)
+    _check_sizes(p)
+    _check_rates(p)
+    _check_simulator(p)
+    _check_fits(p)
+    return p
 
+
+def _check_model(p: dict) -> None:
     if not isinstance(p["model"], str) or not p["model"]:
         raise ParameterError(f"model must be a model spec string, got {p['model']!r}")
     if p["model"].startswith(CONFIG_PREFIX) and p["model"][len(CONFIG_PREFIX) :] not in shipped_configs():
         raise ParameterError(f"model: unknown config {p['model']!r}; shipped: {', '.join(shipped_configs())}")
     check_choice("dtype", p["dtype"], DTYPES)
+
+
+def _check_engine(p: dict) -> None:
+    """The engine's limits and policies, the timing repeats and the seed."""
     check_choice("scheduler", p["scheduler"], tuple(POLICIES))
     check_choice("eviction", p["eviction"], EVICTION_POLICIES)
     check_choice("serve", p["serve"], SERVE_MODES)
@@ -138,28 +145,43 @@ def study_params(profile: str = "auto", **overrides) -> dict:
     check_int_range("repeats", p["repeats"], 1, 1000)
     check_int_range("turn_repeats", p["turn_repeats"], 1, 100)
     check_int_range("seed", p["seed"], 0, 2**31 - 1)
+
+
+_TOKEN_COUNTS = (
+    "suffix_tokens",
+    "system_tokens",
+    "user_tokens",
+    "reply_tokens",
+    "serve_prefix_tokens",
+    "serve_suffix_tokens",
+    "serve_output_tokens",
+)
+
+
+def _check_sizes(p: dict) -> None:
+    """Token counts and request counts (ints, in range), the swept lists sorted and de-duplicated."""
     for k in ("prefix_lengths", "share_prefixes", "share_batches", "sim_capacities"):
         p[k] = check_positive_ints(k, p[k], maximum=1 << 20)
-    for k in (
-        "suffix_tokens",
-        "system_tokens",
-        "user_tokens",
-        "reply_tokens",
-        "serve_prefix_tokens",
-        "serve_suffix_tokens",
-        "serve_output_tokens",
-    ):
+    for k in _TOKEN_COUNTS:
         check_int_range(k, p[k], 1, 1 << 20)
     check_int_range("turns", p["turns"], 2, 100)
     check_int_range("sim_prefixes", p["sim_prefixes"], 1, 1 << 20)
     check_int_range("sim_requests", p["sim_requests"], 1, 10**7)
     check_int_range("serve_requests", p["serve_requests"], 1, 10**6)
     check_int_range("serve_prefixes", p["serve_prefixes"], 1, 10**5)
+
+
+def _check_rates(p: dict) -> None:
+    """Rates, the Zipf exponent, deadlines and budgets: positive finite numbers, stored as floats."""
     for k in ("serve_rate", "serve_alpha", "serve_deadline_s", "serve_run_estimate_s", "time_budget_s"):
         v = p[k]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < float("inf"):
             raise ParameterError(f"{k} must be a positive finite number, got {v!r}")
         p[k] = float(v)
+
+
+def _check_simulator(p: dict) -> None:
+    """F7.4's Zipf exponents and cache policies."""
     alphas = p["sim_alphas"]
     if (
         not isinstance(alphas, (list, tuple))
@@ -175,7 +197,9 @@ def study_params(profile: str = "auto", **overrides) -> dict:
         check_choice("sim_policies", name, POLICY_NAMES)
     p["sim_policies"] = list(dict.fromkeys(pol))
 
-    # every request must fit the engine: the longest prompt plus its output within max_model_len and the pool
+
+def _check_fits(p: dict) -> None:
+    """Every request fits the engine: the longest prompt plus its output within the pool and the model's positions."""
     p["max_model_len"] = max_model_len(p)
     if p["max_model_len"] > p["num_blocks"] * p["block_size"]:
         raise ParameterError(
@@ -191,7 +215,6 @@ def study_params(profile: str = "auto", **overrides) -> dict:
             f"{p['model']} has {positions} positions; the longest request here needs "
             f"{p['max_model_len']} (shorten prefix_lengths, turns or messages)"
         )
-    return p
 
 
 def conversation_tokens(p: dict) -> int:

@@ -134,7 +134,7 @@ def batch_sharing(df: pd.DataFrame, be: pd.DataFrame, title: str):
     ok = df[df["status"] == "ok"]
     prefixes = sorted(ok["prefix_tokens"].unique())
     fig, axes = plt.subplots(1, max(1, len(prefixes)), figsize=(4.2 * max(1, len(prefixes)), 4), squeeze=False)
-    for ax, p in zip(axes[0], prefixes):
+    for ax, p in zip(axes[0], prefixes, strict=False):  # one axis even with no prefix
         for sharing, d in ok[ok["prefix_tokens"] == p].groupby("sharing"):
             d = d.sort_values("n")
             ax.errorbar(
@@ -180,7 +180,7 @@ def policy_hit_rates(sim: pd.DataFrame, title: str):
     cols = min(3, len(alphas))
     rows = -(-len(alphas) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.3 * cols, 3.4 * rows), squeeze=False, sharey=True)
-    for ax, alpha in zip(axes.flat, alphas):
+    for ax, alpha in zip(axes.flat, alphas, strict=False):  # the grid may have spare axes
         d = sim[sim["alpha"] == alpha]
         sns.lineplot(data=d, x="capacity", y="hit_rate", hue="policy", marker="o", ax=ax, legend=ax is axes.flat[0])
         opt = d[d["unit"] == "prefix"].drop_duplicates("capacity").sort_values("capacity")
@@ -212,7 +212,7 @@ def serving(req: pd.DataFrame, summary: pd.DataFrame, title: str):
     ok = req[req["ok"].astype(bool)] if len(req) else req
     loads = list(dict.fromkeys(summary["load"])) if len(summary) else []
     fig, axes = plt.subplots(1, len(loads) + 1, figsize=(4.4 * (len(loads) + 1), 4), squeeze=False)
-    for ax, load in zip(axes[0], loads):
+    for ax, load in zip(axes[0], loads, strict=False):  # the last axis is not a load's
         d = ok[ok["load"] == load] if len(ok) else ok
         if len(d):
             sns.ecdfplot(data=d, x="ttft_ms", hue="caching", palette=MODE_COLORS, ax=ax)

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
+from tqdm import tqdm  # not tqdm.auto: it warns (TqdmWarning) on import where ipywidgets is missing
 
 from servelab.engine import Engine
 from servelab.measure import Roofline
-from servelab.studies.s07_prefix_cache.budget import SKIPPED, Budget
+from servelab.studies.common.budget import SKIPPED, Budget
 from servelab.studies.s07_prefix_cache.first_token import MODES, failure_status, random_tokens, recover, time_requests
 
 

@@ -23,7 +23,7 @@ from servelab.engine import Engine
 from servelab.loadgen.arrivals import poisson_arrivals
 from servelab.loadgen.metrics import request_metrics, summarize
 from servelab.loadgen.workload import Trace
-from servelab.studies.s07_prefix_cache.budget import SKIPPED, Budget
+from servelab.studies.common.budget import SKIPPED, Budget
 from servelab.studies.s07_prefix_cache.first_token import random_tokens
 from servelab.studies.s07_prefix_cache.workload import ZipfWorkload
 
@@ -208,7 +208,7 @@ def serve_comparison(
     ``summarize`` keys, prompt-token throughput, hit rates from ``/metrics`` and from the engine, ``status``.
     The engine is served in a process of its own when ``build`` (picklable: it builds the engine there) is
     given, else ``engine`` in this process. A run is skipped when ``budget`` has less than ``run_estimate_s`` left."""
-    from tqdm.auto import tqdm
+    from tqdm import tqdm  # not tqdm.auto: it warns (TqdmWarning) on import where ipywidgets is missing
 
     workdir = Path(workdir)
     per_request, summary = [], []

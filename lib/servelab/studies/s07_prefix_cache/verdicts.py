@@ -1,11 +1,18 @@
-"""Verdicts on the seed's claims F7.1–F7.4, computed from the measured tables (never typed)."""
+"""Verdicts on the seed's claims F7.1–F7.4, computed from the measured tables (never typed).
+
+F7.1–F7.3 are measured on the engine; ``tested_on`` (``common.tested_on.model_tested_on``) names its model. F7.4
+is a property of the cache policies and the popularity law, measured in the policy simulator with no model.
+"""
 
 from __future__ import annotations
+
+from functools import partial
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
+from servelab.studies.common.findings import Finding
 from servelab.studies.s07_prefix_cache.optimum import static_optimum
 
 SEED_SPEEDUP_512 = 2.41  # F7.1: TTFT speedup with a 512-token shared prefix
@@ -27,16 +34,9 @@ CLAIMS = {
 }
 
 
-def _row(fid: str, seed_value: str, measured: str, unit: str, verdict: str, note: str) -> dict:
-    return {
-        "id": fid,
-        "claim": CLAIMS[fid],
-        "seed_value": seed_value,
-        "measured_value": measured,
-        "unit": unit,
-        "verdict": verdict,
-        "note": note,
-    }
+def _judge(fid: str, seed_value: str, unit: str, tested_on: str):
+    """A ``Finding`` for ``fid`` with what every outcome of its rule shares; the rule adds the rest."""
+    return partial(Finding, id=fid, claim=CLAIMS[fid], seed_value=seed_value, unit=unit, tested_on=tested_on)
 
 
 def _close(x: float, ref: float, tol: float = SPEEDUP_TOLERANCE) -> bool:
@@ -44,13 +44,16 @@ def _close(x: float, ref: float, tol: float = SPEEDUP_TOLERANCE) -> bool:
 
 
 def _prefill_cost_note(costs: pd.DataFrame | None) -> str:
-    """What the fitted lines say: the fixed cost every request pays, and what a token costs with and without the cache."""
+    """What the fitted lines say: the fixed cost every request pays, and a token's cost with and without the cache."""
     if costs is None or costs.empty or costs["fixed"].isna().any():
         return ""
     c = costs.set_index("mode")
     u, k = c.loc["uncached"], c.loc["cached"]
     save = u.slope * SEED_PREFIX
-    line = lambda f, what: f"{f.fixed:.1f} ms {'+' if f.slope >= 0 else '−'} {abs(f.slope) * 1e3:.2f} µs per {what}"  # noqa: E731
+
+    def line(f, what):
+        return f"{f.fixed:.1f} ms {'+' if f.slope >= 0 else '−'} {abs(f.slope) * 1e3:.2f} µs per {what}"
+
     return (
         f". Fitted over the sweep: uncached TTFT ≈ {line(u, 'prompt token')} (r² {u.r2:.2f}); cached ≈ "
         f"{line(k, 'cached token')} (r² {k.r2:.2f}): "
@@ -59,13 +62,13 @@ def _prefill_cost_note(costs: pd.DataFrame | None) -> str:
     )
 
 
-def f71(sp: pd.DataFrame, costs: pd.DataFrame | None = None) -> dict:
+def f71(sp: pd.DataFrame, costs: pd.DataFrame | None = None, tested_on: str = "") -> Finding:
     """``sp``: ``prefix_length.speedups`` (prefix_tokens, speedup, …); ``costs``: ``cost_fit.prefill_costs``
     (for the note). Holds if the speedup at 512 tokens is within ``SPEEDUP_TOLERANCE`` of 2.41×; changes if it
     differs (the note says where the seed's speedup is reached); fails if caching never beats recomputing."""
-    seed = f"{SEED_SPEEDUP_512:.2f}× at {SEED_PREFIX} tokens"
+    judge = _judge("F7.1", f"{SEED_SPEEDUP_512:.2f}× at {SEED_PREFIX} tokens", "× TTFT", tested_on)
     if sp.empty:
-        return _row("F7.1", seed, "no data", "× TTFT", "fails", "no prefix length was measured in both modes")
+        return judge(measured_value="no data", verdict="fails", note="no prefix length was measured in both modes")
     sp = sp.sort_values("prefix_tokens")
     at = sp.iloc[(sp["prefix_tokens"] - SEED_PREFIX).abs().argmin()]
     p, x = int(at.prefix_tokens), float(at.speedup)
@@ -79,13 +82,10 @@ def f71(sp: pd.DataFrame, costs: pd.DataFrame | None = None) -> dict:
     measured = f"{x:.2f}× at {p} tokens (IQR-based range {at.speedup_lo:.2f}–{at.speedup_hi:.2f}×)"
     fit = _prefill_cost_note(costs)
     if sp["speedup"].max() <= 1.0:
-        return _row(
-            "F7.1",
-            seed,
-            measured,
-            "× TTFT",
-            "fails",
-            f"the cached prefix never made the first token faster; by prefix length: {curve}{fit}",
+        return judge(
+            measured_value=measured,
+            verdict="fails",
+            note=f"the cached prefix never made the first token faster; by prefix length: {curve}{fit}",
         )
     verdict = "holds" if _close(x, SEED_SPEEDUP_512) else "changes"
     direction = "" if verdict == "holds" else (" smaller" if x < SEED_SPEEDUP_512 else " larger")
@@ -93,18 +93,20 @@ def f71(sp: pd.DataFrame, costs: pd.DataFrame | None = None) -> dict:
         f"speedup{direction} at {p} tokens; {where}; the largest, {sp.speedup.max():.2f}×, at "
         f"{int(sp.loc[sp.speedup.idxmax(), 'prefix_tokens']):,} tokens. By prefix length: {curve}{fit}"
     )
-    return _row("F7.1", seed, measured, "× TTFT", verdict, note)
+    return judge(measured_value=measured, verdict=verdict, note=note)
 
 
-def f72(turns: pd.DataFrame) -> dict:
+def f72(turns: pd.DataFrame, tested_on: str = "") -> Finding:
     """``turns``: per-turn speedups (turn, speedup, metric). The TTFT speedup decides: holds if it grows with the
     turn (Spearman ρ > 0.5) and at turn 10 is within tolerance of 2.06×; changes if it grows to another value;
     fails if it does not grow."""
-    seed = f"{SEED_TURN_SPEEDUP:.2f}× after {SEED_TURNS} turns"
+    judge = _judge("F7.2", f"{SEED_TURN_SPEEDUP:.2f}× after {SEED_TURNS} turns", "× TTFT", tested_on)
     t = turns[turns["metric"] == "ttft"].sort_values("turn") if "metric" in turns else turns.sort_values("turn")
     t = t[t["turn"] >= 2]  # turn 1 has no history to reuse
     if len(t) < 3:
-        return _row("F7.2", seed, "too few turns", "× TTFT", "fails", "fewer than three turns with history measured")
+        return judge(
+            measured_value="too few turns", verdict="fails", note="fewer than three turns with history measured"
+        )
     at = t.iloc[(t["turn"] - SEED_TURNS).abs().argmin()]
     rho = float(stats.spearmanr(t["turn"], t["speedup"]).statistic)
     x = float(at.speedup)
@@ -119,24 +121,25 @@ def f72(turns: pd.DataFrame) -> dict:
     curve = ", ".join(f"{int(r.turn)}: {r.speedup:.2f}×" for r in t.itertuples())
     note = f"Spearman ρ(turn, speedup) = {rho:.2f}{extra}. TTFT speedup by turn: {curve}"
     if not rho > 0.5:
-        return _row("F7.2", seed, measured, "× TTFT", "fails", "the speedup does not grow with the turn; " + note)
+        return judge(measured_value=measured, verdict="fails", note="the speedup does not grow with the turn; " + note)
     verdict = "holds" if _close(x, SEED_TURN_SPEEDUP) else "changes"
-    return _row("F7.2", seed, measured, "× TTFT", verdict, note)
+    return judge(measured_value=measured, verdict=verdict, note=note)
 
 
-def f73(be: pd.DataFrame, costs: pd.DataFrame | None = None) -> dict:
+def _breakeven_text(r) -> str:
+    if np.isnan(r.breakeven_n):
+        return f"never up to n={int(r.max_n)} at {int(r.prefix_tokens)}"
+    return f"n={int(r.breakeven_n)} at {int(r.prefix_tokens)}"
+
+
+def f73(be: pd.DataFrame, costs: pd.DataFrame | None = None, tested_on: str = "") -> Finding:
     """``be``: ``batch_sharing.breakeven``. Holds if sharing breaks even at n ≤ 2 for 512 tokens and at a batch
     bracketing 12 (8–16) for 128; changes if it breaks even elsewhere; fails if it never breaks even."""
-    seed = "n=2 at 512 tokens, n=12 at 128"
+    judge = _judge("F7.3", "n=2 at 512 tokens, n=12 at 128", "requests", tested_on)
     if be.empty:
-        return _row("F7.3", seed, "no data", "requests", "fails", "no prefix length was measured both ways")
+        return judge(measured_value="no data", verdict="fails", note="no prefix length was measured both ways")
     be = be.sort_values("prefix_tokens")
-    fmt = lambda r: (
-        f"n={int(r.breakeven_n)} at {int(r.prefix_tokens)}"
-        if not np.isnan(r.breakeven_n)  # noqa: E731
-        else f"never up to n={int(r.max_n)} at {int(r.prefix_tokens)}"
-    )
-    measured = "; ".join(fmt(r) for r in be.itertuples())
+    measured = "; ".join(_breakeven_text(r) for r in be.itertuples())
     ratios = " | ".join(f"{int(r.prefix_tokens)} tokens: {r.ratios}" for r in be.itertuples())
     note = f"time independent / shared: {ratios}"
     if costs is not None and not costs.empty and costs["slope"].notna().all():
@@ -147,28 +150,31 @@ def f73(be: pd.DataFrame, costs: pd.DataFrame | None = None) -> dict:
             if (p, "independent") in c and (p, "shared") in c
         )
     if be["breakeven_n"].isna().all():
-        return _row("F7.3", seed, measured, "requests", "fails", "sharing never broke even; " + note)
+        return judge(measured_value=measured, verdict="fails", note="sharing never broke even; " + note)
     by_p = be.set_index("prefix_tokens")["breakeven_n"]
     ok512 = SEED_PREFIX in by_p and by_p[SEED_PREFIX] <= 2
     ok128 = 128 in by_p and not np.isnan(by_p[128]) and 8 <= by_p[128] <= 16
     verdict = "holds" if ok512 and ok128 else "changes"
-    return _row("F7.3", seed, measured, "requests", verdict, note)
+    return judge(measured_value=measured, verdict=verdict, note=note)
 
 
-def f74(sim: pd.DataFrame, n_prefixes: int) -> dict:
+def f74(sim: pd.DataFrame, n_prefixes: int, n_requests: int | None = None) -> Finding:
     """``sim``: ``simulate.hit_rates``. The claim is that LFU *reaches* 82%: holds if plain LFU at α = 2.0 with 4
     slots scores at least 82% less ``HIT_TOLERANCE`` (it cannot beat the static top-4 optimum beyond sampling
     noise, which the note gives); changes if it falls short."""
-    seed = f"{SEED_LFU_HIT:.0%} (LFU, α={SEED_ALPHA}, {SEED_SLOTS} slots)"
+    stream = f"{n_requests:,} requests" if n_requests else "a stream"
+    judge = _judge(
+        "F7.4",
+        f"{SEED_LFU_HIT:.0%} (LFU, α={SEED_ALPHA}, {SEED_SLOTS} slots)",
+        "hit rate",
+        f"the policy simulator (no model, no GPU): {stream} over {n_prefixes} prefixes, Zipf α={SEED_ALPHA}",
+    )
     row = sim[(sim["policy"] == "lfu") & (sim["alpha"] == SEED_ALPHA) & (sim["capacity"] == SEED_SLOTS)]
     if row.empty:
-        return _row(
-            "F7.4",
-            seed,
-            "not simulated",
-            "hit rate",
-            "fails",
-            f"the sweep lacks LFU at α={SEED_ALPHA} with {SEED_SLOTS} slots",
+        return judge(
+            measured_value="not simulated",
+            verdict="fails",
+            note=f"the sweep lacks LFU at α={SEED_ALPHA} with {SEED_SLOTS} slots",
         )
     x = float(row["hit_rate"].iloc[0])
     top = {k: static_optimum(SEED_ALPHA, n_prefixes, k) for k in (SEED_SLOTS - 1, SEED_SLOTS)}
@@ -180,4 +186,4 @@ def f74(sim: pd.DataFrame, n_prefixes: int) -> dict:
         + ", ".join(f"{r.policy} {r.hit_rate:.1%}" for r in others.itertuples())
     )
     verdict = "holds" if x >= SEED_LFU_HIT - HIT_TOLERANCE else "changes"
-    return _row("F7.4", seed, f"{x:.1%}", "hit rate", verdict, note)
+    return judge(measured_value=f"{x:.1%}", verdict=verdict, note=note)

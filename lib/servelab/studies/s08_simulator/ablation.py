@@ -4,11 +4,10 @@ Two terms price what Study 2's per-phase fit leaves out of a served step: the **
 graph (a step runs the smallest bucket that holds it: ``StepCostModel.step_buckets``) and the **context reads**,
 each step's longest walk over cached keys (a chunk's or a decode's in a step with prefill,
 ``ms_per_longest_context_token``; the longest sequence's in a decode-only step, ``ms_per_decode_walk_token``;
-``servelab.studies.s08_simulator.context_reads``; for a model Study 2 did not cost, the step-log fit's terms of both kinds).
-``term_ablation``
-repeats ``validation.validation_table`` with neither, each alone and both, the serving terms refitted each
-time on the same calibration runs, and reports the held-out median |error| of each variant: the before and
-after that issue 7 asks for each term added to the model.
+``servelab.studies.s08_simulator.context_reads``; for a model Study 2 did not cost, the step-log fit's terms of
+both kinds). ``term_ablation`` repeats ``validation.validation_table`` with neither, each alone and both, the
+serving terms refitted each time on the same calibration runs, and reports the held-out median |error| of each
+variant: the before and after of each term added to the model.
 """
 
 from __future__ import annotations

@@ -127,7 +127,7 @@ def fit_decode_walk(
     before = X[:, :3] @ np.array([a_d, b_d, k_d])
     start = np.array([a_d, b_d, k_d, 0.0]).clip(min=0)
     coef = least_squares(lambda w: (X @ w - y) / y, x0=start, bounds=(0, np.inf), x_scale="jac").x
-    gpu = replace(base.gpu, decode=dict(zip(DECODE_TERMS, map(float, coef[:3]))))
+    gpu = replace(base.gpu, decode=dict(zip(DECODE_TERMS, map(float, coef[:3]), strict=True)))
     w = float(coef[3])
     model_ = replace(base, gpu=gpu).with_overheads(
         ms_per_decode_walk_token=w,
@@ -135,7 +135,7 @@ def fit_decode_walk(
     )
     return model_, {
         "rows": int(len(y)),
-        **dict(zip(DECODE_TERMS, map(float, coef[:3]))),
+        **dict(zip(DECODE_TERMS, map(float, coef[:3]), strict=True)),
         "ms_per_decode_walk_token": w,
         "median_abs_pct_before": float(100 * np.median(np.abs(before - y) / y)),
         "median_abs_pct_after": float(100 * np.median(np.abs(X @ coef - y) / y)),

@@ -5,15 +5,15 @@ minute of CPU time and simulates the whole hour of the speed goal; ``smoke`` mak
 driving the engine in-process with ``config:tiny-llama`` on the CPU (``engine_replay``), in well under a minute.
 
 The ``affinity_*`` parameters size the comparison of routers over replicas with prefix caches
-(``servelab.studies.s08_simulator.prefix_routing``): in ``full``, Study 7's server workload (system prompts of 2,048 tokens, a
-64-token suffix, 32 tokens out) with 64 prompts over 4 replicas, with a KV pool that holds twice the prompts
-and one that holds a third of them, at 1–4× the rate one replica serves.
+(``servelab.studies.s08_simulator.prefix_routing``): in ``full``, Study 7's server workload (system prompts of
+2,048 tokens, a 64-token suffix, 32 tokens out) with 64 prompts over 4 replicas, with a KV pool that holds twice
+the prompts and one that holds a third of them, at 1–4× the rate one replica serves.
 """
 
 from __future__ import annotations
 
 from servelab.sim.routers import ROUTERS
-from servelab.studies.common.params import ParameterError, check_choice, resolve_profile
+from servelab.studies.common.params import ParameterError, check_choice, resolve
 
 DEFAULTS = {
     "full": dict(
@@ -89,31 +89,54 @@ def _positive_int(name, v) -> int:
     return v
 
 
+def _positive_list(name, v) -> list[float]:
+    if not isinstance(v, (list, tuple)) or not v:
+        raise ParameterError(f"{name} must be a non-empty list of positive numbers, got {v!r}")
+    return sorted(_positive(name, x) for x in v)
+
+
+_POSITIVE_INTS = (
+    "calibration_every",
+    "capacity_max_requests",
+    "max_replicas",
+    "prefix_groups",
+    "prefix_tokens",
+    "speed_replicas",
+    "affinity_prefixes",
+    "affinity_prefix_tokens",
+    "affinity_suffix_tokens",
+    "affinity_output_tokens",
+    "affinity_replicas",
+    "affinity_requests",
+)
+
+
 def study_params(profile: str = "auto", **overrides) -> dict:
     """Resolve the profile, apply the non-None overrides, validate (``ParameterError`` names the culprit)."""
-    prof = resolve_profile(profile)
-    p = {k: (list(v) if isinstance(v, list) else v) for k, v in DEFAULTS[prof].items()}
-    unknown = set(overrides) - set(p)
-    if unknown:
-        raise ParameterError(f"unknown parameters {sorted(unknown)}; known: {sorted(p)}")
-    p.update({k: v for k, v in overrides.items() if v is not None})
-    p["profile"] = prof
+    p = resolve(DEFAULTS, profile, overrides)
+    _check_cost_model(p)
+    _check_capacity(p)
+    _check_sizes(p)
+    _check_smoke_runs(p)
+    return p
+
+
+def _check_cost_model(p: dict) -> None:
     if not isinstance(p["capacity_model"], str) or not p["capacity_model"]:
         raise ParameterError(f"capacity_model must be a model spec string, got {p['capacity_model']!r}")
-    if (
-        not isinstance(p["cost_modes"], (list, tuple))
-        or not p["cost_modes"]
-        or not all(isinstance(m, str) and m for m in p["cost_modes"])
-    ):
-        raise ParameterError(f"cost_modes must be a non-empty list of Study 2 mode names, got {p['cost_modes']!r}")
+    modes = p["cost_modes"]
+    if not isinstance(modes, (list, tuple)) or not modes or not all(isinstance(m, str) and m for m in modes):
+        raise ParameterError(f"cost_modes must be a non-empty list of Study 2 mode names, got {modes!r}")
+
+
+def _check_capacity(p: dict) -> None:
+    """Routers, rates, durations, budgets and SLOs of the capacity and speed parts."""
     if not isinstance(p["capacity_routers"], (list, tuple)) or not p["capacity_routers"]:
         raise ParameterError(f"capacity_routers must be a non-empty list from {ROUTERS}")
     for r in p["capacity_routers"]:
         check_choice("capacity_routers", r, ROUTERS)
-    mult = p["capacity_rate_multiples"]
-    if not isinstance(mult, (list, tuple)) or not mult:
-        raise ParameterError(f"capacity_rate_multiples must be a non-empty list of positive numbers, got {mult!r}")
-    p["capacity_rate_multiples"] = sorted(_positive("capacity_rate_multiples", m) for m in mult)
+    for k in ("capacity_rate_multiples", "affinity_pool_fractions", "affinity_rate_multiples"):
+        p[k] = _positive_list(k, p[k])
     for k in ("capacity_duration_s", "capacity_time_budget_s", "speed_rate", "speed_duration_s"):
         p[k] = _positive(k, p[k])
     if p["speed_duration_s"] > 3600:
@@ -121,34 +144,22 @@ def study_params(profile: str = "auto", **overrides) -> dict:
     for k in ("slo_ttft_ms", "slo_tpot_ms"):
         if p[k] is not None:
             p[k] = _positive(k, p[k])
-    for k in (
-        "calibration_every",
-        "capacity_max_requests",
-        "max_replicas",
-        "prefix_groups",
-        "prefix_tokens",
-        "speed_replicas",
-        "affinity_prefixes",
-        "affinity_prefix_tokens",
-        "affinity_suffix_tokens",
-        "affinity_output_tokens",
-        "affinity_replicas",
-        "affinity_requests",
-    ):
+
+
+def _check_sizes(p: dict) -> None:
+    for k in _POSITIVE_INTS:
         _positive_int(k, p[k])
-    for k in ("affinity_pool_fractions", "affinity_rate_multiples"):
-        v = p[k]
-        if not isinstance(v, (list, tuple)) or not v:
-            raise ParameterError(f"{k} must be a non-empty list of positive numbers, got {v!r}")
-        p[k] = sorted(_positive(k, x) for x in v)
     if p["calibration_every"] < 2:
         raise ParameterError("calibration_every must be >= 2, or no run would be left to validate on")
     if isinstance(p["seed"], bool) or not isinstance(p["seed"], int):
         raise ParameterError(f"seed must be an integer, got {p['seed']!r}")
-    if prof == "smoke" or p["smoke_rates"] is not None:
+
+
+def _check_smoke_runs(p: dict) -> None:
+    """The CPU stand-in runs' rates and sizes: the smoke profile's defaults wherever they are used."""
+    if p["profile"] == "smoke" or p["smoke_rates"] is not None:
         rates = p["smoke_rates"] or DEFAULTS["smoke"]["smoke_rates"]
         p["smoke_rates"] = sorted(_positive("smoke_rates", r) for r in rates)
         p["smoke_requests"] = _positive_int(
             "smoke_requests", p["smoke_requests"] or DEFAULTS["smoke"]["smoke_requests"]
         )
-    return p

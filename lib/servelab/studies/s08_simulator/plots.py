@@ -19,8 +19,8 @@ def plot_real_vs_sim(table: pd.DataFrame, cost_model: str = "gpu+overheads", tit
     t = table[(table["cost_model"] == cost_model)].dropna(subset=["real", "sim"])
     metrics = list(dict.fromkeys(t["metric"]))
     fig, axes = plt.subplots(1, len(metrics), figsize=(3.2 * len(metrics), 3.3), squeeze=False)
-    palette = dict(zip(sorted(t["scheduler"].unique()), sns.color_palette("colorblind")))
-    for ax, m in zip(axes[0], metrics):
+    palette = dict(zip(sorted(t["scheduler"].unique()), sns.color_palette("colorblind"), strict=False))  # 10 colours
+    for ax, m in zip(axes[0], metrics, strict=True):
         d = t[t["metric"] == m]
         for (sched, sub), g in d.groupby(["scheduler", "subset"]):
             c = palette[sched]
@@ -78,7 +78,7 @@ def plot_capacity(needed: pd.DataFrame, title: str = ""):
     """Replicas needed against request rate, one line per router (points that no tried count met are left out)."""
     fig, ax = plt.subplots(figsize=(6, 3.6))
     styles = [("o", "-"), ("s", "--"), ("^", ":"), ("D", "-.")]
-    for (router, g), (marker, ls) in zip(needed.groupby("router"), styles * 4):
+    for (router, g), (marker, ls) in zip(needed.groupby("router"), styles * 4, strict=False):
         g = g.sort_values("rate")
         # distinct markers and dashes: routers that need the same count would otherwise hide each other
         ax.plot(g["rate"], g["replicas"], marker=marker, ls=ls, ms=7, mfc="none", label=router)
@@ -97,7 +97,7 @@ def plot_prefix_replay(table: pd.DataFrame, cost_model: str = "gpu+overheads", t
     t = table[table["cost_model"] == cost_model].assign(run=lambda d: d["load"] + ", caching " + d["caching"])
     metrics = list(dict.fromkeys(t["metric"]))
     fig, axes = plt.subplots(1, len(metrics), figsize=(2.6 * len(metrics), 3.4), squeeze=False)
-    for ax, m in zip(axes[0], metrics):
+    for ax, m in zip(axes[0], metrics, strict=True):
         d = t[t["metric"] == m].melt(id_vars=["run"], value_vars=["real", "sim"], var_name="source", value_name="v")
         sns.barplot(data=d, x="run", y="v", hue="source", ax=ax, palette=["0.35", "tab:orange"])
         ax.set_yscale("log")
@@ -121,7 +121,7 @@ def plot_affinity(table: pd.DataFrame, title: str = ""):
     styles = [("o", "-"), ("s", "--"), ("^", ":")]
     for j, pool in enumerate(pools):
         d = table[table["pool_blocks"] == pool]
-        for (router, g), (marker, ls) in zip(d.groupby("router"), styles * 4):
+        for (router, g), (marker, ls) in zip(d.groupby("router"), styles * 4, strict=False):
             g = g.sort_values("rate")
             axes[0][j].plot(g["rate"], 100 * g["hit_rate"], marker=marker, ls=ls, mfc="none", label=router)
             axes[1][j].plot(g["rate"], g["ttft_p99_ms"], marker=marker, ls=ls, mfc="none", label=router)
@@ -144,11 +144,11 @@ def plot_prefill_check(check: pd.DataFrame, title: str = ""):
     panel for the uncached prompts (the whole prompt computed), one for the cached (a short suffix after it)."""
     modes = list(dict.fromkeys(check["mode"]))
     fig, axes = plt.subplots(1, len(modes), figsize=(4.6 * len(modes), 3.5), squeeze=False)
-    for ax, mode in zip(axes[0], modes):
+    for ax, mode in zip(axes[0], modes, strict=True):
         d = check[check["mode"] == mode]
         real = d.drop_duplicates("prefix_tokens").sort_values("prefix_tokens")
         ax.plot(real["prefix_tokens"], real["real_ms"], "ko-", label="measured (Study 7)")
-        for (cm, g), ls in zip(d.groupby("cost_model", sort=False), ["--", ":", "-."]):
+        for (cm, g), ls in zip(d.groupby("cost_model", sort=False), ["--", ":", "-."], strict=False):
             g = g.sort_values("prefix_tokens")
             ax.plot(g["prefix_tokens"], g["sim_ms"], ls=ls, marker="s", mfc="none", label=f"cost model: {cm}")
         ax.set_xscale("log", base=2)
@@ -192,7 +192,7 @@ def plot_context_reads(excess: pd.DataFrame, decode: pd.DataFrame, title: str = 
     ax.legend(fontsize=7)
     ax = axes[1]
     if len(decode):
-        for batch, color in zip(sorted({decode["batch"].min(), decode["batch"].max()}), ["C0", "C3"]):
+        for batch, color in zip(sorted({decode["batch"].min(), decode["batch"].max()}), ["C0", "C3"], strict=False):
             d = decode[decode["batch"] == batch].sort_values("context")
             ax.plot(d["context"], d["measured_ms"], "o", color=color, label=f"measured, batch {batch}")
             ax.plot(d["context"], d["before_ms"], ":", color=color, label=f"Study 2's fit, batch {batch}")

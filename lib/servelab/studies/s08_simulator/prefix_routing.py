@@ -1,10 +1,10 @@
 """What cache-aware routing buys: the three routers over replicas that each keep the engine's prefix cache.
 
 The workload is Study 7's server workload widened to a cluster: every request is one of ``prefixes`` system
-prompts (Zipf popularity) plus a suffix of its own (``servelab.studies.s07_prefix_cache.serving.prefix_trace``). Round-robin and
-least-outstanding spread each system prompt over every replica, so each replica's cache must hold all of them;
-prefix affinity sends a prompt's requests to one replica (``servelab.sim.routers``), so each holds about
-``1/N`` of them. Whether that matters depends on the KV pool: the comparison runs each router with a pool that
+prompts (Zipf popularity) plus a suffix of its own (``servelab.studies.s07_prefix_cache.serving.prefix_trace``).
+Round-robin and least-outstanding spread each system prompt over every replica, so each replica's cache must hold
+all of them; prefix affinity sends a prompt's requests to one replica (``servelab.sim.routers``), so each holds
+about ``1/N`` of them. Whether that matters depends on the KV pool: the comparison runs each router with a pool that
 holds every prefix and with one that holds only part of them, at request rates up to what the replicas serve.
 
 Each point is one simulation with ``prefix_caching=True``: the engine's own ``PrefixCache`` (LRU) and block
@@ -65,7 +65,7 @@ def compare_routers(
         raise ParameterError("need at least one pool size, one rate and one router")
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from tqdm import tqdm  # not tqdm.auto: it warns (TqdmWarning) on import where ipywidgets is missing
 
         bar = tqdm(total=len(pools) * len(rates) * len(routers), desc="routers with prefix caches", unit="run")
     rows = []

@@ -79,7 +79,7 @@ def engine_runs(
     base = Engine.from_spec(model, dtype="float32", device="cpu", config=EngineConfig(num_blocks=64, cuda_graphs=False))
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from tqdm import tqdm  # not tqdm.auto: it warns (TqdmWarning) on import where ipywidgets is missing
 
         bar = tqdm(total=len(policies) * len(rates), desc="engine runs (CPU stand-in)", unit="run")
     try:
@@ -235,8 +235,8 @@ def study2_steps() -> pd.DataFrame | None:
 def gpu_cost_model(model: str, modes: list[str], *, context_reads: bool = True) -> tuple[StepCostModel, str] | None:
     """Study 2's cost model of ``model`` in the first of ``modes`` that exists (results root first, then the
     repository's committed H200 data); ``(model, mode)`` or None. Where Study 2 also timed chunks after cached
-    context (its ``steps.csv``), the model prices the context they read (``servelab.studies.s08_simulator.context_reads``)
-    unless ``context_reads=False``."""
+    context (its ``steps.csv``), the model prices the context they read
+    (``servelab.studies.s08_simulator.context_reads``) unless ``context_reads=False``."""
     stem = model.replace(":", "_").replace("/", "_")
     for mode in modes:
         for d in _study2_dirs():

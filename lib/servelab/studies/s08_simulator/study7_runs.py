@@ -1,8 +1,8 @@
 """Study 7's server runs replayed with the simulator's prefix cache: a check of the cache model on runs that
 nothing was fitted to.
 
-Study 7 served a prefix-repetition workload over HTTP (``servelab.studies.s07_prefix_cache.serving``: a Poisson stream and a
-burst, each request one of a few long system prompts with Zipf popularity plus its own suffix) with prefix
+Study 7 served a prefix-repetition workload over HTTP (``servelab.studies.s07_prefix_cache.serving``: a Poisson
+stream and a burst, each request one of a few long system prompts with Zipf popularity plus its own suffix) with prefix
 caching off and then on. The traces are regenerated from its ``run.json`` parameters (same generator, same
 seed), and each run is simulated on a replica with that server's limits and step-graph ladder, caching as it
 was, with a cost model calibrated on Study 1's runs only (``validation.validation_table``). The comparison is

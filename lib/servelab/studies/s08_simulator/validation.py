@@ -54,7 +54,7 @@ def run_groups(requests: pd.DataFrame, steps: pd.DataFrame | None = None):
         st = steps.copy()
         st["budget"] = st["budget"].fillna(-1)
     for key, g in req.groupby(keys, sort=True):
-        k = dict(zip(keys, key))
+        k = dict(zip(keys, key, strict=True))
         s = None
         if st is not None:
             m = np.ones(len(st), dtype=bool)
@@ -234,63 +234,65 @@ def validation_table(
     ``max_num_batched_tokens``, ``max_num_seqs``, ``num_blocks`` …); ``outputs_for(run_key, records)``: the
     output lengths the run requested (None: the tokens received); ``deadline_s``: where the real runs were cut
     (the simulated ones are cut there too); ``context_reads=False``: a model fitted to the step log leaves the
-    steps' longest walks over cached keys unpriced (``servelab.studies.s08_simulator.ablation``). Returns ``(table, calibration
-    stats, fitted models keyed by model)``."""
+    steps' longest walks over cached keys unpriced (``servelab.studies.s08_simulator.ablation``). Returns
+    ``(table, calibration stats, fitted models keyed by model)``."""
+    from tqdm import tqdm  # not tqdm.auto: it warns (TqdmWarning) on import where ipywidgets is missing
+
     runs = list(run_groups(requests, steps))
     if not runs:
         raise ParameterError("Study 1's requests hold no runs")
     subsets = split_runs([k for k, _, _ in runs], every)
     rows, stats, fitted = [], [], {}
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(runs), desc="replay Study 1 runs", unit="run")
-    for model in sorted({k["model"] for k, _, _ in runs}):
-        cal = [run for run, sub in zip(runs, subsets) if run[0]["model"] == model and sub == "calibration"]
-        if not cal:  # nothing held out: fit on all of this model's runs, and say so in the subset column
-            cal = [run for run in runs if run[0]["model"] == model]
-        mine = [(run, sub) for run, sub in zip(runs, subsets) if run[0]["model"] == model]
-        try:
-            gpu_only, with_over, st = calibrate(
-                model, cal, gpu_models.get(model), sim_kwargs, outputs_for, deadline_s, context_reads=context_reads
-            )
-        except Exception as e:  # noqa: BLE001 - one model that cannot be calibrated must not end the notebook
-            stats.append({"model": model, "status": f"error: {type(e).__name__}: {e}"[:300]})
-            if bar is not None:
+    with tqdm(total=len(runs), desc="replay Study 1 runs", unit="run", disable=not progress) as bar:
+        for model in sorted({k["model"] for k, _, _ in runs}):
+            mine = [(run, sub) for run, sub in zip(runs, subsets, strict=True) if run[0]["model"] == model]
+            # nothing held out: fit on all of this model's runs, and say so in the subset column
+            cal = [run for run, sub in mine if sub == "calibration"] or [run for run, _ in mine]
+            try:
+                gpu_only, with_over, st = calibrate(
+                    model, cal, gpu_models.get(model), sim_kwargs, outputs_for, deadline_s, context_reads=context_reads
+                )
+            except Exception as e:  # one model that cannot be calibrated must not end the notebook
+                stats.append({"model": model, "status": f"error: {type(e).__name__}: {e}"[:300]})
                 bar.update(len(mine))
-            continue
-        stats.append({**st, "status": "ok"})
-        fitted[model] = {"gpu_only": gpu_only, "gpu+overheads": with_over}
-        held_out = len(cal) < len(mine)
-        for (k, rec, _), sub in mine:
-            real = summarize(rec)
-            for name, cm in (("gpu_only", gpu_only), ("gpu+overheads", with_over)):
-                try:
-                    sim, note = summarize(replay(k, rec, cm, sim_kwargs, outputs_for, deadline_s)), ""
-                except Exception as e:  # noqa: BLE001 - recorded in the table's note column
-                    sim, note = {}, f"error: {type(e).__name__}: {e}"[:300]
-                for row in compare(real, sim):
-                    rows.append(
-                        {
-                            **k,
-                            "subset": sub if held_out else "calibration",
-                            "cost_model": name,
-                            "gpu_source": "Study 2" if gpu_models.get(model) is not None else "step log",
-                            **row,
-                            "note": note,
-                        }
-                    )
-            if bar is not None:
+                continue
+            stats.append({**st, "status": "ok"})
+            fitted[model] = {"gpu_only": gpu_only, "gpu+overheads": with_over}
+            tags = {"gpu_source": "Study 2" if gpu_models.get(model) is not None else "step log"}
+            for (k, rec, _), sub in mine:
+                tags["subset"] = sub if len(cal) < len(mine) else "calibration"
+                rows += _run_rows(k, rec, fitted[model], tags, sim_kwargs, outputs_for, deadline_s)
                 bar.update(1)
-    if bar is not None:
-        bar.close()
     cols = (
         list(rows[0])
         if rows
         else RUN_KEYS + ["subset", "cost_model", "gpu_source", "metric", "real", "sim", "error_pct", "note"]
     )
     return pd.DataFrame(rows, columns=cols), pd.DataFrame(stats), fitted
+
+
+def _run_rows(key: dict, rec, models: dict, tags: dict, sim_kwargs, outputs_for, deadline_s) -> list[dict]:
+    """One real run against its replay on each cost model of ``models``: a row per metric, with ``tags``
+    (subset, GPU source) and a note where the replay failed."""
+    real = summarize(rec)
+    rows = []
+    for name, cm in models.items():
+        try:
+            sim, note = summarize(replay(key, rec, cm, sim_kwargs, outputs_for, deadline_s)), ""
+        except Exception as e:  # recorded in the table's note column
+            sim, note = {}, f"error: {type(e).__name__}: {e}"[:300]
+        for row in compare(real, sim):
+            rows.append(
+                {
+                    **key,
+                    "subset": tags["subset"],
+                    "cost_model": name,
+                    "gpu_source": tags["gpu_source"],
+                    **row,
+                    "note": note,
+                }
+            )
+    return rows
 
 
 def error_summary(table: pd.DataFrame) -> pd.DataFrame:

@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from servelab.studies.common.findings import Finding
+from servelab.studies.common.tested_on import models_tested_on
 from servelab.studies.s08_simulator.plots import GOAL_PCT
 
 F23_CLAIM = "the simulator's default costs hold for server-level amortized batching"
@@ -28,8 +30,8 @@ def median_abs_error(table: pd.DataFrame, cost_model: str, subset: str = "valida
     return float(np.median(np.abs(v["error_pct"]))) if len(v) else float("nan")
 
 
-def f23_finding(table: pd.DataFrame, source: str) -> dict | None:
-    """The findings row for F2.3 (``servelab.measure.results`` schema) from the validation table; None without data."""
+def f23_finding(table: pd.DataFrame, source: str) -> Finding | None:
+    """F2.3's finding from the validation table; None without data."""
     if "gpu_source" in table.columns:  # F2.3 is about Study 2's measured costs, not a fit to the server's log
         table = table[table["gpu_source"] == "Study 2"]
     if table.empty:
@@ -44,18 +46,20 @@ def f23_finding(table: pd.DataFrame, source: str) -> dict | None:
         verdict = "changes"
     else:
         verdict = "fails"
+    models = sorted(table["model"].unique()) if "model" in table.columns else []
     note = (
         f"median |error| of p50/p99 TTFT, p50/p99 ITL, max stall and throughput over held-out real runs: "
         f"{before:.1f} % with the GPU costs alone, {after:.1f} % with the fitted serving overheads "
         f"(goal {GOAL_PCT:g} %); only the runs of the models Study 2 costed "
-        f"({', '.join(sorted(table['model'].unique())) if 'model' in table.columns else 'all'}); real runs: {source}"
+        f"({', '.join(models) if models else 'all'}); real runs: {source}"
     )
-    return {
-        "id": "F2.3",
-        "claim": F23_CLAIM,
-        "seed_value": "holds (RTX 2070, no error reported)",
-        "measured_value": round(after, 1),
-        "unit": "% median |error|",
-        "verdict": verdict,
-        "note": note,
-    }
+    return Finding(
+        id="F2.3",
+        claim=F23_CLAIM,
+        seed_value="holds (RTX 2070, no error reported)",
+        measured_value=str(round(after, 1)),
+        unit="% median |error|",
+        verdict=verdict,
+        note=note,
+        tested_on=f"{models_tested_on(models) if models else 'the replayed models'}, simulated against {source}",
+    )

@@ -13,6 +13,7 @@ they were read from.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import sys
@@ -80,10 +81,8 @@ def default_roots() -> dict[str, Path]:
     paths = sysconfig.get_paths()
     stdlib = Path(paths["stdlib"]).resolve()
     candidates = [paths["purelib"], paths["platlib"]]
-    try:
+    with contextlib.suppress(AttributeError):  # old virtualenvs' site.py lacks it
         candidates += site.getsitepackages()
-    except AttributeError:  # old virtualenvs' site.py lacks it
-        pass
     found = []
     for c in candidates:
         p = Path(c).resolve()
