@@ -125,9 +125,7 @@ def greedy_decode(lm: PagedBatch, prompts: list[list[int]], max_new_tokens: int)
     slots = [lm.extend(i, n) for i in range(b)]
     rows = lm.table_rows(list(range(b)), starts, [s + n - 1 for s in starts])
     key = lm.bucket(b, max(starts) + n - 1)
-    host = [
-        lm.padded([lm.column(0, starts[i] + j, slots[i][j], rows[i]) for i in range(b)], key[0]) for j in range(n)
-    ]
+    host = [lm.padded([lm.column(0, starts[i] + j, slots[i][j], rows[i]) for i in range(b)], key[0]) for j in range(n)]
     staged = torch.tensor(host, dtype=torch.long).to(lm.device, non_blocking=True)  # [n, 5, rows]
     tok = first
     out = []
@@ -227,9 +225,7 @@ class BatchSpeculation:
                 for n, i in enumerate(act)
             ]
             if j == 0:
-                cols += [
-                    d.column(state.catch_up[i], T[n] - 1, ds[n][0], drows[n]) for n, i in enumerate(act) if lag[n]
-                ]
+                cols += [d.column(state.catch_up[i], T[n] - 1, ds[n][0], drows[n]) for n, i in enumerate(act) if lag[n]]
             steps.append(cols)
         keys = [d.bucket(len(c), max(T) + j) for j, c in enumerate(steps)]
         verify = [
@@ -261,7 +257,7 @@ class BatchSpeculation:
         v_in = parts[g].view(5, plan.verify_key[0])
         ids = torch.cat([v_in[0, : b * (g + 1)].view(b, g + 1)[:, :1], P], 1).reshape(-1)
         best = self.target.replay(plan.verify_key, v_in, ids)[: b * (g + 1)].argmax(-1).view(b, g + 1)
-        k = (P == best[:, :g]).long().cumprod(1).sum(1)
+        k = (best[:, :g] == P).long().cumprod(1).sum(1)
         packed = torch.cat([k[:, None], best.gather(1, k[:, None]), P], 1)
         return packed, (m0, m1, self.clock.mark())
 

@@ -32,7 +32,9 @@ class ControlledAcceptance:
         """Sequence i, ``emitted`` decode tokens so far: its γ proposals and how many of them the target keeps."""
         ref = self.reference[i]
         if emitted + gamma >= len(ref):
-            raise ParameterError(f"the reference of sequence {i} ({len(ref)} tokens) is too short for {emitted} + {gamma}")
+            raise ParameterError(
+                f"the reference of sequence {i} ({len(ref)} tokens) is too short for {emitted} + {gamma}"
+            )
         keep = self.rng.random(gamma) < self.alpha
         proposals = [ref[emitted + j] if keep[j] else (ref[emitted + j] + 1) % self.vocab for j in range(gamma)]
         k = int(np.argmin(keep)) if not keep.all() else gamma

@@ -18,7 +18,7 @@ def acceptance(speed: pd.DataFrame, device_name: str):
     temps = sorted(speed.temperature.unique())
     fig, axes = plt.subplots(1, len(temps), figsize=(5.5 * len(temps), 3.8), squeeze=False, sharey=True)
     speed = speed.assign(pair=speed.draft + " → " + speed.target)
-    for ax, T in zip(axes[0], temps):
+    for ax, T in zip(axes[0], temps, strict=True):
         s = speed[speed.temperature == T]
         sns.barplot(data=s, x="gamma", y="alpha", hue="pair", ax=ax)
         ax.set(
@@ -39,7 +39,9 @@ def speedup_vs_prediction(speed: pd.DataFrame, device_name: str):
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
     s = speed.copy()
     s["series"] = s.draft + " → " + s.target + ", T=" + s.temperature.map(lambda t: f"{t:g}")
-    for (name, grp), color in zip(s.groupby("series", sort=False), sns.color_palette(n_colors=s.series.nunique())):
+    for (name, grp), color in zip(
+        s.groupby("series", sort=False), sns.color_palette(n_colors=s.series.nunique()), strict=True
+    ):
         ax1.errorbar(
             grp.gamma.astype(str),
             grp.speedup,
@@ -118,7 +120,7 @@ def pays_map(grid: pd.DataFrame, points: pd.DataFrame, ratios: pd.DataFrame, dev
     fig.colorbar(cs, ax=ax, label="best predicted speedup over γ ≤ 8 (×)")
     ax.contour(A, C, piv.to_numpy(), levels=[1], colors="k", linewidths=1.5)
     if len(points):
-        for ((d, t), grp), m in zip(points.groupby(["draft", "target"]), "os^Dv<>p"):
+        for ((d, t), grp), m in zip(points.groupby(["draft", "target"]), "os^Dv<>p", strict=False):
             ax.scatter(grp.alpha, grp.c, marker=m, s=60, edgecolor="k", label=f"{d} → {t} (measured α, engine c)")
     styles = {"hf_eager": ":", "hf_cuda_graph": "-.", "engine": "--"}
     for row in ratios.itertuples():
