@@ -184,9 +184,17 @@ def controlled_sweep(P: dict, device: str, progress: bool = True) -> pd.DataFram
     jobs = [(d, t, b) for d, t in P["controlled_pairs"] for b in P["batches"]]
     bar = tqdm(total=len(jobs), desc="controlled acceptance", disable=not progress, leave=False)
     for d_spec, t_spec in P["controlled_pairs"]:
-        target, draft = load_pair(d_spec, t_spec, P, device)
+        try:
+            target, draft = load_pair(d_spec, t_spec, P, device)
+        except Exception as e:  # noqa: BLE001 — a pair that does not load is a row, not a dead run
+            rows.append(dict(target=_name(t_spec), draft=_name(d_spec), status=_status(e)))
+            bar.update(len(P["batches"]))
+            continue
         for b in P["batches"]:
-            rows += measure_batch(target, draft, b, P, budget)
+            try:
+                rows += measure_batch(target, draft, b, P, budget)
+            except Exception as e:  # noqa: BLE001
+                rows.append(dict(target=target.name, draft=draft.name, batch=b, status=_status(e)))
             bar.update(1)
         target.reset()
         draft.reset()
@@ -194,6 +202,11 @@ def controlled_sweep(P: dict, device: str, progress: bool = True) -> pd.DataFram
         _free()
     bar.close()
     return pd.DataFrame(rows)
+
+
+def _status(e: BaseException) -> str:
+    msg = str(e).splitlines()[0][:160] if str(e) else ""
+    return f"error: {type(e).__name__}: {msg}"
 
 
 def _spread(x: np.ndarray) -> tuple[float, float, float]:
