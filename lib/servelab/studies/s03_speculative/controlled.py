@@ -300,6 +300,7 @@ def break_even_alpha(table: pd.DataFrame) -> pd.DataFrame:
                 batch=int(b),
                 alpha_pays=at,
                 all_pay=bool(len(pays) == len(s)),
+                alpha_max=float(alphas[-1]),
                 best_speedup=float(s.speedup.max()),
                 c=float(s.c.median()),
             )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -202,8 +203,19 @@ def findings(R: StudyRun) -> None:
     R.res.write_findings([f.row() for f in R.findings])
 
 
+def _quiet() -> None:
+    """No bars on the page: every bar of this study is disabled, but tqdm.auto warns once when ipywidgets is
+    missing, and transformers draws one per checkpoint it loads (the trained family's)."""
+    from tqdm import TqdmWarning
+    from transformers.utils import logging
+
+    warnings.filterwarnings("ignore", category=TqdmWarning)
+    logging.disable_progress_bar()
+
+
 def run_study(P: dict) -> StudyRun:
     """Everything Study 3 measures, written under ``03_speculative/``; the tables and findings returned."""
+    _quiet()
     t0 = time.perf_counter()
     dev = device_record()
     ceil = measure_ceilings()

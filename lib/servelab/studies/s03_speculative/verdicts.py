@@ -49,7 +49,7 @@ def seed_pair_pays(pays: pd.DataFrame | None, pair: tuple[str, str]) -> str:
     parts = []
     for row in r.itertuples():
         if not np.isfinite(row.alpha_pays):
-            parts.append(f"never for α ≤ the largest set at batch {row.batch} (best {row.best_speedup:.2f}×)")
+            parts.append(f"not up to α = {row.alpha_max:.2f} at batch {row.batch} (best {row.best_speedup:.2f}×)")
         elif row.all_pay:
             parts.append(f"at every α set (from α = {row.alpha_pays:.2f}) at batch {row.batch}")
         else:
