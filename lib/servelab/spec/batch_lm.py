@@ -9,7 +9,7 @@ count (padding rows write to the scratch block and change nothing).
 
 Nothing here reads the device: ``extend`` and ``column`` plan a step's inputs on the host (the caller packs a
 whole round into one host-to-device copy), ``replay`` runs a step from inputs already on the device, and
-``truncate`` (the rollback) is block-manager bookkeeping. Prompts are prefilled eagerly, one sequence each.
+``truncate`` (the rollback) is block-manager bookkeeping. Prompts are prefilled eagerly, in one forward.
 """
 
 from __future__ import annotations
@@ -108,10 +108,11 @@ class PagedBatch:
 
     @torch.inference_mode()
     def prefill(self, prompts: list[list[int]]) -> torch.Tensor:
-        """Start one sequence per prompt (after ``reset``); the logits of each prompt's last token ``[B, vocab]``."""
+        """Start one sequence per prompt (after ``reset``), all in one eager forward (one attention segment
+        each); the logits of each prompt's last token ``[B, vocab]``."""
         if self.seq_ids:
             raise RuntimeError(f"{self.name}: reset() before prefilling a new batch")
-        out = []
+        tokens, positions, slots, segments, last = [], [], [], [], []
         for p in prompts:
             if not p or len(p) >= self.max_len:
                 raise ParameterError(f"{self.name}: a prompt needs 1 to {self.max_len - 1} tokens, got {len(p)}")
@@ -121,21 +122,19 @@ class PagedBatch:
             self.bm.allocate(sid, len(p))
             self.seq_ids.append(sid)
             self.lengths.append(len(p))
-            out.append(self._prefill(sid, p))
-        return torch.cat(out)
-
-    def _prefill(self, sid: int, tokens: list[int]) -> torch.Tensor:
-        dev, n = self.device, len(tokens)
-        meta = AttentionMetadata(
-            slot_mapping=torch.tensor(self.bm.slot_mapping(sid, 0, n), dtype=torch.long, device=dev),
-            prefills=[PrefillSegment(0, n, 0, None)],
-        )
+            segments.append(PrefillSegment(len(tokens), len(p), 0, None))
+            slots += self.bm.slot_mapping(sid, 0, len(p))
+            positions += range(len(p))
+            tokens += p
+            last.append(len(tokens) - 1)
+        dev = self.device
+        meta = AttentionMetadata(slot_mapping=torch.tensor(slots, dtype=torch.long, device=dev), prefills=segments)
         return self.model(
             torch.tensor(tokens, dtype=torch.long, device=dev),
-            torch.arange(n, dtype=torch.long, device=dev),
+            torch.tensor(positions, dtype=torch.long, device=dev),
             meta,
             self.pool,
-            torch.tensor([n - 1], dtype=torch.long, device=dev),
+            torch.tensor(last, dtype=torch.long, device=dev),
         )
 
     def extend(self, i: int, n: int) -> list[int]:
