@@ -184,6 +184,10 @@ def controlled_sweep(P: dict, device: str, progress: bool = True) -> pd.DataFram
     jobs = [(d, t, b) for d, t in P["controlled_pairs"] for b in P["batches"]]
     bar = tqdm(total=len(jobs), desc="controlled acceptance", disable=not progress, leave=False)
     for d_spec, t_spec in P["controlled_pairs"]:
+        if budget.over:  # loading a pair costs time too
+            rows.append(dict(target=_name(t_spec), draft=_name(d_spec), status="skipped: time budget"))
+            bar.update(len(P["batches"]))
+            continue
         try:
             target, draft = load_pair(d_spec, t_spec, P, device)
         except Exception as e:  # noqa: BLE001 — a pair that does not load is a row, not a dead run
