@@ -313,14 +313,12 @@ def break_even_alpha(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def tested_on(P: dict) -> str:
-    """Which models the controlled curves were measured on, from the parameters."""
+    """Which models the controlled curves were measured on, from the parameters (``common.tested_on``)."""
+    from servelab.studies.common.tested_on import tested_on as models
+
     pairs = ", ".join(f"{_name(d)} → {_name(t)}" for d, t in P["controlled_pairs"])
-    weights = (
-        "random weights of the exact shapes"
-        if all(s.startswith("config:") for pair in P["controlled_pairs"] for s in pair)
-        else "weights as given"
-    )
-    return f"{pairs} ({weights}, α set by controlled acceptance; batches {', '.join(map(str, P['batches']))})"
+    setting = f"pairs {pairs}, α set by controlled acceptance, batches {', '.join(map(str, P['batches']))}"
+    return models([s for pair in P["controlled_pairs"] for s in pair], dtype=P["dtype"], setting=setting)
 
 
 def main(argv=None) -> None:

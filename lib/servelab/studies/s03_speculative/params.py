@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from servelab.bench.hf_modes import MODES
 from servelab.models.loader import CONFIG_PREFIX, shipped_configs
 from servelab.spec.gamma import gamma_policy
 from servelab.studies.common.params import (
@@ -12,6 +11,10 @@ from servelab.studies.common.params import (
     check_positive_ints,
     resolve,
 )
+from servelab.studies.common.quiet import quiet_run
+
+with quiet_run():  # the notebook's first transformers import (through bench.hf_modes) happens here
+    from servelab.bench.hf_modes import MODES
 
 DTYPES = ("float32", "bfloat16", "float16")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from servelab.models.shape import ModelShape
+from servelab.studies.common.page import finding_sentence, takeaway_list
 from servelab.studies.s03_speculative import controlled
 
 GOAL_SPEEDUP = 2.0  # issue 21: at α = 0.8, batch 1, best γ, the 8B-shape target with the 0.5B-shape draft
@@ -29,22 +30,6 @@ def shapes_tested_on(P: dict) -> str:
     """F3.3's models: the seed's shapes whose cost ratio was measured, and the controlled-acceptance pairs."""
     shapes = ", ".join(f"{d.removeprefix('config:')} → {t.removeprefix('config:')}" for d, t in P["shape_pairs"])
     return f"random weights of the exact shapes {shapes} (cost ratio); {controlled.tested_on(P)}"
-
-
-def verdict_table(findings) -> pd.DataFrame:
-    """The page's verdict table: seed value, this run's value, verdict and what it was measured on."""
-    return pd.DataFrame(
-        [
-            {
-                "claim": f.id,
-                "seed (RTX 2070)": f.seed_value,
-                "this run": f.measured_value,
-                "verdict": f.verdict,
-                "tested on": f.tested_on,
-            }
-            for f in findings
-        ]
-    )
 
 
 def goal_check(table: pd.DataFrame, target: str = "llama-3-8b") -> dict | None:
@@ -86,19 +71,13 @@ def goal_sentence(goal: dict | None) -> str:
 
 
 def takeaways(findings, table: pd.DataFrame, pays: pd.DataFrame, seed_pair: tuple[str, str]) -> str:
-    """Three to five sentences, every number from the run: verdicts, the seed's pair by batch, the goal."""
-    by_id = {f.id: f for f in findings}
-    lines = [
-        f"- **F3.1 {by_id['F3.1'].verdict}**, on {by_id['F3.1'].tested_on}: {by_id['F3.1'].measured_value}.",
-        f"- **F3.3 {by_id['F3.3'].verdict}**: {by_id['F3.3'].measured_value}.",
-    ]
+    """Three to five sentences, every number from the run: one per verdict, the seed's pair by batch, the goal."""
     seed = controlled_sentence(pays, seed_pair)
-    if seed:
-        lines.append(f"- At the seed's shapes with α controlled, {seed}.")
-    if len(table):
-        lines.append(f"- {goal_sentence(goal_check(table))}")
-    lines.append(f"- **F3.2 {by_id['F3.2'].verdict}**: {by_id['F3.2'].measured_value}.")
-    return "\n".join(lines)
+    return takeaway_list(
+        [finding_sentence(f) for f in findings]
+        + [f"At the seed's shapes with α controlled, {seed}." if seed else ""]
+        + [goal_sentence(goal_check(table)) if len(table) else ""]
+    )
 
 
 def controlled_sentence(pays: pd.DataFrame, pair: tuple[str, str]) -> str:
@@ -107,16 +86,12 @@ def controlled_sentence(pays: pd.DataFrame, pair: tuple[str, str]) -> str:
     return seed_pair_pays(pays, pair)
 
 
-def rerun_recipe(notebook: str = "03_speculative") -> str:
-    """Markdown: the papermill command, the parameters cell as the notebook holds it, the controlled-only entry."""
-    from servelab_book.reproduce import papermill_command, parameters_source
-    from servelab_book.studies import NOTEBOOKS_DIR, STUDIES
+def rerun_recipe(slug: str = "03_speculative") -> str:
+    """The re-run section: the papermill command and parameters cell, then the controlled-only entry."""
+    from servelab_book.reproduce import rerun_markdown
 
-    study = next(s for s in STUDIES if s.slug == notebook)
-    return (
-        f"```bash\n{papermill_command(study)}\n"
-        "# only the controlled-acceptance sweep (writes 03_speculative/controlled_acceptance.csv):\n"
-        "python -m servelab.studies.s03_speculative.controlled --profile full\n```\n\n"
-        "Parameters (the notebook's `parameters` cell; pass any with `-p name value`):\n\n"
-        f"```python\n{parameters_source(NOTEBOOKS_DIR / f'{notebook}.ipynb')}\n```\n"
+    return rerun_markdown(slug) + (
+        "\nOnly the controlled-acceptance sweep (writes `03_speculative/controlled_acceptance.csv`, its provenance "
+        "in `03_speculative_controlled/run.json`):\n\n"
+        "```bash\npython -m servelab.studies.s03_speculative.controlled --profile full\n```\n"
     )

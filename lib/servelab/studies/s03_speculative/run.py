@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import gc
 import time
-import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -16,6 +15,7 @@ import torch
 from servelab.measure import Roofline, device_record, measure_ceilings
 from servelab.measure.results import StudyResults
 from servelab.models import load_model
+from servelab.studies.common.quiet import quiet_run
 from servelab.studies.s03_speculative import controlled, report, verdicts
 from servelab.studies.s03_speculative.cost_ratio import (
     cost_ratios,
@@ -203,19 +203,17 @@ def findings(R: StudyRun) -> None:
     R.res.write_findings([f.row() for f in R.findings])
 
 
-def _quiet() -> None:
-    """No bars on the page: every bar of this study is disabled, but tqdm.auto warns once when ipywidgets is
-    missing, and transformers draws one per checkpoint it loads (the trained family's)."""
-    from tqdm import TqdmWarning
+def run_study(P: dict) -> StudyRun:
+    """Everything Study 3 measures, written under ``03_speculative/``; the tables and findings returned, quietly
+    (``common.quiet``; transformers' loading bars off: the trained family's checkpoints would draw one each)."""
     from transformers.utils import logging
 
-    warnings.filterwarnings("ignore", category=TqdmWarning)
     logging.disable_progress_bar()
+    with quiet_run():
+        return _run(P)
 
 
-def run_study(P: dict) -> StudyRun:
-    """Everything Study 3 measures, written under ``03_speculative/``; the tables and findings returned."""
-    _quiet()
+def _run(P: dict) -> StudyRun:
     t0 = time.perf_counter()
     dev = device_record()
     ceil = measure_ceilings()
