@@ -59,7 +59,7 @@ GREEDY = SamplingParams(max_tokens=STEPS, ignore_eos=True)
 def test_greedy_speculation_equals_the_targets_own_greedy_output(pair, gamma):
     _, t, d, prompts, refs = pair
     dec = SpeculativeDecoder(t, d, gamma=gamma)
-    for p, ref in zip(prompts, refs):
+    for p, ref in zip(prompts, refs, strict=True):
         gen = dec.generate(p, GREEDY)
         assert gen.tokens == ref
         assert gen.finish_reason == "length"

@@ -162,15 +162,15 @@ def test_speedup_table_and_verdicts_from_data():
     assert r.predicted_speedup == pytest.approx(leviathan.improvement(10 / 15, 2, 0.1))
     assert r.greedy_exact_match == 0.5
     assert r.speedup_vs_chained == pytest.approx(np.median([75 / 50, 60 / 60]))
-    f31 = verdicts.f31(speed, 0.01, "test pair")
-    assert f31["verdict"] == "changes" and f31["id"] == "F3.1"  # the CI lies above 1
+    f31 = verdicts.f31(speed, 0.01, "test pair", tested_on="pair d → t")
+    assert f31.verdict == "changes" and f31.id == "F3.1" and f31.tested_on == "pair d → t"  # the CI lies above 1
     f32 = verdicts.f32(speed)
     err = abs(r.prediction_error_pct)
-    assert f32["verdict"] == ("holds" if err <= 20 else "changes" if err <= 50 else "fails")
+    assert f32.verdict == ("holds" if err <= 20 else "changes" if err <= 50 else "fails")
     slow = speedup_table(
         _sweep().assign(ms=lambda d: np.where(d.method == "speculative", d.ms * 3, d.ms)), {("d", "t"): 0.1}
     )
-    assert verdicts.f31(slow, 0.01, "test pair")["verdict"] == "holds"
+    assert verdicts.f31(slow, 0.01, "test pair").verdict == "holds"
 
 
 def test_f33_compares_modes_with_the_parameter_ratio():
@@ -182,9 +182,9 @@ def test_f33_compares_modes_with_the_parameter_ratio():
             ]
         )
 
-    assert verdicts.f33(ratios(1.2, 2.6), ("qwen2-0.5b", "qwen2-1.5b"))["verdict"] == "holds"
-    assert verdicts.f33(ratios(2.9, 3.0), ("qwen2-0.5b", "qwen2-1.5b"))["verdict"] == "changes"
-    assert verdicts.f33(ratios(1.2, 2.6).iloc[:0], ("qwen2-0.5b", "qwen2-1.5b"))["verdict"] == "fails"
+    assert verdicts.f33(ratios(1.2, 2.6), ("qwen2-0.5b", "qwen2-1.5b")).verdict == "holds"
+    assert verdicts.f33(ratios(2.9, 3.0), ("qwen2-0.5b", "qwen2-1.5b")).verdict == "changes"
+    assert verdicts.f33(ratios(1.2, 2.6).iloc[:0], ("qwen2-0.5b", "qwen2-1.5b")).verdict == "fails"
 
 
 def test_pays_map_break_even_line():

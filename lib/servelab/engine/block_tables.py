@@ -57,8 +57,10 @@ class DeviceBlockTables:
             rows.append(r)
         if changed:
             idx = torch.tensor(changed, dtype=torch.long)
+            dev = self.device_table.device
+            # non-blocking: a blocking host-to-device copy waits for the stream, a sync the speculative loop avoids
             self.device_table.index_copy_(
-                0, idx.to(self.device_table.device), self.host.index_select(0, idx).to(self.device_table.device)
+                0, idx.to(dev, non_blocking=True), self.host.index_select(0, idx).to(dev, non_blocking=True)
             )
         return rows
 

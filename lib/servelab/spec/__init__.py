@@ -1,11 +1,14 @@
-"""Speculative decoding on the engine's model code (Study 3).
+"""Speculative decoding on the engine's model code.
 
 - ``paged_lm.py``: one model with its own paged KV cache, multi-token steps as decode rows, rollback;
 - ``proposer.py``: the draft proposes γ tokens; ``verifier.py``: the target scores γ + 1 positions in one forward;
 - ``acceptance.py``: greedy match and the Leviathan/Chen rejection rule; ``rollback.py``: KV rollback of both;
 - ``gamma.py``: fixed and adaptive γ; ``decoder.py``: the loop, and the autoregressive baseline;
-- ``leviathan.py``: the analytical model; ``cost_ratio.py``: the cost ratio c in three execution modes;
-- ``pair.py``: loading a draft and a target as ``PagedLM``s; ``study.py``, ``params.py``, ``verdicts.py``, ``plots.py``: Study 3.
+- ``batch_lm.py`` and ``batch_decoder.py``: the greedy loop over a batch (ragged acceptance, one readback a round);
+- ``controlled.py``: proposals overridden to a set acceptance α; ``syncs.py``: counting host syncs;
+- ``leviathan.py``: the analytical model; ``serving.py``: the loop behind the engine's interface (the server).
+
+Study 3 (``servelab.studies.s03_speculative``) measures it; nothing here imports a study.
 """
 
 from servelab.spec.acceptance import Acceptance, greedy_accept, probabilities, rejection_accept

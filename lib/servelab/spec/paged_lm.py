@@ -173,7 +173,9 @@ class PagedLM:
         slots = self.bm.append(self.seq_id, k)
         positions = list(range(start, start + k))
         rows = self.tables.rows_for([self.seq_id] * k, positions, slots)
-        out = graphs.run_steps([first_token], [[(p, s, r)] for p, s, r in zip(positions, slots, rows)], sample_fn)
+        out = graphs.run_steps(
+            [first_token], [[(p, s, r)] for p, s, r in zip(positions, slots, rows, strict=True)], sample_fn
+        )
         if out is None:
             self.bm.truncate(self.seq_id, start)
             return None

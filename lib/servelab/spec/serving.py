@@ -133,7 +133,7 @@ class SpeculativeEngine:
 
     def generate(self, prompts: list[list[int]], params=None, *, progress: bool = False) -> list[list[int]]:
         plist = params if isinstance(params, list) else [params] * len(prompts)
-        seqs = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
+        seqs = [self.add_request(p, sp) for p, sp in zip(prompts, plist, strict=True)]
         for _ in self.stream():
             pass
         return [s.output_token_ids for s in seqs]

@@ -11,6 +11,7 @@ execution mode (``servelab.bench.hf_modes.MODES``): HF eager, HF in a CUDA graph
 
 from __future__ import annotations
 
+import functools
 import gc
 import time
 
@@ -143,7 +144,7 @@ def verify_cost(lm, context: int, rows_list, *, warmup: int = 3, repeats: int = 
         toks = torch.randint(0, lm.vocab, (n,), generator=g).tolist()
         try:
             t = time_fn(
-                lambda: lm.forward(toks),
+                functools.partial(lm.forward, toks),
                 warmup=warmup,
                 repeats=repeats,
                 device=lm.device,
@@ -200,20 +201,23 @@ def hf_crop_cost(model, context: int, drops, *, repeats: int = 50, seed: int = 0
     gen = torch.Generator(device=model.device).manual_seed(seed)
     rows = []
     for d in drops:
-        kv = random_kv(model, 1, context + d, gen)
-        state = {}
-
-        def fill():
-            cache = DynamicCache(config=model.config)
-            for i, (k, v) in enumerate(kv):
-                cache.update(k, v, i)
-            state["c"] = cache
-
         try:
-            t = time_fn(lambda: state["c"].crop(-d), warmup=2, repeats=repeats, device=model.device, before_each=fill)
+            t = _crop_timing(model, random_kv(model, 1, context + d, gen), d, repeats, DynamicCache)
             rows.append(dict(context=context, dropped=d, status="ok", **t.as_row()))
         except Exception as e:  # noqa: BLE001
             rows.append(dict(context=context, dropped=d, status=f"error: {type(e).__name__}: {e}"[:200]))
-        del kv
     _free()
     return pd.DataFrame(rows)
+
+
+def _crop_timing(model, kv, d: int, repeats: int, cache_cls):
+    """Time ``crop(-d)`` of a cache refilled with ``kv`` before each sample (the refill untimed)."""
+    state = {}
+
+    def fill():
+        cache = cache_cls(config=model.config)
+        for i, (k, v) in enumerate(kv):
+            cache.update(k, v, i)
+        state["c"] = cache
+
+    return time_fn(lambda: state["c"].crop(-d), warmup=2, repeats=repeats, device=model.device, before_each=fill)

@@ -1,7 +1,7 @@
 """The models of a speculative study: a target and its drafts, as HF models and as ``PagedLM``s.
 
-They come from the trained family (``servelab.studies.common.family.train.train_family``: one tokenizer, held-out prompts), or
-from explicit specs (``config:<name>``, a directory or a hub id, e.g. ``Qwen/Qwen2-1.5B`` with
+They come from the trained family (``servelab.studies.common.family.train.train_family``: one tokenizer,
+held-out prompts), or from explicit specs (``config:<name>``, a directory or a hub id, e.g. ``Qwen/Qwen2-1.5B`` with
 ``Qwen/Qwen2-0.5B`` for a reader with a network).
 """
 

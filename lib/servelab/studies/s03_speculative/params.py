@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from servelab.bench.hf_modes import MODES
 from servelab.models.loader import CONFIG_PREFIX, shipped_configs
 from servelab.spec.gamma import gamma_policy
 from servelab.studies.common.params import (
@@ -10,8 +9,12 @@ from servelab.studies.common.params import (
     check_choice,
     check_int_range,
     check_positive_ints,
-    resolve_profile,
+    resolve,
 )
+from servelab.studies.common.quiet import quiet_run
+
+with quiet_run():  # the notebook's first transformers import (through bench.hf_modes) happens here
+    from servelab.bench.hf_modes import MODES
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -37,6 +40,20 @@ DEFAULTS = {
         middle_target=True,
         chain_steps=8,
         seed=0,
+        # controlled acceptance at the seed's shapes (controlled.py): ≈ 4.5 min on the H200 with the loads (an
+        # estimate: the budget stops new points, and new pairs, after controlled_budget_s)
+        controlled_pairs=[
+            ["config:qwen2-0.5b", "config:qwen2-1.5b"],
+            ["config:qwen2-0.5b-vocab128k", "config:llama-3-8b"],  # the draft takes Llama 3's vocabulary
+            ["config:distilgpt2", "config:gpt2-medium"],
+        ],
+        alphas=[0.5, 0.6, 0.7, 0.8, 0.9],
+        controlled_gammas=[1, 2, 3, 4, 6, 8],
+        batches=[1, 8, 32],
+        controlled_prompt_len=128,
+        controlled_new_tokens=96,
+        controlled_repeats=3,
+        controlled_budget_s=320,
     ),
     # two CPU cores: the tiny trained family, a few points
     "smoke": dict(
@@ -59,6 +76,14 @@ DEFAULTS = {
         middle_target=True,
         chain_steps=4,
         seed=0,
+        controlled_pairs=[["config:tiny-llama", "config:tiny-qwen2"]],  # one vocabulary (512)
+        alphas=[0.5, 0.9],
+        controlled_gammas=[1, 3],
+        batches=[1, 3],
+        controlled_prompt_len=8,
+        controlled_new_tokens=12,
+        controlled_repeats=2,
+        controlled_budget_s=None,
     ),
 }
 
@@ -70,26 +95,32 @@ def _check_spec(name: str, spec) -> None:
         raise ParameterError(f"{name}: unknown config {spec!r}; shipped: {', '.join(shipped_configs())}")
 
 
-def study_params(profile: str = "auto", **overrides) -> dict:
-    """Resolve the profile, apply non-None overrides, validate (``ParameterError`` on bad input)."""
-    prof = resolve_profile(profile)
-    p = {k: (list(v) if isinstance(v, list) else v) for k, v in DEFAULTS[prof].items()}
-    unknown = set(overrides) - set(p)
-    if unknown:
-        raise ParameterError(f"unknown parameters {sorted(unknown)}; known: {sorted(p)}")
-    p.update({k: v for k, v in overrides.items() if v is not None})
-    p["profile"] = prof
+def _check_pairs(name: str, pairs) -> list[list[str]]:
+    if not isinstance(pairs, list):
+        raise ParameterError(f"{name} must be a list of [draft spec, target spec], got {pairs!r}")
+    for pair in pairs:
+        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+            raise ParameterError(f"each {name} entry must be [draft spec, target spec], got {pair!r}")
+        for s in pair:
+            _check_spec(name, s)
+    return [list(x) for x in pairs]
 
+
+def _check_models(p: dict) -> None:
     if (p["target"] is None) != (p["drafts"] is None):
         raise ParameterError("give both target and drafts (model specs), or neither (the trained family)")
-    if p["target"] is not None:
-        _check_spec("target", p["target"])
-        if isinstance(p["drafts"], str):
-            p["drafts"] = [p["drafts"]]
-        if not isinstance(p["drafts"], list) or not p["drafts"]:
-            raise ParameterError(f"drafts must be a non-empty list of model specs, got {p['drafts']!r}")
-        for d in p["drafts"]:
-            _check_spec("drafts", d)
+    if p["target"] is None:
+        return
+    _check_spec("target", p["target"])
+    if isinstance(p["drafts"], str):
+        p["drafts"] = [p["drafts"]]
+    if not isinstance(p["drafts"], list) or not p["drafts"]:
+        raise ParameterError(f"drafts must be a non-empty list of model specs, got {p['drafts']!r}")
+    for d in p["drafts"]:
+        _check_spec("drafts", d)
+
+
+def _check_generation(p: dict) -> None:
     check_choice("dtype", p["dtype"], DTYPES)
     gammas = p["gammas"]
     if not isinstance(gammas, list) or not gammas:
@@ -108,18 +139,20 @@ def study_params(profile: str = "auto", **overrides) -> dict:
     check_int_range("max_new_tokens", p["max_new_tokens"], 1, 8192)
     check_int_range("warmup", p["warmup"], 0, 100)
     check_int_range("repeats", p["repeats"], 1, 1000)
-    tb = p["time_budget_s"]
-    if tb is not None and (isinstance(tb, bool) or not isinstance(tb, (int, float)) or tb <= 0):
-        raise ParameterError(f"time_budget_s must be a positive number of seconds or None, got {tb!r}")
-    pairs = p["shape_pairs"]
-    if not isinstance(pairs, list):
-        raise ParameterError(f"shape_pairs must be a list of [draft spec, target spec], got {pairs!r}")
-    for pair in pairs:
-        if not isinstance(pair, (list, tuple)) or len(pair) != 2:
-            raise ParameterError(f"each shape_pairs entry must be [draft spec, target spec], got {pair!r}")
-        for s in pair:
-            _check_spec("shape_pairs", s)
-    p["shape_pairs"] = [list(x) for x in pairs]
+    _check_seconds("time_budget_s", p["time_budget_s"])
+    if not isinstance(p["middle_target"], bool):
+        raise ParameterError(f"middle_target must be True or False, got {p['middle_target']!r}")
+    check_int_range("chain_steps", p["chain_steps"], 0, 64)  # 0: no multi-step baseline
+    check_int_range("seed", p["seed"], 0, 2**31 - 1)
+
+
+def _check_seconds(name: str, v) -> None:
+    if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0):
+        raise ParameterError(f"{name} must be a positive number of seconds or None, got {v!r}")
+
+
+def _check_costs(p: dict) -> None:
+    p["shape_pairs"] = _check_pairs("shape_pairs", p["shape_pairs"])
     if isinstance(p["cost_modes"], str):
         p["cost_modes"] = [p["cost_modes"]]
     if not p["cost_modes"]:
@@ -133,10 +166,33 @@ def study_params(profile: str = "auto", **overrides) -> dict:
     check_int_range("cost_context", p["cost_context"], 1, 1 << 16)
     check_int_range("cost_repeats", p["cost_repeats"], 1, 1000)
     p["verify_rows"] = check_positive_ints("verify_rows", p["verify_rows"], maximum=64)
-    if not isinstance(p["middle_target"], bool):
-        raise ParameterError(f"middle_target must be True or False, got {p['middle_target']!r}")
-    check_int_range("chain_steps", p["chain_steps"], 0, 64)  # 0: no multi-step baseline
-    check_int_range("seed", p["seed"], 0, 2**31 - 1)
+
+
+def _check_controlled(p: dict) -> None:
+    """The controlled-acceptance sweep: pairs with one vocabulary, α in [0, 1), γ and batch sizes."""
+    p["controlled_pairs"] = _check_pairs("controlled_pairs", p["controlled_pairs"])
+    alphas = p["alphas"]
+    if not isinstance(alphas, list) or not alphas:
+        raise ParameterError(f"alphas must be a non-empty list of numbers in [0, 1), got {alphas!r}")
+    for a in alphas:
+        if isinstance(a, bool) or not isinstance(a, (int, float)) or not 0 <= a < 1:
+            raise ParameterError(f"alphas must hold numbers in [0, 1), got {a!r}")
+    p["alphas"] = sorted({float(a) for a in alphas})
+    p["controlled_gammas"] = check_positive_ints("controlled_gammas", p["controlled_gammas"], maximum=16)
+    p["batches"] = check_positive_ints("batches", p["batches"], maximum=256)
+    check_int_range("controlled_prompt_len", p["controlled_prompt_len"], 1, 8192)
+    check_int_range("controlled_new_tokens", p["controlled_new_tokens"], 1, 8192)
+    check_int_range("controlled_repeats", p["controlled_repeats"], 1, 100)
+    _check_seconds("controlled_budget_s", p["controlled_budget_s"])
+
+
+def study_params(profile: str = "auto", **overrides) -> dict:
+    """The profile's defaults with the non-None overrides (``resolve``), validated (``ParameterError`` on bad input)."""
+    p = resolve(DEFAULTS, profile, overrides)
+    _check_models(p)
+    _check_generation(p)
+    _check_costs(p)
+    _check_controlled(p)
     return p
 
 

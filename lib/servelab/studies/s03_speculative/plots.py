@@ -18,7 +18,7 @@ def acceptance(speed: pd.DataFrame, device_name: str):
     temps = sorted(speed.temperature.unique())
     fig, axes = plt.subplots(1, len(temps), figsize=(5.5 * len(temps), 3.8), squeeze=False, sharey=True)
     speed = speed.assign(pair=speed.draft + " → " + speed.target)
-    for ax, T in zip(axes[0], temps):
+    for ax, T in zip(axes[0], temps, strict=True):
         s = speed[speed.temperature == T]
         sns.barplot(data=s, x="gamma", y="alpha", hue="pair", ax=ax)
         ax.set(
@@ -39,7 +39,9 @@ def speedup_vs_prediction(speed: pd.DataFrame, device_name: str):
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
     s = speed.copy()
     s["series"] = s.draft + " → " + s.target + ", T=" + s.temperature.map(lambda t: f"{t:g}")
-    for (name, grp), color in zip(s.groupby("series", sort=False), sns.color_palette(n_colors=s.series.nunique())):
+    for (name, grp), color in zip(
+        s.groupby("series", sort=False), sns.color_palette(n_colors=s.series.nunique()), strict=True
+    ):
         ax1.errorbar(
             grp.gamma.astype(str),
             grp.speedup,
@@ -118,7 +120,7 @@ def pays_map(grid: pd.DataFrame, points: pd.DataFrame, ratios: pd.DataFrame, dev
     fig.colorbar(cs, ax=ax, label="best predicted speedup over γ ≤ 8 (×)")
     ax.contour(A, C, piv.to_numpy(), levels=[1], colors="k", linewidths=1.5)
     if len(points):
-        for ((d, t), grp), m in zip(points.groupby(["draft", "target"]), "os^Dv<>p"):
+        for ((d, t), grp), m in zip(points.groupby(["draft", "target"]), "os^Dv<>p", strict=False):
             ax.scatter(grp.alpha, grp.c, marker=m, s=60, edgecolor="k", label=f"{d} → {t} (measured α, engine c)")
     styles = {"hf_eager": ":", "hf_cuda_graph": "-.", "engine": "--"}
     for row in ratios.itertuples():
@@ -171,3 +173,53 @@ def verify_cost(verify: pd.DataFrame, device_name: str):
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+REAL_ALPHA_COLUMNS = ("pair", "alpha", "ci_low", "ci_high")
+
+
+def controlled_curves(table: pd.DataFrame, device_name: str, real_alpha: pd.DataFrame | None = None):
+    """Speedup at the best γ against the α set, one panel per pair of shapes, one line per batch size (markers:
+    median over repeats, bars: min–max; dashed: Leviathan's prediction from the c measured in the loop).
+
+    ``real_alpha`` (columns pair, alpha, ci_low, ci_high): α measured for real trained pairs (Study 6's drafts),
+    drawn on every panel as a band, so a reader sees where such a draft would land at these shapes."""
+    from servelab.studies.s03_speculative.controlled import best_gamma_rows
+
+    best = best_gamma_rows(table)
+    pairs = list(dict.fromkeys(best.draft + " → " + best.target))
+    fig, axes = plt.subplots(1, len(pairs), figsize=(4.6 * len(pairs), 3.9), squeeze=False, sharey=True)
+    best = best.assign(pair=best.draft + " → " + best.target)
+    for ax, pair in zip(axes[0], pairs, strict=True):
+        s = best[best.pair == pair]
+        for (b, grp), color in zip(s.groupby("batch"), sns.color_palette(n_colors=s.batch.nunique()), strict=True):
+            grp = grp.sort_values("alpha")
+            ax.errorbar(
+                grp.alpha,
+                grp.speedup,
+                yerr=[grp.speedup - grp.speedup_low, grp.speedup_high - grp.speedup],
+                marker="o",
+                capsize=3,
+                color=color,
+                label=f"batch {b} (best γ)",
+            )
+            ax.plot(grp.alpha, grp.predicted_speedup, ls="--", color=color, lw=1)
+        _real_alpha(ax, real_alpha)
+        ax.axhline(1, color="k", ls=":", lw=1)
+        ax.set(xlabel="α set (per-token acceptance)", ylabel="speedup over plain decoding (×)", title=pair)
+        ax.legend(fontsize=7, title="dashed: prediction", title_fontsize=7)
+    fig.suptitle(f"Controlled acceptance at the seed's shapes (random weights), {device_name}")
+    fig.tight_layout()
+    return fig
+
+
+def _real_alpha(ax, real_alpha: pd.DataFrame | None) -> None:
+    """Bands of measured α (Study 6's trained pairs), where they were given: the place the curves are read at."""
+    if real_alpha is None or real_alpha.empty:
+        return
+    missing = set(REAL_ALPHA_COLUMNS) - set(real_alpha.columns)
+    if missing:
+        raise ValueError(f"real_alpha needs columns {REAL_ALPHA_COLUMNS}, missing {sorted(missing)}")
+    for row, color in zip(real_alpha.itertuples(), sns.color_palette("Greys", len(real_alpha)), strict=True):
+        ax.axvspan(row.ci_low, row.ci_high, color=color, alpha=0.3)
+        ax.axvline(row.alpha, color=color, lw=1, label=f"measured α: {row.pair}")

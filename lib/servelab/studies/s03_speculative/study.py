@@ -8,6 +8,7 @@ events around the whole generation, which syncs with the host every step anyway)
 
 from __future__ import annotations
 
+import functools
 import time
 
 import numpy as np
@@ -94,16 +95,15 @@ def generation_sweep(
             wu = warmup if i == 0 else 0
             try:
                 if method == "autoregressive":
-                    t, gen = _timed(lambda: autoregressive(target, prompt, sp), target.device, wu, repeats)
+                    t, gen = _timed(functools.partial(autoregressive, target, prompt, sp), target.device, wu, repeats)
                 elif method == "autoregressive_chained":
-                    t, gen = _timed(
-                        lambda: autoregressive_chained(target, prompt, sp, chain_steps), target.device, wu, repeats
-                    )
+                    fn = functools.partial(autoregressive_chained, target, prompt, sp, chain_steps)
+                    t, gen = _timed(fn, target.device, wu, repeats)
                 else:
                     if (dname, tname, gamma) not in decoders:
                         decoders[(dname, tname, gamma)] = SpeculativeDecoder(target, models[dname], gamma=gamma)
                     dec = decoders[(dname, tname, gamma)]
-                    t, gen = _timed(lambda: dec.generate(prompt, sp), target.device, wu, repeats)
+                    t, gen = _timed(functools.partial(dec.generate, prompt, sp), target.device, wu, repeats)
             except Exception as e:  # noqa: BLE001
                 rows.append(base | dict(status=_status(e)))
                 continue

@@ -1,4 +1,10 @@
-"""Verdicts on the seed's claims F3.1–F3.3, computed from the measured tables (never typed)."""
+"""Verdicts on the seed's claims F3.1–F3.3, computed from the measured tables (never typed).
+
+Each verdict is a ``Finding`` whose ``tested_on`` names the models it rests on: F3.1 and F3.2 on the family
+trained in the run (the only pairs whose acceptance is real here), F3.3 on random weights of the seed's exact
+shapes, where the controlled-acceptance curves (``controlled.py``) also answer the seed's question: above which
+α does Qwen2-0.5B → Qwen2-1.5B pay, at each batch size.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from servelab.spec import leviathan
+from servelab.studies.common.findings import Finding
 
 SEED_TARGET_OVER_DRAFT = 1.18  # F3.3: measured cost ratio target/draft on the RTX 2070 (eager HF)
 SEED_PARAM_RATIO = 3.1  # F3.3: Qwen2-1.5B / Qwen2-0.5B parameters, as the seed put it
@@ -21,10 +28,33 @@ CLAIMS = {
 }
 
 
-def _row(fid, seed_value, measured, unit, verdict, note) -> dict:
-    return dict(
-        id=fid, claim=CLAIMS[fid], seed_value=seed_value, measured_value=measured, unit=unit, verdict=verdict, note=note
+def _finding(fid, seed_value, measured, unit, verdict, note, tested_on) -> Finding:
+    return Finding(
+        id=fid,
+        claim=CLAIMS[fid],
+        seed_value=seed_value,
+        measured_value=measured,
+        unit=unit,
+        verdict=verdict,
+        note=note,
+        tested_on=tested_on,
     )
+
+
+def seed_pair_pays(pays: pd.DataFrame | None, pair: tuple[str, str]) -> str:
+    """'pays above α = 0.62 at batch 1, …' for (draft, target) ``pair`` from ``controlled.break_even_alpha``."""
+    if pays is None or pays.empty:
+        return ""
+    r = pays[(pays.draft == pair[0]) & (pays.target == pair[1])].sort_values("batch")
+    parts = []
+    for row in r.itertuples():
+        if not np.isfinite(row.alpha_pays):
+            parts.append(f"not up to α = {row.alpha_max:.2f} at batch {row.batch} (best {row.best_speedup:.2f}×)")
+        elif row.all_pay:
+            parts.append(f"at every α set (from α = {row.alpha_pays:.2f}) at batch {row.batch}")
+        else:
+            parts.append(f"above α ≈ {row.alpha_pays:.2f} at batch {row.batch}")
+    return (f"{pair[0]} → {pair[1]} pays " + "; ".join(parts)) if parts else ""
 
 
 def best_point(speed: pd.DataFrame, temperature: float | None = 0.0) -> pd.Series | None:
@@ -34,11 +64,22 @@ def best_point(speed: pd.DataFrame, temperature: float | None = 0.0) -> pd.Serie
     return None if s.empty else s.loc[s.speedup.idxmax()]
 
 
-def f31(speed: pd.DataFrame, kv_sync_share_pct: float, pair_label: str, device_name: str = "the H200") -> dict:
+def f31(
+    speed: pd.DataFrame,
+    kv_sync_share_pct: float,
+    pair_label: str,
+    device_name: str = "the H200",
+    *,
+    tested_on: str = "",
+    seed_shapes: str = "",
+) -> Finding:
     """Changes if the best configuration's speedup is above 1 with its whole CI (speculation pays on the H200);
-    holds if no configuration's CI lies above 1 (speculation still fails)."""
+    holds if no configuration's CI lies above 1 (speculation still fails). ``seed_shapes``: the sentence of
+    ``seed_pair_pays``, added to the note (the seed's pair at its shapes, α controlled)."""
     if speed.empty:
-        return _row("F3.1", "no number; speculation failed", "no point ran", "×", "fails", "no speculative point ran")
+        return _finding(
+            "F3.1", "no number; speculation failed", "no point ran", "×", "fails", "no speculative point ran", tested_on
+        )
     best = best_point(speed, None)
     greedy = speed[speed.temperature == 0]
     alpha_txt = f"α {greedy.alpha.min():.2f}–{greedy.alpha.max():.2f} greedy" if len(greedy) else ""
@@ -63,14 +104,20 @@ def f31(speed: pd.DataFrame, kv_sync_share_pct: float, pair_label: str, device_n
             f"No configuration's speedup CI lies above 1 ({pair_label}, the project's engine): speculation "
             "still does not pay"
         )
-    return _row("F3.1", "no number; speculation failed", measured, "× speedup", verdict, note)
+    if seed_shapes:
+        note += f". At the seed's shapes (random weights, α controlled), {seed_shapes}"
+    return _finding("F3.1", "no number; speculation failed", measured, "× speedup", verdict, note, tested_on)
 
 
-def f32(speed: pd.DataFrame) -> dict:
-    """The median |error| of the Leviathan prediction (measured α and engine c) against the measured speedup."""
+def f32(speed: pd.DataFrame, *, tested_on: str = "", controlled: pd.DataFrame | None = None) -> Finding:
+    """The median |error| of the Leviathan prediction (measured α and engine c) against the measured speedup.
+    ``controlled``: the controlled-acceptance table, whose median |error| (α exact, c as the loop ran) the note
+    adds."""
     s = speed.dropna(subset=["prediction_error_pct"])
     if s.empty:
-        return _row("F3.2", "model validated", "no point", "% error", "fails", "no prediction could be compared")
+        return _finding(
+            "F3.2", "model validated", "no point", "% error", "fails", "no prediction could be compared", tested_on
+        )
     err = s.prediction_error_pct.abs()
     med = float(err.median())
     bias = float(s.prediction_error_pct.median())
@@ -90,23 +137,33 @@ def f32(speed: pd.DataFrame) -> dict:
         f"(its draft steps' time over a plain decode step's) the median |error| is {loop:.0f}%; the model "
         "assumes a verify of γ+1 tokens costs one decode step and free rollback"
     )
-    return _row("F3.2", "model validated", measured, "% error", verdict, note)
+    if controlled is not None and len(controlled):
+        ce = controlled.prediction_error_pct.abs()
+        note += (
+            f"; on the controlled-acceptance curves at the seed's shapes (α exact, c in the loop) the median |error| "
+            f"is {ce.median():.0f}% over {len(ce)} points (batch 1: {ce[controlled.batch == 1].median():.0f}%)"
+        )
+    return _finding("F3.2", "model validated", measured, "% error", verdict, note, tested_on)
 
 
-def f33(ratios: pd.DataFrame, pair: tuple[str, str], max_gamma: int = 8) -> dict:
+def f33(
+    ratios: pd.DataFrame, pair: tuple[str, str], max_gamma: int = 8, *, tested_on: str = "", seed_shapes: str = ""
+) -> Finding:
     """The target/draft step-time ratio of the Qwen2 shapes per execution mode against the parameter ratio.
 
     Holds if the eager ratio is far below the parameter ratio (as the seed found) while another execution mode
-    reaches further (the "hardware conditions" under which speculation becomes viable); changes otherwise."""
+    reaches further (the "hardware conditions" under which speculation becomes viable); changes otherwise.
+    ``seed_shapes`` (``seed_pair_pays``) adds where the seed's pair pays in the batched loop, by batch size."""
     r = ratios[(ratios.draft == pair[0]) & (ratios.target == pair[1])].set_index("mode")
     if r.empty:
-        return _row(
+        return _finding(
             "F3.3",
             f"{SEED_TARGET_OVER_DRAFT}×",
             "no data",
             "× target/draft",
             "fails",
             "no cost ratio measured for the Qwen2 shapes",
+            tested_on,
         )
     param = float(r.param_ratio.iloc[0])
     parts = [f"{m} {row.target_over_draft:.2f}×" for m, row in r.iterrows()]
@@ -128,6 +185,14 @@ def f33(ratios: pd.DataFrame, pair: tuple[str, str], max_gamma: int = 8) -> dict
             f"Eager HF's ratio is {eager:.2f}× here, not far below the parameter ratio; "
             f"{best_mode} reaches {r.loc[best_mode, 'target_over_draft']:.2f}× (break-even α ≈ {need:.2f}, γ={g})"
         )
-    return _row(
-        "F3.3", f"{SEED_TARGET_OVER_DRAFT}× (parameters {SEED_PARAM_RATIO}×)", measured, "× target/draft", verdict, note
+    if seed_shapes:
+        note += f". With α controlled at these shapes: {seed_shapes} (the seed's ratio {SEED_TARGET_OVER_DRAFT}×)"
+    return _finding(
+        "F3.3",
+        f"{SEED_TARGET_OVER_DRAFT}× (parameters {SEED_PARAM_RATIO}×)",
+        measured,
+        "× target/draft",
+        verdict,
+        note,
+        tested_on,
     )

@@ -1,0 +1,143 @@
+"""Study 3's controlled-acceptance tables, verdict text and parameters, from hand-made raw rows (no models run),
+and one tiny sweep end to end."""
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from servelab.errors import ParameterError
+from servelab.spec import leviathan
+from servelab.studies.s03_speculative import controlled, report, verdicts
+from servelab.studies.s03_speculative.params import study_params
+
+
+def _raw(speed_by_alpha: dict[float, float], gamma: int = 2, batch: int = 1) -> pd.DataFrame:
+    """Plain at 100 tok/s (step 10 ms); speculative points at 100 × speedup tok/s, draft step 1 ms (c = 0.1)."""
+    rows = [
+        dict(
+            target="t",
+            draft="d",
+            batch=batch,
+            method="plain",
+            repeat=r,
+            status="ok",
+            tokens=10,
+            seconds=s,
+            tokens_per_s=10 / s,
+            steps=10,
+        )
+        for r, s in enumerate([0.1, 0.1, 0.1])
+    ]
+    for a, sp in speed_by_alpha.items():
+        for r, jitter in enumerate([0.9, 1.0, 1.1]):
+            rows.append(
+                dict(
+                    target="t",
+                    draft="d",
+                    batch=batch,
+                    method="speculative",
+                    gamma=gamma,
+                    alpha=a,
+                    repeat=r,
+                    status="ok",
+                    tokens=10,
+                    seconds=0.1 / (sp * jitter),
+                    tokens_per_s=100 * sp * jitter,
+                    rounds=5,
+                    accepted=8,
+                    proposed=10,
+                    rejections=2,
+                    draft_steps=10,
+                    draft_ms=10.0,
+                    verify_ms=50.0,
+                    agreed=5,
+                    seq_rounds=5,
+                    host_syncs_per_round=1,
+                )
+            )
+    return pd.DataFrame(rows)
+
+
+def test_controlled_table_medians_c_and_prediction():
+    t = controlled.controlled_table(_raw({0.5: 0.8, 0.7: 1.2}))
+    assert list(t.columns[:10]) == [
+        "target",
+        "draft",
+        "alpha",
+        "gamma",
+        "batch",
+        "tokens_per_s_plain",
+        "tokens_per_s_spec",
+        "speedup",
+        "predicted_speedup",
+        "c",
+    ]
+    r = t[t.alpha == 0.7].iloc[0]
+    assert r.tokens_per_s_plain == pytest.approx(100)
+    assert r.speedup == pytest.approx(1.2) and r.speedup_low == pytest.approx(1.2 * 0.9)
+    assert r.c == pytest.approx(0.1)  # 1 ms draft step over a 10 ms plain step
+    assert r.predicted_speedup == pytest.approx(leviathan.improvement(0.7, 2, 0.1))
+    assert r.alpha_realised == pytest.approx(0.8) and r.agreement == 1 and r.host_syncs_per_round == 1
+    assert r.verify_over_step == pytest.approx(1.0)  # 10 ms per round's verify over the 10 ms step
+
+
+def test_break_even_alpha_interpolates_and_says_never():
+    t = controlled.controlled_table(pd.concat([_raw({0.5: 0.8, 0.7: 1.2}), _raw({0.5: 0.5, 0.7: 0.9}, batch=8)]))
+    pays = controlled.break_even_alpha(t).set_index("batch")
+    assert pays.loc[1, "alpha_pays"] == pytest.approx(0.6)  # speedup 0.8 → 1.2 crosses 1 half way
+    assert np.isnan(pays.loc[8, "alpha_pays"])
+    text = verdicts.seed_pair_pays(pays.reset_index(), ("d", "t"))
+    assert "above α ≈ 0.60 at batch 1" in text and "not up to α = 0.70 at batch 8" in text
+    assert verdicts.seed_pair_pays(pays.reset_index(), ("x", "y")) == ""
+
+
+def test_goal_check_reads_the_best_gamma_at_alpha_08():
+    t = controlled.controlled_table(pd.concat([_raw({0.8: 1.5}, gamma=2), _raw({0.8: 2.3}, gamma=4)]))
+    t["target"] = "llama-3-8b"
+    g = report.goal_check(t)
+    assert g["gamma"] == 4 and g["speedup"] == pytest.approx(2.3)
+    pred = leviathan.improvement(0.8, 4, 0.1)
+    assert g["met"] == (abs(100 * (pred - 2.3) / pred) <= 15)
+    assert "γ = 4" in report.goal_sentence(g)
+    assert report.goal_check(t.assign(target="other")) is None
+
+
+def test_row_buckets_hold_every_step():
+    t, d = controlled.row_buckets([1, 8, 32], [1, 2, 3, 4, 6, 8])
+    assert {288, 160, 32, 9, 2} <= set(t) and max(t) == 288
+    assert {1, 2, 8, 16, 32, 64} <= set(d) and max(d) == 64
+
+
+def test_controlled_params_and_errors():
+    p = study_params("full", cost_modes=["hf_eager", "engine"])  # HF in a CUDA graph needs a GPU
+    assert p["alphas"] == [0.5, 0.6, 0.7, 0.8, 0.9] and p["batches"] == [1, 8, 32]
+    assert ["config:qwen2-0.5b-vocab128k", "config:llama-3-8b"] in p["controlled_pairs"]
+    for bad in (
+        dict(alphas=[1.0]),
+        dict(alphas=[]),
+        dict(batches=[0]),
+        dict(controlled_pairs=[["config:nope", "x"]]),
+        dict(controlled_budget_s=-1),
+        dict(controlled_gammas=[17]),
+        dict(not_a_parameter=1),
+    ):
+        with pytest.raises(ParameterError):
+            study_params("smoke", **bad)
+
+
+def test_tiny_sweep_end_to_end():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        P = study_params(
+            "smoke", alphas=[0.6], controlled_gammas=[2], batches=[2], controlled_repeats=1, controlled_new_tokens=6
+        )
+        raw = controlled.controlled_sweep(P, "cpu", progress=False)
+    finally:
+        torch.set_num_threads(n)
+    assert (raw.status == "ok").all(), raw.status.unique()
+    t = controlled.controlled_table(raw)
+    assert len(t) == 1 and t.agreement.iloc[0] == 1.0 and t.host_syncs_per_round.iloc[0] == 1
+    assert t.tokens_per_s_plain.iloc[0] > 0 and t.c.iloc[0] > 0
+    assert "random weights" in controlled.tested_on(P)
