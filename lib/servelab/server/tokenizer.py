@@ -35,7 +35,8 @@ class TextCodec(Protocol):
     name: str
     has_chat_template: bool
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+    def decode(self, ids) -> str: ...
     def new_decoder(self, prompt_ids: list[int]) -> IncrementalDecoder: ...
     def chat_prompt(self, messages: list[dict]) -> list[int]: ...
 
@@ -73,7 +74,8 @@ class ByteTokenizer:
         self.offset = byte_window(vocab_size, special_ids)
         self.name = f"bytes+{self.offset}"
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """One id per byte (there are no special tokens to add)."""
         return [b + self.offset for b in text.encode("utf-8")]
 
     def new_decoder(self, prompt_ids: list[int]) -> ByteDecoder:
@@ -125,8 +127,8 @@ class HFTokenizer:
         self.name = name
         self.has_chat_template = bool(getattr(tokenizer, "chat_template", None))
 
-    def encode(self, text: str) -> list[int]:
-        return list(self.tok.encode(text))
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.tok.encode(text, add_special_tokens=add_special_tokens))
 
     def new_decoder(self, prompt_ids: list[int]) -> HFDecoder:
         return HFDecoder(self.tok, prompt_ids)
