@@ -332,7 +332,7 @@ def test_findings_table_joins_seed_h200_and_pages(tmp_path, studies_dir):
     assert row.link == "project:/book/studies/05_attention.ipynb#findings"
     unmeasured = table.set_index("id").loc["F4.1"]
     assert unmeasured.verdict == NOT_MEASURED and "issue #4" in unmeasured.reason
-    assert verdict_counts(table) == {"holds": 1, "changes": 1, "fails": 1, NOT_MEASURED: 19}
+    assert verdict_counts(table) == {"holds": 1, "changes": 1, "fails": 1, "inconclusive": 0, NOT_MEASURED: 19}
     assert render_summary(table).startswith(
         "Of the seed's 22 claims, 3 have been measured on the H200: "
         "1 hold, 1 change and 1 fail; 19 are not yet measured."
@@ -383,7 +383,9 @@ def test_prepare_writes_deterministic_includes(tmp_path, studies_dir):
     results = tmp_path / "results"
     write_run(results, "nvidia-h200", "05_attention", F5)
     gen = tmp_path / "generated"
-    kwargs = dict(studies_dir=studies_dir, notebooks_dir=tmp_path / "nb", generated_dir=gen, mathjax_target=None)
+    kwargs = dict(
+        studies_dir=studies_dir, notebooks_dir=tmp_path / "nb", generated_dir=gen, mathjax_target=None, root=None
+    )
     first = prepare(results, **kwargs)
     names = sorted(p.relative_to(gen).as_posix() for p in first.written)
     assert names == sorted(
@@ -398,6 +400,8 @@ def test_prepare_writes_deterministic_includes(tmp_path, studies_dir):
             "engine_exactness.md",
             "engine_code_status.md",
             "scheduling_step_costs.md",
+            "rule_changes.md",
+            "published.md",
         ]
         + [f"claims/{s.slug}.md" for s in STUDIES]
     )
@@ -459,6 +463,7 @@ def test_prepare_checkout_builds_another_clones_book(tmp_path, monkeypatch):
     clone = tmp_path / "clone"
     (clone / "data" / "seed").mkdir(parents=True)
     shutil.copy(SEED_CLAIMS_CSV, clone / "data" / "seed" / "claims.csv")
+    shutil.copy(REPO_ROOT / "data" / "rules.yml", clone / "data" / "rules.yml")
     shutil.copytree(
         REPO_ROOT / "book" / "studies", clone / "book" / "studies", ignore=shutil.ignore_patterns("*.ipynb")
     )
@@ -487,6 +492,7 @@ def test_prepare_warns_about_an_executed_page_without_an_h200_run(tmp_path, stud
         notebooks_dir=tmp_path / "nb",
         generated_dir=tmp_path / "gen",
         mathjax_target=None,
+        root=None,
     )
     assert report.warnings == [
         "book/studies/05_attention.ipynb is an executed notebook, but the results hold no "
@@ -512,3 +518,45 @@ def test_mathjax_is_vendored_from_the_installed_package(tmp_path):
     (partial / ENTRY).write_text("//")
     with pytest.raises(MathJaxMissing, match="MathJax part input/tex not found"):
         vendor_mathjax(tmp_path / "out", partial)
+
+
+def test_runs_table_shows_the_host_and_sm_clocks_or_not_recorded(tmp_path):
+    from servelab_book.runs_table import render_runs_table
+
+    write_run(tmp_path, "nvidia-h200", "01_scheduling", None)  # an old record: no host, no clocks
+    d = write_run(tmp_path, "nvidia-h200", "02_gpu_costs", None)
+    side = json.loads((d / "run.json").read_text())
+    side["device"].update(
+        cpu_model="AMD EPYC 9654 96-Core Processor",
+        cpu_cores=16,
+        clocks_start={"clocks.sm": "1980"},
+        clocks_end={"clocks.sm": "1755"},
+    )
+    (d / "run.json").write_text(json.dumps(side))
+    md = render_runs_table(book_runs(tmp_path))
+    rows = md.split("* - ")[2:]
+    assert len(rows) == 2
+    assert rows[0].count("not recorded") == 2 and "`0123456`" in rows[0]
+    assert "AMD EPYC 9654 96-Core Processor, 16 cores" in rows[1] and "1,980 → 1,755" in rows[1]
+
+
+def test_prepare_notes_each_executed_pages_run_and_lists_the_stale_ones(tmp_path):
+    """On this checkout: every executed page gets its run's note; a page whose code changed is listed."""
+    from servelab_book.page_banner import load_banner
+    from servelab_book.staleness import PAGES
+
+    gen = tmp_path / "gen"
+    report = prepare(
+        REPO_ROOT / "data" / "results",
+        studies_dir=STUDIES_DIR,
+        notebooks_dir=tmp_path / "nb",
+        generated_dir=gen,
+        mathjax_target=None,
+    )
+    runs = json.loads((gen / "page_runs.json").read_text())
+    executed = [p.page for p in PAGES if (REPO_ROOT / p.page).is_file()]
+    assert sorted(runs) == sorted(executed)
+    assert report.stale_pages == [p for p in executed if runs[p]["status"] == "stale"]
+    for page, run in runs.items():
+        assert f"commit `{run['commit'][:7]}`" in load_banner(page, gen)
+        assert (run["status"] == "stale") == (":class: servelab-stale" in run["banner"])

@@ -136,23 +136,113 @@ def test_remote_resources_reads_the_tags_that_fetch():
     assert remote_resources(soup) == ["http://x.org/f", "https://x.org/i.png"]
 
 
+RUN_NOTE = "<div class='admonition note servelab-run'><p>This page is the H200 run at commit abc1234.</p></div>"
+STALE_NOTE = "<div class='admonition warning servelab-stale'><p>The code it depends on has changed.</p></div>"
+
+
+def png(width: int) -> bytes:
+    """The first bytes of a PNG ``width`` pixels wide: enough for its header."""
+    return b"\x89PNG\r\n\x1a\n" + b"\x00\x00\x00\rIHDR" + width.to_bytes(4, "big") + (300).to_bytes(4, "big")
+
+
+def executed(site: Path, docname: str, body: str) -> Path:
+    """Make ``docname`` an executed page (its notebook source exists) with ``body``."""
+    (site / "_sources" / docname).parent.mkdir(parents=True, exist_ok=True)
+    (site / "_sources" / f"{docname}.ipynb").write_text("{}")
+    (site / f"{docname}.html").write_text(page(body))
+    return site / f"{docname}.html"
+
+
 def test_an_executed_study_page_without_figures_or_findings_is_a_warning(site):
-    (site / "_sources" / "book" / "studies").mkdir(parents=True)
-    (site / "_sources" / "book" / "studies" / "02_gpu_costs.ipynb").write_text("{}")
+    executed(site, "book/studies/02_gpu_costs", f"<h1 id='claim-f2-1'>Study 2</h1>{RUN_NOTE}")
     report = check_book(site)
     assert report.ok and len(report.warnings) == 3, report.warnings
     assert "02_gpu_costs.html: executed notebook with no figure" in report.warnings[0]
     assert "02_gpu_costs.html: no section titled 'Findings…'" in report.warnings[1]
     assert report.warnings[2].endswith("lacks a section on Findings, Seed vs H200, Limitations, How to re-run")
     assert "warning: book/studies/02_gpu_costs.html" in report.summary()
-    (site / "book/studies/02_gpu_costs.html").write_text(
-        page(
-            "<h1 id='claim-f2-1'>Study 2</h1><img src='a.png'><section id='findings'><h2>Findings</h2></section>"
-            "<h2>Seed vs H200, and limitations</h2><h2>Re-run this study</h2>"
-        )
+    executed(
+        site,
+        "book/studies/02_gpu_costs",
+        f"<h1 id='claim-f2-1'>Study 2</h1>{RUN_NOTE}<div class='cell_output'><img src='a.svg'></div>"
+        "<section id='findings'><h2>Findings</h2></section><h2>Seed vs H200, and limitations</h2>"
+        "<h2>Re-run this study</h2>",
     )
-    (site / "book/studies/a.png").write_bytes(b"png")
-    assert not check_book(site).warnings
+    assert not check_book(site).warnings and check_book(site).ok
+
+
+def test_an_executed_page_without_its_run_note_is_a_problem(site):
+    executed(site, "book/simulator", "<h1>Simulator</h1>")
+    assert check_book(site).problems == [
+        "book/simulator.html: no note of the run's commit (run `python -m servelab_book prepare`)"
+    ]
+
+
+@pytest.mark.parametrize(
+    "output, kind",
+    [
+        ("<pre>/usr/lib/python3/dist-packages/tqdm/std.py:580: TqdmWarning: clamping frac</pre>", "a warning"),
+        ("<pre>UserWarning: profiler ran twice</pre>", "a warning"),
+        ("<pre>sweep:  45%|████▌     | 9/20 [00:03&lt;00:04,  2.61it/s]</pre>", "a progress bar"),
+        ("<pre>100%|##########| 20/20</pre>", "a progress bar"),
+        ("<pre>Traceback (most recent call last):\n  File x</pre>", "a traceback"),
+        ("<pre>wrote .snap/data/results/nvidia-h200/01_scheduling/steps.csv</pre>", "a file path"),
+        ("<pre>saved to /tmp/tmpab12/run.csv</pre>", "a file path"),
+        ("<pre>/root/.cache/site-packages/x.py</pre>", "a file path"),
+    ],
+)
+def test_outputs_with_warnings_bars_tracebacks_or_paths_fail(site, output, kind):
+    executed(site, "book/studies/03_speculative", f"{RUN_NOTE}<div class='cell_output'>{output}</div>")
+    problems = check_book(site).problems
+    assert problems and problems[0].startswith(f"book/studies/03_speculative.html: output 1 shows {kind}")
+    assert all(p.startswith("book/studies/03_speculative.html: output 1 shows ") for p in problems)
+
+
+def test_clean_outputs_and_prose_naming_a_path_pass(site):
+    executed(
+        site,
+        "book/studies/03_speculative",
+        f"{RUN_NOTE}<p>Results go to /tmp/x on a CPU.</p><div class='cell_input'><pre>path='/tmp/a'</pre></div>"
+        "<div class='cell_output'><pre>median 12.3 ms over 20 runs; 45% of the floor | 1.2 it per step</pre></div>",
+    )
+    assert check_book(site).ok, check_book(site).problems
+
+
+def test_error_outputs_are_tracebacks(site):
+    executed(
+        site,
+        "book/studies/03_speculative",
+        f"{RUN_NOTE}<div class='cell_output'><div class='output traceback'><pre>boom</pre></div></div>",
+    )
+    assert "shows a traceback (an error output)" in check_book(site).problems[0]
+
+
+def test_figures_must_be_svg_or_retina_png(site):
+    d = site / "book" / "studies"
+    (d / "one.png").write_bytes(png(800))
+    (d / "two.png").write_bytes(png(1600))
+    html = executed(
+        site,
+        "book/studies/04_kv_cache",
+        f"{RUN_NOTE}<div class='cell_output'><img src='one.png' style='width: 800px; height: 300px;'></div>"
+        "<div class='cell_output'><img src='two.png' style='width: 800px;'><img src='f.svg'></div>"
+        "<div class='cell_output'><img src='three.png'></div>",
+    )
+    problems = check_book(site).problems
+    assert problems == [
+        "book/studies/04_kv_cache.html: figure one.png is a 1× PNG (800 px wide, shown at 800 px): "
+        "render it as SVG or retina",
+        "book/studies/04_kv_cache.html: figure three.png is neither SVG nor a PNG that can be read",
+    ]
+    html.write_text(page(f"{RUN_NOTE}<div class='cell_output'><img src='two.png' width='800'></div>"))
+    assert check_book(site).ok
+
+
+def test_on_a_stale_page_findings_are_listed_not_enforced(site):
+    executed(site, "book/studies/05_attention", f"{STALE_NOTE}<div class='cell_output'><pre>UserWarning: x</pre></div>")
+    report = check_book(site)
+    assert report.ok and list(report.stale) == ["book/studies/05_attention.html"]
+    assert "stale pages (run on older code" in report.summary() and "output 1 shows a warning" in report.summary()
 
 
 def test_cli_check_passes_a_good_site(site, capsys):

@@ -140,16 +140,16 @@ def _verdict_frame(prefill_us, decode_ms_by_ctx, floor_ms):
 
 def test_verdicts_follow_their_rules():
     seedlike = _verdict_frame(prefill_us=50.0, decode_ms_by_ctx={128: 6.0, 4096: 6.1}, floor_ms=5.0)
-    assert verdicts.f21_prefill(seedlike)["verdict"] == "holds"
-    assert verdicts.f22_decode(seedlike)["verdict"] == "holds"
-    assert verdicts.f23_sim_defaults(seedlike)["verdict"] == "holds"
+    assert verdicts.f21_prefill(seedlike).verdict == "holds"
+    assert verdicts.f22_decode(seedlike).verdict == "holds"
+    assert verdicts.f23_sim_defaults(seedlike).verdict == "holds"
     h200like = _verdict_frame(prefill_us=3.0, decode_ms_by_ctx={128: 60.0, 4096: 61.0}, floor_ms=0.3)
-    assert verdicts.f21_prefill(h200like)["verdict"] == "changes"
-    assert verdicts.f22_decode(h200like)["verdict"] == "fails"  # flat, but 200x off the memory floor
-    assert "launch" in verdicts.f22_decode(h200like)["note"]
-    assert verdicts.f23_sim_defaults(h200like)["verdict"] == "changes"
+    assert verdicts.f21_prefill(h200like).verdict == "changes"
+    assert verdicts.f22_decode(h200like).verdict == "fails"  # flat, but 200x off the memory floor
+    assert "launch" in verdicts.f22_decode(h200like).note
+    assert verdicts.f23_sim_defaults(h200like).verdict == "changes"
     rows = verdicts.findings(h200like)
-    assert [r["id"] for r in rows] == ["F2.1", "F2.2", "F2.3"]
+    assert [r.id for r in rows] == ["F2.1", "F2.2", "F2.3"]
 
 
 def test_study_params_validate():
@@ -275,7 +275,7 @@ TRUE_STEP = [0.3, 0.2, 2e-3, 4e-7, 6e-7, 5e-3, 2e-5]
 
 def test_step_model_recovers_known_coefficients_and_holds_out_exactly():
     cm = CostModel.fit(_synthetic_server_steps(TRUE_STEP), "m", "engine")
-    for k, v in zip(STEP_TERMS, TRUE_STEP):
+    for k, v in zip(STEP_TERMS, TRUE_STEP, strict=True):
         assert cm.step[k] == pytest.approx(v, rel=1e-5), k
     assert cm.step_error["heldout_median_abs_pct"] < 1e-6 and cm.step_error["heldout_mixed_median_abs_pct"] < 1e-6
     # a mixed step is a chunk plus decodes, each priced by its own terms
@@ -402,3 +402,12 @@ def test_launch_overhead_figure_draws_both_modes_against_the_floor():
     labels = ax.get_legend_handles_labels()[1]
     assert "roofline floor (100%)" in labels and "mixed: servelab engine, no graphs" in labels
     assert ax.get_xscale() == ax.get_yscale() == "log" and "ms" in ax.get_xlabel() and "ms" in ax.get_ylabel()
+
+
+def test_findings_say_what_they_were_tested_on():
+    steps = _verdict_frame(prefill_us=3.0, decode_ms_by_ctx={128: 60.0, 4096: 61.0}, floor_ms=0.3)
+    steps["model"] = "config:qwen2-0.5b"
+    f21, f22, f23 = verdicts.findings(steps, dtype="bfloat16")
+    assert f21.tested_on.startswith("qwen2-0.5b (architecture-exact, random weights; bfloat16); hf_eager, batch 1")
+    assert "contexts 128–4,096 tokens" in f22.tested_on
+    assert f23.tested_on.endswith("hf_cuda_graph decode at batch 64, context 128")

@@ -52,19 +52,19 @@ def test_hf_cache_and_pool_match_formula_on_tiny_models():
     assert (hf["cached_tokens"] == 16).all()
     assert df.loc[df.model == "config:gpt2", "pool_bytes_per_token"].item() == 36864
     row = verdicts.f41(df)
-    assert row["verdict"] == "holds" and "36,864" in row["measured_value"]
+    assert row.verdict == "holds" and "36,864" in row.measured_value
 
 
 def test_f41_changes_when_a_measurement_disagrees():
     df = bytes_per_token_table([("config:tiny-qwen2", "float32", True)], "cpu", tokens=4, pool_blocks=1, block_size=4)
     df.loc[0, "exact"] = False
-    assert verdicts.f41(df)["verdict"] == "changes"
+    assert verdicts.f41(df).verdict == "changes"
 
 
 def test_failed_case_is_a_row_not_an_exception():
     df = bytes_per_token_table([("/nonexistent/model", "float32", True)], "cpu")
     assert df["status"].iloc[0].startswith("error")
-    assert verdicts.f41(df)["verdict"] == "fails"
+    assert verdicts.f41(df).verdict == "fails"
 
 
 # ---- capacity -----------------------------------------------------------------------------------------
@@ -145,7 +145,7 @@ def test_compaction_sweep_rows_and_bandwidth():
     assert len(mover_ratio(df)) == 2
     assert len(mover_ratio(df, "gather_scatter", "gather_scatter_wide")) == 2
     assert mover_ratio(df, "block_loop", "memcpy").empty
-    assert verdicts.f43(df, 10.0)["verdict"] in {"holds", "changes"}
+    assert verdicts.f43(df, 10.0).verdict in {"holds", "changes"}
 
 
 def test_compaction_sweep_records_a_pool_too_small():
@@ -154,9 +154,9 @@ def test_compaction_sweep_records_a_pool_too_small():
 
 
 def test_f43_verdicts():
-    base = dict(status="ok", method="gather_scatter")
-    assert verdicts.f43(pd.DataFrame([dict(base, gb_s=50.0)]), 400)["verdict"] == "holds"
-    assert verdicts.f43(pd.DataFrame([dict(base, gb_s=2000.0)]), 4000)["verdict"] == "changes"
+    base = dict(status="ok", method="gather_scatter", pool_mib=1024, block_size=16)
+    assert verdicts.f43(pd.DataFrame([dict(base, gb_s=50.0)]), 400).verdict == "holds"
+    assert verdicts.f43(pd.DataFrame([dict(base, gb_s=2000.0)]), 4000).verdict == "changes"
 
 
 # ---- F4.2 ---------------------------------------------------------------------------------------------
@@ -191,9 +191,9 @@ def test_f42_verdicts_by_regime():
     flat_launch = _steps("hf_eager", 1, kv_gb_s=3000.0, fixed_ms=60.0, floor_pct=0.5)
     grows = _steps("hf_cuda_graph", 64, kv_gb_s=3000.0, fixed_ms=0.3, floor_pct=60)
     flat_mem = _steps("hf_cuda_graph", 1, kv_gb_s=1e9, fixed_ms=1.0, floor_pct=80)
-    assert verdicts.f42(variation_summary(pd.concat([flat_launch, grows])), 4000)["verdict"] == "changes"
-    assert verdicts.f42(variation_summary(grows), 4000)["verdict"] == "fails"
-    assert verdicts.f42(variation_summary(flat_mem), 4000)["verdict"] == "holds"
+    assert verdicts.f42(variation_summary(pd.concat([flat_launch, grows])), 4000).verdict == "changes"
+    assert verdicts.f42(variation_summary(grows), 4000).verdict == "fails"
+    assert verdicts.f42(variation_summary(flat_mem), 4000).verdict == "holds"
 
 
 # ---- F4.4 ---------------------------------------------------------------------------------------------
@@ -213,7 +213,7 @@ def test_overlap_rig_on_cpu_runs_three_conditions():
         rig.run("concurrent")
     with pytest.raises(ValueError):
         OverlapRig(lambda: None, lambda: None, decode_steps=0, device="cpu")
-    assert verdicts.f44(overlap_summary(runs), on_cuda=False)["verdict"] == "fails"
+    assert verdicts.f44(overlap_summary(runs), on_cuda=False).verdict == "fails"
 
 
 def _runs(c_alone, c_conc, d=2.0, rounds=30, seed=0):
@@ -236,16 +236,16 @@ def test_f44_verdicts(c_conc, verdict):
     s = overlap_summary(_runs(2.0, c_conc))
     assert s["compaction_speedup"] == pytest.approx(2.0 / c_conc, rel=0.02)
     assert s["compaction_speedup_ci_low"] <= s["compaction_speedup"] <= s["compaction_speedup_ci_high"]
-    assert verdicts.f44(s, on_cuda=True)["verdict"] == verdict
+    assert verdicts.f44(s, on_cuda=True).verdict == verdict
 
 
 def test_f44_over_several_regimes_needs_all_for_holds():
     fast = dict(overlap_summary(_runs(2.0, 2.0 / 1.3)), decode_batch=1, decode_mode="hf_cuda_graph")
     slow = dict(overlap_summary(_runs(2.0, 2.6, seed=1)), decode_batch=64, decode_mode="hf_cuda_graph")
     row = verdicts.f44(pd.DataFrame([fast, slow]), on_cuda=True)
-    assert row["verdict"] == "changes"
-    assert "decode batch 1 (hf_cuda_graph)" in row["note"] and "decode batch 64" in row["note"]
-    assert verdicts.f44(pd.DataFrame([fast, fast]), on_cuda=True)["verdict"] == "holds"
+    assert row.verdict == "changes"
+    assert "decode batch 1 (hf_cuda_graph)" in row.note and "decode batch 64" in row.note
+    assert verdicts.f44(pd.DataFrame([fast, fast]), on_cuda=True).verdict == "holds"
 
 
 def test_overlap_summary_wall_saving():
@@ -264,7 +264,7 @@ def test_overlap_summary_prioritised_condition():
     assert s["prioritised_decode_slowdown"] == pytest.approx(1.1, rel=0.02)
     assert s["prioritised_wall_saving_pct"] == pytest.approx(25, abs=1)  # 3 ms against 4 serialised
     assert s["prioritised_wall_saving_ci_low_pct"] <= 25 + 1e-9 <= s["prioritised_wall_saving_ci_high_pct"] + 1
-    note = verdicts.f44(pd.DataFrame([dict(s, decode_batch=1)]), on_cuda=True)["note"]
+    note = verdicts.f44(pd.DataFrame([dict(s, decode_batch=1)]), on_cuda=True).note
     assert "high-priority stream: decode 1.10×" in note
 
 
@@ -301,7 +301,7 @@ def test_profiles_resolve():
 def test_f42_flat_but_far_from_floor_changes():
     launch_bound = _steps("hf_eager", 1, kv_gb_s=3000.0, fixed_ms=60.0, floor_pct=0.5)
     row = verdicts.f42(variation_summary(launch_bound), 4000)
-    assert row["verdict"] == "changes" and "never near the memory floor" in row["note"]
+    assert row.verdict == "changes" and "never near the memory floor" in row.note
 
 
 def test_compaction_sweep_skips_points_with_nothing_to_move():
@@ -385,3 +385,27 @@ def test_clocks_by_condition_samples_each_condition(monkeypatch):
     df = overlap_probes.clocks_by_condition(rig, seconds=0.05)
     assert list(df["condition"]) == list(rig.conditions)
     assert (df["clocks.sm"] == "1980").all() and (df["calls"] > 0).all()
+
+
+def test_findings_say_what_they_were_tested_on():
+    bpt = pd.DataFrame(
+        [
+            dict(model="config:gpt2", attention="MHA", dtype="float16", layers=12, kv_heads=12, head_dim=64,
+                 dtype_bytes=2, pool_bytes_per_token=36864, exact=True, status="ok"),
+            dict(model="Org/ckpt", attention="GQA", dtype="bfloat16", layers=2, kv_heads=2, head_dim=8,
+                 dtype_bytes=2, pool_bytes_per_token=128, exact=True, status="ok"),
+        ]
+    )  # fmt: skip
+    var = pd.DataFrame([dict(model="config:gpt2", mode="hf_eager", batch=b, trend_pct=1.0, variation_pct=2.0,
+                             pct_of_floor_at_max_context=80.0, marginal_kv_gb_s=np.nan) for b in (64, 1)])  # fmt: skip
+    comp = pd.DataFrame([dict(status="ok", method="gather_scatter", pool_mib=m, block_size=16, gb_s=50.0)
+                         for m in (4096, 1024)])  # fmt: skip
+    f41, f42, f43, f44 = verdicts.findings(
+        bpt, var, comp, pd.DataFrame(), copy_gb_s=4000.0, on_cuda=False, model="config:gpt2", dtype="float16"
+    )
+    assert f41.tested_on == (
+        "gpt2 (architecture-exact, random weights); Org/ckpt (trained weights); dtypes float16, bfloat16"
+    )
+    assert f42.tested_on == "gpt2 (architecture-exact, random weights; float16); decode, hf_eager; batches 1, 64"
+    assert f43.tested_on.endswith("KV pools of 1,024, 4,096 MiB, 16-token blocks")
+    assert f44.tested_on == ""  # a CPU run measured nothing to name

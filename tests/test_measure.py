@@ -85,3 +85,16 @@ def test_git_commit_prefers_the_run_scripts_revision(monkeypatch):
     assert git_commit() == "abc123"
     monkeypatch.delenv("SERVELAB_REVISION")
     assert git_commit() != "abc123"
+
+
+def test_host_record_names_the_cpu_model_and_cores(tmp_path):
+    from servelab.measure.device import cpu_cores, cpu_model
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\nmodel name\t: AMD EPYC 9654  96-Core Processor\n")
+    assert cpu_model(str(info)) == "AMD EPYC 9654 96-Core Processor"
+    assert cpu_model(str(tmp_path / "absent")) != ""  # falls back to what platform reports
+    d = device_record("cpu")
+    assert d.cpu_cores == cpu_cores() and d.cpu_cores >= 1
+    assert d.cpu_model and d.host().startswith(d.cpu_model) and f"{d.cpu_cores} cores" in d.host()
+    assert {"cpu_model", "cpu_cores", "clocks_start", "clocks_end"} <= set(d.as_dict())

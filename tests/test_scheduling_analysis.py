@@ -123,8 +123,8 @@ def sweep(eager_stall, chunked_stall, eager_tp, chunked_tp, eager_ttft=50.0, mod
 )
 def test_f11_judges_the_stall_cut(eager, chunked, verdict):
     row = verdicts.f11(sweep(eager, chunked, 1000, 1000), 512)
-    assert row["verdict"] == verdict and row["seed_value"].startswith("58.6")
-    assert f"{eager:.1f} → {chunked:.1f} ms" in row["measured_value"]
+    assert row.verdict == verdict and row.seed_value.startswith("58.6")
+    assert f"{eager:.1f} → {chunked:.1f} ms" in row.measured_value
 
 
 @pytest.mark.parametrize(
@@ -132,21 +132,21 @@ def test_f11_judges_the_stall_cut(eager, chunked, verdict):
     [(1000, 30.0, "holds"), (900, 30.0, "holds"), (1200, 30.0, "changes"), (1000, 58.0, "fails")],
 )
 def test_f12_weighs_throughput_against_fairness(chunked_tp, stall, verdict):
-    assert verdicts.f12(sweep(58.6, stall, 1000, chunked_tp), 512)["verdict"] == verdict
+    assert verdicts.f12(sweep(58.6, stall, 1000, chunked_tp), 512).verdict == verdict
 
 
 def test_f13_and_combination_across_models():
     both = verdicts.f13(sweep(58.6, 34.1, 1000, 900))  # eager: lowest TTFT, highest throughput
-    assert both["verdict"] == "holds"
+    assert both.verdict == "holds"
     slower = verdicts.f13(sweep(58.6, 34.1, 1000, 1200))  # ChunkedPrefill delivers more
-    assert slower["verdict"] == "changes"
+    assert slower.verdict == "changes"
     neither = verdicts.f13(sweep(58.6, 34.1, 1000, 1200, eager_ttft=500.0))
-    assert neither["verdict"] == "fails"
+    assert neither.verdict == "fails"
     mixed = pd.concat(
         [sweep(58.6, 34.1, 1000, 1000, model="config:a"), sweep(50.0, 49.9, 1000, 1000, model="config:b")]
     )
     row = verdicts.f11(mixed, 512)
-    assert row["verdict"] == "changes" and "a: holds" in row["note"] and "b: fails" in row["note"]
+    assert row.verdict == "changes" and "a: holds" in row.note and "b: fails" in row.note
 
 
 def test_runs_past_capacity_are_left_out_of_the_pairs():
@@ -158,14 +158,14 @@ def test_runs_past_capacity_are_left_out_of_the_pairs():
     s.loc[late, "cut"], s.loc[late, "max_itl_ms"] = 0, float("nan")  # no stall measured at all
     assert verdicts.paired(s, 512)["rate_fraction"].tolist() == [0.5]
     s.loc[s["scheduler"] == "chunked_prefill", "max_itl_ms"] = float("nan")
-    assert verdicts.f12(s, 512)["measured_value"] == "not measured"  # never judged on NaN
+    assert verdicts.f12(s, 512).measured_value == "not measured"  # never judged on NaN
 
 
 def test_missing_data_is_said_not_invented():
     empty = summary_frame([])
     rows = verdicts.findings(empty, 512)
-    assert [r["measured_value"] for r in rows] == ["not measured"] * 3
-    assert all("could not be judged" in r["note"] for r in rows)
+    assert [r.measured_value for r in rows] == ["not measured"] * 3
+    assert all("could not be judged" in r.note for r in rows)
 
 
 def test_capacity_is_the_highest_rate_below_the_first_miss():
@@ -250,3 +250,16 @@ def test_figures_draw_from_sweep_shaped_frames():
     assert all(f.axes for f in figs)
     assert figs[4].axes[0].get_xlabel() == "" and "tokens" in figs[4].axes[0].get_ylabel()
     plt.close("all")
+
+
+def test_findings_name_what_they_were_tested_on():
+    s = pd.concat(
+        [sweep(58.6, 34.1, 1000, 1000, model="config:qwen2-0.5b"), sweep(58.6, 34.1, 1000, 1000, model="org/ckpt")]
+    )
+    f11, _, f13 = verdicts.findings(s, 512, dtype="bfloat16")
+    assert f11.tested_on == (
+        "qwen2-0.5b (architecture-exact, random weights; bfloat16); org/ckpt (trained weights; bfloat16); "
+        "4 paired runs (model × rate) served over HTTP"
+    )
+    assert f13.tested_on.endswith("3 policy settings × 2 rates")
+    assert all(f.tested_on == "" for f in verdicts.findings(summary_frame([]), 512))  # nothing ran: nothing named

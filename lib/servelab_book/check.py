@@ -6,7 +6,11 @@
 - no page loads anything from the network (scripts, styles, images, frames, fonts in CSS);
 - every internal link resolves: the file exists, and so does the ``#anchor`` in it;
 - no MyST source leaked into a page unrendered (a takeaway box printed as ``:::{admonition}`` text);
-- MathJax is served locally.
+- MathJax is served locally;
+- every executed page (the studies, the simulator) carries its run note (the run's commit; a banner where its code
+  changed since), and its cell outputs hold no warning, progress bar, traceback or file path, and its figures are
+  SVG or retina PNGs (``output_checks``). On a stale page (bannered) these are listed, not enforced, until it is
+  re-executed.
 
 Warnings (printed, not failures), for a study page built from an executed notebook: it shows no figure
 (usually: the notebook ran with a non-inline matplotlib backend and lost its plots); it has no
@@ -24,6 +28,7 @@ from urllib.parse import unquote, urlsplit
 from bs4 import BeautifulSoup
 
 from servelab_book.findings_table import TABLE_CLASS
+from servelab_book.output_checks import figure_problems, output_problems
 from servelab_book.seed_claims import SEED_CLAIMS_CSV, load_seed_claims
 from servelab_book.studies import STUDIES
 
@@ -33,6 +38,9 @@ FINDINGS = "book/findings.html"
 REMOTE = re.compile(r"^(?:[a-z][a-z0-9+.-]*:)?//", re.IGNORECASE)
 CSS_URL = re.compile(r"(?:@import\s+|url\()\s*['\"]?((?:https?:)?//[^'\")\s]+)", re.IGNORECASE)
 UNRENDERED = re.compile(r":::\s*\{[a-z-]+\}|```\s*\{[a-z-]+\}|\{(?:admonition|note|tip|warning)\}`?")
+# The pages built from executed notebooks, and the run note the notebook reader puts on each (page_banner).
+EXECUTED_DOCS = tuple(s.docname for s in STUDIES) + ("book/simulator",)
+RUN_NOTE = ".servelab-run, .servelab-stale, .servelab-run-unknown"
 # Sphinx's own generated pages and search machinery are not the book's pages.
 SKIP_LINK_TARGETS = ("genindex.html", "search.html", "_sources/", "_static/", "_images/")
 
@@ -43,6 +51,8 @@ class CheckReport:
     links: int = 0
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    # pages run on older code (bannered): what the output and figure checks found there, shown, not enforced
+    stale: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -51,6 +61,12 @@ class CheckReport:
     def summary(self) -> str:
         head = f"checked {self.pages} pages and {self.links} internal links"
         warn = "".join(f"\n  warning: {w}" for w in self.warnings)
+        if self.stale:
+            warn += "\n  stale pages (run on older code; their outputs and figures are checked once re-executed):"
+            warn += "".join(
+                f"\n    {page}: {len(found)} finding(s)" + "".join(f"\n      {f}" for f in found[:5])
+                for page, found in self.stale.items()
+            )
         if self.ok:
             return head + ": all good" + warn
         return head + f": {len(self.problems)} problem(s)\n  " + "\n  ".join(self.problems) + warn
@@ -139,39 +155,52 @@ def check_book(html_dir: Path, seed_csv: Path = SEED_CLAIMS_CSV) -> CheckReport:
         p.relative_to(html_dir).as_posix(): BeautifulSoup(p.read_text(encoding="utf-8"), "html.parser") for p in pages
     }
     report.pages = len(soups)
-    ids_cache: dict[str, set[str]] = {}
-
+    links = LinkChecker(html_dir, soups, report)
     for rel, soup in soups.items():
-        for url in remote_resources(soup):
-            report.problems.append(f"{rel}: loads {url} from the network")
-        text = rendered_text(soup)
-        if UNRENDERED.search(text):
-            report.problems.append(f"{rel}: unrendered MyST in the page: {UNRENDERED.search(text).group(0)!r}")
+        report.problems += [f"{rel}: loads {url} from the network" for url in remote_resources(soup)]
+        unrendered = UNRENDERED.search(rendered_text(soup))
+        if unrendered:
+            report.problems.append(f"{rel}: unrendered MyST in the page: {unrendered.group(0)!r}")
+        links.check_page(rel, soup)
+    _check_findings_tables(soups, seed_csv, report)
+    _check_executed_pages(html_dir, soups, report)
+    _check_assets(html_dir, report)
+    return report
+
+
+class LinkChecker:
+    """Every internal link of the site resolves: the file exists, and so does its ``#anchor``."""
+
+    def __init__(self, html_dir: Path, soups: dict[str, BeautifulSoup], report: CheckReport):
+        self.html_dir, self.soups, self.report = html_dir, soups, report
+        self.ids: dict[str, set[str]] = {}
+
+    def _anchors(self, target: str) -> set[str]:
+        if target not in self.ids:
+            soup = self.soups.get(target) or BeautifulSoup(
+                (self.html_dir / target).read_text(encoding="utf-8"), "html.parser"
+            )
+            self.ids[target] = _ids(soup)
+        return self.ids[target]
+
+    def check_page(self, rel: str, soup: BeautifulSoup) -> None:
         for a in soup.find_all("a", href=True):
             href = a["href"]
             if REMOTE.match(href) or href.startswith(("mailto:", "javascript:", "data:")):
                 continue
             parts = urlsplit(href)
-            if parts.scheme:
+            target = _normalise((Path(rel).parent / unquote(parts.path)).as_posix() if parts.path else rel)
+            if parts.scheme or target is None or target.startswith(SKIP_LINK_TARGETS):
                 continue
-            target = (Path(rel).parent / unquote(parts.path)).as_posix() if parts.path else rel
-            target = _normalise(target)
-            if target is None or target.startswith(SKIP_LINK_TARGETS):
-                continue
-            report.links += 1
-            if not (html_dir / target).exists():
-                report.problems.append(f"{rel}: link to missing {target} ({href})")
-                continue
-            if parts.fragment and target.endswith(".html"):
-                if target not in ids_cache:
-                    ids_cache[target] = (
-                        _ids(soups[target])
-                        if target in soups
-                        else _ids(BeautifulSoup((html_dir / target).read_text(encoding="utf-8"), "html.parser"))
-                    )
-                if unquote(parts.fragment) not in ids_cache[target]:
-                    report.problems.append(f"{rel}: link to missing anchor {target}#{parts.fragment}")
+            self.report.links += 1
+            if not (self.html_dir / target).exists():
+                self.report.problems.append(f"{rel}: link to missing {target} ({href})")
+            elif parts.fragment and target.endswith(".html") and unquote(parts.fragment) not in self._anchors(target):
+                self.report.problems.append(f"{rel}: link to missing anchor {target}#{parts.fragment}")
 
+
+def _check_findings_tables(soups: dict[str, BeautifulSoup], seed_csv: Path, report: CheckReport) -> None:
+    """The landing and findings pages hold one findings row per seed claim, in order."""
     claims = load_seed_claims(seed_csv)["id"].tolist()
     for page in (LANDING, FINDINGS):
         if page in soups:
@@ -181,30 +210,46 @@ def check_book(html_dir: Path, seed_csv: Path = SEED_CLAIMS_CSV) -> CheckReport:
                     f"{page}: findings table rows {got or 'absent'} != the {len(claims)} seed claims {claims}"
                 )
 
-    for s in STUDIES:
-        executed = (html_dir / "_sources" / f"{s.docname}.ipynb").exists()
-        soup = soups.get(s.html_path)
-        if not executed or soup is None:
-            continue
-        if not (soup.find("main") or soup).find("img"):
-            report.warnings.append(
-                f"{s.html_path}: executed notebook with no figure (was matplotlib's backend inline when it ran?)"
-            )
-        if not soup.find(id=re.compile(r"^findings")):
-            report.warnings.append(
-                f"{s.html_path}: no section titled 'Findings…'; the findings table links to the page's top instead"
-            )
-        missing = missing_sections(soup)
-        if missing:
-            report.warnings.append(f"{s.html_path}: the study-page structure lacks a section on {', '.join(missing)}")
 
+def _structure_warnings(rel: str, soup: BeautifulSoup) -> list[str]:
+    """A study page's expected parts that are missing (warnings: the pages are being reworked)."""
+    found = []
+    if not (soup.find("main") or soup).find("img"):
+        found.append(f"{rel}: executed notebook with no figure (was matplotlib's backend inline when it ran?)")
+    if not soup.find(id=re.compile(r"^findings")):
+        found.append(f"{rel}: no section titled 'Findings…'; the findings table links to the page's top instead")
+    missing = missing_sections(soup)
+    if missing:
+        found.append(f"{rel}: the study-page structure lacks a section on {', '.join(missing)}")
+    return found
+
+
+def _check_executed_pages(html_dir: Path, soups: dict[str, BeautifulSoup], report: CheckReport) -> None:
+    """Executed pages: a run note on each; clean outputs and sharp figures, enforced where the page is not stale
+    (a stale page's findings are listed in the report instead, until it is re-executed)."""
+    for docname in EXECUTED_DOCS:
+        rel, soup = f"{docname}.html", soups.get(f"{docname}.html")
+        if soup is None or not (html_dir / "_sources" / f"{docname}.ipynb").exists():
+            continue
+        if docname.startswith("book/studies/"):
+            report.warnings += _structure_warnings(rel, soup)
+        if not soup.select(RUN_NOTE):
+            report.problems.append(f"{rel}: no note of the run's commit (run `python -m servelab_book prepare`)")
+        found = [f"{rel}: {p}" for p in output_problems(soup) + figure_problems(soup, html_dir / rel)]
+        if soup.select(".servelab-stale"):
+            report.stale[rel] = found
+        else:
+            report.problems += found
+
+
+def _check_assets(html_dir: Path, report: CheckReport) -> None:
+    """No stylesheet fetches from the network; MathJax is served from the site."""
     css = sorted((html_dir / "_static").rglob("*.css")) if (html_dir / "_static").is_dir() else []
     for path in css:
         for url in CSS_URL.findall(path.read_text(encoding="utf-8", errors="replace")):
             report.problems.append(f"{path.relative_to(html_dir)}: loads {url} from the network")
     if not (html_dir / "_static" / "mathjax" / "tex-chtml.js").is_file():
         report.problems.append("_static/mathjax/tex-chtml.js missing: MathJax is not served locally")
-    return report
 
 
 def _normalise(path: str) -> str | None:

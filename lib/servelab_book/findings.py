@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from servelab.measure.results import FINDINGS_COLUMNS, VERDICTS, results_root
+from servelab.measure.results import FINDINGS_COLUMNS, FINDINGS_OPTIONAL, VERDICTS, results_root
 from servelab_book.seed_claims import claim_sort_key
 from servelab_book.studies import STUDIES
 
@@ -32,7 +32,14 @@ RUN_COLUMNS = [
     "copy_gb_s",
     "matmul_tflop_s",
     "matmul_dtype",
+    "cpu_model",
+    "cpu_cores",
+    "sm_clock_start_mhz",
+    "sm_clock_end_mhz",
 ]
+
+
+SHOWN_COLUMNS = FINDINGS_COLUMNS + list(FINDINGS_OPTIONAL)
 
 
 class FindingsError(ValueError):
@@ -55,6 +62,11 @@ def read_run(run_json: Path) -> dict:
         "copy_gb_s": ceil.get("copy_gb_s"),
         "matmul_tflop_s": ceil.get("matmul_tflop_s"),
         "matmul_dtype": ceil.get("matmul_dtype"),
+        # the host and the SM clocks: None where a record predates them (the page says "not recorded")
+        "cpu_model": dev.get("cpu_model"),
+        "cpu_cores": dev.get("cpu_cores"),
+        "sm_clock_start_mhz": (dev.get("clocks_start") or {}).get("clocks.sm"),
+        "sm_clock_end_mhz": (dev.get("clocks_end") or {}).get("clocks.sm"),
     }
 
 
@@ -88,7 +100,10 @@ def read_findings(path: Path, study: str) -> pd.DataFrame:
             raise FindingsError(f"{path}: claim {claim_id} belongs to study {owner}, not to {study}")
     if df["id"].duplicated().any():
         raise FindingsError(f"{path}: duplicate ids {df.loc[df['id'].duplicated(), 'id'].tolist()}")
-    return df[FINDINGS_COLUMNS]
+    for col, default in FINDINGS_OPTIONAL.items():  # older files lack them: one run, nothing more recorded
+        if col not in df.columns:
+            df[col] = str(default)
+    return df[SHOWN_COLUMNS]
 
 
 def book_findings(root: Path | None = None, device: str = BOOK_DEVICE) -> pd.DataFrame:
@@ -113,7 +128,7 @@ def book_findings(root: Path | None = None, device: str = BOOK_DEVICE) -> pd.Dat
                     git_commit=run.git_commit,
                 )
             )
-    cols = FINDINGS_COLUMNS + ["study", "device_slug", "device_name", "started_utc", "git_commit"]
+    cols = SHOWN_COLUMNS + ["study", "device_slug", "device_name", "started_utc", "git_commit"]
     if not frames:
         return pd.DataFrame(columns=cols)
     out = pd.concat(frames, ignore_index=True)[cols]
@@ -152,6 +167,8 @@ def _apply_evidence(out: pd.DataFrame, root: Path, device: str) -> pd.DataFrame:
             row["verdict"],
             note,
         ]
+        for col, default in FINDINGS_OPTIONAL.items():  # the evidence run's repeats, not the study's
+            out.loc[i, col] = row[col] if col in ev.columns else str(default)
         out.loc[i, ["device_slug", "device_name", "started_utc", "git_commit"]] = [
             run["device_slug"],
             run["device_name"],

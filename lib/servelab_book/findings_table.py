@@ -17,7 +17,14 @@ from servelab_book.claim_links import claim_target
 from servelab_book.studies import STUDIES, StudyPage
 
 NOT_MEASURED = "not yet measured"
-BADGES = {"holds": "bdg-success", "changes": "bdg-warning", "fails": "bdg-danger", NOT_MEASURED: "bdg-muted"}
+INCONCLUSIVE = "inconclusive"  # the repeats disagree: the badge carries each repeat's verdict and the spread
+BADGES = {
+    "holds": "bdg-success",
+    "changes": "bdg-warning",
+    "fails": "bdg-danger",
+    INCONCLUSIVE: "bdg-info",
+    NOT_MEASURED: "bdg-muted",
+}
 TABLE_CLASS = "servelab-findings"  # the browser test and `check` find the table by this class
 TABLE_COLUMNS = [
     "id",
@@ -31,6 +38,9 @@ TABLE_COLUMNS = [
     "device_name",
     "started_utc",
     "git_commit",
+    "repeats",
+    "repeat_verdicts",
+    "spread",
 ]
 # marks with inline meaning in MyST (emphasis, code, links, roles, math, tables, HTML, entities)
 _INLINE = set("\\`*_[]<>$" + "{}|~&")
@@ -103,6 +113,23 @@ def _text(value) -> str:
     return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
 
 
+def _repeats(value) -> int:
+    try:
+        return int(float(value))
+    except (TypeError, ValueError):
+        return 1
+
+
+def h200_value(measured, unit: str, spread="", repeats=1) -> str:
+    """The H200 column: the value and unit, and for a claim measured over repeats the interval and their count
+    ("5.33 × (5.1–8.1 over 3 repeats)")."""
+    shown = f"{format_value(measured)} {unit}".strip()
+    spread, n = _text(spread).strip(), _repeats(repeats)
+    if spread and n > 1:
+        shown += f" ({format_value(spread)} over {n} repeats)"
+    return shown
+
+
 def findings_table(seed: pd.DataFrame, findings: pd.DataFrame, pages: list[StudyPage]) -> pd.DataFrame:
     """One row per seed claim, in claim order, with the H200 value and verdict where measured.
 
@@ -124,6 +151,9 @@ def findings_table(seed: pd.DataFrame, findings: pd.DataFrame, pages: list[Study
             "device_name": "",
             "started_utc": "",
             "git_commit": "",
+            "repeats": 0,
+            "repeat_verdicts": "",
+            "spread": "",
         }
         if claim.id in measured.index:
             f = measured.loc[claim.id]
@@ -131,7 +161,10 @@ def findings_table(seed: pd.DataFrame, findings: pd.DataFrame, pages: list[Study
                 stale.append(f"{claim.id} ({page.source.name})")
             unit = str(f["unit"]).strip()
             row.update(
-                h200_value=f"{format_value(f['measured_value'])} {unit}".strip(),
+                h200_value=h200_value(f["measured_value"], unit, f.get("spread", ""), f.get("repeats", 1)),
+                repeats=_repeats(f.get("repeats", 1)),
+                repeat_verdicts=_text(f.get("repeat_verdicts", "")),
+                spread=_text(f.get("spread", "")),
                 verdict=f["verdict"],
                 reason=str(f["note"]),
                 device_name=_text(f["device_name"]),
@@ -157,7 +190,7 @@ def findings_table(seed: pd.DataFrame, findings: pd.DataFrame, pages: list[Study
 
 
 def verdict_counts(table: pd.DataFrame) -> dict[str, int]:
-    """How many claims hold, change, fail or are not yet measured (every key present)."""
+    """How many claims hold, change, fail, are inconclusive or are not yet measured (every key present)."""
     counts = table["verdict"].value_counts()
     return {k: int(counts.get(k, 0)) for k in BADGES}
 
@@ -173,13 +206,19 @@ def render_summary(table: pd.DataFrame) -> str:
         )
     return (
         f"Of the seed's {len(table)} claims, {measured} have been measured on the H200: "
-        f"{c['holds']} hold, {c['changes']} change and {c['fails']} fail; "
-        f"{c[NOT_MEASURED]} are not yet measured.\n"
+        f"{c['holds']} hold, {c['changes']} change and {c['fails']} fail"
+        + (f"; {c[INCONCLUSIVE]} are inconclusive (their repeats disagree)" if c[INCONCLUSIVE] else "")
+        + f"; {c[NOT_MEASURED]} are not yet measured.\n"
     )
 
 
-def _badge(verdict: str) -> str:
-    return f"{{{BADGES[verdict]}}}`{verdict}`"
+def _badge(verdict: str, repeat_verdicts: str = "") -> str:
+    """The verdict's badge; an inconclusive one is followed by what each repeat said ("holds, holds, changes")."""
+    badge = f"{{{BADGES[verdict]}}}`{verdict}`"
+    said = [v for v in str(repeat_verdicts or "").split(";") if v]
+    if verdict == INCONCLUSIVE and said:
+        badge += f" ({md_text(', '.join(said))})"
+    return badge
 
 
 def list_table(
@@ -206,7 +245,7 @@ def render_landing_table(table: pd.DataFrame) -> str:
             md_text(r.claim),
             md_text(r.rtx2070_value),
             md_text(r.h200_value),
-            _badge(r.verdict),
+            _badge(r.verdict, r.repeat_verdicts),
             md_text(one_line(r.reason)),
         ]
         for r in table.itertuples()
@@ -243,7 +282,7 @@ def render_by_study(table: pd.DataFrame, titles: dict[str, str] | None = None) -
                 md_text(r.claim),
                 md_text(r.rtx2070_value),
                 md_text(r.h200_value),
-                _badge(r.verdict),
+                _badge(r.verdict, r.repeat_verdicts),
                 md_text(r.reason),
             ]
             for r in part.itertuples()

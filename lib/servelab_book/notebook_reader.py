@@ -8,7 +8,10 @@ before MyST-NB renders the page.
 It also drops the echo of a takeaway box: ``takeaway()`` displays its box and returns the markdown, so a
 cell that ends with the call also shows the box's MyST source as the cell's value (``Out[n]``). An
 ``execute_result`` whose plain text is exactly the repr of markdown displayed by the same cell goes.
-Nothing else in the notebook changes, and the file is not rewritten.
+It puts the note ``prepare`` wrote for the page (``page_banner``: the run's commit, and a banner where the code
+the page depends on changed since) under the page's title. The page is found by the path papermill recorded
+when it executed it (``metadata.papermill.output_path``). Nothing else in the notebook changes, and the file is
+not rewritten.
 
 Registered for ``.ipynb`` in ``_config.yml`` (``nb_custom_formats``).
 """
@@ -17,8 +20,12 @@ from __future__ import annotations
 
 import ast
 import re
+from pathlib import Path
 
 import nbformat
+
+from servelab.paths import REPO_ROOT
+from servelab_book.page_banner import load_banner
 
 _NEWLINE = re.compile(r"\r*\n")
 
@@ -76,10 +83,28 @@ def drop_markdown_echoes(outputs: list) -> list:
     ]
 
 
+def generated_dir() -> Path:
+    """Where ``prepare`` wrote the includes: the book being built (Sphinx runs in its root), else this checkout."""
+    here = Path.cwd() / "book" / "_generated"
+    return here if here.is_dir() else REPO_ROOT / "book" / "_generated"
+
+
+def add_banner(nb: nbformat.NotebookNode, banner: str | None) -> nbformat.NotebookNode:
+    """Insert ``banner`` as a markdown cell after the cell holding the page's ``# `` title (first, if none)."""
+    if not banner:
+        return nb
+    titled = [i for i, c in enumerate(nb.cells) if c.cell_type == "markdown" and re.search(r"(?m)^# ", c.source)]
+    at = titled[0] + 1 if titled else 0
+    nb.cells.insert(at, nbformat.v4.new_markdown_cell(banner, metadata={"tags": ["servelab-run-note"]}))
+    return nb
+
+
 def read_notebook(text: str) -> nbformat.NotebookNode:
-    """The MyST-NB reader for the book: parse the notebook, settle progress bars, drop takeaway echoes."""
+    """The MyST-NB reader for the book: parse the notebook, settle progress bars, drop takeaway echoes, add the
+    page's run note."""
     nb = nbformat.reads(text, as_version=4)
     for cell in nb.cells:
         if cell.get("cell_type") == "code" and cell.get("outputs"):
             cell["outputs"] = drop_markdown_echoes(merge_streams(cell["outputs"]))
-    return nb
+    page = (nb.metadata.get("papermill") or {}).get("output_path")
+    return add_banner(nb, load_banner(page, generated_dir()) if page else None)

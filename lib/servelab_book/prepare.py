@@ -2,8 +2,8 @@
 
 It checks that every study has exactly one page source, then writes the generated includes under
 ``book/_generated/`` (findings table, findings by study, the seed's claims per study, the runs' hardware
-and ceilings, how to re-run each study, the engine's benchmark) and copies MathJax into ``book/_static/mathjax/``. The output
-depends only on the repository's files, so two runs on the same commit write the same bytes.
+and ceilings, how to re-run each study, the engine's benchmark) and copies MathJax into ``book/_static/mathjax/``.
+The output depends only on the repository's files, so two runs on the same commit write the same bytes.
 """
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from servelab.measure.results import results_root as default_results_root
 from servelab.paths import REPO_ROOT
+from servelab.studies.common.rules import REGISTRY, load_registry
 from servelab_book.engine_bench import find_bench, render_engine_bench
 from servelab_book.engine_tables import render_code_status, render_decode_comparison, render_exactness
 from servelab_book.findings import BOOK_DEVICE, book_findings, book_runs
@@ -25,10 +27,14 @@ from servelab_book.findings_table import (
 )
 from servelab_book.mathjax import TARGET as MATHJAX_TARGET
 from servelab_book.mathjax import vendor_mathjax
+from servelab_book.page_banner import RUNS_FILE, render_runs_file
+from servelab_book.published import render_all_published
 from servelab_book.reproduce import render_reproduce
+from servelab_book.rule_changes import render_rule_changes
 from servelab_book.runs_table import render_runs_table
 from servelab_book.seed_claims import SEED_CLAIMS_CSV, load_seed_claims
 from servelab_book.seed_claims_page import render_seed_claims
+from servelab_book.staleness import PAGES, page_status
 from servelab_book.step_costs_table import find_steps, render_step_costs
 from servelab_book.studies import BOOK_DIR, NOTEBOOKS_DIR, STUDIES, STUDIES_DIR, study_pages
 
@@ -45,14 +51,22 @@ class Prepared:
     counts: dict = field(default_factory=dict)
     measured_pages: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    stale_pages: list[str] = field(default_factory=list)  # executed pages whose code changed since their run
 
     def summary(self) -> str:
         c = self.counts
         return (
             f"prepared the book: {len(self.written)} generated files written, {len(self.unchanged)} unchanged; "
             f"claims: {c.get('holds', 0)} hold, {c.get('changes', 0)} change, {c.get('fails', 0)} fail, "
-            f"{c.get('not yet measured', 0)} not yet measured; executed study pages: "
-            f"{', '.join(self.measured_pages) or 'none'}" + "".join(f"\n  warning: {w}" for w in self.warnings)
+            f"{c.get('inconclusive', 0)} inconclusive, {c.get('not yet measured', 0)} not yet measured; "
+            "executed study pages: "
+            f"{', '.join(self.measured_pages) or 'none'}"
+            + (
+                f"\n  stale pages (run on older code, bannered): {', '.join(self.stale_pages)}"
+                if self.stale_pages
+                else ""
+            )
+            + "".join(f"\n  warning: {w}" for w in self.warnings)
         )
 
 
@@ -74,7 +88,20 @@ def prepare_checkout(root: Path, results_root: Path | None = None, *, device: st
         generated_dir=rel(GENERATED_DIR),
         seed_csv=rel(SEED_CLAIMS_CSV),
         mathjax_target=rel(MATHJAX_TARGET),
+        root=root,
+        rules_file=rel(REGISTRY),
     )
+
+
+def page_runs(root: Path, results_root: Path | None, report: Prepared) -> str:
+    """``page_runs.json`` for the executed pages of the checkout at ``root``; stale pages listed in the report."""
+    results = Path(results_root) if results_root is not None else default_results_root()
+    statuses = [page_status(p, root, results) for p in PAGES if (root / p.page).is_file()]
+    report.stale_pages = [s.page for s in statuses if s.status == "stale"]
+    report.warnings += [
+        f"{s.page}: its code could not be compared with its run: {s.reason}" for s in statuses if s.status == "unknown"
+    ]
+    return render_runs_file(statuses)
 
 
 def write_if_changed(path: Path, text: str, report: Prepared) -> None:
@@ -96,8 +123,13 @@ def prepare(
     generated_dir: Path = GENERATED_DIR,
     seed_csv: Path = SEED_CLAIMS_CSV,
     mathjax_target: Path | None = MATHJAX_TARGET,
+    root: Path | None = REPO_ROOT,
+    rules_file: Path = REGISTRY,
 ) -> Prepared:
-    """Check the study pages and write the generated includes (and MathJax unless ``mathjax_target`` is None)."""
+    """Check the study pages and write the generated includes (and MathJax unless ``mathjax_target`` is None).
+
+    With a ``root`` (a checkout), each executed page's run commit is compared with that checkout's code with git
+    and the notes for the pages go to ``page_runs.json``; ``root=None`` leaves them out (tests of the rest)."""
     report = Prepared()
     pages = study_pages(studies_dir)
     seed = load_seed_claims(seed_csv)
@@ -125,8 +157,14 @@ def prepare(
         "scheduling_step_costs.md": render_step_costs(find_steps(results_root, device)),
     }
     files.update({f"claims/{s.slug}.md": render_seed_claims(seed, s.slug) for s in STUDIES})
+    files["published.md"] = render_all_published(results_root)
+    files["rule_changes.md"] = render_rule_changes(
+        load_registry(rules_file), table, Path(results_root or default_results_root())
+    )
     for name, text in files.items():
         write_if_changed(generated_dir / name, HEADER + text, report)
+    if root is not None:
+        write_if_changed(generated_dir / RUNS_FILE, page_runs(Path(root), results_root, report), report)
     if mathjax_target is not None:
         vendor_mathjax(mathjax_target)
     return report

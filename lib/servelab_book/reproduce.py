@@ -11,7 +11,7 @@ from pathlib import Path
 import nbformat
 
 from servelab_book.findings_table import md_text
-from servelab_book.studies import NOTEBOOKS_DIR, STUDIES, Study, page_title
+from servelab_book.studies import NOTEBOOKS_DIR, STUDIES, Study, page_title, study_by_slug
 
 
 def papermill_command(study: Study, profile: str = "full") -> str:
@@ -44,3 +44,17 @@ def render_reproduce(notebooks_dir: Path = NOTEBOOKS_DIR) -> str:
         out.append("Parameters, from the notebook's `parameters` cell (pass any with `-p name value`):\n")
         out.append(f"```python\n{parameters_source(nb)}\n```\n")
     return "\n".join(out)
+
+
+def rerun_markdown(slug: str, notebooks_dir: Path = NOTEBOOKS_DIR) -> str:
+    """A study page's re-run section: the papermill command and the notebook's parameters cell, as markdown.
+
+    The page shows its parameters here, visible, while its own parameters cell stays out of sight at the top.
+    """
+    study = study_by_slug(slug)
+    source = parameters_source(notebooks_dir / f"{slug}.ipynb")
+    return (
+        f"```bash\n{papermill_command(study)}\n# or: make reproduce STUDIES={slug} PROFILE=full\n```\n\n"
+        "Parameters, from the notebook's `parameters` cell (pass any with `-p name value`; `None` is the profile's "
+        f"default):\n\n```python\n{source}\n```\n"
+    )

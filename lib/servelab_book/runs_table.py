@@ -19,7 +19,17 @@ def render_runs_table(runs: pd.DataFrame) -> str:
             "No study has been run on the H200 yet, so no ceilings are recorded here: each study page "
             "prints the ceilings it measured in its own run once it is executed.\n"
         )
-    header = ["Study", "Device", "Run started", "torch / CUDA / driver", "Copy (GB/s)", "Matmul (TFLOP/s)"]
+    header = [
+        "Study",
+        "Device",
+        "Run started",
+        "Commit",
+        "torch / CUDA / driver",
+        "Host CPU",
+        "SM clock, start → end (MHz)",
+        "Copy (GB/s)",
+        "Matmul (TFLOP/s)",
+    ]
     lines = [":::{list-table}", ":header-rows: 1", ":class: servelab-runs", "", "* - " + "\n  - ".join(header)]
     for r in runs.itertuples():
         study = study_by_slug(r.study)
@@ -27,13 +37,37 @@ def render_runs_table(runs: pd.DataFrame) -> str:
             f"{{doc}}`Study {study.number} </{study.docname}>`",
             md_text(r.device_name or "?"),
             md_text(format_utc(r.started_utc) if r.started_utc else "?"),
+            f"`{str(r.git_commit)[:7]}`" if r.git_commit else "?",
             md_text(f"{r.torch} / {r.cuda} / {r.driver}"),
+            md_text(host_cpu(r.cpu_model, r.cpu_cores)),
+            md_text(sm_clocks(r.sm_clock_start_mhz, r.sm_clock_end_mhz)),
             _num(r.copy_gb_s),
             _num(r.matmul_tflop_s) + (f" ({md_text(r.matmul_dtype)})" if r.matmul_dtype else ""),
         ]
         lines.append("* - " + "\n  - ".join(cells))
     lines.append(":::")
     return "\n".join(lines) + "\n"
+
+
+NOT_RECORDED = "not recorded"
+
+
+def _missing(x) -> bool:
+    return x is None or (isinstance(x, float) and pd.isna(x)) or str(x).strip() in ("", "[N/A]", "N/A")
+
+
+def host_cpu(model, cores) -> str:
+    """The model and cores ("AMD EPYC 9654 96-Core Processor, 16 cores"); "not recorded" for a run older than
+    the host record."""
+    if _missing(model):
+        return NOT_RECORDED
+    return f"{model}, {int(cores)} cores" if not _missing(cores) else str(model)
+
+
+def sm_clocks(start, end) -> str:
+    """The SM clock at start and end ("1,980 → 1,980"); a side the record lacks reads "not recorded"."""
+    shown = [NOT_RECORDED if _missing(x) else format_value(str(x)) for x in (start, end)]
+    return NOT_RECORDED if shown[0] == shown[1] == NOT_RECORDED else " → ".join(shown)
 
 
 def _num(x) -> str:

@@ -1,7 +1,8 @@
 """The built book in a real browser: headless Chromium (Debian's package) opens every page.
 
 For every page: no console errors, every image loaded, nothing fetched from outside the local server,
-math typeset by the local MathJax. On the landing page: the findings table with one row per seed claim.
+math typeset by the local MathJax. On the landing page: the findings table with one row per seed claim. On every
+executed page: the note with its run's commit, on the first screen and a half.
 Screenshots of the landing page and of one study page go to ``tests/_artifacts/``.
 
 Runs from ``make test-book``, which builds the book and sets ``SERVELAB_BOOK_HTML``; without it (a plain
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from servelab_book.check import LANDING
+from servelab_book.check import EXECUTED_DOCS, LANDING, RUN_NOTE
 from servelab_book.findings_table import TABLE_CLASS
 from servelab_book.seed_claims import load_seed_claims
 from servelab_book.studies import STUDIES
@@ -166,6 +167,29 @@ def test_study_page_screenshot(site, browser):
     ARTIFACTS.mkdir(exist_ok=True)
     assert browser.save_screenshot(str(ARTIFACTS / "study.png"))
     save_full_page(browser, ARTIFACTS / "study_full.png")
+
+
+def test_executed_pages_show_their_run_commit_near_the_top(site, browser):
+    """Every executed page shows the note with its run's commit (a banner where its code changed since) on its
+    first screen; a screenshot of the first one's top is kept."""
+    root, base = site
+    executed = [d for d in EXECUTED_DOCS if (root / "_sources" / f"{d}.ipynb").exists()]
+    problems = []
+    for i, docname in enumerate(executed):
+        open_page(browser, f"{base}/{docname}.html")
+        notes = browser.find_elements("css selector", RUN_NOTE)
+        if not notes:
+            problems.append(f"{docname}: no run note")
+            continue
+        if "commit" not in notes[0].text:
+            problems.append(f"{docname}: the run note names no commit: {notes[0].text[:80]!r}")
+        top = browser.execute_script("return arguments[0].getBoundingClientRect().top", notes[0])
+        if top > 1.5 * browser.execute_script("return window.innerHeight"):
+            problems.append(f"{docname}: the run note starts at {top:.0f}px, below the first screen and a half")
+        if i == 0:
+            ARTIFACTS.mkdir(exist_ok=True)
+            assert browser.save_screenshot(str(ARTIFACTS / "run_note.png"))
+    assert not problems, "\n".join(problems)
 
 
 def save_full_page(driver, path: Path, max_height: int = 6000) -> None:

@@ -229,6 +229,17 @@ class BlockManager:
         Call after the pool copied the data (``servelab.kv.compaction`` does both).
         """
         src, dst = list(src), list(dst)
+        self._check_relocation(src, dst)
+        mapping = dict(zip(src, dst, strict=True))
+        for table in self._tables.values():
+            table[:] = [mapping.get(b, b) for b in table]
+        self._copies = [(mapping.get(a, a), mapping.get(b, b)) for a, b in self._copies]
+        for s, d in mapping.items():
+            self._ref[d], self._ref[s] = self._ref[s], 0
+        self._free = [b for b, r in enumerate(self._ref) if r == 0]  # sorted, hence a valid heap
+
+    def _check_relocation(self, src: list[int], dst: list[int]) -> None:
+        """Refuse a relocation that would corrupt the pool: every source live, every destination free, no overlap."""
         if self.prefix_cache is not None and len(self.prefix_cache):
             raise ValueError("compaction of a pool holding cached prefixes is not supported: reset the prefix cache")
         if len(src) != len(dst):
@@ -237,20 +248,13 @@ class BlockManager:
             raise ValueError("src and dst must not repeat a block")
         if set(src) & set(dst):
             raise ValueError("a block cannot be both a source and a destination")
-        for s, d in zip(src, dst):
+        for s, d in zip(src, dst, strict=True):
             if not (0 <= s < self.num_blocks and 0 <= d < self.num_blocks):
                 raise IndexError(f"block pair ({s}, {d}) outside the pool of {self.num_blocks}")
             if self._ref[s] == 0:
                 raise ValueError(f"source block {s} is not live")
             if self._ref[d] != 0:
                 raise ValueError(f"destination block {d} is not free")
-        mapping = dict(zip(src, dst))
-        for table in self._tables.values():
-            table[:] = [mapping.get(b, b) for b in table]
-        self._copies = [(mapping.get(a, a), mapping.get(b, b)) for a, b in self._copies]
-        for s, d in mapping.items():
-            self._ref[d], self._ref[s] = self._ref[s], 0
-        self._free = [b for b, r in enumerate(self._ref) if r == 0]  # sorted, hence a valid heap
 
     # ---- internals --------------------------------------------------------------------------------
     def _take(self) -> int:

@@ -85,7 +85,7 @@ def move_gather_scatter_wide(pool, src_idx, dst_idx) -> None:
 def move_block_loop(pool, src, dst) -> None:
     """Copy blocks ``src[i] → dst[i]`` (Python ints) one strided copy per block: ``len(src)`` kernels."""
     kv = pool.kv
-    for s, d in zip(src, dst):
+    for s, d in zip(src, dst, strict=True):
         kv[:, :, d].copy_(kv[:, :, s])
 
 

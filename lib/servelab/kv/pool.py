@@ -75,9 +75,7 @@ class KVPool:
 
     # ---- construction -----------------------------------------------------------------------------
     @classmethod
-    def for_model(
-        cls, shape: ModelShape, num_blocks: int, block_size: int, dtype="bfloat16", device="cpu"
-    ) -> KVPool:
+    def for_model(cls, shape: ModelShape, num_blocks: int, block_size: int, dtype="bfloat16", device="cpu") -> KVPool:
         return cls(shape.layers, num_blocks, block_size, shape.kv_heads, shape.head_dim, dtype, device)
 
     @staticmethod

@@ -33,6 +33,26 @@ class Ceilings:
         return self.matmul_tflop_s * 1e12 / (self.copy_gb_s * 1e9)
 
 
+def _time_copy(dev, copy_mib: int, repeats: int, gen):
+    """Time a device-to-device copy of ``copy_mib`` MiB; returns the timing and the bytes moved (read + write).
+    Its own function so the buffers are freed on return, before the matmul allocates its own."""
+    import torch
+
+    src = torch.rand(copy_mib * 2**20 // 4, device=dev, dtype=torch.float32, generator=gen)
+    dst = torch.empty_like(src)
+    return time_fn(lambda: dst.copy_(src), warmup=3, repeats=repeats, device=dev), 2 * src.numel() * src.element_size()
+
+
+def _time_matmul(dev, n: int, dtype, repeats: int, gen):
+    """Time an n×n×n product on random inputs (zeros run faster and would flatter the GPU)."""
+    import torch
+
+    a = torch.randn(n, n, device=dev, dtype=dtype, generator=gen)
+    b = torch.randn(n, n, device=dev, dtype=dtype, generator=gen)
+    c = torch.empty(n, n, device=dev, dtype=dtype)
+    return time_fn(lambda: torch.matmul(a, b, out=c), warmup=5, repeats=repeats, device=dev)
+
+
 def measure_ceilings(
     device=None, *, copy_mib: int | None = None, matmul_n: int | None = None, repeats: int = 20
 ) -> Ceilings:
@@ -50,18 +70,8 @@ def measure_ceilings(
     dtype = torch.bfloat16 if cuda else torch.float32
     gen = torch.Generator(device=dev).manual_seed(0)
 
-    n = copy_mib * 2**20 // 4
-    src = torch.rand(n, device=dev, dtype=torch.float32, generator=gen)
-    dst = torch.empty_like(src)
-    copy_t = time_fn(lambda: dst.copy_(src), warmup=3, repeats=repeats, device=dev)
-    copy_bytes = 2 * src.numel() * src.element_size()  # read + write
-    del src, dst
-
-    a = torch.randn(matmul_n, matmul_n, device=dev, dtype=dtype, generator=gen)
-    b = torch.randn(matmul_n, matmul_n, device=dev, dtype=dtype, generator=gen)
-    c = torch.empty(matmul_n, matmul_n, device=dev, dtype=dtype)
-    mm_t = time_fn(lambda: torch.matmul(a, b, out=c), warmup=5, repeats=repeats, device=dev)
-    del a, b, c
+    copy_t, copy_bytes = _time_copy(dev, copy_mib, repeats, gen)
+    mm_t = _time_matmul(dev, matmul_n, dtype, repeats, gen)
     flops = 2 * matmul_n**3
     return Ceilings(
         copy_gb_s=copy_bytes / (copy_t.median_ms * 1e-3) / 1e9,

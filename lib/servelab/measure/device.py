@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import os
 import platform
 import re
 import shutil
@@ -24,10 +26,40 @@ def _smi(query: str) -> dict:
         ).stdout.strip()
     except (subprocess.SubprocessError, OSError):
         return {}
-    return dict(zip(query.split(","), [v.strip() for v in out.split(",")]))
+    # strict: nvidia-smi answers one value per queried field; a mismatch is a format we do not understand
+    try:
+        return dict(zip(query.split(","), [v.strip() for v in out.split(",")], strict=True))
+    except ValueError:
+        return {}
 
 
 CLOCK_FIELDS = "clocks.sm,clocks.mem,clocks.max.sm,temperature.gpu,power.draw"
+CPUINFO = "/proc/cpuinfo"
+
+
+def cpu_model(cpuinfo: str = CPUINFO) -> str:
+    """The host CPU's model name (``/proc/cpuinfo``'s first "model name"), else what ``platform`` says.
+
+    ``platform.processor()`` gives only the architecture on Linux ("x86_64"); the model matters because the
+    host's speed bounds everything the CPU does per step (launches, scheduling, Python).
+    """
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model", "Hardware") and value.strip():
+                    return " ".join(value.split())
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_cores() -> int | None:
+    """Logical CPU cores this process may run on (its affinity mask where the OS has one, as a container sets it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count()
 
 
 def read_clocks() -> dict:
@@ -66,10 +98,8 @@ def sdpa_priority_order() -> list[str]:
 
     names = []
     for b in order:
-        try:
+        with contextlib.suppress(ValueError, TypeError):  # an unknown int keeps its number as its name
             b = SDPBackend(int(b)) if not hasattr(b, "name") else b
-        except (ValueError, TypeError):
-            pass
         name = getattr(b, "name", str(b))
         names.append(re.sub(r"^.*\.", "", name).lower())
     return names
@@ -91,8 +121,10 @@ class DeviceRecord:
     torch: str
     transformers: str | None
     python: str
-    cpu: str
+    cpu: str  # the architecture, as platform reports it ("x86_64")
     sdpa_priority: list[str]
+    cpu_model: str | None = None  # the host CPU's model name; None in records written before it was recorded
+    cpu_cores: int | None = None  # logical cores the run could use
     clocks_start: dict = field(default_factory=dict)
     clocks_end: dict = field(default_factory=dict)
 
@@ -104,14 +136,19 @@ class DeviceRecord:
     def as_dict(self) -> dict:
         return asdict(self)
 
+    def host(self) -> str:
+        """The host CPU: model and logical cores ("AMD EPYC 9654, 16 cores")."""
+        cores = f", {self.cpu_cores} cores" if self.cpu_cores else ""
+        return f"{self.cpu_model or self.cpu}{cores}"
+
     def summary(self) -> str:
         if self.kind == "cuda":
             return (
                 f"{self.name} ({self.sm_count} SMs, {self.memory_gib:.0f} GiB, sm{self.compute_capability}), "
                 f"driver {self.driver}, CUDA {self.cuda}, torch {self.torch}, transformers {self.transformers}; "
-                f"SDPA order {' > '.join(self.sdpa_priority)}"
+                f"SDPA order {' > '.join(self.sdpa_priority)}; host {self.host()}"
             )
-        return f"CPU {self.cpu}, torch {self.torch}, transformers {self.transformers}"
+        return f"CPU {self.host()}, torch {self.torch}, transformers {self.transformers}"
 
 
 def slugify(name: str) -> str:
@@ -137,6 +174,8 @@ def device_record(device=None) -> DeviceRecord:
         python=platform.python_version(),
         cpu=cpu,
         sdpa_priority=sdpa_priority_order(),
+        cpu_model=cpu_model(),
+        cpu_cores=cpu_cores(),
     )
     if dev.type == "cuda":
         props = torch.cuda.get_device_properties(dev)

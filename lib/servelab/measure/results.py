@@ -24,7 +24,8 @@ from servelab.paths import REPO_ROOT
 VERDICTS = ("holds", "changes", "fails", "inconclusive")
 FINDINGS_COLUMNS = ["id", "claim", "seed_value", "measured_value", "unit", "verdict", "note"]
 # columns a findings row may omit, with what an omitted one means (one run, models named in the note)
-FINDINGS_OPTIONAL = {"tested_on": "", "repeats": 1, "repeat_verdicts": ""}
+# and the interval of the measured value over the repeats ("low–high", see studies.common.repeats)
+FINDINGS_OPTIONAL = {"tested_on": "", "repeats": 1, "repeat_verdicts": "", "spread": ""}
 
 
 def results_root() -> Path:

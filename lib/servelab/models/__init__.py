@@ -1,6 +1,7 @@
-"""Model loading (hub id, local directory, or ``config:<name>``) and model shapes (FLOPs, bytes)."""
+"""Model loading (``config:<name>``, a directory, a hub id, or a GGUF such as ``SMOLLM2``) and model shapes
+(FLOPs, bytes)."""
 
-from servelab.models.loader import LoadedModel, ModelLoadError, load_model, shipped_configs
+from servelab.models.loader import SMOLLM2, LoadedModel, ModelLoadError, load_model, model_directory, shipped_configs
 from servelab.models.shape import ModelShape
 
-__all__ = ["LoadedModel", "ModelLoadError", "load_model", "shipped_configs", "ModelShape"]
+__all__ = ["SMOLLM2", "LoadedModel", "ModelLoadError", "load_model", "model_directory", "shipped_configs", "ModelShape"]

@@ -2,8 +2,8 @@
 
 Learned absolute position embeddings, pre-LayerNorm blocks, a GELU MLP and an LM head tied to the
 token embedding. Blocks are split around attention into two tensor-only functions, as in
-``llama.py``, so that ``compile_blocks`` can fuse their elementwise work. HF stores GPT-2's projections as ``Conv1D`` (weight ``[in, out]``); they are
-transposed into ``nn.Linear`` layout when weights are loaded.
+``llama.py``, so that ``compile_blocks`` can fuse their elementwise work. HF stores GPT-2's projections as
+``Conv1D`` (weight ``[in, out]``); they are transposed into ``nn.Linear`` layout when weights are loaded.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ class Finding:
     tested_on: str = ""  # the models (shapes, random or trained weights) the verdict was measured on
     repeats: int = 1  # independent runs (fresh processes, new seeds) the verdict rests on
     repeat_verdicts: str = ""  # the verdict of each repeat, ";"-joined: "holds;holds;changes"
+    spread: str = ""  # the interval of measured_value over the repeats, "low–high" (studies.common.repeats)
 
     def __post_init__(self):
         if self.verdict not in VERDICTS:

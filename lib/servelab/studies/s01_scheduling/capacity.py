@@ -46,7 +46,7 @@ def capacity_table(summary: pd.DataFrame) -> pd.DataFrame:
         )
         rows.append(
             dict(
-                zip(KEYS, key),
+                zip(KEYS, key, strict=True),
                 slo_itl_ms=float(g["slo_itl_ms"].iloc[0]),
                 capacity_req_s=cap,
                 lowest_rate=float(g["rate"].min()),

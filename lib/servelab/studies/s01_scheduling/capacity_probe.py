@@ -50,7 +50,8 @@ def estimate_capacity(
     steps = steps.sort_values("start_s").reset_index(drop=True)
     dur = steps["end_s"] - steps["start_s"]
     kind = pd.Series(
-        [step_kind(p, d) for p, d in zip(steps["prefill_tokens"], steps["decode_tokens"])], index=steps.index
+        [step_kind(p, d) for p, d in zip(steps["prefill_tokens"], steps["decode_tokens"], strict=True)],
+        index=steps.index,
     )
     pre = kind == "prefill only"
     dec = (kind == "decode only") & (steps["decode_tokens"] > 0)  # an empty step (nothing scheduled) costs nothing

@@ -2,8 +2,9 @@
 
 The ``full`` profile is sized for 240 s on the H200 (the notebook's set-up and figures, model loads,
 probes and load points together; the sweep itself gets ``time_budget_s``): two model sizes, four policy
-settings at three rates each, and a budget sweep of ChunkedPrefill on the 8B shape at one rate. Rates are fractions of a capacity estimate that a short probe measures on each model
-(``capacity_probe``), so that the sweep spans light load to past saturation whatever the engine's speed.
+settings at three rates each, and a budget sweep of ChunkedPrefill on the 8B shape at one rate. Rates are
+fractions of a capacity estimate that a short probe measures on each model (``capacity_probe``), so that the
+sweep spans light load to past saturation whatever the engine's speed.
 ``engine_process`` (both profiles: True) runs each model's engine in a process of its own, away from the
 HTTP server's GIL (``serving.PolicyServer``); False serves it from an engine thread of the notebook's process.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from servelab.engine.policies import POLICIES
 from servelab.models.loader import CONFIG_PREFIX, shipped_configs
-from servelab.studies.common.params import ParameterError, check_choice, check_positive_ints, resolve_profile
+from servelab.studies.common.params import ParameterError, check_choice, check_positive_ints, resolve
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -92,71 +93,73 @@ def _check_spec(name: str, spec) -> None:
         raise ParameterError(f"{name}: unknown config {spec!r}; shipped: {', '.join(shipped_configs())}")
 
 
-def study_params(profile: str = "auto", **overrides) -> dict:
-    """Resolve the profile, apply non-None overrides, validate everything (``ParameterError`` on bad input)."""
-    prof = resolve_profile(profile)
-    p = {k: (list(v) if isinstance(v, list) else v) for k, v in DEFAULTS[prof].items()}
-    unknown = set(overrides) - set(p)
-    if unknown:
-        raise ParameterError(f"unknown parameters {sorted(unknown)}; known: {sorted(p)}")
-    p.update({k: v for k, v in overrides.items() if v is not None})
-    p["profile"] = prof
+INT_SIZES = (
+    "max_num_seqs",
+    "max_model_len",
+    "max_num_batched_tokens",
+    "probe_requests",
+    "prompt_max",
+    "output_max",
+    "reference_budget",
+)
+POSITIVE = (
+    "window_s",
+    "drain_s",
+    "probe_s",
+    "prompt_scale",
+    "output_scale",
+    "slo_itl_factor",
+    "time_budget_s",
+    "budget_sweep_fraction",
+)
 
+
+def _check_models_and_sizes(p: dict) -> None:
     if not isinstance(p["models"], (list, tuple)) or not p["models"]:
         raise ParameterError(f"models must be a non-empty list of model specs, got {p['models']!r}")
     for m in p["models"]:
         _check_spec("models", m)
     check_choice("dtype", p["dtype"], DTYPES)
-    for k in (
-        "max_num_seqs",
-        "max_model_len",
-        "max_num_batched_tokens",
-        "probe_requests",
-        "prompt_max",
-        "output_max",
-        "reference_budget",
-    ):
+    for k in INT_SIZES:
         check_positive_ints(k, [p[k]])
     if p["num_blocks"] is not None:
         check_positive_ints("num_blocks", [p["num_blocks"]])
-    top = p["max_num_batched_tokens"]
     if p["prompt_max"] + p["output_max"] > p["max_model_len"]:
         raise ParameterError(
             f"prompt_max + output_max ({p['prompt_max']} + {p['output_max']}) must fit "
             f"max_model_len ({p['max_model_len']})"
         )
     whole = p["prompt_max"] + p["output_max"]  # what a whole-prompt policy recomputes in one step after preemption
-    if whole > top:
+    if whole > p["max_num_batched_tokens"]:
         raise ParameterError(
-            f"prompt_max + output_max ({whole}) must be <= max_num_batched_tokens ({top}): "
-            f"FCFS and EagerContBatch prefill a whole prompt (and, after a preemption, its "
-            f"outputs) in one step"
+            f"prompt_max + output_max ({whole}) must be <= max_num_batched_tokens ({p['max_num_batched_tokens']}): "
+            f"FCFS and EagerContBatch prefill a whole prompt (and, after a preemption, its outputs) in one step"
         )
+
+
+def _policy(item, p: dict) -> list:
+    """One ``[policy, budget]`` entry, its budget resolved (None: the engine's largest step) and checked."""
+    top, whole = p["max_num_batched_tokens"], p["prompt_max"] + p["output_max"]
+    if not isinstance(item, (list, tuple)) or len(item) != 2:
+        raise ParameterError(f"each policies entry must be [policy, budget or None], got {item!r}")
+    name, budget = item
+    check_choice("policy", name, tuple(POLICIES))
+    budget = top if budget is None else budget
+    check_positive_ints(f"{name} budget", [budget], maximum=top)
+    if budget < p["max_num_seqs"]:
+        raise ParameterError(f"{name} budget {budget} must be >= max_num_seqs ({p['max_num_seqs']})")
+    if name != "chunked_prefill" and budget < whole:
+        raise ParameterError(
+            f"{name} prefills whole prompts: its budget ({budget}) must be >= prompt_max + output_max ({whole})"
+        )
+    return [name, int(budget)]
+
+
+def _check_policies(p: dict) -> None:
     pols = p["policies"]
     if not isinstance(pols, (list, tuple)) or not pols:
         raise ParameterError(f"policies must be a non-empty list of [policy, budget], got {pols!r}")
-    norm = []
-    for item in pols:
-        if not isinstance(item, (list, tuple)) or len(item) != 2:
-            raise ParameterError(f"each policies entry must be [policy, budget or None], got {item!r}")
-        name, budget = item
-        check_choice("policy", name, tuple(POLICIES))
-        budget = top if budget is None else budget
-        check_positive_ints(f"{name} budget", [budget], maximum=top)
-        if budget < p["max_num_seqs"]:
-            raise ParameterError(f"{name} budget {budget} must be >= max_num_seqs ({p['max_num_seqs']})")
-        if name != "chunked_prefill" and budget < whole:
-            raise ParameterError(
-                f"{name} prefills whole prompts: its budget ({budget}) must be >= prompt_max + output_max ({whole})"
-            )
-        norm.append([name, int(budget)])
-    p["policies"] = norm
-    p["budget_sweep"] = check_positive_ints("budget_sweep", p["budget_sweep"], maximum=top) if p["budget_sweep"] else []
-    for b in p["budget_sweep"]:
-        if b < p["max_num_seqs"]:
-            raise ParameterError(f"budget_sweep value {b} must be >= max_num_seqs ({p['max_num_seqs']})")
-    if p["budget_sweep"]:
-        _check_spec("budget_sweep_model", p["budget_sweep_model"])
+    p["policies"] = norm = [_policy(item, p) for item in pols]
     if p["reference_budget"] not in [b for n, b in norm if n == "chunked_prefill"]:
         raise ParameterError(
             f"reference_budget ({p['reference_budget']}) must be one of the chunked_prefill "
@@ -164,27 +167,32 @@ def study_params(profile: str = "auto", **overrides) -> dict:
         )
     if not any(n == "eager_cont_batch" for n, _ in norm):
         raise ParameterError("policies must include eager_cont_batch (the F1.1-F1.3 baseline)")
+
+
+def _check_budget_sweep(p: dict) -> None:
+    top = p["max_num_batched_tokens"]
+    p["budget_sweep"] = check_positive_ints("budget_sweep", p["budget_sweep"], maximum=top) if p["budget_sweep"] else []
+    for b in p["budget_sweep"]:
+        if b < p["max_num_seqs"]:
+            raise ParameterError(f"budget_sweep value {b} must be >= max_num_seqs ({p['max_num_seqs']})")
+    if p["budget_sweep"]:
+        _check_spec("budget_sweep_model", p["budget_sweep_model"])
+        if p["budget_sweep_fraction"] not in p["rate_fractions"]:
+            raise ParameterError(
+                f"budget_sweep_fraction ({p['budget_sweep_fraction']}) must be one of rate_fractions "
+                f"{p['rate_fractions']}: the budget sweep reuses that rate's trace"
+            )
+
+
+def _check_load(p: dict) -> None:
+    """Rates, durations, scales and SLOs: positive numbers (lists sorted)."""
     for k in ("rate_fractions", "fallback_rates"):
         v = p[k]
         if not isinstance(v, (list, tuple)) or not v:
             raise ParameterError(f"{k} must be a non-empty list of positive numbers, got {v!r}")
         p[k] = sorted(_positive(k, x) for x in v)
-    for k in (
-        "window_s",
-        "drain_s",
-        "probe_s",
-        "prompt_scale",
-        "output_scale",
-        "slo_itl_factor",
-        "time_budget_s",
-        "budget_sweep_fraction",
-    ):
+    for k in POSITIVE:
         p[k] = _positive(k, p[k])
-    if p["budget_sweep"] and p["budget_sweep_fraction"] not in p["rate_fractions"]:
-        raise ParameterError(
-            f"budget_sweep_fraction ({p['budget_sweep_fraction']}) must be one of rate_fractions "
-            f"{p['rate_fractions']}: the budget sweep reuses that rate's trace"
-        )
     for k in ("slo_itl_ms", "slo_ttft_ms"):
         if p[k] is not None:
             p[k] = _positive(k, p[k])
@@ -192,4 +200,13 @@ def study_params(profile: str = "auto", **overrides) -> dict:
         raise ParameterError(f"engine_process must be True or False, got {p['engine_process']!r}")
     if isinstance(p["seed"], bool) or not isinstance(p["seed"], int):
         raise ParameterError(f"seed must be an integer, got {p['seed']!r}")
+
+
+def study_params(profile: str = "auto", **overrides) -> dict:
+    """The profile's defaults with the non-None overrides, validated (``ParameterError`` on bad input)."""
+    p = resolve(DEFAULTS, profile, overrides)
+    _check_models_and_sizes(p)
+    _check_policies(p)
+    _check_load(p)  # before the budget sweep, which looks its fraction up in the sorted rate_fractions
+    _check_budget_sweep(p)
     return p

@@ -36,7 +36,7 @@ def per_request(requests: pd.DataFrame) -> pd.DataFrame:
     out = []
     for k, g in requests.groupby(keys, sort=False):
         m = request_metrics(g)
-        out.append(m.assign(**dict(zip(keys, k))))
+        out.append(m.assign(**dict(zip(keys, k, strict=True))))
     df = pd.concat(out, ignore_index=True) if out else pd.DataFrame()
     if not df.empty:
         df["setting"] = setting(df["scheduler"], df["budget"])
@@ -57,7 +57,7 @@ def latency_cdfs(req_metrics: pd.DataFrame, rate_fraction: float, device: str):
     models = list(dict.fromkeys(d["model"]))
     fig, axes = plt.subplots(len(models), 2, figsize=(12, 3.6 * len(models)), squeeze=False)
     order = _settings_order(d)
-    for row, model in zip(axes, models):
+    for row, model in zip(axes, models, strict=True):
         g = d[d["model"] == model]
         sns.ecdfplot(data=g, x="ttft_ms", hue="setting", hue_order=order, log_scale=True, ax=row[0])
         itl = g[["setting", "itl"]].explode("itl").dropna().astype({"itl": float})
@@ -85,7 +85,7 @@ def stall_distribution(req_metrics: pd.DataFrame, device: str):
     d = req_metrics[(req_metrics["sweep"] == "rate") & req_metrics["max_itl_ms"].notna()]
     models = list(dict.fromkeys(d["model"]))
     fig, axes = plt.subplots(1, len(models), figsize=(6.5 * len(models), 4), squeeze=False)
-    for ax, model in zip(axes[0], models):
+    for ax, model in zip(axes[0], models, strict=True):
         g = d[d["model"] == model].copy()
         g["rate (req/s)"] = g["rate"].map(lambda r: f"{r:.2f}")
         sns.boxplot(
@@ -113,7 +113,7 @@ def throughput_latency(summary: pd.DataFrame, device: str):
     s["setting"] = setting(s["scheduler"], s["budget"])
     models = list(dict.fromkeys(s["model"]))
     fig, axes = plt.subplots(len(models), 2, figsize=(12, 3.6 * len(models)), squeeze=False)
-    for row, model in zip(axes, models):
+    for row, model in zip(axes, models, strict=True):
         g = s[s["model"] == model].sort_values("rate")
         order = _settings_order(g)
         for ax, y, label in (
@@ -147,7 +147,7 @@ def capacity_bars(capacity: pd.DataFrame, device: str):
     c["setting"] = setting(c["scheduler"], c["budget"])
     models = list(dict.fromkeys(c["model"]))
     fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 3.6), squeeze=False)
-    for ax, model in zip(axes[0], models):
+    for ax, model in zip(axes[0], models, strict=True):
         g = c[c["model"] == model]
         sns.barplot(data=g, x="setting", y="capacity_req_s", order=_settings_order(g), ax=ax, color="tab:blue")
         for i, (_, r) in enumerate(g.set_index("setting").loc[_settings_order(g)].iterrows()):
@@ -179,7 +179,7 @@ def timeline(steps: pd.DataFrame, model: str, rate_fraction: float, device: str,
     order = _settings_order(d) if len(d) else []
     fig, axes = plt.subplots(len(order), 1, figsize=(12, 2.3 * max(1, len(order))), squeeze=False)
     d = d.assign(setting=setting(d["scheduler"], d["budget"]))
-    for ax, name in zip(axes[:, 0], order):
+    for ax, name in zip(axes[:, 0], order, strict=False):  # no setting: one empty panel
         g = d[d["setting"] == name]
         lo, hi = stall_window(g, span_s)
         w = g[(g["start_s"] >= lo) & (g["start_s"] <= hi)]
@@ -221,6 +221,7 @@ def budget_sweep(summary: pd.DataFrame, model: str, rate_fraction: float, device
         axes,
         ["max_itl_ms", "itl_p99_ms", "mean_ttft_ms", "delivered_tok_s"],
         ["worst stall: max ITL (ms)", "p99 ITL (ms)", "mean TTFT (ms)", "delivered tokens/s"],
+        strict=True,
     ):
         ax.plot(c["budget"], c[y], "o-", label="chunked_prefill")
         for name, ls in (("eager_cont_batch", "--"), ("fcfs", ":")):

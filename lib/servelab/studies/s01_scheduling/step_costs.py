@@ -30,7 +30,7 @@ def step_costs(steps: pd.DataFrame, by: tuple[str, ...] = ("model",)) -> pd.Data
     d = steps.assign(
         ms=(steps["end_s"] - steps["start_s"]) * 1e3,
         tokens=steps["prefill_tokens"] + steps["decode_tokens"],
-        kind=[step_kind(p, q) for p, q in zip(steps["prefill_tokens"], steps["decode_tokens"])],
+        kind=[step_kind(p, q) for p, q in zip(steps["prefill_tokens"], steps["decode_tokens"], strict=True)],
     )
     g = d.groupby([*by, "kind"], sort=False)
     out = g.agg(

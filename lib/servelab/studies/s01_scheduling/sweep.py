@@ -15,6 +15,7 @@ import gc
 import math
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -194,153 +195,178 @@ def run_point(
     return req, st, row
 
 
+@dataclass
+class _Sweep:
+    """What every model's part of the sweep shares: the parameters, the output, the clock and the progress bar."""
+
+    P: dict
+    workdir: Path
+    lengths: object  # workload_lengths(P)
+    worker: object  # a started LoadWorker
+    data: StudyData
+    budget_end: float  # time.perf_counter() at which the time budget runs out
+    bar: object  # tqdm
+    log: Callable[[str], None]
+    roofline: object = None
+
+    def skip(self, points, status: str) -> None:
+        for pt in points:
+            self.data.summary.append({**_row_head(pt), "status": status})
+            self.bar.update(1)
+
+
 def run_study(P: dict, workdir, *, device: str, roofline=None, progress: bool = True, log=print) -> StudyData:
     """Run every model's probe and points within ``P['time_budget_s']``; never raises for a failed point.
     With a ``Roofline`` (this run's measured ceilings) the probe's costs are set against their floors."""
-    from tqdm.auto import tqdm
+    from tqdm import tqdm  # not tqdm.auto: in a notebook without ipywidgets it warns
 
     from servelab.loadgen.worker import LoadWorker
 
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    lengths = workload_lengths(P)
-    data = StudyData()
     t_start = time.perf_counter()
-    budget_end = t_start + P["time_budget_s"]
     n_points = sum(len(plan_points(P, m)) for m in P["models"])
     bar = tqdm(total=n_points, desc="load points", unit="pt", disable=not progress)
     with LoadWorker() as worker:
+        sw = _Sweep(
+            P, workdir, workload_lengths(P), worker, StudyData(), t_start + P["time_budget_s"], bar, log, roofline
+        )
         for model in P["models"]:
-            points = plan_points(P, model)
-            left = budget_end - time.perf_counter()
-            if left < P["probe_s"] + point_cost_s(P) + load_guess_s(P):
-                log(f"{model}: skipped, {left:.0f} s of the time budget left")
-                data.servers.append(
-                    {"model": model, "engine_process": P["engine_process"], "status": "skipped: time budget"}
-                )
-                for pt in points:
-                    data.summary.append({**_row_head(pt), "status": "skipped: time budget"})
-                    bar.update(1)
-                continue
-            num_blocks = P["num_blocks"] or P["max_num_seqs"] * -(-P["max_model_len"] // 16)
-            srv = PolicyServer(
-                model,
-                dtype=P["dtype"],
-                device=device,
-                max_num_seqs=P["max_num_seqs"],
-                max_num_batched_tokens=P["max_num_batched_tokens"],
-                max_model_len=P["max_model_len"],
-                num_blocks=num_blocks,
-                step_log_path=workdir / f"steps_{model.split(':')[-1]}.jsonl",
-                seed=P["seed"],
-                engine_process=P["engine_process"],
-            )
-            try:
-                srv.start()
-            except Exception as e:  # noqa: BLE001 - a model that cannot load must not end the study
-                log(f"{model}: server did not start: {type(e).__name__}: {e}")
-                srv.stop()
-                data.servers.append(
-                    {
-                        "model": model,
-                        "engine_process": P["engine_process"],
-                        "status": f"error: {type(e).__name__}: {e}"[:300],
-                    }
-                )
-                for pt in points:
-                    data.summary.append({**_row_head(pt), "status": "error: server did not start"})
-                    bar.update(1)
-                continue
-            rows_before = len(data.summary)
-            try:
-                data.servers.append(
-                    {
-                        "model": model,
-                        "status": "ok",
-                        "engine_process": srv.engine_process,
-                        "load_s": srv.load_s,
-                        **srv.stats,
-                    }
-                )
-                t = time.perf_counter()
-                try:
-                    est = run_probe(srv, worker, P, lengths, workdir, P["max_num_seqs"])
-                    rates_from = est.capacity_req_s
-                    slo = P["slo_itl_ms"] or P["slo_itl_factor"] * est.decode_step_s * 1e3
-                    floors = {}
-                    if roofline is not None:
-                        floors = probe_roofline(est, srv.shape, roofline, srv.dtype_bytes)
-                    data.probes.append(
-                        {
-                            "model": model,
-                            "status": "ok",
-                            **est.as_dict(),
-                            **floors,
-                            "probe_wall_s": time.perf_counter() - t,
-                            "slo_itl_ms": slo,
-                        }
-                    )
-                    log(
-                        f"{model}: probe {time.perf_counter() - t:.1f} s; prefill {est.prefill_s_per_token * 1e6:.1f} "
-                        f"µs/token, decode iteration {est.decode_step_s * 1e3:.2f} ms (batch {est.decode_batch:.0f}); "
-                        f"capacity estimate {est.capacity_req_s:.2f} req/s; ITL SLO {slo:.1f} ms"
-                    )
-                except Exception as e:  # noqa: BLE001
-                    rates_from = None
-                    slo = P["slo_itl_ms"]
-                    data.probes.append({"model": model, "status": f"error: {type(e).__name__}: {e}"[:300]})
-                    log(f"{model}: probe failed ({type(e).__name__}: {e}); using fallback_rates {P['fallback_rates']}")
-                fallback = dict(zip(P["rate_fractions"], P["fallback_rates"]))
-                for pt in points:
-                    if rates_from is not None:
-                        pt.rate = pt.rate_fraction * rates_from
-                    else:
-                        pt.rate = fallback.get(pt.rate_fraction, P["fallback_rates"][-1])
-                    if time.perf_counter() + point_cost_s(P) > budget_end:
-                        data.summary.append({**_row_head(pt), "status": "skipped: time budget"})
-                        bar.update(1)
-                        continue
-                    if not srv.alive:
-                        data.summary.append(
-                            {**_row_head(pt), "status": f"error: engine loop stopped ({srv.error})"[:300]}
-                        )
-                        bar.update(1)
-                        continue
-                    try:
-                        req, st, row = run_point(srv, worker, pt, P, lengths, workdir, slo)
-                        data.requests.append(req)
-                        data.steps.append(st)
-                        data.summary.append(row)
-                    except Exception as e:  # noqa: BLE001 - record and go on
-                        log(f"{pt.key}: {type(e).__name__}: {e}")
-                        data.summary.append(
-                            {
-                                **_row_head(pt),
-                                "status": f"error: {type(e).__name__}: {e}"[:300],
-                                "traceback": traceback.format_exc(limit=3)[-600:],
-                            }
-                        )
-                        _recover(srv)
-                    bar.update(1)
-                if slo is None:  # no probe and no SLO given: 5x (the factor) the lightest run's median ITL
-                    rows = [r for r in data.summary[rows_before:] if r.get("status") == "ok"]
-                    light = min((r["itl_p50_ms"] for r in rows if r["itl_p50_ms"] == r["itl_p50_ms"]), default=None)
-                    for r in rows:
-                        r["slo_itl_ms"] = None if light is None else P["slo_itl_factor"] * light
-            except Exception as e:  # noqa: BLE001 - whatever broke, the other model still runs
-                log(f"{model}: stopped early: {type(e).__name__}: {e}")
-                recorded = {
-                    (r["scheduler"], r["budget"], r["rate_fraction"], r["sweep"]) for r in data.summary[rows_before:]
-                }
-                for pt in points:
-                    if (pt.scheduler, pt.budget, pt.rate_fraction, pt.sweep) not in recorded:
-                        data.summary.append({**_row_head(pt), "status": f"error: {type(e).__name__}: {e}"[:300]})
-                        bar.update(1)
-            finally:
-                srv.stop()
+            _run_model(sw, model, device)
     bar.close()
     log(f"sweep: {time.perf_counter() - t_start:.0f} s of wall time (budget {P['time_budget_s']:.0f} s)")
-    return data
+    return sw.data
+
+
+def _run_model(sw: _Sweep, model: str, device: str) -> None:
+    """One model's server, probe and load points; whatever breaks is recorded and the next model still runs."""
+    P, data = sw.P, sw.data
+    points = plan_points(P, model)
+    left = sw.budget_end - time.perf_counter()
+    if left < P["probe_s"] + point_cost_s(P) + load_guess_s(P):
+        sw.log(f"{model}: skipped, {left:.0f} s of the time budget left")
+        data.servers.append({"model": model, "engine_process": P["engine_process"], "status": "skipped: time budget"})
+        sw.skip(points, "skipped: time budget")
+        return
+    srv = _start_server(sw, model, device)
+    if srv is None:
+        sw.skip(points, "error: server did not start")
+        return
+    rows_before = len(data.summary)
+    try:
+        data.servers.append(
+            {"model": model, "status": "ok", "engine_process": srv.engine_process, "load_s": srv.load_s, **srv.stats}
+        )
+        rates_from, slo = _probe(sw, srv, model)
+        _run_points(sw, srv, points, rates_from, slo)
+        if slo is None:  # no probe and no SLO given: 5x (the factor) the lightest run's median ITL
+            _slo_from_lightest(data.summary[rows_before:], P["slo_itl_factor"])
+    except Exception as e:  # noqa: BLE001 - whatever broke, the other model still runs
+        sw.log(f"{model}: stopped early: {type(e).__name__}: {e}")
+        recorded = {(r["scheduler"], r["budget"], r["rate_fraction"], r["sweep"]) for r in data.summary[rows_before:]}
+        missing = [pt for pt in points if (pt.scheduler, pt.budget, pt.rate_fraction, pt.sweep) not in recorded]
+        sw.skip(missing, f"error: {type(e).__name__}: {e}"[:300])
+    finally:
+        srv.stop()
+
+
+def _start_server(sw: _Sweep, model: str, device: str) -> PolicyServer | None:
+    """The model's server, started; None (and a ``servers`` row saying why) if it did not start."""
+    P = sw.P
+    num_blocks = P["num_blocks"] or P["max_num_seqs"] * -(-P["max_model_len"] // 16)
+    srv = PolicyServer(
+        model,
+        dtype=P["dtype"],
+        device=device,
+        max_num_seqs=P["max_num_seqs"],
+        max_num_batched_tokens=P["max_num_batched_tokens"],
+        max_model_len=P["max_model_len"],
+        num_blocks=num_blocks,
+        step_log_path=sw.workdir / f"steps_{model.split(':')[-1]}.jsonl",
+        seed=P["seed"],
+        engine_process=P["engine_process"],
+    )
+    try:
+        srv.start()
+    except Exception as e:  # noqa: BLE001 - a model that cannot load must not end the study
+        sw.log(f"{model}: server did not start: {type(e).__name__}: {e}")
+        srv.stop()
+        status = f"error: {type(e).__name__}: {e}"[:300]
+        sw.data.servers.append({"model": model, "engine_process": P["engine_process"], "status": status})
+        return None
+    return srv
+
+
+def _probe(sw: _Sweep, srv: PolicyServer, model: str) -> tuple[float | None, float | None]:
+    """The capacity estimate (req/s) the rates are fractions of, and the ITL SLO (ms); (None, the given SLO) if the
+    probe failed, so that the fallback rates are used."""
+    P = sw.P
+    t = time.perf_counter()
+    try:
+        est = run_probe(srv, sw.worker, P, sw.lengths, sw.workdir, P["max_num_seqs"])
+    except Exception as e:  # noqa: BLE001
+        sw.data.probes.append({"model": model, "status": f"error: {type(e).__name__}: {e}"[:300]})
+        sw.log(f"{model}: probe failed ({type(e).__name__}: {e}); using fallback_rates {P['fallback_rates']}")
+        return None, P["slo_itl_ms"]
+    slo = P["slo_itl_ms"] or P["slo_itl_factor"] * est.decode_step_s * 1e3
+    floors = probe_roofline(est, srv.shape, sw.roofline, srv.dtype_bytes) if sw.roofline is not None else {}
+    sw.data.probes.append(
+        {
+            "model": model,
+            "status": "ok",
+            **est.as_dict(),
+            **floors,
+            "probe_wall_s": time.perf_counter() - t,
+            "slo_itl_ms": slo,
+        }
+    )
+    sw.log(
+        f"{model}: probe {time.perf_counter() - t:.1f} s; prefill {est.prefill_s_per_token * 1e6:.1f} "
+        f"µs/token, decode iteration {est.decode_step_s * 1e3:.2f} ms (batch {est.decode_batch:.0f}); "
+        f"capacity estimate {est.capacity_req_s:.2f} req/s; ITL SLO {slo:.1f} ms"
+    )
+    return est.capacity_req_s, slo
+
+
+def _run_points(sw: _Sweep, srv: PolicyServer, points, rates_from: float | None, slo: float | None) -> None:
+    """Every load point of one model, each at its rate, until the time budget runs out."""
+    P, data = sw.P, sw.data
+    fallback = dict(zip(P["rate_fractions"], P["fallback_rates"], strict=False))  # lengths unchecked
+    for pt in points:
+        if rates_from is not None:
+            pt.rate = pt.rate_fraction * rates_from
+        else:
+            pt.rate = fallback.get(pt.rate_fraction, P["fallback_rates"][-1])
+        if time.perf_counter() + point_cost_s(P) > sw.budget_end:
+            sw.skip([pt], "skipped: time budget")
+            continue
+        if not srv.alive:
+            sw.skip([pt], f"error: engine loop stopped ({srv.error})"[:300])
+            continue
+        try:
+            req, st, row = run_point(srv, sw.worker, pt, P, sw.lengths, sw.workdir, slo)
+            data.requests.append(req)
+            data.steps.append(st)
+            data.summary.append(row)
+        except Exception as e:  # noqa: BLE001 - record and go on
+            sw.log(f"{pt.key}: {type(e).__name__}: {e}")
+            data.summary.append(
+                {
+                    **_row_head(pt),
+                    "status": f"error: {type(e).__name__}: {e}"[:300],
+                    "traceback": traceback.format_exc(limit=3)[-600:],
+                }
+            )
+            _recover(srv)
+        sw.bar.update(1)
+
+
+def _slo_from_lightest(rows: list[dict], factor: float) -> None:
+    """Set each ok row's ITL SLO to ``factor`` × the lightest run's median ITL (ms); None if none measured one."""
+    rows = [r for r in rows if r.get("status") == "ok"]
+    light = min((r["itl_p50_ms"] for r in rows if r["itl_p50_ms"] == r["itl_p50_ms"]), default=None)
+    for r in rows:
+        r["slo_itl_ms"] = None if light is None else factor * light
 
 
 def _row_head(pt: Point) -> dict:

@@ -27,6 +27,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from servelab.studies.common.findings import Finding
+from servelab.studies.common.tested_on import tested_on
+
 SEED_STALL_EAGER_MS = 58.6  # RTX 2070, the seed's EagerContBatch worst-case decode stall
 SEED_STALL_CHUNKED_MS = 34.1  # RTX 2070, ChunkedPrefill
 SEED_CUT = 1 - SEED_STALL_CHUNKED_MS / SEED_STALL_EAGER_MS
@@ -86,7 +89,7 @@ def _where(per_model: dict[str, str]) -> str:
     return "; ".join(f"{m}: {v}" for m, v in per_model.items())
 
 
-def f11(summary: pd.DataFrame, reference_budget: int) -> dict:
+def f11(summary: pd.DataFrame, reference_budget: int, dtype: str | None = None) -> Finding:
     j = paired(summary, reference_budget)
     if j.empty:
         return _missing("F1.1", "ms", "no rate was measured with both EagerContBatch and ChunkedPrefill")
@@ -99,19 +102,20 @@ def f11(summary: pd.DataFrame, reference_budget: int) -> dict:
             f"{short(model)}: worst stall {worst['max_itl_ms_eager']:.1f} → {worst['max_itl_ms_chunked']:.1f} ms "
             f"at {worst['rate_eager']:.2f} req/s; median cut over {len(g)} rates {cut:.0%}"
         )
-    return {
-        "id": "F1.1",
-        "claim": CLAIMS["F1.1"],
-        "seed_value": "58.6 → 34.1 ms (RTX 2070; a 42% cut)",
-        "measured_value": "; ".join(parts),
-        "unit": "ms",
-        "verdict": combine(per),
-        "note": f"ChunkedPrefill at a {reference_budget}-token budget vs EagerContBatch on the same traces; "
+    return Finding(
+        id="F1.1",
+        claim=CLAIMS["F1.1"],
+        seed_value="58.6 → 34.1 ms (a 42% cut)",
+        measured_value="; ".join(parts),
+        unit="ms",
+        verdict=combine(per),
+        note=f"ChunkedPrefill at a {reference_budget}-token budget vs EagerContBatch on the same traces; "
         f"holds for a 20-70% cut, changes outside it, fails at <= 5%. Per model: {_where(per)}",
-    }
+        tested_on=tested_on(j["model"], dtype=dtype, setting=f"{len(j)} paired runs (model × rate) served over HTTP"),
+    )
 
 
-def f12(summary: pd.DataFrame, reference_budget: int) -> dict:
+def f12(summary: pd.DataFrame, reference_budget: int, dtype: str | None = None) -> Finding:
     j = paired(summary, reference_budget)
     if j.empty:
         return _missing("F1.2", "ratio", "no rate was measured with both EagerContBatch and ChunkedPrefill")
@@ -126,19 +130,20 @@ def f12(summary: pd.DataFrame, reference_budget: int) -> dict:
             f"({top['delivered_tok_s_chunked']:,.0f} vs {top['delivered_tok_s_eager']:,.0f} tok/s), "
             f"stall cut {cut:.0%}"
         )
-    return {
-        "id": "F1.2",
-        "claim": CLAIMS["F1.2"],
-        "seed_value": "stall cut, no throughput gain (RTX 2070)",
-        "measured_value": "; ".join(parts),
-        "unit": "ChunkedPrefill / EagerContBatch delivered tokens/s",
-        "verdict": combine(per),
-        "note": f"holds if the stall is cut (> 5%) and throughput rises <= 10%; changes if it rises more; "
+    return Finding(
+        id="F1.2",
+        claim=CLAIMS["F1.2"],
+        seed_value="stall cut, no throughput gain",
+        measured_value="; ".join(parts),
+        unit="ChunkedPrefill / EagerContBatch delivered tokens/s",
+        verdict=combine(per),
+        note=f"holds if the stall is cut (> 5%) and throughput rises <= 10%; changes if it rises more; "
         f"fails without a stall cut. Per model: {_where(per)}",
-    }
+        tested_on=tested_on(j["model"], dtype=dtype, setting=f"{len(j)} paired runs (model × rate) served over HTTP"),
+    )
 
 
-def f13(summary: pd.DataFrame) -> dict:
+def f13(summary: pd.DataFrame, dtype: str | None = None) -> Finding:
     s = _ok_rate_sweep(summary).copy()
     if s.empty or not (s["scheduler"] == "eager_cont_batch").any():
         return _missing("F1.3", "ms, tok/s", "EagerContBatch was not measured")
@@ -165,29 +170,34 @@ def f13(summary: pd.DataFrame) -> dict:
             f"{short(model)}: lowest mean TTFT at {wins}/{rates} rates; throughput at the top rate "
             f"{e_val} tok/s vs best {best_tp['delivered_tok_s']:,.0f} ({best_tp['setting']})"
         )
-    return {
-        "id": "F1.3",
-        "claim": CLAIMS["F1.3"],
-        "seed_value": "best mean TTFT and throughput (RTX 2070)",
-        "measured_value": "; ".join(parts),
-        "unit": "ms, tokens/s",
-        "verdict": combine(per),
-        "note": f"EagerContBatch is best if within 5% of the lowest mean TTFT (at half the rates or more) and "
+    settings = s["setting"].nunique()
+    return Finding(
+        id="F1.3",
+        claim=CLAIMS["F1.3"],
+        seed_value="best mean TTFT and throughput",
+        measured_value="; ".join(parts),
+        unit="ms, tokens/s",
+        verdict=combine(per),
+        note=f"EagerContBatch is best if within 5% of the lowest mean TTFT (at half the rates or more) and "
         f"within 3% of the highest delivered throughput at the most loaded rate. Per model: {_where(per)}",
-    }
+        tested_on=tested_on(
+            s["model"], dtype=dtype, setting=f"{settings} policy settings × {s['rate_fraction'].nunique()} rates"
+        ),
+    )
 
 
-def _missing(fid: str, unit: str, why: str) -> dict:
-    return {
-        "id": fid,
-        "claim": CLAIMS[fid],
-        "seed_value": "",
-        "measured_value": "not measured",
-        "unit": unit,
-        "verdict": "fails",
-        "note": f"could not be judged: {why}",
-    }
+def _missing(fid: str, unit: str, why: str) -> Finding:
+    return Finding(
+        id=fid,
+        claim=CLAIMS[fid],
+        seed_value="",
+        measured_value="not measured",
+        unit=unit,
+        verdict="fails",
+        note=f"could not be judged: {why}",
+    )
 
 
-def findings(summary: pd.DataFrame, reference_budget: int) -> list[dict]:
-    return [f11(summary, reference_budget), f12(summary, reference_budget), f13(summary)]
+def findings(summary: pd.DataFrame, reference_budget: int, dtype: str | None = None) -> list[Finding]:
+    """F1.1–F1.3 from the sweep's summary; ``dtype`` (the run's weights and KV dtype) is named in ``tested_on``."""
+    return [f11(summary, reference_budget, dtype), f12(summary, reference_budget, dtype), f13(summary, dtype)]

@@ -9,7 +9,7 @@ from servelab.studies.common.params import (
     check_choice,
     check_int_range,
     check_positive_ints,
-    resolve_profile,
+    resolve,
 )
 
 DEFAULTS = {
@@ -68,16 +68,18 @@ def _non_negative_ints(name: str, values) -> list[int]:
     return sorted(set(values))
 
 
-def study_params(profile: str = "auto", **overrides) -> dict:
-    """Resolve the profile, apply non-None overrides, and validate everything."""
-    prof = resolve_profile(profile)
-    p = dict(DEFAULTS[prof])
-    unknown = set(overrides) - set(p)
-    if unknown:
-        raise ParameterError(f"unknown parameters {sorted(unknown)}; known: {sorted(p)}")
-    p.update({k: v for k, v in overrides.items() if v is not None})
-    p["profile"] = prof
+POSITIVE_LISTS = (
+    "prefill_lengths",
+    "prefill_batches",
+    "decode_batches",
+    "decode_contexts",
+    "chunk_tokens",
+    "chunk_contexts",
+    "mixed_decodes",
+)
 
+
+def _check_models(p: dict) -> None:
     if isinstance(p["models"], str):
         p["models"] = [p["models"]]
     if not p["models"] or not all(isinstance(m, str) and m for m in p["models"]):
@@ -86,6 +88,9 @@ def study_params(profile: str = "auto", **overrides) -> dict:
         if m.startswith(CONFIG_PREFIX) and m[len(CONFIG_PREFIX) :] not in shipped_configs():
             raise ParameterError(f"unknown config {m!r}; shipped: {', '.join(shipped_configs())}")
     check_choice("dtype", p["dtype"], ("bfloat16", "float16", "float32"))
+
+
+def _check_modes(p: dict) -> None:
     if isinstance(p["modes"], str):
         p["modes"] = [p["modes"]]
     for mode in p["modes"]:
@@ -94,15 +99,10 @@ def study_params(profile: str = "auto", **overrides) -> dict:
 
     if "hf_cuda_graph" in p["modes"] and not torch.cuda.is_available():
         raise ParameterError("mode 'hf_cuda_graph' needs a CUDA device; drop it from modes on the CPU")
-    for k in (
-        "prefill_lengths",
-        "prefill_batches",
-        "decode_batches",
-        "decode_contexts",
-        "chunk_tokens",
-        "chunk_contexts",
-        "mixed_decodes",
-    ):
+
+
+def _check_shapes(p: dict) -> None:
+    for k in POSITIVE_LISTS:
         p[k] = check_positive_ints(k, p[k], maximum=1 << 20)
     p["mixed_chunk_contexts"] = _non_negative_ints(
         "mixed_chunk_contexts", p["mixed_chunk_contexts"]
@@ -112,4 +112,12 @@ def study_params(profile: str = "auto", **overrides) -> dict:
     check_int_range("mixed_chunk_tokens", p["mixed_chunk_tokens"], 1, 1 << 20)
     for k in ("max_batch_tokens", "max_kv_gib", "repeats", "engine_eager_max_tokens"):
         check_int_range(k, p[k], 1, 1 << 30)
+
+
+def study_params(profile: str = "auto", **overrides) -> dict:
+    """The profile's defaults with the non-None overrides, validated (``ParameterError`` on bad input)."""
+    p = resolve(DEFAULTS, profile, overrides)
+    _check_models(p)
+    _check_modes(p)
+    _check_shapes(p)
     return p

@@ -95,7 +95,7 @@ def decode_cost(steps: pd.DataFrame, device_name: str):
             sns.lineplot(
                 data=dd, x="context", y="median_ms", hue="batch", marker="o", palette="viridis", ax=ax, legend=j == 0
             )
-            for b, g in dd.groupby("batch"):
+            for _, g in dd.groupby("batch"):
                 g = g.sort_values("context")
                 ax.errorbar(
                     g["context"],
@@ -106,7 +106,7 @@ def decode_cost(steps: pd.DataFrame, device_name: str):
                     alpha=0.6,
                 )
             floor = dm.drop_duplicates(["batch", "context"]).sort_values("context")
-            for b, g in floor.groupby("batch"):
+            for _, g in floor.groupby("batch"):
                 ax.plot(g["context"], g["floor_ms"], ":", color="k", alpha=0.5)
             ax.set(
                 xscale="log",
@@ -135,7 +135,7 @@ def decode_cost(steps: pd.DataFrame, device_name: str):
 
 
 def pct_of_floor(steps: pd.DataFrame, device_name: str):
-    """Heatmaps of % of the roofline floor reached, decode, one row per model and one column per mode (batch × context)."""
+    """Heatmaps of % of the roofline floor reached in decode (batch × context): a row per model, a column per mode."""
     d = _ok(steps)
     d = d[d["phase"] == "decode"]
     models = sorted(d["model"].unique())
@@ -165,7 +165,7 @@ def launch_overhead(table: pd.DataFrame, device_name: str):
     """
     models = sorted(table["model"].unique())
     fig, axes = plt.subplots(1, max(len(models), 1), figsize=(6.5 * max(len(models), 1), 5.5), squeeze=False)
-    for ax, m in zip(axes[0], models):
+    for ax, m in zip(axes[0], models, strict=False):  # no model: one empty panel
         t = table[table["model"] == m]
         ax.vlines(t["floor_ms"], t["graph_ms"], t["eager_ms"], color="grey", alpha=0.5, lw=1)
         for phase, marker in PHASE_MARKERS.items():
@@ -208,7 +208,7 @@ def cost_model_fit(predicted: pd.DataFrame, title: str):
     if "heldout_ms" in predicted and predicted["heldout_ms"].notna().any():
         panels.append(("heldout_ms", "step model, held-out rows"))
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 5), squeeze=False)
-    for ax, (col, what) in zip(axes[0], panels):
+    for ax, (col, what) in zip(axes[0], panels, strict=True):
         d = predicted.dropna(subset=[col])
         sns.scatterplot(data=d, x="median_ms", y=col, hue="phase", style="mode", ax=ax)
         lim = [d[["median_ms", col]].min().min() * 0.8, d[["median_ms", col]].max().max() * 1.2]

@@ -88,7 +88,7 @@ def context_prefill_points(chunk_tokens, contexts, batch: int = 1) -> list[StepP
 
 
 def mixed_points(decodes, decode_context: int, chunk_tokens: int, chunk_contexts) -> list[StepPoint]:
-    """``d`` decodes at ``decode_context`` beside one chunk of ``chunk_tokens`` after ``c`` cached, for every d and c."""
+    """``d`` decodes at ``decode_context`` beside one chunk of ``chunk_tokens`` after ``c`` cached, every d and c."""
     return [StepPoint("mixed", 1, chunk_tokens, c, d, decode_context) for d in decodes for c in chunk_contexts]
 
 

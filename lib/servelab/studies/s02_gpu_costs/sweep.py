@@ -7,7 +7,7 @@ the roofline floor from the ceilings measured in the same run, and % of that flo
 from __future__ import annotations
 
 import pandas as pd
-from tqdm.auto import tqdm
+from tqdm import tqdm  # not tqdm.auto: in a notebook without ipywidgets it warns
 
 from servelab.bench.hf_modes import MIXED_MODES, MODES
 from servelab.errors import ParameterError
@@ -62,9 +62,10 @@ def time_steps(
     repeats: int = 7,
     desc: str | None = None,
     max_tokens: dict[str, int] | None = None,
+    progress: bool = False,
 ) -> pd.DataFrame:
     """Time each ``(mode, point)`` of ``todo``, one row each. A point that fails (e.g. out of memory) is
-    recorded, not fatal.
+    recorded, not fatal. ``progress``: a tqdm bar (off by default: a notebook page shows no bar).
 
     A mixed point in a mode that has no mixed step (the HF modes) gets a row with status ``NO_MIXED_STEP``;
     ``max_tokens`` maps a mode to the largest step (tokens) it runs, larger points get a "skipped" row.
@@ -76,7 +77,7 @@ def time_steps(
     shape = ModelShape.from_config(model.config)
     nbytes = _dtype_bytes(model)
     rows = []
-    for mode, p in tqdm(todo, desc=desc or f"{model_name} steps", leave=False):
+    for mode, p in tqdm(todo, desc=desc or f"{model_name} steps", leave=False, disable=not progress):
         flops, bts = p.work(shape, nbytes)
         row = dict(
             model=model_name,

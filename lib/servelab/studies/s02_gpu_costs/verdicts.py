@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import pandas as pd
 
+from servelab.studies.common.findings import Finding
+from servelab.studies.common.tested_on import tested_on
+
 SEED_PREFILL_US_PER_TOKEN = (30.0, 70.0)  # F2.1, RTX 2070
 SEED_DECODE_US_PER_TOKEN = (5300.0, 10800.0)  # F2.2, RTX 2070, single request
 LONG_PROMPT = 4096  # "long sequences": prompts of at least this many tokens
@@ -19,18 +22,47 @@ def long_prompt(prefill: pd.DataFrame) -> int:
     return min(LONG_PROMPT, int(prefill["new_tokens"].max())) if len(prefill) else LONG_PROMPT
 
 
+CLAIMS = {  # id: (the seed's claim, the seed's value, the unit)
+    "F2.1": ("prefill converges to 30–70 µs/token at long sequences", "30–70", "µs/token"),
+    "F2.2": (
+        "decode is memory-bandwidth-bound: constant with prefix length, 5,300–10,800 µs/token for a single request",
+        "5300–10800",
+        "µs/token",
+    ),
+    "F2.3": (
+        "the simulator's default costs hold for server-level amortized batching",
+        "30–70 (prefill)",
+        "µs/token (prefill / decode)",
+    ),
+}
+
+
 def _ok(df):
     return df[df["status"] == "ok"]
 
 
-def f21_prefill(steps: pd.DataFrame, mode: str = "hf_eager") -> dict:
+def _finding(fid: str, *, measured_value: str, verdict: str, note: str, tested_on: str = "") -> Finding:
+    claim, seed, unit = CLAIMS[fid]
+    return Finding(
+        id=fid,
+        claim=claim,
+        seed_value=seed,
+        measured_value=measured_value,
+        unit=unit,
+        verdict=verdict,
+        note=note,
+        tested_on=tested_on,
+    )
+
+
+def f21_prefill(steps: pd.DataFrame, mode: str = "hf_eager", dtype: str | None = None) -> Finding:
     """F2.1: prefill µs/token at long prompts (batch 1), across models, against the seed's 30–70."""
     d = _ok(steps)
     d = d[(d["phase"] == "prefill") & (d["mode"] == mode) & (d["batch"] == 1)]
     d = d[d["new_tokens"] >= long_prompt(d)]
     if d.empty:
-        return dict(
-            id="F2.1", verdict="changes", measured_value="not measured", note="no long-prompt prefill points ran"
+        return _finding(
+            "F2.1", verdict="changes", measured_value="not measured", note="no long-prompt prefill points ran"
         )
     per_model = d.groupby("model")["us_per_token"].median()
     lo, hi = per_model.min(), per_model.max()
@@ -42,14 +74,20 @@ def f21_prefill(steps: pd.DataFrame, mode: str = "hf_eager") -> dict:
         + (
             "within the seed's band"
             if overlap
-            else f"{SEED_PREFILL_US_PER_TOKEN[0] / hi:.0f}–{SEED_PREFILL_US_PER_TOKEN[1] / lo:.0f}× below the RTX 2070's band: "
-            "prefill is compute-bound and the H200's matmul rate is far higher"
+            else f"{SEED_PREFILL_US_PER_TOKEN[0] / hi:.0f}–{SEED_PREFILL_US_PER_TOKEN[1] / lo:.0f}× below the RTX "
+            "2070's band: prefill is compute-bound and the H200's matmul rate is far higher"
         )
     )
-    return dict(id="F2.1", verdict="holds" if overlap else "changes", measured_value=f"{lo:.1f}–{hi:.1f}", note=note)
+    return _finding(
+        "F2.1",
+        verdict="holds" if overlap else "changes",
+        measured_value=f"{lo:.1f}–{hi:.1f}",
+        note=note,
+        tested_on=tested_on(d["model"], dtype=dtype, setting=f"{mode}, batch 1, prompts ≥ {long_prompt(d)} tokens"),
+    )
 
 
-def f22_decode(steps: pd.DataFrame, mode: str = "hf_eager") -> dict:
+def f22_decode(steps: pd.DataFrame, mode: str = "hf_eager", dtype: str | None = None) -> Finding:
     """F2.2: single-request decode: constant with context? bandwidth-bound? µs/token against the seed's.
 
     The value compared with the seed is ``mode``'s (HF eager, as the seed ran it). Whether decode is
@@ -59,7 +97,7 @@ def f22_decode(steps: pd.DataFrame, mode: str = "hf_eager") -> dict:
     d = _ok(steps)
     d = d[(d["phase"] == "decode") & (d["batch"] == 1)]
     if d.empty or not (d["mode"] == mode).any():
-        return dict(id="F2.2", verdict="fails", measured_value="not measured", note="no batch-1 decode points ran")
+        return _finding("F2.2", verdict="fails", measured_value="not measured", note="no batch-1 decode points ran")
 
     def describe(g):
         by_model = g.groupby("model")
@@ -83,12 +121,25 @@ def f22_decode(steps: pd.DataFrame, mode: str = "hf_eager") -> dict:
         if not bandwidth_bound
         else "; bandwidth-bound, as the seed said"
     )
-    return dict(id="F2.2", verdict=verdict, measured_value=f"{us.min():.0f}–{us.max():.0f}", note=note)
+    contexts = f"contexts {seedlike['context'].min():,}–{seedlike['context'].max():,} tokens"
+    return _finding(
+        "F2.2",
+        verdict=verdict,
+        measured_value=f"{us.min():.0f}–{us.max():.0f}",
+        note=note,
+        tested_on=tested_on(
+            d["model"], dtype=dtype, setting=f"batch 1, {contexts}; modes {', '.join(d['mode'].unique())}"
+        ),
+    )
 
 
 def f23_sim_defaults(
-    steps: pd.DataFrame, amortized_batch: int = 64, context: int = 512, mode: str | None = None
-) -> dict:
+    steps: pd.DataFrame,
+    amortized_batch: int = 64,
+    context: int = 512,
+    mode: str | None = None,
+    dtype: str | None = None,
+) -> Finding:
     """F2.3: do the RTX 2070's costs (the simulator's defaults) carry to the H200 at server-level batching?
 
     Compares the amortized per-token costs measured here (prefill at long prompts, decode at
@@ -107,10 +158,10 @@ def f23_sim_defaults(
     dec = d[(d["phase"] == "decode") & (d["mode"] == mode) & (d["batch"] == amortized_batch)]
     if len(dec) and context not in set(dec["context"]):
         context = int(dec["context"].min())
-    dec = dec[dec["context"] == context]["us_per_token"]
+    dec = dec[dec["context"] == context]["us_per_token"]  # keeps ``d``'s index: the models are looked up below
     if pre.empty or dec.empty:
-        return dict(
-            id="F2.3",
+        return _finding(
+            "F2.3",
             verdict="changes",
             measured_value="not measured",
             note=f"needs long prefills and {mode} decode at batch {amortized_batch}",
@@ -120,45 +171,25 @@ def f23_sim_defaults(
     holds = 0.5 <= ratio <= 2.0
     note = (
         f"amortized on the H200: prefill {pre.median():.1f} µs/token, decode {dec.median():.1f} µs/token at batch "
-        f"{amortized_batch} and context {context} ({mode}); the RTX 2070's prefill cost is {ratio:.0f}× the H200's, so defaults must be "
-        "re-fitted per GPU (the cost model below); the simulator's fidelity against the real server is issue 7's"
+        f"{amortized_batch} and context {context} ({mode}); the RTX 2070's prefill cost is {ratio:.0f}× the H200's, "
+        "so defaults must be re-fitted per GPU (the cost model below); the simulator page measures the simulator's "
+        "fidelity against the real server"
     )
-    return dict(
-        id="F2.3",
+    models = d.loc[pre.index.union(dec.index), "model"]
+    return _finding(
+        "F2.3",
         verdict="holds" if holds else "changes",
         measured_value=f"{pre.median():.1f} / {dec.median():.1f}",
         note=note,
+        tested_on=tested_on(
+            models,
+            dtype=dtype,
+            setting=f"prefill ≥ {long_prompt(d[d['phase'] == 'prefill'])} tokens; {mode} decode at batch "
+            f"{amortized_batch}, context {context}",
+        ),
     )
 
 
-CLAIMS = {
-    "F2.1": ("prefill converges to 30–70 µs/token at long sequences", "30–70", "µs/token"),
-    "F2.2": (
-        "decode is memory-bandwidth-bound: constant with prefix length, 5,300–10,800 µs/token for a single request",
-        "5300–10800",
-        "µs/token",
-    ),
-    "F2.3": (
-        "the simulator's default costs hold for server-level amortized batching",
-        "30–70 (prefill)",
-        "µs/token (prefill / decode)",
-    ),
-}
-
-
-def findings(steps: pd.DataFrame) -> list[dict]:
-    rows = []
-    for res in (f21_prefill(steps), f22_decode(steps), f23_sim_defaults(steps)):
-        claim, seed, unit = CLAIMS[res["id"]]
-        rows.append(
-            dict(
-                id=res["id"],
-                claim=claim,
-                seed_value=seed,
-                measured_value=res["measured_value"],
-                unit=unit,
-                verdict=res["verdict"],
-                note=res["note"],
-            )
-        )
-    return rows
+def findings(steps: pd.DataFrame, dtype: str | None = None) -> list[Finding]:
+    """F2.1–F2.3 from the sweep's steps; ``dtype`` (the run's weights and KV dtype) is named in ``tested_on``."""
+    return [f21_prefill(steps, dtype=dtype), f22_decode(steps, dtype=dtype), f23_sim_defaults(steps, dtype=dtype)]

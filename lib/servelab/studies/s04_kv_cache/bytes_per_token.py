@@ -14,7 +14,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
 
 
 @dataclass(frozen=True)
@@ -121,7 +120,7 @@ def bytes_per_token_table(
     from servelab.models import load_model
 
     rows = []
-    for spec, dtype, check_hf in tqdm(cases, desc="bytes per token", leave=False):
+    for spec, dtype, check_hf in cases:  # a few cases: no progress bar on the page
         row = dict(model=spec, dtype=dtype, hf_checked=bool(check_hf))
         try:
             geom = KVGeometry.from_config(model_config(spec))

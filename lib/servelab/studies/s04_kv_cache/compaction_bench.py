@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
+from tqdm import tqdm  # not tqdm.auto: in a notebook without ipywidgets it warns
 
 from servelab.kv.block_manager import BlockManager
 from servelab.kv.compaction import (
@@ -58,6 +58,75 @@ def fragmented_manager(
     return bm
 
 
+def _mover(method: str, pool, plan, src_idx, dst_idx):
+    """The call that moves ``plan``'s blocks in ``pool`` with ``method``, its arguments bound now."""
+    if method == "gather_scatter":
+        return lambda: move_gather_scatter(pool, src_idx, dst_idx)
+    if method == "gather_scatter_wide":
+        return lambda: move_gather_scatter_wide(pool, src_idx, dst_idx)
+    return lambda: move_block_loop(pool, plan.src, plan.dst)
+
+
+def _time_movers(pool, plan, methods, row: dict, per_block: int, timing: dict) -> list[dict]:
+    """One row per mover: the plan's moves timed (``time_fn``), or ``status="oom"``."""
+    import torch
+
+    src_idx, dst_idx = block_index(pool, plan.src), block_index(pool, plan.dst)
+    rows = []
+    for method in methods:
+        r = dict(
+            row,
+            method=method,
+            blocks_moved=plan.moved,
+            live_blocks=plan.live,
+            bytes_moved=plan.moved * per_block,
+            kernel_launches=plan.moved if method == "block_loop" else 2,
+        )
+        try:
+            t = time_fn(_mover(method, pool, plan, src_idx, dst_idx), **timing)
+            r.update(status="ok", **t.as_row())
+        except torch.OutOfMemoryError:
+            r.update(status="oom")
+            torch.cuda.empty_cache()
+        rows.append(r)
+    return rows
+
+
+def _pool_rows(base: dict, shape: tuple, dtype, device, gen, rng, move_fractions, methods, timing: dict) -> list[dict]:
+    """Every (fraction moved, mover) of one pool; a pool that cannot be made gives status rows instead."""
+    import torch
+
+    from servelab.kv.pool import KVPool
+
+    layers, kv_heads, head_dim = shape
+    mib, bs, num_blocks, per_block = base["pool_mib"], base["block_size"], base["num_blocks"], base["bytes_per_block"]
+    rows = []
+    pool = None
+    try:
+        if num_blocks < 4:
+            raise ValueError(f"a {mib} MiB pool holds only {num_blocks} blocks of {per_block} bytes")
+        pool = KVPool(layers, num_blocks, bs, kv_heads, head_dim, dtype, device).fill_random(gen)
+        for frac in move_fractions:
+            plan = plan_compaction(fragmented_manager(num_blocks, bs, base["live_fraction"], frac, rng))
+            row = dict(base, move_fraction=frac)
+            if plan.moved == 0:
+                rows += [
+                    dict(row, method=m, blocks_moved=0, live_blocks=plan.live, status="skipped: no block to move")
+                    for m in methods
+                ]
+                continue
+            rows += _time_movers(pool, plan, methods, row, per_block, timing)
+    except torch.OutOfMemoryError:
+        rows.append(dict(base, status="oom"))
+    except ValueError as e:
+        rows.append(dict(base, status=f"skipped: {e}"))
+    finally:
+        del pool
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return rows
+
+
 def compaction_sweep(
     layers: int,
     kv_heads: int,
@@ -74,88 +143,33 @@ def compaction_sweep(
     warmup: int = 2,
     repeats: int = 10,
     seed: int = 0,
+    progress: bool = False,
 ) -> pd.DataFrame:
-    """Time each mover for every (pool size MiB, block size, fraction moved); failures become status rows."""
-    import torch
+    """Time each mover for every (pool size MiB, block size, fraction moved); failures become status rows.
 
-    from servelab.kv.pool import KVPool
+    ``progress``: a tqdm bar over the pools (off by default: a notebook page shows no bar).
+    """
+    import torch
 
     for m in methods:
         if m not in MOVERS:
             raise ValueError(f"unknown method {m!r}; choose from {MOVERS}")
     rng = np.random.default_rng(seed)
     gen = torch.Generator(device=device).manual_seed(seed)
+    timing = dict(warmup=warmup, repeats=repeats, device=device)
     rows = []
     combos = [(mib, bs) for mib in pool_mib for bs in block_sizes]
-    bar = tqdm(total=len(combos) * len(move_fractions) * len(methods), desc="compaction", leave=False)
-    for mib, bs in combos:
+    for mib, bs in tqdm(combos, desc="compaction", leave=False, disable=not progress):
         per_block = 2 * layers * bs * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
-        num_blocks = mib * 2**20 // per_block
         base = dict(
             pool_mib=mib,
             block_size=bs,
-            num_blocks=num_blocks,
+            num_blocks=mib * 2**20 // per_block,
             bytes_per_block=per_block,
             chunk_bytes=per_block // (2 * layers),
             live_fraction=live_fraction,
         )
-        pool = None
-        try:
-            if num_blocks < 4:
-                raise ValueError(f"a {mib} MiB pool holds only {num_blocks} blocks of {per_block} bytes")
-            pool = KVPool(layers, num_blocks, bs, kv_heads, head_dim, dtype, device).fill_random(gen)
-            for frac in move_fractions:
-                plan = plan_compaction(fragmented_manager(num_blocks, bs, live_fraction, frac, rng))
-                if plan.moved == 0:
-                    rows += [
-                        dict(
-                            base,
-                            move_fraction=frac,
-                            method=m,
-                            blocks_moved=0,
-                            live_blocks=plan.live,
-                            status="skipped: no block to move",
-                        )
-                        for m in methods
-                    ]
-                    bar.update(len(methods))
-                    continue
-                src_idx, dst_idx = block_index(pool, plan.src), block_index(pool, plan.dst)
-                for method in methods:
-                    row = dict(
-                        base,
-                        move_fraction=frac,
-                        method=method,
-                        blocks_moved=plan.moved,
-                        live_blocks=plan.live,
-                        bytes_moved=plan.moved * per_block,
-                        kernel_launches=plan.moved if method == "block_loop" else 2,
-                    )
-                    try:
-                        if method == "gather_scatter":
-                            fn = lambda: move_gather_scatter(pool, src_idx, dst_idx)  # noqa: E731
-                        elif method == "gather_scatter_wide":
-                            fn = lambda: move_gather_scatter_wide(pool, src_idx, dst_idx)  # noqa: E731
-                        else:
-                            fn = lambda: move_block_loop(pool, plan.src, plan.dst)  # noqa: E731
-                        t = time_fn(fn, warmup=warmup, repeats=repeats, device=device)
-                        row.update(status="ok", **t.as_row())
-                    except torch.OutOfMemoryError:
-                        row.update(status="oom")
-                        torch.cuda.empty_cache()
-                    rows.append(row)
-                    bar.update()
-        except torch.OutOfMemoryError:
-            rows.append(dict(base, status="oom"))
-            bar.update(len(move_fractions) * len(methods))
-        except ValueError as e:
-            rows.append(dict(base, status=f"skipped: {e}"))
-            bar.update(len(move_fractions) * len(methods))
-        finally:
-            del pool
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-    bar.close()
+        rows += _pool_rows(base, (layers, kv_heads, head_dim), dtype, device, gen, rng, move_fractions, methods, timing)
     df = pd.DataFrame(rows)
     ok = df["status"] == "ok"
     if ok.any():

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
+from servelab.studies.common.quiet import quiet_profiler
 from servelab.studies.s04_kv_cache.overlap import CONDITIONS, OverlapRig
 
 
@@ -28,7 +29,8 @@ def kernel_comparison(rig: OverlapRig, calls: int = 5) -> pd.DataFrame:
     from servelab.measure.kernel_profile import profile_call
 
     conds = [c for c in CONDITIONS if c in rig.conditions]
-    prof = {c: profile_call(lambda c=c: rig.run(c), calls=calls, warmup=1, top=200) for c in conds}
+    with quiet_profiler():
+        prof = {c: profile_call(lambda c=c: rig.run(c), calls=calls, warmup=1, top=200) for c in conds}
     per = {c: {name: (n, us) for name, n, us in p.top_kernels} for c, p in prof.items()}
     rows = []
     for name, (n, us) in per["compaction_alone"].items():

@@ -10,7 +10,7 @@ from servelab.studies.common.params import (
     check_choice,
     check_int_range,
     check_positive_ints,
-    resolve_profile,
+    resolve,
 )
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -95,16 +95,7 @@ def _check_fraction(name: str, v, lo_open: bool = True) -> float:
     return float(v)
 
 
-def study_params(profile: str = "auto", **overrides) -> dict:
-    """Resolve the profile, apply non-None overrides, and validate everything (``ParameterError`` on bad input)."""
-    prof = resolve_profile(profile)
-    p = {k: (list(v) if isinstance(v, list) else v) for k, v in DEFAULTS[prof].items()}
-    unknown = set(overrides) - set(p)
-    if unknown:
-        raise ParameterError(f"unknown parameters {sorted(unknown)}; known: {sorted(p)}")
-    p.update({k: v for k, v in overrides.items() if v is not None})
-    p["profile"] = prof
-
+def _check_bpt_cases(p: dict) -> None:
     cases = p["bpt_cases"]
     if not isinstance(cases, (list, tuple)) or not cases:
         raise ParameterError(f"bpt_cases must be a non-empty list of [spec, dtype, check_hf], got {cases!r}")
@@ -117,6 +108,8 @@ def study_params(profile: str = "auto", **overrides) -> dict:
         norm.append([c[0], c[1], c[2]])
     p["bpt_cases"] = norm
 
+
+def _check_capacity(p: dict) -> None:
     for k in ("capacity_model", "decode_model"):
         _check_spec(k, p[k])
     for k in ("capacity_dtype", "decode_dtype"):
@@ -125,6 +118,9 @@ def study_params(profile: str = "auto", **overrides) -> dict:
     check_int_range("capacity_max_len", p["capacity_max_len"], 2, 1 << 20)
     check_int_range("capacity_trials", p["capacity_trials"], 1, 100)
     p["block_sizes"] = check_positive_ints("block_sizes", p["block_sizes"], maximum=4096)
+
+
+def _check_decode(p: dict) -> None:
     if isinstance(p["decode_modes"], str):
         p["decode_modes"] = [p["decode_modes"]]
     if not p["decode_modes"]:
@@ -140,6 +136,9 @@ def study_params(profile: str = "auto", **overrides) -> dict:
     if len(p["decode_contexts"]) < 2:
         raise ParameterError("decode_contexts needs at least two contexts to measure a variation")
     check_int_range("repeats", p["repeats"], 1, 1000)
+
+
+def _check_compaction(p: dict) -> None:
     p["compaction_pool_mib"] = check_positive_ints("compaction_pool_mib", p["compaction_pool_mib"], maximum=1 << 20)
     fr = p["compaction_move_fractions"]
     if not isinstance(fr, (list, tuple)) or not fr:
@@ -151,16 +150,24 @@ def study_params(profile: str = "auto", **overrides) -> dict:
         raise ParameterError("compaction_methods must not be empty")
     for m in p["compaction_methods"]:
         check_choice("compaction_methods", m, MOVERS)
+
+
+def _check_overlap(p: dict) -> None:
     check_int_range("overlap_pool_mib", p["overlap_pool_mib"], 1, 1 << 20)
     check_int_range("overlap_block_size", p["overlap_block_size"], 1, 4096)
     p["overlap_move_fraction"] = _check_fraction("overlap_move_fraction", p["overlap_move_fraction"])
     p["overlap_batches"] = check_positive_ints("overlap_batches", p["overlap_batches"], maximum=4096)
     check_int_range("overlap_context", p["overlap_context"], 1, 1 << 20)
     check_int_range("overlap_rounds", p["overlap_rounds"], 3, 10000)
-    # a position past the model's table is a device-side assert on CUDA, which kills the whole run: refuse it here
+
+
+def _check_positions(p: dict) -> None:
+    """A position past the model's table is a device-side assert on CUDA, which kills the whole run: refuse it."""
+    from servelab.studies.common.quiet import quiet_run
     from servelab.studies.s04_kv_cache.bytes_per_token import model_config
 
-    cfg = model_config(p["decode_model"])
+    with quiet_run():  # the first transformers import happens here, in a notebook's (removed) parameters step
+        cfg = model_config(p["decode_model"])
     max_pos = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
     longest = max(max(p["decode_contexts"]), p["overlap_context"])
     if max_pos is not None and longest + 1 > max_pos:
@@ -168,4 +175,15 @@ def study_params(profile: str = "auto", **overrides) -> dict:
             f"{p['decode_model']} has {max_pos} positions; decode_contexts and overlap_context "
             f"must stay below {max_pos} (got {longest})"
         )
+
+
+def study_params(profile: str = "auto", **overrides) -> dict:
+    """The profile's defaults with the non-None overrides, validated (``ParameterError`` on bad input)."""
+    p = resolve(DEFAULTS, profile, overrides)
+    _check_bpt_cases(p)
+    _check_capacity(p)
+    _check_decode(p)
+    _check_compaction(p)
+    _check_overlap(p)
+    _check_positions(p)
     return p

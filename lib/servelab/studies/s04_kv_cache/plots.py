@@ -89,8 +89,8 @@ def decode_scaling(steps: pd.DataFrame, ceil_gb_s: float, device_name: str):
     modes = [m for m in MODE_LABELS.values() if m in set(d["mode_label"])]
     fig, axes = plt.subplots(1, len(modes) + 1, figsize=(5.2 * (len(modes) + 1), 4.3), squeeze=False)
     axes = axes[0]
-    palette = dict(zip(sorted(d["batch"].unique()), sns.color_palette("viridis", d["batch"].nunique())))
-    for ax, mode in zip(axes, modes):
+    palette = dict(zip(sorted(d["batch"].unique()), sns.color_palette("viridis", d["batch"].nunique()), strict=True))
+    for ax, mode in zip(axes, modes, strict=False):  # the last axis is the GB/s panel
         dm = d[d["mode_label"] == mode]
         for b, g in dm.groupby("batch"):
             g = g.sort_values("context")
@@ -146,7 +146,7 @@ def compaction_bandwidth(comp: pd.DataFrame, ceil_gb_s: float, device_name: str)
     d["pool"] = d["pool_mib"].map(lambda m: f"{m / 1024:g} GiB pool" if m >= 1024 else f"{m} MiB pool")
     fracs = sorted(d["move_fraction"].unique())
     fig, axes = plt.subplots(1, len(fracs), figsize=(5.2 * len(fracs) + 2, 4.3), squeeze=False, sharey=True)
-    for i, (ax, f) in enumerate(zip(axes[0], fracs)):
+    for i, (ax, f) in enumerate(zip(axes[0], fracs, strict=True)):
         sns.lineplot(
             data=d[d["move_fraction"] == f], x="block_size", y="gb_s", hue="method", style="pool", marker="o", ax=ax
         )
@@ -177,7 +177,7 @@ def overlap(runs: pd.DataFrame, device_name: str):
     batches = sorted(runs["decode_batch"].unique())
     order = [c for c in CONDITIONS if c in set(runs["condition"])]
     fig, axes = plt.subplots(len(batches), 2, figsize=(12, 4.2 * len(batches)), squeeze=False)
-    for (ax_parts, ax_comp), b in zip(axes, batches):
+    for (ax_parts, ax_comp), b in zip(axes, batches, strict=True):
         rb = runs[runs["decode_batch"] == b]
         long = rb.melt(
             id_vars=["round", "condition"],

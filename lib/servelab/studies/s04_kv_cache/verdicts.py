@@ -5,6 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from servelab.studies.common.findings import Finding
+from servelab.studies.common.tested_on import tested_on
+
 SEED_BYTES_PER_TOKEN = 36 * 1024  # F4.1: "36 KB/token" = GPT-2 (12 layers × 12 heads × 64) in fp16
 SEED_DECODE_VARIATION_PCT = 3.0  # F4.2
 SEED_COMPACTION_GB_S = (19.0, 67.0)  # F4.3
@@ -22,17 +25,18 @@ CLAIMS = {
 }
 
 
-def f41(bpt: pd.DataFrame) -> dict:
+def f41(bpt: pd.DataFrame) -> Finding:
     """Holds if every architecture's HF cache and paged pool hold exactly the formula's bytes per token."""
     ok = bpt[bpt["status"] == "ok"]
     if ok.empty:
-        return _row(
-            "F4.1",
-            "36 KB/token",
-            "no case ran",
-            "bytes/token",
-            "fails",
-            "every case failed: " + "; ".join(bpt["status"].astype(str)),
+        return Finding(
+            id="F4.1",
+            claim=CLAIMS["F4.1"],
+            seed_value="36 KB/token",
+            measured_value="no case ran",
+            unit="bytes/token",
+            verdict="fails",
+            note="every case failed: " + "; ".join(bpt["status"].astype(str)),
         )
     exact = ok["exact"].astype(bool)
     gpt2 = ok[(ok["layers"] == 12) & (ok["kv_heads"] == 12) & (ok["head_dim"] == 64) & (ok["dtype_bytes"] == 2)]
@@ -44,7 +48,7 @@ def f41(bpt: pd.DataFrame) -> dict:
         if len(gpt2)
         else "GPT-2 fp16 not measured"
     )
-    archs = ", ".join(f"{m.replace('config:', '')} ({a})" for m, a in zip(ok["model"], ok["attention"]))
+    archs = ", ".join(f"{m.replace('config:', '')} ({a})" for m, a in zip(ok["model"], ok["attention"], strict=True))
     if exact.all() and (len(gpt2) == 0 or gpt2["pool_bytes_per_token"].iloc[0] == SEED_BYTES_PER_TOKEN):
         verdict = "holds"
         note = f"exact for all {len(ok)} cases: {archs}; HF cache tensors, their storages and the paged pool"
@@ -54,10 +58,27 @@ def f41(bpt: pd.DataFrame) -> dict:
         note = f"not exact for {bad}; see bytes_per_token.csv"
     if len(ok) < len(bpt):
         note += f"; {len(bpt) - len(ok)} case(s) did not run"
-    return _row("F4.1", f"{SEED_BYTES_PER_TOKEN:,} B (36 KB)/token", measured, "bytes/token", verdict, note)
+    return Finding(
+        id="F4.1",
+        claim=CLAIMS["F4.1"],
+        seed_value=f"{SEED_BYTES_PER_TOKEN:,} B (36 KB)/token",
+        measured_value=measured,
+        unit="bytes/token",
+        verdict=verdict,
+        note=note,
+        tested_on=tested_on(ok["model"], setting="dtypes " + ", ".join(ok["dtype"].astype(str).unique())),
+    )
 
 
-def f42(summary: pd.DataFrame, copy_gb_s: float) -> dict:
+def _regimes(rows: pd.DataFrame) -> str:
+    return ", ".join(f"{r.mode} b={r.batch}" for r in rows.itertuples())
+
+
+def _modes_batches(s: pd.DataFrame) -> str:
+    return f"{', '.join(s['mode'].unique())}; batches {', '.join(str(b) for b in sorted(s['batch'].unique()))}"
+
+
+def f42(summary: pd.DataFrame, copy_gb_s: float, dtype: str | None = None) -> Finding:
     """Per regime (mode × batch): flat (the fitted trend over the contexts swept within ±``FLAT_PCT``), growing
     (above), or falling (below: overheads, not memory, vary); near its roofline floor or not (``NEAR_FLOOR_PCT``).
 
@@ -66,16 +87,23 @@ def f42(summary: pd.DataFrame, copy_gb_s: float) -> dict:
     flat. The seed's own measure, max/min variation, is reported beside it.
     """
     if summary.empty:
-        return _row("F4.2", "~3%", "no data", "% variation", "fails", "no decode point ran")
+        return Finding(
+            id="F4.2",
+            claim=CLAIMS["F4.2"],
+            seed_value="~3%",
+            measured_value="no data",
+            unit="% variation",
+            verdict="fails",
+            note="no decode point ran",
+        )
     s = summary.assign(
         flat=summary["trend_pct"].abs() <= FLAT_PCT, near_floor=summary["pct_of_floor_at_max_context"] >= NEAR_FLOOR_PCT
     )
-    name = lambda rows: ", ".join(f"{r.mode} b={r.batch}" for r in rows.itertuples())  # noqa: E731
     flat, grows, falls = s[s["flat"]], s[s["trend_pct"] > FLAT_PCT], s[s["trend_pct"] < -FLAT_PCT]
     if flat.empty:
         verdict, why = "fails", "Step time is not flat with context in any regime measured"
     elif len(flat) == len(s) and flat["near_floor"].any():
-        verdict, why = "holds", f"Flat in every regime, and near the memory floor in {name(flat[flat.near_floor])}"
+        verdict, why = "holds", f"Flat in every regime, and near the memory floor in {_regimes(flat[flat.near_floor])}"
     elif len(flat) == len(s):
         verdict = "changes"
         why = (
@@ -86,10 +114,10 @@ def f42(summary: pd.DataFrame, copy_gb_s: float) -> dict:
     else:
         verdict = "changes"
         why = (
-            f"Flat only in {name(flat)}, at most {flat['pct_of_floor_at_max_context'].max():.0f}% of the roofline "
+            f"Flat only in {_regimes(flat)}, at most {flat['pct_of_floor_at_max_context'].max():.0f}% of the roofline "
             f"floor there"
-            + (f"; grows with context in {name(grows)}" if len(grows) else "")
-            + (f"; falls with context in {name(falls)} (overheads that vary, not memory)" if len(falls) else "")
+            + (f"; grows with context in {_regimes(grows)}" if len(grows) else "")
+            + (f"; falls with context in {_regimes(falls)} (overheads that vary, not memory)" if len(falls) else "")
         )
     mb = grows[np.isfinite(grows["marginal_kv_gb_s"])]
     if len(mb):
@@ -109,22 +137,32 @@ def f42(summary: pd.DataFrame, copy_gb_s: float) -> dict:
         f"(flat: fitted trend within ±{FLAT_PCT:g}% over the contexts swept; near the floor: at ≥ "
         f"{NEAR_FLOOR_PCT:g}% of it)"
     )
-    return _row(
-        "F4.2",
-        f"{SEED_DECODE_VARIATION_PCT:g}%",
-        measured,
-        "% variation over context (max/min)",
-        verdict,
-        why + ". " + "; ".join(parts) + " " + criteria,
+    return Finding(
+        id="F4.2",
+        claim=CLAIMS["F4.2"],
+        seed_value=f"{SEED_DECODE_VARIATION_PCT:g}%",
+        measured_value=measured,
+        unit="% variation over context (max/min)",
+        verdict=verdict,
+        note=why + ". " + "; ".join(parts) + " " + criteria,
+        tested_on=tested_on(s.get("model", []), dtype=dtype, setting=f"decode, {_modes_batches(s)}"),
     )
 
 
-def f43(comp: pd.DataFrame, copy_gb_s: float) -> dict:
+def f43(comp: pd.DataFrame, copy_gb_s: float, model: str = "", dtype: str | None = None) -> Finding:
     """Holds if the best measured compaction bandwidth is within 2× of the seed's range; else changes. The note says
     which mover and block sizes reproduce the seed's range on this GPU, if any."""
     ok = comp[comp["status"] == "ok"]
     if ok.empty:
-        return _row("F4.3", "19–67 GB/s", "no data", "GB/s", "fails", "no compaction point ran")
+        return Finding(
+            id="F4.3",
+            claim=CLAIMS["F4.3"],
+            seed_value="19–67 GB/s",
+            measured_value="no data",
+            unit="GB/s",
+            verdict="fails",
+            note="no compaction point ran",
+        )
     by = ok.groupby("method")["gb_s"].agg(["min", "max"])
     lo, hi = ok["gb_s"].min(), ok["gb_s"].max()
     inside = SEED_COMPACTION_GB_S[0] / 2 <= hi <= SEED_COMPACTION_GB_S[1] * 2
@@ -141,10 +179,21 @@ def f43(comp: pd.DataFrame, copy_gb_s: float) -> dict:
             for m, g in seedlike.groupby("method")
         )
         note += f". The seed's 19–67 GB/s is what this GPU moves with {where}"
-    return _row("F4.3", "19–67", f"{lo:,.0f}–{hi:,.0f}", "GB/s (read+write)", verdict, note)
+    pools = ", ".join(f"{m:,}" for m in sorted(ok["pool_mib"].unique()))
+    blocks = ", ".join(str(b) for b in sorted(ok["block_size"].unique()))
+    return Finding(
+        id="F4.3",
+        claim=CLAIMS["F4.3"],
+        seed_value="19–67",
+        measured_value=f"{lo:,.0f}–{hi:,.0f}",
+        unit="GB/s (read+write)",
+        verdict=verdict,
+        note=note,
+        tested_on=tested_on([model], dtype=dtype, setting=f"KV pools of {pools} MiB, {blocks}-token blocks"),
+    )
 
 
-def f44(summary, on_cuda: bool) -> dict:
+def f44(summary, on_cuda: bool, model: str = "", dtype: str | None = None) -> Finding:
     """The claim as worded: the compaction itself runs ~30% faster while decode is active.
 
     ``summary`` holds one row (``overlap_summary`` plus the rig's info) per decode regime measured. Holds if in every
@@ -154,13 +203,14 @@ def f44(summary, on_cuda: bool) -> dict:
     """
     s = pd.DataFrame([summary]) if isinstance(summary, dict) else summary
     if not on_cuda or "compaction_speedup" not in s:
-        return _row(
-            "F4.4",
-            "1.3× faster",
-            "none (CPU run)",
-            "speedup",
-            "fails",
-            "CPU run: there are no CUDA streams to overlap on, so the claim cannot hold here (not an H200 result)",
+        return Finding(
+            id="F4.4",
+            claim=CLAIMS["F4.4"],
+            seed_value="1.3× faster",
+            measured_value="none (CPU run)",
+            unit="speedup",
+            verdict="fails",
+            note="CPU run: there are no CUDA streams to overlap on, so the claim cannot hold here (not an H200 result)",
         )
     faster = s["compaction_speedup_ci_low"] > 1
     in_band = s["compaction_speedup"].between(*SPEEDUP_BAND)
@@ -197,23 +247,34 @@ def f44(summary, on_cuda: bool) -> dict:
             )
         parts.append(part)
     measured = ", ".join(f"{v:.2f}×" for v in s["compaction_speedup"])
-    return _row(
-        "F4.4",
-        f"{SEED_COMPACTION_SPEEDUP:g}× faster",
-        measured,
-        "speedup (alone / during decode)",
-        verdict,
-        "; ".join(parts),
-    )
-
-
-def _row(fid, seed_value, measured, unit, verdict, note) -> dict:
-    return dict(
-        id=fid,
-        claim=CLAIMS[fid],
-        seed_value=seed_value,
-        measured_value=str(measured).strip(),
-        unit=unit,
+    batches = ", ".join(str(b) for b in s["decode_batch"]) if "decode_batch" in s else "one"
+    return Finding(
+        id="F4.4",
+        claim=CLAIMS["F4.4"],
+        seed_value=f"{SEED_COMPACTION_SPEEDUP:g}× faster",
+        measured_value=measured,
+        unit="speedup (alone / during decode)",
         verdict=verdict,
-        note=note,
+        note="; ".join(parts),
+        tested_on=tested_on([model], dtype=dtype, setting=f"compaction during decode at batch {batches}"),
     )
+
+
+def findings(
+    bpt: pd.DataFrame,
+    variation: pd.DataFrame,
+    compaction: pd.DataFrame,
+    overlap: pd.DataFrame,
+    *,
+    copy_gb_s: float,
+    on_cuda: bool,
+    model: str,
+    dtype: str,
+) -> list[Finding]:
+    """F4.1–F4.4 from the study's tables; ``model``/``dtype``: the decode model that F4.2–F4.4 ran on."""
+    return [
+        f41(bpt),
+        f42(variation, copy_gb_s, dtype),
+        f43(compaction, copy_gb_s, model, dtype),
+        f44(overlap, on_cuda, model, dtype),
+    ]

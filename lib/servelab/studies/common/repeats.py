@@ -1,0 +1,142 @@
+"""One finding from independent repeats of a claim's measurement: median, an interval from the repeats, and
+"inconclusive" where the repeats' verdicts disagree.
+
+A repeat is one run of the claim's whole measurement in a fresh process, with its own seeds and traces; each gives a
+``Finding`` with its own verdict. ``combine_repeats`` turns three or more of them into the finding the book shows:
+
+- the headline value is the **median over repeats**;
+- its interval is **distribution-free, from order statistics**: the k-th smallest and k-th largest repeat, with k
+  the largest for which the binomial(n, 1/2) tail leaves at least 95% coverage of the true median. Fewer than six
+  repeats cannot reach 95%: the interval is then the **min–max**, which covers the median with probability
+  1 − 2·0.5ⁿ (75% for 3 repeats, 87.5% for 4), and the note says so;
+- ``repeats`` is the count and ``repeat_verdicts`` each repeat's verdict, ";"-joined in run order;
+- the verdict is the repeats' verdict when all agree, else ``inconclusive``.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from servelab.errors import ParameterError
+from servelab.studies.common.findings import Finding
+
+MIN_REPEATS = 3
+COVERAGE = 0.95  # the interval's target coverage of the median
+INCONCLUSIVE = "inconclusive"
+
+
+@dataclass(frozen=True)
+class MedianInterval:
+    """The median of n repeats and an order-statistic interval around it (units: the measurement's)."""
+
+    median: float
+    low: float
+    high: float
+    n: int
+    coverage: float  # the probability that [low, high] covers the true median (exact, distribution-free)
+
+    @property
+    def is_min_max(self) -> bool:
+        return self.coverage < COVERAGE
+
+    def describe(self, unit: str = "") -> str:
+        """How the note says it: "median 5.33 ×, 5.1–8.1 × over 3 repeats (min–max: a 75% interval for the median)"."""
+        u = f" {unit}" if unit else ""
+        kind = (
+            f"min–max: a {self.coverage:.0%} interval for the median"
+            if self.is_min_max
+            else f"{self.coverage:.0%} order-statistic interval for the median"
+        )
+        return f"median {_fmt(self.median)}{u}, {_fmt(self.low)}–{_fmt(self.high)}{u} over {self.n} repeats ({kind})"
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.4g}"
+
+
+def _coverage(n: int, k: int) -> float:
+    """P(X_(k) <= median <= X_(n+1-k)) for n draws of a continuous distribution: 1 − 2·P(Binomial(n, ½) < k)."""
+    tail = sum(math.comb(n, i) for i in range(k)) / 2**n
+    return 1.0 - 2.0 * tail
+
+
+def median_interval(values: Sequence[float]) -> MedianInterval:
+    """The median of ``values`` and the narrowest order-statistic interval with ≥ 95% coverage (else min–max)."""
+    xs = sorted(float(v) for v in values)
+    if not xs or not all(math.isfinite(x) for x in xs):
+        raise ParameterError(f"repeat values must be finite numbers, got {list(values)!r}")
+    n, k = len(xs), 1
+    while k + 1 <= (n + 1) // 2 and _coverage(n, k + 1) >= COVERAGE:
+        k += 1
+    return MedianInterval(statistics.median(xs), xs[k - 1], xs[n - k], n, _coverage(n, k))
+
+
+def combined_verdict(verdicts: Sequence[str]) -> str:
+    """The repeats' common verdict, or ``inconclusive`` when any two disagree."""
+    return verdicts[0] if len(set(verdicts)) == 1 else INCONCLUSIVE
+
+
+def _check(findings: Sequence[Finding], min_repeats: int) -> None:
+    if len(findings) < min_repeats:
+        raise ParameterError(
+            f"a verdict needs at least {min_repeats} independent repeats, got {len(findings)}"
+            + (f" for {findings[0].id}" if findings else "")
+        )
+    ids, units = {f.id for f in findings}, {f.unit for f in findings}
+    if len(ids) != 1 or len(units) != 1:
+        raise ParameterError(
+            f"repeats must be of one claim in one unit, got ids {sorted(ids)} and units {sorted(units)}"
+        )
+    if any(f.verdict == INCONCLUSIVE or f.repeats != 1 for f in findings):
+        raise ParameterError(f"{findings[0].id}: each repeat is one run with its own verdict, not a combined finding")
+
+
+def _numbers(findings: Sequence[Finding], values: Sequence[float] | None) -> list[float] | None:
+    """The repeats' numbers: ``values`` when given, else each ``measured_value`` read as a number; None when the
+    measured values are text that all repeats share (nothing to take a median of)."""
+    if values is not None:
+        if len(values) != len(findings):
+            raise ParameterError(f"{findings[0].id}: {len(values)} values for {len(findings)} repeats")
+        return [float(v) for v in values]
+    try:
+        return [float(f.measured_value.replace(",", "")) for f in findings]
+    except ValueError:
+        if len({f.measured_value for f in findings}) == 1:
+            return None
+        raise ParameterError(
+            f"{findings[0].id}: measured values {[f.measured_value for f in findings]} are not numbers; "
+            "pass values= (one number per repeat) to take their median"
+        ) from None
+
+
+def combine_repeats(
+    findings: Sequence[Finding], *, values: Sequence[float] | None = None, min_repeats: int = MIN_REPEATS
+) -> Finding:
+    """One ``Finding`` from ≥ ``min_repeats`` repeats of one claim (see the module's docstring for the rules).
+
+    ``values`` gives each repeat's headline number where ``measured_value`` is text (a range, a pair). The note
+    keeps the first repeat's reasoning and adds the median, the interval and its kind; for an inconclusive
+    claim it names which repeats said what.
+    """
+    _check(findings, min_repeats)
+    first = findings[0]
+    verdicts = [f.verdict for f in findings]
+    verdict = combined_verdict(verdicts)
+    nums = _numbers(findings, values)
+    spread = median_interval(nums) if nums is not None else None
+    measured = _fmt(spread.median) if spread else first.measured_value
+    said = f"the {len(findings)} repeats say {'; '.join(verdicts)}" if verdict == INCONCLUSIVE else ""
+    parts = [p for p in (spread.describe(first.unit) if spread else "", said) if p]
+    note = first.note + (f" [{'; '.join(parts)}]" if parts else "")
+    return replace(
+        first,
+        measured_value=measured,
+        verdict=verdict,
+        note=note,
+        repeats=len(findings),
+        repeat_verdicts=";".join(verdicts),
+        spread=f"{_fmt(spread.low)}–{_fmt(spread.high)}" if spread else "",
+    )

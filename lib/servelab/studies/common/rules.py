@@ -1,0 +1,251 @@
+"""The verdict rules of the 22 claims, registered in one file (``data/rules.yml``) with their dates, and the rule
+changes made after a claim's first H200 measurement.
+
+Each claim's entry holds its rule's text as registered (``registered``: the date and commit that introduced it) and,
+for every later change, an entry with the old and the new rule, why, and the name of a function here that applies
+the *old* rule to today's committed H200 data. The texts are chained by hash: ``registered_hash`` is the hash of the
+rule as first registered; each change's ``old_rule`` must hash to the rule before it; the current ``rule`` must be
+the last change's ``new_rule``. Editing a rule's text without adding a change entry breaks the chain, and
+``check_registry`` (run by the tests) says which claim.
+
+``near_threshold`` is the studies' test of a verdict decided within one noise width of its threshold.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from servelab.errors import ParameterError
+from servelab.paths import DATA_DIR
+
+REGISTRY = DATA_DIR / "rules.yml"
+CLAIM_IDS = tuple(
+    f"F{s}.{k}" for s, n in ((1, 3), (2, 3), (3, 3), (4, 4), (5, 3), (6, 2), (7, 4)) for k in range(1, n + 1)
+)
+
+
+def rule_hash(text: str) -> str:
+    """The first 16 hex digits of the SHA-256 of a rule's text, whitespace normalised (rewrapping is no change)."""
+    return hashlib.sha256(" ".join(str(text).split()).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class RuleChange:
+    date: str  # YYYY-MM-DD of the commit that changed the rule
+    commit: str
+    old_rule: str
+    new_rule: str
+    why: str
+    old_verdict: str  # the name of a function in OLD_RULES that applies old_rule to today's data
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    study: str  # the results folder: 01_scheduling …
+    rule: str  # the rule in force
+    registered: str  # YYYY-MM-DD the rule was first registered (committed)
+    registered_commit: str
+    registered_hash: str  # rule_hash of the rule's text as first registered
+    implemented_in: str  # the module that computes it
+    first_h200: str = ""  # the commit of the claim's first H200 measurement
+    changes: tuple[RuleChange, ...] = field(default_factory=tuple)
+
+
+def load_registry(path: Path = REGISTRY) -> dict[str, Rule]:
+    """The registry by claim id, in claim order."""
+    data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    rules = {}
+    for entry in data["rules"]:
+        changes = tuple(RuleChange(**{k: str(v) for k, v in c.items()}) for c in entry.pop("changes", None) or [])
+        rules[entry["id"]] = Rule(**{k: str(v) for k, v in entry.items()}, changes=changes)
+    return rules
+
+
+def check_registry(rules: dict[str, Rule]) -> list[str]:
+    """Every problem with the registry: a claim missing or unknown, a broken hash chain (a rule changed without a
+    change entry), a change whose old verdict cannot be computed. Empty when it is sound."""
+    problems = [f"{c}: no rule registered" for c in CLAIM_IDS if c not in rules]
+    problems += [f"{c}: not one of the seed's claims" for c in rules if c not in CLAIM_IDS]
+    for r in rules.values():
+        expected = r.registered_hash
+        for i, ch in enumerate(r.changes):
+            if rule_hash(ch.old_rule) != expected:
+                problems.append(f"{r.id}: change {i + 1} ({ch.date})'s old rule is not the rule before it")
+            if ch.old_verdict not in OLD_RULES:
+                problems.append(f"{r.id}: change {i + 1}'s old_verdict {ch.old_verdict!r} is not in OLD_RULES")
+            if ch.date < r.registered:
+                problems.append(f"{r.id}: change {i + 1} ({ch.date}) predates the registration ({r.registered})")
+            expected = rule_hash(ch.new_rule)
+        if rule_hash(r.rule) != expected:
+            problems.append(
+                f"{r.id}: its rule's text changed without a rule-change entry (hash {rule_hash(r.rule)}, the "
+                f"registered chain ends at {expected}): add a change with the old rule, the new one and why"
+            )
+    return problems
+
+
+def near_threshold(value: float, threshold: float, noise: float) -> bool:
+    """True when ``value`` lies within one noise width of ``threshold`` (|value − threshold| ≤ noise): a verdict
+    decided there must say so. ``noise`` is in the value's unit (a CI half-width, the repeats' spread)."""
+    for name, x in (("value", value), ("threshold", threshold), ("noise", noise)):
+        if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x):
+            raise ParameterError(f"near_threshold: {name} must be a finite number, got {x!r}")
+    if noise < 0:
+        raise ParameterError(f"near_threshold: noise must be ≥ 0, got {noise!r}")
+    return abs(value - threshold) <= noise
+
+
+# ---- the old rules, applied to today's committed H200 data --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OldVerdict:
+    verdict: str
+    detail: str  # the numbers the old rule decided on
+
+
+def _h200(results_root: Path, study: str) -> Path:
+    found = sorted(Path(results_root).glob(f"*h200*/{study}"))
+    if not found:
+        raise FileNotFoundError(f"no H200 results of {study} under {results_root}")
+    return found[-1]
+
+
+def old_verdict(rule: Rule, change: RuleChange, results_root: Path) -> OldVerdict:
+    """What ``change.old_rule`` says on today's committed data of ``rule``'s study."""
+    return OLD_RULES[change.old_verdict](_h200(results_root, rule.study))
+
+
+def _register(fn: Callable[[Path], OldVerdict]) -> Callable[[Path], OldVerdict]:
+    OLD_RULES[fn.__name__] = fn
+    return fn
+
+
+OLD_RULES: dict[str, Callable[[Path], OldVerdict]] = {}
+
+
+def _combine(per_model: dict[str, str]) -> str:
+    """Study 1's combination over model sizes: one verdict everywhere is the verdict, else "changes"."""
+    return next(iter(set(per_model.values()))) if len(set(per_model.values())) == 1 else "changes"
+
+
+def _study1_pairs_unfiltered(folder: Path):
+    """Study 1's pairing before 4296c78: every ok rate-sweep rate measured with both policies, served or not."""
+    import json
+
+    import pandas as pd
+
+    budget = json.loads((folder / "run.json").read_text())["params"]["reference_budget"]
+    s = pd.read_csv(folder / "summary.csv")
+    s = s[(s["status"] == "ok") & (s["sweep"] == "rate")]
+    cols = ["max_itl_ms", "delivered_tok_s"]
+    e = s[s["scheduler"] == "eager_cont_batch"].set_index(["model", "rate_fraction"])[cols]
+    c = s[(s["scheduler"] == "chunked_prefill") & (s["budget"] == budget)].set_index(["model", "rate_fraction"])[cols]
+    j = e.join(c, lsuffix="_eager", rsuffix="_chunked", how="inner").reset_index()
+    j["stall_cut"] = 1 - j["max_itl_ms_chunked"] / j["max_itl_ms_eager"]
+    j["throughput_ratio"] = j["delivered_tok_s_chunked"] / j["delivered_tok_s_eager"]
+    return j
+
+
+@_register
+def f11_before_served_pairs(folder: Path) -> OldVerdict:
+    """F1.1 before runs past capacity were left out: median cut over every paired rate; 20–70% holds, ≤ 5% fails."""
+    per, parts = {}, []
+    for model, g in _study1_pairs_unfiltered(folder).groupby("model", sort=False):
+        cut = float(g["stall_cut"].median())  # NaN where a stall is unknown: the old rule's own defect
+        name = model.split(":")[-1]
+        per[name] = "fails" if not cut > 0.05 else "holds" if 0.20 <= cut <= 0.70 else "changes"
+        parts.append(f"{name}: median cut {cut:.0%} over {len(g)} rates")
+    return OldVerdict(_combine(per), "; ".join(parts))
+
+
+@_register
+def f12_before_served_pairs(folder: Path) -> OldVerdict:
+    """F1.2 before runs past capacity were left out: the throughput ratio at the most loaded paired rate."""
+    per, parts = {}, []
+    for model, g in _study1_pairs_unfiltered(folder).groupby("model", sort=False):
+        cut = float(g["stall_cut"].median())
+        ratio = float(g.loc[g["rate_fraction"].idxmax(), "throughput_ratio"])
+        name = model.split(":")[-1]
+        per[name] = "fails" if not cut > 0.05 else "changes" if ratio > 1.10 else "holds"
+        parts.append(f"{name}: stall cut {cut:.0%}, throughput ×{ratio:.2f} at the top rate")
+    return OldVerdict(_combine(per), "; ".join(parts))
+
+
+@_register
+def f22_hf_eager_only(folder: Path) -> OldVerdict:
+    """F2.2 before 5614c7c: flat and bandwidth-bound judged on HF eager alone (≤ 10% variation over context per
+    model; median share of the floor ≥ 20% per model), µs/token against 5,300–10,800."""
+    import pandas as pd
+
+    d = pd.read_csv(folder / "steps.csv")
+    d = d[(d["status"] == "ok") & (d["phase"] == "decode") & (d["mode"] == "hf_eager") & (d["batch"] == 1)]
+    by = d.groupby("model")
+    variation = (by["median_ms"].max() / by["median_ms"].min() - 1) * 100
+    pct = by["pct_of_floor"].median()
+    flat, bound = bool((variation <= 10.0).all()), bool((pct >= 20.0).all())
+    in_band = d["us_per_token"].max() >= 5300.0 and d["us_per_token"].min() <= 10800.0
+    verdict = ("holds" if in_band else "changes") if bound and flat else ("fails" if not bound else "changes")
+    detail = f"HF eager: variation up to {variation.max():.0f}%, {pct.min():.1f}–{pct.max():.1f}% of the memory floor"
+    return OldVerdict(verdict, detail)
+
+
+@_register
+def f23_any_context(folder: Path) -> OldVerdict:
+    """F2.3 before 5614c7c: decode at any context; the verdict rests on the prefill ratio RTX 2070 / H200 (0.5–2×)."""
+    import pandas as pd
+
+    d = pd.read_csv(folder / "steps.csv")
+    pre = d[(d["status"] == "ok") & (d["phase"] == "prefill") & (d["batch"] == 1) & (d["new_tokens"] >= 4096)]
+    pre = pre[pre["mode"] == pre.groupby("mode")["us_per_token"].median().idxmin()]["us_per_token"]
+    ratio = 50.0 / float(pre.median())
+    return OldVerdict("holds" if 0.5 <= ratio <= 2.0 else "changes", f"RTX 2070 prefill / H200's: {ratio:.0f}×")
+
+
+@_register
+def f42_max_min_variation(folder: Path) -> OldVerdict:
+    """F4.2 before 43da3c2/4d96cb4: flat means max/min variation ≤ 10% over the contexts (not the fitted trend)."""
+    import pandas as pd
+
+    s = pd.read_csv(folder / "decode_variation.csv")
+    flat = s["variation_pct"] <= 10.0
+    near = s["pct_of_floor_at_max_context"] >= 50.0
+    if not flat.any():
+        verdict = "fails"
+    elif flat.all() and (near & flat).any():
+        verdict = "holds"
+    else:
+        verdict = "changes"
+    return OldVerdict(verdict, f"flat (≤ 10% max/min) in {int(flat.sum())} of {len(s)} regimes")
+
+
+@_register
+def f62_pairs_table_only(folder: Path) -> OldVerdict:
+    """F6.2 before bbf264c: ρ(cost ratio, speedup) over every row of the pair table, and each pair's speedup
+    against output length over all its lengths (not only the prompts that reached the longest)."""
+    import pandas as pd
+    from scipy import stats
+
+    d = pd.read_csv(folder / "pairs.csv").dropna(subset=["speedup_median"])
+    rho_c = float(stats.spearmanr(d["cost_ratio"], d["speedup_median"]).statistic)
+    per_pair = []
+    for _, g in d.groupby("pair"):
+        g = g.sort_values("length")
+        if len(g) >= 3:
+            rho = stats.spearmanr(g["length"], g["speedup_median"]).statistic
+            change = g["speedup_median"].iloc[-1] / g["speedup_median"].iloc[0] - 1
+            per_pair.append((0.0 if math.isnan(rho) else float(rho), float(change)))
+    rho_len = float(pd.Series([r for r, _ in per_pair]).median())
+    change = float(pd.Series([c for _, c in per_pair]).median())
+    c_decides, len_decides = rho_c <= -0.5, rho_len >= 0.5 and change >= 0.05
+    verdict = "holds" if c_decides and len_decides else "changes" if c_decides or len_decides else "fails"
+    return OldVerdict(
+        verdict, f"ρ_c = {rho_c:+.2f} over {len(d)} rows; ρ_length = {rho_len:+.2f}, change {change:+.0%}"
+    )

@@ -1,0 +1,78 @@
+"""Study 1 end to end, as its notebook runs it: the machine's record and ceilings, the sweep, the results written,
+the verdicts. One call (``run``), so that the notebook holds parameters, this call, figures and findings only.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from servelab.measure import Roofline, device_record, measure_ceilings
+from servelab.measure.results import StudyResults
+from servelab.studies.common.findings import Finding
+from servelab.studies.common.quiet import quiet_run
+from servelab.studies.s01_scheduling import verdicts
+from servelab.studies.s01_scheduling.capacity import capacity_table
+from servelab.studies.s01_scheduling.sweep import run_study, workload_lengths
+
+STUDY = "01_scheduling"
+TABLES = ("requests", "steps", "summary", "probes", "servers")  # the sweep's frames written as CSVs, if not empty
+
+
+@dataclass
+class Study1Run:
+    P: dict
+    dev: object  # servelab.measure.DeviceRecord
+    ceilings: object  # servelab.measure.Ceilings
+    frames: dict[str, pd.DataFrame]  # TABLES, as ``StudyData.frames`` returns them
+    capacity: pd.DataFrame  # capacity_table(summary)
+    findings: list[Finding]
+    workload: str  # where the request lengths come from
+    log: list[str] = field(default_factory=list)  # the sweep's messages (probe results, skipped points, errors)
+    results_dir: object = None
+
+    @property
+    def summary(self) -> pd.DataFrame:
+        return self.frames["summary"]
+
+    @property
+    def mid_fraction(self) -> float:
+        """The middle rate fraction of the sweep, where the latency figures compare the policies."""
+        fr = self.P["rate_fractions"]
+        return fr[len(fr) // 2]
+
+
+def run(P: dict) -> Study1Run:
+    """Measure the machine, run the sweep (``sweep.run_study``, quietly), write every table and the findings.
+
+    Library warnings that say nothing about the measurement are filtered (``common.quiet``).
+    """
+    with quiet_run():
+        return _run(P)
+
+
+def _run(P: dict) -> Study1Run:
+    dev = device_record()
+    ceil = measure_ceilings()
+    res = StudyResults(STUDY, dev, P, ceil)
+    log: list[str] = []
+    data = run_study(
+        P,
+        tempfile.mkdtemp(prefix="study01-"),
+        device="cuda" if dev.kind == "cuda" else "cpu",
+        roofline=Roofline.from_ceilings(ceil),
+        progress=False,
+        log=log.append,
+    )
+    frames = data.frames()
+    capacity = capacity_table(frames["summary"])
+    for name in TABLES:
+        if not frames[name].empty:
+            res.write(name, frames[name])
+    res.write("capacity", capacity)
+    findings = verdicts.findings(frames["summary"], P["reference_budget"], P["dtype"])
+    res.write_findings([f.row() for f in findings])
+    res.finish()
+    return Study1Run(P, dev, ceil, frames, capacity, findings, workload_lengths(P).source, log, res.dir)

@@ -1,0 +1,90 @@
+"""Repeats of a claim combine into one finding: median, an order-statistic interval, and "inconclusive" on
+disagreement; the book shows the fourth badge with each repeat's verdict and the spread."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from servelab.errors import ParameterError
+from servelab.measure.results import findings_frame
+from servelab.studies.common.findings import Finding
+from servelab.studies.common.repeats import combine_repeats, median_interval
+from servelab_book.findings_table import BADGES, INCONCLUSIVE, _badge, h200_value, render_summary, verdict_counts
+
+
+def rep(value, verdict, claim="F5.1", unit="×"):
+    return Finding(
+        id=claim,
+        claim="sdpa vs naive",
+        seed_value="7.64",
+        measured_value=str(value),
+        unit=unit,
+        verdict=verdict,
+        note="ratio at 2,048 tokens.",
+    )
+
+
+def test_three_repeats_give_the_median_and_the_min_max_said_as_such():
+    f = combine_repeats([rep(8.1, "holds"), rep(5.33, "holds"), rep(6.0, "holds")])
+    assert f.verdict == "holds" and f.repeats == 3 and f.repeat_verdicts == "holds;holds;holds"
+    assert f.measured_value == "6" and f.spread == "5.33–8.1"
+    assert "min–max: a 75% interval for the median" in f.note and f.note.startswith("ratio at 2,048 tokens.")
+
+
+def test_disagreeing_repeats_are_inconclusive_and_say_who_said_what():
+    f = combine_repeats([rep(1.05, "changes"), rep(0.97, "holds"), rep(0.99, "holds")])
+    assert f.verdict == INCONCLUSIVE and f.repeat_verdicts == "changes;holds;holds"
+    assert "the 3 repeats say changes; holds; holds" in f.note
+    row = findings_frame([f.row()]).iloc[0]
+    assert row["verdict"] == INCONCLUSIVE and row["repeats"] == 3 and row["spread"] == "0.97–1.05"
+
+
+def test_interval_coverage_is_exact_and_reaches_95_from_six_repeats():
+    assert median_interval([3, 1, 2]).coverage == pytest.approx(0.75)
+    assert median_interval([1, 2, 3, 4, 5]).coverage == pytest.approx(1 - 2 / 32)
+    six = median_interval([6, 1, 5, 2, 4, 3])
+    assert (six.low, six.high, six.median) == (1, 6, 3.5) and six.coverage == pytest.approx(1 - 2 / 64)
+    twenty = median_interval(list(range(20)))  # k=6: 1 - 2 P(Bin(20, .5) <= 5) = 0.9586
+    assert (twenty.low, twenty.high) == (5, 14) and twenty.coverage == pytest.approx(0.958611, abs=1e-6)
+    assert not twenty.is_min_max and median_interval([1, 2, 3]).is_min_max
+
+
+def test_text_values_need_numbers_unless_all_repeats_agree():
+    same = combine_repeats([rep("kernel", "holds", unit="")] * 3)
+    assert same.measured_value == "kernel" and same.spread == ""
+    pair = [rep("21923–47819", "holds"), rep("21000–47000", "holds"), rep("22000–48000", "holds")]
+    with pytest.raises(ParameterError, match="pass values="):
+        combine_repeats(pair)
+    assert combine_repeats(pair, values=[47819, 47000, 48000]).measured_value == "4.782e+04"
+
+
+@pytest.mark.parametrize(
+    "repeats, message",
+    [
+        ([rep(1, "holds"), rep(2, "holds")], "at least 3"),
+        ([rep(1, "holds"), rep(2, "holds"), rep(3, "holds", claim="F5.2")], "one claim"),
+        ([rep(1, "holds"), rep(2, "holds"), rep(3, "holds", unit="ms")], "one unit"),
+    ],
+)
+def test_bad_repeats_are_refused(repeats, message):
+    with pytest.raises(ParameterError, match=message):
+        combine_repeats(repeats)
+
+
+def test_a_combined_finding_is_not_a_repeat():
+    combined = combine_repeats([rep(1, "holds")] * 3)
+    with pytest.raises(ParameterError, match="not a combined finding"):
+        combine_repeats([combined] * 3)
+
+
+def test_the_book_shows_the_fourth_badge_with_the_spread():
+    assert INCONCLUSIVE in BADGES
+    badge = _badge(INCONCLUSIVE, "holds;holds;changes")
+    assert badge == "{bdg-info}`inconclusive` (holds, holds, changes)"
+    assert _badge("holds", "holds;holds;holds") == "{bdg-success}`holds`"
+    assert h200_value("1.0034", "×", "0.97–1.05", "3") == "1 × (0.97–1.05 over 3 repeats)"
+    assert h200_value("5.33", "×") == "5.33 ×"
+    table = pd.DataFrame({"verdict": ["holds", INCONCLUSIVE, "not yet measured"]})
+    assert verdict_counts(table)[INCONCLUSIVE] == 1
+    assert "1 are inconclusive (their repeats disagree)" in render_summary(table)
