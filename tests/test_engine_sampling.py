@@ -61,3 +61,42 @@ def test_uniform_batch_fast_path_draws_from_the_softmax():
     got = sample(logits, [SamplingParams(temperature=1.0)] * 20000, [None] * 20000)
     freq = torch.bincount(got, minlength=3).float() / 20000
     torch.testing.assert_close(freq, torch.softmax(logits[0], -1), atol=0.015, rtol=0)
+
+
+# ---- issue 20: one request's settings never fail the batch --------------------------------------------------
+def _batch_with(first: SamplingParams, first_generator=None):
+    """Row 0 carries ``first``; rows 1-3 sample at temperature 1 with top-p (the multinomial path)."""
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
+    params = [first] + [SamplingParams(temperature=1.0, top_p=0.9)] * 3
+    return logits, sample(logits, params, [first_generator, None, None, None])
+
+
+def test_a_top_p_that_underflows_keeps_the_top_token():
+    logits, got = _batch_with(SamplingParams(temperature=1.0, top_p=1e-300))
+    assert got[0] == logits[0].argmax()
+
+
+def test_a_tiny_temperature_with_top_p_is_greedy():
+    logits, got = _batch_with(SamplingParams(temperature=1e-40, top_p=0.9))
+    assert got[0] == logits[0].argmax()
+
+
+def test_a_tiny_temperature_with_a_seed_is_greedy():
+    logits, got = _batch_with(SamplingParams(temperature=1e-300, seed=3), torch.Generator().manual_seed(3))
+    assert got[0] == logits[0].argmax()
+
+
+def test_a_lone_tiny_temperature_is_greedy_not_token_zero():
+    logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(0))
+    assert logits.argmax(-1).tolist() != [0, 0, 0, 0]
+    got = sample(logits, [SamplingParams(temperature=1e-300)] * 4, [None] * 4)
+    assert got.tolist() == logits.argmax(-1).tolist()
+    assert SamplingParams(temperature=1e-6).greedy and not SamplingParams(temperature=1e-5).greedy
+
+
+def test_a_row_of_nan_logits_does_not_fail_its_neighbours():
+    logits = torch.tensor([[4.0, 3.0, 0.0, -1.0]]).repeat(50, 1)
+    logits[0] = float("nan")
+    logits[1, 2] = float("nan")  # NaN counted as -inf: the row's argmax stays token 0
+    got = sample(logits, [SamplingParams(temperature=1.0, top_p=0.8)] * 50, [None] * 50)
+    assert got[0] == 0 and got[1] == 0 and set(got[2:].tolist()) <= {0, 1}

@@ -94,7 +94,7 @@ def test_models_lists_the_served_name(client):
 
 
 def test_greedy_completion_equals_engine_generate(client, expected):
-    for prompt, want in zip(PROMPTS, expected["ids"]):
+    for prompt, want in zip(PROMPTS, expected["ids"], strict=True):
         r = client.completions.create(
             model="tiny", prompt=prompt, max_tokens=8, temperature=0, extra_body={"return_token_ids": True}
         )
@@ -270,13 +270,16 @@ def test_client_disconnect_mid_stream_aborts_and_frees_blocks(server):
     engine = server.engine
     assert wait_blocks_free(engine) == 0
     body = {"prompt": PROMPTS[1], "max_tokens": 3000, "temperature": 0, "ignore_eos": True, "stream": True}
-    with httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {KEY}"}, timeout=30) as c:
-        with c.stream("POST", "/v1/completions", json=body) as r:
-            assert r.status_code == 200
-            lines = r.iter_lines()
-            got = [ln for ln, _ in zip((ln for ln in lines if ln.startswith("data: ")), range(3))]
-            assert len(got) == 3
-            assert engine.block_manager.num_used_blocks > 0  # the request is running
+    headers = {"Authorization": f"Bearer {KEY}"}
+    with (
+        httpx.Client(base_url=server.base_url, headers=headers, timeout=30) as c,
+        c.stream("POST", "/v1/completions", json=body) as r,
+    ):
+        assert r.status_code == 200
+        data = (ln for ln in r.iter_lines() if ln.startswith("data: "))
+        got = [next(data) for _ in range(3)]  # three tokens, then the client goes away mid-stream
+        assert len(got) == 3
+        assert engine.block_manager.num_used_blocks > 0  # the request is running
     # the connection is closed: the engine must drop the request and free its KV blocks
     assert wait_blocks_free(engine) == 0
     assert not engine.scheduler.running and not engine.scheduler.waiting
@@ -286,9 +289,9 @@ def test_client_disconnect_mid_stream_aborts_and_frees_blocks(server):
 def test_client_timeout_on_a_non_streaming_request_aborts_it(server):
     engine = server.engine
     body = {"prompt": PROMPTS[2], "max_tokens": 3000, "temperature": 0, "ignore_eos": True}
-    with httpx.Client(base_url=server.base_url, headers={"Authorization": f"Bearer {KEY}"}, timeout=0.5) as c:
-        with pytest.raises(httpx.ReadTimeout):
-            c.post("/v1/completions", json=body)
+    headers = {"Authorization": f"Bearer {KEY}"}
+    with httpx.Client(base_url=server.base_url, headers=headers, timeout=0.5) as c, pytest.raises(httpx.ReadTimeout):
+        c.post("/v1/completions", json=body)
     assert wait_blocks_free(engine) == 0
     assert not engine.scheduler.running
 

@@ -81,7 +81,7 @@ def test_hundreds_of_simultaneous_streams_are_complete_and_exact(setup):
 
     results = asyncio.run(main())
     good = 0
-    for i, ((status, ctype, text), prompt, want) in enumerate(zip(results, prompts, expected)):
+    for i, ((status, ctype, text), prompt, want) in enumerate(zip(results, prompts, expected, strict=True)):
         if i % BAD_EVERY == 0:
             assert status == 400 and json.loads(text)["error"]["param"] == "temperature"
             continue

@@ -3,6 +3,11 @@
 Greedy rows are an ``argmax`` over the whole batch at once. Sampled rows without a seed share one
 batched draw; a row with a seed draws from its own ``torch.Generator``, so a seeded request produces
 the same tokens whatever else runs in the batch (given the same logits).
+
+One request's settings can never fail the batch: a temperature below ``SAMPLING_EPS`` is greedy (as in
+vLLM), top-p always keeps the most likely token (a ``top_p`` of 1e-300 is 0 in float32), and a row whose
+distribution is still not a distribution (non-finite logits: a model fault) falls back to its argmax
+instead of making ``torch.multinomial`` raise for every row (or, on CUDA, assert and end the process).
 """
 
 from __future__ import annotations
@@ -19,9 +24,21 @@ def top_p_filter(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """
     sorted_p, order = probs.sort(dim=-1, descending=True)
     before = sorted_p.cumsum(dim=-1) - sorted_p  # mass of the tokens ranked above each one
-    sorted_p = sorted_p.masked_fill(before >= top_p[:, None], 0.0)
+    drop = before >= top_p[:, None]
+    drop[:, 0] = False  # even when top_p underflows to 0 (or rounding puts the top token's "before" above it)
+    sorted_p = sorted_p.masked_fill(drop, 0.0)
     out = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
     return out / out.sum(dim=-1, keepdim=True)
+
+
+def valid_rows(probs: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """``probs`` [n, vocab] with every row that is not a distribution (a NaN or inf, or no mass) replaced by
+    a one-hot on its logits' argmax (NaN counted as -inf), without a host sync: ``torch.multinomial`` raises
+    for the whole batch on one bad row on the CPU, and asserts on the device (ending the process) on CUDA."""
+    ok = torch.isfinite(probs).all(dim=-1, keepdim=True) & (probs.sum(dim=-1, keepdim=True) > 0)
+    top = torch.nan_to_num(logits.float(), nan=float("-inf")).argmax(dim=-1, keepdim=True)
+    one_hot = torch.zeros_like(probs).scatter_(-1, top, 1.0)
+    return torch.where(ok, probs, one_hot)
 
 
 def exponential_race(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -63,6 +80,7 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list,
     if any(params[i].top_p < 1 for i in rows):
         top_p = torch.tensor([params[i].top_p for i in rows], device=logits.device, dtype=torch.float32)
         probs = top_p_filter(probs, top_p)
+    probs = valid_rows(probs, logits[idx])
     seeded = [j for j, i in enumerate(rows) if generators[i] is not None]
     drawn = torch.empty(len(rows), dtype=torch.long, device=logits.device)
     unseeded = [j for j in range(len(rows)) if generators[rows[j]] is None]

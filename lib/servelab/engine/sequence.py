@@ -15,13 +15,17 @@ from dataclasses import dataclass, field
 
 from servelab.errors import ParameterError
 
+# temperatures below this are greedy: vLLM's _SAMPLING_EPS; logits / 1e-5 still fit float32 comfortably
+SAMPLING_EPS = 1e-5
+
 
 @dataclass(frozen=True)
 class SamplingParams:
     """How a request picks its tokens and when it stops.
 
-    ``temperature == 0`` is greedy. ``top_p`` keeps the smallest set of tokens whose probability sums to
-    at least ``top_p``. ``seed`` gives the request its own random generator, so its tokens do not depend
+    ``temperature`` below ``SAMPLING_EPS`` is greedy (vLLM's rule: a softmax that cold is one-hot anyway,
+    or NaN once the division overflows). ``top_p`` keeps the smallest set of tokens whose probability sums
+    to at least ``top_p``. ``seed`` gives the request its own random generator, so its tokens do not depend
     on what else is in the batch. ``ignore_eos`` keeps generating past EOS (benchmarks).
     """
 
@@ -52,7 +56,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < SAMPLING_EPS
 
 
 class SequenceStatus(enum.Enum):

@@ -24,6 +24,7 @@ from servelab.engine import Engine, SamplingParams, Sequence
 from servelab.engine.sequence import FinishReason
 from servelab.errors import ParameterError
 from servelab.server.metrics import ServerMetrics
+from servelab.server.request_timing import RequestRecorder, RequestTimer
 from servelab.server.step_log import StepLog
 
 log = logging.getLogger("servelab.server")
@@ -31,7 +32,12 @@ HIT_RATE_PERIOD_S = 0.5  # how often the prefix-cache hit rate gauge is refreshe
 
 
 class QueueFull(Exception):
-    """More requests are waiting than ``max_waiting`` allows."""
+    """Admitting a request would put more requests in the queue than ``max_waiting`` allows."""
+
+    def __init__(self, waiting: int, adding: int, limit: int):
+        self.waiting, self.adding, self.limit = waiting, adding, limit
+        mine = f"; this request has {adding} prompts" if adding > 1 else ""
+        super().__init__(f"{waiting} requests are waiting (limit {limit}){mine}")
 
 
 class Draining(Exception):
@@ -51,9 +57,16 @@ class Tokens(NamedTuple):
     finish_reason: FinishReason | None  # set on the last update of a request
 
 
+def check_room(waiting: int, adding: int, limit: int | None) -> None:
+    """``QueueFull`` unless ``adding`` more requests fit beside ``waiting`` under ``limit`` (None: no limit).
+    A request's prompts are admitted all or none, so a refused request leaves nothing behind."""
+    if limit is not None and waiting + adding > limit:
+        raise QueueFull(waiting, adding, limit)
+
+
 @dataclass(eq=False)
 class Handle:
-    """A submitted request, as the engine thread tracks it."""
+    """A submitted request, as the engine thread tracks it. Times are ``time.perf_counter`` seconds."""
 
     prompt_ids: list[int]
     params: SamplingParams
@@ -63,7 +76,10 @@ class Handle:
     rid: int = -1  # the request's id across a process boundary (EngineProcess)
     accepted: bool = False
     cancelled: bool = False
+    scheduled_s: float | None = None  # the start of the step that first scheduled it
+    first_token_s: float | None = None
     last_token_s: float | None = None
+    num_generated: int = 0
     done: bool = False
 
 
@@ -76,7 +92,9 @@ class EngineLoop:
         metrics: ServerMetrics | None = None,
         step_log: StepLog | None = None,
         after_iteration: Callable[[], None] | None = None,
+        recorder: RequestRecorder | None = None,
     ):
+        """``metrics`` gets the gauges and, unless a ``recorder`` is given, the per-request times."""
         self.engine = engine
         self.vocab = engine.model.shape.vocab
         self.max_model_len = engine.max_model_len
@@ -84,6 +102,7 @@ class EngineLoop:
         self.max_waiting = max_waiting
         self.metrics = metrics
         self.step_log = step_log
+        self.timer = RequestTimer(recorder) if recorder is not None else None
         self._cond = threading.Condition()
         self._inbox: deque[Handle] = deque()
         self._aborts: deque[Handle] = deque()
@@ -105,6 +124,8 @@ class EngineLoop:
     def use_metrics(self, metrics: ServerMetrics) -> None:
         self.metrics = metrics
         metrics.kv_total.set(self.engine.block_manager.num_blocks)
+        if self.timer is None:
+            self.timer = RequestTimer(metrics)
 
     def start(self) -> EngineLoop:
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
@@ -124,17 +145,33 @@ class EngineLoop:
         """Requests not yet running: submitted but not admitted, plus the scheduler's queue."""
         return len(self._inbox) + self._waiting_in_engine
 
-    def submit(self, prompt_ids: list[int], params: SamplingParams, deliver: Callable[[object], None]) -> Handle:
-        """Queue a request; raises ``Draining`` or ``QueueFull`` at once instead of queuing."""
-        h = Handle(list(prompt_ids), params, deliver)
+    def submit(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        deliver: Callable[[object], None],
+        arrival_s: float | None = None,
+    ) -> Handle:
+        """Queue a request; raises ``Draining`` or ``QueueFull`` at once instead of queuing. ``arrival_s``
+        (``time.perf_counter``): when the request arrived, if before now (in another process)."""
+        return self.submit_all([(prompt_ids, params, deliver)], arrival_s)[0]
+
+    def submit_all(
+        self, requests: list[tuple[list[int], SamplingParams, Callable]], arrival_s: float | None = None
+    ) -> list[Handle]:
+        """Queue several requests (the prompts of one HTTP request) all or none: ``Draining`` or
+        ``QueueFull`` leave nothing queued."""
+        now = time.perf_counter() if arrival_s is None else arrival_s
+        handles = [Handle(list(p), sp, deliver, arrival_s=now) for p, sp, deliver in requests]
         with self._cond:
             if self._draining:
                 raise Draining("the server is shutting down")
-            if self.max_waiting is not None and self.num_waiting >= self.max_waiting:
-                raise QueueFull(f"{self.num_waiting} requests are waiting (limit {self.max_waiting})")
-            self._inbox.append(h)
+            if not self.alive and self._thread is not None:
+                raise Draining("the engine has stopped")
+            check_room(self.num_waiting, len(handles), self.max_waiting)
+            self._inbox.extend(handles)
             self._cond.notify()
-        return h
+        return handles
 
     def abort(self, handle: Handle) -> None:
         """Cancel a request (its client went away, or a stop string ended it); its KV blocks are freed."""
@@ -156,6 +193,16 @@ class EngineLoop:
         """Refuse new requests from now on; running ones continue. Lock-free: it runs in a signal handler."""
         self._draining = True
 
+    def stop_now(self) -> None:
+        """Abort every request and stop the thread at once (a second Ctrl-C). Lock-free, like ``begin_drain``:
+        the engine thread reads the flags when it wakes, and the notify below wakes it if it sleeps."""
+        self._draining = self._stop_when_idle = self._abort_all = True
+        threading.Thread(target=self._wake, daemon=True).start()  # a signal handler must not wait for the lock
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
+
     def drain(self, timeout_s: float = 60.0) -> bool:
         """Finish the running requests, then stop the thread. Requests still running after ``timeout_s``
         are aborted. Whether everything finished in time."""
@@ -166,8 +213,8 @@ class EngineLoop:
         if self._thread is None:
             return True
         self._thread.join(timeout_s)
-        clean = not self._thread.is_alive()
-        if not clean:
+        clean = not self._thread.is_alive() and not self._abort_all
+        if self._thread.is_alive():
             with self._cond:
                 self._abort_all = True
                 self._cond.notify()
@@ -181,56 +228,79 @@ class EngineLoop:
         return not (self._inbox or self._aborts or self._calls) and not self.engine.has_unfinished()
 
     def _run(self) -> None:
-        while True:
-            with self._cond:
-                while self._idle() and not self._stop_when_idle and not self._abort_all:
-                    if self.step_log is not None:
-                        self.step_log.flush()  # a load has drained: make the log readable now
-                    self._cond.wait()
-                new, self._inbox = list(self._inbox), deque()
-                aborts, self._aborts = list(self._aborts), deque()
-                calls, self._calls = list(self._calls), deque()
-                abort_all = self._abort_all
-                if abort_all:
-                    aborts += list(self._live.values()) + new
-                    new = []
-                stop = (self._stop_when_idle and self._idle() and not new) or abort_all
-            for h in new:
-                self._admit(h)
-            for h in aborts:
-                self._cancel(h)
-            for fn, fut in calls:
-                if fut.set_running_or_notify_cancel():
-                    try:
-                        fut.set_result(fn(self))
-                    except BaseException as e:  # noqa: BLE001 - the caller gets it
-                        fut.set_exception(e)
-            if stop and not self.engine.has_unfinished():
-                break
-            if self.engine.has_unfinished():
-                self._step()
+        try:
+            while self._round():
+                pass
+        except BaseException as e:  # a bug in this loop: no request may wait for a thread that is gone
+            log.exception("the engine thread failed")
+            self.error = e
+            self._fail_all(e)
+            raise
+        finally:
             self._update_gauges()
             if self.after_iteration is not None:
                 self.after_iteration()
+            if self.step_log is not None:
+                self.step_log.flush()
+
+    def _round(self) -> bool:
+        """Admit, abort, run calls, step once; False when the loop should end."""
+        new, aborts, calls, stop = self._take_work()
+        for h in new:
+            self._admit(h)
+        for h in aborts:
+            self._cancel(h)
+        self._run_calls(calls)
+        if stop and not self.engine.has_unfinished():
+            return False
+        if self.engine.has_unfinished():
+            self._step()
         self._update_gauges()
         if self.after_iteration is not None:
             self.after_iteration()
-        if self.step_log is not None:
-            self.step_log.flush()
+        return True
+
+    def _take_work(self) -> tuple[list[Handle], list[Handle], list, bool]:
+        with self._cond:
+            while self._idle() and not self._stop_when_idle and not self._abort_all:
+                if self.step_log is not None:
+                    self.step_log.flush()  # a load has drained: make the log readable now
+                self._cond.wait()
+            new, self._inbox = list(self._inbox), deque()
+            aborts, self._aborts = list(self._aborts), deque()
+            calls, self._calls = list(self._calls), deque()
+            if self._abort_all:
+                aborts += list(self._live.values()) + new
+                new = []
+            stop = (self._stop_when_idle and self._idle() and not new) or self._abort_all
+        return new, aborts, calls, stop
+
+    def _run_calls(self, calls) -> None:
+        for fn, fut in calls:
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn(self))
+                except BaseException as e:  # noqa: BLE001 - the caller gets it
+                    fut.set_exception(e)
 
     def _admit(self, h: Handle) -> None:
-        if h.cancelled:
+        if h.cancelled:  # aborted before it was admitted: it ends here, as an abort
+            self._cancel(h)
             return
         try:
             h.seq = self.engine.add_request(h.prompt_ids, h.params, arrival_s=h.arrival_s)
         except ParameterError as e:
+            h.done = True
             self._send(h, Rejected(e))
             return
         except Exception as e:  # noqa: BLE001 - a bug must reach the client as a 500, not kill the thread
             log.exception("add_request failed")
+            h.done = True
             self._send(h, Rejected(e))
             return
         self._live[h.seq.seq_id] = h
+        if self.timer is not None:
+            self.timer.admitted(h)
         self._send(h, Accepted(h.seq.seq_id))
 
     def _cancel(self, h: Handle) -> None:
@@ -239,47 +309,61 @@ class EngineLoop:
         if h.seq is not None:
             self.engine.abort(h.seq)
             self._live.pop(h.seq.seq_id, None)
-        h.done = True
+        self._finish(h)
         self._send(h, Tokens([], FinishReason.ABORT))  # whoever still listens learns it ended
 
+    def _finish(self, h: Handle) -> None:
+        h.done = True
+        if self.timer is not None:
+            self.timer.finished(h, time.perf_counter())
+
     def _step(self) -> None:
+        t0 = time.perf_counter()
         try:
             events = self.engine.step()
         except Exception as e:  # noqa: BLE001 - fail the requests in flight, keep serving
             log.exception("engine step failed")
             self.error = e
-            for h in list(self._live.values()):
-                try:
-                    self.engine.abort(h.seq)
-                except Exception:  # noqa: BLE001
-                    log.exception("abort after a failed step failed")
-                h.done = True
-                self._send(h, Rejected(e))
-            self._live.clear()
+            self._fail_all(e)
             return
+        if self.timer is not None:
+            self.timer.after_step(t0)
         now = time.perf_counter()
         per_request: dict[int, list] = {}
         for ev in events:
             per_request.setdefault(ev.seq_id, []).append(ev)
-        m = self.metrics
         for seq_id, evs in per_request.items():
             h = self._live.get(seq_id)
-            if h is None:  # aborted meanwhile
-                continue
-            if m is not None:
-                if h.last_token_s is None:
-                    m.ttft.observe(now - h.arrival_s)
-                else:
-                    m.itl.observe(now - h.last_token_s)
-                for _ in evs[1:]:  # a multi-step decode group hands several tokens out at once
-                    m.itl.observe(0.0)
-                m.generated.inc(len(evs))
+            if h is not None:  # else aborted meanwhile
+                self._hand_out(h, evs, now)
+
+    def _hand_out(self, h: Handle, evs: list, now: float) -> None:
+        if self.timer is not None:
+            self.timer.tokens(h, len(evs), now)
+        else:
             h.last_token_s = now
-            last = evs[-1]
-            if last.finished:
-                h.done = True
-                self._live.pop(seq_id, None)
-            self._send(h, Tokens([ev.token_id for ev in evs], last.finish_reason if last.finished else None))
+        last = evs[-1]
+        if last.finished:
+            self._live.pop(h.seq.seq_id, None)
+            self._finish(h)
+        self._send(h, Tokens([ev.token_id for ev in evs], last.finish_reason if last.finished else None))
+
+    def _fail_all(self, e: BaseException) -> None:
+        """Every request admitted or queued ends with ``Rejected(e)``; the engine forgets them (so their KV
+        blocks return) and serves on."""
+        live, self._live = list(self._live.values()), {}
+        for h in live:
+            try:
+                self.engine.abort(h.seq)
+            except Exception:  # noqa: BLE001
+                log.exception("abort after a failed step failed")
+        with self._cond:
+            queued, self._inbox = list(self._inbox), deque()
+        error = e if isinstance(e, Exception) else RuntimeError(repr(e))
+        for h in live + queued:
+            if not h.done:
+                self._finish(h)
+                self._send(h, Rejected(error))
 
     def _send(self, h: Handle, update) -> None:
         try:
@@ -288,26 +372,32 @@ class EngineLoop:
             log.debug("deliver failed; aborting request", exc_info=True)
             if h.seq is not None and not h.done:
                 self.engine.abort(h.seq)
-                h.done = True
                 self._live.pop(h.seq.seq_id, None)
+                self._finish(h)
 
     def _on_step(self, record) -> None:
         if self.step_log is not None:
             self.step_log(record)
-        if self.metrics is not None:
-            self.metrics.steps.inc(record.decode_steps)
+        if self.timer is not None:
+            self.timer.recorder.engine_steps(record.decode_steps)
 
     def gauges(self) -> dict:
-        """The engine's state for the gauges (call from the engine thread): waiting, running, kv_used, and
-        the prefix-cache hit rate (refreshed every ``HIT_RATE_PERIOD_S``; None without a cache)."""
+        """The engine's state for the gauges (call from the engine thread): waiting (inbox and scheduler),
+        queued (the scheduler's queue alone), running, kv_used and kv_total (blocks), preemptions (since the
+        scheduler was made), and the prefix-cache hit rate (refreshed every ``HIT_RATE_PERIOD_S``; None
+        without a cache)."""
         now = time.perf_counter()
         if now - self._last_hit_rate_s > HIT_RATE_PERIOD_S:
             self._last_hit_rate_s = now
             self._hit_rate = self.engine.stats().get("prefix_hit_rate")
+        scheduler, bm = self.engine.scheduler, self.engine.block_manager
         return {
             "waiting": self.num_waiting,
-            "running": len(self.engine.scheduler.running),
-            "kv_used": self.engine.block_manager.num_used_blocks,
+            "queued": len(scheduler.waiting),
+            "running": len(scheduler.running),
+            "kv_used": bm.num_used_blocks,
+            "kv_total": bm.num_blocks,
+            "preemptions": getattr(scheduler, "num_preemptions", 0),
             "hit_rate": self._hit_rate,
         }
 

@@ -2,10 +2,11 @@
 per-token events with text.
 
 A request may carry several prompts (a batch of completions); each is its own engine request and its own
-choice. ``start()`` returns once the engine thread has accepted all of them, so that a prompt the engine
-refuses becomes a 400 before any response has begun. ``events()`` yields one ``ChoiceEvent`` per
-generated token (in batches of those that have arrived), so a streaming client sees every token (the text of a token may be empty: an incomplete
-character, text held back by a stop string, or a special token).
+choice. They are submitted all or none (a full queue refuses the whole request and keeps nothing of it).
+``start()`` returns once the engine thread has accepted all of them, so that a prompt the engine refuses
+becomes a 400 before any response has begun. ``events()`` yields one ``ChoiceEvent`` per generated token
+(in batches of those that have arrived), so a streaming client sees every token (the text of a token may
+be empty: an incomplete character, text held back by a stop string, or a special token).
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ class Generation:
         self.retry_after_s = retry_after_s
         self.choices = [
             Choice(i, p, sp, OutputText(codec.new_decoder(p), stop_strings))
-            for i, (p, sp) in enumerate(zip(prompts, params))
+            for i, (p, sp) in enumerate(zip(prompts, params, strict=True))
         ]
         self.queue: asyncio.Queue = asyncio.Queue()
         self._early: list = []  # token updates that arrived while start() was still waiting for acceptances
@@ -127,25 +128,7 @@ class Generation:
     async def start(self) -> None:
         """Submit every prompt and wait until the engine thread accepted them all; ``APIError`` otherwise
         (400 for a prompt the engine refuses, 429 for a full queue, 503 while draining)."""
-        mailbox = self.mailbox or Mailbox(asyncio.get_running_loop())
-        for c in self.choices:
-
-            def deliver(update, i=c.index):
-                mailbox.post(self.queue, (i, update))
-
-            try:
-                c.handle = self.engine_loop.submit(c.prompt_ids, c.params, deliver)
-            except QueueFull as e:
-                self.cancel()
-                raise APIError(
-                    429,
-                    f"server busy: {e}; retry later",
-                    code="queue_full",
-                    headers={"Retry-After": str(self.retry_after_s)},
-                ) from None
-            except Draining as e:
-                self.cancel()
-                raise APIError(503, str(e), code="shutting_down") from None
+        self._submit(self.mailbox or Mailbox(asyncio.get_running_loop()))
         pending = {c.index for c in self.choices}
         try:
             while pending:
@@ -153,24 +136,40 @@ class Generation:
                 if isinstance(update, Accepted):
                     pending.discard(i)
                 elif isinstance(update, Rejected):
-                    self.cancel()
-                    err = update.error
-                    if isinstance(err, ParameterError):
-                        raise APIError(400, str(err), param="prompt" if "prompt" in str(err) else None)
-                    raise APIError(500, f"engine error: {type(err).__name__}: {err}")
-                elif (
-                    isinstance(update, Tokens)
-                    and update.finish_reason is not None
-                    and not update.token_ids
-                    and i in pending
-                ):
-                    self.cancel()  # aborted before it was admitted: the server is shutting down
-                    raise APIError(503, "the request was aborted: the server is shutting down", code="shutting_down")
+                    raise self._refusal(update.error)
+                elif isinstance(update, Tokens) and update.finish_reason is not None and not update.token_ids:
+                    if i in pending:  # aborted before it was admitted: the server is shutting down
+                        raise APIError(503, "the request was aborted: the server is stopping", code="shutting_down")
+                    self._early.append((i, update))
                 else:
                     self._early.append((i, update))
         except BaseException:
             self.cancel()  # e.g. the client went away while we waited
             raise
+
+    def _submit(self, mailbox: Mailbox) -> None:
+        def deliver_to(i: int):
+            return lambda update: mailbox.post(self.queue, (i, update))
+
+        try:
+            handles = self.engine_loop.submit_all([(c.prompt_ids, c.params, deliver_to(c.index)) for c in self.choices])
+        except QueueFull as e:
+            raise APIError(
+                429,
+                f"server busy: {e}; retry later",
+                code="queue_full",
+                headers={"Retry-After": str(self.retry_after_s)},
+            ) from None
+        except Draining as e:
+            raise APIError(503, str(e), code="shutting_down") from None
+        for c, h in zip(self.choices, handles, strict=True):
+            c.handle = h
+
+    @staticmethod
+    def _refusal(err: Exception) -> APIError:
+        if isinstance(err, ParameterError):
+            return APIError(400, str(err), param="prompt" if "prompt" in str(err) else None)
+        return APIError(500, f"engine error: {type(err).__name__}: {err}")
 
     def cancel(self) -> None:
         """Abort every choice that has not finished (idempotent): the engine frees its KV blocks."""

@@ -125,10 +125,10 @@ class ServerProcess:
         env = dict(os.environ if self.env is None else self.env)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(LIB_DIR), env.get("PYTHONPATH", "")) if p)
         env.setdefault("PYTHONUNBUFFERED", "1")
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            self.command, stdout=self._log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL
-        )
+        with open(self.log_path, "ab") as log:  # the child writes to its own copy of the descriptor
+            self.proc = subprocess.Popen(
+                self.command, stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL
+            )
         try:
             wait_healthy(self.base_url, self.startup_timeout_s, alive=lambda: self.proc.poll() is None)
         except (ServerStartError, TimeoutError) as e:
@@ -151,7 +151,6 @@ class ServerProcess:
                 self.proc.wait(wait_s)
             except subprocess.TimeoutExpired:
                 continue
-        self._log.close()
         return self.proc.returncode
 
     def log(self, lines: int = 40) -> str:

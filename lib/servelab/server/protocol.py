@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Literal, Union
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 TokenIds = list[int]
-Prompt = Union[str, TokenIds, list[str], list[TokenIds]]
+Prompt = str | TokenIds | list[str] | list[TokenIds]
 
 
 class StrictModel(BaseModel):
@@ -127,6 +127,24 @@ class ChatCompletionRequest(SamplingFields):
         if self.logprobs or self.top_logprobs is not None:
             out.append(("logprobs", "logprobs are not supported"))
         return out
+
+
+class TokenizeRequest(StrictModel):
+    """vLLM's ``POST /tokenize``: a ``prompt`` (completion form) or ``messages`` (chat form)."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(StrictModel):
+    """vLLM's ``POST /detokenize``."""
+
+    model: str | None = None
+    tokens: TokenIds
 
 
 # ---- responses (plain dicts: they are built per token, so no validation on the hot path) ----------

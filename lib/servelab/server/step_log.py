@@ -7,6 +7,7 @@ whenever the engine goes idle and at shutdown, so it is complete once a load has
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from pathlib import Path
@@ -18,7 +19,8 @@ class StepLog:
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(self.path, "w", buffering=1 << 16)  # one log per server run
+        self._files = contextlib.ExitStack()  # the file stays open for the server's life; close() closes it
+        self._f = self._files.enter_context(self.path.open("w", buffering=1 << 16))  # one log per server run
         self._lock = threading.Lock()
 
     def __call__(self, record: StepRecord) -> None:
@@ -32,8 +34,7 @@ class StepLog:
 
     def close(self) -> None:
         with self._lock:
-            if not self._f.closed:
-                self._f.close()
+            self._files.close()
 
 
 def read_step_log(path: str | Path):

@@ -35,7 +35,8 @@ class TextCodec(Protocol):
     name: str
     has_chat_template: bool
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+    def decode(self, ids) -> str: ...
     def new_decoder(self, prompt_ids: list[int]) -> IncrementalDecoder: ...
     def chat_prompt(self, messages: list[dict]) -> list[int]: ...
 
@@ -73,7 +74,8 @@ class ByteTokenizer:
         self.offset = byte_window(vocab_size, special_ids)
         self.name = f"bytes+{self.offset}"
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """One id per byte (there are no special tokens to add)."""
         return [b + self.offset for b in text.encode("utf-8")]
 
     def new_decoder(self, prompt_ids: list[int]) -> ByteDecoder:
@@ -125,8 +127,8 @@ class HFTokenizer:
         self.name = name
         self.has_chat_template = bool(getattr(tokenizer, "chat_template", None))
 
-    def encode(self, text: str) -> list[int]:
-        return list(self.tok.encode(text))
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return list(self.tok.encode(text, add_special_tokens=add_special_tokens))
 
     def new_decoder(self, prompt_ids: list[int]) -> HFDecoder:
         return HFDecoder(self.tok, prompt_ids)
@@ -150,24 +152,41 @@ def special_ids(model_config) -> list[int]:
     return [int(v) for v in out if v is not None]
 
 
-def load_codec(spec: str, special: list[int], vocab_size: int) -> tuple[TextCodec, str]:
-    """The model's tokenizer when ``spec`` (a directory or hub id) has one, else the byte fallback (avoiding
-    the ``special`` ids); and a one-line note saying which was chosen and why."""
-    if not spec.startswith("config:"):
-        path = Path(spec).expanduser()
-        has_files = path.is_dir() and any(
-            (path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
-        )
-        if has_files or not path.exists():
-            try:
-                from transformers import AutoTokenizer
+def tokenizer_source(spec: str) -> str | None:
+    """Where the tokenizer of ``spec`` loads from: the local HF directory the loader made or was given (a GGUF
+    spec such as SmolLM2's: its dequantized cache, with the GGUF's tokenizer and chat template), else the
+    spec itself (a hub id); None for ``config:`` models and paths without tokenizer files."""
+    if spec.startswith("config:"):
+        return None
+    from servelab.models.loader import ModelLoadError, model_directory
 
-                tok = AutoTokenizer.from_pretrained(spec)
-                return HFTokenizer(tok, name=type(tok).__name__), f"tokenizer: {type(tok).__name__} from {spec}"
-            except (OSError, ValueError) as e:
-                why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-                codec = ByteTokenizer(vocab_size, special)
-                return codec, f"tokenizer: byte-level fallback ({why})"
+    try:
+        directory = model_directory(spec)
+    except ModelLoadError:
+        directory = None
+    path = directory or Path(spec).expanduser()
+    has_files = path.is_dir() and any(
+        (path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json", "vocab.json", "tokenizer.model")
+    )
+    if has_files:
+        return str(path)
+    return None if path.exists() else spec
+
+
+def load_codec(spec: str, special: list[int], vocab_size: int) -> tuple[TextCodec, str]:
+    """The model's tokenizer when ``spec`` (a directory, a GGUF spec, or a hub id) has one, else the byte
+    fallback (avoiding the ``special`` ids); and a one-line note saying which was chosen and why."""
+    source = tokenizer_source(spec)
+    if source is not None:
+        try:
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(source)
+            return HFTokenizer(tok, name=type(tok).__name__), f"tokenizer: {type(tok).__name__} from {source}"
+        except (OSError, ValueError) as e:
+            why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            codec = ByteTokenizer(vocab_size, special)
+            return codec, f"tokenizer: byte-level fallback ({why})"
     codec = ByteTokenizer(vocab_size, special)
     return (
         codec,

@@ -1,0 +1,41 @@
+"""Reading a request: the body under a size limit, strict parsing into a pydantic model (400, never 422),
+and noticing that the client went away."""
+
+from __future__ import annotations
+
+from fastapi import Request
+from pydantic import ValidationError
+
+from servelab.server.errors import APIError, from_validation_error
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refusing (413) one larger than ``limit`` bytes before reading it all."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise APIError(
+            413, f"request body of {declared} bytes exceeds the limit of {limit} bytes", code="body_too_large"
+        )
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise APIError(413, f"request body exceeds the limit of {limit} bytes", code="body_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def parse(request: Request, model_cls, limit: int):
+    body = await read_body(request, limit)
+    try:
+        return model_cls.model_validate_json(body)
+    except ValidationError as e:
+        raise from_validation_error(e) from None
+
+
+async def until_disconnect(request: Request) -> None:
+    """Returns when the client closes the connection (the body has been read already)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return

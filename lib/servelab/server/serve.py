@@ -1,0 +1,125 @@
+"""Serving until told to stop: load the model, then serve until SIGINT/SIGTERM.
+
+The first SIGINT or SIGTERM drains (new requests get 503, running ones finish, up to ``--drain-timeout``);
+the second stops now (the engine process is ended, open streams get an error event, the process exits);
+later ones change nothing. By default the engine runs in a forked process of its own
+(``engine_process.py`` says why); the fork happens first, before this process creates a thread or
+touches CUDA, and the engine process dies with this one (``supervision.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import signal
+import sys
+import time
+
+import uvicorn
+
+from servelab.server.app import ServerSettings, create_app
+from servelab.server.engine_loop import EngineLoop
+from servelab.server.engine_process import EngineProcess, EngineStartError
+from servelab.server.flags import engine_from_args, parse_args
+from servelab.server.metrics import ServerMetrics
+from servelab.server.step_log import StepLog
+from servelab.server.tokenizer import load_codec, special_ids
+
+# The engine thread and the HTTP thread of one process share the GIL. A thread that wants it waits up to
+# the switch interval (5 ms by default) for the holder to yield: longer than a decode step on a GPU.
+# 0.5 ms bounds what HTTP work can add to a step when both share a process (--no-engine-process).
+GIL_SWITCH_INTERVAL_S = 0.0005
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn that tells the engine a shutdown began: at the first signal ``on_shutdown`` (drain: new
+    requests get 503 while running ones finish), at the second ``on_force`` (stop now)."""
+
+    def __init__(self, config, on_shutdown, on_force):
+        super().__init__(config)
+        self.on_shutdown, self.on_force = on_shutdown, on_force
+        self.signals = 0
+
+    def handle_exit(self, sig, frame) -> None:
+        self.signals += 1
+        if self.signals == 1:
+            self.on_shutdown()
+        else:
+            self.on_force()
+        super().handle_exit(sig, frame)  # the first sets should_exit, any later one force_exit
+
+
+def main(argv=None, prog: str = "python -m servelab.server") -> int:
+    args = parse_args(argv, prog=prog)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log = logging.getLogger("servelab.server")
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+    name = args.served_model_name or args.model
+    metrics = ServerMetrics(name)
+    settings = ServerSettings(
+        model_name=name,
+        api_key=args.api_key,
+        max_body_bytes=args.max_body_bytes,
+        max_waiting=args.max_queue,
+        drain_timeout_s=args.drain_timeout,
+    )
+    t0 = time.perf_counter()
+    if args.engine_process:
+        backend = EngineProcess(
+            functools.partial(engine_from_args, args),
+            max_waiting=args.max_queue,
+            metrics=metrics,
+            step_log_path=args.step_log,
+            start_method="fork",
+        )
+        try:
+            info = backend.launch()
+        except EngineStartError as e:
+            log.error("%s", e)
+            return 1
+        specials, stats, device = info["special_ids"], info["stats"], info["device"]
+    else:
+        engine = engine_from_args(args)
+        backend = EngineLoop(
+            engine,
+            max_waiting=args.max_queue,
+            metrics=metrics,
+            step_log=StepLog(args.step_log) if args.step_log else None,
+        )
+        metrics.kv_total.set(engine.num_blocks)
+        specials, stats, device = special_ids(engine.model.config), engine.stats(), str(engine.device)
+    log.info(
+        "engine: %s on %s (%s), %s, %d KV blocks of %d tokens, max_model_len %d, CUDA graphs %d; ready in %.1f s",
+        args.model,
+        device,
+        "own process" if args.engine_process else "thread",
+        stats["scheduler"],
+        stats["num_blocks"],
+        stats["block_size"],
+        backend.max_model_len,
+        stats["cuda_graphs"],
+        time.perf_counter() - t0,
+    )
+    codec, note = load_codec(args.model, specials, backend.vocab)
+    log.info(note)
+    app = create_app(backend, codec, settings, metrics=metrics)
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=False,
+        timeout_graceful_shutdown=args.drain_timeout,
+        timeout_keep_alive=30,
+    )
+    server = DrainingServer(config, on_shutdown=backend.begin_drain, on_force=backend.stop_now)
+    # uvicorn re-raises a caught signal after its graceful shutdown; by then there is nothing left to do
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    signal.signal(signal.SIGINT, lambda *_: None)
+    print(
+        f"servelab server starting on http://{args.host}:{args.port} (model {name!r}; /v1/completions, "
+        f"/v1/chat/completions, /metrics)",
+        flush=True,
+    )
+    server.run()
+    return 0 if server.started else 1
