@@ -63,7 +63,8 @@ def _attend_tile(
     ok = pos < end
     blk = tl.load(BT + b * stride_btb + pos // BLOCK_SIZE, mask=ok, other=0)
     base = blk.to(tl.int64) * stride_kb + (pos % BLOCK_SIZE) * stride_ks + kvh * stride_kh
-    kv_mask = ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+    # no padded lanes at a power-of-two head: its mask (and code) as before the padding
+    kv_mask = ok[:, None] if HEAD_DIM == HEAD_PAD else ok[:, None] & (offs_d[None, :] < HEAD_DIM)
     k = tl.load(K + base[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
     s = tl.dot(q, tl.trans(k), input_precision="ieee") if IEEE else tl.dot(q, tl.trans(k))
     s = tl.where(ok[None, :], s * scale, float("-inf"))

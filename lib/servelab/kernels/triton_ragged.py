@@ -57,7 +57,8 @@ def _fold_keys(
     ok = pos < n_keys
     blk = tl.load(BT + row * stride_btb + pos // BLOCK_SIZE, mask=ok, other=0)
     base = blk.to(tl.int64) * stride_kb + (pos % BLOCK_SIZE) * stride_ks + kvh * stride_kh
-    kv_mask = ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+    # no padded lanes at a power-of-two head: its mask (and code) as before the padding
+    kv_mask = ok[:, None] if HEAD_DIM == HEAD_PAD else ok[:, None] & (offs_d[None, :] < HEAD_DIM)
     k = tl.load(K + base[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
     s = tl.dot(q, tl.trans(k), input_precision="ieee") if IEEE else tl.dot(q, tl.trans(k))
     visible = ok[None, :] & (pos[None, :] <= qpos[:, None])
