@@ -1,4 +1,5 @@
-"""The Triton paged-decode kernel, run by Triton's interpreter on the CPU (where Triton is installed).
+"""The Triton paged-decode kernel, run by Triton's interpreter on the CPU (where Triton is installed): one pass
+and split-KV, head sizes 16 to 96 (80 and 96 padded to 128 inside the kernel).
 
 The interpreter is chosen when the kernel is defined, so the checks run in a child process with
 ``TRITON_INTERPRET=1``. CI images without Triton skip this; the GPU bench runs the compiled kernel and
@@ -20,15 +21,20 @@ CHECK = textwrap.dedent("""
     from servelab.kernels.decode import DECODE_BACKENDS, gather_decode
     triton_decode = DECODE_BACKENDS["triton"]
     g = torch.Generator().manual_seed(0)
-    for heads, kv_heads, head_dim, block_size in [(14, 2, 64, 16), (4, 4, 16, 4), (6, 2, 32, 16), (4, 1, 16, 8)]:
+    shapes = [(14, 2, 64, 16), (4, 4, 16, 4), (6, 2, 32, 16), (4, 1, 16, 8), (4, 2, 80, 8), (6, 2, 96, 16)]
+    for heads, kv_heads, head_dim, block_size in shapes:
         kp = torch.randn(40, block_size, kv_heads, head_dim, generator=g)
         vp = torch.randn(40, block_size, kv_heads, head_dim, generator=g)
         lens = torch.tensor([1, 5, 70, 130])
         width = max(-(-n // block_size) for n in lens.tolist())
         tables = torch.stack([torch.randperm(40, generator=g)[:width] for _ in lens])
         q = torch.randn(4, heads, head_dim, generator=g)
-        got = triton_decode(q, kp, vp, tables, lens, head_dim ** -0.5)
-        torch.testing.assert_close(got, gather_decode(q, kp, vp, tables, lens, head_dim ** -0.5), rtol=1e-5, atol=1e-5)
+        ref = gather_decode(q, kp, vp, tables, lens, head_dim ** -0.5)
+        torch.testing.assert_close(triton_decode(q, kp, vp, tables, lens, head_dim ** -0.5), ref, rtol=1e-5, atol=1e-5)
+        # split-KV: 16-key chunks, so 70 and 130 keys split unevenly and the fifth split of a short context is empty
+        for splits in (2, 5):
+            got = triton_decode(q, kp, vp, tables, lens, head_dim ** -0.5, splits=splits, min_split_keys=16)
+            torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
 
     from servelab.kernels.triton_decode import tune_triton_decode
     assert tune_triton_decode(14, 2, 64, 16, torch.float32, "cpu").startswith("not tuned")  # GPUs only
@@ -38,7 +44,8 @@ CHECK = textwrap.dedent("""
     hf = load_model("config:tiny-llama").model
     prompts = [[5, 6, 7], list(range(10, 40))]
     cfg = dict(block_size=4, num_blocks=64)
-    ref = Engine.from_hf(hf, EngineConfig(**cfg, attention_backend="gather")).generate(prompts, SamplingParams(max_tokens=5))
+    gather = Engine.from_hf(hf, EngineConfig(**cfg, attention_backend="gather"))
+    ref = gather.generate(prompts, SamplingParams(max_tokens=5))
     eng = Engine.from_hf(hf, EngineConfig(**cfg, attention_backend="triton"))
     assert eng.backend == "triton"
     assert eng.generate(prompts, SamplingParams(max_tokens=5)) == ref

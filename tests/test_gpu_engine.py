@@ -1,7 +1,8 @@
 """The engine's captured paths on a CUDA device (skipped without one; run on the H200 by the GPU scripts).
 
 In float32 the engine with decode graphs and whole-step graphs (ragged Triton attention) must give HF's
-greedy tokens, under chunked prefill and with the prefix cache, as the CPU tests require of the eager path.
+greedy tokens, under chunked prefill and with the prefix cache, as the CPU tests require of the eager path;
+also at head_dim 80 (padded inside the kernels), and with split-KV decode over a long context.
 """
 
 import pytest
@@ -33,7 +34,7 @@ def hf_greedy(hf, prompts):
     return refs
 
 
-@pytest.mark.parametrize("family", ["tiny-qwen2", "tiny-llama", "tiny-gpt2"])
+@pytest.mark.parametrize("family", ["tiny-qwen2", "tiny-llama", "tiny-gpt2", "tiny-llama-hd80"])
 @pytest.mark.parametrize(
     "policy,budget", [("chunked_prefill", 64), ("chunked_prefill", 160), ("eager_cont_batch", 512)]
 )
@@ -62,3 +63,36 @@ def test_captured_steps_with_prefix_hits_match_the_uncached_engine():
     assert engine.generate(prompts, GREEDY) == ref
     assert engine.generate(prompts, GREEDY) == ref  # warm: chunks after cached context, copy-on-write
     assert engine.stats()["prefix_hit_tokens"] > 0 and engine.stats()["step_graph_steps"] > 0
+
+
+@pytest.mark.parametrize("head_dim,dtype", [(64, torch.float32), (80, torch.float32), (128, torch.bfloat16)])
+def test_compiled_split_kv_decode_matches_gather_at_long_contexts(head_dim, dtype):
+    from servelab.kernels.decode import gather_decode
+    from servelab.kernels.split_kv import decode_splits
+    from servelab.kernels.triton_decode import sm_count, triton_decode
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    heads, kv_heads, block_size = 14, 2, 16
+    lens = torch.tensor([1, 300, 4097, 16384], device="cuda")
+    width = 16384 // block_size
+    blocks = len(lens) * width
+    kp = torch.randn(blocks, block_size, kv_heads, head_dim, device="cuda", dtype=dtype, generator=g)
+    vp = torch.randn_like(kp)
+    tables = torch.randperm(blocks, device="cuda", generator=g).view(len(lens), width)
+    q = torch.randn(len(lens), heads, head_dim, device="cuda", dtype=dtype, generator=g)
+    assert decode_splits(len(lens), kv_heads, width * block_size, sm_count("cuda")) > 1  # the split path runs
+    ref = gather_decode(q.float(), kp.float(), vp.float(), tables, lens, head_dim**-0.5)
+    got = triton_decode(q, kp, vp, tables, lens, head_dim**-0.5).float()
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got, ref, rtol=tol, atol=tol)
+
+
+def test_captured_split_kv_decodes_give_hf_greedy_tokens_over_a_long_prompt():
+    """A 700-token prompt outgrows the short decode-graph width, so its decodes replay the full-width graph,
+    whose kernel splits each context (batch 1)."""
+    hf = load_model("config:tiny-llama-hd80", dtype="float32", device="cuda").model
+    g = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(3, hf.config.vocab_size, (700,), generator=g).tolist()]
+    engine = Engine.from_hf(hf, EngineConfig(block_size=16, num_blocks=256, max_num_seqs=4))
+    assert engine.num_graphs > 0
+    assert engine.generate(prompts, GREEDY) == hf_greedy(hf, prompts)

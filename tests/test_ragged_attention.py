@@ -124,7 +124,9 @@ KERNEL_CHECK = textwrap.dedent("""
     import tests.test_ragged_attention as t
     from servelab.kernels.ragged import ragged_reference
     from servelab.kernels.triton_ragged import triton_ragged
-    for shape, long in [((14, 2, 64, 16), 16), ((4, 4, 16, 4), 0), ((4, 1, 16, 8), 32)]:
+    # head_dim 80 and 96: padded to 128 and masked inside the kernel
+    for shape, long in [((14, 2, 64, 16), 16), ((4, 4, 16, 4), 0), ((4, 1, 16, 8), 32), ((4, 2, 80, 8), 16),
+                        ((6, 2, 96, 16), 0)]:
         q, kp, vp, rt, runs = t.paged_case(*shape, long_tile_tokens=long)
         got = triton_ragged(q, kp, vp, rt, shape[2] ** -0.5, keys=16)
         torch.testing.assert_close(got, ragged_reference(q, kp, vp, rt, shape[2] ** -0.5), rtol=1e-5, atol=1e-5)

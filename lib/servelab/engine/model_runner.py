@@ -54,7 +54,12 @@ class ModelRunner:
             self.triton_tuning = tune_triton_decode(
                 s.heads, s.kv_heads, s.head_dim, self.pool.block_size, self.pool.dtype, self.device
             )
-        widths = power_of_two_buckets(max_blocks, smallest=min(8, max_blocks)) if backend == "gather" else [max_blocks]
+        if backend == "gather":
+            widths = power_of_two_buckets(max_blocks, smallest=min(8, max_blocks))
+        else:  # a paged kernel reads only real lengths; a short width runs short contexts without split-KV's merge
+            from servelab.kernels.split_kv import single_pass_blocks
+
+            widths = sorted({min(single_pass_blocks(self.pool.block_size), max_blocks), max_blocks})
         self.graphs = DecodeGraphs(
             self.model,
             self.pool,

@@ -3,5 +3,7 @@
 - ``attention.py``: ``PagedAttention``, the layer the models call, which picks a kernel per step;
 - ``prefill.py``, ``context_prefill.py``, ``decode.py``: PyTorch paths (references, and the CPU's kernels);
 - ``ragged.py``: the tile layout of a ragged step, written once, with its PyTorch reference;
-- ``triton_decode.py``, ``triton_ragged.py``: the Triton kernels (tested under Triton's interpreter on a CPU).
+- ``split_kv.py``: split-KV (flash-decoding) for long contexts: how many splits, and the log-sum-exp merge;
+- ``triton_decode.py``, ``triton_ragged.py``: the Triton kernels, any head size (tested under Triton's interpreter
+  on a CPU).
 """

@@ -87,23 +87,18 @@ class PagedAttention(nn.Module):
         if meta.ragged is not None:
             return ragged_attention(q, k_pool, v_pool, meta.ragged, self.scale).reshape(q.shape[0], -1)
         nd = meta.num_decode_tokens
-        if meta.prefills or self.backend == "reference":
-            out = torch.empty_like(q)
-        if nd:
-            if self.backend == "reference":
-                lens = meta.decode_context_lens.tolist()
-                for i in range(nd):
-                    seg = PrefillSegment(i, 1, lens[i] - 1, meta.decode_block_tables[i].long())
-                    out[i : i + 1] = prefill_attention(
-                        q[i : i + 1], k[i : i + 1], v[i : i + 1], seg, k_pool, v_pool, self.scale
-                    )
-            else:
-                dec = DECODE_BACKENDS[self.backend](
-                    q[:nd], k_pool, v_pool, meta.decode_block_tables, meta.decode_context_lens, self.scale
+        if nd and not meta.prefills and self.backend != "reference":  # pure decode step: no copy (CUDA graphs)
+            return self._decode(q[:nd], k_pool, v_pool, meta).reshape(nd, -1)
+        out = torch.empty_like(q)
+        if nd and self.backend == "reference":
+            lens = meta.decode_context_lens.tolist()
+            for i in range(nd):
+                seg = PrefillSegment(i, 1, lens[i] - 1, meta.decode_block_tables[i].long())
+                out[i : i + 1] = prefill_attention(
+                    q[i : i + 1], k[i : i + 1], v[i : i + 1], seg, k_pool, v_pool, self.scale
                 )
-                if not meta.prefills:  # pure decode step: no copy (the CUDA-graph path)
-                    return dec.reshape(nd, -1)
-                out[:nd] = dec
+        elif nd:
+            out[:nd] = self._decode(q[:nd], k_pool, v_pool, meta)
         prefills = meta.prefills
         if meta.varlen_segments:
             first, last = prefills[0], prefills[meta.varlen_segments - 1]
@@ -117,3 +112,8 @@ class PagedAttention(nn.Module):
             sl = slice(seg.q_start, seg.q_start + seg.q_len)
             out[sl] = prefill_attention(q[sl], k[sl], v[sl], seg, k_pool, v_pool, self.scale)
         return out.reshape(q.shape[0], -1)
+
+    def _decode(self, q, k_pool, v_pool, meta: AttentionMetadata) -> torch.Tensor:
+        return DECODE_BACKENDS[self.backend](
+            q, k_pool, v_pool, meta.decode_block_tables, meta.decode_context_lens, self.scale
+        )

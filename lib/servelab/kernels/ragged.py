@@ -12,8 +12,9 @@ and one kernel runs every tile (``triton_ragged.py``; ``ragged_reference`` here 
 in PyTorch, for the CPU and for tests). Short runs (decodes, small chunks) go into *packed* tiles, whose
 rows are tokens × the query heads sharing a KV head, so a decode's one token still fills the matrix
 units; runs of at least ``long_tile_tokens`` tokens go into *long* tiles of that many tokens of one
-query head each, as a flash-attention kernel lays out a prompt: many query rows per K/V tile read. The tile table has a fixed width, padded with empty tiles,
-and nothing about the step's mix changes any tensor's shape, so a whole step, whatever its mix of
+query head each, as a flash-attention kernel lays out a prompt: many query rows per K/V tile read. The tile
+table has a fixed width, padded with empty tiles, and nothing about the step's mix changes any tensor's
+shape, so a whole step, whatever its mix of
 decodes and chunks, can be captured in one CUDA graph per token count (``engine/step_graphs.py``).
 """
 
@@ -75,7 +76,7 @@ def plan_tiles(runs, tile_tokens: int, long_tile_tokens: int = 0) -> tuple[list,
 
 def ragged_reference(q, k_pool, v_pool, rt: RaggedTiles, scale: float) -> torch.Tensor:
     """q [T, H, D], pools [blocks, block_size, H_kv, D] -> [T, H, D]; rows of no tile are 0."""
-    heads, d = q.shape[1], q.shape[2]
+    heads = q.shape[1]
     block_size, kv_heads = k_pool.shape[1], k_pool.shape[2]
     out = torch.zeros_like(q)
     tables = rt.block_tables

@@ -6,6 +6,16 @@ attention loads each K/V tile once for the whole group), walking the sequence's 
 HBM exactly once and nothing is materialised. Key ``p`` of a sequence sits in pool block
 ``block_table[p // block_size]`` at offset ``p % block_size``.
 
+Any head size: ``tl.arange`` needs a power of two, so the head axis is padded to the next one (at least 16,
+for the matrix units) and masked; padded lanes load as 0 and add nothing to a dot product or an output.
+
+Long contexts (split-KV, flash-decoding): with few sequences, one program per (sequence, KV head) leaves
+most SMs idle while each walks thousands of keys. Then the launch grid gets a third axis of ``splits``
+programs per (sequence, KV head); program ``s`` walks its own chunk of the keys and writes a partial output
+with its log-sum-exp, and a second kernel merges the partials (``split_kv.py`` chooses ``splits`` and holds
+the same merge in PyTorch). The chunk is computed in the kernel from the sequence's length, so the grid
+depends only on the batch and the block-table width, and a CUDA graph captured once serves every context.
+
 Tests run it on the CPU under ``TRITON_INTERPRET=1`` against the gather backend.
 """
 
@@ -16,6 +26,8 @@ import os
 import torch
 import triton
 import triton.language as tl
+
+from servelab.kernels.split_kv import MIN_SPLIT_KEYS, decode_splits, head_pad
 
 KEYS_PER_ITER = 64
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
@@ -28,7 +40,7 @@ def _attend_tile(
     V,
     BT,
     start,
-    length,
+    end,
     b,
     kvh,
     m,
@@ -40,32 +52,44 @@ def _attend_tile(
     stride_kh,
     stride_btb,
     HEAD_DIM: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     KEYS: tl.constexpr,
     IEEE: tl.constexpr,
 ):
-    """Fold keys [start, start + KEYS) of one sequence into the running (max, sum, accumulator)."""
-    offs_d = tl.arange(0, HEAD_DIM)
+    """Fold keys [start, min(start + KEYS, end)) of one sequence into the running (max, sum, accumulator)."""
+    offs_d = tl.arange(0, HEAD_PAD)
     pos = start + tl.arange(0, KEYS)
-    ok = pos < length
+    ok = pos < end
     blk = tl.load(BT + b * stride_btb + pos // BLOCK_SIZE, mask=ok, other=0)
     base = blk.to(tl.int64) * stride_kb + (pos % BLOCK_SIZE) * stride_ks + kvh * stride_kh
-    k = tl.load(K + base[:, None] + offs_d[None, :], mask=ok[:, None], other=0.0)
-    if IEEE:
-        s = tl.dot(q, tl.trans(k), input_precision="ieee")
-    else:
-        s = tl.dot(q, tl.trans(k))
+    # no padded lanes at a power-of-two head: its mask (and code) as before the padding
+    kv_mask = ok[:, None] if HEAD_DIM == HEAD_PAD else ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+    k = tl.load(K + base[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+    s = tl.dot(q, tl.trans(k), input_precision="ieee") if IEEE else tl.dot(q, tl.trans(k))
     s = tl.where(ok[None, :], s * scale, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, 1))
     alpha = tl.exp(m - m_new)
     p = tl.exp(s - m_new[:, None])
     l_sum = l_sum * alpha + tl.sum(p, 1)
-    v = tl.load(V + base[:, None] + offs_d[None, :], mask=ok[:, None], other=0.0)
-    if IEEE:
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    v = tl.load(V + base[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+    pv = tl.dot(p.to(v.dtype), v, input_precision="ieee") if IEEE else tl.dot(p.to(v.dtype), v)
+    return m_new, l_sum, acc * alpha[:, None] + pv
+
+
+@triton.jit
+def _key_range(length, split, SPLITS: tl.constexpr, KEYS: tl.constexpr, MIN_KEYS: tl.constexpr):
+    """Keys [lo, hi) of split ``split``: the context cut into SPLITS chunks of whole key tiles, each at least
+    MIN_KEYS long, so a short context uses few splits and the rest find their range empty."""
+    if SPLITS == 1:
+        lo = 0
+        hi = length
     else:
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-    return m_new, l_sum, acc
+        chunk = tl.cdiv(tl.cdiv(length, SPLITS), KEYS) * KEYS
+        chunk = tl.maximum(chunk, MIN_KEYS)
+        lo = split * chunk
+        hi = tl.minimum(lo + chunk, length)
+    return lo, hi
 
 
 # the block-table stride is the step's table width, which varies from eager step to eager step: without
@@ -77,7 +101,8 @@ def _paged_decode_kernel(
     V,
     BT,
     LENS,
-    O,
+    Out,
+    LSE,
     scale,
     stride_qb,
     stride_qh,
@@ -87,79 +112,91 @@ def _paged_decode_kernel(
     stride_btb,
     stride_ob,
     stride_oh,
+    stride_os,
+    stride_lb,
+    stride_lh,
     GROUPS: tl.constexpr,
     GROUPS_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     KEYS: tl.constexpr,
     IEEE: tl.constexpr,
     INTERPRETED: tl.constexpr,
+    SPLITS: tl.constexpr,
+    MIN_KEYS: tl.constexpr,
 ):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
+    split = tl.program_id(2)
     length = tl.load(LENS + b)
+    lo, hi = _key_range(length, split, SPLITS, KEYS, MIN_KEYS)
     offs_g = tl.arange(0, GROUPS_PAD)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, HEAD_PAD)
     g_ok = offs_g < GROUPS
+    row_mask = g_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
     heads = kvh * GROUPS + offs_g
-    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :], mask=g_ok[:, None], other=0.0)
+    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :], mask=row_mask, other=0.0)
     m = tl.full([GROUPS_PAD], float("-inf"), dtype=tl.float32)
     l_sum = tl.zeros([GROUPS_PAD], dtype=tl.float32)
-    acc = tl.zeros([GROUPS_PAD, HEAD_DIM], dtype=tl.float32)
+    acc = tl.zeros([GROUPS_PAD, HEAD_PAD], dtype=tl.float32)
     if INTERPRETED:  # the interpreter cannot range() over a loaded value; a while loop is the same walk
-        start = 0
-        while start < length:
+        start = lo
+        while start < hi:
             m, l_sum, acc = _attend_tile(
-                q,
-                K,
-                V,
-                BT,
-                start,
-                length,
-                b,
-                kvh,
-                m,
-                l_sum,
-                acc,
-                scale,
-                stride_kb,
-                stride_ks,
-                stride_kh,
-                stride_btb,
-                HEAD_DIM,
-                BLOCK_SIZE,
-                KEYS,
-                IEEE,
-            )
+                q, K, V, BT, start, hi, b, kvh, m, l_sum, acc, scale, stride_kb, stride_ks, stride_kh, stride_btb,
+                HEAD_DIM, HEAD_PAD, BLOCK_SIZE, KEYS, IEEE,
+            )  # fmt: skip
             start += KEYS
     else:  # a range() loop the compiler can software-pipeline
-        for start in range(0, length, KEYS):
+        for start in range(lo, hi, KEYS):
             m, l_sum, acc = _attend_tile(
-                q,
-                K,
-                V,
-                BT,
-                start,
-                length,
-                b,
-                kvh,
-                m,
-                l_sum,
-                acc,
-                scale,
-                stride_kb,
-                stride_ks,
-                stride_kh,
-                stride_btb,
-                HEAD_DIM,
-                BLOCK_SIZE,
-                KEYS,
-                IEEE,
-            )
-    out = acc / l_sum[:, None]
-    tl.store(
-        O + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :], out.to(O.dtype.element_ty), mask=g_ok[:, None]
+                q, K, V, BT, start, hi, b, kvh, m, l_sum, acc, scale, stride_kb, stride_ks, stride_kh, stride_btb,
+                HEAD_DIM, HEAD_PAD, BLOCK_SIZE, KEYS, IEEE,
+            )  # fmt: skip
+    # a split past the end of a short context saw no key: output 0 with log-sum-exp -inf, weight 0 in the merge
+    out = acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None]
+    dst = Out + b * stride_ob + heads[:, None] * stride_oh + split * stride_os + offs_d[None, :]
+    tl.store(dst, out.to(Out.dtype.element_ty), mask=row_mask)
+    if SPLITS > 1:
+        lse = tl.where(l_sum > 0, m + tl.log(tl.where(l_sum > 0, l_sum, 1.0)), float("-inf"))
+        tl.store(LSE + b * stride_lb + heads * stride_lh + split, lse, mask=g_ok)
+
+
+@triton.jit
+def _merge_splits_kernel(
+    Part,
+    LSE,
+    Out,
+    stride_pb,
+    stride_ph,
+    stride_ps,
+    stride_lb,
+    stride_lh,
+    stride_ob,
+    stride_oh,
+    SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+):
+    """One program per (sequence, query head): out = sum_s exp(lse_s - M) part_s / sum_s exp(lse_s - M)."""
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, SPLITS_PAD)
+    offs_d = tl.arange(0, HEAD_PAD)
+    s_ok = offs_s < SPLITS
+    d_ok = offs_d < HEAD_DIM
+    lse = tl.load(LSE + b * stride_lb + h * stride_lh + offs_s, mask=s_ok, other=float("-inf"))
+    top = tl.max(lse, 0)
+    w = tl.where(lse > float("-inf"), tl.exp(lse - top), 0.0)
+    part = tl.load(
+        Part + b * stride_pb + h * stride_ph + offs_s[:, None] * stride_ps + offs_d[None, :],
+        mask=s_ok[:, None] & d_ok[None, :],
+        other=0.0,
     )
+    out = tl.sum(w[:, None] * part, 0) / tl.maximum(tl.sum(w, 0), 1e-30)
+    tl.store(Out + b * stride_ob + h * stride_oh + offs_d, out.to(Out.dtype.element_ty), mask=d_ok)
 
 
 # tiles, warps and pipeline depth are tuned once per (group size, head_dim, block size) on the GPU it runs on
@@ -184,22 +221,27 @@ _tuned_kernel = triton.autotune(
 _TUNED: dict[tuple, str] = {}  # kernel key -> chosen config, for keys tuned on representative inputs
 
 
+def _groups_pad(groups: int) -> int:
+    return max(16, triton.next_power_of_2(groups))
+
+
 def _key(heads: int, kv_heads: int, head_dim: int, block_size: int, dtype) -> tuple:
-    groups = heads // kv_heads
-    return (max(16, triton.next_power_of_2(groups)), head_dim, block_size, dtype == torch.float32)
+    return (_groups_pad(heads // kv_heads), head_dim, block_size, dtype == torch.float32)
 
 
-def _launch(kernel, q, k_pool, v_pool, block_tables, context_lens, out, scale, **extra):
+def _launch(kernel, q, k_pool, v_pool, block_tables, context_lens, out, lse, scale, splits: int, **extra):
+    """``out`` is [B, H, D] (one split) or the partials [B, H, splits, D] with ``lse`` [B, H, splits]."""
     b, heads, d = q.shape
     _, block_size, kv_heads, _ = k_pool.shape
-    groups = heads // kv_heads
-    kernel[(b, kv_heads)](
+    split_stride = out.stride(2) if splits > 1 else 0
+    kernel[(b, kv_heads, splits)](
         q,
         k_pool,
         v_pool,
         block_tables,
         context_lens,
         out,
+        lse,
         scale,
         q.stride(0),
         q.stride(1),
@@ -209,28 +251,90 @@ def _launch(kernel, q, k_pool, v_pool, block_tables, context_lens, out, scale, *
         block_tables.stride(0),
         out.stride(0),
         out.stride(1),
-        GROUPS=groups,
-        GROUPS_PAD=max(16, triton.next_power_of_2(groups)),
+        split_stride,
+        lse.stride(0),
+        lse.stride(1),
+        GROUPS=heads // kv_heads,
+        GROUPS_PAD=_groups_pad(heads // kv_heads),
         HEAD_DIM=d,
+        HEAD_PAD=head_pad(d),
         BLOCK_SIZE=block_size,
         IEEE=q.dtype == torch.float32,
         INTERPRETED=INTERPRETED,
+        SPLITS=splits,
         **extra,
     )
 
 
-def triton_decode(q, k_pool, v_pool, block_tables, context_lens, scale: float) -> torch.Tensor:
-    """Same contract as ``decode.gather_decode``: q [B, H, D] -> [B, H, D]."""
+def _merge(part, lse, out) -> None:
+    b, heads, splits, d = part.shape
+    _merge_splits_kernel[(b, heads)](
+        part,
+        lse,
+        out,
+        part.stride(0),
+        part.stride(1),
+        part.stride(2),
+        lse.stride(0),
+        lse.stride(1),
+        out.stride(0),
+        out.stride(1),
+        SPLITS=splits,
+        SPLITS_PAD=triton.next_power_of_2(splits),
+        HEAD_DIM=d,
+        HEAD_PAD=head_pad(d),
+    )
+
+
+_SM_COUNT: dict[int, int] = {}
+
+
+def sm_count(device) -> int | None:
+    """Streaming multiprocessors of a CUDA ``device`` (None elsewhere), asked once per device."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNT:
+        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNT[index]
+
+
+def triton_decode(
+    q, k_pool, v_pool, block_tables, context_lens, scale: float, *, splits: int | None = None, min_split_keys=None
+) -> torch.Tensor:
+    """Same contract as ``decode.gather_decode``: q [B, H, D] -> [B, H, D].
+
+    ``splits``: programs per (sequence, KV head); None chooses from the batch, the KV heads, the block-table
+    width (the longest context the step can hold) and the GPU's SM count (``split_kv.decode_splits``).
+    ``min_split_keys``: the shortest chunk one split walks (tests set it small to split short contexts)."""
     b, heads, d = q.shape
     _, block_size, kv_heads, d_k = k_pool.shape
-    if d != d_k or d & (d - 1) or d < 16:
-        raise ValueError(f"the Triton decode kernel needs a power-of-two head_dim >= 16 matching the pool, got {d}")
+    if d != d_k:
+        raise ValueError(f"query head_dim {d} does not match the KV pool's {d_k}")
+    if splits is None:
+        splits = decode_splits(b, kv_heads, block_tables.shape[1] * block_size, sm_count(q.device))
+    min_keys = MIN_SPLIT_KEYS if min_split_keys is None else min_split_keys
     q = q.contiguous()
     out = torch.empty_like(q)
-    if _key(heads, kv_heads, d, block_size, q.dtype) in _TUNED:
-        _launch(_tuned_kernel, q, k_pool, v_pool, block_tables, context_lens, out, scale)
-    else:  # untuned: a fixed tile (tuning on whatever inputs came first, e.g. padding rows, would mislead)
-        _launch(_paged_decode_kernel, q, k_pool, v_pool, block_tables, context_lens, out, scale, KEYS=KEYS_PER_ITER)
+    if splits == 1:
+        lse = out  # not read when there is one split
+        if _key(heads, kv_heads, d, block_size, q.dtype) in _TUNED:
+            _launch(_tuned_kernel, q, k_pool, v_pool, block_tables, context_lens, out, lse, scale, 1, MIN_KEYS=1)
+        else:  # untuned: a fixed tile (tuning on whatever inputs came first, e.g. padding rows, would mislead)
+            _launch(
+                _paged_decode_kernel, q, k_pool, v_pool, block_tables, context_lens, out, lse, scale, 1,
+                KEYS=KEYS_PER_ITER, MIN_KEYS=1,
+            )  # fmt: skip
+        return out
+    keys = max(16, min(KEYS_PER_ITER, triton.next_power_of_2(min_keys)))  # tl.dot needs 16 rows
+    part = torch.empty(b, heads, splits, d, dtype=torch.float32, device=q.device)
+    lse = torch.empty(b, heads, splits, dtype=torch.float32, device=q.device)
+    _launch(
+        _paged_decode_kernel, q, k_pool, v_pool, block_tables, context_lens, part, lse, scale, splits,
+        KEYS=keys, MIN_KEYS=min_keys,
+    )  # fmt: skip
+    _merge(part, lse, out)
     return out
 
 
@@ -258,7 +362,8 @@ def tune_triton_decode(
     lens = torch.full((batch,), length, dtype=torch.long, device=device)
     q = torch.randn(batch, heads, head_dim, device=device, dtype=dtype, generator=g)
     try:
-        _launch(_tuned_kernel, q, k, v, tables, lens, torch.empty_like(q), head_dim**-0.5)
+        out = torch.empty_like(q)
+        _launch(_tuned_kernel, q, k, v, tables, lens, out, out, head_dim**-0.5, 1, MIN_KEYS=1)
         torch.cuda.synchronize()
         cfg = _tuned_kernel.best_config
     except Exception as e:  # a tuning failure leaves the fixed tile in place

@@ -7,7 +7,8 @@ its token's. It walks the sequence's keys ``KEYS`` at a time up to the tile's la
 block table, with an online softmax; a key is visible to a row when its position is at most the row's.
 Key 0 is visible to every row, so no row's running maximum stays at -inf past the first key tile.
 Empty tiles (padding) return at once, which is what lets the launch grid, and a CUDA graph around
-it, stay fixed while the step's mix changes.
+it, stay fixed while the step's mix changes. The head axis is padded to a power of two and masked, as in
+``triton_decode.py``, so any head size runs.
 
 Tests run it on the CPU under ``TRITON_INTERPRET=1`` against ``ragged_reference``.
 """
@@ -19,6 +20,7 @@ import triton
 import triton.language as tl
 
 from servelab.kernels.ragged import POS0, Q_LEN, Q_START, ROW, RaggedTiles
+from servelab.kernels.split_kv import head_pad
 from servelab.kernels.triton_decode import INTERPRETED
 
 KEYS_PER_ITER = 64
@@ -44,33 +46,30 @@ def _fold_keys(
     stride_kh,
     stride_btb,
     HEAD_DIM: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     KEYS: tl.constexpr,
     IEEE: tl.constexpr,
 ):
     """Fold keys [start, start + KEYS) of one sequence into every row's running (max, sum, accumulator)."""
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, HEAD_PAD)
     pos = start + tl.arange(0, KEYS)
     ok = pos < n_keys
     blk = tl.load(BT + row * stride_btb + pos // BLOCK_SIZE, mask=ok, other=0)
     base = blk.to(tl.int64) * stride_kb + (pos % BLOCK_SIZE) * stride_ks + kvh * stride_kh
-    k = tl.load(K + base[:, None] + offs_d[None, :], mask=ok[:, None], other=0.0)
-    if IEEE:
-        s = tl.dot(q, tl.trans(k), input_precision="ieee")
-    else:
-        s = tl.dot(q, tl.trans(k))
+    # no padded lanes at a power-of-two head: its mask (and code) as before the padding
+    kv_mask = ok[:, None] if HEAD_DIM == HEAD_PAD else ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+    k = tl.load(K + base[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+    s = tl.dot(q, tl.trans(k), input_precision="ieee") if IEEE else tl.dot(q, tl.trans(k))
     visible = ok[None, :] & (pos[None, :] <= qpos[:, None])
     s = tl.where(visible, s * scale, float("-inf"))
     m_new = tl.maximum(m, tl.max(s, 1))
     alpha = tl.exp(m - m_new)
     p = tl.exp(s - m_new[:, None])
     l_sum = l_sum * alpha + tl.sum(p, 1)
-    v = tl.load(V + base[:, None] + offs_d[None, :], mask=ok[:, None], other=0.0)
-    if IEEE:
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
-    else:
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-    return m_new, l_sum, acc
+    v = tl.load(V + base[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+    pv = tl.dot(p.to(v.dtype), v, input_precision="ieee") if IEEE else tl.dot(p.to(v.dtype), v)
+    return m_new, l_sum, acc * alpha[:, None] + pv
 
 
 @triton.jit
@@ -80,7 +79,7 @@ def _ragged_kernel(
     V,
     BT,
     TILES,
-    O,
+    Out,
     scale,
     stride_tiles,
     stride_qt,
@@ -95,6 +94,7 @@ def _ragged_kernel(
     GROUPS_PAD: tl.constexpr,
     TILE_TOKENS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     KEYS: tl.constexpr,
     IEEE: tl.constexpr,
@@ -113,7 +113,7 @@ def _ragged_kernel(
     q_start = tl.load(TILES + C_START * stride_tiles + tile)
     pos0 = tl.load(TILES + C_POS * stride_tiles + tile)
     offs_m = tl.arange(0, TILE_TOKENS * GROUPS_PAD)
-    offs_d = tl.arange(0, HEAD_DIM)
+    offs_d = tl.arange(0, HEAD_PAD)
     if PER_HEAD:  # grid axis 1 is the query head; GROUPS_PAD is 1
         kvh = tl.program_id(1) // GROUPS
         t = offs_m
@@ -127,12 +127,11 @@ def _ragged_kernel(
         head = kvh * GROUPS + g
     token = (q_start + t).to(tl.int64)
     qpos = pos0 + t
-    q = tl.load(
-        Q + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :], mask=row_ok[:, None], other=0.0
-    )
+    row_mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
+    q = tl.load(Q + token[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :], mask=row_mask, other=0.0)
     m = tl.full([TILE_TOKENS * GROUPS_PAD], float("-inf"), dtype=tl.float32)
     l_sum = tl.zeros([TILE_TOKENS * GROUPS_PAD], dtype=tl.float32)
-    acc = tl.zeros([TILE_TOKENS * GROUPS_PAD, HEAD_DIM], dtype=tl.float32)
+    acc = tl.zeros([TILE_TOKENS * GROUPS_PAD, HEAD_PAD], dtype=tl.float32)
     n_keys = pos0 + q_len
     if INTERPRETED:  # the interpreter cannot range() over a loaded value; a while loop is the same walk
         start = 0
@@ -156,6 +155,7 @@ def _ragged_kernel(
                 stride_kh,
                 stride_btb,
                 HEAD_DIM,
+                HEAD_PAD,
                 BLOCK_SIZE,
                 KEYS,
                 IEEE,
@@ -182,15 +182,16 @@ def _ragged_kernel(
                 stride_kh,
                 stride_btb,
                 HEAD_DIM,
+                HEAD_PAD,
                 BLOCK_SIZE,
                 KEYS,
                 IEEE,
             )
     out = acc / l_sum[:, None]
     tl.store(
-        O + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
-        out.to(O.dtype.element_ty),
-        mask=row_ok[:, None],
+        Out + token[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+        out.to(Out.dtype.element_ty),
+        mask=row_mask,
     )
 
 
@@ -198,8 +199,9 @@ def triton_ragged(q, k_pool, v_pool, rt: RaggedTiles, scale: float, *, keys: int
     """Same contract as ``ragged.ragged_reference``: q [T, H, D] -> [T, H, D], rows of no tile 0."""
     t, heads, d = q.shape
     _, block_size, kv_heads, d_k = k_pool.shape
-    if d != d_k or d & (d - 1) or d < 16:
-        raise ValueError(f"the ragged kernel needs a power-of-two head_dim >= 16 matching the pool, got {d}")
+    if d != d_k:
+        raise ValueError(f"query head_dim {d} does not match the KV pool's {d_k}")
+    d_pad = head_pad(d)
     groups = heads // kv_heads
     groups_pad = 1 << (groups - 1).bit_length()
     if rt.tile_tokens * groups_pad < 16 or rt.tile_tokens & (rt.tile_tokens - 1):
@@ -233,6 +235,7 @@ def triton_ragged(q, k_pool, v_pool, rt: RaggedTiles, scale: float, *, keys: int
             GROUPS_PAD=pad,
             TILE_TOKENS=tokens,
             HEAD_DIM=d,
+            HEAD_PAD=d_pad,
             BLOCK_SIZE=block_size,
             KEYS=keys,
             IEEE=q.dtype == torch.float32,
@@ -242,6 +245,6 @@ def triton_ragged(q, k_pool, v_pool, rt: RaggedTiles, scale: float, *, keys: int
             C_LEN=Q_LEN,
             C_POS=POS0,
             PER_HEAD=per_head,
-            num_warps=4 if d * tokens * pad <= 64 * 128 else 8,
+            num_warps=4 if d_pad * tokens * pad <= 64 * 128 else 8,
         )
     return out

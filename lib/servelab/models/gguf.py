@@ -2,8 +2,8 @@
 
 ``transformers`` reads a GGUF (``from_pretrained(dir, gguf_file=...)``, with the ``gguf`` and ``accelerate``
 packages) and dequantizes every tensor to float32. That is slow: for SmolLM2-135M-Instruct's 98 MB Q4_1 file,
-about 45 s on a 2-core machine (22 s of it rebuilding the tokenizer from the GGUF's vocabulary), against about
-2 s to read the same model back from a ``save_pretrained`` directory. So the first load writes that directory
+40-70 s on a busy 2-core machine (a third of it rebuilding the tokenizer from the GGUF's vocabulary), against
+about 5 s to read the same model and tokenizer back from a saved directory. So the first load writes that directory
 under the cache (``$SERVELAB_CACHE``, default ``~/.cache/servelab``), keyed by the file's path, size and
 modification time and the ``transformers`` and ``gguf`` versions, and every later load reads it.
 

@@ -1,0 +1,123 @@
+"""Decode attention alone, on the GPU: one pass vs split-KV vs gather, against the memory floor.
+
+One "step" is ``--layers`` decode-attention calls, each over a pool of its own (as a model's layers read
+their own KV cache, so nothing is served from L2 that a real step would read from HBM), captured in one CUDA
+graph so Python's launch cost is out of the timing; timed with CUDA events over replays, median of repeats.
+The floor is the step's K/V bytes over the device-to-device copy bandwidth measured here first.
+
+    python scripts/bench_decode_kernel.py                 # Qwen2-0.5B's attention: 14 heads, 2 KV heads, d 64
+    python scripts/bench_decode_kernel.py --head-dim 80   # a head size that is not a power of two
+
+Prints one line per (batch, context, path): ms per step, the splits the kernel chose, and the floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import torch
+
+from servelab.kernels.decode import gather_decode
+from servelab.kernels.split_kv import decode_splits
+from servelab.kernels.triton_decode import sm_count, triton_decode, tune_triton_decode
+
+POINTS = ((1, 128), (1, 16384), (64, 512))
+
+
+def copy_gb_s(device) -> float:
+    """Device-to-device copy bandwidth, bytes read + written, GB/s (1 GiB buffers, median of 5)."""
+    a = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        b.copy_(a)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return 2 * a.numel() / statistics.median(times) / 1e9
+
+
+def step_ms(call, replays: int = 50, repeats: int = 5) -> float:
+    """Median ms of one replay of ``call`` captured in a CUDA graph."""
+    call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    for _ in range(5):
+        graph.replay()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / replays)
+    return statistics.median(times)
+
+
+def case(args, batch: int, context: int, device):
+    """Per layer: a pool holding exactly the batch's keys (blocks in random order), tables and lengths."""
+    g = torch.Generator(device=device).manual_seed(0)
+    per_seq = -(-context // args.block_size)
+    layers = []
+    for _ in range(args.layers):
+        shape = (batch * per_seq, args.block_size, args.kv_heads, args.head_dim)
+        k = torch.randn(shape, device=device, dtype=torch.bfloat16, generator=g)
+        v = torch.randn_like(k)
+        tables = torch.randperm(batch * per_seq, device=device, generator=g).view(batch, per_seq)
+        layers.append((k, v, tables))
+    lens = torch.full((batch,), context, dtype=torch.long, device=device)
+    q = torch.randn(batch, args.heads, args.head_dim, device=device, dtype=torch.bfloat16, generator=g)
+    return layers, lens, q
+
+
+def paths(layers, lens, q, scale: float, splits: int) -> dict:
+    """The step of each attention path: one call per layer."""
+    return {
+        "one pass": lambda: [triton_decode(q, k, v, t, lens, scale, splits=1) for k, v, t in layers],
+        f"split-KV ({splits} splits)": lambda: [triton_decode(q, k, v, t, lens, scale) for k, v, t in layers],
+        "gather": lambda: [gather_decode(q, k, v, t, lens, scale) for k, v, t in layers],
+    }
+
+
+def bench_point(args, batch: int, context: int, device, gb_s: float) -> None:
+    layers, lens, q = case(args, batch, context, device)
+    kv_bytes = args.layers * 2 * batch * context * args.kv_heads * args.head_dim * 2
+    floor_ms = kv_bytes / (gb_s * 1e9) * 1e3
+    splits = decode_splits(batch, args.kv_heads, layers[0][2].shape[1] * args.block_size, sm_count(device))
+    for name, call in paths(layers, lens, q, args.head_dim**-0.5, splits).items():
+        ms = step_ms(call)
+        print(
+            f"batch {batch:>3} ctx {context:>6} {name:<22} {ms:8.3f} ms/step "
+            f"(floor {floor_ms:.3f} ms, {floor_ms / ms:5.1%} of it)"
+        )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--heads", type=int, default=14)
+    p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--layers", type=int, default=24)
+    args = p.parse_args()
+    device = torch.device("cuda")
+    gb_s = copy_gb_s(device)
+    tuning = tune_triton_decode(args.heads, args.kv_heads, args.head_dim, args.block_size, torch.bfloat16, device)
+    print(f"{torch.cuda.get_device_name()}, {sm_count(device)} SMs, copy {gb_s:,.0f} GB/s; one pass: {tuning}")
+    print(f"attention {args.heads}/{args.kv_heads} heads, head_dim {args.head_dim}, bf16, {args.layers} layers")
+    for batch, context in POINTS:
+        bench_point(args, batch, context, device, gb_s)
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
