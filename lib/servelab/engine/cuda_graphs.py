@@ -137,7 +137,7 @@ class DecodeGraphs:
         """
         b = len(ids)
         key = self.bucket(b, max(positions) // self.pool.block_size + 1)
-        if key is None or key not in self.graphs:
+        if key is None or (self.graphs and key not in self.graphs):  # uncaptured (a CPU): the same step, eagerly
             return None
         self.load(self.pack(ids, positions, slots, table_rows, key[0]))
         if patch is not None:

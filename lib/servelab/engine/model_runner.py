@@ -111,7 +111,10 @@ class ModelRunner:
             rows = self.tables.rows_for([it.seq.seq_id for it in items], positions, slots)
             out = self.graphs.run([it.seq.token_at(it.start) for it in items], positions, slots, rows, patch)
             if out is not None:
-                self.graph_steps += 1
+                if self.graphs.graphs:
+                    self.graph_steps += 1
+                else:
+                    self.eager_steps += 1
                 keep = [i for i, it in enumerate(items) if it.samples]
                 if len(keep) < len(items):  # a one-token prefill chunk that does not finish its prompt
                     out = out[torch.tensor(keep).to(out.device, non_blocking=True)]

@@ -43,9 +43,7 @@ def build_step_inputs(batch: ScheduledBatch, tables: DeviceBlockTables, device, 
         ids += it.seq.token_ids(it.start, it.start + it.num_tokens)
         pos += range(it.start, it.start + it.num_tokens)
         slots += it.slots
-    meta = AttentionMetadata(
-        slot_mapping=_to_device(slots, device), num_decode_tokens=len(decodes)
-    )
+    meta = AttentionMetadata(slot_mapping=_to_device(slots, device), num_decode_tokens=len(decodes))
     bm = tables.bm
     if decodes:
         positions = [it.start for it in decodes]
