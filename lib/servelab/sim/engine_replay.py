@@ -88,8 +88,10 @@ def replay_on_engine(
 
     previous_hook, previous_config = engine.on_step, engine.config
     engine.on_step = on_step
-    if clock == "steps":  # a token is stamped with the step that computed it: read every step's tokens at once
-        engine.config = dataclasses.replace(engine.config, async_scheduling=False)
+    # on the step clock a token is stamped with the step that computed it: read every step's tokens at once
+    engine.config = dataclasses.replace(
+        engine.config, async_scheduling=clock == "wall" and engine.config.async_scheduling
+    )
     try:
         i = 0
         while i < n or engine.has_unfinished():
