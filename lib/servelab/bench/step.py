@@ -164,6 +164,7 @@ def prepared_step(
             if chunked.num_computed_tokens != context or any(s.num_computed_tokens != decode_context for s in seqs):
                 raise RuntimeError("the preparing step did not end at the step's contexts")
         expected = [(decode_context, 1)] * decodes + [(context, new_tokens)]
+    engine.synchronize()  # the last preparing step's tokens on the host: the timed step's inputs are all known
     step = engine.scheduler.schedule()
     got = sorted((it.start, it.num_tokens) for it in step.items)
     if got != sorted(expected):

@@ -319,6 +319,14 @@ class Engine:
             events += self._land()
         return events
 
+    def synchronize(self) -> list[TokenEvent]:
+        """Read the tokens of the step in flight now, if any (the host waits for the GPU); the events they make.
+
+        For callers that go on to drive the scheduler and the runner themselves (the benchmark's prepared steps):
+        afterwards no sequence holds a token that is still on the device.
+        """
+        return self._land() if self._inflight is not None else []
+
     def _must_land(self, step: InFlightStep) -> bool:
         """Whether ``step``'s tokens must be read before another step is scheduled: async scheduling is off,
         a sequence ends there by length, or no sequence of it is left running."""
