@@ -29,9 +29,8 @@ class BenchSession:
         log(self.dev.summary())
         self.ceil = ceil = measure_ceilings(plan.device)
         self.roof = Roofline.from_ceilings(ceil)
-        log(
-            f"ceilings: copy {ceil.copy_gb_s:,.0f} GB/s, matmul {ceil.matmul_tflop_s:,.1f} TFLOP/s ({ceil.matmul_dtype})"
-        )
+        matmul = f"matmul {ceil.matmul_tflop_s:,.1f} TFLOP/s ({ceil.matmul_dtype})"
+        log(f"ceilings: copy {ceil.copy_gb_s:,.0f} GB/s, {matmul}")
         self.rows, self.decode_rows, self.offline_rows, self.latency_rows, self.exact = [], [], [], [], []
         self.results = StudyResults("engine", self.dev, dict(plan.__dict__), ceil) if write else None
         self.dtype_bytes = torch.empty(0, dtype=getattr(torch, plan.dtype)).element_size()
