@@ -109,7 +109,7 @@ def test_varlen_prefill_plumbing(monkeypatch, hf):
     def fake_varlen(q, k, v, cu, max_len, scale):
         calls.append(cu.tolist())
         out = torch.empty_like(q)
-        for a, b in zip(cu.tolist()[:-1], cu.tolist()[1:]):
+        for a, b in zip(cu.tolist()[:-1], cu.tolist()[1:], strict=True):
             out[a:b] = prefill_attention(q[a:b], k[a:b], v[a:b], PrefillSegment(a, b - a, 0, None), None, None, scale)
         return out
 

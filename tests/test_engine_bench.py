@@ -21,17 +21,33 @@ def test_smoke_bench_writes_every_row(scratch_results, capsys):
     assert set(df["metric"]) == {
         "decode_ms_b1_ctx16",
         "decode_ms_b4_ctx32",
+        "decode_ms_b1_ctx256",  # the long-context point (16K on a GPU)
         "offline_tok_s",
+        "offline_tok_s_budget32",  # the small-budget point (512 on a GPU)
+        "offline_budget32_ratio",
         "hf_offline_tok_s",
         "engine_speedup_vs_hf",
+        "e2e_ms_per_token_b1",
+        "e2e_over_forward_b1",
+        "mixed_step_ms",
         "prefill_mfu_128",
     }
-    assert df.set_index("metric").loc[["decode_ms_b1_ctx16", "offline_tok_s"], "value"].gt(0).all()
+    rows = df.set_index("metric")
+    assert rows["value"].gt(0).all(), rows["value"]  # every row measured, none skipped or failed
+    for metric in ("mixed_step_ms", "e2e_ms_per_token_b1", "offline_tok_s_budget32", "decode_ms_b1_ctx256"):
+        assert rows.loc[metric, "roofline_bound"] > 0, metric  # each beside its bound
+    assert rows.loc["e2e_over_forward_b1", "value"] == pytest.approx(
+        rows.loc["e2e_ms_per_token_b1", "value"] / rows.loc["e2e_ms_per_token_b1", "roofline_bound"]
+    )
+    assert "overlapped" in rows.loc["e2e_ms_per_token_b1", "note"]  # the step log's summary
+    latency = pd.read_csv(next(scratch_results.glob("*/engine/latency.csv")))
+    assert list(latency["what"]) == ["mixed step", "its decodes alone", "its chunk alone"]
+    assert (latency["status"] == "ok").all() and latency["host_ms"].gt(0).all()
     exact = pd.read_csv(next(scratch_results.glob("*/engine/exactness.csv")))
     assert exact["all_agree"].all() and exact["logit_max_abs_err"].max() < 1e-3  # float32: identical tokens
     assert (exact["tf_argmax_agree_frac"] == 1).all() and exact["tf_logit_max_abs_err"].max() < 1e-3
     decode = pd.read_csv(next(scratch_results.glob("*/engine/decode.csv")))
-    assert {"engine_gather", "hf_eager"} <= set(decode["impl"]) and (decode["status"] == "ok").all()
+    assert set(decode["impl"]) == {"engine_default", "hf_eager"} and (decode["status"] == "ok").all()
     assert "offline_tok_s" in capsys.readouterr().out  # the summary table
 
 

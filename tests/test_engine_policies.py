@@ -263,6 +263,27 @@ def test_fcfs_preempted_member_leaves_the_batch_and_heads_the_next():
     assert b.num_preemptions == 1 and all(q.is_finished for q in (a, b, c))
 
 
+def _check_policy_step(name, s, batch, members: set) -> set:
+    """What each policy promises of one step; returns FCFS's running batch (the members of the next check)."""
+    if name == "eager_cont_batch" and batch.items:  # prefill steps and decode steps never mix
+        starts_at_zero = [it.start == 0 for it in batch.items]
+        assert all(starts_at_zero) or not any(starts_at_zero)
+    if name == "chunked_prefill":
+        kinds = ["d" if label(it).endswith(":d") else "p" for it in batch.items]
+        assert kinds == sorted(kinds)  # decodes ("d") before prefill chunks ("p")
+        assert sum(not it.samples for it in batch.items) <= 1  # at most one prompt left unfinished
+        if not batch.preempted:  # no running sequence is left out of a step
+            assert {it.seq.seq_id for it in batch.items} >= {q.seq_id for q in s.running}
+    if name == "fcfs" and batch.items:
+        fresh = [it.start == 0 for it in batch.items]
+        assert all(fresh) or not any(fresh)  # a new batch's prefill step, or the running batch's decodes
+        ids = {it.seq.seq_id for it in batch.items}
+        if not any(fresh):
+            assert ids <= members  # the running batch only shrinks: no one joins it
+        return ids
+    return members
+
+
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("seed", range(6))
 def test_random_loads_on_a_tiny_pool_never_crash_and_keep_the_limits(name, seed):
@@ -288,22 +309,7 @@ def test_random_loads_on_a_tiny_pool_never_crash_and_keep_the_limits(name, seed)
         assert s.bm.num_used_blocks <= 8
         for it in batch.items:  # every scheduled token has its own reserved slot
             assert it.slots == s.bm.slot_mapping(it.seq.seq_id, it.start, it.start + it.num_tokens)
-        if name == "eager_cont_batch" and batch.items:  # prefill steps and decode steps never mix
-            starts_at_zero = [it.start == 0 for it in batch.items]
-            assert all(starts_at_zero) or not any(starts_at_zero)
-        if name == "chunked_prefill":
-            kinds = ["d" if label(it).endswith(":d") else "p" for it in batch.items]
-            assert kinds == sorted(kinds)  # decodes ("d") before prefill chunks ("p")
-            assert sum(not it.samples for it in batch.items) <= 1  # at most one prompt left unfinished
-            if not batch.preempted:  # no running sequence is left out of a step
-                assert {it.seq.seq_id for it in batch.items} >= {q.seq_id for q in s.running}
-        if name == "fcfs" and batch.items:
-            fresh = [it.start == 0 for it in batch.items]
-            assert all(fresh) or not any(fresh)  # a new batch's prefill step, or the running batch's decodes
-            ids = {it.seq.seq_id for it in batch.items}
-            if not any(fresh):
-                assert ids <= members  # the running batch only shrinks: no one joins it
-            members = ids
+        members = _check_policy_step(name, s, batch, members)
         for ev in s.postprocess(batch, [7 if it.samples else None for it in batch.items]):
             produced[next(q.name for q in seqs if q.seq_id == ev.seq_id)] += 1
     else:

@@ -83,9 +83,9 @@ def greedy_agreement(hf_model, engine: Engine, prompts: list[list[int]], steps: 
     teacher-forced agreement over HF's greedy continuation."""
     ours = engine.generate(prompts, SamplingParams(max_tokens=steps, ignore_eos=True))
     rows = []
-    for i, (p, mine) in enumerate(zip(prompts, ours)):
+    for i, (p, mine) in enumerate(zip(prompts, ours, strict=True)):
         ref, ref_logits = hf_greedy(hf_model, p, steps)
-        agree = next((k for k, (a, b) in enumerate(zip(mine, ref)) if a != b), min(len(mine), len(ref)))
+        agree = next((k for k, (a, b) in enumerate(zip(mine, ref, strict=False)) if a != b), min(len(mine), len(ref)))
         got = engine_prefill_logits(engine, p)
         top2 = ref_logits.topk(2).values
         rows.append(

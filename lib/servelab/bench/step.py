@@ -64,7 +64,8 @@ def step_kind(batch: int, new_tokens: int, context: int, decodes: int = 0, decod
 
 
 def timed_tokens(batch: int, new_tokens: int, decodes: int = 0) -> int:
-    """Tokens the timed step computes: ``batch · new_tokens`` (decodes are ``new_tokens=1``), plus a mixed step's decodes."""
+    """Tokens the timed step computes: ``batch · new_tokens`` (decodes are ``new_tokens=1``), plus a mixed step's
+    decodes."""
     return batch * new_tokens + decodes
 
 
@@ -95,6 +96,84 @@ def _run_until(engine: Engine, done, what: str, max_steps: int = 10_000) -> None
     raise RuntimeError(f"preparing the step: {what} not reached after {max_steps} engine steps")
 
 
+def _request(engine: Engine, g: torch.Generator, prompt_len: int, max_tokens: int | None = None):
+    """A request of ``prompt_len`` random tokens that may run up to ``max_tokens`` (default: to max_model_len)."""
+    ids = torch.randint(0, engine.model.shape.vocab, (prompt_len,), generator=g).tolist()
+    limit = engine.max_model_len - prompt_len
+    return engine.add_request(ids, SamplingParams(max_tokens=min(max_tokens or limit, limit), ignore_eos=True))
+
+
+def _prepare_decode(engine, g, batch, new_tokens, context, decodes, decode_context):
+    """One prefill of every prompt: each ends with ``context`` cached tokens and one sampled."""
+    seqs = [_request(engine, g, context) for _ in range(batch)]
+    _run_until(engine, lambda: all(s.num_computed_tokens >= context for s in seqs), f"context {context}")
+    return [(context, 1)] * batch
+
+
+def _prepare_fresh(engine, g, batch, new_tokens, context, decodes, decode_context):
+    for _ in range(batch):
+        _request(engine, g, new_tokens)
+    return [(0, new_tokens)] * batch
+
+
+def _prepare_chunk(engine, g, batch, new_tokens, context, decodes, decode_context):
+    """A chunk after earlier chunks of the same prompt."""
+    seq = _request(engine, g, context + new_tokens)
+    with _token_budget(engine, context):
+        engine.step()
+    if seq.num_computed_tokens != context:
+        raise RuntimeError(f"the preparing chunk computed {seq.num_computed_tokens} tokens, not {context}")
+    return [(context, new_tokens)]
+
+
+def _prepare_cached_prefixes(engine, g, batch, new_tokens, context, decodes, decode_context):
+    """Several chunks after cached prefixes."""
+    block = engine.config.block_size
+    if engine.block_manager.prefix_cache is None or context % block:
+        raise ParameterError(
+            f"a prefill of {batch} sequences after cached context needs prefix caching and a "
+            f"context that is a multiple of the block size ({block}), got {context}"
+        )
+    vocab = engine.model.shape.vocab
+    prefixes = [torch.randint(0, vocab, (context,), generator=g).tolist() for _ in range(batch)]
+    warm = [engine.add_request(p, SamplingParams(max_tokens=1, ignore_eos=True)) for p in prefixes]
+    _run_until(engine, lambda: all(s.is_finished for s in warm), "cached prefixes")
+    for p in prefixes:
+        tail = torch.randint(0, vocab, (new_tokens,), generator=g).tolist()
+        engine.add_request(
+            p + tail, SamplingParams(max_tokens=engine.max_model_len - context - new_tokens, ignore_eos=True)
+        )
+    return [(context, new_tokens)] * batch
+
+
+def _prepare_mixed(engine, g, batch, new_tokens, context, decodes, decode_context):
+    """Decodes at ``decode_context``, then one chunk of ``new_tokens`` after ``context``.
+
+    With a cached context the chunk's first part is computed in a step that also decodes every sequence once,
+    so the decodes start one token short to end the preparation at exactly ``decode_context``.
+    """
+    prompt = decode_context - 1 if context else decode_context
+    seqs = [_request(engine, g, prompt) for _ in range(decodes)]
+    _run_until(engine, lambda: all(s.num_computed_tokens >= prompt for s in seqs), f"context {prompt}")
+    chunked = _request(engine, g, context + new_tokens)
+    if context:
+        with _token_budget(engine, decodes + context):
+            engine.step()
+        if chunked.num_computed_tokens != context or any(s.num_computed_tokens != decode_context for s in seqs):
+            raise RuntimeError("the preparing step did not end at the step's contexts")
+    return [(decode_context, 1)] * decodes + [(context, new_tokens)]
+
+
+def _preparation(kind: str, batch: int, context: int):
+    if kind == "decode":
+        return _prepare_decode
+    if kind == "mixed":
+        return _prepare_mixed
+    if context == 0:
+        return _prepare_fresh
+    return _prepare_chunk if batch == 1 else _prepare_cached_prefixes
+
+
 def prepared_step(
     engine: Engine,
     batch: int,
@@ -112,58 +191,10 @@ def prepared_step(
     schedules it otherwise).
     """
     kind = step_kind(batch, new_tokens, context, decodes, decode_context)
-    vocab = engine.model.shape.vocab
     g = torch.Generator().manual_seed(seed)
-
-    def request(prompt_len: int, max_tokens: int | None = None):
-        ids = torch.randint(0, vocab, (prompt_len,), generator=g).tolist()
-        limit = engine.max_model_len - prompt_len
-        return engine.add_request(ids, SamplingParams(max_tokens=min(max_tokens or limit, limit), ignore_eos=True))
-
-    if kind == "decode":  # one prefill of every prompt: each ends with `context` cached tokens and one sampled
-        seqs = [request(context) for _ in range(batch)]
-        _run_until(engine, lambda: all(s.num_computed_tokens >= context for s in seqs), f"context {context}")
-        expected = [(context, 1)] * batch
-    elif kind == "prefill" and context == 0:
-        for _ in range(batch):
-            request(new_tokens)
-        expected = [(0, new_tokens)] * batch
-    elif kind == "prefill" and batch == 1:  # a chunk after earlier chunks of the same prompt
-        seq = request(context + new_tokens)
-        with _token_budget(engine, context):
-            engine.step()
-        if seq.num_computed_tokens != context:
-            raise RuntimeError(f"the preparing chunk computed {seq.num_computed_tokens} tokens, not {context}")
-        expected = [(context, new_tokens)]
-    elif kind == "prefill":  # several chunks after cached prefixes
-        block = engine.config.block_size
-        if engine.block_manager.prefix_cache is None or context % block:
-            raise ParameterError(
-                f"a prefill of {batch} sequences after cached context needs prefix caching and a "
-                f"context that is a multiple of the block size ({block}), got {context}"
-            )
-        prefixes = [torch.randint(0, vocab, (context,), generator=g).tolist() for _ in range(batch)]
-        warm = [engine.add_request(p, SamplingParams(max_tokens=1, ignore_eos=True)) for p in prefixes]
-        _run_until(engine, lambda: all(s.is_finished for s in warm), "cached prefixes")
-        for p in prefixes:
-            tail = torch.randint(0, vocab, (new_tokens,), generator=g).tolist()
-            engine.add_request(
-                p + tail, SamplingParams(max_tokens=engine.max_model_len - context - new_tokens, ignore_eos=True)
-            )
-        expected = [(context, new_tokens)] * batch
-    else:  # mixed: decodes at decode_context, then one chunk of new_tokens after context
-        # with a cached context the chunk's first part is computed in a step that also decodes every sequence
-        # once, so the decodes start one token short to end the preparation at exactly decode_context
-        prompt = decode_context - 1 if context else decode_context
-        seqs = [request(prompt) for _ in range(decodes)]
-        _run_until(engine, lambda: all(s.num_computed_tokens >= prompt for s in seqs), f"context {prompt}")
-        chunked = request(context + new_tokens)
-        if context:
-            with _token_budget(engine, decodes + context):
-                engine.step()
-            if chunked.num_computed_tokens != context or any(s.num_computed_tokens != decode_context for s in seqs):
-                raise RuntimeError("the preparing step did not end at the step's contexts")
-        expected = [(decode_context, 1)] * decodes + [(context, new_tokens)]
+    prepare = _preparation(kind, batch, context)
+    expected = prepare(engine, g, batch, new_tokens, context, decodes, decode_context)
+    engine.synchronize()  # the last preparing step's tokens on the host: the timed step's inputs are all known
     step = engine.scheduler.schedule()
     got = sorted((it.start, it.num_tokens) for it in step.items)
     if got != sorted(expected):
@@ -266,8 +297,9 @@ def engine_step(
         return runner.logits(step)[0]
 
     def path() -> str:
-        """How the timed calls ran: ``decode graph``, ``step graph`` or ``eager`` (several, comma-separated, if mixed)."""
-        ran = [name for name, a, b in zip(("decode graph", "step graph", "eager"), before, counters()) if b > a]
+        """How the timed calls ran: ``decode graph``, ``step graph`` or ``eager`` (several, comma-separated)."""
+        names = ("decode graph", "step graph", "eager")
+        ran = [name for name, a, b in zip(names, before, counters(), strict=True) if b > a]
         return ", ".join(ran) or "not run"
 
     fn.engine, fn.step, fn.path = engine, step, path  # for the caller's records (backend, graphs) and checks

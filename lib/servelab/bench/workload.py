@@ -34,7 +34,7 @@ class OfflineWorkload:
 
     @property
     def max_total_len(self) -> int:
-        return max(len(p) + n for p, n in zip(self.prompts, self.output_lens))
+        return max(len(p) + n for p, n in zip(self.prompts, self.output_lens, strict=True))
 
     def head(self, n: int) -> OfflineWorkload:
         return OfflineWorkload(self.prompts[:n], self.output_lens[:n], self.seed)

@@ -5,17 +5,17 @@
 - ``policies/``: the scheduling policies of Study 1 (FCFS, EagerContBatch, ChunkedPrefill), ``make_scheduler``;
 - ``step_inputs.py``: a scheduled batch as flat tensors and attention metadata;
 - ``block_tables.py``: every running sequence's block table, kept on the device incrementally;
-- ``model_runner.py`` and ``cuda_graphs.py``: one forward (or several decode steps back to back), eager or
-  as replayed CUDA graphs;
+- ``model_runner.py``, ``cuda_graphs.py`` and ``step_graphs.py``: one forward (or several decode steps back to
+  back), eager or as replayed CUDA graphs;
+- ``inflight.py``: a launched step whose sampled tokens are read during the next one (async scheduling);
 - ``sampling.py``: greedy, temperature, top-p, per-request seeds;
 - ``memory.py``: sizing the KV pool from a memory fraction;
-- ``prefix_cache.py``: automatic prefix caching (full KV blocks indexed by their whole prefix, LRU/LFU eviction);
 - ``config.py``: the engine's settings; ``compilation.py``: ``torch.compile`` of the blocks, checked;
-- ``engine.py``: the loop that ties them together;
-- ``bench/``: the benchmarks behind ``python -m servelab.bench``.
+- ``engine.py``: the loop that ties them together.
 
-The model code (Llama/Qwen2, GPT-2, paged attention, the Triton decode kernel) is in ``servelab.models``;
-the paged KV cache (block manager, pool) in ``servelab.kv``.
+The model code (Llama/Qwen2, GPT-2) is in ``servelab.models``, the attention kernels in ``servelab.kernels``;
+the paged KV cache (block manager, pool, prefix cache) in ``servelab.kv``; the benchmarks behind
+``python -m servelab.bench`` in ``servelab.bench``.
 """
 
 from servelab.engine.config import EngineConfig

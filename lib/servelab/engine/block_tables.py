@@ -38,7 +38,7 @@ class DeviceBlockTables:
         """Rows holding each sequence's table, refreshed where the block of ``positions[i]`` is not ``slots[i]``'s."""
         bs = self.bm.block_size
         changed, rows = [], []
-        for sid, p, s in zip(seq_ids, positions, slots):
+        for sid, p, s in zip(seq_ids, positions, slots, strict=True):
             r = self.row_of.get(sid)
             if r is None:
                 if not self.free_rows:
@@ -57,8 +57,7 @@ class DeviceBlockTables:
             rows.append(r)
         if changed:
             idx = torch.tensor(changed, dtype=torch.long)
-            dev = self.device_table.device
-            # non-blocking: a blocking host-to-device copy waits for the stream, a sync the speculative loop avoids
+            dev = self.device_table.device  # non-blocking: a blocking copy would wait for the step in flight
             self.device_table.index_copy_(
                 0, idx.to(dev, non_blocking=True), self.host.index_select(0, idx).to(dev, non_blocking=True)
             )

@@ -20,7 +20,8 @@ class EngineConfig:
     cuda_graphs: bool = True  # capture decode steps (CUDA only)
     attention_backend: str = "auto"  # "auto": triton where it imports on CUDA, else gather
     decode_steps: int = 1  # decode steps run back to back per scheduling round (multi-step)
-    compile: bool = False  # torch.compile the blocks' elementwise work (checked against eager first)
+    # torch.compile the blocks' elementwise work (checked against eager first); "auto": on CUDA, off on a CPU
+    compile: bool | str = "auto"
     graph_batch_sizes: tuple[int, ...] | None = None  # decode batch buckets to capture; None: 1, 2, 4, … max_num_seqs
     # whole prefill and mixed steps captured as CUDA graphs at token-count buckets (CUDA with Triton only)
     step_graphs: bool = True
@@ -28,8 +29,28 @@ class EngineConfig:
     scheduler: str = "chunked_prefill"  # scheduling policy, a name in servelab.engine.policies.POLICIES
     prefix_caching: bool = False  # share the KV blocks of cached prefixes between requests
     prefix_eviction: str = "lru"  # which unreferenced cached block to recycle first: "lru" or "lfu"
+    # read a step's sampled tokens during the next step, so the host's work overlaps the GPU's (engine/inflight.py)
+    async_scheduling: bool = True
 
     def __post_init__(self):
+        self._check_sizes()
+        self._check_graph_sizes()
+        self._check_switches()
+        if not isinstance(self.memory_fraction, (int, float)) or not 0 < self.memory_fraction <= 1:
+            raise ParameterError(f"memory_fraction must be in (0, 1], got {self.memory_fraction!r}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ParameterError(
+                f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}"
+            )
+        from servelab.kv.prefix_cache import EVICTION_POLICIES
+
+        if self.prefix_eviction not in EVICTION_POLICIES:
+            raise ParameterError(f"prefix_eviction must be one of {EVICTION_POLICIES}, got {self.prefix_eviction!r}")
+        from servelab.engine.policies import policy_class
+
+        policy_class(self.scheduler)  # a ParameterError naming the known policies
+
+    def _check_sizes(self) -> None:
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "decode_steps"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -38,40 +59,30 @@ class EngineConfig:
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise ParameterError(f"{name} must be a positive integer or None, got {v!r}")
-        if self.graph_batch_sizes is not None:
-            sizes = tuple(self.graph_batch_sizes)
-            if not sizes or any(
-                isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= self.max_num_seqs for b in sizes
-            ):
-                raise ParameterError(f"graph_batch_sizes must be integers in [1, max_num_seqs], got {sizes!r}")
-            object.__setattr__(self, "graph_batch_sizes", tuple(sorted(set(sizes))))
-        if not isinstance(self.step_graphs, bool):
-            raise ParameterError(f"step_graphs must be True or False, got {self.step_graphs!r}")
-        if self.step_graph_sizes is not None:
-            sizes = tuple(self.step_graph_sizes)
-            if not sizes or any(
-                isinstance(t, bool) or not isinstance(t, int) or not 1 <= t <= self.max_num_batched_tokens
-                for t in sizes
-            ):
-                raise ParameterError(f"step_graph_sizes must be integers in [1, max_num_batched_tokens], got {sizes!r}")
-            object.__setattr__(self, "step_graph_sizes", tuple(sorted(set(sizes))))
-        if not isinstance(self.memory_fraction, (int, float)) or not 0 < self.memory_fraction <= 1:
-            raise ParameterError(f"memory_fraction must be in (0, 1], got {self.memory_fraction!r}")
-        if self.attention_backend not in ATTENTION_BACKENDS:
-            raise ParameterError(
-                f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}"
-            )
-        if not isinstance(self.prefix_caching, bool):
-            raise ParameterError(f"prefix_caching must be True or False, got {self.prefix_caching!r}")
-        from servelab.kv.prefix_cache import EVICTION_POLICIES
-
-        if self.prefix_eviction not in EVICTION_POLICIES:
-            raise ParameterError(f"prefix_eviction must be one of {EVICTION_POLICIES}, got {self.prefix_eviction!r}")
-        from servelab.engine.policies import policy_class
-
-        policy_class(self.scheduler)  # a ParameterError naming the known policies
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise ParameterError(
                 f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= max_num_seqs "
                 f"({self.max_num_seqs}): every running sequence must be able to decode each step"
             )
+
+    def _check_graph_sizes(self) -> None:
+        """Bucket lists: integers in range, stored sorted and unique."""
+        for name, limit, what in (
+            ("graph_batch_sizes", self.max_num_seqs, "max_num_seqs"),
+            ("step_graph_sizes", self.max_num_batched_tokens, "max_num_batched_tokens"),
+        ):
+            sizes = getattr(self, name)
+            if sizes is None:
+                continue
+            sizes = tuple(sizes)
+            if not sizes or any(isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= limit for b in sizes):
+                raise ParameterError(f"{name} must be integers in [1, {what}], got {sizes!r}")
+            object.__setattr__(self, name, tuple(sorted(set(sizes))))
+
+    def _check_switches(self) -> None:
+        for name in ("cuda_graphs", "step_graphs", "prefix_caching", "async_scheduling"):
+            v = getattr(self, name)
+            if not isinstance(v, bool):
+                raise ParameterError(f"{name} must be True or False, got {v!r}")
+        if not (isinstance(self.compile, bool) or self.compile == "auto"):
+            raise ParameterError(f"compile must be True, False or 'auto', got {self.compile!r}")

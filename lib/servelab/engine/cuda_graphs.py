@@ -90,7 +90,7 @@ class DecodeGraphs:
         self.memory_pool = torch.cuda.graph_pool_handle()
         for b in reversed(self.batch_sizes):
             for w in reversed(self.block_widths):
-                self.graphs[(b, w)] = capture_graph(lambda: self._forward(b, w), self.memory_pool)
+                self.graphs[(b, w)] = capture_graph(lambda b=b, w=w: self._forward(b, w), self.memory_pool)
                 if progress is not None:
                     progress.update(1)
         torch.cuda.synchronize()
@@ -127,16 +127,21 @@ class DecodeGraphs:
         host[:, :b] = torch.tensor([ids, positions, slots, [p + 1 for p in positions], table_rows], dtype=torch.long)
         return host
 
-    def run(self, ids: list[int], positions: list[int], slots: list[int], table_rows: list[int]) -> torch.Tensor | None:
+    def run(
+        self, ids: list[int], positions: list[int], slots: list[int], table_rows: list[int], patch=None
+    ) -> torch.Tensor | None:
         """Replay for ``len(ids)`` decode tokens; logits ``[len(ids), vocab]`` (a view of the graph's output).
 
-        ``positions[i]`` is the new token's position, so it attends to ``positions[i] + 1`` keys.
+        ``positions[i]`` is the new token's position, so it attends to ``positions[i] + 1`` keys. ``patch(ids)``,
+        if given, edits the loaded token ids on the device before the replay (tokens not read back yet).
         """
         b = len(ids)
         key = self.bucket(b, max(positions) // self.pool.block_size + 1)
-        if key is None or key not in self.graphs:
+        if key is None or (self.graphs and key not in self.graphs):  # uncaptured (a CPU): the same step, eagerly
             return None
         self.load(self.pack(ids, positions, slots, table_rows, key[0]))
+        if patch is not None:
+            patch(self.inputs[IDS, :b])
         return self.forward(key)[:b]
 
     def run_steps(
@@ -158,7 +163,7 @@ class DecodeGraphs:
         rows = []  # built as lists and converted once: per-element tensor writes would cost milliseconds
         for step in steps:
             cols = [pad if e is None else (0, e[0], e[1], e[0] + 1, e[2]) for e in step] + [pad] * (B - b)
-            rows.append(list(zip(*cols)))
+            rows.append(list(zip(*cols, strict=True)))
         host = torch.tensor(rows, dtype=torch.long)  # [K, 5, B]
         host[0, 0, :b] = torch.tensor(first_ids, dtype=torch.long)
         staged = host.to(self.inputs.device, non_blocking=True)

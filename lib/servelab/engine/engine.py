@@ -5,8 +5,10 @@
     for event in engine.stream():      # TokenEvent(seq_id, token_id, finished, finish_reason)
         ...
 
-Each ``step()`` asks the scheduler for a batch, runs it (``ModelRunner``) and hands the sampled
-tokens back to the scheduler, which appends them, finishes sequences and frees their blocks.
+Each ``step()`` asks the scheduler for a batch, launches it (``ModelRunner``) and hands the sampled
+tokens back to the scheduler, which appends them, finishes sequences and frees their blocks. With async
+scheduling (the default) a step's tokens are read during the next step, so the host's work for step
+n+1 overlaps the GPU's for step n (``inflight.py``).
 """
 
 from __future__ import annotations
@@ -19,11 +21,12 @@ import torch
 
 from servelab.engine.compilation import compile_with_check
 from servelab.engine.config import EngineConfig
+from servelab.engine.inflight import InFlightStep
 from servelab.engine.memory import MemoryPlan, plan_gpu_memory
 from servelab.engine.model_runner import ModelRunner, max_blocks_per_sequence
 from servelab.engine.policies import policy_class
 from servelab.engine.scheduler import ScheduledBatch, ScheduledSequence, Scheduler, TokenEvent
-from servelab.engine.sequence import SamplingParams, Sequence
+from servelab.engine.sequence import PENDING_TOKEN, SamplingParams, Sequence
 from servelab.errors import ParameterError
 from servelab.kernels.prefill import varlen_available, varlen_self_check
 from servelab.kv.block_manager import BlockManager
@@ -46,7 +49,14 @@ def resolve_backend(name: str, device: torch.device) -> str:
 
 class StepRecord(NamedTuple):
     """What one engine step did and when (``time.perf_counter`` seconds): the batch composition timeline
-    Study 1 plots, and what the simulator's cost model is validated against."""
+    Study 1 plots, and what the simulator's cost model is validated against.
+
+    A step runs from the start of its scheduling (``start_s``) until its sampled tokens are on the host
+    (``end_s``). With async scheduling the next step is scheduled and launched before that, so consecutive
+    steps overlap; the record is emitted when the step ends. ``host_ms`` (scheduling, input building and
+    launch on the CPU), ``device_ms`` (the GPU's time for the step) and ``wait_ms`` (the host blocked on its
+    tokens) say where a slow step's time went.
+    """
 
     start_s: float
     end_s: float
@@ -58,6 +68,10 @@ class StepRecord(NamedTuple):
     decode_steps: int  # >1 for a multi-step decode group
     prefill_context_tokens: int = 0  # Σ over prefill items of new tokens × tokens cached before them (attention work)
     decode_context_tokens: int = 0  # Σ over decode items of the tokens each attends to (KV bytes read)
+    host_ms: float = float("nan")  # CPU time to schedule the step, build its inputs and launch it
+    device_ms: float = float("nan")  # GPU time from its first kernel to its sampled tokens (CUDA events; NaN on CPU)
+    wait_ms: float = float("nan")  # time the host waited for its tokens
+    overlapped: bool = False  # whether the next step was launched before this one's tokens were read
 
 
 def eos_ids(config) -> tuple[int, ...]:
@@ -65,6 +79,15 @@ def eos_ids(config) -> tuple[int, ...]:
     if e is None:
         return ()
     return tuple(e) if isinstance(e, (list, tuple)) else (int(e),)
+
+
+class _Launch(NamedTuple):
+    """What the step record of a launched step needs, known at launch."""
+
+    start_s: float
+    host_ms: float
+    num_waiting: int
+    overlapped: bool
 
 
 class Engine:
@@ -81,71 +104,101 @@ class Engine:
         self.model = model
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
-        self.max_model_len = min(cfg.max_model_len or 4096, model.max_positions)
+        self.max_model_len = self._max_model_len(model, cfg)
+        self.backend = resolve_backend(cfg.attention_backend, self.device)
+        for block in model.layers:  # the model was built with some backend; the engine's choice wins
+            block.attn.backend = self.backend
+        self._build_kv_cache()
+        self.scheduler = self._build_scheduler(scheduler_cls, eos_token_ids)
+        self.runner = ModelRunner(
+            model,
+            self.pool,
+            self.block_manager,
+            scratch_block=self.num_blocks,
+            max_num_seqs=cfg.max_num_seqs,
+            max_blocks=max_blocks_per_sequence(self.max_model_len, cfg.block_size),
+        )
+        self._try_varlen()
+        self._try_compile()
+        self._capture_graphs(graph_progress)
+        self.steps = 0
+        self.on_step: Callable[[StepRecord], None] | None = None  # called after every step (a timeline)
+        self._inflight: InFlightStep | None = None  # the launched step whose tokens are not read yet
+        self._launch: _Launch | None = None
+
+    # ---- construction, one job each ----------------------------------------------------------------
+    @staticmethod
+    def _max_model_len(model, cfg: EngineConfig) -> int:
         if cfg.max_model_len is not None and cfg.max_model_len > model.max_positions:
             raise ParameterError(
                 f"max_model_len={cfg.max_model_len} exceeds the model's {model.max_positions} positions"
             )
-        self.backend = resolve_backend(cfg.attention_backend, self.device)
-        for block in model.layers:  # the model was built with some backend; the engine's choice wins
-            block.attn.backend = self.backend
-        max_blocks = max_blocks_per_sequence(self.max_model_len, cfg.block_size)
+        return min(cfg.max_model_len or 4096, model.max_positions)
+
+    def _build_kv_cache(self) -> None:
+        """The KV pool, sized by ``num_blocks``, the GPU's free memory, or the CPU default; its block manager."""
+        cfg = self.config
         self.memory_plan: MemoryPlan | None = None
         if cfg.num_blocks is not None:
             num_blocks = cfg.num_blocks
         elif self.device.type == "cuda":
-            self.memory_plan = plan_gpu_memory(model, cfg, self.max_model_len, self.backend)
+            self.memory_plan = plan_gpu_memory(self.model, cfg, self.max_model_len, self.backend)
             num_blocks = self.memory_plan.num_blocks
         else:
             num_blocks = CPU_DEFAULT_BLOCKS
         self.num_blocks = num_blocks
         # one extra block that no sequence owns: padding rows of a CUDA graph write there
-        self.pool = KVPool.for_model(model.shape, num_blocks + 1, cfg.block_size, self.dtype, self.device)
+        self.pool = KVPool.for_model(self.model.shape, num_blocks + 1, cfg.block_size, self.dtype, self.device)
         self.pool.kv.zero_()  # masked-out keys still enter P·V as 0·value: never let that be 0·NaN
         prefix_cache = PrefixCache(cfg.block_size, cfg.prefix_eviction) if cfg.prefix_caching else None
         self.block_manager = BlockManager(num_blocks, cfg.block_size, prefix_cache)
+
+    def _build_scheduler(self, scheduler_cls, eos_token_ids) -> Scheduler:
+        cfg = self.config
         if scheduler_cls is None:  # an explicit class wins over the config's policy name
             scheduler_cls = policy_class(cfg.scheduler)
-        self.scheduler = scheduler_cls(
+        return scheduler_cls(
             self.block_manager,
             max_num_seqs=cfg.max_num_seqs,
             max_num_batched_tokens=cfg.max_num_batched_tokens,
-            eos_token_ids=tuple(eos_token_ids) if eos_token_ids is not None else eos_ids(model.config),
+            eos_token_ids=tuple(eos_token_ids) if eos_token_ids is not None else eos_ids(self.model.config),
         )
-        self.runner = ModelRunner(
-            model,
-            self.pool,
-            self.block_manager,
-            scratch_block=num_blocks,
-            max_num_seqs=cfg.max_num_seqs,
-            max_blocks=max_blocks,
-        )
+
+    def _try_varlen(self) -> None:
+        """Varlen flash-attention prefill, where it is installed and passes its self-check here."""
         self.varlen_status = "not tried (CPU or 32-bit)"
         if varlen_available(torch.empty(0, device=self.device, dtype=self.dtype)):
-            s = model.shape
+            s = self.model.shape
             why_not = varlen_self_check(self.device, self.dtype, s.heads, s.kv_heads, s.head_dim)
             self.runner.varlen = why_not is None
             self.varlen_status = "on" if why_not is None else f"off: {why_not}"
-        self.compile_status = "off"
-        if cfg.compile:
-            self.compile_status = compile_with_check(model, self.pool, num_blocks)
-            if self.compile_status.startswith("on") and self.device.type == "cuda":
-                from servelab.engine.sampling import exponential_race
-                from servelab.models.layers.compiled import compiled
 
-                self.runner.race = compiled(exponential_race)
+    def _try_compile(self) -> None:
+        """``torch.compile`` of the blocks when the config asks (``"auto"``: on CUDA), kept only if checked."""
+        auto = self.config.compile == "auto"
+        if not (self.device.type == "cuda" if auto else self.config.compile):
+            self.compile_status = "off (auto: on CUDA only)" if auto else "off"
+            return
+        self.compile_status = compile_with_check(self.model, self.pool, self.num_blocks)
+        if self.compile_status.startswith("on") and self.device.type == "cuda":
+            from servelab.engine.sampling import exponential_race
+            from servelab.models.layers.compiled import compiled
+
+            self.runner.race = compiled(exponential_race)
+
+    def _capture_graphs(self, progress) -> None:
+        """Decode graphs and whole-step graphs (CUDA only), each as the config asks."""
+        cfg = self.config
         self.num_graphs = 0
         self.graph_capture_s = 0.0
         if cfg.cuda_graphs and self.device.type == "cuda":
             t0 = time.perf_counter()
-            self.num_graphs = self.runner.capture_cuda_graphs(cfg.max_num_seqs, graph_progress, cfg.graph_batch_sizes)
+            self.num_graphs = self.runner.capture_cuda_graphs(cfg.max_num_seqs, progress, cfg.graph_batch_sizes)
             self.graph_capture_s = time.perf_counter() - t0
         self.num_step_graphs = 0
         self.step_graphs_status = "off"
         if cfg.step_graphs and self.device.type == "cuda":
-            self.step_graphs_status = self._capture_step_graphs(graph_progress)
-        self.steps = 0
-        self.on_step: Callable[[StepRecord], None] | None = None  # called after every step (a timeline)
+            self.step_graphs_status = self._capture_step_graphs(progress)
 
     def _capture_step_graphs(self, progress) -> str:
         """Capture whole prefill/mixed steps; they need the ragged Triton kernel (why not, if they are off)."""
@@ -214,54 +267,114 @@ class Engine:
         return seq
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or self._inflight is not None
 
     def abort(self, seq: Sequence) -> bool:
         """Cancel a request (a client went away): its KV blocks are freed at once. Call it from the thread
         that steps the engine, between steps. Whether the request was still unfinished."""
         if not self.scheduler.abort(seq):
             return False
+        if seq.output_token_ids and seq.output_token_ids[-1] == PENDING_TOKEN:
+            seq.output_token_ids.pop()  # its step in flight is dropped when it lands
         self.runner.release(seq.seq_id)
         return True
 
     # ---- running ----------------------------------------------------------------------------------
     def step(self) -> list[TokenEvent]:
-        """Schedule, run and postprocess one step; the tokens it produced."""
-        t0, steps_before = time.perf_counter(), self.steps
+        """Schedule and launch one step; return the tokens that reached the host meanwhile.
+
+        With ``async_scheduling`` the step's tokens are read in the next call, after the next step was
+        launched: the GPU runs step n+1 while the host reads step n's tokens and schedules (``inflight.py``).
+        A step after which some sequence reaches ``max_tokens`` is read before the next is scheduled, so no
+        step computes a token nobody asked for; a stop or EOS token costs its sequence one dropped step.
+        """
+        t0 = time.perf_counter()
+        events = self._land() if self._inflight is not None and self._must_land(self._inflight) else []
         batch = self.scheduler.schedule()
+        for seq in batch.preempted:
+            self.runner.release(seq.seq_id)
         if not batch.items:
-            if batch.preempted or not self.has_unfinished():
-                return []
+            if self._inflight is not None:
+                return events + self._land()
+            if events or batch.preempted or not self.has_unfinished():
+                return events
             raise RuntimeError(
                 f"scheduler produced no work with {len(self.scheduler.waiting)} waiting and "
                 f"{len(self.scheduler.running)} running sequences"
             )
-        for seq in batch.preempted:
-            self.runner.release(seq.seq_id)
-        events = self._decode_group(batch) if self.config.decode_steps > 1 and batch.is_decode_only else None
-        group_steps = self.steps - steps_before if events is not None else 1
-        if events is None:
-            sampled = self.runner.execute(batch)
-            self.steps += 1
-            events = self.scheduler.postprocess(batch, sampled)
-        for ev in events:
-            if ev.finished:
-                self.runner.release(ev.seq_id)
+        if self.config.decode_steps > 1 and batch.is_decode_only:  # the group reads its tokens itself
+            group = self._run_decode_group(batch, t0)
+            if group is not None:
+                return events + group
+        launched = self.runner.launch(batch, self._inflight)
+        self.steps += 1
+        host_ms = (time.perf_counter() - t0) * 1e3
+        if self._inflight is not None:
+            events += self._land()  # the GPU runs the step just launched while the host waits for the one before
+        self.scheduler.advance(batch)
+        self._inflight = launched
+        overlap = not self._must_land(launched)
+        self._launch = _Launch(t0, host_ms, len(self.scheduler.waiting), overlap)
+        if not overlap:
+            events += self._land()
+        return events
+
+    def synchronize(self) -> list[TokenEvent]:
+        """Read the tokens of the step in flight now, if any (the host waits for the GPU); the events they make.
+
+        For callers that go on to drive the scheduler and the runner themselves (the benchmark's prepared steps):
+        afterwards no sequence holds a token that is still on the device.
+        """
+        return self._land() if self._inflight is not None else []
+
+    def _must_land(self, step: InFlightStep) -> bool:
+        """Whether ``step``'s tokens must be read before another step is scheduled: async scheduling is off,
+        a sequence ends there by length, or no sequence of it is left running."""
+        if not self.config.async_scheduling or self.config.decode_steps > 1:
+            return True
+        seqs = [it.seq for it in step.batch.items if not it.seq.is_finished]
+        return not seqs or any(len(s.output_token_ids) >= s.params.max_tokens for s in seqs)
+
+    def _land(self) -> list[TokenEvent]:
+        """Read the step in flight's tokens (the wait for the GPU), hand them to the scheduler, log the step."""
+        step, launch = self._inflight, self._launch
+        self._inflight = self._launch = None
+        t_wait = time.perf_counter()
+        tokens = step.tokens()
+        t_read = time.perf_counter()
+        events = []
+        for it, tok in zip(step.items, tokens, strict=True):
+            event = self.scheduler.accept(it.seq, tok)
+            if event is not None:
+                events.append(event)
+                if event.finished:
+                    self.runner.release(event.seq_id)
         if self.on_step is not None:
-            decodes = sum(1 for it in batch.items if it.is_decode)
             self.on_step(
-                StepRecord(
-                    t0,
+                _record(
+                    step.batch,
+                    launch.start_s,
                     time.perf_counter(),
-                    batch.num_tokens - decodes,
-                    decodes,
-                    len(batch.items),
-                    len(self.scheduler.waiting),
-                    len(batch.preempted),
-                    group_steps,
-                    sum(it.num_tokens * it.start for it in batch.items if not it.is_decode),
-                    sum(it.start + 1 for it in batch.items if it.is_decode),
+                    launch.num_waiting,
+                    1,
+                    host_ms=launch.host_ms,
+                    device_ms=step.device_ms(),
+                    wait_ms=(t_read - t_wait) * 1e3,
+                    overlapped=launch.overlapped,
                 )
+            )
+        return events
+
+    def _run_decode_group(self, batch: ScheduledBatch, t0: float) -> list[TokenEvent] | None:
+        """A multi-step decode group (``decode_steps > 1``) and its step record; None if the batch cannot run as one."""
+        steps_before = self.steps
+        events = self._decode_group(batch)
+        if events is None:
+            return None
+        if self.on_step is not None:
+            end = time.perf_counter()
+            self.on_step(
+                _record(batch, t0, end, len(self.scheduler.waiting), self.steps - steps_before, wait_ms=float("nan"))
             )
         return events
 
@@ -291,7 +404,7 @@ class Engine:
         for j in range(max(steps)):
             items = [
                 (ScheduledSequence(it.seq, it.start + j, 1, [it.seq.kv_slots[it.start + j]]), tokens[j][i])
-                for i, (it, k) in enumerate(zip(batch.items, steps))
+                for i, (it, k) in enumerate(zip(batch.items, steps, strict=True))
                 if j < k and not it.seq.is_finished
             ]
             if not items:
@@ -316,13 +429,13 @@ class Engine:
         plist = params if isinstance(params, list) else [params] * len(prompts)
         if len(plist) != len(prompts):
             raise ParameterError(f"got {len(plist)} SamplingParams for {len(prompts)} prompts")
-        seqs = [self.add_request(p, sp) for p, sp in zip(prompts, plist)]
+        seqs = [self.add_request(p, sp) for p, sp in zip(prompts, plist, strict=True)]
         bar = None
         if progress:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=sum(s.params.max_tokens for s in seqs), unit="tok", desc="generate")
-        for ev in self.stream():
+        for _ in self.stream():
             if bar is not None:
                 bar.update(1)
         if bar is not None:
@@ -361,6 +474,7 @@ class Engine:
             "varlen_prefill": self.varlen_status,
             "triton_tuning": self.runner.triton_tuning,
             "compile": self.compile_status,
+            "async_scheduling": self.config.async_scheduling and self.config.decode_steps == 1,
             "cuda_graphs": self.num_graphs,
             "graph_capture_s": self.graph_capture_s,
             "steps": self.steps,
@@ -373,6 +487,23 @@ class Engine:
             "preemptions": self.scheduler.num_preemptions,
             "scheduler": type(self.scheduler).__name__,
         }
+
+
+def _record(batch: ScheduledBatch, start_s: float, end_s: float, num_waiting: int, steps: int, **times) -> StepRecord:
+    decodes = [it for it in batch.items if it.is_decode]
+    return StepRecord(
+        start_s,
+        end_s,
+        batch.num_tokens - len(decodes),
+        len(decodes),
+        len(batch.items),
+        num_waiting,
+        len(batch.preempted),
+        steps,
+        sum(it.num_tokens * it.start for it in batch.items if not it.is_decode),
+        sum(it.start + 1 for it in decodes),
+        **times,
+    )
 
 
 def _max_positions(config) -> int:

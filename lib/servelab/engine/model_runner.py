@@ -1,5 +1,8 @@
 """Runs one scheduled batch through the model: inputs, forward (CUDA graph or eager), sampling.
 
+``launch`` enqueues a step and returns before its tokens are on the host (``inflight.py``); ``execute``
+waits for them.
+
 A decode-only step that fits a captured decode bucket replays a decode graph; any other step that fits
 a token-count bucket replays a whole-step graph (prefill chunks and decodes together, ``step_graphs``);
 the rest (steps larger than every bucket, CPU runs) runs eagerly.
@@ -11,6 +14,7 @@ import torch
 
 from servelab.engine.block_tables import DeviceBlockTables
 from servelab.engine.cuda_graphs import DecodeGraphs, power_of_two_buckets
+from servelab.engine.inflight import InFlightStep, TokenStaging, patch_pending
 from servelab.engine.sampling import exponential_race, sample
 from servelab.engine.scheduler import ScheduledBatch
 from servelab.engine.step_graphs import StepGraphs
@@ -36,6 +40,7 @@ class ModelRunner:
         self.decode_groups = 0  # multi-step decode rounds (each counted in graph_steps/eager_steps too)
         self.race = exponential_race  # the whole-batch sampler; the engine swaps in a compiled one
         self.triton_tuning = "n/a"
+        self.staging = TokenStaging(max_num_seqs, pool.device)  # where sampled tokens land on the host
 
     def release(self, seq_id) -> None:
         """A sequence finished or was preempted: its block-table row is free."""
@@ -94,27 +99,39 @@ class ModelRunner:
         return len(self.step_graphs.graphs)
 
     @torch.inference_mode()
-    def logits(self, batch: ScheduledBatch):
-        """``(logits [S, vocab], items)`` for the S items of ``batch`` that sample this step."""
+    def logits(self, batch: ScheduledBatch, previous: InFlightStep | None = None):
+        """``(logits [S, vocab], items)`` for the S items of ``batch`` that sample this step.
+
+        Tokens still pending on the host (sampled by ``previous``, the step in flight) are taken from its
+        device tensor, so the step launches without waiting for them.
+        """
+        items = batch.items
+
+        def patch(ids):
+            patch_pending(ids, items, previous)
+
         if self.graphs is not None and batch.is_decode_only:
-            items = batch.items
             positions = [it.start for it in items]
             slots = [it.slots[0] for it in items]
             rows = self.tables.rows_for([it.seq.seq_id for it in items], positions, slots)
-            out = self.graphs.run([it.seq.token_at(it.start) for it in items], positions, slots, rows)
+            out = self.graphs.run([it.seq.token_at(it.start) for it in items], positions, slots, rows, patch)
             if out is not None:
-                self.graph_steps += 1
+                if self.graphs.graphs:
+                    self.graph_steps += 1
+                else:
+                    self.eager_steps += 1
                 keep = [i for i, it in enumerate(items) if it.samples]
                 if len(keep) < len(items):  # a one-token prefill chunk that does not finish its prompt
-                    out = out[torch.tensor(keep, device=out.device)]
+                    out = out[torch.tensor(keep).to(out.device, non_blocking=True)]
                 return out, [items[i] for i in keep]
         if self.step_graphs is not None:
-            ran = self.step_graphs.run(batch.items)
+            ran = self.step_graphs.run(items, patch)
             if ran is not None:
                 self.step_graph_steps += 1
                 return ran
         self.eager_steps += 1
         x = build_step_inputs(batch, self.tables, self.device, varlen=self.varlen)
+        patch_pending(x.input_ids, x.ordered_items, previous)
         out = self.model(x.input_ids, x.positions, x.meta, self.pool, x.logits_indices)
         return out, x.sampling_items
 
@@ -131,14 +148,14 @@ class ModelRunner:
             self.graphs = DecodeGraphs(
                 self.model, self.pool, self.tables, max_batch=self.tables.pad_row, scratch_block=self.scratch_block
             )
-        last = [it.start + k - 1 for it, k in zip(items, steps)]
+        last = [it.start + k - 1 for it, k in zip(items, steps, strict=True)]
         rows = self.tables.rows_for(
-            [it.seq.seq_id for it in items], last, [it.seq.kv_slots[p] for it, p in zip(items, last)]
+            [it.seq.seq_id for it in items], last, [it.seq.kv_slots[p] for it, p in zip(items, last, strict=True)]
         )
         plan = [
             [
                 (it.start + j, it.seq.kv_slots[it.start + j], r) if j < k else None
-                for it, k, r in zip(items, steps, rows)
+                for it, k, r in zip(items, steps, rows, strict=True)
             ]
             for j in range(max(steps))
         ]
@@ -156,16 +173,24 @@ class ModelRunner:
         return tokens.tolist()
 
     @torch.inference_mode()
-    def execute(self, batch: ScheduledBatch) -> list[int | None]:
+    def launch(self, batch: ScheduledBatch, previous: InFlightStep | None = None) -> InFlightStep:
+        """Enqueue ``batch``'s forward and sampling and the copy of its tokens to the host; return without
+        waiting for the GPU (``InFlightStep.tokens()`` waits). ``previous``: the step still in flight."""
         for src, dst in self.bm.take_copies():  # copy-on-write of shared blocks, before any K/V is written
             self.pool.copy_blocks([(src, dst)])
-        logits, items = self.logits(batch)
+        start = self.staging.timing_event()
+        logits, items = self.logits(batch, previous)
         tokens = (
-            sample(logits, [it.seq.params for it in items], [it.seq.generator for it in items], self.race).tolist()
+            sample(logits, [it.seq.params for it in items], [it.seq.generator for it in items], self.race)
             if items
-            else []
+            else None
         )
-        by_seq = {it.seq.seq_id: t for it, t in zip(items, tokens)}
+        return self.staging.stage(batch, items, tokens, start)
+
+    def execute(self, batch: ScheduledBatch) -> list[int | None]:
+        """Run ``batch`` and wait for its tokens: one sampled token (or None) per item."""
+        step = self.launch(batch)
+        by_seq = dict(zip(step.row_of, step.tokens(), strict=True))
         return [by_seq.get(it.seq.seq_id) for it in batch.items]
 
 

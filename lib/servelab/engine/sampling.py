@@ -74,18 +74,19 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list,
     ):
         return race(logits, t0)  # the common batch: one whole-batch draw, no per-row indexing
     tokens = logits.argmax(dim=-1)
-    idx = torch.tensor(rows, device=logits.device)
-    temps = torch.tensor([params[i].temperature for i in rows], device=logits.device, dtype=torch.float32)
+    dev = logits.device  # host lists travel without blocking: a blocking copy would wait for the GPU
+    idx = torch.tensor(rows).to(dev, non_blocking=True)
+    temps = torch.tensor([params[i].temperature for i in rows], dtype=torch.float32).to(dev, non_blocking=True)
     probs = torch.softmax(logits[idx].float() / temps[:, None], dim=-1)
     if any(params[i].top_p < 1 for i in rows):
-        top_p = torch.tensor([params[i].top_p for i in rows], device=logits.device, dtype=torch.float32)
+        top_p = torch.tensor([params[i].top_p for i in rows], dtype=torch.float32).to(dev, non_blocking=True)
         probs = top_p_filter(probs, top_p)
     probs = valid_rows(probs, logits[idx])
     seeded = [j for j, i in enumerate(rows) if generators[i] is not None]
     drawn = torch.empty(len(rows), dtype=torch.long, device=logits.device)
     unseeded = [j for j in range(len(rows)) if generators[rows[j]] is None]
     if unseeded:
-        u = torch.tensor(unseeded, device=logits.device)
+        u = torch.tensor(unseeded).to(dev, non_blocking=True)
         drawn[u] = torch.multinomial(probs[u], 1).squeeze(1)
     for j in seeded:
         drawn[j] = torch.multinomial(probs[j], 1, generator=generators[rows[j]])[0]

@@ -7,7 +7,9 @@ The interface is all a policy implements and all the engine (or a simulator, wit
   ``BlockManager``; when blocks run out the policy decides: queue the newcomer, or preempt a running
   sequence (its blocks are freed and it is recomputed later);
 - ``postprocess(batch, sampled) -> list[TokenEvent]``: account for the computed tokens, append the
-  sampled ones, finish sequences (EOS, stop ids, max_tokens) and free their blocks.
+  sampled ones, finish sequences (EOS, stop ids, max_tokens) and free their blocks. An engine that reads
+  its sampled tokens a step late calls its two halves apart: ``advance(batch)`` when the step is launched
+  (a placeholder token per sampling item), ``accept(seq, token)`` when the token reaches the host.
 
 The bookkeeping every policy shares (admission limits, postprocess, preemption) lives in
 ``Scheduler``; a policy only writes ``schedule``. With a prefix cache in the block manager, admission
@@ -24,7 +26,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from servelab.engine.sequence import FinishReason, Sequence, SequenceStatus
+from servelab.engine.sequence import PENDING_TOKEN, FinishReason, Sequence, SequenceStatus
 from servelab.errors import ParameterError
 from servelab.kv.block_manager import BlockManager, OutOfBlocks
 
@@ -141,15 +143,7 @@ class Scheduler(ABC):
         """Drop a waiting or running sequence and free its blocks; whether it was still unfinished."""
         if seq.is_finished:
             return False
-        if seq.status is SequenceStatus.WAITING:
-            self.waiting.remove(seq)
-            if seq.seq_id in self.bm:  # a preempted sequence holds none, but be sure
-                self.bm.free(seq.seq_id)
-            seq.kv_slots = []
-            seq.status = SequenceStatus.FINISHED
-            seq.finish_reason = FinishReason.ABORT
-        else:
-            self.finish(seq, FinishReason.ABORT)
+        self.finish(seq, FinishReason.ABORT)
         return True
 
     # ---- shared mechanics, public: the simulator drives a real scheduler through them too ----------------
@@ -263,25 +257,61 @@ class Scheduler(ABC):
         return budget
 
     def postprocess(self, batch: ScheduledBatch, sampled: list[int | None]) -> list[TokenEvent]:
-        """Advance each scheduled sequence; ``sampled[i]`` is item i's new token (None if it did not sample)."""
+        """Advance each scheduled sequence; ``sampled[i]`` is item i's new token (None if it did not sample).
+
+        ``advance`` then ``accept`` for every item that samples: what an engine that reads its tokens one step
+        late (async scheduling) does in two halves, a step apart.
+        """
         if len(sampled) != len(batch.items):
             raise ValueError(f"need one sampled entry per scheduled item, got {len(sampled)} for {len(batch.items)}")
+        token_of = {id(it): tok for it, tok in zip(batch.items, sampled, strict=True)}
         events = []
-        for it, tok in zip(batch.items, sampled):
+        for it in self.advance(batch):
+            tok = token_of[id(it)]
+            if tok is None:
+                raise ValueError(f"sequence {it.seq.seq_id} completed its tokens but no token was sampled")
+            event = self.accept(it.seq, tok)
+            if event is not None:
+                events.append(event)
+        return events
+
+    def advance(self, batch: ScheduledBatch) -> list[ScheduledSequence]:
+        """The first half of ``postprocess``: the step's tokens are computed (their K/V are in the pool).
+
+        Each item that samples gets a placeholder output token (``PENDING_TOKEN``) until ``accept`` gives its
+        value, so the next ``schedule`` already sees the token to decode. Items of sequences that finished
+        meanwhile (aborted, or stopped by the token of the step before) are skipped. Returns the items that
+        sample, in batch order.
+        """
+        sampling = []
+        for it in batch.items:
             seq = it.seq
+            if seq.is_finished:
+                continue
+            samples = it.start + it.num_tokens == seq.num_tokens
             seq.num_computed_tokens = done = it.start + it.num_tokens
             if self.bm.prefix_cache is not None:
                 self.bm.cache_blocks(seq.seq_id, done, seq.token_ids)
-            if done != len(seq.prompt_token_ids) + len(seq.output_token_ids):  # a chunk that does not sample
-                continue
-            if tok is None:
-                raise ValueError(f"sequence {seq.seq_id} completed its tokens but no token was sampled")
-            seq.output_token_ids.append(tok)
-            reason = self.finish_reason(seq, tok)
-            if reason is not None:
-                self.finish(seq, reason)
-            events.append(TokenEvent(seq.seq_id, tok, reason is not None, reason))
-        return events
+            if samples:
+                seq.output_token_ids.append(PENDING_TOKEN)
+                sampling.append(it)
+        return sampling
+
+    def accept(self, seq: Sequence, tok: int) -> TokenEvent | None:
+        """The second half: ``tok`` replaces ``seq``'s placeholder; the sequence finishes if it stops there.
+
+        None when ``seq`` finished meanwhile (its token is dropped). A sequence preempted since its step ran
+        keeps the token and recomputes it with the rest.
+        """
+        if seq.is_finished:
+            return None
+        if not seq.output_token_ids or seq.output_token_ids[-1] != PENDING_TOKEN:
+            raise ValueError(f"sequence {seq.seq_id} has no token waiting to be accepted")
+        seq.output_token_ids[-1] = tok
+        reason = self.finish_reason(seq, tok)
+        if reason is not None:
+            self.finish(seq, reason)
+        return TokenEvent(seq.seq_id, tok, reason is not None, reason)
 
     def finish_reason(self, seq: Sequence, tok: int) -> FinishReason | None:
         """Why ``seq`` stops after appending ``tok`` (a stop id, EOS unless ignored, its length), or None."""
@@ -295,12 +325,17 @@ class Scheduler(ABC):
         return None
 
     def finish(self, seq: Sequence, reason: FinishReason) -> None:
-        """Mark a running ``seq`` finished for ``reason``, free its blocks and drop it from the running list."""
+        """Mark ``seq`` finished for ``reason``, free its blocks and drop it from the running list (or the queue:
+        a sequence preempted after its last step ran learns only then that it stopped)."""
+        if seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        else:
+            self.running.remove(seq)
+        if seq.seq_id in self.bm:  # a preempted sequence holds none
+            self.bm.free(seq.seq_id)
+        seq.kv_slots = []
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
-        self.bm.free(seq.seq_id)
-        seq.kv_slots = []
-        self.running.remove(seq)
 
 
 class TokenBudgetScheduler(Scheduler):

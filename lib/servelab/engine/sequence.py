@@ -74,6 +74,10 @@ class FinishReason(enum.Enum):
 
 _ids = itertools.count()
 
+# an output token sampled on the device whose value the host has not read yet (async scheduling); never a
+# valid token id, so a step that forgot to take the value from the device fails loudly (embedding index -1)
+PENDING_TOKEN = -1
+
 
 @dataclass(eq=False)
 class Sequence:

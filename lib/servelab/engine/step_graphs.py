@@ -44,7 +44,8 @@ class StepGraphs:
     """Captured whole steps of ``model`` on ``pool``; ``run(items)`` replays the right bucket."""
 
     def __init__(self, model, pool, tables: DeviceBlockTables, *, sizes, max_seqs: int, scratch_block: int):
-        """Nothing is captured until ``capture()``; uncaptured (e.g. on a CPU), a bucket runs the same padded step eagerly."""
+        """Nothing is captured until ``capture()``; uncaptured (e.g. on a CPU), a bucket runs the same padded step
+        eagerly."""
         s = model.shape
         self.model, self.pool, self.tables = model, pool, tables
         self.sizes = sorted(set(sizes))
@@ -82,7 +83,7 @@ class StepGraphs:
         self.memory_pool = torch.cuda.graph_pool_handle()
         for size in reversed(self.sizes):
             self._load_padding(size)
-            self.graphs[size] = capture_graph(lambda: self._forward(size), self.memory_pool)
+            self.graphs[size] = capture_graph(lambda size=size: self._forward(size), self.memory_pool)
             if progress is not None:
                 progress.update(1)
         torch.cuda.synchronize()
@@ -99,9 +100,10 @@ class StepGraphs:
         i = bisect.bisect_left(self.sizes, num_tokens)
         return self.sizes[i] if i < len(self.sizes) else None
 
-    def run(self, items) -> tuple[torch.Tensor, list] | None:
+    def run(self, items, patch=None) -> tuple[torch.Tensor, list] | None:
         """Run one step's scheduled ``items``: ``(logits [S, vocab], the S items that sample)``, or None when no
-        bucket holds the step (the caller runs it eagerly)."""
+        bucket holds the step (the caller runs it eagerly). ``patch(ids)``, if given, edits the step's token ids
+        (``items``' tokens in order) on the device before it runs (tokens not read back yet)."""
         num_tokens = sum(it.num_tokens for it in items)
         size = self.bucket(num_tokens, len(items))
         if size is None or (self.graphs and size not in self.graphs):
@@ -113,7 +115,7 @@ class StepGraphs:
             seq_ids, [it.start + it.num_tokens - 1 for it in items], [it.slots[-1] for it in items]
         )
         ids, pos, slots, runs, sampled, sampling = [], [], [], [], [], []
-        for it, row in zip(items, rows):
+        for it, row in zip(items, rows, strict=True):
             runs.append((row, len(ids), it.num_tokens, it.start))
             ids += it.seq.token_ids(it.start, it.start + it.num_tokens)
             pos += range(it.start, it.start + it.num_tokens)
@@ -137,6 +139,8 @@ class StepGraphs:
             + [0] * (n_rows - len(sampled))
         )
         self.buffer[: len(host)].copy_(torch.tensor(host, dtype=torch.long), non_blocking=True)
+        if patch is not None:
+            patch(self.buffer[:num_tokens])
         if size in self.graphs:
             graph, out = self.graphs[size]
             graph.replay()
@@ -149,4 +153,4 @@ class StepGraphs:
 def _columns(tiles: list, width: int) -> list[int]:
     """A tile table ``[4, width]`` flattened row by row, padded with empty tiles (0 tokens)."""
     pad = [0] * (width - len(tiles))
-    return [v for col in (zip(*tiles) if tiles else [()] * 4) for v in (*col, *pad)]
+    return [v for col in (zip(*tiles, strict=True) if tiles else [()] * 4) for v in (*col, *pad)]

@@ -24,6 +24,12 @@ class StepInputs:
     meta: AttentionMetadata
     logits_indices: torch.Tensor  # LongTensor [S]: flat index of each sampling item's last token
     sampling_items: list[ScheduledSequence]  # the S items that sample, in logits order
+    ordered_items: list[ScheduledSequence]  # every item, in the order of its tokens in input_ids
+
+
+def _to_device(values: list[int], device, dtype=torch.long) -> torch.Tensor:
+    """A host list on ``device`` without waiting for the GPU (a blocking copy would end the overlap of steps)."""
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
 
 def build_step_inputs(batch: ScheduledBatch, tables: DeviceBlockTables, device, *, varlen: bool = False) -> StepInputs:
@@ -37,14 +43,12 @@ def build_step_inputs(batch: ScheduledBatch, tables: DeviceBlockTables, device, 
         ids += it.seq.token_ids(it.start, it.start + it.num_tokens)
         pos += range(it.start, it.start + it.num_tokens)
         slots += it.slots
-    meta = AttentionMetadata(
-        slot_mapping=torch.tensor(slots, dtype=torch.long, device=device), num_decode_tokens=len(decodes)
-    )
+    meta = AttentionMetadata(slot_mapping=_to_device(slots, device), num_decode_tokens=len(decodes))
     bm = tables.bm
     if decodes:
         positions = [it.start for it in decodes]
         rows = tables.rows_for([it.seq.seq_id for it in decodes], positions, [it.slots[0] for it in decodes])
-        meta.decode_context_lens = torch.tensor([p + 1 for p in positions], dtype=torch.long, device=device)
+        meta.decode_context_lens = _to_device([p + 1 for p in positions], device)
         meta.decode_block_tables = tables.gather(rows, max(positions) // bm.block_size + 1)
     q = len(decodes)
     context = []
@@ -62,7 +66,7 @@ def build_step_inputs(batch: ScheduledBatch, tables: DeviceBlockTables, device, 
         for n in lens:
             offsets.append(offsets[-1] + n)
         meta.varlen_segments = len(fresh)
-        meta.varlen_cu_seqlens = torch.tensor(offsets, dtype=torch.int32, device=device)
+        meta.varlen_cu_seqlens = _to_device(offsets, device, torch.int32)
         meta.varlen_max_len = max(lens)
     sampling, last = [], []
     q = 0
@@ -72,9 +76,5 @@ def build_step_inputs(batch: ScheduledBatch, tables: DeviceBlockTables, device, 
             sampling.append(it)
             last.append(q - 1)
     return StepInputs(
-        torch.tensor(ids, dtype=torch.long, device=device),
-        torch.tensor(pos, dtype=torch.long, device=device),
-        meta,
-        torch.tensor(last, dtype=torch.long, device=device),
-        sampling,
+        _to_device(ids, device), _to_device(pos, device), meta, _to_device(last, device), sampling, ordered
     )

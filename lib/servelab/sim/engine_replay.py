@@ -5,7 +5,8 @@ Two clocks:
 
 - ``clock="steps"``: time counts engine steps (each step lasts 1 s; idle time jumps to the next arrival).
   Deterministic, so a simulation with ``StepCostModel.constant(1000)`` must give exactly the same per-request
-  first-token and finish times (``tests/test_sim_engine_order.py``);
+  first-token and finish times (``tests/test_sim_engine_order.py``). The engine reads each step's tokens
+  before the next step (no async scheduling), so a token counts in the step that computed it;
 - ``clock="wall"``: ``time.perf_counter`` from the start of the replay; the engine sleeps until the next
   arrival when idle. Token times are taken when each step returns, as a server would stream them.
 
@@ -15,6 +16,7 @@ step log (the engine's ``StepRecord`` fields on the same clock).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import numpy as np
@@ -84,8 +86,12 @@ def replay_on_engine(
                 )
             )
 
-    previous_hook = engine.on_step
+    previous_hook, previous_config = engine.on_step, engine.config
     engine.on_step = on_step
+    # on the step clock a token is stamped with the step that computed it: read every step's tokens at once
+    engine.config = dataclasses.replace(
+        engine.config, async_scheduling=clock == "wall" and engine.config.async_scheduling
+    )
     try:
         i = 0
         while i < n or engine.has_unfinished():
@@ -114,7 +120,7 @@ def replay_on_engine(
                 if ev.finished:
                     finish[j] = t_tok
     finally:
-        engine.on_step = previous_hook
+        engine.on_step, engine.config = previous_hook, previous_config
     ok = ~np.isnan(finish)
     records = pd.DataFrame(
         {

@@ -1,0 +1,122 @@
+"""``decode_ms_b{B}_ctx{C}``: one decode step's forward on the default configuration, beside its floor.
+
+``decode.csv`` holds every implementation timed at each point: the engine's default configuration
+(``engine_default``: attention backend and ``torch.compile`` on "auto"), labelled other settings of the engine
+(``engine_<backend>_eager``: blocks not compiled), HF eager and HF in a CUDA graph. The row is the default's.
+"""
+
+from __future__ import annotations
+
+from servelab.bench.session import BenchSession
+
+NAN = float("nan")
+
+
+def variants(s: BenchSession) -> list[tuple[str, str | None, object]]:
+    """``(impl, attention backend, compile)`` of each implementation timed; backend None: HF's."""
+    from servelab.kernels.decode import DECODE_BACKENDS
+
+    out = [("engine_default", "auto", "auto")]
+    if s.plan.extra_settings:
+        backends = ["triton", "gather"] if s.cuda and "triton" in DECODE_BACKENDS else ["gather"]
+        out += [(f"engine_{b}_eager", b, False) for b in backends]
+    out.append(("hf_eager", None, False))
+    if s.cuda:
+        out.append(("hf_cuda_graph", None, False))
+    return out
+
+
+def profile_step(fn, before=None) -> dict:
+    """Kernel count, GPU-busy share and the largest kernels of one call of ``fn`` (torch.profiler)."""
+    from servelab.measure.kernel_profile import profile_call
+
+    def call():
+        if before is not None:
+            before()
+        fn()
+
+    p = profile_call(call, calls=3, warmup=1, top=3)
+    return {
+        "kernels": p.kernels,
+        "gpu_busy_ms": p.gpu_busy_ms,
+        "gpu_busy_pct": p.gpu_busy_pct,
+        "top_kernels": "; ".join(f"{name[:40]} ×{n} {us:.0f} µs" for name, n, us in p.top_kernels),
+    }
+
+
+def step_callable(s: BenchSession, impl: str, backend, compile_, batch: int, ctx: int):
+    """``(fn, before_each, note)`` for one implementation's decode step."""
+    if backend is not None:
+        from servelab.bench.step import engine_step
+
+        fn, before = engine_step(s.hf, batch, 1, ctx, seed=s.plan.seed, attention_backend=backend, compile=compile_)
+        st = fn.engine.stats()
+        note = f"backend {st['attention_backend']}, graphs={st['cuda_graphs']}, compile {st['compile']}"
+        if st["attention_backend"] == "triton":
+            note += f", kernel {st['triton_tuning']}"
+        return fn, before, note
+    from servelab.bench.hf_modes import cuda_graph_step, eager_step
+
+    make = eager_step if impl == "hf_eager" else cuda_graph_step
+    fn, before = make(s.hf, batch, 1, ctx, seed=s.plan.seed)
+    return fn, before, ""
+
+
+def time_variant(s: BenchSession, impl: str, backend, compile_, batch: int, ctx: int, floor: float) -> dict:
+    """One ``decode.csv`` row: the median step time, or why there is none."""
+    from servelab.measure import time_fn
+
+    row = {"impl": impl, "batch": batch, "context": ctx, "floor_ms": floor, "status": "ok", "note": ""}
+    t, fn = None, None
+    if s.clock.left() < (150 if compile_ else 120):  # keep time for the sections that follow
+        s.log(f"decode b={batch} ctx={ctx} {impl}: skipped (time budget)")
+        skipped = {"median_ms": NAN, "p25_ms": NAN, "p75_ms": NAN, "pct_of_floor": NAN}
+        return {**row, **skipped, "status": "skipped", "note": "time budget"}
+    try:
+        fn, before, row["note"] = step_callable(s, impl, backend, compile_, batch, ctx)
+        fast = backend is not None or impl == "hf_cuda_graph"
+        repeats = s.plan.repeats if fast else max(3, s.plan.repeats // 3)
+        t = time_fn(fn, warmup=3, repeats=repeats, device=s.plan.device, before_each=before)
+        if s.cuda and fast:
+            try:  # where the time goes: kernels per step, GPU-busy share; optional, never fatal
+                row.update(profile_step(fn, before))
+            except Exception as e:
+                row["top_kernels"] = f"profile failed: {type(e).__name__}: {e}"[:200]
+    except Exception as e:  # record and go on: one failing variant must not end the run
+        row["status"] = "oom" if "out of memory" in str(e).lower() else "error"
+        row["note"] = f"{type(e).__name__}: {e}"[:300]
+    finally:
+        fn = None
+        s.free()
+    ms = t.median_ms if t else NAN
+    s.log(f"decode b={batch} ctx={ctx} {impl}: {ms:.3f} ms (floor {floor:.3f}) {row['status']} {row['note'][:80]}")
+    quartiles = {"p25_ms": t.p25_ms, "p75_ms": t.p75_ms} if t else {"p25_ms": NAN, "p75_ms": NAN}
+    return {**row, "median_ms": ms, **quartiles, "pct_of_floor": 100 * floor / ms if t else NAN}
+
+
+def decode_note(s: BenchSession, default: dict, others: list[dict]) -> str:
+    if default["status"] != "ok":
+        return f"failed: {default['note']}"
+    how = "CUDA-graph replay incl. input copies" if s.cuda else "eager forward (no CUDA)"
+    note = f"engine default configuration ({default['note']}), {how}; median of {s.plan.repeats}"
+    if "kernels" in default and default["kernels"] == default["kernels"]:
+        note += (
+            f"; profile: {default['kernels']} kernels/step, GPU busy {default['gpu_busy_pct']:.0f}%, "
+            f"{default['gpu_busy_ms'] * 1e3 / max(default['kernels'], 1):.1f} µs of kernel time per kernel; "
+            f"largest: {default['top_kernels']}"
+        )
+    timed = [f"{r['impl']} {r['median_ms']:.3f} ms" for r in others if r["status"] == "ok"]
+    return note + ("; others: " + ", ".join(timed) if timed else "")
+
+
+def decode_section(s: BenchSession) -> None:
+    """Every decode point: each implementation in ``decode.csv``, the default configuration's row in ``bench.csv``."""
+    for batch, ctx in s.plan.decode_points:
+        floor = float(
+            s.roof.floor_ms(s.shape.decode_flops(batch, ctx), s.shape.decode_bytes(batch, ctx, s.dtype_bytes))
+        )
+        timed = [time_variant(s, impl, b, c, batch, ctx, floor) for impl, b, c in variants(s)]
+        s.decode_rows += timed
+        default = timed[0]
+        s.add(f"decode_ms_b{batch}_ctx{ctx}", default["median_ms"], "ms", floor, decode_note(s, default, timed[1:]))
+    s.flush()

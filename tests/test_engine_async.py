@@ -1,0 +1,249 @@
+"""Async scheduling (``engine/inflight.py``): a step's tokens are read during the next step, and nothing changes.
+
+Greedy tokens equal HF's (float32, CPU) on every input path (eager, whole-step graphs and decode graphs run
+uncaptured); the host reads device data once per step, after the next step was launched; stop tokens, aborts
+and preemption behave as in the synchronous loop.
+"""
+
+import pytest
+import torch
+
+from servelab.engine import Engine, EngineConfig, SamplingParams
+from servelab.engine.cuda_graphs import DecodeGraphs
+from servelab.engine.inflight import InFlightStep
+from servelab.engine.policies import make_scheduler
+from servelab.engine.sequence import PENDING_TOKEN, FinishReason, Sequence, SequenceStatus
+from servelab.errors import ParameterError
+from servelab.kernels import attention
+from servelab.models import load_model
+
+STEPS = 8
+LENGTHS = (5, 19, 33, 2)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    torch.manual_seed(0)
+    hf = load_model("config:tiny-llama", dtype="float32", device="cpu").model
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, hf.config.vocab_size, (n,), generator=g).tolist() for n in LENGTHS]
+    refs = []
+    with torch.inference_mode():
+        for p in prompts:
+            ids = torch.tensor([p])
+            out = hf.generate(
+                ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=STEPS, min_new_tokens=STEPS
+            )
+            refs.append(out[0, len(p) :].tolist())
+    return hf, prompts, refs
+
+
+def greedy(n=STEPS, **kw):
+    return SamplingParams(max_tokens=n, ignore_eos=True, **kw)
+
+
+def engine_for(hf, path: str, **cfg) -> Engine:
+    """An engine whose steps take ``path``: "eager", "step graph" (whole steps) or "decode graph", uncaptured."""
+    engine = Engine.from_hf(
+        hf, EngineConfig(block_size=4, num_blocks=96, max_num_seqs=8, max_num_batched_tokens=24, **cfg)
+    )
+    runner = engine.runner
+    if path == "step graph":
+        runner.enable_step_graphs((8, 16, 24), capture=False)
+    elif path == "decode graph":
+        runner.graphs = DecodeGraphs(
+            engine.model, engine.pool, runner.tables, max_batch=runner.max_num_seqs, scratch_block=engine.num_blocks
+        )
+    return engine
+
+
+@pytest.mark.parametrize("path", ["eager", "step graph", "decode graph"])
+def test_overlapped_steps_give_hf_greedy_tokens(llama, path):
+    """Chunked prompts, decodes and requests of different lengths together; every step but those where a request
+    ends by length is read after the next one was launched."""
+    hf, prompts, refs = llama
+    engine = engine_for(hf, path)
+    records = []
+    engine.on_step = records.append
+    lengths = [STEPS, 3, 7, 1]
+    got = engine.generate(prompts, [greedy(n) for n in lengths])
+    assert got == [r[:n] for r, n in zip(refs, lengths, strict=True)]
+    assert len(records) == engine.steps
+    assert sum(r.overlapped for r in records) >= engine.steps - len(prompts)  # one read-first step per finish
+    runner = engine.runner
+    ran = {"eager": runner.eager_steps, "step graph": runner.step_graph_steps, "decode graph": runner.eager_steps}
+    assert ran[path] == engine.steps if path != "decode graph" else runner.eager_steps > 0
+    if path == "decode graph":
+        assert runner.graphs is not None and not runner.graphs.graphs  # the uncaptured packed decode path ran
+    assert engine.block_manager.num_used_blocks == 0 and not engine.has_unfinished()
+
+
+def test_async_and_synchronous_loops_schedule_the_same_steps(llama):
+    """Requests that end by length: the same steps, in the same order, with the same tokens."""
+    hf, prompts, _ = llama
+    runs = []
+    for on in (True, False):
+        engine = engine_for(hf, "eager", async_scheduling=on)
+        records = []
+        engine.on_step = records.append
+        out = engine.generate(prompts, [greedy(n) for n in (STEPS, 3, 7, 1)])
+        runs.append((out, [(r.prefill_tokens, r.decode_tokens, r.num_seqs) for r in records]))
+        assert engine.stats()["async_scheduling"] is on
+    assert runs[0] == runs[1]
+
+
+class HostReads:
+    """Counts what would make the host wait for a GPU (reading a tensor's values) and orders launches and reads."""
+
+    NAMES = ("tolist", "item", "cpu", "numpy", "__bool__", "__int__", "__float__")
+
+    def __init__(self, monkeypatch, engine):
+        self.reads, self.log, self.paused = 0, [], False
+        for name in self.NAMES:
+            original = getattr(torch.Tensor, name)
+
+            def counted(t, *a, _original=original, **kw):
+                self.reads += not self.paused
+                return _original(t, *a, **kw)
+
+            monkeypatch.setattr(torch.Tensor, name, counted)
+        ragged = attention.ragged_attention
+
+        def uncounted(*a, **kw):  # the CPU stand-in for the Triton ragged kernel reads its tiles on the host
+            self.paused = True
+            try:
+                return ragged(*a, **kw)
+            finally:
+                self.paused = False
+
+        monkeypatch.setattr(attention, "ragged_attention", uncounted)
+        launch, tokens = engine.runner.launch, InFlightStep.tokens
+
+        def logged_launch(batch, previous=None):
+            step = launch(batch, previous)
+            self.log.append(("launch", id(step)))
+            return step
+
+        def logged_tokens(step):
+            self.log.append(("read", id(step)))
+            return tokens(step)
+
+        monkeypatch.setattr(engine.runner, "launch", logged_launch)
+        monkeypatch.setattr(InFlightStep, "tokens", logged_tokens)
+
+
+@pytest.mark.parametrize("path", ["eager", "step graph", "decode graph"])
+def test_one_host_read_per_step_and_after_the_next_launch(llama, monkeypatch, path):
+    hf, prompts, refs = llama
+    engine = engine_for(hf, path)
+    engine.generate(prompts[:1], greedy(2))  # first-use work (lazy initialisation) outside the count
+    seqs = [engine.add_request(p, greedy()) for p in prompts[:3]]
+    probe = HostReads(monkeypatch, engine)
+    while engine.has_unfinished():
+        engine.step()
+    assert [s.output_token_ids for s in seqs] == refs[:3]
+    launches = [k for what, k in probe.log if what == "launch"]
+    reads = [k for what, k in probe.log if what == "read"]
+    assert sorted(launches) == sorted(reads) and probe.reads == len(reads)  # one read per step, nothing else
+    overlapped = 0
+    for i, k in enumerate(launches[:-1]):  # a step's read comes after the next step's launch, but the last ones
+        overlapped += probe.log.index(("launch", launches[i + 1])) < probe.log.index(("read", k))
+    assert overlapped >= len(launches) - 2
+
+
+def test_the_synchronous_loop_reads_each_step_before_the_next_launch(llama, monkeypatch):
+    hf, prompts, refs = llama
+    engine = engine_for(hf, "eager", async_scheduling=False)
+    probe = HostReads(monkeypatch, engine)
+    assert engine.generate(prompts[:2], greedy()) == refs[:2]
+    assert [what for what, _ in probe.log] == ["launch", "read"] * engine.steps
+
+
+def test_a_stop_token_ends_a_request_one_step_late_on_the_device_only(llama):
+    """The step in flight still computes a token for the stopped request; it is dropped, and the others go on."""
+    hf, prompts, refs = llama
+    engine = engine_for(hf, "eager")
+    stop = refs[1][2]
+    first = refs[1].index(stop)
+    seqs = [engine.add_request(prompts[0], greedy()), engine.add_request(prompts[1], greedy(stop_token_ids=(stop,)))]
+    while engine.has_unfinished():
+        engine.step()
+    assert seqs[1].output_token_ids == refs[1][: first + 1] and seqs[1].finish_reason is FinishReason.STOP
+    assert seqs[0].output_token_ids == refs[0]
+    assert engine.block_manager.num_used_blocks == 0
+
+
+def test_abort_with_a_token_in_flight(llama):
+    hf, prompts, refs = llama
+    engine = engine_for(hf, "eager")
+    keep, drop, queued = (engine.add_request(p, greedy()) for p in prompts[:3])
+    for _ in range(4):
+        engine.step()
+    assert drop.output_token_ids[-1] == PENDING_TOKEN  # its token of the step in flight is not read yet
+    assert engine.abort(drop) and not engine.abort(drop)
+    assert PENDING_TOKEN not in drop.output_token_ids and drop.finish_reason is FinishReason.ABORT
+    assert drop.output_token_ids == refs[1][: len(drop.output_token_ids)]
+    events = []
+    while engine.has_unfinished():
+        events += engine.step()
+    assert all(ev.seq_id != drop.seq_id for ev in events)
+    assert keep.output_token_ids == refs[0] and queued.output_token_ids == refs[2]
+    assert engine.block_manager.num_used_blocks == 0
+
+
+def test_preemption_with_tokens_in_flight_keeps_outputs_exact(llama):
+    hf, prompts, refs = llama
+    engine = Engine.from_hf(hf, EngineConfig(block_size=4, num_blocks=14, max_num_seqs=4, max_num_batched_tokens=16))
+    assert engine.generate(prompts, greedy()) == refs
+    assert engine.scheduler.num_preemptions > 0
+
+
+def test_a_preempted_sequence_whose_token_in_flight_stops_it_finishes_from_the_queue():
+    sched = make_scheduler("chunked_prefill", num_blocks=8, block_size=4, eos_token_ids=(7,))
+    seq = Sequence([1, 2, 3], SamplingParams(max_tokens=5))
+    sched.add(seq)
+    batch = sched.schedule()
+    assert sched.advance(batch) == batch.items and seq.output_token_ids == [PENDING_TOKEN]
+    sched._preempt(seq)  # blocks ran short while its token was on the device
+    event = sched.accept(seq, 7)
+    assert event.finished and event.finish_reason is FinishReason.EOS
+    assert seq.status is SequenceStatus.FINISHED and not sched.has_unfinished() and sched.bm.num_used_blocks == 0
+    assert sched.accept(seq, 9) is None  # a finished sequence's late token is dropped
+
+
+def test_accept_without_a_pending_token_is_refused():
+    sched = make_scheduler("chunked_prefill", num_blocks=8, block_size=4)
+    seq = Sequence([1, 2, 3], SamplingParams(max_tokens=5))
+    sched.add(seq)
+    sched.schedule()
+    with pytest.raises(ValueError, match="no token waiting"):
+        sched.accept(seq, 4)
+
+
+def test_compile_defaults_to_auto_and_bad_switches_are_refused(llama):
+    hf, _, _ = llama
+    assert EngineConfig().compile == "auto" and EngineConfig().async_scheduling is True
+    engine = Engine.from_hf(hf, EngineConfig(block_size=4, num_blocks=16))
+    assert engine.compile_status.startswith("off (auto")  # on a CPU, auto leaves it off
+    for bad in (dict(compile="yes"), dict(compile=1), dict(async_scheduling=1), dict(cuda_graphs="no")):
+        with pytest.raises(ParameterError):
+            EngineConfig(**bad)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: counts the host's waits for the GPU")
+def test_steady_decode_steps_never_synchronise_but_to_read_tokens():
+    """On a GPU, a decode step's host work (scheduling, inputs, launch, reading the step before) calls nothing
+    that synchronises the device: ``torch.cuda.set_sync_debug_mode("error")`` would raise."""
+    hf = load_model("config:tiny-llama", dtype="float32", device="cuda").model
+    engine = Engine.from_hf(hf, EngineConfig(block_size=16, num_blocks=64, max_num_seqs=4, compile=False))
+    for p in ([1, 2, 3], [4, 5, 6, 7]):
+        engine.add_request(p, greedy(40))
+    for _ in range(4):  # prefill, first decodes, lazy initialisation
+        engine.step()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(20):
+            engine.step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert engine.runner.graph_steps >= 20
