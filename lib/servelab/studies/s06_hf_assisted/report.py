@@ -81,3 +81,10 @@ def engine_table(S) -> pd.DataFrame:
     if d.empty:
         return d
     return d[d["length"] == d["length"].max()][["pair", "length", "speedup_median", "prompts"]].round(2)
+
+
+def rank_length(S) -> int | None:
+    """The output length at which the pairs are compared by cost ratio (see ``verdicts.ranking_length``)."""
+    from servelab.studies.s06_hf_assisted.verdicts import min_prompts_for, ranking_length
+
+    return ranking_length(S.tables["pairs"], min_prompts_for(S.P["profile"], S.P["n_prompts"]))

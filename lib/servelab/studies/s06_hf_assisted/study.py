@@ -156,5 +156,5 @@ def _analyse(S: Study6) -> None:
         per_prompt,
         t["seed_costs"],
         tested_on=S.models.tested_on(P["dtype"]) + "; HF generate, greedy, batch 1",
-        min_prompts=min(verdicts.MIN_PROMPTS, P["n_prompts"]) if P["profile"] == "smoke" else verdicts.MIN_PROMPTS,
+        min_prompts=verdicts.min_prompts_for(P["profile"], P["n_prompts"]),
     )

@@ -30,6 +30,11 @@ CLAIMS = {
 }
 
 
+def min_prompts_for(profile: str, n_prompts: int) -> int:
+    """``MIN_PROMPTS``; the smoke profile (CPU, CI) runs fewer prompts than that and uses all it has."""
+    return min(MIN_PROMPTS, n_prompts) if profile == "smoke" else MIN_PROMPTS
+
+
 def _measured(pairs: pd.DataFrame, min_prompts: int = MIN_PROMPTS) -> pd.DataFrame:
     if not len(pairs):
         return pairs
