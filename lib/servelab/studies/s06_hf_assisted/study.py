@@ -1,9 +1,10 @@
 """Study 6 from parameters to findings in one call: ``run_study(P) -> Study6``.
 
 Order: the models (SmolLM2 and its distilled drafts; the distillation's own budget is spent before the study's
-clock starts), the timed sweep of HF generate (plain, assisted, prompt lookup) and the project's engine on the
-same pairs, α with bootstrap intervals for every draft (distilled, self-drafts, prompt lookup) on held-out
-prompts, HF's cost ratio at the seed's shapes, the verdicts. Every table is written to the study's results.
+clock starts); then, on the study's clock, the fixed-size work: HF's cost ratio at the seed's shapes and α with
+bootstrap intervals for every draft (distilled, self-drafts, prompt lookup) on held-out prompts; then the timed
+sweep of HF generate (plain, assisted, prompt lookup) and the project's engine on the same pairs, in what the
+wall-time budget leaves; the verdicts. Every table is written to the study's results.
 """
 
 from __future__ import annotations
@@ -52,9 +53,10 @@ def run_study(P: dict, *, progress: bool = False) -> Study6:
     S = Study6(P, dev, StudyResults("06_hf_assisted", dev, P, measure_ceilings()), M, _pairs(M))
     S.timings["models_s"] = time.monotonic() - t0  # distillation (when not cached) and loading: not the study's clock
     deadline = Deadline(P["wall_budget_s"])
+    _seed_costs(S)  # fixed-size work first: the sweep then takes what the budget leaves
+    _real_alpha(S)
     _sweep(S, deadline, progress)
-    _acceptance(S)
-    _seed_costs(S)
+    S.tables["alpha"] = _sweep_alpha(S)
     _analyse(S)
     S.timings["study_s"] = deadline.elapsed_s()
     for name, df in S.tables.items():
@@ -90,7 +92,7 @@ def _sweep(S: Study6, deadline: Deadline, progress: bool) -> None:
         prompt_lookup_targets=[M.target],
         pld_tokens=P["prompt_lookup_num_tokens"],
         own=runner,
-        budget_s=deadline.sweep_budget_s(REPORT_RESERVE_S + 20, P["budget_s"]),  # + α and the seed shapes' costs
+        budget_s=deadline.sweep_budget_s(REPORT_RESERVE_S, P["budget_s"]),
         short_new_tokens=P["short_new_tokens"],
         pad_token_id=M.pad_token_id,
         sdpa=P["hf_sdpa"],
@@ -101,13 +103,17 @@ def _sweep(S: Study6, deadline: Deadline, progress: bool) -> None:
     S.gen, S.prompts = gen, prompts
 
 
-def _acceptance(S: Study6) -> None:
-    """α of every draft on held-out prompts, with bootstrap 95% intervals (the real pair only), and the
-    teacher-forced α of each timed pair on the sweep's own outputs."""
+def _sweep_alpha(S: Study6) -> pd.DataFrame:
+    """The teacher-forced α of each timed pair on the sweep's own outputs, per prompt."""
     from servelab.studies.s06_hf_assisted.acceptance import alpha_table
 
+    return alpha_table(S.models.hf, S.pairs, S.prompts, S.gen, sdpa=S.P["hf_sdpa"])
+
+
+def _real_alpha(S: Study6) -> None:
+    """α of every draft (distilled, self-drafts, prompt lookup) on held-out prompts, with bootstrap 95% intervals:
+    the real pair only."""
     P, M = S.P, S.models
-    S.tables["alpha"] = alpha_table(M.hf, S.pairs, S.prompts, S.gen, sdpa=P["hf_sdpa"])
     if M.distilled is None:
         return
     from servelab.spec.prompt_lookup import PromptLookupProposer
