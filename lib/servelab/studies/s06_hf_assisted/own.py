@@ -25,7 +25,8 @@ def own_available() -> tuple[bool, str]:
 
 class OwnSpeculative:
     """``runner(draft_or_None, target, prompt, n) -> GenerationRun`` over the project's engine, for ``pairs``
-    (``servelab.studies.s06_hf_assisted.runs.Pair``); with no draft, the target alone on the engine of its first pair."""
+    (``servelab.studies.s06_hf_assisted.runs.Pair``); with no draft, the target alone on the engine of its first
+    pair."""
 
     def __init__(self, models: dict, pairs, max_model_len: int, gamma=4):
         self.models = models

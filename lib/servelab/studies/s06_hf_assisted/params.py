@@ -7,31 +7,34 @@ from servelab.studies.common.params import (
     check_choice,
     check_int_range,
     check_positive_ints,
-    resolve_profile,
+    resolve,
 )
 from servelab.studies.s06_hf_assisted.attention_backend import HF_SDPA_CHOICES
 from servelab.studies.s06_hf_assisted.runs import Pair
 
-# full: the whole study (training included when the family is not cached) in ≤ 4 minutes of H200 wall time:
-# wall_budget_s counts from the notebook's first code cell and leaves ~15 s for the kernel's start and the
-# write-out. The sweep (see sweep.py) runs every method at short_new_tokens on prompt 0, then at
-# max_new_tokens (the issue's 512) on prompt 1, baselines first and the rest cheapest first, then the other
-# prompts at short_new_tokens, each run only if its measured cost fits what is left; lengths are read off
-# those runs. HF generate runs without cuDNN attention (hf_sdpa, see attention_backend.py): cuDNN builds a
-# plan per new key length, the likely reason for the ~46 ms/token of eager decoding in the first H200 run.
+# full: the timed part (SmolLM2 and its drafts loaded, sweep, α, the seed's shapes' costs) in ≤ 5 minutes of H200
+# wall time. The drafts' distillation has a budget of its own (studies.common.drafts.distill: ~1 min of
+# generations and 60 s per draft when not cached) and is not counted. Every prompt runs every method to
+# max_new_tokens (short_new_tokens = max_new_tokens), so each output length has all n_prompts prompts unless the
+# budget cut a run (the page lists what did not run). HF generate runs without cuDNN attention (hf_sdpa, see
+# attention_backend.py).
 DEFAULTS = {
     "full": dict(
         target=None,
         drafts=None,
+        self_layers=[2, 6],  # self-drafts (the target's first k layers), for α beside the distilled drafts
         dtype="bfloat16",
-        n_prompts=3,
+        n_prompts=8,
         prompt_tokens=128,
+        alpha_prompts=48,
+        alpha_tokens=128,
         max_new_tokens=512,
-        short_new_tokens=128,
+        short_new_tokens=512,
         lengths=[32, 64, 128, 256, 512],
         cost_tokens=64,
+        seed_cost_pairs=["distilgpt2>gpt2-medium", "gpt2>gpt2-medium", "qwen2-0.5b>qwen2-1.5b"],
         prompt_lookup_num_tokens=10,
-        wall_budget_s=225,
+        wall_budget_s=290,
         budget_s=None,
         own=True,
         own_gamma=4,
@@ -41,13 +44,17 @@ DEFAULTS = {
     "smoke": dict(
         target=None,
         drafts=None,
+        self_layers=[1],
         dtype="float32",
-        n_prompts=3,
+        n_prompts=2,
         prompt_tokens=32,
-        max_new_tokens=16,
+        alpha_prompts=3,
+        alpha_tokens=8,
+        max_new_tokens=8,
         short_new_tokens=8,
-        lengths=[4, 8, 16],
-        cost_tokens=8,
+        lengths=[4, 8],
+        cost_tokens=4,
+        seed_cost_pairs=["tiny-gpt2>tiny-qwen2"],
         prompt_lookup_num_tokens=3,
         wall_budget_s=150,
         budget_s=None,
@@ -58,45 +65,54 @@ DEFAULTS = {
     ),
 }
 REPORT_RESERVE_S = 10.0  # s kept after the sweep for α, the tables, the figures and the findings
+INT_PARAMS = (
+    "n_prompts",
+    "prompt_tokens",
+    "alpha_prompts",
+    "alpha_tokens",
+    "max_new_tokens",
+    "short_new_tokens",
+    "cost_tokens",
+    "prompt_lookup_num_tokens",
+    "own_gamma",
+)
 
 
 def study_params(profile: str = "auto", **overrides) -> dict:
     """Resolve the profile, apply non-None overrides, validate everything (ParameterError says what is wrong)."""
-    prof = resolve_profile(profile)
-    p = dict(DEFAULTS[prof])
-    unknown = set(overrides) - set(p)
-    if unknown:
-        raise ParameterError(f"unknown parameters {sorted(unknown)}; known: {sorted(p)}")
-    p.update({k: v for k, v in overrides.items() if v is not None})
-    p["profile"] = prof
-    if (p["target"] is None) != (p["drafts"] is None):
-        raise ParameterError("give both target and drafts (model specs / hub ids), or neither (the trained family)")
-    if p["target"] is not None:
-        if not isinstance(p["target"], str) or not p["target"].strip():
-            raise ParameterError(f"target must be a model spec string, got {p['target']!r}")
-        if isinstance(p["drafts"], str):
-            p["drafts"] = [p["drafts"]]
-        if (
-            not isinstance(p["drafts"], list)
-            or not p["drafts"]
-            or not all(isinstance(d, str) and d for d in p["drafts"])
-        ):
-            raise ParameterError(f"drafts must be a non-empty list of model specs, got {p['drafts']!r}")
-        if p["target"] in p["drafts"]:
-            raise ParameterError("the target cannot also be one of its drafts")
+    p = resolve(DEFAULTS, profile, overrides)
+    _check_models(p)
     check_choice("dtype", p["dtype"], ("bfloat16", "float16", "float32"))
     check_choice("hf_sdpa", p["hf_sdpa"], HF_SDPA_CHOICES)
-    for k in (
-        "n_prompts",
-        "prompt_tokens",
-        "max_new_tokens",
-        "short_new_tokens",
-        "cost_tokens",
-        "prompt_lookup_num_tokens",
-        "own_gamma",
-    ):
+    for k in INT_PARAMS:
         check_int_range(k, p[k], 1, 1 << 16)
     check_int_range("seed", p["seed"], 0, 2**31 - 1)
+    p["self_layers"] = check_positive_ints("self_layers", p["self_layers"]) if p["self_layers"] else []
+    _check_lengths(p)
+    p["seed_cost_pairs"] = [_cost_pair(s) for s in p["seed_cost_pairs"] or []]
+    _check_seconds(p)
+    if not isinstance(p["own"], bool):
+        raise ParameterError(f"own must be True or False, got {p['own']!r}")
+    return p
+
+
+def _check_models(p: dict) -> None:
+    if p["drafts"] is not None and p["target"] is None:
+        raise ParameterError("drafts need a target: give target too (None: SmolLM2 with its distilled drafts)")
+    if p["target"] is None:
+        return
+    if not isinstance(p["target"], str) or not p["target"].strip():
+        raise ParameterError(f"target must be a model spec string, got {p['target']!r}")
+    if isinstance(p["drafts"], str):
+        p["drafts"] = [p["drafts"]]
+    drafts = p["drafts"]
+    if not isinstance(drafts, list) or not drafts or not all(isinstance(d, str) and d for d in drafts):
+        raise ParameterError(f"drafts must be a non-empty list of model specs, got {drafts!r}")
+    if p["target"] in drafts:
+        raise ParameterError("the target cannot also be one of its drafts")
+
+
+def _check_lengths(p: dict) -> None:
     p["lengths"] = check_positive_ints("lengths", p["lengths"], maximum=p["max_new_tokens"])
     if p["max_new_tokens"] not in p["lengths"]:
         p["lengths"].append(p["max_new_tokens"])
@@ -109,15 +125,29 @@ def study_params(profile: str = "auto", **overrides) -> dict:
             f"cost_tokens ({p['cost_tokens']}) must not exceed short_new_tokens "
             f"({p['short_new_tokens']}): the drafts' cost runs belong to the short passes"
         )
+
+
+def _check_seconds(p: dict) -> None:
     for k, optional in (("wall_budget_s", False), ("budget_s", True)):
         v = p[k]
         if optional and v is None:
             continue
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
             raise ParameterError(f"{k} must be a positive number of seconds{' or None' if optional else ''}, got {v!r}")
-    if not isinstance(p["own"], bool):
-        raise ParameterError(f"own must be True or False, got {p['own']!r}")
-    return p
+
+
+def _cost_pair(spec) -> tuple[str, str]:
+    """ "draft>target" (shipped config names) -> ("config:draft", "config:target")."""
+    from servelab.models.loader import shipped_configs
+
+    parts = spec.split(">") if isinstance(spec, str) else []
+    if len(parts) != 2 or not all(parts):
+        raise ParameterError(f"seed_cost_pairs entries are 'draft>target' config names, got {spec!r}")
+    known = shipped_configs()
+    for name in parts:
+        if name.strip() not in known:
+            raise ParameterError(f"no shipped config {name!r}; known: {known}")
+    return tuple(f"config:{n.strip()}" for n in parts)
 
 
 def pairs_for(target: str, drafts: list[str]) -> list[Pair]:

@@ -32,7 +32,7 @@ def _nothing(why: str):
 def loss_curves(loss: pd.DataFrame, title: str):
     """Train loss against tokens seen per model, with the held-out (eval) loss as markers."""
     fig, ax = plt.subplots(figsize=(8, 4.5))
-    palette = dict(zip(loss["model"].unique(), sns.color_palette("tab10")))
+    palette = dict(zip(loss["model"].unique(), sns.color_palette("tab10"), strict=False))  # ≤ 10 models
     for m, g in loss.groupby("model", sort=False):
         ax.plot(g["tokens"] / 1e6, g["train_loss"], color=palette[m], label=f"{m} (train)")
         e = g.dropna(subset=["eval_loss"])
@@ -53,7 +53,7 @@ def speedup_vs_length(summary: pd.DataFrame, device_name: str):
     panels = [("HF generate", ["assisted", "prompt_lookup"]), ("servelab", ["own", "own_plain"])]
     panels = [(t, m) for t, m in panels if d["method"].isin(m).any()]
     fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 5), squeeze=False, sharey=True)
-    for ax, (title, methods) in zip(axes[0], panels):
+    for ax, (title, methods) in zip(axes[0], panels, strict=True):
         for label, g in d[d["method"].isin(methods)].groupby("label"):
             g = g.sort_values("length")
             ls = {"assisted": "-", "prompt_lookup": "--", "own": "-", "own_plain": ":"}.get(g["method"].iloc[0], "-")
@@ -149,7 +149,9 @@ def decode_cost(costs: pd.DataFrame, device_name: str):
             x, d["floor_ms"], marker="_", s=600, color="k", zorder=3, label="roofline floor (weights / copy GB/s)"
         )
     ax.set_xticks(
-        x, [f"{m}\n{p / 1e6:.0f}M, {l} layers" for m, p, l in zip(d["model"], d["params"], d["layers"])], fontsize=8
+        x,
+        [f"{m}\n{p / 1e6:.0f}M, {n} layers" for m, p, n in zip(d["model"], d["params"], d["layers"], strict=True)],
+        fontsize=8,
     )
     ax.set(yscale="log", ylabel="decode time (ms/token)", title=f"Decode cost per token on {device_name}, batch 1")
     ax.legend(fontsize=7)

@@ -218,20 +218,10 @@ def run_passes(
     def left() -> float:
         return budget_s - (clock() - t0)
 
-    broken: dict[tuple, str] = {}
-    warm = {j.key: j for p in passes for j in p.jobs}  # once per job, whatever its length (in planned order)
-    for job in warm.values():
-        if left() <= 0:
-            break
-        try:
-            runner(job, prompts[0], warmup_tokens, max_time=left())
-        except Exception as e:  # noqa: BLE001 - recorded, the sweep goes on
-            broken[job.key] = f"{_status(e)}: {_error_text(e)}"
-            _free_cuda()
-
+    broken = _warm_up(passes, runner, prompts[0], warmup_tokens, left)
     estimates = CostEstimates()
     rows, runs = [], {}
-    bar = tqdm(total=sum(len(p.jobs) for p in passes), desc="generate runs", disable=not progress)
+    bar = tqdm(total=sum(len(p.jobs) for p in passes), desc="generate runs", disable=not progress, leave=False)
     for p in passes:
         prompt = prompts[p.prompt]
         baselines: set[str] = set()  # targets whose plain run made tokens on this prompt
@@ -252,26 +242,44 @@ def run_passes(
             if why:
                 row.update(status=why[0], error=why[1])
             else:
-                try:
-                    run = runner(job, prompt, job.new_tokens, max_time=left())
-                    if run.made > 0:
-                        runs[(p.prompt, job)] = run
-                    estimates.record(job, run)
-                    row.update(_describe(run))
-                    if run.made < job.new_tokens:
-                        row.update(
-                            status="cut",
-                            error=f"stopped at the wall-time budget after {run.made} of {job.new_tokens} tokens",
-                        )
-                    if job.method == "plain" and run.made > 0:
-                        baselines.add(job.target)
-                except Exception as e:  # noqa: BLE001 - recorded, the sweep goes on
-                    row.update(status=_status(e), error=_error_text(e))
-                    _free_cuda()
+                row.update(_timed_job(runner, job, p.prompt, prompt, left(), estimates, runs, baselines))
             rows.append(row)
             bar.update(1)
     bar.close()
     return _add_matches(pd.DataFrame(rows), runs), runs
+
+
+def _warm_up(passes: list[Pass], runner: Callable, prompt: list[int], tokens: int, left: Callable) -> dict:
+    """Run every job once, untimed, on ``prompt``: {job key: "status: error"} for those that failed."""
+    broken: dict[tuple, str] = {}
+    warm = {j.key: j for p in passes for j in p.jobs}  # once per job, whatever its length (in planned order)
+    for job in warm.values():
+        if left() <= 0:
+            break
+        try:
+            runner(job, prompt, tokens, max_time=left())
+        except Exception as e:  # noqa: BLE001 - recorded, the sweep goes on
+            broken[job.key] = f"{_status(e)}: {_error_text(e)}"
+            _free_cuda()
+    return broken
+
+
+def _timed_job(runner, job: Job, index: int, prompt, left_s: float, estimates, runs: dict, baselines: set) -> dict:
+    """One timed run: the columns it adds to its row (status "cut" if the budget stopped it, a failure's status)."""
+    try:
+        run = runner(job, prompt, job.new_tokens, max_time=left_s)
+    except Exception as e:  # noqa: BLE001 - recorded, the sweep goes on
+        _free_cuda()
+        return dict(status=_status(e), error=_error_text(e))
+    if run.made > 0:
+        runs[(index, job)] = run
+    estimates.record(job, run)
+    out = _describe(run)
+    if run.made < job.new_tokens:
+        out.update(status="cut", error=f"stopped at the wall-time budget after {run.made} of {job.new_tokens} tokens")
+    if job.method == "plain" and run.made > 0:
+        baselines.add(job.target)
+    return out
 
 
 def _why_not(job: Job, broken: dict, baselines: set, left_s: float, estimates: CostEstimates) -> tuple | None:

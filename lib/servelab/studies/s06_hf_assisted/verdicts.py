@@ -1,6 +1,9 @@
 """Verdicts on the seed's Study 6 claims (F6.1, F6.2), computed from the measured tables by stated rules.
 
-The RTX 2070 values below are the seed's, quoted from ``shared/seed-studies.md``; everything else is measured.
+Both speak of two things, each labelled in ``tested_on``: the real pair whose speedup was measured (SmolLM2 and
+its distilled drafts, by default) and the seed's shapes, whose HF cost ratio c was measured with random weights
+(``seed_costs``). A speedup counts only where at least ``MIN_PROMPTS`` prompts reached that length: no verdict
+rests on one prompt. The RTX 2070 values below are the seed's, quoted from ``shared/seed-studies.md``.
 """
 
 from __future__ import annotations
@@ -9,6 +12,9 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from servelab.spec.leviathan import best_gamma
+from servelab.studies.common.findings import Finding
+
 SEED_BEST_SPEEDUP = 1.747  # F6.1, RTX 2070
 SEED_BEST_PAIR = "distilgpt2 → gpt2-medium"  # F6.1, RTX 2070
 SEED_LENGTH = 512  # F6.1: output tokens
@@ -16,6 +22,7 @@ HOLDS_BAND = 0.20  # F6.1 holds if the best pair's speedup is within ±20% of th
 DECIDES_RHO = 0.5  # F6.2: |Spearman ρ| at least this for a parameter to "decide" the speedup
 MATERIAL_CHANGE = 0.05  # F6.2: and the speedup moves by at least 5% over the range of output lengths
 MIN_PAIRS = 3  # F6.2: pairs needed at one output length to rank them by c
+MIN_PROMPTS = 8  # a (pair, length) speedup counts only over at least this many prompts
 
 CLAIMS = {
     "F6.1": "best pair distilgpt2 → gpt2-medium: 1.747× at 512 output tokens",
@@ -23,60 +30,84 @@ CLAIMS = {
 }
 
 
-def _row(fid, verdict, measured, note, seed_value, unit):
-    return dict(
-        id=fid, claim=CLAIMS[fid], seed_value=seed_value, measured_value=measured, unit=unit, verdict=verdict, note=note
-    )
+def min_prompts_for(profile: str, n_prompts: int) -> int:
+    """``MIN_PROMPTS``; the smoke profile (CPU, CI) runs fewer prompts than that and uses all it has."""
+    return min(MIN_PROMPTS, n_prompts) if profile == "smoke" else MIN_PROMPTS
 
 
-def _measured(pairs: pd.DataFrame) -> pd.DataFrame:
-    return pairs.dropna(subset=["speedup_median"]) if len(pairs) else pairs
+def _measured(pairs: pd.DataFrame, min_prompts: int = MIN_PROMPTS) -> pd.DataFrame:
+    if not len(pairs):
+        return pairs
+    d = pairs.dropna(subset=["speedup_median"])
+    return d[d["prompts"] >= min_prompts]
 
 
-def f61_best_pair(pairs: pd.DataFrame) -> dict:
-    """F6.1: the best assisted pair's median speedup at the longest output length any pair ran to, against
-    1.747× (``pairs``: :func:`servelab.studies.s06_hf_assisted.analysis.pair_summary` over lengths).
+def seed_shapes(seed_costs: pd.DataFrame | None) -> str:
+    """The seed's shape pairs whose cost was measured, for ``tested_on``."""
+    if seed_costs is None or seed_costs.empty:
+        return "seed's shapes: not measured"
+    return f"cost at the seed's shapes: {', '.join(seed_costs['pair'])} (config:, random weights; HF generate)"
 
-    fails: no pair speeds generate up (best ≤ 1); holds: within ±20% of the seed's; changes otherwise.
-    """
-    d = _measured(pairs)
+
+def _seed_cost_text(seed_costs: pd.DataFrame | None, alpha: float) -> str:
+    """HF's c at each seed shape pair and, with the real pair's α, Leviathan's best speedup there."""
+    if seed_costs is None or seed_costs.empty:
+        return ""
+    parts = []
+    for r in seed_costs.itertuples():
+        text = f"{r.pair}: c = {r.c:.2f}"
+        if np.isfinite(alpha) and 0 < alpha < 1:
+            g, imp = best_gamma(alpha, r.c)
+            text += f", predicted {imp:.2f}× at γ = {g}"
+        parts.append(text)
+    return f"; at the seed's shapes (random weights, HF eager, α = {alpha:.2f} from the real pair): " + "; ".join(parts)
+
+
+def f61_best_pair(
+    pairs: pd.DataFrame,
+    seed_costs: pd.DataFrame | None = None,
+    *,
+    tested_on: str = "",
+    min_prompts: int = MIN_PROMPTS,
+) -> Finding:
+    """F6.1: the best assisted pair's median speedup at the longest output length any pair reached on at least
+    ``min_prompts`` prompts, against 1.747× (``pairs``: ``analysis.pair_summary`` over lengths).
+
+    inconclusive: no such length; fails: no pair speeds generate up (best ≤ 1); holds: within ±20% of the seed's;
+    changes otherwise."""
+    d = _measured(pairs, min_prompts)
     seed = f"{SEED_BEST_SPEEDUP}× ({SEED_BEST_PAIR}, RTX 2070)"
+    labelled = f"{tested_on} | {seed_shapes(seed_costs)}" if tested_on else seed_shapes(seed_costs)
+    common = dict(id="F6.1", claim=CLAIMS["F6.1"], seed_value=seed, tested_on=labelled)
     if d.empty:
-        return _row("F6.1", "fails", "not measured", "no assisted run completed", seed, f"× at {SEED_LENGTH} tokens")
+        note = f"no assisted pair reached any length on ≥ {min_prompts} prompts" + _seed_cost_text(seed_costs, np.nan)
+        return Finding(**common, measured_value="not measured", unit="×", verdict="inconclusive", note=note)
     length = int(d["length"].max())
     d = d[d["length"] == length]
     best = d.loc[d["speedup_median"].idxmax()]
-    s = float(best["speedup_median"])
-    c, a = best.get("cost_ratio", np.nan), best.get("alpha", np.nan)
-    n = int(best["prompts"])
-    spread = (
-        f"quartiles {best['speedup_p25']:.2f}–{best['speedup_p75']:.2f} over {n} prompts" if n > 1 else "one prompt"
-    )
-    ran = pairs.loc[pairs["length"] == length, "pair"].nunique()
+    s, c, a = float(best["speedup_median"]), best.get("cost_ratio", np.nan), best.get("alpha", np.nan)
     note = (
-        f"best pair {best['pair']} at {length} tokens: {s:.2f}× ({spread}), with cost ratio c = {c:.2f} and "
-        f"greedy agreement α = {a:.2f}; {len(d)} of {ran} pairs ran to {length} tokens"
+        f"best pair {best['pair']} at {length} tokens: {s:.2f}× (quartiles {best['speedup_p25']:.2f}–"
+        f"{best['speedup_p75']:.2f} over {int(best['prompts'])} prompts), c = {c:.2f}, α = {a:.2f}; {len(d)} pairs "
+        f"reached {length} tokens on ≥ {min_prompts} prompts"
     )
     if length != SEED_LENGTH:
         note += f" (the RTX 2070's figure is at {SEED_LENGTH})"
     if s <= 1.0:
-        verdict = "fails"
-        note += "; no pair beats plain generate: assisted generation does not pay here"
+        verdict, why = "fails", "; no pair beats plain generate: assisted generation does not pay here"
     elif abs(s / SEED_BEST_SPEEDUP - 1) <= HOLDS_BAND:
-        verdict = "holds"
-        note += f"; within ±{HOLDS_BAND:.0%} of the RTX 2070's best"
+        verdict, why = "holds", f"; within ±{HOLDS_BAND:.0%} of the RTX 2070's best"
     else:
         verdict = "changes"
-        note += (
-            f"; {'above' if s > SEED_BEST_SPEEDUP else 'below'} the RTX 2070's best by "
-            f"{abs(s / SEED_BEST_SPEEDUP - 1):.0%} (different pairs: trained family, not the seed's)"
-        )
-    return _row("F6.1", verdict, f"{s:.2f}", note, seed, f"× at {length} tokens")
+        side = "above" if s > SEED_BEST_SPEEDUP else "below"
+        why = f"; {side} the RTX 2070's best by {abs(s / SEED_BEST_SPEEDUP - 1):.0%}"
+    note += why + _seed_cost_text(seed_costs, float(a))
+    return Finding(**common, measured_value=f"{s:.2f}", unit=f"× at {length} tokens", verdict=verdict, note=note)
 
 
-def ranking_length(pairs: pd.DataFrame) -> int | None:
+def ranking_length(pairs: pd.DataFrame, min_prompts: int = MIN_PROMPTS) -> int | None:
     """The longest output length at which at least ``MIN_PAIRS`` pairs have a speedup (None: no such length)."""
-    d = _measured(pairs)
+    d = _measured(pairs, min_prompts)
     if d.empty:
         return None
     n = d.groupby("length")["pair"].nunique()
@@ -117,41 +148,11 @@ def length_trends(per_prompt: pd.DataFrame, method: str = "assisted") -> pd.Data
     return pd.DataFrame(rows, columns=cols)
 
 
-def f62_what_decides(pairs: pd.DataFrame, per_prompt: pd.DataFrame) -> dict:
-    """F6.2: does the speedup fall with the cost ratio c (across pairs, at the longest length at which
-    ``MIN_PAIRS`` pairs ran) and rise with output length (within each pair, over the lengths it ran, see
-    :func:`length_trends`)? Each "decides" if |ρ| ≥ 0.5 in the expected direction (and, for length, the
-    speedup moves ≥ 5% from the shortest to the longest output). α's correlation is reported beside.
-
-    holds: both decide; changes: one does; fails: neither.
-    """
-    length = ranking_length(pairs)
-    d = _measured(pairs)
-    d = d[d["length"] == length] if length is not None else d.iloc[:0]
-    trends = length_trends(per_prompt)
-    per_pair = list(zip(trends["rho"], trends["change"]))
-    if length is None or not per_pair:
-        got = _measured(pairs)["pair"].nunique() if len(pairs) else 0
-        return _row(
-            "F6.2",
-            "fails",
-            "not measured",
-            f"needs ≥{MIN_PAIRS} pairs at one length and ≥3 lengths; got {got} pairs",
-            "c and length decide",
-            "Spearman ρ",
-        )
-    rho_c = _spearman(d["cost_ratio"], d["speedup_median"])
-    rho_a = _spearman(d["alpha"], d["speedup_median"])
-    rho_len = float(np.median([r for r, _ in per_pair]))
-    change = float(np.median([c for _, c in per_pair]))
-    c_decides = rho_c <= -DECIDES_RHO
-    len_decides = rho_len >= DECIDES_RHO and change >= MATERIAL_CHANGE
-    verdict = "holds" if c_decides and len_decides else ("changes" if c_decides or len_decides else "fails")
+def _f62_note(n_pairs, length, rho_c, rho_a, trends, rho_len, change, c_decides, len_decides) -> str:
     note = (
-        f"across {len(d)} pairs at {length} tokens, speedup vs cost ratio c: ρ = {rho_c:+.2f}; vs greedy "
-        f"agreement α: ρ = {rho_a:+.2f}; within a pair, vs output length ({len(per_pair)} pairs with ≥3 "
-        f"lengths, up to {int(trends['lengths'].max())} lengths on the prompts that reached the pair's longest): "
-        f"median ρ = {rho_len:+.2f}, median change {change:+.0%} from the shortest to the longest output"
+        f"across {n_pairs} pairs at {length} tokens, speedup vs cost ratio c: ρ = {rho_c:+.2f}; vs greedy "
+        f"agreement α: ρ = {rho_a:+.2f}; within a pair, vs output length ({len(trends)} pairs with ≥3 "
+        f"lengths): median ρ = {rho_len:+.2f}, median change {change:+.0%} from the shortest to the longest output"
     )
     if not c_decides:
         note += (
@@ -167,11 +168,73 @@ def f62_what_decides(pairs: pd.DataFrame, per_prompt: pd.DataFrame) -> dict:
         )
     if np.isfinite(rho_a) and abs(rho_a) > abs(rho_c if np.isfinite(rho_c) else 0):
         note += "; α orders the pairs more strongly than c does"
-    return _row(
-        "F6.2", verdict, f"ρ_c = {rho_c:+.2f}, ρ_length = {rho_len:+.2f}", note, "c and length decide", "Spearman ρ"
+    return note
+
+
+def _seed_c_range(seed_costs: pd.DataFrame | None) -> str:
+    if seed_costs is None or seed_costs.empty:
+        return ""
+    parts = ", ".join(f"{r.pair} {r.c:.2f}" for r in seed_costs.itertuples())
+    return (
+        f"; HF's c at the seed's shapes (random weights): {parts} (the seed's F3.3: 1/1.18 = 0.85, Qwen2-0.5B → 1.5B)"
     )
 
 
-def findings(pairs: pd.DataFrame, per_prompt: pd.DataFrame) -> list[dict]:
-    """F6.1 and F6.2 from the pair × length table and the per-prompt speedups (only what ran)."""
-    return [f61_best_pair(pairs), f62_what_decides(pairs, per_prompt)]
+def f62_what_decides(
+    pairs: pd.DataFrame,
+    per_prompt: pd.DataFrame,
+    seed_costs: pd.DataFrame | None = None,
+    *,
+    tested_on: str = "",
+    min_prompts: int = MIN_PROMPTS,
+) -> Finding:
+    """F6.2: does the speedup fall with the cost ratio c (across pairs, at the longest length at which
+    ``MIN_PAIRS`` pairs ran on ≥ ``min_prompts`` prompts) and rise with output length (within each pair, over the
+    lengths it ran, see :func:`length_trends`)? Each "decides" if |ρ| ≥ 0.5 in the expected direction (and, for
+    length, the speedup moves ≥ 5% from the shortest to the longest output). α's correlation is reported beside.
+
+    holds: both decide; changes: one does; fails: neither; inconclusive: too few pairs or lengths.
+    """
+    labelled = f"{tested_on} | {seed_shapes(seed_costs)}" if tested_on else seed_shapes(seed_costs)
+    common = dict(id="F6.2", claim=CLAIMS["F6.2"], seed_value="c and length decide", unit="Spearman ρ")
+    length = ranking_length(pairs, min_prompts)
+    trends = length_trends(per_prompt)
+    if length is None or trends.empty:
+        got = _measured(pairs, min_prompts)["pair"].nunique() if len(pairs) else 0
+        note = f"needs ≥{MIN_PAIRS} pairs at one length on ≥ {min_prompts} prompts and ≥3 lengths; got {got} pairs"
+        return Finding(
+            **common,
+            measured_value="not measured",
+            verdict="inconclusive",
+            note=note + _seed_c_range(seed_costs),
+            tested_on=labelled,
+        )
+    d = _measured(pairs, min_prompts)
+    d = d[d["length"] == length]
+    rho_c = _spearman(d["cost_ratio"], d["speedup_median"])
+    rho_a = _spearman(d["alpha"], d["speedup_median"])
+    rho_len, change = float(trends["rho"].median()), float(trends["change"].median())
+    c_decides = rho_c <= -DECIDES_RHO
+    len_decides = rho_len >= DECIDES_RHO and change >= MATERIAL_CHANGE
+    verdict = "holds" if c_decides and len_decides else ("changes" if c_decides or len_decides else "fails")
+    note = _f62_note(len(d), length, rho_c, rho_a, trends, rho_len, change, c_decides, len_decides)
+    return Finding(
+        **common,
+        measured_value=f"ρ_c = {rho_c:+.2f}, ρ_length = {rho_len:+.2f}",
+        verdict=verdict,
+        note=note + _seed_c_range(seed_costs),
+        tested_on=labelled,
+    )
+
+
+def findings(
+    pairs: pd.DataFrame,
+    per_prompt: pd.DataFrame,
+    seed_costs: pd.DataFrame | None = None,
+    *,
+    tested_on: str = "",
+    min_prompts: int = MIN_PROMPTS,
+) -> list[Finding]:
+    """F6.1 and F6.2 from the pair × length table, the per-prompt speedups and the seed shapes' costs."""
+    kw = dict(tested_on=tested_on, min_prompts=min_prompts)
+    return [f61_best_pair(pairs, seed_costs, **kw), f62_what_decides(pairs, per_prompt, seed_costs, **kw)]
