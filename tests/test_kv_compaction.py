@@ -62,7 +62,7 @@ def test_compaction_preserves_kv_bit_for_bit(method):
     after = contents(bm, pool)
     assert before.keys() == after.keys()
     for s in before:
-        for (k0, v0), (k1, v1) in zip(before[s], after[s]):
+        for (k0, v0), (k1, v1) in zip(before[s], after[s], strict=True):
             assert torch.equal(k0, k1) and torch.equal(v0, v1)
     assert bm.block_table("fork") == bm.block_table(bm.seq_ids[0])
     assert compact(pool, bm, method=method).moved == 0  # already compact: nothing to do

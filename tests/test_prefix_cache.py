@@ -220,6 +220,22 @@ def check_invariants(bm):
     assert len(free) + cache.num_evictable + len(refs) == bm.num_blocks  # every block is in exactly one state
 
 
+def check_step_reads_own_kv(items, bm, pool):
+    """Every layer writes the whole step's K/V first, then attends over the context: each slot a sequence reads must
+    hold that sequence's own tokens (``pool``: slot -> the tokens, position 0 … p, whose K/V the slot holds)."""
+    for it in items:
+        seq = it.seq
+        assert seq.kv_slots[: it.start + it.num_tokens] == bm.slot_mapping(seq.seq_id, 0, it.start + it.num_tokens)
+        for j, slot in enumerate(it.slots):
+            pool[slot] = tuple(seq.token_ids(0, it.start + j + 1))
+    for it in items:
+        seq = it.seq
+        for p in range(it.start + it.num_tokens):
+            assert pool.get(seq.kv_slots[p]) == tuple(seq.token_ids(0, p + 1)), (
+                f"stale or foreign K/V at position {p} of {seq}"
+            )
+
+
 def shadow_run(policy, seed, eviction, num_blocks=14):
     rng = random.Random(seed)
     budget = 24
@@ -234,7 +250,7 @@ def shadow_run(policy, seed, eviction, num_blocks=14):
         seqs.append(q)
         arrivals.setdefault(at, []).append(q)
 
-    for i in range(14):
+    for _ in range(14):
         request(rng.choice(prefixes) + [rng.randrange(VOCAB) for _ in range(rng.randint(1, 5))], rng.randint(0, 30))
     for k in range(3000):
         for q in arrivals.pop(k, []):
@@ -243,17 +259,7 @@ def shadow_run(policy, seed, eviction, num_blocks=14):
             break
         batch = s.schedule()
         items = batch.items
-        for it in items:  # every layer writes the whole step's K/V first...
-            seq = it.seq
-            assert seq.kv_slots[: it.start + it.num_tokens] == bm.slot_mapping(seq.seq_id, 0, it.start + it.num_tokens)
-            for j, slot in enumerate(it.slots):
-                pool[slot] = tuple(seq.token_ids(0, it.start + j + 1))
-        for it in items:  # ...then attends over the context: each slot must hold this sequence's own tokens
-            seq = it.seq
-            for p in range(it.start + it.num_tokens):
-                assert pool.get(seq.kv_slots[p]) == tuple(seq.token_ids(0, p + 1)), (
-                    f"stale or foreign K/V at position {p} of {seq}"
-                )
+        check_step_reads_own_kv(items, bm, pool)
         sampled = [next_token(it.seq.token_ids(0, it.seq.num_tokens)) if it.samples else None for it in items]
         for ev in s.postprocess(batch, sampled):
             q = next(q for q in seqs if q.seq_id == ev.seq_id)

@@ -101,6 +101,7 @@ def test_multi_turn_history_including_generated_tokens_is_reused(family):
     history = rand_tokens(hf, 10, 4)
     params = SamplingParams(max_tokens=9, ignore_eos=True)
     ref_engine = engine(hf, cache=False)
+    prev_len = 0  # the conversation's length after the previous turn's answer
     for turn in range(4):
         hit_before = e.stats()["prefix_hit_tokens"]
         out = e.generate([history], params)[0]
