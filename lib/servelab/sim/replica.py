@@ -109,7 +109,11 @@ class SimBlockManager(BlockManager):
 class SimSequence(Sequence):
     """A request in the simulator; ``index`` is its row in the trace. Its prompt is placeholder ids (the
     scheduler only counts tokens) unless ``prompt_ids`` are given (a prefix cache compares them). The trace was
-    validated as a whole, so the per-token check of ``Sequence`` is skipped."""
+    validated as a whole, so the per-token check of ``Sequence`` is skipped.
+
+    Its ``seq_id`` is ``request_id`` (the trace's, unique within it; ``index`` when not given), never the
+    engine's process-wide counter: the scheduler's errors then name the trace's request, and two simulations
+    in one process give the same records."""
 
     def __init__(
         self,
@@ -118,8 +122,14 @@ class SimSequence(Sequence):
         params: SamplingParams,
         arrival_s: float,
         prompt_ids: list[int] | None = None,
+        request_id=None,
     ):
-        super().__init__([SIM_TOKEN] * prompt_tokens if prompt_ids is None else prompt_ids, params, arrival_s=arrival_s)
+        super().__init__(
+            [SIM_TOKEN] * prompt_tokens if prompt_ids is None else prompt_ids,
+            params,
+            seq_id=index if request_id is None else request_id,
+            arrival_s=arrival_s,
+        )
         self.index = index
 
     def __post_init__(self):
