@@ -14,6 +14,7 @@ from servelab.errors import ParameterError
 from servelab.loadgen.__main__ import main
 from servelab.loadgen.lengths import FixedLengths, UniformLengths
 from servelab.loadgen.metrics import summarize
+from servelab.loadgen.report import parse_report
 from servelab.loadgen.run import DEADLINE_ERROR, run_load
 from servelab.loadgen.workload import Trace
 
@@ -200,16 +201,11 @@ def test_cli_writes_records_and_trace(tmp_path, capsys):
     assert len(Trace.read_jsonl(tr)) == 4
     out = capsys.readouterr().out
     assert "============ Serving Benchmark Result ============" in out
-    rows = report_rows(out)
-    assert rows["Successful requests:"] == "4" and rows["Failed requests:"] == "0"
-    assert rows["Total input tokens:"] == "24" and rows["Total generated tokens:"] == "12"
+    rows = parse_report(out)
+    assert rows["Successful requests:"] == 4 and rows["Failed requests:"] == 0
+    assert rows["Total input tokens:"] == 24 and rows["Total generated tokens:"] == 12
     assert "Request goodput (req/s):" in rows and "P99 TTFT (ms):" in rows
     assert main(["--base-url", "http://127.0.0.1:9", "--no-progress"]) == 2  # neither --trace nor --rate
-
-
-def report_rows(text: str) -> dict:
-    """The benchmark_serving-style report's ``label: value`` rows."""
-    return {ln[:40].strip(): ln[41:].strip() for ln in text.splitlines() if len(ln) > 41 and ln[40] == " "}
 
 
 def test_cli_fits_the_workload_to_the_servers_context(tmp_path, capsys):
@@ -253,7 +249,7 @@ def test_cli_dataset_of_text_and_of_ids(tmp_path, capsys):
     rec = pd.read_csv(out)
     assert rec["prompt_tokens"].tolist() == [3, 2, 1]  # counted by the server's /tokenize
     assert sorted(b["prompt"] for b in fake.seen) == ["four five", "one two three", "six"]
-    assert report_rows(capsys.readouterr().out)["Total input tokens:"] == "6"
+    assert parse_report(capsys.readouterr().out)["Total input tokens:"] == 6
     # without /tokenize, text prompts need their lengths in the file
     with FakeServer() as url:
         assert main(["--base-url", url, "--dataset", str(text), "--rate", "50", "--no-progress"]) == 2
@@ -281,7 +277,7 @@ def test_cli_exit_status_follows_the_failure_rate(tmp_path, capsys):
         assert main(["--base-url", url, *args]) == 1  # 25 % failed, over the default 1 %
         captured = capsys.readouterr()
         assert "1 of 4 requests failed (25.0%), over --max-failure-rate 0.01" in captured.err
-        assert report_rows(captured.out)["Failed requests:"] == "1"
+        assert parse_report(captured.out)["Failed requests:"] == 1
         assert main(["--base-url", url, *args, "--max-failure-rate", "0.25"]) == 0
         assert main(["--base-url", url, *args, "--max-failure-rate", "2"]) == 2
     assert main(["--base-url", "http://127.0.0.1:9", *args]) == 1  # nothing completed

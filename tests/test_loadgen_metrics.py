@@ -19,7 +19,7 @@ from servelab.loadgen.metrics import (
     request_metrics,
     summarize,
 )
-from servelab.loadgen.report import format_report
+from servelab.loadgen.report import format_report, parse_report
 
 
 def record(rid, sent, times, ok=True, arrival=None, prompt=10, error=""):
@@ -132,12 +132,13 @@ def test_report_has_vllms_layout(records):
     assert lines[1] == f"{'Successful requests:':<40} {3:<10}"
     assert lines[2] == f"{'Failed requests:':<40} {1:<10}"
     assert lines[3] == f"{'Benchmark duration (s):':<40} {2.0:<10.2f}"
-    rows = {ln[:40].strip(): ln[41:].strip() for ln in lines if len(ln) > 41 and ln[40] == " "}
-    assert rows["Total input tokens:"] == "30" and rows["Total generated tokens:"] == "8"
-    assert rows["Request throughput (req/s):"] == "1.50"
-    assert rows["Output token throughput (tok/s):"] == "4.00" and rows["Total Token throughput (tok/s):"] == "19.00"
-    assert rows["Median TTFT (ms):"] == "100.00" and rows["Mean E2EL (ms):"] == f"{(130 + 150 + 300) / 3:.2f}"
-    assert rows["P99 ITL (ms):"] == f"{np.percentile([10, 10, 10, 20, 80], 99):.2f}"
+    rows = parse_report("\n".join(lines))
+    assert rows["Total input tokens:"] == 30 and rows["Total generated tokens:"] == 8
+    assert rows["Request throughput (req/s):"] == 1.5
+    assert rows["Output token throughput (tok/s):"] == 4.0 and rows["Total Token throughput (tok/s):"] == 19.0
+    assert rows["Median TTFT (ms):"] == 100.0 and rows["Mean E2EL (ms):"] == round((130 + 150 + 300) / 3, 2)
+    assert rows["P99 ITL (ms):"] == round(np.percentile([10, 10, 10, 20, 80], 99), 2)
+    assert len(rows) == 8 + 4 * 3  # every row parsed: 8 totals and rates, mean/median/P99 of four latencies
     assert "Request goodput (req/s):" not in rows
     assert "---------------Time to First Token----------------" in lines
     assert "-----Time per Output Token (excl. 1st token)------" in lines

@@ -59,3 +59,16 @@ def format_report(summary: dict, *, goodput: bool = False, title: str = "Serving
         ]
     lines.append("=" * WIDTH)
     return "\n".join(lines)
+
+
+def parse_report(text: str) -> dict[str, float]:
+    """The ``label: number`` rows of a report in this layout (this module's, or vLLM's own output), as
+    ``{"Successful requests:": 200.0, "Mean TTFT (ms):": 41.27, ...}``: to compare a vLLM run with a simulated one."""
+    rows = {}
+    for line in text.splitlines():
+        label, _, value = line.partition(":")
+        try:
+            rows[label.strip() + ":"] = float(value)
+        except ValueError:
+            continue
+    return rows
