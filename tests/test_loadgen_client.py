@@ -12,8 +12,9 @@ from aiohttp import web
 
 from servelab.errors import ParameterError
 from servelab.loadgen.__main__ import main
-from servelab.loadgen.lengths import FixedLengths
+from servelab.loadgen.lengths import FixedLengths, UniformLengths
 from servelab.loadgen.metrics import summarize
+from servelab.loadgen.report import parse_report
 from servelab.loadgen.run import DEADLINE_ERROR, run_load
 from servelab.loadgen.workload import Trace
 
@@ -23,9 +24,12 @@ FIRST_TOKEN_S = 0.05
 
 class FakeServer:
     """OpenAI-style streaming completions: first token after 50 ms, then one every 20 ms; a prompt that
-    starts with id 99 gets HTTP 400; ``seen`` keeps the request bodies."""
+    starts with id 99 gets HTTP 400; ``seen`` keeps the request bodies. With ``max_model_len`` it lists its model
+    with that context in ``/v1/models`` (as vLLM does); with ``tokenize`` it counts a text prompt's tokens at
+    ``/tokenize`` as its number of words."""
 
-    def __init__(self):
+    def __init__(self, max_model_len=None, tokenize=False):
+        self.max_model_len, self.tokenize = max_model_len, tokenize
         self.seen, self.cancelled = [], 0
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
@@ -58,10 +62,24 @@ class FakeServer:
             raise
         return resp
 
+    async def models(self, request):
+        return web.json_response(
+            {"object": "list", "data": [{"id": "fake", "object": "model", "max_model_len": self.max_model_len}]}
+        )
+
+    async def count(self, request):
+        body = await request.json()
+        n = len(body["prompt"].split())
+        return web.json_response({"count": n, "tokens": list(range(n)), "max_model_len": self.max_model_len})
+
     def _run(self):
         asyncio.set_event_loop(self.loop)
         app = web.Application()
         app.router.add_post("/v1/completions", self.completions)
+        if self.max_model_len is not None:
+            app.router.add_get("/v1/models", self.models)
+        if self.tokenize:
+            app.router.add_post("/tokenize", self.count)
         self.runner = web.AppRunner(app)
         self.loop.run_until_complete(self.runner.setup())
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
@@ -181,5 +199,86 @@ def test_cli_writes_records_and_trace(tmp_path, capsys):
     assert len(rec) == 4 and rec["ok"].all() and (rec["output_tokens"] == 3).all()
     assert json.loads(summ.read_text())["goodput_req_s"] > 0
     assert len(Trace.read_jsonl(tr)) == 4
-    assert "ttft_p99_ms" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "============ Serving Benchmark Result ============" in out
+    rows = parse_report(out)
+    assert rows["Successful requests:"] == 4 and rows["Failed requests:"] == 0
+    assert rows["Total input tokens:"] == 24 and rows["Total generated tokens:"] == 12
+    assert "Request goodput (req/s):" in rows and "P99 TTFT (ms):" in rows
     assert main(["--base-url", "http://127.0.0.1:9", "--no-progress"]) == 2  # neither --trace nor --rate
+
+
+def test_cli_fits_the_workload_to_the_servers_context(tmp_path, capsys):
+    saved = tmp_path / "t.jsonl"
+    args = ["--rate", "inf", "--num-requests", "12", "--lengths", "uniform", "--prompt-range", "20", "60"]
+    args += ["--output-range", "2", "4", "--no-progress", "--save-trace", str(saved)]
+    want = Trace.synthetic(rate=float("inf"), lengths=UniformLengths(20, 60, 2, 4), n=12, seed=0).frame
+    over = int((want["prompt_tokens"] + want["output_tokens"] > 40).sum())
+    assert 0 < over < 12
+    fake = FakeServer(max_model_len=40)
+    with fake as url:
+        assert main(["--base-url", url, *args]) == 0
+    err = capsys.readouterr().err
+    assert "server's max_model_len (from /v1/models): 40" in err
+    assert f"{over} of 12 prompts clipped to fit 40 tokens" in err
+    assert all(len(b["prompt"]) + b["max_tokens"] <= 40 for b in fake.seen) and len(fake.seen) == 12
+    fitted = Trace.read_jsonl(saved).frame
+    assert (fitted["output_tokens"].to_numpy() == want["output_tokens"].to_numpy()).all()  # outputs kept
+    # a server that does not report it: the flag; neither: no fitting
+    fake = FakeServer()
+    with fake as url:
+        assert main(["--base-url", url, *args, "--max-model-len", "30"]) == 0
+        assert "fitting to --max-model-len 30" in capsys.readouterr().err
+        assert all(len(b["prompt"]) + b["max_tokens"] <= 30 for b in fake.seen)
+        assert main(["--base-url", url, *args]) == 0
+        assert "prompts not fitted" in capsys.readouterr().err
+    assert max(len(b["prompt"]) + b["max_tokens"] for b in fake.seen[-12:]) > 40
+
+
+def test_cli_dataset_of_text_and_of_ids(tmp_path, capsys):
+    text = tmp_path / "text.jsonl"
+    text.write_text(
+        "\n".join(json.dumps({"prompt": p, "output_len": 3}) for p in ["one two three", "four five", "six"]) + "\n"
+    )
+    fake = FakeServer(tokenize=True)
+    with fake as url:
+        out = tmp_path / "r.csv"
+        assert (
+            main(["--base-url", url, "--dataset", str(text), "--rate", "50", "--no-progress", "--out", str(out)]) == 0
+        )
+    rec = pd.read_csv(out)
+    assert rec["prompt_tokens"].tolist() == [3, 2, 1]  # counted by the server's /tokenize
+    assert sorted(b["prompt"] for b in fake.seen) == ["four five", "one two three", "six"]
+    assert parse_report(capsys.readouterr().out)["Total input tokens:"] == 6
+    # without /tokenize, text prompts need their lengths in the file
+    with FakeServer() as url:
+        assert main(["--base-url", url, "--dataset", str(text), "--rate", "50", "--no-progress"]) == 2
+        assert "/tokenize" in capsys.readouterr().err
+    ids = tmp_path / "ids.jsonl"
+    ids.write_text("\n".join(json.dumps({"prompt_ids": [5, 6, 7 + i], "output_tokens": 2}) for i in range(3)))
+    fake = FakeServer()
+    with fake as url:
+        assert (
+            main(["--base-url", url, "--dataset", str(ids), "--rate", "50", "--num-prompts", "5", "--no-progress"]) == 0
+        )
+    assert sorted(b["prompt"][2] for b in fake.seen) == [7, 7, 8, 8, 9]  # rows reused in order
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt": "hi"}))
+    assert main(["--base-url", "http://127.0.0.1:9", "--dataset", str(bad), "--rate", "1", "--no-progress"]) == 2
+    assert "bad.jsonl:1: needs an output length" in capsys.readouterr().err
+
+
+def test_cli_exit_status_follows_the_failure_rate(tmp_path, capsys):
+    ds = tmp_path / "ds.jsonl"
+    # one prompt in four starts with id 99: the fake server answers it 400
+    ds.write_text("\n".join(json.dumps({"prompt_ids": [99 if i == 0 else 5, 6], "output_len": 2}) for i in range(4)))
+    args = ["--dataset", str(ds), "--rate", "100", "--no-progress"]
+    with FakeServer() as url:
+        assert main(["--base-url", url, *args]) == 1  # 25 % failed, over the default 1 %
+        captured = capsys.readouterr()
+        assert "1 of 4 requests failed (25.0%), over --max-failure-rate 0.01" in captured.err
+        assert parse_report(captured.out)["Failed requests:"] == 1
+        assert main(["--base-url", url, *args, "--max-failure-rate", "0.25"]) == 0
+        assert main(["--base-url", url, *args, "--max-failure-rate", "2"]) == 2
+    assert main(["--base-url", "http://127.0.0.1:9", *args]) == 1  # nothing completed
+    assert "no request completed" in capsys.readouterr().err

@@ -9,14 +9,17 @@ import pytest
 
 from servelab.errors import ParameterError
 from servelab.loadgen.metrics import (
+    BENCHMARK_KEYS,
     RECORD_COLUMNS,
     SUMMARY_KEYS,
+    benchmark_summary,
     check_records,
     empty_records,
     records_for_csv,
     request_metrics,
     summarize,
 )
+from servelab.loadgen.report import format_report, parse_report
 
 
 def record(rid, sent, times, ok=True, arrival=None, prompt=10, error=""):
@@ -104,3 +107,42 @@ def test_empty_run_summarizes_to_nans():
     s = summarize(empty_records())
     assert list(empty_records().columns) == RECORD_COLUMNS
     assert s["completed"] == 0 and s["failed"] == 0 and math.isnan(s["ttft_p99_ms"])
+
+
+def test_benchmark_summary_adds_vllms_totals_and_means(records):
+    s = benchmark_summary(records, duration_s=2.0)
+    assert list(s) == BENCHMARK_KEYS and set(SUMMARY_KEYS) <= set(s)
+    assert {k: s[k] for k in SUMMARY_KEYS} == pytest.approx(summarize(records, duration_s=2.0), nan_ok=True)
+    assert s["duration_s"] == 2.0
+    assert s["total_input_tokens"] == 30 and s["total_output_tokens"] == 8  # the failed request is not counted
+    assert s["total_token_throughput_tok_s"] == pytest.approx((30 + 8) / 2.0)
+    assert s["ttft_mean_ms"] == pytest.approx((100 + 50 + 300) / 3)
+    assert s["tpot_mean_ms"] == pytest.approx((10 + 50) / 2)  # the one-token request has no TPOT
+    assert s["itl_mean_ms"] == pytest.approx(np.mean([10, 10, 10, 20, 80]))
+    assert s["e2e_mean_ms"] == pytest.approx((130 + 150 + 300) / 3)
+    assert benchmark_summary(records)["duration_s"] == pytest.approx(1.3)  # first send to last finish
+
+
+def test_report_has_vllms_layout(records):
+    s = benchmark_summary(records, duration_s=2.0)
+    lines = format_report(s).splitlines()
+    # vLLM: the title centred in 50 '=' , then "{:<40} {:<10}" rows, '-' section bars, a closing bar
+    assert lines[0] == "============ Serving Benchmark Result ============"
+    assert lines[-1] == "=" * 50
+    assert lines[1] == f"{'Successful requests:':<40} {3:<10}"
+    assert lines[2] == f"{'Failed requests:':<40} {1:<10}"
+    assert lines[3] == f"{'Benchmark duration (s):':<40} {2.0:<10.2f}"
+    rows = parse_report("\n".join(lines))
+    assert rows["Total input tokens:"] == 30 and rows["Total generated tokens:"] == 8
+    assert rows["Request throughput (req/s):"] == 1.5
+    assert rows["Output token throughput (tok/s):"] == 4.0 and rows["Total Token throughput (tok/s):"] == 19.0
+    assert rows["Median TTFT (ms):"] == 100.0 and rows["Mean E2EL (ms):"] == round((130 + 150 + 300) / 3, 2)
+    assert rows["P99 ITL (ms):"] == round(np.percentile([10, 10, 10, 20, 80], 99), 2)
+    assert len(rows) == 8 + 4 * 3  # every row parsed: 8 totals and rates, mean/median/P99 of four latencies
+    assert "Request goodput (req/s):" not in rows
+    assert "---------------Time to First Token----------------" in lines
+    assert "-----Time per Output Token (excl. 1st token)------" in lines
+    assert "----------------End-to-end Latency----------------" in lines
+    assert all(len(ln) == 50 for ln in lines if set(ln[:3]) <= {"=", "-"})
+    with_slo = format_report(benchmark_summary(records, slo_ttft_ms=120, duration_s=1.0), goodput=True)
+    assert f"{'Request goodput (req/s):':<40} {2.0:<10.2f}" in with_slo.splitlines()

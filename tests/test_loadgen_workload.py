@@ -84,7 +84,7 @@ def test_synthetic_trace_is_deterministic_and_bounded():
 def test_prompt_ids_are_random_in_range_and_reproducible():
     t = Trace.synthetic(rate=5, lengths=UniformLengths(8, 64, 1, 4), n=20, seed=1).with_prompt_ids(100, seed=2)
     ids = t.frame["prompt_ids"]
-    assert all(len(x) == n for x, n in zip(ids, t.frame["prompt_tokens"]))
+    assert all(len(x) == n for x, n in zip(ids, t.frame["prompt_tokens"], strict=True))
     assert all(0 <= v < 100 for x in ids for v in x)
     assert all(len(set(x)) > 1 for x in ids)  # never a constant prompt
     again = Trace.synthetic(rate=5, lengths=UniformLengths(8, 64, 1, 4), n=20, seed=1).with_prompt_ids(100, seed=2)
@@ -136,3 +136,34 @@ def test_bad_traces_name_the_problem(tmp_path):
         Trace(pd.DataFrame({"arrival_s": [0.0], "prompt_tokens": [3], "output_tokens": [0]}))
     with pytest.raises(ParameterError, match="prompt_ids"):
         Trace(pd.DataFrame({"arrival_s": [0.0], "prompt_tokens": [3], "output_tokens": [1], "prompt_ids": [[1]]}))
+
+
+def _ids_trace(prompts, outputs):
+    return Trace.synthetic(rate=10, lengths=FixedLengths(1, 1), n=len(prompts), seed=0).frame.assign(
+        prompt_tokens=prompts, output_tokens=outputs, prompt_ids=[list(range(3, 3 + p)) for p in prompts]
+    )
+
+
+def test_fit_context_cuts_prompts_and_keeps_outputs():
+    t = Trace(_ids_trace([100, 90, 30, 5], [10, 10, 10, 300]))
+    fitted, clipped, dropped = t.fit_context(100)
+    f = fitted.frame
+    assert (clipped, dropped) == (2, 0) and len(f) == 4  # 90 + 10 fits exactly
+    assert f["prompt_tokens"].tolist() == [90, 90, 30, 1]  # the output kept; one left too long alone is cut
+    assert f["output_tokens"].tolist() == [10, 10, 10, 99]
+    assert f["prompt_ids"].iloc[0] == list(range(3, 93))  # the first tokens kept
+    assert ((f["prompt_tokens"] + f["output_tokens"]) <= 100).all()
+    assert [len(x) for x in f["prompt_ids"]] == f["prompt_tokens"].tolist()
+    assert t.fit_context(400) == (t, 0, 0)
+    assert "fitted to a 100-token context (2 clipped, 0 dropped)" in fitted.source
+    with pytest.raises(ParameterError, match="max_model_len"):
+        t.fit_context(1)
+
+
+def test_fit_context_cuts_a_text_prompts_output_or_drops_it():
+    df = Trace.synthetic(rate=10, lengths=FixedLengths(1, 1), n=3, seed=0).frame
+    t = Trace(df.assign(prompt_tokens=[50, 95, 120], output_tokens=[20, 20, 20], prompt=["a", "b", "c"]))
+    fitted, clipped, dropped = t.fit_context(100)
+    assert (clipped, dropped) == (1, 1)
+    assert fitted.frame["prompt"].tolist() == ["a", "b"]
+    assert fitted.frame["output_tokens"].tolist() == [20, 5] and fitted.frame["prompt_tokens"].tolist() == [50, 95]

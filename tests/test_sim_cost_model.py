@@ -118,7 +118,7 @@ def test_decode_context_reconstruction_is_exact_for_decode_steps():
     dec = feats[feats["prefill_tokens"] == 0]
     pred = [
         truth.step_ms(0, 0, int(d), c, int(n))
-        for d, c, n in zip(dec["decode_tokens"], dec["decode_context"], dec["num_seqs"])
+        for d, c, n in zip(dec["decode_tokens"], dec["decode_context"], dec["num_seqs"], strict=True)
     ]
     assert np.median(np.abs(np.array(pred) - dec["cycle_ms"]) / dec["cycle_ms"]) < 1e-6
 
@@ -244,6 +244,7 @@ def test_fit_step_log_model_prices_mixed_steps_and_ignores_outliers():
                 clean["decode_tokens"],
                 clean["decode_context"],
                 clean["num_seqs"],
+                strict=True,
             )
         ]
     )
@@ -267,7 +268,7 @@ def test_step_features_take_the_logged_contexts():
         d = f[f["prefill_tokens"] == 0]
         pred = [
             truth.step_ms(0, 0, int(k), c, int(m))
-            for k, c, m in zip(d["decode_tokens"], d["decode_context"], d["num_seqs"])
+            for k, c, m in zip(d["decode_tokens"], d["decode_context"], d["num_seqs"], strict=True)
         ]
         return np.median(np.abs(np.array(pred) - d["cycle_ms"]) / d["cycle_ms"])
 

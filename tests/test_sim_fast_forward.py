@@ -106,7 +106,9 @@ def test_deterministic_and_records_schema():
     ]
     assert (r["output_tokens"] == trace["output_tokens"]).all()
     assert (r["first_token_s"] >= r["sent_s"] + COST.ingress_ms / 1e3).all()
-    assert all(len(t) == n and np.all(np.diff(t) > 0) for t, n in zip(r["token_times_s"], r["output_tokens"]))
+    assert all(
+        len(t) == n and np.all(np.diff(t) > 0) for t, n in zip(r["token_times_s"], r["output_tokens"], strict=True)
+    )
     s = a.summary()
     assert s["completed"] == 200 and s["failed"] == 0 and s["ttft_p50_ms"] > 0
 
@@ -146,7 +148,8 @@ def _prefix_trace(n, rate, seed, groups=6, prefix=64):
     t = _trace(n, rate, seed, prompt=(prefix + 1, prefix + 200), output=(1, 80))
     g = rng.integers(0, groups, n)
     t["prompt_ids"] = [
-        heads[k].tolist() + rng.integers(0, 1000, int(p) - prefix).tolist() for k, p in zip(g, t["prompt_tokens"])
+        heads[k].tolist() + rng.integers(0, 1000, int(p) - prefix).tolist()
+        for k, p in zip(g, t["prompt_tokens"], strict=True)
     ]
     return t
 

@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from servelab.errors import ParameterError
+from servelab.loadgen.report import parse_report
 from servelab.sim import StepCostModel, simulate
 from servelab.sim.__main__ import main
 from servelab.sim.cost_model import CostModel
@@ -121,8 +122,10 @@ def test_cli(tmp_path, capsys):
     df = pd.read_csv(out)
     assert len(df) == 20 and df["ok"].all() and set(df["replica"]) == {0, 1}
     assert json.loads(df["token_times_s"].iloc[0]).__len__() == 5
-    summary = json.loads(capsys.readouterr().out)
-    assert summary["completed"] == 20
+    summary = parse_report(capsys.readouterr().out)
+    assert summary["Successful requests:"] == 20 and summary["Failed requests:"] == 0
+    assert summary["Total input tokens:"] == sum(30 + i for i in range(20))
+    assert summary["Total generated tokens:"] == 100
     assert main(["--cost-model", str(cm), "--out", str(out)]) == 2
     assert "either --trace" in capsys.readouterr().err
     assert main(["--trace", str(tmp_path / "missing.jsonl"), "--cost-model", str(cm), "--out", str(out)]) == 2
@@ -147,8 +150,9 @@ def test_cli(tmp_path, capsys):
         )
         == 0
     )
-    padded = json.loads(capsys.readouterr().out)
-    assert padded["completed"] == 20 and padded["ttft_p50_ms"] > summary["ttft_p50_ms"]
+    padded = parse_report(capsys.readouterr().out)
+    assert padded["Successful requests:"] == 20
+    assert padded["Median TTFT (ms):"] > summary["Median TTFT (ms):"]
 
 
 def test_notebook_params_validation():

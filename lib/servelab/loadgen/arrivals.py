@@ -35,6 +35,32 @@ def gamma_arrivals(rate: float, n: int, rng: np.random.Generator, burstiness: fl
     return np.cumsum(gaps)
 
 
+def arrival_times(
+    rate: float,
+    rng: np.random.Generator,
+    *,
+    n: int | None = None,
+    duration_s: float | None = None,
+    burstiness: float = 1.0,
+    max_requests: int = 100_000,
+) -> np.ndarray:
+    """Arrival times (s) at ``rate`` requests/s with the given burstiness: either ``n`` of them, or every arrival
+    within ``duration_s`` seconds (at least one, at most ``max_requests``)."""
+    if (n is None) == (duration_s is None):
+        raise ParameterError("give exactly one of n (requests) or duration_s (seconds of arrivals)")
+    if n is not None:
+        return gamma_arrivals(rate, n, rng, burstiness)
+    if isinstance(duration_s, bool) or not isinstance(duration_s, (int, float)) or not duration_s > 0:
+        raise ParameterError(f"duration_s must be a positive number, got {duration_s!r}")
+    if math.isinf(rate):
+        raise ParameterError("an infinite rate needs n (requests), not a duration")
+    chunk = int(rate * duration_s * 1.5 + 10 * math.sqrt(rate * duration_s) + 10)
+    arrivals = gamma_arrivals(rate, chunk, rng, burstiness)
+    while arrivals[-1] <= duration_s and len(arrivals) < max_requests:  # bursty gaps can fall short
+        arrivals = np.concatenate([arrivals, arrivals[-1] + gamma_arrivals(rate, chunk, rng, burstiness)])
+    return arrivals[arrivals <= duration_s][:max_requests] if arrivals[0] <= duration_s else arrivals[:1]
+
+
 def poisson_arrivals(rate: float, n: int, rng: np.random.Generator) -> np.ndarray:
     """``n`` Poisson arrival times (s) at ``rate`` requests/s: gamma arrivals with burstiness 1."""
     return gamma_arrivals(rate, n, rng, 1.0)

@@ -67,6 +67,55 @@ def _tokens_in(chunk: dict) -> int:
     return 1
 
 
+def _read_event(event: bytes, res: StreamResult, now: float) -> bool:
+    """Book one server-sent event's tokens (arrived at ``now``) into ``res``; True if it is ``[DONE]``."""
+    done = False
+    for line in event.splitlines():
+        if not line.startswith(b"data:"):
+            continue
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            done = True
+            continue
+        chunk = json.loads(payload)
+        if "error" in chunk:
+            raise RuntimeError(f"server error in stream: {chunk['error']}")
+        res.token_times.extend([now] * _tokens_in(chunk))
+        choices = chunk.get("choices")
+        if choices and choices[0].get("finish_reason"):
+            res.finish_reason = choices[0]["finish_reason"]
+        if chunk.get("usage"):
+            res.usage_tokens = int(chunk["usage"].get("completion_tokens", 0))
+    return done
+
+
+async def _read_stream(resp: aiohttp.ClientResponse, res: StreamResult) -> bool:
+    """Read the response's events as they arrive; True if the stream ended with ``[DONE]``."""
+    done = False
+    buf = b""
+    async for data in resp.content.iter_any():
+        now = time.perf_counter()
+        buf += data
+        # SSE events end with a blank line; a TCP read may hold several events or part of one
+        while b"\n\n" in buf:
+            event, buf = buf.split(b"\n\n", 1)
+            done |= _read_event(event, res, now)
+    return done
+
+
+def _judge(res: StreamResult, done: bool, body: dict) -> None:
+    """Set ``res.ok``, or ``res.error`` saying why the stream is not a complete answer to ``body``."""
+    n = len(res.token_times)
+    if not done:
+        res.error = "stream ended without [DONE]"
+    elif res.usage_tokens is not None and res.usage_tokens != n:
+        res.error = f"received {n} tokens but usage says {res.usage_tokens}"
+    elif body.get("ignore_eos") and n != body["max_tokens"]:
+        res.error = f"received {n} tokens, asked for {body['max_tokens']}"
+    else:
+        res.ok = True
+
+
 async def stream_completion(
     session: aiohttp.ClientSession, url: str, body: dict, headers: dict | None = None, res: StreamResult | None = None
 ) -> StreamResult:
@@ -82,39 +131,9 @@ async def stream_completion(
                 res.error = f"HTTP {resp.status}: {text}"
                 res.finish = time.perf_counter()
                 return res
-            done = False
-            buf = b""
-            async for data in resp.content.iter_any():
-                now = time.perf_counter()
-                buf += data
-                # SSE events end with a blank line; a TCP read may hold several events or part of one
-                while b"\n\n" in buf:
-                    event, buf = buf.split(b"\n\n", 1)
-                    for line in event.splitlines():
-                        if not line.startswith(b"data:"):
-                            continue
-                        payload = line[5:].strip()
-                        if payload == b"[DONE]":
-                            done = True
-                            continue
-                        chunk = json.loads(payload)
-                        if "error" in chunk:
-                            raise RuntimeError(f"server error in stream: {chunk['error']}")
-                        n = _tokens_in(chunk)
-                        res.token_times.extend([now] * n)
-                        if chunk.get("choices") and chunk["choices"][0].get("finish_reason"):
-                            res.finish_reason = chunk["choices"][0]["finish_reason"]
-                        if chunk.get("usage"):
-                            res.usage_tokens = int(chunk["usage"].get("completion_tokens", 0))
+            done = await _read_stream(resp, res)
             res.finish = res.token_times[-1] if res.token_times else time.perf_counter()
-            if not done:
-                res.error = "stream ended without [DONE]"
-            elif res.usage_tokens is not None and res.usage_tokens != len(res.token_times):
-                res.error = f"received {len(res.token_times)} tokens but usage says {res.usage_tokens}"
-            elif body.get("ignore_eos") and len(res.token_times) != body["max_tokens"]:
-                res.error = f"received {len(res.token_times)} tokens, asked for {body['max_tokens']}"
-            else:
-                res.ok = True
+            _judge(res, done, body)
     except (aiohttp.ClientError, RuntimeError, ValueError, OSError) as e:
         res.error = f"{type(e).__name__}: {e}"[:300]
         res.finish = time.perf_counter()

@@ -5,7 +5,8 @@
 - ``ShareGPTLike``: independent lognormals, clipped, shaped like chat traffic.
 
 Every distribution has ``sample(n, rng) -> (prompt_tokens, output_tokens)`` (two int arrays, each ≥ 1),
-``means() -> (mean prompt, mean output)`` and a ``source`` string that names it and its parameters (for figure captions and result sidecars).
+``means() -> (mean prompt, mean output)`` and a ``source`` string that names it and its parameters (for figure
+captions and result sidecars).
 """
 
 from __future__ import annotations
@@ -170,3 +171,33 @@ def length_distribution(kind: str, **params):
         return LENGTHS[kind](**params)
     except TypeError as e:
         raise ParameterError(f"bad parameters for {kind!r} lengths: {e}") from None
+
+
+def add_length_arguments(group) -> None:
+    """The length-distribution flags of ``python -m servelab.loadgen`` and ``python -m servelab.sim`` (one
+    spelling for both), added to an argparse parser or group; ``lengths_from_args`` reads them."""
+    group.add_argument("--lengths", choices=sorted(LENGTHS), default="sharegpt", help="length distribution")
+    group.add_argument("--prompt-tokens", type=int, default=512, help="fixed: prompt tokens")
+    group.add_argument("--output-tokens", type=int, default=128, help="fixed: output tokens")
+    group.add_argument("--prompt-range", type=int, nargs=2, default=[128, 1024], metavar=("MIN", "MAX"))
+    group.add_argument("--output-range", type=int, nargs=2, default=[32, 256], metavar=("MIN", "MAX"))
+    group.add_argument("--prompt-scale", type=float, default=1.0, help="sharegpt: multiply its prompt lengths")
+    group.add_argument("--output-scale", type=float, default=1.0, help="sharegpt: multiply its output lengths")
+    group.add_argument("--max-prompt-tokens", type=int, default=8000, help="sharegpt: clip prompts")
+    group.add_argument("--max-output-tokens", type=int, default=2048, help="sharegpt: clip outputs")
+
+
+def lengths_from_args(a):
+    """The length distribution the flags of ``add_length_arguments`` describe."""
+    if a.lengths == "fixed":
+        return length_distribution("fixed", prompt=a.prompt_tokens, output=a.output_tokens)
+    if a.lengths == "uniform":
+        (pmin, pmax), (omin, omax) = a.prompt_range, a.output_range
+        return length_distribution("uniform", prompt_min=pmin, prompt_max=pmax, output_min=omin, output_max=omax)
+    return length_distribution(
+        "sharegpt",
+        prompt_scale=a.prompt_scale,
+        output_scale=a.output_scale,
+        prompt_max=a.max_prompt_tokens,
+        output_max=a.max_output_tokens,
+    )

@@ -17,7 +17,12 @@ Definitions (vLLM ``benchmarks/benchmark_serving.py``):
 - ITL = the gaps between successive tokens of a request, pooled over all requests for the percentiles;
 - max ITL is the worst decode stall of the run;
 - throughput = output tokens / duration; request throughput = completed requests / duration;
-- goodput = requests that meet every SLO given (TTFT, TPOT) / duration.
+- goodput = requests that meet every SLO given (TTFT, TPOT) / duration;
+- total token throughput = (input + output tokens of the completed requests) / duration.
+
+``summarize_metrics`` computes every summary number once, for the load generator (``summarize``,
+``benchmark_summary``) and for the simulator (``servelab.sim.simulator.SimRun.summary``), whose long runs keep
+no per-token times and pass compact per-request metrics instead.
 """
 
 from __future__ import annotations
@@ -51,6 +56,12 @@ SUMMARY_KEYS = [f"{m}_p{p}_ms" for m in LATENCIES for p in PERCENTILES] + [
     "completed",
     "failed",
 ]
+# beyond SUMMARY_KEYS (which the studies' tables hold), what vLLM's benchmark_serving prints
+BENCHMARK_KEYS = (
+    SUMMARY_KEYS
+    + [f"{m}_mean_ms" for m in LATENCIES]
+    + ["duration_s", "total_input_tokens", "total_output_tokens", "total_token_throughput_tok_s"]
+)
 
 
 def empty_records() -> pd.DataFrame:
@@ -141,6 +152,83 @@ def _pct(values, p: float) -> float:
     return float(np.percentile(v, p)) if v.size else float("nan")
 
 
+def _mean(values) -> float:
+    v = np.asarray(values, dtype=float)
+    v = v[~np.isnan(v)]
+    return float(v.mean()) if v.size else float("nan")
+
+
+def _check_positive(**values) -> None:
+    for name, v in values.items():
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
+            raise ParameterError(f"{name} must be a positive number or None, got {v!r}")
+
+
+def run_span_s(sent_s, finish_s, ok) -> float:
+    """The run's default duration (s): from the first send (of any request) to the last finish of a completed
+    one; NaN when none completed."""
+    ok = np.asarray(ok, dtype=bool)
+    if not ok.any():
+        return float("nan")
+    return float(np.nanmax(np.asarray(finish_s, dtype=float)[ok]) - np.nanmin(np.asarray(sent_s, dtype=float)))
+
+
+def summarize_metrics(
+    metrics: pd.DataFrame,
+    itl_ms=None,
+    *,
+    duration_s: float,
+    slo_ttft_ms: float | None = None,
+    slo_tpot_ms: float | None = None,
+) -> dict:
+    """Every summary number (``BENCHMARK_KEYS``) from per-request metrics: the one implementation behind
+    ``summarize`` and ``benchmark_summary`` here, and the simulator's summaries.
+
+    ``metrics``: one row per request with ``ok``, ``prompt_tokens``, ``output_tokens``, ``ttft_ms``, ``tpot_ms``,
+    ``e2e_ms``, ``max_itl_ms`` (``request_metrics``' columns, or the simulator's compact ones); ``itl_ms``: the
+    inter-token gaps of the completed requests, pooled (ms), or None when no per-token times were kept (the ITL
+    statistics are then NaN, ``max_itl_ms`` still comes from ``metrics``). ``duration_s``: the run's span (s;
+    ``run_span_s``), NaN or 0 leaves the rates NaN. Goodput counts completed requests whose TTFT ≤ ``slo_ttft_ms``
+    and TPOT ≤ ``slo_tpot_ms`` (an SLO left at None is not checked; a single-token request has no TPOT and meets
+    a TPOT SLO, as in vLLM).
+    """
+    _check_positive(slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms)
+    done = metrics.loc[metrics["ok"].to_numpy(dtype=bool)]
+    itl = np.asarray([] if itl_ms is None else itl_ms, dtype=float)
+    out = {}
+    for name, vals in (("ttft", done["ttft_ms"]), ("tpot", done["tpot_ms"]), ("itl", itl), ("e2e", done["e2e_ms"])):
+        for p in PERCENTILES:
+            out[f"{name}_p{p}_ms"] = _pct(vals, p)
+        out[f"{name}_mean_ms"] = _mean(vals)
+    out["max_itl_ms"] = float(done["max_itl_ms"].max()) if len(done) else float("nan")
+    good = np.ones(len(done), dtype=bool)
+    if slo_ttft_ms is not None:
+        good &= (done["ttft_ms"] <= slo_ttft_ms).to_numpy()
+    if slo_tpot_ms is not None:
+        good &= (done["tpot_ms"].fillna(0.0) <= slo_tpot_ms).to_numpy()
+    span = duration_s if duration_s and duration_s > 0 else float("nan")
+    out["total_input_tokens"] = int(done["prompt_tokens"].sum())
+    out["total_output_tokens"] = int(done["output_tokens"].sum())
+    out["throughput_tok_s"] = float(done["output_tokens"].sum()) / span
+    out["total_token_throughput_tok_s"] = (out["total_input_tokens"] + out["total_output_tokens"]) / span
+    out["request_throughput"] = len(done) / span
+    out["goodput_req_s"] = int(good.sum()) / span
+    out["completed"] = int(len(done))
+    out["failed"] = int(len(metrics) - len(done))
+    out["duration_s"] = float(duration_s) if duration_s is not None else float("nan")
+    return {k: out[k] for k in BENCHMARK_KEYS}
+
+
+def _records_summary(records, *, slo_ttft_ms, slo_tpot_ms, duration_s) -> dict:
+    _check_positive(slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, duration_s=duration_s)
+    r = check_records(records)
+    m = request_metrics(r)
+    if duration_s is None:
+        duration_s = run_span_s(r["sent_s"], r["finish_s"], r["ok"])
+    itl = [g for ok, gaps in zip(m["ok"], m["itl"], strict=True) if ok for g in gaps]
+    return summarize_metrics(m, itl, duration_s=duration_s, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms)
+
+
 def summarize(
     records: pd.DataFrame,
     *,
@@ -152,35 +240,21 @@ def summarize(
     (ms), output-token throughput (tokens/s), request throughput and goodput (requests/s), completed and
     failed counts.
 
-    ``duration_s`` defaults to the span from the first send to the last finish. Goodput counts completed
-    requests whose TTFT ≤ ``slo_ttft_ms`` and TPOT ≤ ``slo_tpot_ms`` (an SLO left at None is not checked;
-    with none given, goodput equals request throughput; a single-token request has no TPOT and meets a
-    TPOT SLO).
+    ``duration_s`` defaults to the span from the first send to the last finish (``run_span_s``). Goodput as in
+    ``summarize_metrics`` (with no SLO given, goodput equals request throughput).
     """
-    for name, v in (("slo_ttft_ms", slo_ttft_ms), ("slo_tpot_ms", slo_tpot_ms), ("duration_s", duration_s)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0):
-            raise ParameterError(f"{name} must be a positive number or None, got {v!r}")
-    m = request_metrics(records)
-    done = m.loc[m["ok"].astype(bool)]
-    r = check_records(records)
-    if duration_s is None:
-        okr = r.loc[r["ok"]]
-        duration_s = float(okr["finish_s"].max() - r["sent_s"].min()) if len(okr) else float("nan")
-    itl = [g for gaps in done["itl"] for g in gaps]
-    out = {}
-    for name, vals in (("ttft", done["ttft_ms"]), ("tpot", done["tpot_ms"]), ("itl", itl), ("e2e", done["e2e_ms"])):
-        for p in PERCENTILES:
-            out[f"{name}_p{p}_ms"] = _pct(vals, p)
-    out["max_itl_ms"] = float(max(itl)) if itl else float("nan")
-    good = np.ones(len(done), dtype=bool)
-    if slo_ttft_ms is not None:
-        good &= (done["ttft_ms"] <= slo_ttft_ms).to_numpy()
-    if slo_tpot_ms is not None:
-        good &= (done["tpot_ms"].fillna(0.0) <= slo_tpot_ms).to_numpy()
-    span = duration_s if duration_s and duration_s > 0 else float("nan")
-    out["throughput_tok_s"] = float(done["output_tokens"].sum()) / span
-    out["request_throughput"] = len(done) / span
-    out["goodput_req_s"] = int(good.sum()) / span
-    out["completed"] = int(len(done))
-    out["failed"] = int(len(m) - len(done))
-    return out
+    s = _records_summary(records, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, duration_s=duration_s)
+    return {k: s[k] for k in SUMMARY_KEYS}
+
+
+def benchmark_summary(
+    records: pd.DataFrame,
+    *,
+    slo_ttft_ms: float | None = None,
+    slo_tpot_ms: float | None = None,
+    duration_s: float | None = None,
+) -> dict:
+    """``summarize`` plus what vLLM's ``benchmark_serving`` prints (keys ``BENCHMARK_KEYS``): the run's duration
+    (s), total input and output tokens of the completed requests, total-token throughput (tokens/s) and the mean
+    of each latency (ms). ``servelab.loadgen.report.format_report`` prints it in vLLM's layout."""
+    return _records_summary(records, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, duration_s=duration_s)

@@ -56,7 +56,7 @@ async def _replay(
         prompts = df["prompt_ids"].map(list) if "prompt_ids" in df else df["prompt"].astype(str)
         tasks = [
             asyncio.create_task(one(i, float(a), p, int(n)))
-            for i, (a, p, n) in enumerate(zip(df["arrival_s"], prompts, df["output_tokens"]))
+            for i, (a, p, n) in enumerate(zip(df["arrival_s"], prompts, df["output_tokens"], strict=True))
         ]
         done, pending = await asyncio.wait(tasks, timeout=deadline_s if math.isfinite(deadline_s) else None)
         for t in pending:
@@ -122,7 +122,7 @@ def records_from_results(
     """Turn the client's results into records on the run's time axis (seconds since ``t0``), with the
     trace's ``target_output_tokens`` beside the schema's columns."""
     rows = []
-    for rec, r in zip(trace.frame.itertuples(index=False), results):
+    for rec, r in zip(trace.frame.itertuples(index=False), results, strict=True):
         times = [t - t0 for t in r.token_times]
         error = r.error
         if not r.ok and not error:

@@ -171,7 +171,7 @@ def _decoding_context(records: pd.DataFrame, t: np.ndarray) -> tuple[np.ndarray,
     longest = np.zeros(len(t))
     order = np.argsort(t)
     ts = t[order]
-    for prompt, times, ok in zip(r["prompt_tokens"], r["token_times_s"], r["ok"]):
+    for prompt, times in zip(r["prompt_tokens"], r["token_times_s"], strict=True):
         if len(times) < 2:
             continue
         times = np.asarray(times)
@@ -316,7 +316,11 @@ def predict_cycles(model: StepCostModel, features: pd.DataFrame) -> np.ndarray:
         [
             m.step_ms(p, q, d, c, n, x, k) + (b_p * pad if p else 0.0)
             for p, q, d, c, n, x, k, pad in zip(
-                *cols, _col(features, "context_pairs"), _col(features, "longest_context"), _col(features, "pad_tokens")
+                *cols,
+                _col(features, "context_pairs"),
+                _col(features, "longest_context"),
+                _col(features, "pad_tokens"),
+                strict=True,
             )
         ]
     )
@@ -387,8 +391,8 @@ def fit_step_log_model(features: pd.DataFrame, model: str, *, context_reads: boo
     gpu = CostModel(
         model,
         "step_log",
-        dict(zip(PREFILL_TERMS, map(float, cp[:3]))),
-        dict(zip(DECODE_TERMS, map(float, cd[:3]))),
+        dict(zip(PREFILL_TERMS, map(float, cp[:3]), strict=True)),
+        dict(zip(DECODE_TERMS, map(float, cd[:3]), strict=True)),
         err,
     )
     return StepCostModel(

@@ -24,6 +24,68 @@ def meets_slo(summary: dict, slo_ttft_ms: float, slo_tpot_ms: float) -> bool:
     return summary["failed"] == 0 and summary["ttft_p99_ms"] <= slo_ttft_ms and not summary["tpot_p99_ms"] > slo_tpot_ms
 
 
+class _RouterSearch:
+    """One router's search: ``fewest(rate, ...)`` simulates as few points as it can; each goes to ``tried``."""
+
+    def __init__(self, router: str, traces: dict, tried: list, *, cost, slo_ttft_ms, slo_tpot_ms, max_replicas, kw):
+        self.router, self.traces, self.tried = router, traces, tried
+        self.cost, self.slo_ttft_ms, self.slo_tpot_ms = cost, slo_ttft_ms, slo_tpot_ms
+        self.max_replicas, self.kw = max_replicas, kw
+        self.cache: dict[tuple[float, int], bool] = {}
+
+    def ok(self, rate: float, n: int) -> bool:
+        """Whether ``n`` replicas meet the SLO at ``rate`` (simulated once per point)."""
+        if (rate, n) not in self.cache:
+            run = simulate(
+                self.traces[rate], cost=self.cost, replicas=n, router=self.router, token_times=False, **self.kw
+            )
+            s = run.summary(slo_ttft_ms=self.slo_ttft_ms, slo_tpot_ms=self.slo_tpot_ms)
+            self.cache[(rate, n)] = meets_slo(s, self.slo_ttft_ms, self.slo_tpot_ms)
+            self.tried.append(
+                {
+                    "router": self.router,
+                    "rate": rate,
+                    "replicas": n,
+                    "met": self.cache[(rate, n)],
+                    "ttft_p99_ms": s["ttft_p99_ms"],
+                    "tpot_p99_ms": s["tpot_p99_ms"],
+                    "goodput_req_s": s["goodput_req_s"],
+                    "requests": len(run.records),
+                    "sim_wall_s": run.wall_s,
+                }
+            )
+        return self.cache[(rate, n)]
+
+    def fewest(self, rate: float, prev_rate: float | None, prev_n: int) -> tuple[bool, int]:
+        """``(met, replicas)`` at ``rate``, searched from the lower rate's answer ``prev_n`` (see the module
+        docstring); ``met`` False when even ``max_replicas`` do not meet the SLO."""
+        top = self.max_replicas
+        if prev_n > top:
+            return False, prev_n  # a lower rate already needed more than max_replicas
+        floor_n = prev_n
+        n = max(floor_n, int(prev_n * rate / prev_rate * 0.9)) if prev_rate else 1
+        n = min(n, top)
+        if self.ok(rate, n):
+            while n > floor_n and self.ok(rate, n - 1):
+                n -= 1
+            return True, n
+        while n < top:
+            n += 1
+            if self.ok(rate, n):
+                return True, n
+        return False, n
+
+
+def _check_search(slo_ttft_ms, slo_tpot_ms, max_replicas, rates, routers) -> None:
+    for name, v in (("slo_ttft_ms", slo_ttft_ms), ("slo_tpot_ms", slo_tpot_ms)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+            raise ParameterError(f"{name} must be a positive number of ms, got {v!r}")
+    if isinstance(max_replicas, bool) or not isinstance(max_replicas, int) or max_replicas < 1:
+        raise ParameterError(f"max_replicas must be a positive integer, got {max_replicas!r}")
+    if not rates or not routers:
+        raise ParameterError("need at least one rate and one router")
+
+
 def replicas_needed(
     make_trace: Callable[[float], object],
     rates: Iterable[float],
@@ -42,96 +104,32 @@ def replicas_needed(
     p99 TTFT and TPOT. ``make_trace(rate)`` builds the trace of one rate (the same for every router).
     Once ``time_budget_s`` (wall seconds) is spent, the remaining points are recorded as skipped
     (``status``) instead of searched."""
-    for name, v in (("slo_ttft_ms", slo_ttft_ms), ("slo_tpot_ms", slo_tpot_ms)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-            raise ParameterError(f"{name} must be a positive number of ms, got {v!r}")
-    if isinstance(max_replicas, bool) or not isinstance(max_replicas, int) or max_replicas < 1:
-        raise ParameterError(f"max_replicas must be a positive integer, got {max_replicas!r}")
     rates = sorted(float(r) for r in rates)
     routers = list(routers)
-    if not rates or not routers:
-        raise ParameterError("need at least one rate and one router")
+    _check_search(slo_ttft_ms, slo_tpot_ms, max_replicas, rates, routers)
     t_end = time.perf_counter() + time_budget_s if time_budget_s is not None else None
     traces = {r: make_trace(r) for r in rates}
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
+    from tqdm.auto import tqdm
 
-        bar = tqdm(total=len(rates) * len(routers), desc="capacity search", unit="point")
+    bar = tqdm(total=len(rates) * len(routers), desc="capacity search", unit="point", disable=not progress)
     needed, tried = [], []
+    slo = {"slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms}
     for router in routers:
-        cache: dict[tuple[float, int], bool] = {}
-
-        def ok(rate: float, n: int) -> bool:
-            if (rate, n) not in cache:
-                run = simulate(traces[rate], cost=cost, replicas=n, router=router, token_times=False, **sim_kwargs)
-                s = run.summary(slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms)
-                cache[(rate, n)] = meets_slo(s, slo_ttft_ms, slo_tpot_ms)
-                tried.append(
-                    {
-                        "router": router,
-                        "rate": rate,
-                        "replicas": n,
-                        "met": cache[(rate, n)],
-                        "ttft_p99_ms": s["ttft_p99_ms"],
-                        "tpot_p99_ms": s["tpot_p99_ms"],
-                        "goodput_req_s": s["goodput_req_s"],
-                        "requests": len(run.records),
-                        "sim_wall_s": run.wall_s,
-                    }
-                )
-            return cache[(rate, n)]
-
+        search = _RouterSearch(router, traces, tried, cost=cost, max_replicas=max_replicas, kw=sim_kwargs, **slo)
         prev_rate, prev_n = None, 1
         for rate in rates:
             if t_end is not None and time.perf_counter() > t_end:
-                needed.append(
-                    {
-                        "router": router,
-                        "rate": rate,
-                        "replicas": np.nan,
-                        "met": False,
-                        "slo_ttft_ms": slo_ttft_ms,
-                        "slo_tpot_ms": slo_tpot_ms,
-                        "status": "skipped: time budget",
-                    }
-                )
-                if bar is not None:
-                    bar.update(1)
-                continue
-            if prev_n > max_replicas:
-                met, n = False, prev_n  # a lower rate already needed more than max_replicas
+                met, n, status = False, np.nan, "skipped: time budget"
             else:
-                floor_n = prev_n
-                n = max(floor_n, int(prev_n * rate / prev_rate * 0.9)) if prev_rate else 1
-                n = min(n, max_replicas)
-                if ok(rate, n):
-                    while n > floor_n and ok(rate, n - 1):
-                        n -= 1
-                    met = True
-                else:
-                    met = False
-                    while n < max_replicas:
-                        n += 1
-                        if ok(rate, n):
-                            met = True
-                            break
-                prev_rate, prev_n = rate, (n if met else max_replicas + 1)
+                met, n = search.fewest(rate, prev_rate, prev_n)
+                if prev_n <= max_replicas:
+                    prev_rate, prev_n = rate, (n if met else max_replicas + 1)
+                status = "ok" if met else f"not met with {max_replicas} replicas"
             needed.append(
-                {
-                    "router": router,
-                    "rate": rate,
-                    "replicas": n if met else np.nan,
-                    "met": met,
-                    "slo_ttft_ms": slo_ttft_ms,
-                    "slo_tpot_ms": slo_tpot_ms,
-                    "status": "ok" if met else f"not met with {max_replicas} replicas",
-                }
+                {"router": router, "rate": rate, "replicas": n if met else np.nan, "met": met, **slo, "status": status}
             )
-            if bar is not None:
-                bar.update(1)
-    if bar is not None:
-        bar.close()
+            bar.update(1)
+    bar.close()
     return pd.DataFrame(needed), pd.DataFrame(tried)
 
 

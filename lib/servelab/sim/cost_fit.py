@@ -144,7 +144,7 @@ class CostModel:
             X, y = step_features(d), d["median_ms"].to_numpy(dtype=float)
             cs, _, es = _fit(X, y)
             eh = 100.0 * (leave_one_out(X, y) - y) / y
-            step = dict(zip(STEP_TERMS, map(float, cs)))
+            step = dict(zip(STEP_TERMS, map(float, cs), strict=True))
             step_error = {"rows": int(len(d))}
             step_error["fit_median_abs_pct"], step_error["fit_max_abs_pct"] = _abs_pct(es)
             step_error["heldout_median_abs_pct"], step_error["heldout_max_abs_pct"] = _abs_pct(eh)
@@ -154,8 +154,8 @@ class CostModel:
         return cls(
             model,
             mode,
-            dict(zip(PREFILL_TERMS, map(float, cp))),
-            dict(zip(DECODE_TERMS, map(float, cd))),
+            dict(zip(PREFILL_TERMS, map(float, cp), strict=True)),
+            dict(zip(DECODE_TERMS, map(float, cd), strict=True)),
             err,
             step,
             step_error,

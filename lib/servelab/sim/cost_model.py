@@ -7,39 +7,35 @@
                      + ms_per_longest_context_token · max(c_i, c_j)                             (0 if decode-only)
     DECODE(batch)  = [a_d + ms_per_decode_walk_token · max c_j if decode-only] + b_d · B + k_d · Σ c_j
 
-``N_p`` prefill tokens in chunks of ``n_i`` new tokens after ``c_i`` cached ones; ``B`` decodes with ``c_j``
-cached tokens each; ``pad`` the padding tokens of a server that replays captured step graphs at fixed token
-counts (``step_buckets``): a step of 2,080 tokens runs the 3,072-token graph and pays its dense layers. The GPU coefficients are Study 2's fitted ``servelab.sim.cost_fit.CostModel`` (same
-JSON): its per-phase fits (``gpu_form="phase"``, the default), or its one model of any step when the JSON has one
-(``gpu_form="step"``: an intercept, a fixed cost of a step with chunks, and pairs with cached context priced apart
-from those within a chunk; see ``gpu_terms``); a mixed step pays the prefill intercept once and the decode terms
-per decode. (On Study 1's H200 runs with whole-step graphs, the per-phase form with the serving terms below
-validated better than the step model; the step model is there to be compared as both are re-measured.) The scales
-(1 unless calibrated) say how much slower or faster the server's prefill and decode run than the mode Study 2
-measured (an HF CUDA-graph fit standing in for the engine, or a server path Study 2 did not time), and
-``ms_per_context_pair`` prices the prefill chunks' attention to *cached* context (``n_i`` new tokens after
-``c_i`` cached) beyond what Study 2's per-phase fit charges for any pair. ``prefill_fixed_scale`` lets a
-step's fixed prefill cost differ from Study 2's intercept independently of its per-token terms (a server path
-with or without CUDA graphs moves the first, not the second), and ``mixed_step_ms`` is what a step holding both
-prefill chunks and decodes costs beyond its two parts. ``ms_per_longest_context_token`` prices the longest
-context one sequence of a step with prefill reads, a chunk's or a decode's: the engine runs such a step through
-one ragged attention kernel whose programs each walk one sequence's cached keys in order, too few of them to
-fill the GPU, so the step waits for the longest walk, not for the query–key pairs (a chunk of a few hundred
-tokens after a long context, a prompt whose system prompt hit the prefix cache, or a decode with thousands of
-tokens of context beside a fresh chunk). Study 2's chunk-after-context steps on the H200 price it at about
-0.9 µs per cached token on the 0.5B (``servelab.studies.s08_simulator.context_reads``); Study 1's mixed steps pay the same rate
-for their longest decode's context. A decode-only step runs the decode kernel instead, also one program per
-sequence and KV head walking its keys in order, at its own rate: ``ms_per_decode_walk_token`` prices the step's
-longest sequence (Study 2's decode steps on the H200: one sequence of 16,384 tokens costs nearly as much as 64
-of them, which a price per token of total context alone misses; ``servelab.studies.s08_simulator.context_reads`` refits the
-decode terms with it).
-The two
-overhead terms are what the GPU model
-leaves out and the real server pays every step (Python scheduling, sampling, handing tokens to the HTTP layer);
-``ingress_ms`` is the path from a request's send to the engine's queue (HTTP parsing, tokenisation, the engine
-thread picking it up): the simulator delays each arrival by it. All these terms are fitted from the real
-server's step log and request records (``servelab.sim.calibration``).
-"""
+``N_p`` prefill tokens in chunks of ``n_i`` new tokens after ``c_i`` cached ones; ``B`` decodes with ``c_j`` cached
+tokens each; ``pad`` the padding tokens of a server that replays captured step graphs at fixed token counts
+(``step_buckets``): a step of 2,080 tokens runs the 3,072-token graph and pays its dense layers. The GPU coefficients
+are Study 2's fitted ``servelab.sim.cost_fit.CostModel`` (same JSON): its per-phase fits (``gpu_form="phase"``, the
+default), or its one model of any step when the JSON has one (``gpu_form="step"``: an intercept, a fixed cost of a
+step with chunks, and pairs with cached context priced apart from those within a chunk; see ``gpu_terms``); a mixed
+step pays the prefill intercept once and the decode terms per decode. (On Study 1's H200 runs with whole-step graphs,
+the per-phase form with the serving terms below validated better than the step model; the step model is there to be
+compared as both are re-measured.) The scales (1 unless calibrated) say how much slower or faster the server's
+prefill and decode run than the mode Study 2 measured (an HF CUDA-graph fit standing in for the engine, or a server
+path Study 2 did not time), and ``ms_per_context_pair`` prices the prefill chunks' attention to *cached* context
+(``n_i`` new tokens after ``c_i`` cached) beyond what Study 2's per-phase fit charges for any pair.
+``prefill_fixed_scale`` lets a step's fixed prefill cost differ from Study 2's intercept independently of its
+per-token terms (a server path with or without CUDA graphs moves the first, not the second), and ``mixed_step_ms`` is
+what a step holding both prefill chunks and decodes costs beyond its two parts. ``ms_per_longest_context_token``
+prices the longest context one sequence of a step with prefill reads, a chunk's or a decode's: the engine runs such a
+step through one ragged attention kernel whose programs each walk one sequence's cached keys in order, too few of
+them to fill the GPU, so the step waits for the longest walk, not for the query–key pairs (a chunk of a few hundred
+tokens after a long context, a prompt whose system prompt hit the prefix cache, or a decode with thousands of tokens
+of context beside a fresh chunk). Study 2's chunk-after-context steps on the H200 price it at about 0.9 µs per cached
+token on the 0.5B (``servelab.studies.s08_simulator.context_reads``); Study 1's mixed steps pay the same rate for
+their longest decode's context. A decode-only step runs the decode kernel instead, also one program per sequence and
+KV head walking its keys in order, at its own rate: ``ms_per_decode_walk_token`` prices the step's longest sequence
+(Study 2's decode steps on the H200: one sequence of 16,384 tokens costs nearly as much as 64 of them, which a price
+per token of total context alone misses; ``servelab.studies.s08_simulator.context_reads`` refits the decode terms
+with it). The two overhead terms are what the GPU model leaves out and the real server pays every step (Python
+scheduling, sampling, handing tokens to the HTTP layer); ``ingress_ms`` is the path from a request's send to the
+engine's queue (HTTP parsing, tokenisation, the engine thread picking it up): the simulator delays each arrival by
+it. All these terms are fitted from the real server's step log and request records (``servelab.sim.calibration``)."""
 
 from __future__ import annotations
 

@@ -10,8 +10,9 @@ steps at once without calling ``schedule()`` for any of them.
 **Segments.** Between two finishes the batch is fixed: ``d`` decodes whose total context grows by ``d`` tokens a
 step and whose longest sequence grows by one, so the cost model's step times form an arithmetic progression,
 ``a + b·i`` ms for the segment's ``i``-th step (``b = per_ctx_token · d + per_walk_token``), and the time after
-``i`` steps has a closed form, ``T + (a·i + b·i(i−1)/2) / 1000`` s. A run is a handful of segments (one per distinct finish step), whatever its
-number of steps, so booking, cutting and committing it cost O(sequences), not O(steps).
+``i`` steps has a closed form, ``T + (a·i + b·i(i−1)/2) / 1000`` s. A run is a handful of segments (one per
+distinct finish step), whatever its number of steps, so booking, cutting and committing it cost O(sequences), not
+O(steps).
 
 The run is committed lazily (``commit``), so that an arrival routed to the replica mid-run cuts it (``cut``) at
 the first step that starts at or after the arrival, exactly where a step-by-step simulation would next call
@@ -71,7 +72,7 @@ class DecodeRun:
     def __init__(self, seqs, starts, lefts, t0: float, steps: int, segments: list[tuple]):
         self.seqs, self.starts, self.lefts = seqs, starts, lefts
         self.t0, self.steps = t0, steps
-        cols = list(zip(*segments))
+        cols = list(zip(*segments, strict=True))
         self.first, self.length, self.decodes, self.a, self.b, self.t, self.end, self.fin, self.ctx = map(list, cols)
         self._fin_end = self._fin_cum = None  # built when first asked (only a load-reading router asks)
 
@@ -86,22 +87,10 @@ class DecodeRun:
         sequence is mid-prompt or may stop early, a prefix cache is in use, no block for the first step)."""
         if sched.waiting or not sched.running or sched.bm.prefix_cache is not None:
             return None
-        eos_stops = SIM_TOKEN in sched.eos_token_ids
-        seqs = list(sched.running)
-        starts, lefts = [], []
-        add_start, add_left = starts.append, lefts.append
-        for seq in seqs:
-            p = seq.params
-            out = len(seq.output_token_ids)
-            c = seq.num_computed_tokens
-            if (
-                len(seq.prompt_token_ids) + out - c != 1
-                or SIM_TOKEN in p.stop_token_ids
-                or (eos_stops and not p.ignore_eos)
-            ):
-                return None
-            add_start(c)
-            add_left(p.max_tokens - out)
+        state = _decoding(sched)
+        if state is None:
+            return None
+        seqs, starts, lefts = state
         if min(lefts) < 1:
             return None
         k = min(max(lefts), MAX_RUN_STEPS)
@@ -111,31 +100,7 @@ class DecodeRun:
             k = _block_limit(sched, seqs, starts, lefts, k)
             if k < 1:
                 return None
-        fixed_ms, per_decode_ms, per_ctx_ms, per_walk_ms = cost.decode_step_terms()
-        d, ctx = len(seqs), sum(starts)  # decodes, and their total context at step 0
-        segments = []
-        first, now, fin = 0, t, 0
-        # the sequences in finishing order; a segment ends where the next one finishes (or at step k)
-        order = sorted(zip(lefts, starts))
-        # the longest context among the sequences still decoding once the first j have finished
-        longest = [0] * (len(order) + 1)
-        for j in range(len(order) - 1, -1, -1):
-            longest[j] = max(longest[j + 1], order[j][1])
-        for j, (left, start) in enumerate(order):
-            if left > first and first < k:  # close the segment [first, min(left, k)) before this finish
-                stop = left if left < k else k
-                n = stop - first
-                c = ctx + first * d  # cached tokens the segment's first step reads
-                a = fixed_ms + per_decode_ms * d + per_ctx_ms * c + per_walk_ms * (longest[j] + first)
-                b = per_ctx_ms * d + per_walk_ms
-                end = _at(now, a, b, n)
-                segments.append([first, n, d, a, b, now, end, 0, c])
-                first, now = stop, end
-            if left == first:  # it gets its last token in the segment just closed
-                segments[-1][7] += 1
-                d -= 1
-                ctx -= start
-        return cls(seqs, starts, lefts, t, k, segments)
+        return cls(seqs, starts, lefts, t, k, _segments(cost, t, k, starts, lefts))
 
     # ---- while in flight ------------------------------------------------------------------------------
     def finished_before(self, t: float) -> tuple[int, float]:
@@ -143,7 +108,7 @@ class DecodeRun:
         one does (s; infinity if none)."""
         if self._fin_end is None:
             self._fin_end, self._fin_cum = [], [0]
-            for e, f in zip(self.end, self.fin):
+            for e, f in zip(self.end, self.fin, strict=True):
                 if f:
                     self._fin_end.append(e)
                     self._fin_cum.append(self._fin_cum[-1] + f)
@@ -195,7 +160,7 @@ class DecodeRun:
     def token_times(self) -> list[float]:
         """End time (s) of every kept step."""
         out = []
-        for t, a, b, n in zip(self.t, self.a, self.b, self.length):
+        for t, a, b, n in zip(self.t, self.a, self.b, self.length, strict=True):
             out += [_at(t, a, b, i) for i in range(1, n + 1)]
         return out
 
@@ -210,7 +175,7 @@ class DecodeRun:
         # longest step among segments 0 … g (the last step of each, as a segment's steps lengthen), step 0 aside
         seg_of = {}
         gap_ms = 0.0
-        for g, (f, n, a, b) in enumerate(zip(self.first, self.length, self.a, self.b)):
+        for g, (f, n, a, b) in enumerate(zip(self.first, self.length, self.a, self.b, strict=True)):
             if f + n > 1:
                 longest = a + b * (n - 1)
                 if longest > gap_ms:
@@ -218,7 +183,7 @@ class DecodeRun:
             seg_of[f + n] = (self.end[g], gap_ms / 1e3)
         finished = 0
         run_tokens, reserve = book.run_tokens, sched.reserve_slots
-        for seq, c, r in zip(self.seqs, self.starts, self.lefts):
+        for seq, c, r in zip(self.seqs, self.starts, self.lefts, strict=True):
             s = r if r < m else m
             last, gap = seg_of[s]
             run_tokens(seq.index, first_token, last, s, gap, times)
@@ -239,8 +204,60 @@ class DecodeRun:
         """Step-log rows (``simulator.STEP_COLUMNS``) of the kept steps, one per segment (contexts of its first)."""
         return [
             (replica, t, e, 0, d, d, 0, 0, n, 0, c + d)
-            for t, e, d, n, c in zip(self.t, self.end, self.decodes, self.length, self.ctx)
+            for t, e, d, n, c in zip(self.t, self.end, self.decodes, self.length, self.ctx, strict=True)
         ]
+
+
+def _decoding(sched: Scheduler) -> tuple[list, list[int], list[int]] | None:
+    """The running sequences, each one's context (tokens computed) and decode steps left, when every one is at
+    its decode stage and can only stop at ``max_tokens``; None otherwise."""
+    eos_stops = SIM_TOKEN in sched.eos_token_ids
+    seqs = list(sched.running)
+    starts, lefts = [], []
+    add_start, add_left = starts.append, lefts.append
+    for seq in seqs:
+        p = seq.params
+        out = len(seq.output_token_ids)
+        c = seq.num_computed_tokens
+        if (
+            len(seq.prompt_token_ids) + out - c != 1
+            or SIM_TOKEN in p.stop_token_ids
+            or (eos_stops and not p.ignore_eos)
+        ):
+            return None
+        add_start(c)
+        add_left(p.max_tokens - out)
+    return seqs, starts, lefts
+
+
+def _segments(cost: StepCostModel, t: float, k: int, starts: list[int], lefts: list[int]) -> list[list]:
+    """The run's segments from ``t`` over ``k`` steps (see the module docstring), each
+    ``[first step, steps, decodes, a ms, b ms, start s, end s, finishes, context at its first step]``."""
+    fixed_ms, per_decode_ms, per_ctx_ms, per_walk_ms = cost.decode_step_terms()
+    d, ctx = len(starts), sum(starts)  # decodes, and their total context at step 0
+    segments = []
+    first, now = 0, t
+    # the sequences in finishing order; a segment ends where the next one finishes (or at step k)
+    order = sorted(zip(lefts, starts, strict=True))
+    # the longest context among the sequences still decoding once the first j have finished
+    longest = [0] * (len(order) + 1)
+    for j in range(len(order) - 1, -1, -1):
+        longest[j] = max(longest[j + 1], order[j][1])
+    for j, (left, start) in enumerate(order):
+        if left > first and first < k:  # close the segment [first, min(left, k)) before this finish
+            stop = left if left < k else k
+            n = stop - first
+            c = ctx + first * d  # cached tokens the segment's first step reads
+            a = fixed_ms + per_decode_ms * d + per_ctx_ms * c + per_walk_ms * (longest[j] + first)
+            b = per_ctx_ms * d + per_walk_ms
+            end = _at(now, a, b, n)
+            segments.append([first, n, d, a, b, now, end, 0, c])
+            first, now = stop, end
+        if left == first:  # it gets its last token in the segment just closed
+            segments[-1][7] += 1
+            d -= 1
+            ctx -= start
+    return segments
 
 
 def _block_limit(sched: Scheduler, seqs, starts, lefts, k_max: int) -> int:
@@ -250,7 +267,7 @@ def _block_limit(sched: Scheduler, seqs, starts, lefts, k_max: int) -> int:
     held = [len(s.kv_slots) // bs for s in seqs]
 
     def blocks(k: int) -> int:  # new blocks steps 0 … k-1 need: positions [0, start + min(k, left)) covered
-        return sum(max(0, -(-(c + (k if k < r else r)) // bs) - h) for c, r, h in zip(starts, lefts, held))
+        return sum(max(0, -(-(c + (k if k < r else r)) // bs) - h) for c, r, h in zip(starts, lefts, held, strict=True))
 
     if blocks(k_max) <= free:
         return k_max

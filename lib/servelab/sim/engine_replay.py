@@ -5,8 +5,7 @@ Two clocks:
 
 - ``clock="steps"``: time counts engine steps (each step lasts 1 s; idle time jumps to the next arrival).
   Deterministic, so a simulation with ``StepCostModel.constant(1000)`` must give exactly the same per-request
-  first-token and finish times (``tests/test_sim_engine_order.py``). The engine reads each step's tokens
-  before the next step (no async scheduling), so a token counts in the step that computed it;
+  first-token and finish times (``tests/test_sim_engine_order.py``);
 - ``clock="wall"``: ``time.perf_counter`` from the start of the replay; the engine sleeps until the next
   arrival when idle. Token times are taken when each step returns, as a server would stream them.
 
@@ -28,6 +27,87 @@ from servelab.loadgen.metrics import RECORD_COLUMNS
 from servelab.sim.simulator import as_trace
 
 CLOCKS = ("steps", "wall")
+STEP_LOG_COLUMNS = [
+    "start_s",
+    "end_s",
+    "prefill_tokens",
+    "decode_tokens",
+    "num_seqs",
+    "num_waiting",
+    "num_preempted",
+    "decode_steps",
+]
+
+
+class _Clock:
+    """The replay's time: engine steps (each one unit; a step that only preempts takes none) or wall seconds
+    since the replay began."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.steps = 0.0
+        self.t_wall0 = time.perf_counter()
+
+    def now(self) -> float:
+        return self.steps if self.kind == "steps" else time.perf_counter() - self.t_wall0
+
+    def wait_until(self, t: float) -> None:
+        """Idle until ``t`` (the next arrival)."""
+        if self.kind == "steps":
+            self.steps = t
+        else:
+            time.sleep(max(0.0, t - self.now()))
+
+    def log_row(self, rec) -> tuple:
+        """The engine's step record on this clock (``STEP_LOG_COLUMNS``)."""
+        if self.kind == "steps":
+            start, end = self.steps, self.steps + 1.0
+        else:
+            start, end = rec.start_s - self.t_wall0, rec.end_s - self.t_wall0
+        counts = (rec.prefill_tokens, rec.decode_tokens, rec.num_seqs, rec.num_waiting, rec.num_preempted)
+        return (start, end, *counts, rec.decode_steps)
+
+
+class _Book:
+    """Per trace row: when it was sent, its token times and its finish, on the clock's axis."""
+
+    def __init__(self, n: int):
+        self.times: list[list[float]] = [[] for _ in range(n)]
+        self.finish = np.full(n, np.nan)
+        self.sent = np.full(n, np.nan)
+        self.by_seq: dict[int, int] = {}  # the engine's seq_id -> trace row
+
+    def tokens(self, events, t: float) -> None:
+        for ev in events:
+            j = self.by_seq[ev.seq_id]
+            self.times[j].append(t)
+            if ev.finished:
+                self.finish[j] = t
+
+    def records(self, df: pd.DataFrame) -> pd.DataFrame:
+        """The load generator's record schema."""
+        ok = ~np.isnan(self.finish)
+        return pd.DataFrame(
+            {
+                "request_id": df["request_id"].to_numpy(),
+                "arrival_s": df["arrival_s"].to_numpy(float),
+                "prompt_tokens": df["prompt_tokens"].to_numpy(),
+                "output_tokens": [len(x) for x in self.times],
+                "sent_s": self.sent,
+                "first_token_s": [x[0] if x else np.nan for x in self.times],
+                "finish_s": self.finish,
+                "token_times_s": self.times,
+                "ok": ok,
+                "error": np.where(ok, "", "unfinished"),
+            }
+        )[RECORD_COLUMNS]
+
+
+def _prompts(df: pd.DataFrame, vocab: int, vocab_low: int, seed: int) -> list:
+    if "prompt_ids" in df.columns:
+        return df["prompt_ids"].tolist()
+    rng = np.random.default_rng(seed)
+    return [rng.integers(vocab_low, vocab, int(n)).tolist() for n in df["prompt_tokens"]]
 
 
 def replay_on_engine(
@@ -38,56 +118,13 @@ def replay_on_engine(
     if clock not in CLOCKS:
         raise ParameterError(f"clock must be one of {CLOCKS}, got {clock!r}")
     df = as_trace(trace).frame
-    rng = np.random.default_rng(seed)
-    vocab = engine.model.shape.vocab
-    prompts = (
-        df["prompt_ids"].tolist()
-        if "prompt_ids" in df.columns
-        else [rng.integers(vocab_low, vocab, int(n)).tolist() for n in df["prompt_tokens"]]
-    )
+    prompts = _prompts(df, engine.model.shape.vocab, vocab_low, seed)
+    outputs = df["output_tokens"].to_numpy()
     arrivals = df["arrival_s"].to_numpy(float)
     n = len(df)
-    times: list[list[float]] = [[] for _ in range(n)]
-    finish = np.full(n, np.nan)
-    sent = np.full(n, np.nan)
-    by_seq: dict[int, int] = {}
-    log: list[tuple] = []
-    now_steps = [0.0]
-    t_wall0 = time.perf_counter()
-
-    def now() -> float:
-        return now_steps[0] if clock == "steps" else time.perf_counter() - t_wall0
-
-    def on_step(rec):
-        if clock == "steps":
-            log.append(
-                (
-                    now_steps[0],
-                    now_steps[0] + 1.0,
-                    rec.prefill_tokens,
-                    rec.decode_tokens,
-                    rec.num_seqs,
-                    rec.num_waiting,
-                    rec.num_preempted,
-                    rec.decode_steps,
-                )
-            )
-        else:
-            log.append(
-                (
-                    rec.start_s - t_wall0,
-                    rec.end_s - t_wall0,
-                    rec.prefill_tokens,
-                    rec.decode_tokens,
-                    rec.num_seqs,
-                    rec.num_waiting,
-                    rec.num_preempted,
-                    rec.decode_steps,
-                )
-            )
-
+    book, log, clk = _Book(n), [], _Clock(clock)
     previous_hook, previous_config = engine.on_step, engine.config
-    engine.on_step = on_step
+    engine.on_step = lambda rec: log.append(clk.log_row(rec))
     # on the step clock a token is stamped with the step that computed it: read every step's tokens at once
     engine.config = dataclasses.replace(
         engine.config, async_scheduling=clock == "wall" and engine.config.async_scheduling
@@ -95,58 +132,20 @@ def replay_on_engine(
     try:
         i = 0
         while i < n or engine.has_unfinished():
-            t = now()
+            t = clk.now()
             while i < n and arrivals[i] <= t:
-                seq = engine.add_request(
-                    prompts[i], SamplingParams(max_tokens=int(df["output_tokens"].iat[i]), ignore_eos=True)
-                )
-                by_seq[seq.seq_id] = i
-                sent[i] = t if clock == "wall" else arrivals[i]
+                seq = engine.add_request(prompts[i], SamplingParams(max_tokens=int(outputs[i]), ignore_eos=True))
+                book.by_seq[seq.seq_id] = i
+                book.sent[i] = t if clock == "wall" else arrivals[i]
                 i += 1
             if not engine.has_unfinished():
-                if clock == "steps":
-                    now_steps[0] = arrivals[i]
-                else:
-                    time.sleep(max(0.0, arrivals[i] - now()))
+                clk.wait_until(arrivals[i])
                 continue
             steps_before = engine.steps
             events = engine.step()
             if clock == "steps":
-                now_steps[0] += engine.steps - steps_before  # a step that only preempted takes no time
-            t_tok = now()
-            for ev in events:
-                j = by_seq[ev.seq_id]
-                times[j].append(t_tok)
-                if ev.finished:
-                    finish[j] = t_tok
+                clk.steps += engine.steps - steps_before  # a step that only preempted takes no time
+            book.tokens(events, clk.now())
     finally:
         engine.on_step, engine.config = previous_hook, previous_config
-    ok = ~np.isnan(finish)
-    records = pd.DataFrame(
-        {
-            "request_id": df["request_id"].to_numpy(),
-            "arrival_s": arrivals,
-            "prompt_tokens": df["prompt_tokens"].to_numpy(),
-            "output_tokens": [len(x) for x in times],
-            "sent_s": sent,
-            "first_token_s": [x[0] if x else np.nan for x in times],
-            "finish_s": finish,
-            "token_times_s": times,
-            "ok": ok,
-            "error": np.where(ok, "", "unfinished"),
-        }
-    )[RECORD_COLUMNS]
-    steps = pd.DataFrame(
-        log,
-        columns=[
-            "start_s",
-            "end_s",
-            "prefill_tokens",
-            "decode_tokens",
-            "num_seqs",
-            "num_waiting",
-            "num_preempted",
-            "decode_steps",
-        ],
-    )
-    return records, steps
+    return book.records(df), pd.DataFrame(log, columns=STEP_LOG_COLUMNS)

@@ -39,7 +39,7 @@ def with_shared_prefixes(
     group = rng.choice(groups, size=len(df), p=p / p.sum())
     if materialize:
         ids = []
-        for g, n in zip(group, df["prompt_tokens"].to_numpy()):
+        for g, n in zip(group, df["prompt_tokens"].to_numpy(), strict=True):
             head = prefixes[g, : min(n, prefix_tokens)]
             tail = rng.integers(0, vocab, max(0, n - prefix_tokens))
             ids.append(np.concatenate([head, tail]).tolist())

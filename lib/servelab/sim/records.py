@@ -1,10 +1,10 @@
 """What the simulator observed per request, kept in flat arrays, turned into the load generator's records.
 
 The hot loop writes token times into ``RequestBook``; at the end ``records()`` gives the same schema as the
-real load generator (``servelab.loadgen.metrics.RECORD_COLUMNS``), so ``servelab.loadgen.metrics.summarize``
-reads both. With ``token_times=False`` (long capacity or speed runs) only first token, finish and the
-largest inter-token gap are kept: then ``request_metrics`` is computed here, vectorised, and ITL
-percentiles are not available.
+real load generator (``servelab.loadgen.metrics.RECORD_COLUMNS``), so ``servelab.loadgen.metrics`` summarizes
+both. With ``token_times=False`` (long capacity or speed runs) only first token, finish and the largest
+inter-token gap are kept: then the per-request metrics are computed here, vectorised (``compact_metrics``), and
+summarized by the same ``servelab.loadgen.metrics.summarize_metrics`` without ITL percentiles.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from servelab.engine.sequence import SequenceStatus
-from servelab.loadgen.metrics import RECORD_COLUMNS, SUMMARY_KEYS, request_metrics, summarize
+from servelab.loadgen.metrics import RECORD_COLUMNS
 
 FINISHED = SequenceStatus.FINISHED
 
@@ -157,37 +157,4 @@ def compact_metrics(records: pd.DataFrame, max_gap_s) -> pd.DataFrame:
     )
 
 
-def compact_summary(
-    metrics: pd.DataFrame,
-    *,
-    slo_ttft_ms=None,
-    slo_tpot_ms=None,
-    duration_s=None,
-    first_sent_s: float = 0.0,
-    last_finish_s: float | None = None,
-) -> dict:
-    """``summarize``'s keys from ``compact_metrics`` (ITL percentiles are NaN: no per-token times were kept)."""
-    done = metrics[metrics["ok"]]
-    if duration_s is None:
-        duration_s = (last_finish_s - first_sent_s) if last_finish_s is not None and len(done) else float("nan")
-    out = {}
-    for name in ("ttft", "tpot", "itl", "e2e"):
-        vals = done[f"{name}_ms"].dropna().to_numpy() if name != "itl" else np.array([])
-        for p in (50, 90, 99):
-            out[f"{name}_p{p}_ms"] = float(np.percentile(vals, p)) if vals.size else float("nan")
-    out["max_itl_ms"] = float(done["max_itl_ms"].max()) if len(done) else float("nan")
-    good = np.ones(len(done), dtype=bool)
-    if slo_ttft_ms is not None:
-        good &= (done["ttft_ms"] <= slo_ttft_ms).to_numpy()
-    if slo_tpot_ms is not None:
-        good &= (done["tpot_ms"].fillna(0.0) <= slo_tpot_ms).to_numpy()
-    span = duration_s if duration_s and duration_s > 0 else float("nan")
-    out["throughput_tok_s"] = float(done["output_tokens"].sum()) / span
-    out["request_throughput"] = len(done) / span
-    out["goodput_req_s"] = int(good.sum()) / span
-    out["completed"] = int(len(done))
-    out["failed"] = int(len(metrics) - len(done))
-    return {k: out[k] for k in SUMMARY_KEYS}
-
-
-__all__ = ["RequestBook", "records_frame", "compact_metrics", "compact_summary", "request_metrics", "summarize"]
+__all__ = ["RequestBook", "records_frame", "compact_metrics"]

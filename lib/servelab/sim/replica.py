@@ -15,8 +15,9 @@ own ``reserve_slots``, finishing through its ``finish_reason`` / ``finish``). Ru
 arrival routed here mid-run cuts it at the first step that starts at or after the arrival, as the step-by-step
 simulation would. A single step the scheduler picked is settled when it starts (see ``Replica.start``).
 Every step that admits or preempts goes through the real scheduler, whose Python cost per running sequence
-then bounds the simulator's speed (``servelab.studies.s08_simulator.speed`` measures it). ``fast_forward=False`` steps one at a
-time through ``schedule`` and ``postprocess``: the reference ``tests/test_sim_fast_forward.py`` compares with.
+then bounds the simulator's speed (``servelab.studies.s08_simulator.speed`` measures it). ``fast_forward=False``
+steps one at a time through ``schedule`` and ``postprocess``: the reference ``tests/test_sim_fast_forward.py``
+compares with.
 """
 
 from __future__ import annotations
@@ -109,7 +110,11 @@ class SimBlockManager(BlockManager):
 class SimSequence(Sequence):
     """A request in the simulator; ``index`` is its row in the trace. Its prompt is placeholder ids (the
     scheduler only counts tokens) unless ``prompt_ids`` are given (a prefix cache compares them). The trace was
-    validated as a whole, so the per-token check of ``Sequence`` is skipped."""
+    validated as a whole, so the per-token check of ``Sequence`` is skipped.
+
+    Its ``seq_id`` is ``request_id`` (the trace's, unique within it; ``index`` when not given), never the
+    engine's process-wide counter: the scheduler's errors then name the trace's request, and two simulations
+    in one process give the same records."""
 
     def __init__(
         self,
@@ -118,12 +123,55 @@ class SimSequence(Sequence):
         params: SamplingParams,
         arrival_s: float,
         prompt_ids: list[int] | None = None,
+        request_id=None,
     ):
-        super().__init__([SIM_TOKEN] * prompt_tokens if prompt_ids is None else prompt_ids, params, arrival_s=arrival_s)
+        super().__init__(
+            [SIM_TOKEN] * prompt_tokens if prompt_ids is None else prompt_ids,
+            params,
+            seq_id=index if request_id is None else request_id,
+            arrival_s=arrival_s,
+        )
         self.index = index
 
     def __post_init__(self):
         pass
+
+
+def _steps_to_first_finish(items) -> int:
+    """Decode steps until the first of ``items`` finishes (at most ``MAX_RUN_STEPS``); 1 when one was just
+    admitted or might stop early."""
+    k_cap = MAX_RUN_STEPS
+    for it in items:
+        if it.start == 0 or it.seq.params.stop_token_ids:  # just admitted, or might stop early
+            return 1
+        left = it.seq.params.max_tokens - len(it.seq.output_token_ids)
+        if left < k_cap:
+            k_cap = left
+    return k_cap
+
+
+def _composition(batch: ScheduledBatch) -> tuple:
+    """What the cost model prices in a step: ``(prefill tokens, decodes, decode context tokens, longest context,
+    Σ n·(c + n/2) attention pairs of the chunks, Σ n·c chunk context pairs, the sequences that sample a token)``."""
+    pre_tokens = decodes = ctx = longest = 0
+    pairs = ctx_pairs = 0.0
+    samplers = []  # sequences that get a token from this step
+    for it in batch.items:
+        n = it.num_tokens
+        seq = it.seq
+        if it.start > longest:
+            longest = it.start
+        if n == 1:
+            decodes += 1
+            ctx += it.start
+            samplers.append(seq)
+        else:
+            pre_tokens += n
+            pairs += n * (it.start + n / 2)
+            ctx_pairs += n * it.start
+            if it.start + n == seq.num_tokens:
+                samplers.append(seq)
+    return pre_tokens, decodes, ctx, longest, pairs, ctx_pairs, samplers
 
 
 class Replica:
@@ -209,35 +257,10 @@ class Replica:
                 self._run = run
                 return self._in_flight(t, run.run_end)
         waiting_before = len(sched.waiting)
-        while True:
-            batch = sched.schedule()
-            if batch.items:
-                break
-            if not batch.preempted:
-                if sched.has_unfinished():
-                    raise RuntimeError(
-                        f"replica {self.index}: scheduler produced no work with {len(sched.waiting)} "
-                        f"waiting and {len(sched.running)} running sequences"
-                    )
-                return None
-        pre_tokens = decodes = ctx = longest = 0
-        pairs = ctx_pairs = 0.0
-        samplers = []  # sequences that get a token from this step
-        for it in batch.items:
-            n = it.num_tokens
-            seq = it.seq
-            if it.start > longest:
-                longest = it.start
-            if n == 1:
-                decodes += 1
-                ctx += it.start
-                samplers.append(seq)
-            else:
-                pre_tokens += n
-                pairs += n * (it.start + n / 2)
-                ctx_pairs += n * it.start
-                if it.start + n == seq.num_tokens:
-                    samplers.append(seq)
+        batch = self._schedule()
+        if batch is None:
+            return None
+        pre_tokens, decodes, ctx, longest, pairs, ctx_pairs, samplers = _composition(batch)
         admitted = len(sched.waiting) != waiting_before  # (a prompt whose prefix is cached may admit as one token)
         k = (
             self._run_length(batch)
@@ -272,6 +295,22 @@ class Replica:
         self._batch, self._steps, self._samplers, self._log = batch, k, samplers, log
         return self._ends[-1]
 
+    def _schedule(self) -> ScheduledBatch | None:
+        """The scheduler's next batch with work in it (steps that only preempt are passed over), or None when
+        nothing is left to run."""
+        sched = self.scheduler
+        while True:
+            batch = sched.schedule()
+            if batch.items:
+                return batch
+            if not batch.preempted:
+                if sched.has_unfinished():
+                    raise RuntimeError(
+                        f"replica {self.index}: scheduler produced no work with {len(sched.waiting)} "
+                        f"waiting and {len(sched.running)} running sequences"
+                    )
+                return None
+
     def _settle(self, batch: ScheduledBatch, samplers: list, end: float, log: tuple | None) -> float:
         """Apply a single step now (``postprocess``; its tokens dated ``end``); then book a decode run from
         ``end`` if the pattern holds. The end (s) of what is in flight."""
@@ -295,13 +334,7 @@ class Replica:
         items = batch.items
         if len(items) != len(sched.running):
             return 1
-        k_cap = MAX_RUN_STEPS
-        for it in items:
-            if it.start == 0 or it.seq.params.stop_token_ids:  # just admitted, or might stop early
-                return 1
-            left = it.seq.params.max_tokens - len(it.seq.output_token_ids)
-            if left < k_cap:
-                k_cap = left
+        k_cap = _steps_to_first_finish(items)
         if k_cap <= 1:
             return 1
         bs = sched.bm.block_size
@@ -348,24 +381,33 @@ class Replica:
     def complete(self, t: float) -> int:
         """Account for the in-flight run that ended at ``t``: tokens, finishes, freed blocks. Returns how many
         requests finished."""
-        if self._lead is not None or self._run is not None:
-            finished = 0
-            if self._lead is not None:
-                _, finished, row = self._lead
-                self._lead = None
-                self.num_steps += 1
-                if row is not None:
-                    self.step_log.append(row)
-            run = self._run
-            if run is not None:
-                self._run = None
-                finished += run.commit(self.scheduler, self.book)
-                self.num_steps += run.steps
-                if self.step_log is not None:
-                    self.step_log.extend(run.log_rows(self.index))
-            self._committed -= finished
-            self.outstanding, self.next_finish_s = self._committed, math.inf
-            return finished
+        settled = self._lead is not None or self._run is not None  # (else a step the scheduler picked)
+        finished = self._complete_run() if settled else self._complete_batch()
+        self._committed -= finished
+        self.outstanding, self.next_finish_s = self._committed, math.inf
+        return finished
+
+    def _complete_run(self) -> int:
+        """Commit the settled lead step and the decode run behind it; how many requests finished."""
+        finished = 0
+        if self._lead is not None:
+            _, finished, row = self._lead
+            self._lead = None
+            self.num_steps += 1
+            if row is not None:
+                self.step_log.append(row)
+        run = self._run
+        if run is not None:
+            self._run = None
+            finished += run.commit(self.scheduler, self.book)
+            self.num_steps += run.steps
+            if self.step_log is not None:
+                self.step_log.extend(run.log_rows(self.index))
+        return finished
+
+    def _complete_batch(self) -> int:
+        """Apply the scheduler's step (or fused run of ``k`` identical decode steps) that just ended; how many
+        requests finished."""
         batch, ends, k = self._batch, self._ends, self._steps
         self._batch = self._ends = None
         sched, book = self.scheduler, self.book
@@ -381,31 +423,36 @@ class Replica:
                     book.finish(seq.index, t0)
                     finished += 1
         else:
-            times = ends
-            max_gap = ends[-1] - ends[-2]  # steps only lengthen within a run: its context grows
-            extra = k - 1
-            pad = [SIM_TOKEN] * extra
-            cache = sched.bm.prefix_cache
-            for it in batch.items:
-                seq = it.seq
-                book.tokens(seq.index, times, max_gap)
-                if seq.status is SequenceStatus.FINISHED:
-                    raise RuntimeError("a fused decode run finished a sequence before its last step")
-                computed = seq.num_tokens + extra - 1  # the last sampled token stays uncomputed
-                sched.reserve_slots(seq, computed)  # slots for every computed position; the run length
-                seq.output_token_ids += pad  # guaranteed the blocks
-                seq.num_computed_tokens = computed
-                if cache is not None:  # what postprocess does after each step
-                    sched.bm.cache_blocks(seq.seq_id, computed, seq.token_ids)
-                reason = sched.finish_reason(seq, SIM_TOKEN)
-                if reason is not None:
-                    sched.finish(seq, reason)
-                    book.finish(seq.index, times[-1])
-                    finished += 1
-        self._committed -= finished
-        self.outstanding, self.next_finish_s = self._committed, math.inf
+            finished = self._book_fused(batch, ends, k)
         self.num_steps += k
         if self.step_log is not None:
             s, p, d, n, w, pre, pctx, dctx = self._log
             self.step_log.append((self.index, s, ends[-1], p, d, n, w, pre, k, pctx, dctx))
+        return finished
+
+    def _book_fused(self, batch: ScheduledBatch, ends: list[float], k: int) -> int:
+        """The last ``k - 1`` steps of a fused decode run (``postprocess`` applied its first): tokens at ``ends``,
+        KV slots reserved and finishes made through the scheduler's own methods; how many requests finished."""
+        sched, book = self.scheduler, self.book
+        max_gap = ends[-1] - ends[-2]  # steps only lengthen within a run: its context grows
+        extra = k - 1
+        pad = [SIM_TOKEN] * extra
+        cache = sched.bm.prefix_cache
+        finished = 0
+        for it in batch.items:
+            seq = it.seq
+            book.tokens(seq.index, ends, max_gap)
+            if seq.status is SequenceStatus.FINISHED:
+                raise RuntimeError("a fused decode run finished a sequence before its last step")
+            computed = seq.num_tokens + extra - 1  # the last sampled token stays uncomputed
+            sched.reserve_slots(seq, computed)  # slots for every computed position; the run length
+            seq.output_token_ids += pad  # guaranteed the blocks
+            seq.num_computed_tokens = computed
+            if cache is not None:  # what postprocess does after each step
+                sched.bm.cache_blocks(seq.seq_id, computed, seq.token_ids)
+            reason = sched.finish_reason(seq, SIM_TOKEN)
+            if reason is not None:
+                sched.finish(seq, reason)
+                book.finish(seq.index, ends[-1])
+                finished += 1
         return finished
