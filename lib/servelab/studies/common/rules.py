@@ -8,7 +8,8 @@ rule as first registered; each change's ``old_rule`` must hash to the rule befor
 the last change's ``new_rule``. Editing a rule's text without adding a change entry breaks the chain, and
 ``check_registry`` (run by the tests) says which claim.
 
-``near_threshold`` is the studies' test of a verdict decided within one noise width of its threshold.
+``near_threshold`` (and ``thresholds_near``, over a rule's thresholds) is the studies' test of a verdict decided
+within one noise width of its threshold.
 """
 
 from __future__ import annotations
@@ -100,6 +101,14 @@ def near_threshold(value: float, threshold: float, noise: float) -> bool:
     if noise < 0:
         raise ParameterError(f"near_threshold: noise must be ≥ 0, got {noise!r}")
     return abs(value - threshold) <= noise
+
+
+def thresholds_near(value: float, thresholds, noise: float) -> list[float]:
+    """The thresholds of a rule that ``value`` lies within one ``noise`` width of (``near_threshold``), in the
+    order given; none where the value or the noise is not a finite number (nothing measured, no noise estimate)."""
+    if not all(isinstance(x, int | float) and math.isfinite(x) for x in (value, noise)):
+        return []
+    return [t for t in thresholds if near_threshold(float(value), float(t), float(noise))]
 
 
 # ---- the old rules, applied to today's committed H200 data --------------------------------------------------------
@@ -248,4 +257,85 @@ def f62_pairs_table_only(folder: Path) -> OldVerdict:
     verdict = "holds" if c_decides and len_decides else "changes" if c_decides or len_decides else "fails"
     return OldVerdict(
         verdict, f"ρ_c = {rho_c:+.2f} over {len(d)} rows; ρ_length = {rho_len:+.2f}, change {change:+.0%}"
+    )
+
+
+def _study6_measured(folder: Path):
+    """Study 6's pair × length table with a measured speedup, over any number of prompts (before acd6608)."""
+    import pandas as pd
+
+    d = pd.read_csv(folder / "pairs.csv")
+    return d.dropna(subset=["speedup_median"])
+
+
+@_register
+def f61_any_prompt_count(folder: Path) -> OldVerdict:
+    """F6.1 before acd6608: the best pair's median speedup at the longest length any pair ran to, whatever the
+    number of prompts behind it; nothing measured fails."""
+    d = _study6_measured(folder)
+    if d.empty:
+        return OldVerdict("fails", "no assisted run completed")
+    length = int(d["length"].max())
+    best = d[d["length"] == length].sort_values("speedup_median").iloc[-1]
+    s = float(best["speedup_median"])
+    verdict = "fails" if s <= 1.0 else "holds" if abs(s / 1.747 - 1) <= 0.20 else "changes"
+    return OldVerdict(
+        verdict, f"best pair {best['pair']} at {length} tokens: {s:.2f}× over {int(best['prompts'])} prompt(s)"
+    )
+
+
+def _spearman_or_nan(x, y) -> float:
+    import numpy as np
+    from scipy import stats
+
+    x, y = np.asarray(x, float), np.asarray(y, float)
+    ok = np.isfinite(x) & np.isfinite(y)
+    if ok.sum() < 3 or np.ptp(x[ok]) == 0 or np.ptp(y[ok]) == 0:
+        return float("nan")
+    return float(stats.spearmanr(x[ok], y[ok]).statistic)
+
+
+def _study6_length_trends(folder: Path) -> list[tuple[float, float]]:
+    """(ρ, change) of speedup against output length per assisted pair with ≥ 3 lengths, on the prompts that reached
+    the pair's longest length (per-prompt speedups: plain ms / assisted ms on the same target, prompt, length)."""
+    import pandas as pd
+
+    t = pd.read_csv(folder / "times.csv")
+    base = t[t["method"] == "plain"][["prompt", "target", "length", "ms"]].rename(columns={"ms": "base_ms"})
+    d = t[t["method"] == "assisted"].merge(base, on=["prompt", "target", "length"], how="inner")
+    d = d.assign(speedup=d["base_ms"] / d["ms"]).dropna(subset=["speedup"])
+    out = []
+    for _, g in d.groupby("pair"):
+        full = g[g["prompt"].isin(g.loc[g["length"] == g["length"].max(), "prompt"])]
+        med = full.groupby("length")["speedup"].median().sort_index()
+        if len(med) >= 3:
+            rho = _spearman_or_nan(med.index, med.values)
+            out.append((0.0 if math.isnan(rho) else rho, float(med.iloc[-1] / med.iloc[0] - 1)))
+    return out
+
+
+@_register
+def f62_any_prompt_count(folder: Path) -> OldVerdict:
+    """F6.2 between bbf264c and acd6608: ρ(c, speedup) across pairs at the longest length at which ≥ 3 pairs ran,
+    and each pair's length trend on the prompts that reached its longest, whatever the number of prompts behind a
+    (pair, length) speedup; too few pairs or lengths fails."""
+    import statistics
+
+    d = _study6_measured(folder)
+    n = d.groupby("length")["pair"].nunique()
+    lengths = n[n >= 3].index
+    trends = _study6_length_trends(folder)
+    if not len(lengths) or not trends:
+        return OldVerdict("fails", f"needs ≥ 3 pairs at one length and ≥ 3 lengths; got {d['pair'].nunique()} pairs")
+    at = d[d["length"] == int(lengths.max())]
+    rho_c = _spearman_or_nan(at["cost_ratio"], at["speedup_median"])
+    rho_len = float(statistics.median(r for r, _ in trends))
+    change = float(statistics.median(c for _, c in trends))
+    c_decides, len_decides = rho_c <= -0.5, rho_len >= 0.5 and change >= 0.05
+    verdict = "holds" if c_decides and len_decides else "changes" if c_decides or len_decides else "fails"
+    prompts = f"{int(at['prompts'].min())}–{int(at['prompts'].max())}"
+    return OldVerdict(
+        verdict,
+        f"ρ_c = {rho_c:+.2f} over {len(at)} pairs at {int(lengths.max())} tokens ({prompts} prompts each); "
+        f"ρ_length = {rho_len:+.2f}, change {change:+.0%} ({len(trends)} pairs)",
     )

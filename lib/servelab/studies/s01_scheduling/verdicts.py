@@ -5,7 +5,9 @@ F1.1 and F1.2 compare paired runs only where both policies served the load: a ru
 capacity, and its stall or throughput says nothing about fairness, so that rate is left out of the pair.
 
 Each claim is judged per model size, then combined: the same verdict on every model is the verdict; a
-claim that holds on one size and not on another has *changed* (the note says where it holds).
+claim that holds on one size and not on another has *changed* (the note says where it holds). A model's median
+cut within one noise width of a threshold (``cut_noise``: half the range of its per-rate cuts) is said so in the
+note (F1.1, and F1.2's 5% stall-cut gate).
 
 - **F1.1** (ChunkedPrefill cuts the worst-case decode stall, 58.6 → 34.1 ms on the RTX 2070, a 42% cut):
   the worst stall is the run's maximum inter-token gap; at each rate measured with both policies (the same
@@ -28,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from servelab.studies.common.findings import Finding
+from servelab.studies.common.rules import thresholds_near
 from servelab.studies.common.tested_on import tested_on
 
 SEED_STALL_EAGER_MS = 58.6  # RTX 2070, the seed's EagerContBatch worst-case decode stall
@@ -89,14 +92,41 @@ def _where(per_model: dict[str, str]) -> str:
     return "; ".join(f"{m}: {v}" for m, v in per_model.items())
 
 
+def _near_text(sentences: list[str]) -> str:
+    said = [x for x in sentences if x]
+    return (". Near a threshold: " + "; ".join(said)) if said else ""
+
+
+def cut_noise(cuts: pd.Series) -> float:
+    """The noise width of a model's median stall cut (a fraction): half the range of its per-rate cuts. Each rate
+    is measured once, so how far the rates disagree is the only spread the median has; one rate gives none."""
+    return float(cuts.max() - cuts.min()) / 2 if len(cuts) > 1 else float("nan")
+
+
+def near_cut_thresholds(model: str, cuts: pd.Series, thresholds) -> str:
+    """The sentence that a model's median cut lies within one noise width (``cut_noise``) of a rule's threshold,
+    or "" where it does not."""
+    cut, noise = float(np.median(cuts)), cut_noise(cuts)
+    near = thresholds_near(cut, thresholds, noise)
+    if not near:
+        return ""
+    edges = " and ".join(f"{t:.0%}" for t in near)
+    return (
+        f"{model}'s median cut {cut:.2%} is within one noise width (±{100 * noise:.1f} points, half the range of its "
+        f"{len(cuts)} per-rate cuts, {cuts.min():.1%}–{cuts.max():.1%}) of the {edges} threshold: its verdict "
+        "could go either way"
+    )
+
+
 def f11(summary: pd.DataFrame, reference_budget: int, dtype: str | None = None) -> Finding:
     j = paired(summary, reference_budget)
     if j.empty:
         return _missing("F1.1", "ms", "no rate was measured with both EagerContBatch and ChunkedPrefill")
-    per, parts = {}, []
+    per, parts, near = {}, [], []
     for model, g in j.groupby("model", sort=False):
         cut = float(np.median(g["stall_cut"]))
         per[short(model)] = "fails" if cut <= NO_CUT else "holds" if CUT_HOLDS[0] <= cut <= CUT_HOLDS[1] else "changes"
+        near.append(near_cut_thresholds(short(model), g["stall_cut"], (NO_CUT, *CUT_HOLDS)))
         worst = g.loc[g["max_itl_ms_eager"].idxmax()]
         parts.append(
             f"{short(model)}: worst stall {worst['max_itl_ms_eager']:.1f} → {worst['max_itl_ms_chunked']:.1f} ms "
@@ -110,7 +140,7 @@ def f11(summary: pd.DataFrame, reference_budget: int, dtype: str | None = None) 
         unit="ms",
         verdict=combine(per),
         note=f"ChunkedPrefill at a {reference_budget}-token budget vs EagerContBatch on the same traces; "
-        f"holds for a 20-70% cut, changes outside it, fails at <= 5%. Per model: {_where(per)}",
+        f"holds for a 20-70% cut, changes outside it, fails at <= 5%. Per model: {_where(per)}" + _near_text(near),
         tested_on=tested_on(j["model"], dtype=dtype, setting=f"{len(j)} paired runs (model × rate) served over HTTP"),
     )
 
@@ -119,9 +149,10 @@ def f12(summary: pd.DataFrame, reference_budget: int, dtype: str | None = None) 
     j = paired(summary, reference_budget)
     if j.empty:
         return _missing("F1.2", "ratio", "no rate was measured with both EagerContBatch and ChunkedPrefill")
-    per, parts = {}, []
+    per, parts, near = {}, [], []
     for model, g in j.groupby("model", sort=False):
         cut = float(np.median(g["stall_cut"]))
+        near.append(near_cut_thresholds(short(model), g["stall_cut"], (NO_CUT,)))
         top = g.loc[g["rate_fraction"].idxmax()]
         ratio = float(top["throughput_ratio"])
         per[short(model)] = "fails" if cut <= NO_CUT else "changes" if ratio > THROUGHPUT_GAIN else "holds"
@@ -138,7 +169,7 @@ def f12(summary: pd.DataFrame, reference_budget: int, dtype: str | None = None) 
         unit="ChunkedPrefill / EagerContBatch delivered tokens/s",
         verdict=combine(per),
         note=f"holds if the stall is cut (> 5%) and throughput rises <= 10%; changes if it rises more; "
-        f"fails without a stall cut. Per model: {_where(per)}",
+        f"fails without a stall cut. Per model: {_where(per)}" + _near_text(near),
         tested_on=tested_on(j["model"], dtype=dtype, setting=f"{len(j)} paired runs (model × rate) served over HTTP"),
     )
 

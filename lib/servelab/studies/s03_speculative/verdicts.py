@@ -13,6 +13,8 @@ import pandas as pd
 
 from servelab.spec import leviathan
 from servelab.studies.common.findings import Finding
+from servelab.studies.common.repeats import median_interval
+from servelab.studies.common.rules import near_threshold
 
 SEED_TARGET_OVER_DRAFT = 1.18  # F3.3: measured cost ratio target/draft on the RTX 2070 (eager HF)
 SEED_PARAM_RATIO = 3.1  # F3.3: Qwen2-1.5B / Qwen2-0.5B parameters, as the seed put it
@@ -109,10 +111,34 @@ def f31(
     return _finding("F3.1", "no number; speculation failed", measured, "× speedup", verdict, note, tested_on)
 
 
+def near_prediction_thresholds(err: pd.Series) -> str:
+    """The sentence that the median |error| (``err``: |prediction error| per point, %) lies within one noise width
+    of F3.2's 20% or 50% threshold, or "". The noise is the order-statistic interval of the median over the points
+    (``common.repeats.median_interval``), on the threshold's side: the threshold lies inside the interval."""
+    err = err[np.isfinite(err)]
+    if err.empty:
+        return ""
+    iv = median_interval(err)
+    near = [
+        t
+        for t in (PREDICTION_HOLDS_PCT, PREDICTION_TREND_PCT)
+        if near_threshold(iv.median, t, (iv.high - iv.median) if t >= iv.median else (iv.median - iv.low))
+    ]
+    if not near:
+        return ""
+    edges = " and ".join(f"{t:g}%" for t in near)
+    kind = "min–max" if iv.is_min_max else "order-statistic interval"
+    return (
+        f". Near a threshold: the median |error| {iv.median:.2f}% is within one noise width of the {edges} "
+        f"threshold (its {kind} over the {iv.n} points, {iv.low:.1f}–{iv.high:.1f}%, covers the median with "
+        f"{iv.coverage:.0%} probability): the verdict could go either way"
+    )
+
+
 def f32(speed: pd.DataFrame, *, tested_on: str = "", controlled: pd.DataFrame | None = None) -> Finding:
     """The median |error| of the Leviathan prediction (measured α and engine c) against the measured speedup.
     ``controlled``: the controlled-acceptance table, whose median |error| (α exact, c as the loop ran) the note
-    adds."""
+    adds. A median within one noise width of 20% or 50% is said so (``near_prediction_thresholds``)."""
     s = speed.dropna(subset=["prediction_error_pct"])
     if s.empty:
         return _finding(
@@ -124,7 +150,7 @@ def f32(speed: pd.DataFrame, *, tested_on: str = "", controlled: pd.DataFrame | 
     loop = s.prediction_error_in_loop_pct.abs().median() if "prediction_error_in_loop_pct" in s else float("nan")
     rho = s[["predicted_speedup", "speedup"]].corr(method="spearman").iloc[0, 1] if len(s) >= 3 else float("nan")
     measured = (
-        f"median |error| {med:.0f}% over {len(s)} points (median signed {bias:+.0f}%), rank correlation {rho:.2f}"
+        f"median |error| {med:.1f}% over {len(s)} points (median signed {bias:+.0f}%), rank correlation {rho:.2f}"
     )
     if med <= PREDICTION_HOLDS_PCT:
         verdict = "holds"
@@ -143,6 +169,7 @@ def f32(speed: pd.DataFrame, *, tested_on: str = "", controlled: pd.DataFrame | 
             f"; on the controlled-acceptance curves at the seed's shapes (α exact, c in the loop) the median |error| "
             f"is {ce.median():.0f}% over {len(ce)} points (batch 1: {ce[controlled.batch == 1].median():.0f}%)"
         )
+    note += near_prediction_thresholds(err)
     return _finding("F3.2", "model validated", measured, "% error", verdict, note, tested_on)
 
 
