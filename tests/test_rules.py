@@ -21,7 +21,10 @@ from servelab.studies.common.rules import (
     near_threshold,
     old_verdict,
     rule_hash,
+    thresholds_near,
 )
+from servelab.studies.s06_hf_assisted import analysis
+from servelab.studies.s06_hf_assisted import verdicts as study6
 from servelab_book.rule_changes import render_rule_changes
 
 RESULTS = REPO_ROOT / "data" / "results"
@@ -41,6 +44,16 @@ def test_the_committed_registry_is_sound_and_complete(rules):
 
 def test_the_changes_the_issue_names_are_registered(rules):
     assert {c for c, r in rules.items() if r.changes} >= {"F1.1", "F1.2", "F2.2", "F2.3", "F4.2", "F6.2"}
+
+
+def test_this_sessions_study6_changes_are_registered(rules):
+    """acd6608 made a (pair, length) speedup count only over ≥ MIN_PROMPTS prompts, with an inconclusive outcome:
+    F6.1's first change and F6.2's second, each naming the minimum and the new outcome."""
+    for claim, n in (("F6.1", 1), ("F6.2", 2)):
+        ch = rules[claim].changes[-1]
+        assert len(rules[claim].changes) == n and ch.commit.startswith("acd6608") and ch.date == "2026-12-03"
+        assert f"at least {study6.MIN_PROMPTS} prompts" in ch.new_rule and "inconclusive" in ch.new_rule
+        assert "inconclusive" not in ch.old_rule and ch.new_rule == rules[claim].rule
 
 
 def test_a_rule_edited_without_a_change_entry_fails(rules):
@@ -112,6 +125,75 @@ def test_the_old_study6_rule_on_a_synthetic_table(tmp_path):
     assert got.verdict == "holds" and "ρ_length = +1.00" in got.detail
 
 
+def _study6_folder(tmp_path, prompts: int):
+    """Study 6's pairs.csv and times.csv for three pairs over three lengths and ``prompts`` prompts: c orders the
+    speedups (the cheapest draft fastest) and every pair speeds up with the output length."""
+    folder = tmp_path / "nvidia-h200" / "06_hf_assisted"
+    folder.mkdir(parents=True)
+    times, pairs = [], []
+    for length in (32, 64, 128):
+        for p in range(prompts):
+            times.append(dict(prompt=p, method="plain", target="t", draft="", pair="t", length=length, ms=100.0))
+    for i, (draft, c) in enumerate((("d1", 0.1), ("d2", 0.3), ("d3", 0.6))):
+        for j, length in enumerate((32, 64, 128)):
+            speedup = (1.45 - 0.3 * i) * (1 + 0.1 * j)
+            for p in range(prompts):
+                ms = 100.0 / speedup
+                times.append(
+                    dict(
+                        prompt=p, method="assisted", target="t", draft=draft, pair=f"{draft} → t", length=length, ms=ms
+                    )
+                )
+            pairs.append(
+                dict(
+                    pair=f"{draft} → t",
+                    cost_ratio=c,
+                    alpha=0.5,
+                    length=length,
+                    speedup_median=speedup,
+                    speedup_p25=speedup,
+                    speedup_p75=speedup,
+                    prompts=float(prompts),
+                )
+            )
+    pd.DataFrame(times).to_csv(folder / "times.csv", index=False)
+    pd.DataFrame(pairs).to_csv(folder / "pairs.csv", index=False)
+    return folder
+
+
+def test_the_old_study6_rules_count_any_number_of_prompts(tmp_path):
+    """On two prompts per point the old rules decide (F6.1 holds at 1.74×, F6.2 holds) where the rule in force,
+    which needs MIN_PROMPTS, reads inconclusive; on MIN_PROMPTS prompts both rules agree."""
+    few = _study6_folder(tmp_path / "few", prompts=2)
+    assert OLD_RULES["f61_any_prompt_count"](few).verdict == "holds"
+    got = OLD_RULES["f62_any_prompt_count"](few)
+    assert got.verdict == "holds" and "ρ_c = -1.00" in got.detail and "ρ_length = +1.00" in got.detail
+    pairs = pd.read_csv(few / "pairs.csv")
+    per_prompt = analysis.speedups(pd.read_csv(few / "times.csv"))
+    assert [f.verdict for f in study6.findings(pairs, per_prompt)] == ["inconclusive", "inconclusive"]
+    enough = _study6_folder(tmp_path / "enough", prompts=study6.MIN_PROMPTS)
+    pairs = pd.read_csv(enough / "pairs.csv")
+    per_prompt = analysis.speedups(pd.read_csv(enough / "times.csv"))
+    now = [f.verdict for f in study6.findings(pairs, per_prompt)]
+    assert now == [OLD_RULES[f"f6{k}_any_prompt_count"](enough).verdict for k in (1, 2)] == ["holds", "holds"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    pd.DataFrame(columns=pairs.columns).to_csv(empty / "pairs.csv", index=False)
+    pd.DataFrame(columns=["prompt", "method", "target", "draft", "pair", "length", "ms"]).to_csv(
+        empty / "times.csv", index=False
+    )
+    assert (
+        OLD_RULES["f61_any_prompt_count"](empty).verdict == OLD_RULES["f62_any_prompt_count"](empty).verdict == "fails"
+    )
+
+
+def test_thresholds_near():
+    assert thresholds_near(0.7001, (0.05, 0.20, 0.70), 0.136) == [0.70]
+    assert thresholds_near(0.42, (0.05, 0.20, 0.70), 0.02) == []
+    assert thresholds_near(0.10, (0.05, 0.20), 0.10) == [0.05, 0.20]
+    assert thresholds_near(0.7, (0.70,), float("nan")) == [] and thresholds_near(float("nan"), (0.70,), 0.1) == []
+
+
 def test_near_threshold():
     assert near_threshold(20.15, 20.0, 0.5) and not near_threshold(25.0, 20.0, 0.5)
     assert near_threshold(0.7001, 0.70, 0.0001 + 1e-12)
@@ -126,7 +208,8 @@ def test_the_methodology_section_lists_each_change_with_both_verdicts(rules):
     findings = pd.DataFrame({"id": ["F6.2"], "verdict": ["holds"]})
     md = render_rule_changes(rules, findings, RESULTS)
     assert md.count("### F") == sum(len(r.changes) for r in rules.values())
-    assert "### F6.2: changed 2026-12-02 (`bbf264c`)" in md
+    assert "### F6.2: changed 2026-12-02 (`bbf264c`)" in md and "### F6.2: changed 2026-12-03 (`acd6608`)" in md
+    assert "### F6.1: changed 2026-12-03 (`acd6608`)" in md
     section = md.split("### F6.2")[1]
     assert "the old rule says **" in section and "the rule in force says **holds**" in section
     assert "the rule in force says **not yet measured**" in md.split("### F1.1")[1]

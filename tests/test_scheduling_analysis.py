@@ -263,3 +263,28 @@ def test_findings_name_what_they_were_tested_on():
     )
     assert f13.tested_on.endswith("3 policy settings × 2 rates")
     assert all(f.tested_on == "" for f in verdicts.findings(summary_frame([]), 512))  # nothing ran: nothing named
+
+
+def _two_cuts(cut_half_rate: float, cut_full_rate: float) -> pd.DataFrame:
+    """A sweep whose stall cut is ``cut_half_rate`` at rate fraction 0.5 and ``cut_full_rate`` at 1.0."""
+    s = sweep(100.0, 50.0, 1000, 1000)
+    chunked = s["scheduler"] == "chunked_prefill"
+    for f, cut in ((0.5, cut_half_rate), (1.0, cut_full_rate)):
+        s.loc[chunked & (s["rate_fraction"] == f), "max_itl_ms"] = 100.0 * (1 - cut)
+    return s
+
+
+def test_a_cut_within_its_noise_of_a_threshold_is_said_so():
+    # the committed qwen2-0.5b case: cuts 56.4% and 83.6%, median 70.01% against the 20-70% band
+    near = verdicts.f11(_two_cuts(0.5641, 0.8361), 512)
+    assert near.verdict == "changes"
+    assert "Near a threshold: m's median cut 70.01% is within one noise width (±13.6 points" in near.note
+    assert "of the 70% threshold" in near.note and "56.4%–83.6%" in near.note
+    far = verdicts.f11(_two_cuts(0.40, 0.44), 512)  # 42% ± 2 points: far from 20% and 70%
+    assert far.verdict == "holds" and "Near a threshold" not in far.note
+    gate = verdicts.f12(_two_cuts(0.0, 0.12), 512)  # a 6% cut ± 6 points: the 5% stall-cut gate is within reach
+    assert gate.verdict == "holds" and "of the 5% threshold" in gate.note
+    assert np.isnan(verdicts.cut_noise(pd.Series([0.7])))  # one rate: no noise estimate
+    one_rate = _two_cuts(0.70, 0.70)
+    one_rate = one_rate[one_rate["rate_fraction"] == 0.5]
+    assert "Near a threshold" not in verdicts.f11(one_rate, 512).note

@@ -253,3 +253,21 @@ def test_step_costs_and_cost_ratios_record_failures_as_rows():
     assert row.floor_ratio == pytest.approx(floors["big"] / floors["small"])
     assert (ok.pct_of_floor > 0).all()
     assert cost_ratios(steps.iloc[:0], [("small", "big")]).empty
+
+
+def _errors(errors) -> pd.DataFrame:
+    e = np.asarray(errors, float)
+    return pd.DataFrame(dict(prediction_error_pct=e, speedup=1.0, predicted_speedup=1.0 + e / 100))
+
+
+def test_f32_says_when_its_median_error_is_within_noise_of_a_threshold():
+    # the committed H200 case: median |error| 20.15% over 50 points against the 20% line
+    near = verdicts.f32(_errors(np.linspace(5.15, 35.15, 51)[:-1] + 0.3))
+    assert near.verdict == "changes" and near.measured_value.startswith("median |error| 20.1% over 50 points")
+    assert "Near a threshold: the median |error| 20.15% is within one noise width of the 20% threshold" in near.note
+    assert "order-statistic interval over the 50 points" in near.note
+    far = verdicts.f32(_errors(np.linspace(34.0, 36.0, 50)))  # 35% ± 1: far from 20% and 50%
+    assert far.verdict == "changes" and "Near a threshold" not in far.note
+    few = verdicts.f32(_errors([19.0, 21.0, 30.0]))  # three points: the interval is the min–max
+    assert few.verdict == "changes" and "its min–max over the 3 points, 19.0–30.0%" in few.note
+    assert verdicts.near_prediction_thresholds(pd.Series([np.inf, np.nan])) == ""

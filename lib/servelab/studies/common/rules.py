@@ -333,9 +333,10 @@ def f62_any_prompt_count(folder: Path) -> OldVerdict:
     change = float(statistics.median(c for _, c in trends))
     c_decides, len_decides = rho_c <= -0.5, rho_len >= 0.5 and change >= 0.05
     verdict = "holds" if c_decides and len_decides else "changes" if c_decides or len_decides else "fails"
-    prompts = f"{int(at['prompts'].min())}–{int(at['prompts'].max())}"
+    lo, hi = int(at["prompts"].min()), int(at["prompts"].max())
+    prompts = f"{lo}" if lo == hi else f"{lo}–{hi}"
     return OldVerdict(
         verdict,
-        f"ρ_c = {rho_c:+.2f} over {len(at)} pairs at {int(lengths.max())} tokens ({prompts} prompts each); "
+        f"ρ_c = {rho_c:+.2f} over {len(at)} pairs at {int(lengths.max())} tokens ({prompts} prompt(s) per pair); "
         f"ρ_length = {rho_len:+.2f}, change {change:+.0%} ({len(trends)} pairs)",
     )
