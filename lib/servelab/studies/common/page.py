@@ -114,7 +114,7 @@ def with_repeats(run):
     from servelab.studies.common.repeat_runs import combine_findings, read_findings, set_folders
 
     rep = repeat_env()
-    if rep is None or rep["index"] != rep["of"] - 1:
+    if rep is None or rep["index"] != rep["of"] - 1 or not hasattr(run, "findings"):
         return run
     sets = [fs for fs in set_folders(rep["set"]).values() if all((f / "findings.csv").exists() for f in fs)]
     if len(sets) != 1 or len(sets[0]) != rep["of"]:
