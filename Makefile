@@ -8,6 +8,8 @@ BUILD := _build
 # studies to re-execute (make reproduce STUDIES="02 05" PROFILE=full)
 STUDIES ?= $(patsubst notebooks/%.ipynb,%,$(wildcard notebooks/[0-9][0-9]_*.ipynb))
 PROFILE ?= auto
+# independent repeats per study (make reproduce REPEATS=3); empty: one run each
+REPEATS ?=
 
 
 .PHONY: venv lint book test test-lib test-notebooks test-book browser reproduce clean
@@ -53,10 +55,16 @@ browser:
 
 # Re-execute studies with papermill into book/studies (PROFILE=full on a GPU). 08_simulator (after 01, whose
 # measurements it replays) becomes book/simulator.ipynb; 03 and 06 share one trained family ($$SERVELAB_TRAINED).
+# REPEATS=3: each study as 3 fresh processes (seeds base+r), verdicts combined (servelab.studies.common.repeat_runs);
+# the simulator has no verdicts of its own and runs once. PARAMS="-p name value ..." go to every run.
 reproduce: $(STAMP)
 	export SERVELAB_TRAINED=$${SERVELAB_TRAINED:-$$(mktemp -d)}; for s in $(STUDIES); do \
 	  dest=book/studies/$$s.ipynb; [ $$s = 08_simulator ] && dest=book/simulator.ipynb; \
-	  $(PY) -m papermill --cwd notebooks notebooks/$$s.ipynb $$dest -p profile $(PROFILE) $(PARAMS) || exit 1; \
+	  if [ -n "$(REPEATS)" ] && [ $$s != 08_simulator ]; then \
+	    $(PY) -m servelab.studies.common.repeat_runs $$s --repeats $(REPEATS) --profile $(PROFILE) $(PARAMS) || exit 1; \
+	  else \
+	    $(PY) -m papermill --cwd notebooks notebooks/$$s.ipynb $$dest -p profile $(PROFILE) $(PARAMS) || exit 1; \
+	  fi; \
 	done
 
 clean:

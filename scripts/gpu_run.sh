@@ -2,7 +2,10 @@
 # Run studies on the GPU machine in one go: install the carried wheels, execute each notebook with papermill
 # (profile full) into book/studies/, run extra commands, and pack everything into $OUT/results.tgz.
 #
-#   scripts/gpu_run.sh [-t SECONDS_PER_STUDY] STUDY[:SECONDS]... [-- EXTRA COMMAND...]
+#   scripts/gpu_run.sh [-t SECONDS_PER_STUDY] [-r REPEATS] STUDY[:SECONDS]... [-- EXTRA COMMAND...]
+#
+# -r N: each study runs N times, each a fresh process with seed base+r, and its verdicts are combined
+# (servelab.studies.common.repeat_runs; N >= 3); the time limit then covers all N. 08_simulator runs once.
 #
 # PM_PARAMS="-p name value ..." adds papermill parameters to every study of the run.
 # 08_simulator is not a study: its executed notebook becomes book/simulator.ipynb. Notebooks 03 and 06
@@ -17,7 +20,10 @@ if [ -n "${SERVELAB_SNAPSHOT:-}" ]; then
   [ -d "$here/.whl" ] && [ ! -e .whl ] && ln -s "$here/.whl" .whl
 fi
 per=300
-if [ "${1:-}" = "-t" ]; then per=$2; shift 2; fi
+repeats=1
+while [ "${1:-}" = "-t" ] || [ "${1:-}" = "-r" ]; do
+  if [ "$1" = "-t" ]; then per=$2; else repeats=$2; fi; shift 2
+done
 studies=(); while [ $# -gt 0 ] && [ "$1" != "--" ]; do studies+=("$1"); shift; done
 [ "${1:-}" = "--" ] && shift
 extra=("$@")
@@ -40,8 +46,13 @@ for spec in "${studies[@]}"; do
   s=${spec%%:*}; limit=$per; [ "$spec" != "$s" ] && limit=${spec#*:}
   dest=book/studies/$s.ipynb; [ "$s" = 08_simulator ] && dest=book/simulator.ipynb
   t0=$(date +%s)
-  timeout "$limit" python3 -m papermill --cwd notebooks "notebooks/$s.ipynb" "$dest" \
-      -p profile full ${PM_PARAMS:-} --log-output --no-progress-bar >>"$OUT/$s.log" 2>&1
+  if [ "$repeats" -gt 1 ] && [ "$s" != 08_simulator ]; then
+    timeout $(( limit * repeats )) python3 -m servelab.studies.common.repeat_runs "$s" --repeats "$repeats" \
+        --profile full ${PM_PARAMS:-} --page "$dest" >>"$OUT/$s.log" 2>&1
+  else
+    timeout "$limit" python3 -m papermill --cwd notebooks "notebooks/$s.ipynb" "$dest" \
+        -p profile full ${PM_PARAMS:-} --log-output --no-progress-bar >>"$OUT/$s.log" 2>&1
+  fi
   rc=$?
   echo "$s rc=$rc $(( $(date +%s) - t0 ))s" | tee -a "$summary" >>"$log"
   grep -E "PapermillExecutionError|Error|error" "$OUT/$s.log" | tail -5 >>"$summary" || true

@@ -6,6 +6,10 @@ book shows is computed from these files.
 
 The results root is ``data/results`` in the repository, or ``$SERVELAB_RESULTS`` when set (CI's smoke
 runs write to a scratch directory so they never touch the committed H200 data).
+
+A run that is one repeat of a set (``studies.common.repeat_runs`` sets ``$SERVELAB_REPEAT_SET``, a token naming
+the set, ``$SERVELAB_REPEAT``, its index from 0, and ``$SERVELAB_REPEATS``, the set's size) writes to
+``<NN_study>/repeats/r<index>/`` instead, and its sidecar records the three; the runner combines the set.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -30,6 +35,25 @@ FINDINGS_OPTIONAL = {"tested_on": "", "repeats": 1, "repeat_verdicts": "", "spre
 
 def results_root() -> Path:
     return Path(os.environ.get("SERVELAB_RESULTS", REPO_ROOT / "data" / "results"))
+
+
+def repeat_env() -> dict | None:
+    """This process's place in a set of repeats, ``{"set": token, "index": i, "of": n}``, or None outside one."""
+    token = os.environ.get("SERVELAB_REPEAT_SET", "").strip()
+    if not token:
+        return None
+    try:
+        index, of = int(os.environ["SERVELAB_REPEAT"]), int(os.environ["SERVELAB_REPEATS"])
+    except (KeyError, ValueError) as e:
+        raise ValueError("SERVELAB_REPEAT_SET needs SERVELAB_REPEAT and SERVELAB_REPEATS as integers") from e
+    if not 0 <= index < of:
+        raise ValueError(f"SERVELAB_REPEAT={index} is outside a set of SERVELAB_REPEATS={of}")
+    return {"set": token, "index": index, "of": of}
+
+
+def repeat_folder(index: int) -> str:
+    """The folder of repeat ``index`` inside a study's results folder."""
+    return f"repeats/r{index}"
 
 
 def git_commit() -> str:
@@ -74,11 +98,20 @@ class StudyResults:
         self.device = device
         self.params = dict(params)
         self.ceilings = ceilings
-        self.dir = Path(root or results_root()) / device.slug / study
+        self.repeat = repeat_env()
+        self.device_dir = Path(root or results_root()) / device.slug
+        self.dir = self._folder(study)
+        if self.repeat and self.dir.is_dir() and _set_of(self.dir) != self.repeat["set"]:
+            shutil.rmtree(self.dir)  # an older set's repeat of this index: none of its files belong to this one
         self.dir.mkdir(parents=True, exist_ok=True)
         self.files: list[str] = []
         self.started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         self.write_sidecar()
+
+    def _folder(self, study: str) -> Path:
+        """``study``'s folder for this run: its repeat's folder in a set of repeats, else the study's own."""
+        top = self.device_dir / study
+        return top / repeat_folder(self.repeat["index"]) if self.repeat else top
 
     def write_sidecar(self, **extra) -> Path:
         path = self.dir / "run.json"
@@ -91,6 +124,7 @@ class StudyResults:
             "ceilings": self.ceilings,
             "params": self.params,
             "files": self.files,
+            **({"repeat": self.repeat} if self.repeat else {}),
             **extra,
         }
         path.write_text(json.dumps(side, indent=2, default=_jsonable) + "\n")
@@ -110,12 +144,15 @@ class StudyResults:
     def write_for(self, study: str, name: str, df: pd.DataFrame) -> Path:
         """Write ``<name>.csv`` into another study's folder of the same device: a result that belongs to that
         study's question but is computed here (the simulator's validation of Study 1's runs). This sidecar
-        lists it as ``<study>/<name>.csv``; the file's own provenance is this run's sidecar."""
+        lists it as ``<study>/<name>.csv``; the file's own provenance is this run's sidecar. In a set of repeats the
+        file goes to that study's repeat of this set where this process made one, else to that study's folder."""
         if not name.replace("_", "").isalnum() or not study.replace("_", "").isalnum():
             raise ValueError(f"study and result names must be alphanumeric with underscores, got {study!r}, {name!r}")
-        folder = self.dir.parent / study
+        folder = self._folder(study)
+        if not (folder.is_dir() and _set_of(folder) == (self.repeat or {}).get("set")):
+            folder = self.device_dir / study
         if not folder.is_dir():
-            raise FileNotFoundError(f"no results of study {study!r} under {self.dir.parent}: nothing to add to")
+            raise FileNotFoundError(f"no results of study {study!r} under {self.device_dir}: nothing to add to")
         path = folder / f"{name}.csv"
         df.to_csv(path, index=False)
         entry = f"{study}/{path.name}"
@@ -143,6 +180,14 @@ class StudyResults:
         if hasattr(self.device, "close"):
             self.device.close()
         return self.write_sidecar(**extra)
+
+
+def _set_of(folder: Path) -> str | None:
+    """The repeat set whose run wrote ``folder`` (its sidecar's ``repeat.set``), or None."""
+    try:
+        return (json.loads((folder / "run.json").read_text()).get("repeat") or {}).get("set")
+    except (OSError, ValueError):
+        return None
 
 
 def findings_frame(rows: list[dict]) -> pd.DataFrame:

@@ -14,6 +14,7 @@ from servelab.studies.common.params import (
 
 DEFAULTS = {
     "full": dict(
+        seed=0,  # random weights (and traces) of this run; a set of repeats gives each its own
         models=["config:qwen2-0.5b", "config:qwen2-1.5b"],
         dtype="bfloat16",
         modes=["hf_eager", "hf_cuda_graph", "engine", "engine_eager"],
@@ -34,6 +35,7 @@ DEFAULTS = {
         engine_eager_max_tokens=4096,
     ),
     "smoke": dict(
+        seed=0,  # random weights (and traces) of this run; a set of repeats gives each its own
         models=["config:tiny-qwen2", "config:tiny-llama"],
         dtype="float32",
         modes=["hf_eager", "engine", "engine_eager"],
@@ -120,4 +122,5 @@ def study_params(profile: str = "auto", **overrides) -> dict:
     _check_models(p)
     _check_modes(p)
     _check_shapes(p)
+    check_int_range("seed", p["seed"], 0, 2**31 - 1)
     return p

@@ -80,7 +80,7 @@ def _time_model(spec: str, P: dict, dev, roof: Roofline) -> tuple[pd.DataFrame, 
     """One model's steps in every mode, its kernel profiles (CUDA only) and its size; the model is freed after."""
     import torch
 
-    m = load_model(spec, dtype=P["dtype"], device=dev.kind).model
+    m = load_model(spec, dtype=P["dtype"], device=dev.kind, seed=P["seed"]).model
     shape = ModelShape.from_config(m.config)
     kv_token = shape.kv_bytes_per_token(m.dtype.itemsize)
     size = dict(

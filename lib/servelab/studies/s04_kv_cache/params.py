@@ -17,6 +17,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 DEFAULTS = {
     "full": dict(
+        seed=0,  # random weights (and traces) of this run; a set of repeats gives each its own
         # F4.1: GPT-2 in fp16 is the seed's 36 KB/token model; GQA (Qwen2, Llama-3), MQA (SantaCoder)
         bpt_cases=[
             ["config:gpt2", "float16", True],
@@ -48,6 +49,7 @@ DEFAULTS = {
         overlap_rounds=50,
     ),
     "smoke": dict(
+        seed=0,  # random weights (and traces) of this run; a set of repeats gives each its own
         bpt_cases=[
             ["config:tiny-gpt2", "float32", True],
             ["config:tiny-qwen2", "float32", True],
@@ -186,4 +188,5 @@ def study_params(profile: str = "auto", **overrides) -> dict:
     _check_compaction(p)
     _check_overlap(p)
     _check_positions(p)
+    check_int_range("seed", p["seed"], 0, 2**31 - 1)
     return p

@@ -142,7 +142,7 @@ def _run(P: dict) -> Study4Run:
     on_cuda = dev.kind == "cuda"
     bpt = bytes_per_token_table(P["bpt_cases"], dev.kind)
     capacity = measure_capacity(P)
-    model = load_model(P["decode_model"], dtype=P["decode_dtype"], device=dev.kind).model
+    model = load_model(P["decode_model"], dtype=P["decode_dtype"], device=dev.kind, seed=P["seed"]).model
     geom = KVGeometry.from_config(model.config)
     steps = decode_context_sweep(
         model,
