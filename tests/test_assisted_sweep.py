@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 import torch
 
+from servelab.studies.common.budget import Budget
 from servelab.studies.s06_hf_assisted import analysis
 from servelab.studies.s06_hf_assisted.attention_backend import first_call_costs, first_call_summary, hf_sdpa
-from servelab.studies.s06_hf_assisted.budget import Deadline
 from servelab.studies.s06_hf_assisted.runs import GenerationRun, Job, Pair, times_at_lengths
 from servelab.studies.s06_hf_assisted.sweep import CostEstimates, Pass, plan_passes, run_order, run_passes
 
@@ -149,17 +149,17 @@ def test_failures_are_rows_and_their_dependents_are_skipped():
     assert [c for c in fake.calls if c[0] == ("plain", "b", None) and c[1] != 1] == []  # broken: not retried
 
 
-def test_deadline_leaves_the_reserve_and_honours_the_cap():
-    d = Deadline(100.0, start=0.0)
+def test_the_study_budget_leaves_the_reserve_and_honours_the_cap():
+    d = Budget(100.0, start=0.0)
     d.start = __import__("time").monotonic() - 30.0  # 30 s spent
     assert d.left_s() == pytest.approx(70.0, abs=0.5)
     assert d.sweep_budget_s(10.0) == pytest.approx(60.0, abs=0.5)
     assert d.sweep_budget_s(10.0, cap_s=20.0) == pytest.approx(20.0)
     d.start -= 100.0
     assert d.sweep_budget_s(10.0) == 0.0
-    for bad in (0, -5, True, "60"):
+    for bad in (-5, True, "60"):
         with pytest.raises(ValueError):
-            Deadline(bad)
+            Budget(bad)
 
 
 def test_hf_sdpa_switch_keeps_outputs_and_restores_the_flags():

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from servelab.studies.common.budget import Budget
 from servelab.studies.s06_hf_assisted import analysis, verdicts
-from servelab.studies.s06_hf_assisted.budget import Deadline
 from servelab.studies.s06_hf_assisted.params import REPORT_RESERVE_S, pairs_for
 
 
@@ -52,7 +52,7 @@ def run_study(P: dict, *, progress: bool = False) -> Study6:
     )
     S = Study6(P, dev, StudyResults("06_hf_assisted", dev, P, measure_ceilings()), M, _pairs(M))
     S.timings["models_s"] = time.monotonic() - t0  # distillation (when not cached) and loading: not the study's clock
-    deadline = Deadline(P["wall_budget_s"])
+    deadline = Budget(P["wall_budget_s"])
     _seed_costs(S)  # fixed-size work first: the sweep then takes what the budget leaves
     _real_alpha(S)
     _sweep(S, deadline, progress)
@@ -71,7 +71,7 @@ def _pairs(M) -> list:
     return pairs_for(M.target, M.drafts)
 
 
-def _sweep(S: Study6, deadline: Deadline, progress: bool) -> None:
+def _sweep(S: Study6, deadline: Budget, progress: bool) -> None:
     from servelab.studies.s06_hf_assisted.own import OwnSpeculative, own_available
     from servelab.studies.s06_hf_assisted.runs import assistant_settings, times_at_lengths
     from servelab.studies.s06_hf_assisted.sweep import sweep
