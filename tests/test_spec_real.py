@@ -75,8 +75,8 @@ def test_prompt_lookup_refuses_bad_settings():
     for kw in (dict(max_ngram=0), dict(min_ngram=3, max_ngram=2), dict(max_ngram=True)):
         with pytest.raises(ParameterError):
             PromptLookupProposer(**kw)
-    with pytest.raises(ParameterError, match="greedy"):
-        PromptLookupProposer().propose([1, 1], 2, SamplingParams(temperature=0.8))
+    with pytest.raises(ParameterError, match="gamma"):
+        PromptLookupProposer().lookup([1, 1], 0)
 
 
 # ---- self-draft ----------------------------------------------------------------------------------------

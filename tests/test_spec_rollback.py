@@ -48,7 +48,7 @@ def test_both_caches_hold_exactly_the_accepted_prefix_after_each_round(models):
     rejected_rounds = 0
     for _ in range(6):
         gamma = 5
-        prop = proposer.propose(committed[draft.num_cached :], gamma, greedy)
+        prop = proposer.propose(committed, gamma, greedy)
         logits = verifier.score(committed[-1], prop.tokens)
         assert target.num_cached == len(committed) + gamma and draft.num_cached == len(committed) + gamma - 1
         acc = greedy_accept(logits, torch.tensor(prop.tokens))

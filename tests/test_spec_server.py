@@ -119,3 +119,54 @@ def test_speculative_engine_refuses_bad_requests_and_settings():
                 ]
             )
         )
+
+
+# ---- prompt lookup (no draft model) --------------------------------------------------------------------
+LOOKUP_JSON = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2, "prompt_lookup_min": 1}'
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [["--draft-model", "prompt-lookup", "--num-speculative-tokens", "3"], ["--speculative-config", LOOKUP_JSON]],
+)
+def test_prompt_lookup_server_gives_the_same_greedy_completions(plain, flags):
+    engine = engine_from_args(parse_args(BASE + flags))
+    assert isinstance(engine, SpeculativeEngine) and engine.draft_engine is None
+    assert engine.decoder.gamma_spec == 3
+    assert _completions(engine) == plain
+    stats = engine.stats()
+    assert stats["speculative_method"] == "ngram" and engine.decoder.draft is None
+    # the prompts repeat nothing, but the random target's answers do: lookup proposed some tokens
+    assert stats["spec_proposed_tokens"] > 0
+    assert engine.block_manager.num_used_blocks == 0 and not engine.has_unfinished()
+
+
+def test_speculative_config_json_is_read_as_vllm_reads_it():
+    from servelab.spec.speculative_config import SpeculativeConfig, speculative_config
+
+    assert speculative_config(None, 4, LOOKUP_JSON) == SpeculativeConfig("ngram", 3, None, 2, 1)
+    # neither bound: vLLM's 5 and 5; one bound: both
+    assert speculative_config(None, 4, '{"method": "ngram"}') == SpeculativeConfig("ngram", 4, None, 5, 5)
+    assert speculative_config(None, 4, '{"method": "ngram", "prompt_lookup_max": 2}').prompt_lookup_min == 2
+    draft = speculative_config(None, 4, '{"model": "config:tiny-llama", "num_speculative_tokens": 2}')
+    assert draft == SpeculativeConfig("draft_model", 2, "config:tiny-llama")
+    assert speculative_config("prompt-lookup", 2) == SpeculativeConfig("ngram", 2)
+    assert speculative_config(None, 4) is None
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--speculative-config", "{method: ngram}"],  # not JSON
+        ["--speculative-config", '{"method": "eagle"}'],
+        ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 0}'],
+        ["--speculative-config", '{"method": "ngram", "prompt_lookup_min": 3, "prompt_lookup_max": 2}'],
+        ["--speculative-config", '{"method": "ngram", "n": 3}'],
+        ["--speculative-config", '{"method": "draft_model"}'],
+        ["--speculative-config", LOOKUP_JSON, "--draft-model", "config:tiny-llama"],
+    ],
+)
+def test_bad_speculative_settings_stop_the_parser(flags, capsys):
+    with pytest.raises(SystemExit):
+        parse_args(BASE + flags)
+    assert "speculative" in capsys.readouterr().err.lower()

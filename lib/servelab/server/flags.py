@@ -135,8 +135,16 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--draft-model",
         default=None,
-        help="speculative decoding: a draft model spec sharing the target's tokenizer (requests then run "
-        "one at a time, each round drafting --num-speculative-tokens tokens)",
+        help="speculative decoding: a draft model spec sharing the target's tokenizer, or prompt-lookup (drafts "
+        "copied from the context, no draft model); requests then run one at a time, each round drafting "
+        "--num-speculative-tokens tokens",
+    )
+    g.add_argument(
+        "--speculative-config",
+        default=None,
+        metavar="JSON",
+        help='vLLM\'s spelling: \'{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, '
+        '"prompt_lookup_min": 1}\' (prompt lookup), or \'{"model": SPEC, "num_speculative_tokens": 4}\'',
     )
     g.add_argument(
         "--num-speculative-tokens",
@@ -189,12 +197,14 @@ def resolve_device_dtype(args: argparse.Namespace) -> tuple[str, str]:
 def engine_from_args(args: argparse.Namespace) -> Engine:
     """The engine the flags describe (the single place flags become an engine), warmed up if asked."""
     device, dtype = resolve_device_dtype(args)
-    draft = None
-    if getattr(args, "draft_model", None):  # the draft first: the target's KV pool then sizes itself from what is left
+    spec, draft = speculation_from_args(args), None
+    if spec is not None and spec.method == "ngram":
+        draft = spec.proposer()
+    elif spec is not None:  # the draft first: the target's KV pool then sizes itself from what is left
         from servelab.spec.serving import draft_engine
 
         draft = draft_engine(
-            args.draft_model,
+            spec.model,
             dtype=dtype,
             device=device,
             max_model_len=args.max_model_len,
@@ -208,12 +218,23 @@ def engine_from_args(args: argparse.Namespace) -> Engine:
     if draft is not None:
         from servelab.spec.serving import SpeculativeEngine
 
-        engine = SpeculativeEngine(engine, draft, gamma=args.num_speculative_tokens)
+        engine = SpeculativeEngine(engine, draft, gamma=spec.num_speculative_tokens)
     if getattr(args, "warmup", False):
         warm_up(engine)
         if getattr(args, "prefix_caching", False) and hasattr(engine, "set_prefix_caching"):
             engine.set_prefix_caching(True)  # forget the warm-up request: the hit rate counts clients only
     return engine
+
+
+def speculation_from_args(args: argparse.Namespace):
+    """The flags' ``SpeculativeConfig`` (``--draft-model`` or ``--speculative-config``), or None."""
+    from servelab.spec.speculative_config import speculative_config
+
+    return speculative_config(
+        getattr(args, "draft_model", None),
+        getattr(args, "num_speculative_tokens", 4),
+        getattr(args, "speculative_config", None),
+    )
 
 
 def warm_up(engine: Engine) -> None:
@@ -276,6 +297,7 @@ def parse_args(argv=None, prog: str = "python -m servelab.server") -> argparse.N
         parser.error(f"--port must be in [0, 65535], got {args.port}")
     try:
         engine_config_from_args(args)  # bad combinations fail here, before the model loads
+        speculation_from_args(args)
     except ParameterError as e:
         parser.error(str(e))
     return args

@@ -1,13 +1,14 @@
 """The speculative decoding loop, and the plain autoregressive loop it is measured against.
 
-A round: the draft proposes γ tokens (``proposer``); the target scores the γ + 1 positions in one forward
-(``verifier``); the acceptance rule keeps k drafts and adds one target token (``acceptance``); both caches
-roll back to the accepted prefix (``rollback``); the γ policy sees (k, γ) (``gamma``). Each round emits
-k + 1 tokens for one target forward.
+A round: the proposer proposes up to γ tokens (``proposer``: a draft model, or prompt lookup); the target
+scores them and the position after them in one forward (``verifier``); the acceptance rule keeps k drafts and
+adds one target token (``acceptance``); both caches roll back to the accepted prefix (``rollback``); the γ
+policy sees (k, γ) (``gamma``). Each round emits k + 1 tokens for one target forward.
 
-The first token after the prompt comes from the target's prefill, as in plain decoding; the draft prefills
-the same prompt. Both loops drive the engine's model code on one sequence (``PagedLM``) and sync with the
-host once per model step (the engine's decode steps do too), so their times compare like for like.
+The first token after the prompt comes from the target's prefill, as in plain decoding; a draft model prefills
+the same prompt (prompt lookup keeps no cache: it searches the committed tokens every round). Both loops drive
+the engine's model code on one sequence (``PagedLM``) and sync with the host once per model step (the engine's
+decode steps do too), so their times compare like for like.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from servelab.errors import ParameterError
 from servelab.spec.acceptance import greedy_accept, probabilities, rejection_accept
 from servelab.spec.gamma import gamma_policy
 from servelab.spec.paged_lm import PagedLM
-from servelab.spec.proposer import DraftProposer
+from servelab.spec.proposer import Proposal, Proposer, as_proposer
 from servelab.spec.rollback import rollback
 from servelab.spec.verifier import TargetVerifier
 
@@ -32,15 +33,16 @@ from servelab.spec.verifier import TargetVerifier
 class Round:
     """One speculative round (host wall times in seconds; each phase ends synchronised with the device)."""
 
-    gamma: int
+    gamma: int  # drafts asked for
     accepted: int
     emitted: int  # tokens this round added to the output (k + 1, fewer at the end)
     draft_s: float
     verify_s: float  # target forward + acceptance
     rollback_s: float
-    draft_rows_first: int  # 1, or 2 when the draft caught up on the previous round's last draft
+    draft_rows_first: int  # 1, or 2 when the draft caught up on the previous round's last draft (0: no draft model)
     target_dropped: int
     draft_dropped: int
+    proposed: int  # drafts proposed: γ for a draft model, 0 … γ for prompt lookup
 
 
 @dataclass
@@ -62,10 +64,11 @@ class Generation:
 
     @property
     def proposed(self) -> int:
-        return sum(r.gamma for r in self.rounds)
+        return sum(r.proposed for r in self.rounds)
 
     @property
     def rejections(self) -> int:
+        """Rounds that kept fewer than γ drafts: one was rejected, or fewer than γ were proposed."""
         return sum(r.accepted < r.gamma for r in self.rounds)
 
 
@@ -107,17 +110,22 @@ def _generator(params: SamplingParams, device) -> torch.Generator | None:
 class SpeculativeDecoder:
     """``SpeculativeDecoder(target, draft, gamma=4)``; ``generate(prompt_ids, SamplingParams(...)) -> Generation``.
 
-    ``gamma``: an int (fixed), ``"adaptive"`` or a policy object (``servelab.spec.gamma``). Target and
-    draft must share the tokenizer (vocabulary); the target's engine needs decode graphs of up to γ_max + 1 rows.
+    ``draft``: a draft model (``PagedLM``) or a proposer without one (``PromptLookupProposer``). ``gamma``: an
+    int (fixed), ``"adaptive"`` or a policy object (``servelab.spec.gamma``). Target and draft model must share
+    the tokenizer (vocabulary); the target's engine needs decode graphs of up to γ_max + 1 rows.
     """
 
-    def __init__(self, target: PagedLM, draft: PagedLM, gamma=4, eos_token_ids: tuple[int, ...] | None = None):
-        if target.vocab != draft.vocab:
+    def __init__(
+        self, target: PagedLM, draft: PagedLM | Proposer, gamma=4, eos_token_ids: tuple[int, ...] | None = None
+    ):
+        self.proposer = as_proposer(draft)
+        self.draft = self.proposer.lm  # the draft model's cache, or None
+        if self.draft is not None and target.vocab != self.draft.vocab:
             raise ParameterError(
-                f"target and draft vocabularies differ ({target.vocab} vs {draft.vocab}): "
+                f"target and draft vocabularies differ ({target.vocab} vs {self.draft.vocab}): "
                 "speculative decoding needs one tokenizer"
             )
-        self.target, self.draft = target, draft
+        self.target = target
         self.gamma_spec = gamma
         g = gamma_policy(gamma)
         if g.max_gamma + 1 > target.max_rows:
@@ -125,7 +133,7 @@ class SpeculativeDecoder:
                 f"gamma up to {g.max_gamma} needs a target stepping {g.max_gamma + 1} rows; "
                 f"its engine takes {target.max_rows}"
             )
-        self.proposer, self.verifier = DraftProposer(draft), TargetVerifier(target)
+        self.verifier = TargetVerifier(target)
         if eos_token_ids is None:
             from servelab.engine.engine import eos_ids
 
@@ -137,15 +145,17 @@ class SpeculativeDecoder:
         a ``Generation`` whose ``finish_reason`` stays "" until ``round`` ends it."""
         params = params or SamplingParams()
         policy = gamma_policy(self.gamma_spec).fresh()  # an adaptive γ starts over for every request
-        _check_prompt(self.target, prompt, params, policy.max_gamma + 1)
-        _check_prompt(self.draft, prompt, params, policy.max_gamma + 1)
+        for lm in (self.target, self.draft):
+            if lm is not None:
+                _check_prompt(lm, prompt, params, policy.max_gamma + 1)
         t_start = time.perf_counter()
         state = Generation(
             [], "", params=params, policy=policy, generator=_generator(params, self.target.device), started_s=t_start
         )
         first = _first_token(self.target, prompt, params, state.generator)
-        self.draft.reset()
-        self.draft.forward(list(prompt), last_only=True)  # its logits are not needed: the target chose the token
+        if self.draft is not None:
+            self.draft.reset()
+            self.draft.forward(list(prompt), last_only=True)  # its logits are not needed: the target chose the token
         state.committed = list(prompt) + [first]
         state.finish_reason = _finish(params, self.eos, state.tokens, [first]) or ""
         state.seconds = time.perf_counter() - t_start
@@ -156,17 +166,13 @@ class SpeculativeDecoder:
         params, policy, gen, committed, out = state.params, state.policy, state.generator, state.committed, state.tokens
         gamma = max(1, min(policy.gamma, params.max_tokens - len(out)))  # never draft past the end
         t0 = time.perf_counter()
-        pending = committed[self.draft.num_cached :]
-        proposal = self.proposer.propose(pending, gamma, params, gen)
+        rows_first = 0 if self.draft is None else len(committed) - self.draft.num_cached
+        proposal = self.proposer.propose(committed, gamma, params, gen)
         t1 = time.perf_counter()
         logits = self.verifier.score(committed[-1], proposal.tokens)
-        if params.greedy:  # the drafts stay on the host: the match runs there, after one copy of the argmaxes
-            acc = greedy_accept(logits, torch.tensor(proposal.tokens, dtype=torch.long))
-        else:
-            drafts = torch.tensor(proposal.tokens, dtype=torch.long, device=logits.device)
-            acc = rejection_accept(probabilities(logits, params.temperature, params.top_p), proposal.probs, drafts, gen)
+        acc = _accept(logits, proposal, params, gen)
         t2 = time.perf_counter()
-        sync = rollback(self.target, self.draft, len(committed), acc.accepted, gamma)
+        sync = rollback(self.target, self.draft, len(committed), acc.accepted, len(proposal.tokens))
         new = proposal.tokens[: acc.accepted] + [acc.next_token]
         committed += new
         n_before = len(out)
@@ -174,15 +180,16 @@ class SpeculativeDecoder:
         policy.update(acc.accepted, gamma)
         state.rounds.append(
             Round(
-                gamma,
-                acc.accepted,
-                len(out) - n_before,
-                t1 - t0,
-                t2 - t1,
-                sync.seconds,
-                len(pending),
-                sync.target_dropped,
-                sync.draft_dropped,
+                gamma=gamma,
+                accepted=acc.accepted,
+                emitted=len(out) - n_before,
+                draft_s=t1 - t0,
+                verify_s=t2 - t1,
+                rollback_s=sync.seconds,
+                draft_rows_first=rows_first,
+                target_dropped=sync.target_dropped,
+                draft_dropped=sync.draft_dropped,
+                proposed=len(proposal.tokens),
             )
         )
         state.seconds = time.perf_counter() - state.started_s
@@ -196,7 +203,19 @@ class SpeculativeDecoder:
 
     def release(self) -> None:
         self.target.reset()
-        self.draft.reset()
+        if self.draft is not None:
+            self.draft.reset()
+
+
+def _accept(logits: torch.Tensor, proposal: Proposal, params: SamplingParams, generator):
+    """The acceptance rule on the target's ``logits`` [m + 1, vocab] for the m proposed tokens."""
+    if params.greedy:  # the drafts stay on the host: the match runs there, after one copy of the argmaxes
+        return greedy_accept(logits, torch.tensor(proposal.tokens, dtype=torch.long))
+    drafts = torch.tensor(proposal.tokens, dtype=torch.long, device=logits.device)
+    q = proposal.probs
+    if q is None:  # a proposer without a distribution (prompt lookup) drew each token with certainty: q is one-hot
+        q = torch.nn.functional.one_hot(drafts, logits.shape[-1]).float()
+    return rejection_accept(probabilities(logits, params.temperature, params.top_p), q, drafts, generator)
 
 
 def _device_sampler(params: SamplingParams, generator):

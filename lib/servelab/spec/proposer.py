@@ -1,8 +1,12 @@
-"""The draft proposes γ tokens, one decode step each, and remembers the distributions it drew them from."""
+"""What proposes the γ tokens of a round: a draft model (``DraftProposer``), or a search of the context
+(``prompt_lookup.PromptLookupProposer``). The loop sees both through ``Proposer``.
+
+A draft model drafts one decode step per token and remembers the distributions it drew them from.
+"""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -12,8 +16,26 @@ from servelab.spec.paged_lm import PagedLM
 
 
 class Proposal(NamedTuple):
-    tokens: list[int]  # x_1 … x_γ
-    probs: torch.Tensor | None  # q_1 … q_γ [γ, vocab] (None when greedy: the match needs no q)
+    tokens: list[int]  # x_1 … x_m, m ≤ γ (a draft model: m = γ; prompt lookup may propose fewer, or none)
+    probs: torch.Tensor | None  # q_1 … q_m [m, vocab] (None when greedy: the match needs no q)
+
+
+class Proposer(Protocol):
+    """``lm``: the draft model's cache, which the loop prefills and rolls back with the target's, or None for
+    a proposer that keeps no cache (nothing to prefill, nothing to roll back).
+    ``propose(context, gamma, params, generator)``: up to γ tokens to follow ``context`` (the committed tokens,
+    prompt included; the last one is the pending token no model has cached yet)."""
+
+    lm: PagedLM | None
+
+    def propose(
+        self, context: list[int], gamma: int, params: SamplingParams, generator: torch.Generator | None = None
+    ) -> Proposal: ...
+
+
+def as_proposer(draft: PagedLM | Proposer) -> Proposer:
+    """A draft model becomes a ``DraftProposer``; a proposer is taken as it is."""
+    return DraftProposer(draft) if isinstance(draft, PagedLM) else draft
 
 
 class DraftProposer:
@@ -21,11 +43,12 @@ class DraftProposer:
         self.lm = lm
 
     def propose(
-        self, pending: list[int], gamma: int, params: SamplingParams, generator: torch.Generator | None = None
+        self, context: list[int], gamma: int, params: SamplingParams, generator: torch.Generator | None = None
     ) -> Proposal:
-        """``pending``: committed tokens the draft has not cached yet (the last one, or two after a round that
-        kept every draft token). The γ draft steps run back to back on the device (``PagedLM.decode_chain``):
-        each feeds the next without a trip to the host, which sees the γ tokens once."""
+        """γ tokens after ``context``, of which the draft has cached all but the last one (or two, after a
+        round that kept every draft token). The γ draft steps run back to back on the device
+        (``PagedLM.decode_chain``): each feeds the next without a trip to the host, which sees the γ tokens once."""
+        pending = context[self.lm.num_cached :]
         rows: list[torch.Tensor] = []
 
         def pick(logits: torch.Tensor) -> torch.Tensor:

@@ -9,6 +9,9 @@ tokens; the draft may lag one more after a round that kept everything). After it
   ``committed + min(k, γ - 1)``. When all γ were kept, it lags by the last draft, whose K/V it computes at
   the start of the next round, before it drafts from the pending token.
 
+A proposer without a cache (prompt lookup, ``draft=None``) drafts nothing on a device: only the target rolls back,
+and γ is the number of tokens it proposed (possibly fewer than asked, or none).
+
 On the paged cache a rollback is host bookkeeping: blocks past the prefix go back to the free list.
 """
 
@@ -26,17 +29,20 @@ class KVSync(NamedTuple):
     seconds: float  # host time of both truncations
 
 
-def rollback(target: PagedLM, draft: PagedLM, committed_before: int, accepted: int, gamma: int) -> KVSync:
+def rollback(target: PagedLM, draft: PagedLM | None, committed_before: int, accepted: int, gamma: int) -> KVSync:
     """Truncate both caches after a round that started with ``committed_before`` committed tokens and kept
-    ``accepted`` of ``gamma`` drafts."""
+    ``accepted`` of ``gamma`` drafts (``draft`` None: the target's alone)."""
     t0 = time.perf_counter()
     keep_t = committed_before + accepted
     keep_d = committed_before + min(accepted, gamma - 1)
-    dt, dd = target.num_cached - keep_t, draft.num_cached - keep_d
+    dt = target.num_cached - keep_t
+    dd = 0 if draft is None else draft.num_cached - keep_d
     if dt < 0 or dd < 0:
+        held = "none" if draft is None else draft.num_cached
         raise RuntimeError(
-            f"rollback past the caches: target {target.num_cached} -> {keep_t}, draft {draft.num_cached} -> {keep_d}"
+            f"rollback past the caches: target {target.num_cached} -> {keep_t}, draft {held} -> {keep_d}"
         )
     target.truncate(keep_t)
-    draft.truncate(keep_d)
+    if draft is not None:
+        draft.truncate(keep_d)
     return KVSync(dt, dd, time.perf_counter() - t0)

@@ -1,4 +1,5 @@
-"""Speculative decoding behind the engine's interface, so the server can run it (``--draft-model``).
+"""Speculative decoding behind the engine's interface, so the server can run it (``--draft-model``, or
+``--draft-model prompt-lookup`` / vLLM's ``--speculative-config``: see ``speculative_config``).
 
 ``SpeculativeEngine`` answers what the server asks of an ``Engine`` (``add_request``, ``step``, ``abort``,
 ``has_unfinished``, ``stats``, ``on_step``, the queues and block manager for its gauges) and serves requests
@@ -20,6 +21,7 @@ from servelab.errors import ParameterError
 from servelab.spec.decoder import Generation, SpeculativeDecoder
 from servelab.spec.gamma import gamma_policy
 from servelab.spec.paged_lm import PagedLM, spec_engine_config
+from servelab.spec.prompt_lookup import PromptLookupProposer
 
 
 class RequestQueues:
@@ -31,14 +33,20 @@ class RequestQueues:
 
 
 class SpeculativeEngine:
-    def __init__(self, target: Engine, draft: Engine, gamma=4):
-        self.target_engine, self.draft_engine = target, draft
+    """``SpeculativeEngine(target, draft, gamma)``: ``draft`` is the draft model's engine, or a
+    ``PromptLookupProposer`` (no draft model: ``draft_engine`` is None)."""
+
+    def __init__(self, target: Engine, draft: Engine | PromptLookupProposer, gamma=4):
+        lookup = isinstance(draft, PromptLookupProposer)
+        self.target_engine, self.draft_engine = target, None if lookup else draft
+        self.method = "ngram" if lookup else "draft_model"
         self.model, self.config, self.device = target.model, target.config, target.device
         self.num_blocks, self.block_manager = target.num_blocks, target.block_manager
-        self.target, self.draft = PagedLM(target, "target"), PagedLM(draft, "draft")
+        self.target, self.draft = PagedLM(target, "target"), draft if lookup else PagedLM(draft, "draft")
         self.decoder = SpeculativeDecoder(self.target, self.draft, gamma=gamma)  # checks vocabularies and rows
         self.lookahead = gamma_policy(gamma).max_gamma + 1
-        self.max_model_len = min(target.max_model_len, draft.max_model_len) - self.lookahead
+        lengths = [target.max_model_len] + ([] if lookup else [draft.max_model_len])
+        self.max_model_len = min(lengths) - self.lookahead
         if self.max_model_len < 2:
             raise ParameterError(f"max_model_len too small for {self.lookahead - 1} speculative tokens")
         self.scheduler = RequestQueues()
@@ -96,7 +104,7 @@ class SpeculativeEngine:
             new, prefill = self.decoder.round(state), 0
             last = state.rounds[-1]
             self.accepted += last.accepted
-            self.proposed += last.gamma
+            self.proposed += last.proposed
         seq.output_token_ids += new
         seq.num_computed_tokens = self.target.num_cached
         self.steps += 1
@@ -141,6 +149,7 @@ class SpeculativeEngine:
     def stats(self) -> dict:
         return self.target_engine.stats() | {
             "speculative": "on",
+            "speculative_method": self.method,
             "speculative_gamma": str(self.decoder.gamma_spec),
             "spec_rounds": self.steps,
             "spec_accepted_tokens": self.accepted,
