@@ -73,3 +73,20 @@ def test_a_takeaway_echo_is_dropped_but_other_results_stay():
     out = read_notebook(nbformat.writes(nb))
     assert [o.output_type for o in out.cells[0].outputs] == ["display_data"]
     assert [o.output_type for o in out.cells[1].outputs] == ["execute_result"]
+
+
+def test_papermills_injected_parameters_cell_is_removed_and_the_parameters_cell_kept():
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell('profile = "auto"', metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell('profile = "full"', metadata={"tags": ["injected-parameters"]}),
+        nbformat.v4.new_code_cell("run()"),
+    ]
+    text = nbformat.writes(nb)
+    out = read_notebook(text)
+    assert [c.metadata.get("tags", []) for c in out.cells] == [
+        ["parameters"],
+        ["injected-parameters", "remove-cell"],
+        [],
+    ]
+    assert nbformat.writes(nb) == text  # the notebook it was given is untouched

@@ -17,7 +17,7 @@ from servelab.paths import REPO_ROOT
 from servelab_book.engine_bench import bench_provenance
 from servelab_book.findings_table import list_table, md_text
 
-ENGINE_CODE = ("lib/servelab/engine", "lib/servelab/models", "lib/servelab/kv")
+ENGINE_CODE = ("lib/servelab/engine", "lib/servelab/models", "lib/servelab/kernels", "lib/servelab/kv")
 
 
 def frame_table(df: pd.DataFrame, css: str) -> str:
@@ -80,7 +80,7 @@ def render_exactness(bench_csv: Path | None) -> str:
 
 
 def engine_code_changed_since(commit: str, repo: Path = REPO_ROOT) -> bool | None:
-    """Whether the engine's code (engine, models, KV) differs between ``commit`` and the working tree;
+    """Whether the engine's code (engine, models, kernels, KV) differs between ``commit`` and the working tree;
     None when git cannot tell (no repository, or the commit is not in this clone's history)."""
     try:
         r = subprocess.run(
@@ -105,7 +105,8 @@ def render_code_status(bench_csv: Path | None) -> str:
         )
     if changed:
         return (
-            f"The engine's code (`engine/`, `models/`, `kv/`) has changed since commit `{md_text(commit)}`, where "
-            "the benchmark ran: the tables describe that commit's engine until the benchmark is run again.\n"
+            f"The engine's code (`engine/`, `models/`, `kernels/`, `kv/`) has changed since commit "
+            f"`{md_text(commit)}`, where the benchmark ran: the tables describe that commit's engine until the "
+            "benchmark is run again.\n"
         )
     return f"The engine's code is unchanged since commit `{md_text(commit)}`, where the benchmark ran.\n"

@@ -10,8 +10,10 @@ cell that ends with the call also shows the box's MyST source as the cell's valu
 ``execute_result`` whose plain text is exactly the repr of markdown displayed by the same cell goes.
 It puts the note ``prepare`` wrote for the page (``page_banner``: the run's commit, and a banner where the code
 the page depends on changed since) under the page's title. The page is found by the path papermill recorded
-when it executed it (``metadata.papermill.output_path``). Nothing else in the notebook changes, and the file is
-not rewritten.
+when it executed it (``metadata.papermill.output_path``). And it hides the cell papermill injects with the run's
+parameters (tagged ``injected-parameters``): a reader sees the notebook's ``parameters`` cell, and the run's values
+are recorded in the study's ``run.json``; the injected cell is an artefact of how papermill ran it. It gets MyST-NB's
+``remove-cell`` tag, in memory only. Nothing else in the notebook changes, and the file is not rewritten.
 
 Registered for ``.ipynb`` in ``_config.yml`` (``nb_custom_formats``).
 """
@@ -99,10 +101,23 @@ def add_banner(nb: nbformat.NotebookNode, banner: str | None) -> nbformat.Notebo
     return nb
 
 
+INJECTED = "injected-parameters"  # papermill's tag on the cell it adds after ``parameters``
+REMOVE = "remove-cell"  # MyST-NB leaves a cell with this tag out of the page, source and outputs
+
+
+def hide_injected_parameters(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """Tag papermill's injected-parameters cell ``remove-cell``, so the page does not show it."""
+    for cell in nb.cells:
+        tags = cell.metadata.get("tags", [])
+        if INJECTED in tags and REMOVE not in tags:
+            cell.metadata["tags"] = [*tags, REMOVE]
+    return nb
+
+
 def read_notebook(text: str) -> nbformat.NotebookNode:
-    """The MyST-NB reader for the book: parse the notebook, settle progress bars, drop takeaway echoes, add the
-    page's run note."""
-    nb = nbformat.reads(text, as_version=4)
+    """The MyST-NB reader for the book: parse the notebook, settle progress bars, drop takeaway echoes, hide
+    papermill's injected parameters, add the page's run note."""
+    nb = hide_injected_parameters(nbformat.reads(text, as_version=4))
     for cell in nb.cells:
         if cell.get("cell_type") == "code" and cell.get("outputs"):
             cell["outputs"] = drop_markdown_echoes(merge_streams(cell["outputs"]))

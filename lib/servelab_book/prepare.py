@@ -16,6 +16,15 @@ from servelab.measure.results import results_root as default_results_root
 from servelab.paths import REPO_ROOT
 from servelab.studies.common.rules import REGISTRY, load_registry
 from servelab_book.engine_bench import find_bench, render_engine_bench
+from servelab_book.engine_prose import (
+    render_e2e,
+    render_exactness_trained,
+    render_failures,
+    render_goals,
+    render_long_context,
+    render_mixed,
+    render_offline,
+)
 from servelab_book.engine_tables import render_code_status, render_decode_comparison, render_exactness
 from servelab_book.findings import BOOK_DEVICE, book_findings, book_runs
 from servelab_book.findings_table import (
@@ -154,6 +163,13 @@ def prepare(
         "engine_decode.md": render_decode_comparison(bench),
         "engine_exactness.md": render_exactness(bench),
         "engine_code_status.md": render_code_status(bench),
+        "engine_goals.md": render_goals(bench),
+        "engine_failures.md": render_failures(bench),
+        "engine_long_context.md": render_long_context(bench),
+        "engine_offline.md": render_offline(bench),
+        "engine_mixed.md": render_mixed(bench),
+        "engine_e2e.md": render_e2e(bench),
+        "engine_exactness_trained.md": render_exactness_trained(bench),
         "scheduling_step_costs.md": render_step_costs(find_steps(results_root, device)),
     }
     files.update({f"claims/{s.slug}.md": render_seed_claims(seed, s.slug) for s in STUDIES})
