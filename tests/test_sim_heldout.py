@@ -232,11 +232,17 @@ def test_a_refreeze_voids_earlier_registrations(tree):
         heldout.report_once("fresh_run_1", **kw(t))
 
 
-def test_page_section_names_fresh_and_used_runs(tree, tmp_path):
+def test_page_section_names_fresh_and_used_runs(tree, tmp_path, monkeypatch):
     t, rec = tree
     assert "has not been frozen" in heldout.section(root=tmp_path / "none", repo=t / "repo")
     heldout.register("fresh_run_1", **kw(t))
-    text = heldout.section(**kw(t))
+    assert "CPU stand-ins" in heldout.section(**kw(t))
+    monkeypatch.setenv("SERVELAB_RESULTS", str(t / "results"))  # the page replayed the development runs
+    text = heldout.section(**kw(t), study1_slug="test-dev")
+    assert "they are ledger run `study1_test-dev_commit0`" in text
+    write_study1(t / "other", seed=9, fractions=[0.4], started_utc=_utc())
+    monkeypatch.setenv("SERVELAB_RESULTS", str(t / "other"))  # a Study 1 re-run the model was not developed on
+    assert "are not in the ledger" in heldout.section(**kw(t), study1_slug="test-dev")
     assert "the code here matches it" in text and rec["code"]["sha256"][:12] in text
     assert f"{rec['used_heldout']['median_abs_error_pct']:.1f} %" in text
     assert "| study1_test-dev_commit0 | used during development |" in text

@@ -27,7 +27,7 @@ import yaml
 
 from servelab.errors import ParameterError
 from servelab.loadgen.metrics import summarize
-from servelab.measure.results import git_commit
+from servelab.measure.results import git_commit, results_root
 from servelab.paths import REPO_ROOT
 from servelab.studies.common.page import md_cell
 from servelab.studies.s08_simulator import freeze, ledger, study1_runs, validation
@@ -213,17 +213,37 @@ def report_once(run_id: str, *, root: Path = freeze.VALIDATION_DIR, repo: Path =
 
 
 # ---- the page ------------------------------------------------------------------------------------------------
-def section(root: Path = freeze.VALIDATION_DIR, repo: Path = REPO_ROOT) -> str:
-    """Markdown for notebook 08's held-out section: the freeze, whether this code matches it, and each run of the
-    ledger as fresh or used, with its error; every number from ``sim_freeze.json`` and ``ledger.csv``."""
+def _page_runs(book: pd.DataFrame, study1_slug: str | None) -> str:
+    """What the page's own validation runs are, by the hash of the Study 1 data it replayed."""
+    if study1_slug is None:
+        return "The validation runs above are CPU stand-ins made by this run, not in the ledger."
+    csv = results_root() / study1_slug / study1_runs.STUDY1 / "requests.csv"
+    hit = ledger.used(book, data_sha256=ledger.file_sha256(csv)) if csv.is_file() else book.iloc[0:0]
+    if len(hit):
+        return (
+            f"The validation runs above were never fitted to, but they are ledger run `{hit['run_id'].iat[0]}`: the "
+            "model was improved while its error on them was reported, so they are *used*, not held out."
+        )
+    return (
+        f"The validation runs above (Study 1 on {study1_slug}) are not in the ledger: held out from this page's "
+        "fit, but not drawn and registered after the freeze as a fresh run is."
+    )
+
+
+def section(root: Path = freeze.VALIDATION_DIR, repo: Path = REPO_ROOT, study1_slug: str | None = None) -> str:
+    """Markdown for notebook 08's held-out section: the freeze, whether this code matches it, what the page's
+    validation runs are (``study1_slug``: the device slug of the Study 1 runs it replayed, None for stand-ins),
+    and each run of the ledger as fresh or used, with its error; every number from ``sim_freeze.json`` and
+    ``ledger.csv``."""
     root = Path(root)
+    book = ledger.read(root / freeze.LEDGER_FILE)
+    head = f"**Held-out runs.** {_page_runs(book, study1_slug)} "
     try:
         rec = freeze.load_freeze(root)
     except ParameterError:
-        return (
-            "**Held out from the fit, not from development.** The cost model has not been frozen "
-            "(`python -m servelab.studies.s08_simulator.freeze`): every error on this page is on runs the model "
-            "was developed against."
+        return head + (
+            "The cost model has not been frozen (`python -m servelab.studies.s08_simulator.freeze`): no error on "
+            "this page is on a fresh run."
         )
     changed = freeze.changed_files(rec, repo)
     code = (
@@ -233,25 +253,23 @@ def section(root: Path = freeze.VALIDATION_DIR, repo: Path = REPO_ROOT) -> str:
         "below describe the frozen code, and a new freeze with a new fresh run is needed"
     )
     h = rec["used_heldout"]
-    text = (
-        f"**Held out from the fit, not from development.** The validation runs above were never fitted to, but the "
-        f"model was improved over many commits while its error on them was reported, so they are *used*. The cost "
-        f"model was frozen on {rec['frozen_utc'][:10]} at `{rec['commit'][:7]}` (code hash "
+    text = head + (
+        f"The cost model was frozen on {rec['frozen_utc'][:10]} at `{rec['commit'][:7]}` (code hash "
         f"`{rec['code']['sha256'][:12]}`); {code}. At the freeze its median |error| on the {h['runs']} used "
         f"held-out runs was {h['median_abs_error_pct']:.1f} %. Only a fresh run, drawn after the freeze and "
         f"evaluated once, measures held-out error:\n\n"
     )
-    st = ledger.status(ledger.read(root / freeze.LEDGER_FILE))
+    st = ledger.status(book)
     if not len(st):
         return text + "No run is in the ledger yet.\n"
-    head = "| Run | Status | Since | Seed | Rate fractions | Runs | Median \\|error\\| % |\n" + "|---" * 7 + "|\n"
+    cols = "| Run | Status | Since | Seed | Rate fractions | Runs | Median \\|error\\| % |\n" + "|---" * 7 + "|\n"
     rows = "".join(
         f"| {md_cell(r.run_id)} | {md_cell(r.status)} | {str(r.since_utc)[:10]} | {md_cell(r.seed)} | "
         f"{md_cell(str(r.rate_fractions).replace(';', ', '))} | {md_cell(r.runs) or '—'} | "
         f"{_pct(r.median_abs_error_pct)} |\n"
         for r in st.itertuples()
     )
-    return text + head + rows
+    return text + cols + rows
 
 
 def _pct(cell) -> str:
