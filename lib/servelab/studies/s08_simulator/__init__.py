@@ -6,5 +6,6 @@
 - ``study7_runs.py``: Study 7's server runs replayed with the prefix cache;
 - ``prefix_routing.py``: routers over replicas that keep prefix caches;
 - ``speed.py``: simulated requests per second of wall time;
+- ``freeze.py``, ``ledger.py``, ``heldout.py``: the frozen cost model and fresh runs each evaluated once;
 - ``params.py``, ``verdicts.py`` (F2.3), ``plots.py``.
 """

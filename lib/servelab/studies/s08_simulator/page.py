@@ -24,6 +24,7 @@ from servelab.studies.common.page import rerun_recipe, show, verdict_table
 from servelab.studies.s08_simulator import (
     ablation,
     context_reads,
+    heldout,
     plots,
     prefix_routing,
     speed,
@@ -390,6 +391,7 @@ def show_validation(r: Run) -> None:
         pivot.round(1) if len(errors) else None,
         plots.plot_error_before_after(table, title=title) if len(table) else None,
         takeaways.fidelity(r),
+        heldout.section(study1_slug=r.s1_slug),  # which runs are fresh, which were used in development: the ledger
     )
 
 
