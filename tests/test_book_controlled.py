@@ -15,6 +15,7 @@ from servelab.paths import REPO_ROOT
 from servelab.spec import leviathan
 from servelab.studies.s03_speculative import controlled
 from servelab_book import controlled as page
+from servelab_book.controlled_figure import figure_svg
 
 RESULTS = REPO_ROOT / "data" / "results"
 H200 = RESULTS / "nvidia-h200"
@@ -159,12 +160,13 @@ def test_no_run_gives_sentences_and_no_figure(tmp_path):
     out = page.controlled_page(tmp_path, "h200")
     assert out.svg is None
     assert set(out.markdown) == {f"controlled_{n}.md" for n in ("setup", "goal", "cost", "pays", "figure")}
+    assert set(out.markdown) == set(page.INCLUDES)
     assert all("has not run" in t and "{figure}" not in t for t in out.markdown.values())
 
 
 def test_figure_is_svg_and_the_same_bytes_twice():
     t = synthetic(1.5, 1.6)
-    a, b = page.figure_svg(t, "test device"), page.figure_svg(t, "test device")
+    a, b = figure_svg(t, "test device"), figure_svg(t, "test device")
     assert a.startswith("<?xml") and "<svg" in a
     assert a == b
     assert "γ = 2" in a and "batch 1" in a  # text stays text (svg.fonttype none)

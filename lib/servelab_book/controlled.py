@@ -4,12 +4,12 @@ Reads Study 3's controlled-acceptance sweep on the book's device (``<slug>/03_sp
 its provenance and raw repeats in ``<slug>/03_speculative_controlled/``) and the engine's benchmark
 (``<slug>/engine/bench.csv``), and writes the page's includes: what was measured and what the time budget left out,
 the goal check of the 8B-shape pair, the cost of a draft step as the loop ran beside the engine's own decode, the α
-above which each pair pays, and the curves (SVG). Nothing on the page is typed; a missing run is a sentence.
+above which each pair pays, and the curves (SVG, ``controlled_figure``). Nothing on the page is typed; a missing
+run is a sentence.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import math
 from dataclasses import dataclass, field
@@ -21,9 +21,9 @@ import pandas as pd
 from servelab.measure.results import results_root as default_results_root
 from servelab.paths import REPO_ROOT
 from servelab.spec import leviathan
-from servelab.studies.common.style import OKABE_ITO, RC, color
 from servelab.studies.s03_speculative import controlled, report
 from servelab.studies.s03_speculative.verdicts import SEED_TARGET_OVER_DRAFT
+from servelab_book.controlled_figure import figure_svg
 from servelab_book.engine_bench import bench_provenance, find_bench
 from servelab_book.findings import BOOK_DEVICE
 from servelab_book.findings_table import list_table, md_text
@@ -33,7 +33,7 @@ RUN_DIR = "03_speculative_controlled"
 FIGURE = "controlled_curves.svg"
 ENGINE_METRIC = "decode_ms_b1_ctx128"  # the engine's batch-1 decode step at 128 tokens of context, ms
 MODELS_DIR = REPO_ROOT / "data" / "models"  # the shipped configs the pairs were built from
-GAMMA_COLOURS = ("orange", "sky", "green", "blue", "vermillion", "purple", "brown", "teal")  # Okabe–Ito, by γ
+INCLUDES = tuple(f"controlled_{part}.md" for part in ("setup", "goal", "cost", "pays", "figure"))  # the page's
 
 
 @dataclass
@@ -403,85 +403,17 @@ def render_figure_block(run: ControlledRun) -> str:
 def controlled_page(root: Path | None = None, device: str = BOOK_DEVICE, models_dir: Path = MODELS_DIR) -> PageFiles:
     """Every include of the page, and its figure; sentences saying so where the sweep has not run."""
     run = find_controlled(root, device)
-    names = ("setup", "goal", "cost", "pays", "figure")
     if run is None or run.table.empty:
         missing = "The controlled-acceptance sweep has not run on the H200 yet.\n"
-        return PageFiles({f"controlled_{n}.md": missing for n in names})
+        return PageFiles(dict.fromkeys(INCLUDES, missing))
     gammas = run.params.get("controlled_gammas") or sorted(run.table.gamma.unique())
     engine = find_engine_decode(root, device)
-    md = {
-        "controlled_setup.md": render_setup(run, models_dir),
-        "controlled_goal.md": render_goal(run.table, gammas),
-        "controlled_cost.md": render_cost(run.table, engine, run),
-        "controlled_pays.md": render_pays(run.table, gammas),
-        "controlled_figure.md": render_figure_block(run),
-    }
-    return PageFiles(md, figure_svg(run.table, run.run.get("device", {}).get("name", device)))
-
-
-# --- the figure --------------------------------------------------------------------------------------------
-
-
-def figure_svg(table: pd.DataFrame, device_name: str) -> str:
-    """The controlled curves as SVG text, the same bytes for the same table (no date, a fixed hash salt)."""
-    import matplotlib as mpl
-
-    with mpl.rc_context(RC | {"svg.hashsalt": "servelab-controlled"}):
-        fig = controlled_figure(table, device_name)
-        buf = io.StringIO()
-        fig.savefig(buf, format="svg", metadata={"Date": None})
-    return buf.getvalue()
-
-
-def controlled_figure(table: pd.DataFrame, device_name: str):
-    """One panel per (pair, batch): measured and predicted speedup against α, one colour per γ (a matplotlib
-    ``Figure``, not registered with pyplot, so building the book leaves no global figure state)."""
-    import matplotlib as mpl
-    from matplotlib.figure import Figure
-    from matplotlib.lines import Line2D
-
-    panels = list(table.groupby(["target", "draft", "batch"], sort=False))
-    cols = min(3, len(panels))
-    rows = math.ceil(len(panels) / cols)
-    with mpl.rc_context(RC):
-        fig = Figure(figsize=(4.2 * cols, 3.4 * rows + 0.6))
-        axes = fig.subplots(rows, cols, squeeze=False, sharey=True)
-        for ax, ((t, d, b), grp) in zip(axes.flat, panels, strict=False):
-            _panel(ax, grp, f"{pair_label(d, t)}, batch {b}")
-        for ax in list(axes.flat)[len(panels) :]:
-            ax.set_visible(False)
-        handles, labels = axes.flat[0].get_legend_handles_labels()
-        handles += [
-            Line2D([], [], ls="--", lw=1, color=color("seed")),
-            Line2D([], [], marker="*", ms=10, ls="none", color=color("model")),
-        ]
-        labels += ["prediction (dashed)", f"goal: {report.GOAL_SPEEDUP:g}× at α = {report.GOAL_ALPHA:g}, batch 1"]
-        fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, bbox_to_anchor=(0.5, 0))
-        fig.suptitle(f"Controlled acceptance at the seed's shapes (random weights), {device_name}")
-        fig.tight_layout(rect=(0, 0.09, 1, 1))
-    return fig
-
-
-def _panel(ax, grp: pd.DataFrame, title: str) -> None:
-    """Measured (markers, min–max bars) and predicted (dashed) speedup against α, one colour per γ."""
-    for g, s in grp.groupby("gamma"):
-        s = s.sort_values("alpha")
-        c = OKABE_ITO[GAMMA_COLOURS[sorted(grp.gamma.unique()).index(g) % len(GAMMA_COLOURS)]]
-        ax.errorbar(
-            s.alpha,
-            s.speedup,
-            yerr=[s.speedup - s.speedup_low, s.speedup_high - s.speedup],
-            marker="o",
-            ms=4,
-            capsize=2,
-            lw=1.2,
-            color=c,
-            label=f"γ = {g}",
-        )
-        ax.plot(s.alpha, s.predicted_speedup, ls="--", lw=1, color=c)
-    ax.axhline(1, color=color("ceiling"), ls=":", lw=1)
-    goal = grp[(grp.target == "llama-3-8b") & (grp.batch == 1) & (grp.alpha.round(3) == report.GOAL_ALPHA)]
-    if not goal.empty:
-        ax.plot([report.GOAL_ALPHA], [report.GOAL_SPEEDUP], marker="*", ms=12, color=color("model"), ls="none")
-    ax.set(xlabel="α set (per-token acceptance)", ylabel="speedup (×)", title=title)
-    ax.title.set_fontsize(9)
+    texts = (
+        render_setup(run, models_dir),
+        render_goal(run.table, gammas),
+        render_cost(run.table, engine, run),
+        render_pays(run.table, gammas),
+        render_figure_block(run),
+    )
+    device_name = run.run.get("device", {}).get("name", device)
+    return PageFiles(dict(zip(INCLUDES, texts, strict=True)), figure_svg(run.table, device_name))
