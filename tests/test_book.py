@@ -14,6 +14,7 @@ import pytest
 from servelab.paths import REPO_ROOT
 from servelab_book.__main__ import main
 from servelab_book.claim_links import claim_target, findings_anchor
+from servelab_book.controlled import INCLUDES as CONTROLLED_INCLUDES
 from servelab_book.findings import FindingsError, book_findings, book_runs
 from servelab_book.findings_table import (
     NOT_MEASURED,
@@ -411,6 +412,7 @@ def test_prepare_writes_deterministic_includes(tmp_path, studies_dir):
             "published.md",
         ]
         + [f"claims/{s.slug}.md" for s in STUDIES]
+        + list(CONTROLLED_INCLUDES)
     )
     assert first.measured_pages == ["05_attention"] and first.counts["holds"] == 1 and not first.warnings
     snapshot = {p: p.read_bytes() for p in gen.rglob("*.md")}

@@ -32,7 +32,15 @@ from servelab_book.output_checks import figure_problems, output_problems
 from servelab_book.seed_claims import SEED_CLAIMS_CSV, load_seed_claims
 from servelab_book.studies import STUDIES
 
-BOOK_PAGES = ("book/intro", "book/methodology", "book/findings", "book/engine", "book/simulator", "book/bibliography")
+BOOK_PAGES = (
+    "book/intro",
+    "book/methodology",
+    "book/speculative_controlled",
+    "book/findings",
+    "book/engine",
+    "book/simulator",
+    "book/bibliography",
+)
 LANDING = "book/intro.html"
 FINDINGS = "book/findings.html"
 REMOTE = re.compile(r"^(?:[a-z][a-z0-9+.-]*:)?//", re.IGNORECASE)

@@ -15,6 +15,8 @@ from pathlib import Path
 from servelab.measure.results import results_root as default_results_root
 from servelab.paths import REPO_ROOT
 from servelab.studies.common.rules import REGISTRY, load_registry
+from servelab_book.controlled import FIGURE as CONTROLLED_FIGURE
+from servelab_book.controlled import controlled_page
 from servelab_book.engine_bench import find_bench, render_engine_bench
 from servelab_book.engine_prose import (
     render_e2e,
@@ -177,8 +179,12 @@ def prepare(
     files["rule_changes.md"] = render_rule_changes(
         load_registry(rules_file), table, Path(results_root or default_results_root())
     )
+    spec_page = controlled_page(results_root, device)
+    files.update(spec_page.markdown)
     for name, text in files.items():
         write_if_changed(generated_dir / name, HEADER + text, report)
+    if spec_page.svg is not None:  # an SVG file: no markdown header before its XML declaration
+        write_if_changed(generated_dir / CONTROLLED_FIGURE, spec_page.svg, report)
     if root is not None:
         write_if_changed(generated_dir / RUNS_FILE, page_runs(Path(root), results_root, report), report)
     if mathjax_target is not None:

@@ -1,0 +1,419 @@
+"""The controlled-acceptance page (``book/speculative_controlled.md``): its numbers, tables and figure, computed.
+
+Reads Study 3's controlled-acceptance sweep on the book's device (``<slug>/03_speculative/controlled_acceptance.csv``,
+its provenance and raw repeats in ``<slug>/03_speculative_controlled/``) and the engine's benchmark
+(``<slug>/engine/bench.csv``), and writes the page's includes: what was measured and what the time budget left out,
+the goal check of the 8B-shape pair, the cost of a draft step as the loop ran beside the engine's own decode, the α
+above which each pair pays, and the curves (SVG, ``controlled_figure``). Nothing on the page is typed; a missing
+run is a sentence.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from servelab.measure.results import results_root as default_results_root
+from servelab.paths import REPO_ROOT
+from servelab.spec import leviathan
+from servelab.studies.s03_speculative import controlled, report
+from servelab.studies.s03_speculative.verdicts import SEED_TARGET_OVER_DRAFT
+from servelab_book.controlled_figure import figure_svg
+from servelab_book.engine_bench import bench_provenance, find_bench
+from servelab_book.findings import BOOK_DEVICE
+from servelab_book.findings_table import list_table, md_text
+
+TABLE = "03_speculative/controlled_acceptance.csv"
+RUN_DIR = "03_speculative_controlled"
+FIGURE = "controlled_curves.svg"
+ENGINE_METRIC = "decode_ms_b1_ctx128"  # the engine's batch-1 decode step at 128 tokens of context, ms
+MODELS_DIR = REPO_ROOT / "data" / "models"  # the shipped configs the pairs were built from
+INCLUDES = tuple(f"controlled_{part}.md" for part in ("setup", "goal", "cost", "pays", "figure"))  # the page's
+
+
+@dataclass
+class ControlledRun:
+    """One controlled-acceptance run: its table, raw repeats (None if absent) and ``run.json``."""
+
+    table: pd.DataFrame
+    raw: pd.DataFrame | None
+    run: dict
+    path: Path
+
+    @property
+    def params(self) -> dict:
+        return self.run.get("params") or {}
+
+
+@dataclass(frozen=True)
+class EngineDecode:
+    """The engine benchmark's batch-1 decode step, and where it was measured."""
+
+    ms: float
+    model: str  # the benchmark's model spec, e.g. "config:qwen2-0.5b"
+    commit: str
+
+
+@dataclass
+class PageFiles:
+    """What ``prepare`` writes for the page: markdown includes by name, and the figure (None without a run)."""
+
+    markdown: dict[str, str] = field(default_factory=dict)
+    svg: str | None = None
+
+
+def find_controlled(root: Path | None = None, device: str = BOOK_DEVICE) -> ControlledRun | None:
+    """The controlled-acceptance run on the book's device (the last slug in name order), None if there is none."""
+    found = sorted(Path(root or default_results_root()).glob(f"*{device}*/{TABLE}"))
+    if not found:
+        return None
+    path = found[-1]
+    side = path.parent.parent / RUN_DIR
+    raw = pd.read_csv(side / "controlled_raw.csv") if (side / "controlled_raw.csv").exists() else None
+    run = json.loads((side / "run.json").read_text()) if (side / "run.json").exists() else {}
+    return ControlledRun(pd.read_csv(path), raw, run, path)
+
+
+def find_engine_decode(root: Path | None = None, device: str = BOOK_DEVICE) -> EngineDecode | None:
+    """The engine's ``decode_ms_b1_ctx128`` row and its model and commit; None where the bench has not run."""
+    bench = find_bench(root, device)
+    if bench is None:
+        return None
+    df = pd.read_csv(bench)
+    row = df[df.metric == ENGINE_METRIC]
+    if row.empty:
+        return None
+    side = bench.parent / "run.json"
+    model = json.loads(side.read_text()).get("params", {}).get("model", "") if side.exists() else ""
+    prov = bench_provenance(bench)
+    return EngineDecode(float(row.value.iloc[0]), str(model), prov.commit if prov else "")
+
+
+# --- the numbers -------------------------------------------------------------------------------------------
+
+
+def c_needed(alpha: float, speedup: float, gammas) -> tuple[int, float]:
+    """The largest cost ratio c (draft step / target step) at which Leviathan's prediction reaches ``speedup`` at
+    ``alpha`` for some γ in ``gammas``, and that γ: c = (E[tokens] / speedup − 1) / γ, negative where even free
+    drafts fall short."""
+    best = max(((float(leviathan.expected_tokens(alpha, g)) / speedup - 1) / g, int(g)) for g in gammas)
+    return best[1], best[0]
+
+
+def predicted_break_even(c: float, gammas) -> float:
+    """The α above which Leviathan's prediction at cost ratio ``c`` is over 1 for the best γ in ``gammas``."""
+    return min(leviathan.break_even_alpha(c, int(g)) for g in gammas)
+
+
+def pair_label(draft: str, target: str) -> str:
+    return f"{draft} → {target}"
+
+
+def cost_table(table: pd.DataFrame, engine: EngineDecode | None) -> pd.DataFrame:
+    """Per pair and batch: the plain target step (ms, from tokens_per_s_plain), c (median and range over every
+    point), the draft step as the loop ran (c × target step, ms) and, at batch 1, the engine's own decode step."""
+    rows = []
+    for (t, d, b), grp in table.groupby(["target", "draft", "batch"], sort=False):
+        target_ms = 1e3 * b / float(grp.tokens_per_s_plain.median())  # tokens of the whole batch per step
+        c = float(grp.c.median())
+        engine_ms = engine.ms if engine is not None and b == 1 else math.nan
+        rows.append(
+            dict(
+                target=t,
+                draft=d,
+                batch=int(b),
+                target_ms=target_ms,
+                c=c,
+                c_low=float(grp.c.min()),
+                c_high=float(grp.c.max()),
+                draft_ms=c * target_ms,
+                engine_ms=engine_ms,
+                draft_over_engine=c * target_ms / engine_ms,
+            )
+        )
+    return pd.DataFrame(rows)
+
+
+def pays_table(table: pd.DataFrame, gammas) -> pd.DataFrame:
+    """``controlled.break_even_alpha`` (measured, at the best γ) beside c (the cost table's: median over every
+    point of the pair and batch), the target/draft step ratio 1/c and the α at which the prediction breaks even
+    at that c (best of ``gammas``)."""
+    cost = cost_table(table, None)[["target", "draft", "batch", "c"]]
+    pays = controlled.break_even_alpha(table).drop(columns="c").merge(cost, on=["target", "draft", "batch"])
+    return pays.assign(ratio=1 / pays.c, predicted_alpha=[predicted_break_even(c, gammas) for c in pays.c])
+
+
+def left_out(run: ControlledRun) -> list[str]:
+    """What the time budget left out: pairs never loaded, batches with no point, batches with some points."""
+    P, t = run.params, run.table
+    per_batch = len(P.get("alphas", [])) * len(P.get("controlled_gammas", []))
+    out = []
+    for d_spec, t_spec in P.get("controlled_pairs", []):
+        d, tg = d_spec.removeprefix("config:"), t_spec.removeprefix("config:")
+        have = t[(t.target == tg) & (t.draft == d)]
+        if have.empty:
+            out.append(f"{pair_label(d, tg)}: not reached (no batch size)")
+            continue
+        for b in P.get("batches", []):
+            n = int((have.batch == b).sum())
+            if n == 0:
+                out.append(f"{pair_label(d, tg)} at batch {b}: no point")
+            elif n < per_batch:
+                out.append(f"{pair_label(d, tg)} at batch {b}: {n} of {per_batch} points")
+    return out
+
+
+def vocab_size(name: str, models_dir: Path = MODELS_DIR) -> int | None:
+    """The vocabulary of a shipped config (``data/models/<name>/config.json``), None if it is not shipped."""
+    cfg = models_dir / name / "config.json"
+    return json.loads(cfg.read_text()).get("vocab_size") if cfg.exists() else None
+
+
+# --- the page's includes -----------------------------------------------------------------------------------
+
+
+def _when(run: dict) -> str:
+    when = str(run.get("written_utc") or run.get("started_utc") or "")
+    return f"{when[:10]} {when[11:16]} UTC" if len(when) >= 16 else "at an unrecorded time"
+
+
+def render_setup(run: ControlledRun, models_dir: Path = MODELS_DIR) -> str:
+    """What was measured, on what, at which commit and device, and what the budget left out."""
+    P, dev = run.params, run.run.get("device", {})
+    pairs = []
+    for d_spec, t_spec in P.get("controlled_pairs", []):
+        d, t = d_spec.removeprefix("config:"), t_spec.removeprefix("config:")
+        pairs.append(f"`{md_text(d)}` drafting for `{md_text(t)}`, {_vocab_note(d, t, models_dir)}")
+    lines = [
+        "Pairs (draft → target), random weights of the exact architectures (`config:`):",
+        "",
+        *[f"- {p};" for p in pairs],
+        "",
+        f"α ∈ {{{', '.join(f'{a:g}' for a in P.get('alphas', []))}}}, "
+        f"γ ∈ {{{', '.join(str(g) for g in P.get('controlled_gammas', []))}}}, "
+        f"batch ∈ {{{', '.join(str(b) for b in P.get('batches', []))}}}; prompts of "
+        f"{P.get('controlled_prompt_len')} tokens, {P.get('controlled_new_tokens')} new tokens per sequence, "
+        f"{P.get('controlled_repeats')} repeats per point (speedup: median, spread: min–max), {P.get('dtype')}.",
+        "",
+        f"Run on one {md_text(dev.get('name', 'unknown device'))} (PyTorch {md_text(dev.get('torch', '?'))}, CUDA "
+        f"{md_text(dev.get('cuda', '?'))}) at commit `{md_text(run.run.get('git_commit', 'unknown'))}`, finished "
+        f"{md_text(_when(run.run))}: {len(run.table)} points in a time budget of "
+        f"{P.get('controlled_budget_s')} s (the sweep took {run.run.get('wall_s', math.nan):.0f} s with the loads).",
+    ]
+    gaps = left_out(run)
+    if gaps:
+        lines += ["", "The budget stopped the sweep before:", "", *[f"- {md_text(g)};" for g in gaps]]
+    return "\n".join(lines) + "\n"
+
+
+def _vocab_note(draft: str, target: str, models_dir: Path) -> str:
+    """The pair's vocabularies; for a draft shipped as ``<shape>-vocab…``, the shape's own vocabulary too."""
+    vd, vt = vocab_size(draft, models_dir), vocab_size(target, models_dir)
+    if vd is None or vt is None:
+        return "vocabularies not recorded"
+    if vd != vt:
+        return f"vocabularies {vd:,} (draft) and {vt:,} (target)"
+    text = f"both with a vocabulary of {vt:,}"
+    base = draft.split("-vocab")[0]
+    own = vocab_size(base, models_dir) if base != draft else None
+    if own is not None and own != vd:
+        text += (
+            f": the draft is `{md_text(base)}`'s shape with `{md_text(target)}`'s vocabulary in place of its own "
+            f"{own:,}, so that draft and target share token ids (the real models' vocabularies differ)"
+        )
+    return text
+
+
+def goal_verdict(goal: dict) -> str:
+    """'met', or 'missed' with each part of the goal that failed and by how much."""
+    if goal["met"]:
+        return "met"
+    why = []
+    if goal["speedup"] < report.GOAL_SPEEDUP:
+        short = report.GOAL_SPEEDUP - goal["speedup"]
+        why.append(
+            f"the speedup is {short:.2f}× short of {report.GOAL_SPEEDUP:g}× "
+            f"({100 * goal['speedup'] / report.GOAL_SPEEDUP:.0f}% of it)"
+        )
+    if abs(goal["gap_pct"]) > report.GOAL_WITHIN_PCT:
+        why.append(f"it is {abs(goal['gap_pct']):.1f}% from the prediction (allowed {report.GOAL_WITHIN_PCT:g}%)")
+    return "missed: " + " and ".join(why)
+
+
+def render_goal(table: pd.DataFrame, gammas) -> str:
+    """The goal check of the 8B-shape pair (``report.goal_check``) and what c the goal needs."""
+    goal = report.goal_check(table)
+    if goal is None:
+        return f"The goal's point (the 8B-shape target at α = {report.GOAL_ALPHA:g}, batch 1) did not run.\n"
+    g_need, c_need = c_needed(report.GOAL_ALPHA, report.GOAL_SPEEDUP, gammas)
+    side = "below" if goal["gap_pct"] >= 0 else "above"
+    within = "within" if abs(goal["gap_pct"]) <= report.GOAL_WITHIN_PCT else "outside"
+    text = (
+        f"`{md_text(goal['draft'])}` → `{md_text(goal['target'])}` at α = {report.GOAL_ALPHA:g}, batch 1, best "
+        f"γ = {goal['gamma']}: **{goal['speedup']:.2f}×** (repeats {goal['speedup_low']:.2f}–"
+        f"{goal['speedup_high']:.2f}×), against **{goal['predicted']:.2f}×** predicted by Leviathan's formula from "
+        f"the c = {goal['c']:.3f} measured in the same loop: {abs(goal['gap_pct']):.1f}% {side} the prediction, "
+        f"{within} the {report.GOAL_WITHIN_PCT:g}% allowed. The goal (≥ {report.GOAL_SPEEDUP:g}× within "
+        f"{report.GOAL_WITHIN_PCT:g}% of the prediction) is **{goal_verdict(goal)}**.\n\n"
+    )
+    if goal["predicted"] < report.GOAL_SPEEDUP:
+        text += (
+            f"The prediction itself is below {report.GOAL_SPEEDUP:g}×: at α = {report.GOAL_ALPHA:g} the goal needs "
+            f"c ≤ {c_need:.3f} (at γ = {g_need}, the best of the γ swept; solving "
+            f"{report.GOAL_SPEEDUP:g} = (1 − α^(γ+1)) / ((1 − α)(γc + 1)) for c), and the loop ran at "
+            f"c = {goal['c']:.3f}, {goal['c'] / c_need:.1f}× that. What is missing is a cheaper draft step, not a "
+            "better match to the formula.\n"
+        )
+    return text
+
+
+def _span(values: pd.Series, fmt: str) -> str:
+    """'a–b' over ``values``, or one number where they agree at this precision."""
+    lo, hi = format(float(values.min()), fmt), format(float(values.max()), fmt)
+    return lo if lo == hi else f"{lo}–{hi}"
+
+
+def render_cost(table: pd.DataFrame, engine: EngineDecode | None, run: ControlledRun | None = None) -> str:
+    """c and the draft step per pair and batch, beside the engine's own batch-1 decode of the draft's shape."""
+    cost = cost_table(table, engine)
+    rows = [
+        [
+            md_text(pair_label(r.draft, r.target)),
+            str(r.batch),
+            f"{r.target_ms:.2f}",
+            f"{r.c:.3f} ({r.c_low:.3f}–{r.c_high:.3f})",
+            f"{r.draft_ms:.2f}",
+            "—" if math.isnan(r.engine_ms) else f"{r.engine_ms:.3f}",
+            "—" if math.isnan(r.draft_over_engine) else f"{r.draft_over_engine:.1f}×",
+        ]
+        for r in cost.itertuples()
+    ]
+    header = [
+        "draft → target",
+        "batch",
+        "target step (ms)",
+        "c, median (range)",
+        "draft step in the loop (ms)",
+        "engine decode, batch 1 (ms)",
+        "loop / engine",
+    ]
+    text = list_table(header, rows, css="servelab-controlled-cost") + "\n"
+    if engine is None:
+        return text + "The engine's benchmark has not run on the H200, so there is no engine decode to compare.\n"
+    b1 = cost[cost.batch == 1]
+    commit = run.run.get("git_commit", "") if run is not None else ""
+    text += (
+        f"The target step is one plain decode step of the whole batch (batch × 1000 / tokens_per_s_plain); the draft "
+        f"step is c × that, its device time inside the loop. The engine column is the engine benchmark's "
+        f"`{ENGINE_METRIC}` for `{md_text(engine.model.removeprefix('config:'))}`, measured at a later commit "
+        f"(`{md_text(engine.commit)}`; this sweep ran at `{md_text(commit)}`), in the engine's default "
+        "configuration (CUDA graphs). "
+        f"At batch 1 the draft step in the loop took {_span(b1.draft_over_engine, '.1f')}× the engine's own decode "
+        "of that shape: that gap is what the loop costs around the draft's forward.\n"
+    )
+    return text + _engine_c_sentence(table, b1, engine)
+
+
+def _engine_c_sentence(table: pd.DataFrame, b1: pd.DataFrame, engine: EngineDecode) -> str:
+    """What the 8B-shape pair's prediction would be at α = 0.8 (best of the γ swept) if its draft step cost the
+    engine's decode."""
+    gammas = sorted(int(g) for g in table.gamma.unique())
+    goal = report.goal_check(table)
+    row = b1[b1.target == goal["target"]] if goal is not None else b1.iloc[:0]
+    if row.empty:
+        return ""
+    c_eng = engine.ms / float(row.target_ms.iloc[0])
+    imp, g = max((float(leviathan.improvement(report.GOAL_ALPHA, g, c_eng)), int(g)) for g in gammas)
+    vocab_note = ""
+    v_draft, v_engine = vocab_size(goal["draft"]), vocab_size(engine.model.removeprefix("config:"))
+    if v_draft is not None and v_engine is not None and v_draft < v_engine:
+        vocab_note = (
+            f" (the engine timed the shape with its own vocabulary of {v_engine:,} tokens, larger than the "
+            f"{v_draft:,} of the pair's draft, so the engine's time is if anything an upper bound)"
+        )
+    return (
+        f"\nWere the 8B-shape pair's draft step as cheap as the engine's decode{vocab_note}, c would be "
+        f"{c_eng:.3f} and the prediction at α = {report.GOAL_ALPHA:g} {imp:.2f}× (γ = {g}).\n"
+    )
+
+
+def render_pays(table: pd.DataFrame, gammas) -> str:
+    """The α above which each pair pays at each batch (measured, at its best γ) beside the prediction's and the
+    seed's cost ratio."""
+    pays = pays_table(table, gammas)
+    rows = []
+    for r in pays.itertuples():
+        if np.isnan(r.alpha_pays):
+            measured = f"never (best {r.best_speedup:.2f}× at α ≤ {r.alpha_max:g})"
+        elif r.all_pay:
+            measured = f"≤ {r.alpha_pays:g} (pays at every α measured; best {r.best_speedup:.2f}×)"
+        else:
+            measured = f"{r.alpha_pays:.2f} (best {r.best_speedup:.2f}×)"
+        rows.append(
+            [
+                md_text(pair_label(r.draft, r.target)),
+                str(r.batch),
+                measured,
+                f"{r.predicted_alpha:.2f}",
+                f"{r.c:.3f}",
+                f"{r.ratio:.2f}×",
+            ]
+        )
+    header = ["draft → target", "batch", "pays above α (measured)", "predicted from c", "c", "target / draft step"]
+    seed_alpha = predicted_break_even(1 / SEED_TARGET_OVER_DRAFT, gammas)
+    return (
+        list_table(header, rows, css="servelab-controlled-pays")
+        + f"\nThe seed measured a target/draft step ratio of {SEED_TARGET_OVER_DRAFT}× for Qwen2-0.5B → 1.5B on its "
+        f"RTX 2070 (c = {1 / SEED_TARGET_OVER_DRAFT:.3f}); at that c Leviathan's formula puts the break-even at "
+        f"α = {seed_alpha:.2f}.\n"
+    )
+
+
+def render_figure_block(run: ControlledRun) -> str:
+    """The figure directive with a caption that says what to see, computed from the run."""
+    goal = report.goal_check(run.table)
+    gammas = sorted(run.table.gamma.unique())
+    t = run.table
+    above = int((t.predicted_speedup > t.speedup).sum())
+    by_batch = t.groupby("batch").prediction_error_pct.median()
+    gaps = ", ".join(f"batch {b}: {v:+.0f}%" for b, v in by_batch.items())
+    caption = (
+        f"Speedup over plain decoding against the α set, one panel per pair and batch size, one colour per γ "
+        f"({', '.join(map(str, gammas))}): markers and solid lines are measured (median of the repeats, bars "
+        f"min–max), dashed lines Leviathan's prediction from the c measured in the loop. The dotted line is "
+        f"break-even. The prediction is above the measurement at {above} of {len(t)} points; the median of "
+        f"(predicted − measured) / measured by batch is {gaps}."
+    )
+    if goal is not None:
+        caption += (
+            f" The goal's point (α = {report.GOAL_ALPHA:g}, batch 1, the 8B-shape target) is the star: "
+            f"{goal['speedup']:.2f}× against {report.GOAL_SPEEDUP:g}×."
+        )
+    return (
+        f"```{{figure}} _generated/{FIGURE}\n:name: fig-controlled-curves\n"
+        f":alt: measured and predicted speedup against α\n\n{caption}\n```\n"
+    )
+
+
+def controlled_page(root: Path | None = None, device: str = BOOK_DEVICE, models_dir: Path = MODELS_DIR) -> PageFiles:
+    """Every include of the page, and its figure; sentences saying so where the sweep has not run."""
+    run = find_controlled(root, device)
+    if run is None or run.table.empty:
+        missing = "The controlled-acceptance sweep has not run on the H200 yet.\n"
+        return PageFiles(dict.fromkeys(INCLUDES, missing))
+    gammas = run.params.get("controlled_gammas") or sorted(run.table.gamma.unique())
+    engine = find_engine_decode(root, device)
+    texts = (
+        render_setup(run, models_dir),
+        render_goal(run.table, gammas),
+        render_cost(run.table, engine, run),
+        render_pays(run.table, gammas),
+        render_figure_block(run),
+    )
+    device_name = run.run.get("device", {}).get("name", device)
+    return PageFiles(dict(zip(INCLUDES, texts, strict=True)), figure_svg(run.table, device_name))
