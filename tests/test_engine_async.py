@@ -342,3 +342,27 @@ def test_multi_step_abort_between_groups_gives_back_its_row_and_blocks(offline):
     assert drop.output_token_ids == refs[1][: len(drop.output_token_ids)]
     assert [s.output_token_ids for s in seqs if s is not drop] == [refs[0], refs[2], refs[3]]
     assert not leaks and not engine.runner.tables.row_of and engine.block_manager.num_used_blocks == 0
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA: multi-step groups through captured decode graphs"
+)
+def test_multi_step_groups_in_captured_graphs_give_back_rows_and_match_single_steps():
+    """The H200 setting of the failure: captured decode graphs and whole-step graphs, async scheduling on, many more
+    requests than ``max_num_seqs``; float32, so ``decode_steps=8`` gives the single-step loop's tokens exactly."""
+    hf = load_model("config:tiny-llama", dtype="float32", device="cuda").model
+    g = torch.Generator().manual_seed(3)
+    prompt_lens, output_lens = torch.randint(2, 60, (40,), generator=g), torch.randint(1, 40, (40,), generator=g)
+    prompts = [torch.randint(3, hf.config.vocab_size, (int(n),), generator=g).tolist() for n in prompt_lens]
+    params = [greedy(int(n)) for n in output_lens]
+    outs = []
+    for steps in (1, 8):
+        cfg = EngineConfig(
+            max_num_seqs=4, max_num_batched_tokens=64, max_model_len=128, decode_steps=steps, compile=False
+        )
+        engine = Engine.from_hf(hf, cfg)
+        leaks = watch_leaks(engine)
+        outs.append(engine.generate(prompts, params))
+        assert engine.num_graphs > 0 and not leaks and not engine.runner.tables.row_of
+        assert engine.block_manager.num_used_blocks == 0
+    assert engine.runner.decode_groups > 0 and outs[0] == outs[1]
