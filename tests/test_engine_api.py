@@ -196,6 +196,7 @@ def test_multi_step_decoding_stops_mid_group_and_keeps_seeded_sampling(hf):
     assert multi.generate([PROMPT, PROMPT[:3]], params) == one
     assert one[0] == free_run[: free_run.index(stop) + 1]
     assert multi.runner.decode_groups > 0 and multi.block_manager.num_used_blocks == 0
+    assert not multi.runner.tables.row_of and not multi.leaked()  # rows of requests that ended mid-group given back
 
 
 def test_abort_frees_blocks_and_leaves_the_others_untouched(engine):

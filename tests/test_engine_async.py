@@ -21,21 +21,26 @@ STEPS = 8
 LENGTHS = (5, 19, 33, 2)
 
 
+def hf_greedy(hf, prompts, n: int) -> list[list[int]]:
+    """HF's greedy continuation of each prompt, exactly ``n`` tokens (EOS ignored)."""
+    refs = []
+    with torch.inference_mode():
+        for p in prompts:
+            ids = torch.tensor([p])
+            out = hf.generate(
+                ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=n, min_new_tokens=n
+            )
+            refs.append(out[0, len(p) :].tolist())
+    return refs
+
+
 @pytest.fixture(scope="module")
 def llama():
     torch.manual_seed(0)
     hf = load_model("config:tiny-llama", dtype="float32", device="cpu").model
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(3, hf.config.vocab_size, (n,), generator=g).tolist() for n in LENGTHS]
-    refs = []
-    with torch.inference_mode():
-        for p in prompts:
-            ids = torch.tensor([p])
-            out = hf.generate(
-                ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=STEPS, min_new_tokens=STEPS
-            )
-            refs.append(out[0, len(p) :].tolist())
-    return hf, prompts, refs
+    return hf, prompts, hf_greedy(hf, prompts, STEPS)
 
 
 def greedy(n=STEPS, **kw):
@@ -44,9 +49,8 @@ def greedy(n=STEPS, **kw):
 
 def engine_for(hf, path: str, **cfg) -> Engine:
     """An engine whose steps take ``path``: "eager", "step graph" (whole steps) or "decode graph", uncaptured."""
-    engine = Engine.from_hf(
-        hf, EngineConfig(block_size=4, num_blocks=96, max_num_seqs=8, max_num_batched_tokens=24, **cfg)
-    )
+    sizes = dict(block_size=4, num_blocks=96, max_num_seqs=8, max_num_batched_tokens=24)
+    engine = Engine.from_hf(hf, EngineConfig(**{**sizes, **cfg}))
     runner = engine.runner
     if path == "step graph":
         runner.enable_step_graphs((8, 16, 24), capture=False)
@@ -247,3 +251,118 @@ def test_steady_decode_steps_never_synchronise_but_to_read_tokens():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert engine.runner.graph_steps >= 20
+
+
+# ---- multi-step decoding (decode_steps > 1) with async scheduling on: rows and blocks come back -----------------
+MANY = 12  # requests, four times max_num_seqs: every block-table row is handed out and given back several times
+LONGEST = 20  # output tokens of the longest request
+# a group's uncaptured steps gather every sequence's table at its full width (max_model_len): keep it short on a CPU
+SHORT = dict(max_model_len=64)
+
+
+@pytest.fixture(scope="module")
+def offline(llama):
+    """The offline benchmark's workload scaled down: prompt and output lengths uneven, EOS ignored; HF's greedy
+    tokens and the synchronous single-step loop's beside them."""
+    hf = llama[0]
+    g = torch.Generator().manual_seed(11)
+    prompt_lens = torch.randint(2, 31, (MANY,), generator=g).tolist()
+    output_lens = torch.randint(1, LONGEST + 1, (MANY,), generator=g).tolist()
+    prompts = [torch.randint(3, hf.config.vocab_size, (n,), generator=g).tolist() for n in prompt_lens]
+    full = hf_greedy(hf, prompts, LONGEST)
+    refs = [r[:n] for r, n in zip(full, output_lens, strict=True)]
+    sync = engine_for(hf, "eager", async_scheduling=False, max_num_seqs=3, **SHORT).generate(
+        prompts, [greedy(n) for n in output_lens]
+    )
+    return hf, prompts, output_lens, refs, sync, full
+
+
+def watch_leaks(engine) -> list:
+    """After every step, the sequences that hold a row or blocks but are not running (an empty list while none)."""
+    leaks = []
+    engine.on_step = lambda record: leaks.extend(engine.leaked())
+    return leaks
+
+
+@pytest.mark.parametrize(
+    "path, num_blocks", [("eager", 96), ("step graph", 96), ("decode graph", 96), ("eager", 16)], ids=str
+)
+def test_multi_step_decoding_gives_back_every_row_on_the_offline_workload(offline, path, num_blocks):
+    """The H200 failure (``decode_steps=8``, async scheduling on: "no free block-table row"): a sequence that
+    finished inside a multi-step group kept its block-table row, so after ``max_num_seqs`` such finishes no row was
+    left. Here more requests than rows; 16 blocks also make groups fall back to single steps and preempt."""
+    hf, prompts, output_lens, refs, sync, _ = offline
+    engine = engine_for(hf, path, max_num_seqs=3, decode_steps=8, num_blocks=num_blocks, **SHORT)
+    assert engine.config.async_scheduling
+    leaks = watch_leaks(engine)
+    got = engine.generate(prompts, [greedy(n) for n in output_lens])
+    assert got == refs and got == sync
+    assert engine.runner.decode_groups > 0 and not leaks
+    assert not engine.runner.tables.row_of and engine.block_manager.num_used_blocks == 0
+    assert sorted(engine.runner.tables.free_rows) == list(range(3))
+    if num_blocks == 16:
+        assert engine.scheduler.num_preemptions > 0
+
+
+def test_multi_step_stop_and_eos_mid_group_give_back_rows_and_blocks(llama):
+    """A stop id and an EOS found inside a group end their requests there; their rows go to the queued requests."""
+    hf, prompts, refs = llama
+    stop_at = next(i for i in range(2, STEPS - 1) if refs[1].index(refs[1][i]) == i)  # not its first token
+    eos_at = next(i for i in range(2, STEPS - 1) if refs[2].index(refs[2][i]) == i)
+    stop, eos = refs[1][stop_at], refs[2][eos_at]
+    engine = Engine.from_hf(
+        hf,
+        EngineConfig(block_size=4, num_blocks=96, max_num_seqs=2, max_num_batched_tokens=24, decode_steps=8, **SHORT),
+        eos_token_ids=(eos,),
+    )
+    leaks = watch_leaks(engine)
+    params = [greedy(), greedy(stop_token_ids=(stop,)), SamplingParams(max_tokens=STEPS), greedy()]
+    seqs = [engine.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
+    while engine.has_unfinished():
+        engine.step()
+    assert [s.output_token_ids for s in seqs] == [refs[0], refs[1][: stop_at + 1], refs[2][: eos_at + 1], refs[3]]
+    assert seqs[1].finish_reason is FinishReason.STOP and seqs[2].finish_reason is FinishReason.EOS
+    assert engine.runner.decode_groups > 0 and not leaks
+    assert not engine.runner.tables.row_of and engine.block_manager.num_used_blocks == 0
+
+
+def test_multi_step_abort_between_groups_gives_back_its_row_and_blocks(offline):
+    hf, prompts, _, _, _, refs = offline
+    engine = engine_for(hf, "eager", max_num_seqs=3, decode_steps=8, **SHORT)
+    leaks = watch_leaks(engine)
+    seqs = [engine.add_request(p, greedy(LONGEST)) for p in prompts[:4]]
+    drop = seqs[1]
+    while engine.runner.decode_groups == 0 or drop.seq_id not in engine.runner.tables.row_of:
+        engine.step()
+    assert 1 < len(drop.output_token_ids) < LONGEST  # a group ran for it and it has more to go
+    assert engine.abort(drop)
+    assert drop.seq_id not in engine.runner.tables.row_of and drop.seq_id not in engine.block_manager
+    while engine.has_unfinished():
+        engine.step()
+    assert drop.output_token_ids == refs[1][: len(drop.output_token_ids)]
+    assert [s.output_token_ids for s in seqs if s is not drop] == [refs[0], refs[2], refs[3]]
+    assert not leaks and not engine.runner.tables.row_of and engine.block_manager.num_used_blocks == 0
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA: multi-step groups through captured decode graphs"
+)
+def test_multi_step_groups_in_captured_graphs_give_back_rows_and_match_single_steps():
+    """The H200 setting of the failure: captured decode graphs and whole-step graphs, async scheduling on, many more
+    requests than ``max_num_seqs``; float32, so ``decode_steps=8`` gives the single-step loop's tokens exactly."""
+    hf = load_model("config:tiny-llama", dtype="float32", device="cuda").model
+    g = torch.Generator().manual_seed(3)
+    prompt_lens, output_lens = torch.randint(2, 60, (40,), generator=g), torch.randint(1, 40, (40,), generator=g)
+    prompts = [torch.randint(3, hf.config.vocab_size, (int(n),), generator=g).tolist() for n in prompt_lens]
+    params = [greedy(int(n)) for n in output_lens]
+    outs = []
+    for steps in (1, 8):
+        cfg = EngineConfig(
+            max_num_seqs=4, max_num_batched_tokens=64, max_model_len=128, decode_steps=steps, compile=False
+        )
+        engine = Engine.from_hf(hf, cfg)
+        leaks = watch_leaks(engine)
+        outs.append(engine.generate(prompts, params))
+        assert engine.num_graphs > 0 and not leaks and not engine.runner.tables.row_of
+        assert engine.block_manager.num_used_blocks == 0
+    assert engine.runner.decode_groups > 0 and outs[0] == outs[1]

@@ -25,6 +25,7 @@ def test_smoke_bench_writes_every_row(scratch_results, capsys):
         "offline_tok_s",
         "offline_tok_s_budget32",  # the small-budget point (512 on a GPU)
         "offline_budget32_ratio",
+        "offline_tok_s_decode_steps8",  # multi-step decoding on the default engine: every row and block given back
         "hf_offline_tok_s",
         "engine_speedup_vs_hf",
         "e2e_ms_per_token_b1",
@@ -34,6 +35,9 @@ def test_smoke_bench_writes_every_row(scratch_results, capsys):
     }
     rows = df.set_index("metric")
     assert rows["value"].gt(0).all(), rows["value"]  # every row measured, none skipped or failed
+    offline = pd.read_csv(next(scratch_results.glob("*/engine/offline.csv"))).set_index("setting")
+    multi = offline.loc["decode_steps=8 (not the default)"]
+    assert multi["decode_steps"] == 8 and multi["decode_groups"] > 0  # the row ran multi-step groups
     for metric in ("mixed_step_ms", "e2e_ms_per_token_b1", "offline_tok_s_budget32", "decode_ms_b1_ctx256"):
         assert rows.loc[metric, "roofline_bound"] > 0, metric  # each beside its bound
     assert rows.loc["e2e_over_forward_b1", "value"] == pytest.approx(

@@ -22,7 +22,8 @@ def offline_params(workload: OfflineWorkload, temperature: float) -> list[Sampli
 
 
 def run_offline(engine: Engine, workload: OfflineWorkload, *, temperature: float = 0.6, progress: bool = False) -> dict:
-    """Run the workload to completion; returns output tokens, seconds and tokens/s (wall clock, synchronised)."""
+    """Run the workload to completion; returns output tokens, seconds and tokens/s (wall clock, synchronised).
+    Raises ``RuntimeError`` if the engine did not give back every row and block of the finished requests."""
     import torch
 
     sync = torch.cuda.synchronize if engine.device.type == "cuda" else (lambda: None)
@@ -32,6 +33,9 @@ def run_offline(engine: Engine, workload: OfflineWorkload, *, temperature: float
     outs = engine.generate(workload.prompts, offline_params(workload, temperature), progress=progress)
     sync()
     elapsed = time.perf_counter() - t0
+    leaked = engine.leaked()
+    if leaked:  # a later run of this engine would fail once its block-table rows or KV blocks ran out
+        raise RuntimeError(f"after the run, finished sequences {leaked[:8]} still hold block-table rows or KV blocks")
     produced = sum(len(o) for o in outs)
     if produced != workload.output_tokens:
         raise RuntimeError(f"the engine produced {produced} tokens, the workload asks for {workload.output_tokens}")

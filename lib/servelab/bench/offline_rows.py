@@ -52,7 +52,7 @@ def timed_run(s: BenchSession, engine, work, label: str, build_s: float) -> dict
     st0 = engine.stats()
     res = run_offline(engine, work, progress=s.progress)
     st = engine.stats()
-    steps = {k: st[k] - st0[k] for k in ("graph_steps", "step_graph_steps", "eager_steps")}
+    steps = {k: st[k] - st0[k] for k in ("graph_steps", "step_graph_steps", "eager_steps", "decode_groups")}
     cfg = engine.config
     s.offline_rows.append(
         {
@@ -117,7 +117,7 @@ def offline_section(s: BenchSession) -> None:
         None,
         f"offline_tok_s_budget{p.offline_budget} / offline_tok_s: the throughput price of small chunked steps",
     )
-    if p.extra_settings and s.clock.left() > 90:
+    if p.multi_step_row and s.clock.left() > 90:
         engine = default_engine(s)
 
         def multi_step():

@@ -25,7 +25,9 @@ class BenchPlan:
     repeats: int
     time_budget_s: float
     seed: int
-    extra_settings: bool = True  # also measure labelled non-default settings (eager blocks, multi-step decoding)
+    extra_settings: bool = True  # also measure labelled non-default settings (eager blocks, async off)
+    # the labelled offline_tok_s_decode_steps8 row; on in the smoke too, where it checks multi-step decoding end to end
+    multi_step_row: bool = True
     offline_budget: int = 512  # max_num_batched_tokens of the offline_tok_s_budget{N} row
     mixed_step: tuple[int, int, int] = (63, 512, 512)  # (decodes, their context, the prefill chunk's tokens)
     e2e_model: str | None = None  # model of the e2e_ms_per_token_b1 row (None: ``model``)

@@ -12,7 +12,9 @@ measured in the same run (copy and matmul ceilings); other settings only as extr
   sequences with C cached tokens; bound: weights + KV bytes at the copy ceiling (``decode_rows.py``);
 - ``offline_tok_s``, ``offline_tok_s_budget{N}`` and their ratio: output tokens/s on the offline workload
   (random prompts, prompt and output lengths uniform in [min, max], EOS ignored), by default and at a
-  per-step token budget of N; bound: ``offline_floor_s`` (``offline_rows.py``);
+  per-step token budget of N; bound: ``offline_floor_s`` (``offline_rows.py``); ``offline_tok_s_decode_steps8``
+  (labelled, in the smoke too): the same with multi-step decoding; every run checks that the engine gave back
+  every block-table row and KV block of its finished requests;
 - ``hf_offline_tok_s``: HF ``generate`` with static batching on the same workload (a time-capped first
   batch; see ``hf_baseline.py`` for why that favours HF), and ``engine_speedup_vs_hf``;
 - ``prefill_mfu_{T}``: model FLOPs of a T-token prefill of ``--mfu-model`` per second, over the measured

@@ -279,6 +279,14 @@ class Engine:
         self.runner.release(seq.seq_id)
         return True
 
+    def leaked(self) -> list[int]:
+        """Ids of sequences that are not running yet hold a block-table row or KV blocks, sorted: [] unless a finish,
+        abort or preemption was not given back. Holds between ``step()`` calls (the benchmark checks it after a run:
+        a leak there ends later runs of the same engine with "no free block-table row")."""
+        running = {seq.seq_id for seq in self.scheduler.running}
+        held = set(self.runner.tables.row_of) | set(self.block_manager.seq_ids)
+        return sorted(held - running)
+
     # ---- running ----------------------------------------------------------------------------------
     def step(self) -> list[TokenEvent]:
         """Schedule and launch one step; return the tokens that reached the host meanwhile.
@@ -342,13 +350,9 @@ class Engine:
         t_wait = time.perf_counter()
         tokens = step.tokens()
         t_read = time.perf_counter()
-        events = []
-        for it, tok in zip(step.items, tokens, strict=True):
-            event = self.scheduler.accept(it.seq, tok)
-            if event is not None:
-                events.append(event)
-                if event.finished:
-                    self.runner.release(event.seq_id)
+        accepted = (self.scheduler.accept(it.seq, tok) for it, tok in zip(step.items, tokens, strict=True))
+        events = [ev for ev in accepted if ev is not None]  # None: the sequence finished before its token landed
+        self._release_finished(events)
         if self.on_step is not None:
             self.on_step(
                 _record(
@@ -409,9 +413,19 @@ class Engine:
             ]
             if not items:
                 break
-            events += self.scheduler.postprocess(ScheduledBatch([it for it, _ in items]), [t for _, t in items])
+            done = self.scheduler.postprocess(ScheduledBatch([it for it, _ in items]), [t for _, t in items])
+            self._release_finished(done)
+            events += done
             self.steps += 1
         return events
+
+    def _release_finished(self, events: list[TokenEvent]) -> None:
+        """Give the block-table rows of the sequences that ``events`` finish back to the runner. Every path that hands
+        tokens to the scheduler (a landed step, a multi-step group) must call it: the scheduler frees a finished
+        sequence's KV blocks, but the runner's rows (``max_num_seqs`` of them) are the engine's to free."""
+        for event in events:
+            if event.finished:
+                self.runner.release(event.seq_id)
 
     def stream(self) -> Iterator[TokenEvent]:
         """Step until every request finished, yielding tokens as they are produced."""

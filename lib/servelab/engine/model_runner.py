@@ -145,8 +145,16 @@ class ModelRunner:
         Returns None when no captured bucket holds the group.
         """
         if self.graphs is None:  # CPU or graphs off: the same packed-input path, run eagerly
+            max_blocks = self.tables.max_blocks
             self.graphs = DecodeGraphs(
-                self.model, self.pool, self.tables, max_batch=self.tables.pad_row, scratch_block=self.scratch_block
+                self.model,
+                self.pool,
+                self.tables,
+                max_batch=self.tables.pad_row,
+                scratch_block=self.scratch_block,
+                # widths bucketed as the gather backend's graphs are: at full width every step would attend over
+                # max_model_len keys per sequence, a hundred times a short request's context
+                block_widths=power_of_two_buckets(max_blocks, smallest=min(8, max_blocks)),
             )
         last = [it.start + k - 1 for it, k in zip(items, steps, strict=True)]
         rows = self.tables.rows_for(
