@@ -15,9 +15,18 @@ from servelab.studies.common.findings import Finding
 from servelab.studies.common.quiet import quiet_run
 from servelab.studies.s01_scheduling import verdicts
 from servelab.studies.s01_scheduling.capacity import capacity_table
+from servelab.studies.s01_scheduling.sizing import label
 from servelab.studies.s01_scheduling.sweep import run_study, workload_lengths
 
 STUDY = "01_scheduling"
+PARTS_DIR = "01_scheduling_parts"  # a run of some ``parts`` writes to <device>/01_scheduling_parts/<label>/
+
+
+def results_name(P: dict) -> str:
+    """The results folder of a run under the device's: the study's, or its part's (``merge`` joins the parts)."""
+    return STUDY if P.get("parts") is None else f"{PARTS_DIR}/{label(P['parts'])}"
+
+
 TABLES = ("requests", "steps", "summary", "probes", "servers")  # the sweep's frames written as CSVs, if not empty
 
 
@@ -56,7 +65,7 @@ def run(P: dict) -> Study1Run:
 def _run(P: dict) -> Study1Run:
     dev = device_record()
     ceil = measure_ceilings()
-    res = StudyResults(STUDY, dev, P, ceil)
+    res = StudyResults(results_name(P), dev, P, ceil)
     log: list[str] = []
     data = run_study(
         P,
