@@ -75,6 +75,8 @@ def test_parts_select_points_and_plan_the_full_profile_into_runs():
     assert len(table) == sum(len(plan_points(full, m)) for m in full["models"])  # the whole budget sweep included
     runs = sizing.plan_parts(table, full)
     assert all(r["s"] <= full["time_budget_s"] for r in runs)
+    # F1.1's pair (EagerContBatch, ChunkedPrefill at the reference budget) of the 8B model is measured in one run
+    assert any({"llama-3-8b/eager_cont_batch", "llama-3-8b/chunked_prefill@512"} <= set(r["parts"]) for r in runs)
     chosen = [sel for r in runs for sel in r["parts"]]
     picked = [
         (p.model, p.scheduler, p.budget, p.rate_fraction, p.sweep)

@@ -196,3 +196,23 @@ def capacities(spec) -> dict[str, float]:
     probes = pd.read_csv(folder / "probes.csv")
     probes = probes[(probes["status"] == "ok") & probes["capacity_req_s"].notna()]
     return {str(m): float(c) for m, c in zip(probes["model"], probes["capacity_req_s"], strict=True)}
+
+
+def main(folder: str = "data/results/nvidia-h200/01_scheduling") -> None:
+    """Print the full profile's GPU time per point and per run, from the committed run in ``folder``."""
+    from servelab.paths import DATA_DIR
+    from servelab.studies.s01_scheduling.params import study_params
+
+    P = study_params("full")
+    table = gpu_time_table(pd.read_csv(DATA_DIR.parent / folder / "summary.csv"), P)
+    cols = ["model", "setting", "rate_fraction", "rate", "served_req_s", "window_s", "point_s", "expected_completed"]
+    print(table[cols].round(1).to_string(index=False))
+    print(f"points: {table['point_s'].sum():.0f} s; capped (short of min_requests): {int(table['capped'].sum())}")
+    for r in plan_parts(table, P):
+        print(f"run {r['s']:.0f} s: parts={','.join(r['parts'])}")
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(*sys.argv[1:])
