@@ -12,7 +12,7 @@ from servelab.errors import ParameterError
 from servelab.loadgen.lengths import ShareGPTLike
 from servelab.paths import DATA_DIR
 from servelab.studies.common.rules import OLD_RULES
-from servelab.studies.s01_scheduling import sizing, verdicts
+from servelab.studies.s01_scheduling import gpu_time, sizing, verdicts
 from servelab.studies.s01_scheduling.merge import merge_parts
 from servelab.studies.s01_scheduling.params import study_params
 from servelab.studies.s01_scheduling.stall import p99_of_max_itl, with_stall_stats
@@ -71,9 +71,9 @@ def test_parts_select_points_and_plan_the_full_profile_into_runs():
     assert plan_points(P, "config:qwen2-0.5b") == []
     assert sizing.label(P["parts"]) == "llama-3-8b_fcfs+llama-3-8b_budget"
     full = study_params("full")
-    table = sizing.gpu_time_table(pd.read_csv(H200 / "summary.csv"), full)
+    table = gpu_time.gpu_time_table(pd.read_csv(H200 / "summary.csv"), full)
     assert len(table) == sum(len(plan_points(full, m)) for m in full["models"])  # the whole budget sweep included
-    runs = sizing.plan_parts(table, full)
+    runs = gpu_time.plan_parts(table, full)
     assert all(r["s"] <= full["time_budget_s"] for r in runs)
     # F1.1's pair (EagerContBatch, ChunkedPrefill at the reference budget) of the 8B model is measured in one run
     assert any({"llama-3-8b/eager_cont_batch", "llama-3-8b/chunked_prefill@512"} <= set(r["parts"]) for r in runs)

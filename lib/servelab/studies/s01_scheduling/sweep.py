@@ -97,7 +97,7 @@ def plan_points(P: dict, model: str) -> list[Point]:
 
 def estimate_runtime_s(P: dict, model_load_s: dict | None = None) -> float:
     """The most seconds the sweep can take (s): probes, model loads (a guess per load unless given) and every
-    selected point at its cap (``point_cap_s``). ``sizing.gpu_time_table`` gives the expected time instead."""
+    selected point at its cap (``point_cap_s``). ``gpu_time.gpu_time_table`` gives the expected time instead."""
     model_load_s = model_load_s or {}
     total = 0.0
     for m in P["models"]:
