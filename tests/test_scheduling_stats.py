@@ -156,3 +156,12 @@ def test_merge_joins_parts_of_one_commit_and_refuses_others(tmp_path):
     (e / "run.json").write_text(json.dumps(side))
     with pytest.raises(ParameterError, match="min_requests"):
         merge_parts([a, e], tmp_path / "m4")
+
+
+def test_a_page_can_be_built_from_written_results():
+    from servelab.studies.s01_scheduling.run import load
+
+    R = load(H200.relative_to(DATA_DIR.parent))  # relative to the repository, as from notebooks/
+    assert R.dev.name == "NVIDIA H200" and R.P["reference_budget"] == 512
+    assert "max_itl_p99_ms" in R.summary and [f.id for f in R.findings] == ["F1.1", "F1.2", "F1.3"]
+    assert "p99 of per-request max ITL" in R.findings[0].measured_value and not R.capacity.empty

@@ -85,3 +85,29 @@ def _run(P: dict) -> Study1Run:
     res.write_findings([f.row() for f in findings])
     res.finish()
     return Study1Run(P, dev, ceil, frames, capacity, findings, workload_lengths(P).source, log, res.dir)
+
+
+def load(folder) -> Study1Run:
+    """A ``Study1Run`` from written results (``merge``'s joined parts, or any run's folder), for a page built from
+    runs made elsewhere: the tables as written, the findings recomputed from the summary by today's rules (a summary
+    that predates the p99 stall gains it from its requests, ``stall.with_stall_stats``)."""
+    import json
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from servelab.paths import DATA_DIR
+    from servelab.studies.s01_scheduling.stall import with_stall_stats
+
+    folder = Path(folder) if Path(folder).is_dir() else DATA_DIR.parent / folder  # papermill runs in notebooks/
+    side = json.loads((folder / "run.json").read_text())
+    P = side["params"]
+    frames = {}
+    for name in TABLES:
+        path = folder / f"{name}.csv"
+        frames[name] = pd.read_csv(path) if path.is_file() and path.stat().st_size else pd.DataFrame()
+    if not frames["summary"].empty and not frames["requests"].empty:
+        frames["summary"] = with_stall_stats(frames["summary"], frames["requests"])
+    capacity = capacity_table(frames["summary"])
+    findings = verdicts.findings(frames["summary"], P["reference_budget"], P["dtype"])
+    dev = SimpleNamespace(**side["device"])  # name, slug …: what the page shows of the device
+    return Study1Run(P, dev, side.get("ceilings"), frames, capacity, findings, workload_lengths(P).source, [], folder)
