@@ -112,7 +112,8 @@ def test_probe_and_point_rows(served):
     P = study_params(
         "smoke",
         probe_requests=4,
-        window_s=0.6,
+        min_requests=5,
+        point_cap_s=0.6,
         drain_s=3.0,
         max_num_seqs=8,
         max_num_batched_tokens=256,
@@ -132,6 +133,10 @@ def test_probe_and_point_rows(served):
     assert {"model", "scheduler", "budget", "rate", "token_times_s", "t0_perf_s"} <= set(req.columns)
     assert steps["start_s"].min() >= 0 and steps["prefill_tokens"].max() <= 32  # on the records' axis
     assert row["delivered_tok_s"] > 0 and row["slo_itl_ms"] == 50.0
+    # the window: min_requests × 1.15 / 10 req/s = 0.575 s (under the 0.6 s cap), so 6 requests, all completed
+    assert row["window_s"] == pytest.approx(0.575) and row["requests"] == 6 and row["shortfall"] == 0
+    assert row["stall_requests"] == row["completed"] and row["max_itl_p99_ms"] <= row["max_itl_ms"]
+    assert row["max_itl_p99_lo_ms"] <= row["max_itl_p99_ms"] <= row["max_itl_p99_hi_ms"]
 
 
 def test_graph_sizes():

@@ -340,3 +340,27 @@ def f62_any_prompt_count(folder: Path) -> OldVerdict:
         f"ρ_c = {rho_c:+.2f} over {len(at)} pairs at {int(lengths.max())} tokens ({prompts} prompt(s) per pair); "
         f"ρ_length = {rho_len:+.2f}, change {change:+.0%} ({len(trends)} pairs)",
     )
+
+
+@_register
+def f11_single_max(folder: Path) -> OldVerdict:
+    """F1.1 before the p99 of per-request maximum ITL: the cut in each run's single maximum inter-token gap over the
+    served pairs (a measured stall, at most half the requests cut), median over rates; 20–70% holds, ≤ 5% fails."""
+    import json
+
+    import pandas as pd
+
+    budget = json.loads((folder / "run.json").read_text())["params"]["reference_budget"]
+    s = pd.read_csv(folder / "summary.csv")
+    s = s[(s["status"] == "ok") & (s["sweep"] == "rate") & s["max_itl_ms"].notna() & (s["cut"] <= 0.5 * s["requests"])]
+    key = ["model", "rate_fraction"]
+    e = s[s["scheduler"] == "eager_cont_batch"].set_index(key)["max_itl_ms"]
+    c = s[(s["scheduler"] == "chunked_prefill") & (s["budget"] == budget)].set_index(key)["max_itl_ms"]
+    cut = (1 - c / e).dropna()
+    per, parts = {}, []
+    for model, g in cut.groupby(level="model", sort=False):
+        m = float(g.median())
+        name = model.split(":")[-1]
+        per[name] = "fails" if not m > 0.05 else "holds" if 0.20 <= m <= 0.70 else "changes"
+        parts.append(f"{name}: median cut in the maximum {m:.2%} over {len(g)} rates")
+    return OldVerdict(_combine(per), "; ".join(parts))

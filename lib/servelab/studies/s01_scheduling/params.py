@@ -1,10 +1,13 @@
 """Study 1's parameters: profile defaults, overrides from papermill, validation.
 
-The ``full`` profile is sized for 240 s on the H200 (the notebook's set-up and figures, model loads,
-probes and load points together; the sweep itself gets ``time_budget_s``): two model sizes, four policy
-settings at three rates each, and a budget sweep of ChunkedPrefill on the 8B shape at one rate. Rates are
-fractions of a capacity estimate that a short probe measures on each model (``capacity_probe``), so that the
-sweep spans light load to past saturation whatever the engine's speed.
+The ``full`` profile: two model sizes, four policy settings at three rates each, and the whole budget sweep of
+ChunkedPrefill on the 8B shape at one rate. Each (policy, rate) point offers load until ``min_requests`` (150)
+requests can complete, within ``point_cap_s`` (``sizing``: a point that falls short says so in its ``shortfall``).
+That is more GPU time than one GPU run holds, so the sweep runs in parts (``parts``: subsets of models and policy
+settings, each a run of its own within ``time_budget_s``), and ``merge`` joins the parts of one commit.
+Rates are fractions of a capacity estimate that a short probe measures on each model (``capacity_probe``), so that
+the sweep spans light load to past saturation whatever the engine's speed; ``capacities`` fixes them instead (an
+earlier part's results folder, or req/s per model), so that every part offers the same rates and traces.
 ``engine_process`` (both profiles: True) runs each model's engine in a process of its own, away from the
 HTTP server's GIL (``serving.PolicyServer``); False serves it from an engine thread of the notebook's process.
 """
@@ -28,7 +31,8 @@ DEFAULTS = {
         budget_sweep_fraction=0.7,
         rate_fractions=[0.3, 0.7, 1.2],
         fallback_rates=[0.5, 1.0, 2.0],
-        window_s=3.5,
+        min_requests=150,
+        point_cap_s=90.0,
         drain_s=2.5,
         probe_requests=12,
         probe_s=8.0,
@@ -44,9 +48,11 @@ DEFAULTS = {
         slo_itl_factor=5.0,
         slo_itl_ms=None,
         slo_ttft_ms=None,
-        time_budget_s=205.0,
+        time_budget_s=400.0,
         seed=0,
         engine_process=True,
+        parts=None,
+        capacities=None,
     ),
     "smoke": dict(
         models=["config:tiny-llama"],
@@ -57,7 +63,8 @@ DEFAULTS = {
         budget_sweep_fraction=0.5,
         rate_fractions=[0.5, 1.5],
         fallback_rates=[2.0, 8.0],
-        window_s=1.0,
+        min_requests=6,
+        point_cap_s=3.0,
         drain_s=1.5,
         probe_requests=6,
         probe_s=4.0,
@@ -76,6 +83,8 @@ DEFAULTS = {
         time_budget_s=120.0,
         seed=0,
         engine_process=True,
+        parts=None,
+        capacities=None,
     ),
 }
 
@@ -101,9 +110,10 @@ INT_SIZES = (
     "prompt_max",
     "output_max",
     "reference_budget",
+    "min_requests",
 )
 POSITIVE = (
-    "window_s",
+    "point_cap_s",
     "drain_s",
     "probe_s",
     "prompt_scale",
@@ -209,4 +219,20 @@ def study_params(profile: str = "auto", **overrides) -> dict:
     _check_policies(p)
     _check_load(p)  # before the budget sweep, which looks its fraction up in the sorted rate_fractions
     _check_budget_sweep(p)
+    _check_parts(p)
     return p
+
+
+def _check_parts(p: dict) -> None:
+    """``parts``: None (everything) or selectors (``sizing.select``); ``capacities``: None, a results folder, or
+    req/s per model spec."""
+    from servelab.studies.s01_scheduling.sizing import check_selectors
+
+    if p["parts"] is not None:
+        p["parts"] = check_selectors(p["parts"], p)
+    caps = p["capacities"]
+    if caps is None or isinstance(caps, str):
+        return
+    if not isinstance(caps, dict):
+        raise ParameterError(f"capacities must be None, a results folder or {{model: req/s}}, got {caps!r}")
+    p["capacities"] = {m: _positive(f"capacities[{m!r}]", v) for m, v in caps.items()}

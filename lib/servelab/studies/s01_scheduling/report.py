@@ -82,8 +82,38 @@ def run_view(summary: pd.DataFrame, rate_fraction: float) -> pd.DataFrame:
         "ttft_p50_ms": "TTFT p50 (ms)",
         "ttft_p99_ms": "TTFT p99 (ms)",
         "itl_p99_ms": "ITL p99 (ms)",
-        "max_itl_ms": "worst stall (ms)",
+        "max_itl_p99_ms": "worst stall, p99 of per-request max (ms)",
+        "stall_ci": "its 95% CI (ms)",
+        "max_itl_ms": "maximum (ms)",
         "delivered_tok_s": "delivered (tok/s)",
+        "completed": "completed",
+        "shortfall": "short of min_requests",
         "cut": "cut",
     }
+    if "max_itl_p99_lo_ms" in s:
+        s = s.assign(
+            stall_ci=[
+                f"{lo:.1f}–{hi:.1f}" for lo, hi in zip(s["max_itl_p99_lo_ms"], s["max_itl_p99_hi_ms"], strict=True)
+            ]
+        )
+    cols = {k: v for k, v in cols.items() if k in s.columns}
     return s[["model", "setting", *cols]].rename(columns=cols).round(1).reset_index(drop=True)
+
+
+def shortfall_lines(summary: pd.DataFrame) -> str:
+    """Every measured point that completed fewer than ``min_requests`` requests within its time cap (none hidden);
+    a line saying so when every point reached it."""
+    if summary.empty or "shortfall" not in summary:
+        return ""
+    s = summary[(summary["status"] == "ok") & (summary["shortfall"] > 0)]
+    ok = summary[summary["status"] == "ok"]
+    if s.empty:
+        return (
+            f"Every one of the {len(ok)} measured points completed at least {int(ok['min_requests'].max())} requests."
+        )
+    lines = [
+        f"{model_name(r['model'])}, {_setting(r)} at {r['rate']:.2f} req/s ({r['sweep']} sweep): {int(r['completed'])} "
+        f"completed of {int(r['min_requests'])} wanted within its {r['window_s']:.0f} s window"
+        for _, r in s.iterrows()
+    ]
+    return f"{len(s)} of {len(ok)} measured points fell short of `min_requests`:\n\n" + takeaway_list(lines)

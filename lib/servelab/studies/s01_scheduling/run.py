@@ -15,9 +15,18 @@ from servelab.studies.common.findings import Finding
 from servelab.studies.common.quiet import quiet_run
 from servelab.studies.s01_scheduling import verdicts
 from servelab.studies.s01_scheduling.capacity import capacity_table
+from servelab.studies.s01_scheduling.sizing import label
 from servelab.studies.s01_scheduling.sweep import run_study, workload_lengths
 
 STUDY = "01_scheduling"
+PARTS_DIR = "01_scheduling_parts"  # a run of some ``parts`` writes to <device>/01_scheduling_parts/<label>/
+
+
+def results_name(P: dict) -> str:
+    """The results folder of a run under the device's: the study's, or its part's (``merge`` joins the parts)."""
+    return STUDY if P.get("parts") is None else f"{PARTS_DIR}/{label(P['parts'])}"
+
+
 TABLES = ("requests", "steps", "summary", "probes", "servers")  # the sweep's frames written as CSVs, if not empty
 
 
@@ -56,7 +65,7 @@ def run(P: dict) -> Study1Run:
 def _run(P: dict) -> Study1Run:
     dev = device_record()
     ceil = measure_ceilings()
-    res = StudyResults(STUDY, dev, P, ceil)
+    res = StudyResults(results_name(P), dev, P, ceil)
     log: list[str] = []
     data = run_study(
         P,
@@ -76,3 +85,29 @@ def _run(P: dict) -> Study1Run:
     res.write_findings([f.row() for f in findings])
     res.finish()
     return Study1Run(P, dev, ceil, frames, capacity, findings, workload_lengths(P).source, log, res.dir)
+
+
+def load(folder) -> Study1Run:
+    """A ``Study1Run`` from written results (``merge``'s joined parts, or any run's folder), for a page built from
+    runs made elsewhere: the tables as written, the findings recomputed from the summary by today's rules (a summary
+    that predates the p99 stall gains it from its requests, ``stall.with_stall_stats``)."""
+    import json
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from servelab.paths import DATA_DIR
+    from servelab.studies.s01_scheduling.stall import with_stall_stats
+
+    folder = Path(folder) if Path(folder).is_dir() else DATA_DIR.parent / folder  # papermill runs in notebooks/
+    side = json.loads((folder / "run.json").read_text())
+    P = side["params"]
+    frames = {}
+    for name in TABLES:
+        path = folder / f"{name}.csv"
+        frames[name] = pd.read_csv(path) if path.is_file() and path.stat().st_size else pd.DataFrame()
+    if not frames["summary"].empty and not frames["requests"].empty:
+        frames["summary"] = with_stall_stats(frames["summary"], frames["requests"])
+    capacity = capacity_table(frames["summary"])
+    findings = verdicts.findings(frames["summary"], P["reference_budget"], P["dtype"])
+    dev = SimpleNamespace(**side["device"])  # name, slug …: what the page shows of the device
+    return Study1Run(P, dev, side.get("ceilings"), frames, capacity, findings, workload_lengths(P).source, [], folder)

@@ -1,9 +1,10 @@
 """Study 1's measurement loop: per model, a probe, then every (policy, budget, rate) point over HTTP.
 
 For each model: load it once (``PolicyServer``), probe its capacity (``capacity_probe``), then for each
-policy setting and each rate fraction replay a trace of ``window_s`` seconds of Poisson arrivals through
-the load generator, cut at ``window_s + drain_s``; then the budget sweep of ChunkedPrefill at one rate.
-Traces for one rate fraction share their seed, so every policy sees the same requests (paired runs).
+policy setting and each rate fraction replay Poisson arrivals through the load generator for a window sized to
+complete ``min_requests`` requests (``sizing.window_s``), cut ``drain_s`` after it; then the budget sweep of
+ChunkedPrefill at one rate. The points of one rate fraction replay prefixes of one trace (one seed), so every
+policy sees the same requests in the same order (paired runs). ``parts`` restricts the run to some points.
 
 Every point runs in a try/except that records its failure; a time budget skips the points that would not
 finish within it (recorded as ``skipped``), so the notebook always ends, on time, with what it measured.
@@ -25,12 +26,11 @@ from servelab.loadgen.lengths import ShareGPTLike
 from servelab.loadgen.metrics import records_for_csv, request_metrics, summarize
 from servelab.loadgen.run import DEADLINE_ERROR
 from servelab.loadgen.workload import Trace
+from servelab.studies.s01_scheduling import sizing
 from servelab.studies.s01_scheduling.capacity_probe import CapacityEstimate, estimate_capacity, probe_roofline
 from servelab.studies.s01_scheduling.serving import PolicyServer
-
-POINT_OVERHEAD_S = 0.7  # per point: trace file, worker round trip, idle wait, step-log read
-MODEL_LOAD_GUESS_S = 12.0  # a model load + CUDA-graph capture, for planning only
-ENGINE_PROCESS_START_GUESS_S = 8.0  # the engine process's fresh interpreter and its imports, for planning only
+from servelab.studies.s01_scheduling.sizing import load_guess_s, point_cost_s, selected
+from servelab.studies.s01_scheduling.stall import p99_of_max_itl
 
 
 @dataclass
@@ -82,7 +82,7 @@ def plan_points(P: dict, model: str) -> list[Point]:
     """The points of one model in run order: the rate sweep of every policy setting, then the budget sweep
     (at one of the sweep's rate fractions, with that fraction's trace, so the rate sweep's ChunkedPrefill
     points at that fraction belong to the budget series too). Rates are filled in from the probe
-    (``Point.rate = rate_fraction × capacity``)."""
+    (``Point.rate = rate_fraction × capacity``). Only the points that ``P['parts']`` selects."""
     seed = {f: P["seed"] * 1000 + i for i, f in enumerate(P["rate_fractions"])}
     pts = [
         Point(model, name, budget, f, "rate", seed[f]) for name, budget in P["policies"] for f in P["rate_fractions"]
@@ -91,24 +91,19 @@ def plan_points(P: dict, model: str) -> list[Point]:
         f = P["budget_sweep_fraction"]
         done = {b for name, b in P["policies"] if name == "chunked_prefill"}
         pts += [Point(model, "chunked_prefill", b, f, "budget", seed[f]) for b in P["budget_sweep"] if b not in done]
-    return pts
-
-
-def point_cost_s(P: dict) -> float:
-    return P["window_s"] + P["drain_s"] + POINT_OVERHEAD_S
-
-
-def load_guess_s(P: dict) -> float:
-    """Seconds to plan for starting one model's server (model load, graphs, and the engine process's start)."""
-    return MODEL_LOAD_GUESS_S + (ENGINE_PROCESS_START_GUESS_S if P.get("engine_process", True) else 0.0)
+    parts = P.get("parts")
+    return [pt for pt in pts if selected(parts, pt.model, pt.scheduler, pt.budget, pt.sweep)]
 
 
 def estimate_runtime_s(P: dict, model_load_s: dict | None = None) -> float:
-    """Seconds the sweep should take: probes, points and model loads (a guess per load unless given)."""
+    """The most seconds the sweep can take (s): probes, model loads (a guess per load unless given) and every
+    selected point at its cap (``point_cap_s``). ``gpu_time.gpu_time_table`` gives the expected time instead."""
     model_load_s = model_load_s or {}
     total = 0.0
     for m in P["models"]:
-        total += model_load_s.get(m, load_guess_s(P)) + P["probe_s"] + len(plan_points(P, m)) * point_cost_s(P)
+        n = len(plan_points(P, m))
+        if n:
+            total += model_load_s.get(m, load_guess_s(P)) + P["probe_s"] + n * point_cost_s(P, P["point_cap_s"])
     return total
 
 
@@ -138,14 +133,29 @@ def run_probe(srv: PolicyServer, worker, P: dict, lengths: ShareGPTLike, workdir
     return estimate_capacity(steps, mean_prompt_tokens=mean_p, mean_output_tokens=mean_o, batch=batch)
 
 
+def point_trace(pt: Point, P: dict, lengths: ShareGPTLike, window: float) -> Trace:
+    """The point's requests: the first ``window`` seconds' worth of its rate fraction's trace (one seed per fraction,
+    ``point_cap_s`` of arrivals long), so that points of one rate replay prefixes of the same requests."""
+    full = Trace.synthetic(rate=pt.rate, lengths=lengths, n=sizing.max_arrivals(P, pt.rate), seed=pt.seed)
+    return full.head(min(len(full), sizing.arrivals(pt.rate, window)))
+
+
 def run_point(
-    srv: PolicyServer, worker, pt: Point, P: dict, lengths: ShareGPTLike, workdir: Path, slo_itl_ms: float | None
+    srv: PolicyServer,
+    worker,
+    pt: Point,
+    P: dict,
+    lengths: ShareGPTLike,
+    workdir: Path,
+    slo_itl_ms: float | None,
+    served_req_s: float | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
-    """One load point: switch policy, replay the trace, collect records, steps and the summary row."""
+    """One load point: switch policy, replay the trace (sized by ``sizing.window_s`` for a point that completes
+    ``served_req_s`` req/s at most), collect records, steps and the summary row."""
     srv.use_policy(pt.scheduler, pt.budget)
-    trace = Trace.synthetic(rate=pt.rate, lengths=lengths, duration_s=P["window_s"], seed=pt.seed)
-    trace = trace.with_prompt_ids(srv.vocab, seed=pt.seed)
-    deadline = P["window_s"] + P["drain_s"]
+    window = sizing.window_s(P, pt.rate, served_req_s)
+    trace = point_trace(pt, P, lengths, window).with_prompt_ids(srv.vocab, seed=pt.seed)
+    deadline = window + P["drain_s"]
     # the HTTP server (and, with engine_process off, the engine thread) shares this interpreter: a full garbage
     # collection over the notebook's objects would pause it mid-run and show up as a stall, so they are frozen
     gc.collect()
@@ -164,16 +174,16 @@ def run_point(
     times = [t for ts in records["token_times_s"] for t in ts]
     span = (max(times) - float(records["sent_s"].min())) if times else float("nan")
     row = {
-        "model": pt.model,
-        "scheduler": pt.scheduler,
-        "budget": pt.budget,
-        "rate": pt.rate,
-        "rate_fraction": pt.rate_fraction,
-        "sweep": pt.sweep,
+        **_row_head(pt),
         "status": "ok",
         "requests": len(records),
         "cut": int((records["error"] == DEADLINE_ERROR).sum()),
+        "min_requests": P["min_requests"],
+        "shortfall": max(0, P["min_requests"] - int(s["completed"])),
+        "window_s": window,
+        "deadline_s": deadline,
         **s,
+        **p99_of_max_itl(m.loc[m["ok"], "max_itl_ms"], seed=pt.seed),
         "mean_ttft_ms": float(ok["ttft_ms"].mean()) if len(ok) else float("nan"),
         # every token received (cut requests included) per second of the run: the work the server did
         "delivered_tok_s": len(times) / span if times and span > 0 else float("nan"),
@@ -208,6 +218,9 @@ class _Sweep:
     bar: object  # tqdm
     log: Callable[[str], None]
     roofline: object = None
+    # req/s that a (model, scheduler, budget) completed at a point that saturated it (requests cut): sizes its later
+    # points, whose windows the probe's capacity estimate (made under EagerContBatch) would leave too short
+    served: dict = field(default_factory=dict)
 
     def skip(self, points, status: str) -> None:
         for pt in points:
@@ -243,7 +256,9 @@ def _run_model(sw: _Sweep, model: str, device: str) -> None:
     P, data = sw.P, sw.data
     points = plan_points(P, model)
     left = sw.budget_end - time.perf_counter()
-    if left < P["probe_s"] + point_cost_s(P) + load_guess_s(P):
+    if not points:
+        return
+    if left < P["probe_s"] + point_cost_s(P, 0.0) + load_guess_s(P):
         sw.log(f"{model}: skipped, {left:.0f} s of the time budget left")
         data.servers.append({"model": model, "engine_process": P["engine_process"], "status": "skipped: time budget"})
         sw.skip(points, "skipped: time budget")
@@ -258,6 +273,7 @@ def _run_model(sw: _Sweep, model: str, device: str) -> None:
             {"model": model, "status": "ok", "engine_process": srv.engine_process, "load_s": srv.load_s, **srv.stats}
         )
         rates_from, slo = _probe(sw, srv, model)
+        rates_from = _fixed_capacity(sw, model, rates_from)
         _run_points(sw, srv, points, rates_from, slo)
         if slo is None:  # no probe and no SLO given: 5x (the factor) the lightest run's median ITL
             _slo_from_lightest(data.summary[rows_before:], P["slo_itl_factor"])
@@ -328,6 +344,16 @@ def _probe(sw: _Sweep, srv: PolicyServer, model: str) -> tuple[float | None, flo
     return est.capacity_req_s, slo
 
 
+def _fixed_capacity(sw: _Sweep, model: str, probed: float | None) -> float | None:
+    """The capacity (req/s) the rates are fractions of: ``P['capacities']``' value for the model where given (every
+    part of a sweep then offers the same rates and traces), else the probe's."""
+    caps = sizing.capacities(sw.P["capacities"])
+    if model not in caps:
+        return probed
+    sw.log(f"{model}: rates from the given capacity {caps[model]:.2f} req/s (the probe's: {probed})")
+    return caps[model]
+
+
 def _run_points(sw: _Sweep, srv: PolicyServer, points, rates_from: float | None, slo: float | None) -> None:
     """Every load point of one model, each at its rate, until the time budget runs out."""
     P, data = sw.P, sw.data
@@ -337,17 +363,21 @@ def _run_points(sw: _Sweep, srv: PolicyServer, points, rates_from: float | None,
             pt.rate = pt.rate_fraction * rates_from
         else:
             pt.rate = fallback.get(pt.rate_fraction, P["fallback_rates"][-1])
-        if time.perf_counter() + point_cost_s(P) > sw.budget_end:
+        key = (pt.model, pt.scheduler, pt.budget)
+        served = sw.served.get(key, rates_from)
+        if time.perf_counter() + point_cost_s(P, sizing.window_s(P, pt.rate, served)) > sw.budget_end:
             sw.skip([pt], "skipped: time budget")
             continue
         if not srv.alive:
             sw.skip([pt], f"error: engine loop stopped ({srv.error})"[:300])
             continue
         try:
-            req, st, row = run_point(srv, sw.worker, pt, P, sw.lengths, sw.workdir, slo)
+            req, st, row = run_point(srv, sw.worker, pt, P, sw.lengths, sw.workdir, slo, served)
             data.requests.append(req)
             data.steps.append(st)
             data.summary.append(row)
+            if row["cut"] > 0 and row["duration_s"] > 0:
+                sw.served[key] = row["completed"] / row["duration_s"]
         except Exception as e:  # noqa: BLE001 - record and go on
             sw.log(f"{pt.key}: {type(e).__name__}: {e}")
             data.summary.append(
