@@ -173,16 +173,16 @@ async def _lone(base_url: str, extra: dict):
 def test_a_failed_step_fails_its_requests_and_the_engine_serves_on(sampling_server, monkeypatch):
     srv, greedy = sampling_server
     engine = srv.engine
-    execute = engine.runner.execute
+    launch = engine.runner.launch  # every step goes through it, with async scheduling on or off
     calls = []
 
-    def fail_once(batch):
+    def fail_once(*args, **kwargs):
         calls.append(1)
         if len(calls) == 3:
             raise RuntimeError("injected step failure")
-        return execute(batch)
+        return launch(*args, **kwargs)
 
-    monkeypatch.setattr(engine.runner, "execute", fail_once)
+    monkeypatch.setattr(engine.runner, "launch", fail_once)
     status, tokens, errors = asyncio.run(_lone(srv.base_url, {"temperature": 0}))
     assert status == 200 and len(tokens) < 12 and "injected step failure" in errors[0]["error"]["message"]
     assert wait_for(lambda: engine.block_manager.num_used_blocks == 0)
