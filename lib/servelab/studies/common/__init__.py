@@ -1,1 +1,11 @@
-"""What every study shares: parameter handling (profiles, overrides, validation), the trained model family."""
+"""What every study shares, so that no study carries a copy.
+
+- ``params.py``: profiles (full / smoke), ``resolve`` (defaults plus overrides) and the checks; ``overrides_from``
+  reads a notebook's parameters cell;
+- ``findings.py``: ``Finding``, one verdict on one seed claim; ``tested_on.py``: what it was measured on, in words;
+- ``repeats.py``: ≥ 3 repeats of a claim combined (median, interval, ``inconclusive``); ``repeat_runs.py``: running
+  a study's repeats as fresh processes; ``rules.py``: the registry of verdict rules and their changes;
+- ``page.py``: the findings-first parts of a study page; ``style.py``: the book's figure style and colours;
+  ``quiet.py``: silencing library chatter at its source; ``budget.py``: a study's wall-time budget;
+- ``family/``: the small trained model family (Studies 3 and 6); ``drafts/``: drafts distilled from SmolLM2.
+"""

@@ -4,14 +4,12 @@
 - ``serving.py``: ``PolicyServer``, one model served over HTTP (its engine in a process of its own by default),
   its policy switched, then warmed up, between runs;
 - ``capacity_probe.py``: a short probe that places the rate sweep (and its roofline floors);
-- ``sizing.py``: each point's window (sized to complete ``min_requests``), the ``parts`` a run selects;
-- ``sweep.py``: the measurement loop (probe, rate sweep, budget sweep) under a time budget;
-- ``stall.py``: the worst stall as a statistic (p99 of per-request maximum ITL, bootstrap interval);
-- ``gpu_time.py``: the full profile's GPU time from a committed run, grouped into GPU runs;
-- ``merge.py``: the parts of one commit joined into one result;
-- ``capacity.py``: capacity at an ITL SLO (Sarathi-Serve's definition);
-- ``verdicts.py``: F1.1–F1.3 from the data;
-- ``plots.py``: the figures.
+- ``sizing.py``: how long each point runs so that it completes ``min_requests``; ``gpu_time.py``: the full
+  profile's GPU time and its split into parts; ``merge.py``: parts measured at one commit combined;
+- ``sweep.py``: the measurement loop (probe, rate sweep, budget sweep) under a time budget; ``run.py``: the study;
+- ``stall.py``: the p99 of each request's worst inter-token gap, with its interval;
+- ``capacity.py``: capacity at an ITL SLO (Sarathi-Serve's definition); ``step_costs.py``: the step log by kind;
+- ``verdicts.py``: F1.1–F1.3 from the data; ``report.py``: the page's takeaways; ``plots.py``: the figures.
 
 The policies themselves are ``servelab.engine.policies``; the server ``servelab.server``; the load
 generator ``servelab.loadgen``.

@@ -3,5 +3,7 @@
 - ``pair.py``: a target and its drafts, as HF models and as ``PagedLM``s;
 - ``cost_ratio.py``: the cost ratio c = T_draft / T_target in three execution modes;
 - ``study.py``: acceptance and speedup per draft × γ × temperature, beside Leviathan's prediction;
-- ``params.py``, ``verdicts.py`` (F3.1–F3.3), ``plots.py``.
+- ``controlled.py``: controlled acceptance at the seed's shapes (α set, every cost real), break-even α;
+- ``real_acceptance.py``: α of real drafts of SmolLM2-135M-Instruct, with bootstrap intervals;
+- ``run.py``: the study; ``params.py``, ``verdicts.py`` (F3.1–F3.3), ``report.py``, ``plots.py``.
 """

@@ -1,6 +1,10 @@
 """Study 5: attention kernels — every variant behind one call signature, checked against a float64
 reference, swept over prefill and decode shapes, and judged against the measured ceilings.
 
+``shapes``/``masks``/``variants``/``backends``/``reference``: what is computed and by whom; ``point``/``sweep``/
+``memory``: measuring it; ``recommend``/``report``/``page``: the page's tables and sections; ``verdicts`` (F5.1–F5.3),
+``plots``, ``params``.
+
     attn = VARIANTS["sdpa_flash"].build(AttentionShape.prefill(arch, 4096), "cuda")
     out = attn(q, k, v)
 """

@@ -1,5 +1,5 @@
 """Study 7: prefix caching. The cache itself lives in the engine (``servelab.kv.prefix_cache``); here are the
-policy simulator (issue 9, item 2) and the study's measurements (item 3).
+policy simulator and the study's measurements.
 
 Policy simulator (no GPU): prefix-cache policies (LRU, LFU, radix-tree LRU) on Zipf(α) popularity, against the optimum.
 
@@ -17,7 +17,8 @@ Measurements on the engine (notebook 07):
 - ``multi_turn``     F7.2: a conversation, speedup per turn
 - ``batch_sharing``  F7.3: n requests sharing a prefix, shared vs independent prefill; ``breakeven``
 - ``serving``        server level: a prefix-repetition workload over HTTP, caching off and on
-- ``budget``         the study's wall-time budget; ``verdicts`` F7.1–F7.4; ``plots`` the figures
+- ``cost_fit``       straight-line cost models (a fixed cost plus a cost per token or request)
+- ``page``           the study page's sections, one call each; ``verdicts`` F7.1–F7.4; ``plots`` the figures
 """
 
 from servelab.studies.s07_prefix_cache.optimum import belady_hit_rate, static_block_optimum, static_optimum

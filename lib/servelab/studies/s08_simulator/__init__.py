@@ -7,5 +7,6 @@
 - ``prefix_routing.py``: routers over replicas that keep prefix caches;
 - ``speed.py``: simulated requests per second of wall time;
 - ``freeze.py``, ``ledger.py``, ``heldout.py``: the frozen cost model and fresh runs each evaluated once;
+- ``page.py``: the page's sections, one call each; ``takeaways.py``: its takeaway sentences;
 - ``params.py``, ``verdicts.py`` (F2.3), ``plots.py``.
 """
