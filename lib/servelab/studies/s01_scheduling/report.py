@@ -8,6 +8,7 @@ import pandas as pd
 from servelab.studies.common.page import finding_sentence, takeaway_list
 from servelab.studies.common.tested_on import model_name
 from servelab.studies.s01_scheduling.run import Study1Run
+from servelab_book.published import render_published
 
 
 def _setting(r) -> str:
@@ -117,3 +118,9 @@ def shortfall_lines(summary: pd.DataFrame) -> str:
         for _, r in s.iterrows()
     ]
     return f"{len(s)} of {len(ok)} measured points fell short of `min_requests`:\n\n" + takeaway_list(lines)
+
+
+def published() -> str:
+    """The "Against published results" section: the field's numbers beside this study's H200 ones, each cited
+    (``data/published/published.csv``); where the CSV pairs none with this study, the section says so."""
+    return render_published("01_scheduling")

@@ -13,6 +13,7 @@ from servelab.measure import Roofline, device_record, measure_ceilings
 from servelab.measure.results import StudyResults
 from servelab.studies.common.findings import Finding
 from servelab.studies.common.quiet import quiet_run
+from servelab.studies.common.style import use_book_style
 from servelab.studies.s01_scheduling import verdicts
 from servelab.studies.s01_scheduling.capacity import capacity_table
 from servelab.studies.s01_scheduling.sizing import label
@@ -58,6 +59,7 @@ def run(P: dict) -> Study1Run:
 
     Library warnings that say nothing about the measurement are filtered (``common.quiet``).
     """
+    use_book_style()  # SVG figures, type readable at page width, before any figure is drawn
     with quiet_run():
         return _run(P)
 

@@ -6,6 +6,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
+from servelab.studies.common.roofline_plot import roofline_plot
 from servelab.studies.s02_gpu_costs.verdicts import SEED_DECODE_US_PER_TOKEN, SEED_PREFILL_US_PER_TOKEN
 
 MODE_LABELS = {
@@ -225,3 +226,19 @@ def cost_model_fit(predicted: pd.DataFrame, title: str):
         ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+ROOFLINE_MODE = "engine"  # the engine with CUDA graphs: the mode whose steps the server runs
+
+
+def roofline(steps: pd.DataFrame, ceilings, device_name: str):
+    """Every step of one mode (the engine's, else the first timed) on the roofline: FLOP/byte against achieved
+    TFLOP/s, one colour per phase and model, the run's measured copy and matmul ceilings drawn."""
+    d = _ok(steps)
+    if d.empty:
+        return None
+    mode = ROOFLINE_MODE if (d["mode"] == ROOFLINE_MODE).any() else d["mode"].iloc[0]
+    d = d[d["mode"] == mode]
+    points = d.assign(ms=d["median_ms"], label=d["phase"] + ", " + d["model"].str.split(":").str[-1])
+    title = f"Steps on the roofline ({MODE_LABELS.get(mode, mode)}, {device_name})"
+    return roofline_plot(points, ceilings.matmul_tflop_s, ceilings.copy_gb_s, title=title)

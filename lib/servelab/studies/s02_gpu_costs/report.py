@@ -8,6 +8,7 @@ import pandas as pd
 from servelab.studies.common.page import finding_sentence, takeaway_list
 from servelab.studies.common.tested_on import model_name
 from servelab.studies.s02_gpu_costs.run import Study2Run
+from servelab_book.published import render_published
 
 
 def launch_sentence(overhead: pd.DataFrame) -> str:
@@ -111,3 +112,9 @@ def fit_view(cost_fit: pd.DataFrame) -> pd.DataFrame:
 def heldout_view(heldout: pd.DataFrame) -> pd.DataFrame:
     cols = {"heldout_median_abs_pct": "median |error| (%)", "heldout_max_abs_pct": "max |error| (%)"}
     return _short(heldout).rename(columns=cols).round(1)
+
+
+def published() -> str:
+    """The "Against published results" section: the field's numbers beside this study's H200 ones, each cited
+    (``data/published/published.csv``); where the CSV pairs none with this study, the section says so."""
+    return render_published("02_gpu_costs")

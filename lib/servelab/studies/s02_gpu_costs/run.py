@@ -19,6 +19,7 @@ from servelab.models import ModelShape, load_model
 from servelab.sim.cost_fit import fit_all, heldout_table
 from servelab.studies.common.findings import Finding
 from servelab.studies.common.quiet import quiet_profiler, quiet_run
+from servelab.studies.common.style import use_book_style
 from servelab.studies.s02_gpu_costs import verdicts
 from servelab.studies.s02_gpu_costs.launch_overhead import launch_overhead
 from servelab.studies.s02_gpu_costs.points import study_plan
@@ -128,6 +129,7 @@ def run(P: dict) -> Study2Run:
 
     Library warnings that say nothing about the measurement are filtered (``common.quiet``).
     """
+    use_book_style()  # SVG figures, type readable at page width, before any figure is drawn
     with quiet_run():
         return _run(P)
 

@@ -8,6 +8,7 @@ import pandas as pd
 from servelab.models.shape import ModelShape
 from servelab.studies.common.page import finding_sentence, takeaway_list
 from servelab.studies.s03_speculative import controlled
+from servelab_book.published import render_published
 
 GOAL_SPEEDUP = 2.0  # issue 21: at α = 0.8, batch 1, best γ, the 8B-shape target with the 0.5B-shape draft
 GOAL_WITHIN_PCT = 15.0  # … within this of Leviathan's prediction
@@ -95,3 +96,9 @@ def rerun_recipe(slug: str = "03_speculative") -> str:
         "in `03_speculative_controlled/run.json`):\n\n"
         "```bash\npython -m servelab.studies.s03_speculative.controlled --profile full\n```\n"
     )
+
+
+def published() -> str:
+    """The "Against published results" section: the field's numbers beside this study's H200 ones, each cited
+    (``data/published/published.csv``); where the CSV pairs none with this study, the section says so."""
+    return render_published("03_speculative")

@@ -16,6 +16,7 @@ from servelab.measure import Roofline, device_record, measure_ceilings
 from servelab.measure.results import StudyResults
 from servelab.models import load_model
 from servelab.studies.common.quiet import quiet_run
+from servelab.studies.common.style import use_book_style
 from servelab.studies.s03_speculative import controlled, report, verdicts
 from servelab.studies.s03_speculative.cost_ratio import (
     cost_ratios,
@@ -206,6 +207,7 @@ def findings(R: StudyRun) -> None:
 def run_study(P: dict) -> StudyRun:
     """Everything Study 3 measures, written under ``03_speculative/``; the tables and findings returned, quietly
     (``common.quiet``; transformers' loading bars off: the trained family's checkpoints would draw one each)."""
+    use_book_style()  # SVG figures, type readable at page width, before any figure is drawn
     from transformers.utils import logging
 
     logging.disable_progress_bar()

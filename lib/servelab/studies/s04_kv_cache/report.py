@@ -10,6 +10,7 @@ from servelab.studies.common.page import finding_sentence, takeaway_list
 from servelab.studies.common.tested_on import model_name
 from servelab.studies.s04_kv_cache.compaction_bench import mover_ratio
 from servelab.studies.s04_kv_cache.run import Study4Run
+from servelab_book.published import render_published
 
 
 def capacity_sentence(r: Study4Run) -> str:
@@ -162,3 +163,9 @@ def overlap_view(runs: pd.DataFrame) -> pd.DataFrame:
     """Median milliseconds of each part, per decode batch and condition."""
     g = runs.groupby(["decode_batch", "condition"])[["compaction_ms", "decode_ms", "total_ms"]].median()
     return g.rename(columns=lambda c: c.replace("_ms", " (ms)")).round(3)
+
+
+def published() -> str:
+    """The "Against published results" section: the field's numbers beside this study's H200 ones, each cited
+    (``data/published/published.csv``); where the CSV pairs none with this study, the section says so."""
+    return render_published("04_kv_cache")

@@ -17,6 +17,7 @@ from servelab.measure.results import StudyResults
 from servelab.models import load_model
 from servelab.studies.common.findings import Finding
 from servelab.studies.common.quiet import quiet_run
+from servelab.studies.common.style import use_book_style
 from servelab.studies.s04_kv_cache import verdicts
 from servelab.studies.s04_kv_cache.bytes_per_token import KVGeometry, bytes_per_token_table, model_config
 from servelab.studies.s04_kv_cache.capacity import LengthDistribution, capacity_table, fixed_length_capacity
@@ -131,6 +132,7 @@ def run(P: dict) -> Study4Run:
 
     Library warnings that say nothing about the measurement are filtered (``common.quiet``).
     """
+    use_book_style()  # SVG figures, type readable at page width, before any figure is drawn
     with quiet_run():
         return _run(P)
 

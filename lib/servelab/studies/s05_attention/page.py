@@ -15,12 +15,14 @@ from servelab.measure import Roofline, device_record, measure_ceilings
 from servelab.measure.results import StudyResults
 from servelab.studies.common.findings import Finding
 from servelab.studies.common.page import finding_notes, rerun_recipe, show, takeaway_list, verdict_table
+from servelab.studies.common.style import use_book_style
 from servelab.studies.s05_attention import memory, plots, recommend, report, verdicts
 from servelab.studies.s05_attention.backends import dispatch_table, priority_order
 from servelab.studies.s05_attention.params import SEED_COMPARISON_LENGTH
 from servelab.studies.s05_attention.point import TimingPolicy
 from servelab.studies.s05_attention.shapes import Architecture, AttentionShape
 from servelab.studies.s05_attention.sweep import add_roofline, decode_sweep, mask_factories, mask_sweep, prefill_sweep
+from servelab_book.published import render_published
 
 SLUG = "05_attention"
 
@@ -94,6 +96,7 @@ def _sweeps(P: dict, dtype, device, roof) -> tuple[pd.DataFrame, pd.DataFrame, p
 
 def run(P: dict) -> Run:
     """Measure everything the page shows, write every table and the findings, and finish the run record."""
+    use_book_style()  # SVG figures, type readable at page width, before any figure is drawn
     import torch
 
     sdpa_order = priority_order()  # first: one SDPA call settles the order, so the device record holds the real one
@@ -286,6 +289,18 @@ def show_decode(r: Run) -> None:
     show(report.outcomes(r.decode), plots.decode_bandwidth(r.decode, r.ceil), report.gqa_summary(r.gqa).round(2))
 
 
+def show_roofline(r: Run) -> None:
+    """Every timed prefill and decode call against the run's measured ceilings, with what to look for."""
+    show(
+        plots.roofline(r.prefill, r.decode, r.ceil, r.dev.name),
+        "*Each timed attention call at its arithmetic intensity (FLOPs over the shape's minimum bytes: Q, K, V and "
+        "the output read or written once), one colour per kernel. The dashed slope is the copy bandwidth measured in "
+        "this run, the flat line its matmul rate; left of their meeting point a call is bound by memory, right of it "
+        "by compute. The gap below the line is what a kernel leaves unused; a point above a line beat a measured "
+        "ceiling, so its byte count is too low (data served from cache).*",
+    )
+
+
 def show_masks(r: Run) -> None:
     t = r.masks.pivot_table(index=["mask", "q_len"], columns="variant", values="median_ms").round(3)
     show(t, plots.masks(r.masks, r.roof))
@@ -311,3 +326,9 @@ def rerun(r: Run) -> str:
         '-p decode_batches "[1, 4, 16, 64, 256]"',
     ]
     return rerun_recipe(SLUG, r.P, extra=extra)
+
+
+def published() -> str:
+    """The "Against published results" section: the field's numbers beside this study's H200 ones, each cited
+    (``data/published/published.csv``); where the CSV pairs none with this study, the section says so."""
+    return render_published("05_attention")

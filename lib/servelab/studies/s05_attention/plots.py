@@ -10,6 +10,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
+from servelab.studies.common.roofline_plot import roofline_plot
 from servelab.studies.s05_attention.verdicts import SEED_MEMORY_GROWTH, SEED_SPEEDUP, config_label
 
 ORDER = ["naive", "sdpa_math", "sdpa_efficient", "sdpa_flash", "sdpa_cudnn", "sdpa_default", "sdpa_repeat_kv", "flex"]
@@ -252,3 +253,14 @@ def spread(spread_df: pd.DataFrame):
     fig.suptitle("Kernel choice against architecture")
     fig.tight_layout()
     return fig
+
+
+def roofline(prefill: pd.DataFrame, decode: pd.DataFrame, ceilings, device_name: str):
+    """Every timed prefill and decode call on the roofline: FLOP/byte (the shape's minimum bytes) against achieved
+    TFLOP/s, one colour per kernel, the run's measured copy and matmul ceilings drawn."""
+    d = pd.concat([_ok(prefill), _ok(decode)], ignore_index=True)
+    if d.empty:
+        return None
+    points = d.assign(ms=d["median_ms"], bytes=d["min_bytes"], label=d["variant"])
+    title = f"Attention kernels on the roofline ({device_name})"
+    return roofline_plot(points, ceilings.matmul_tflop_s, ceilings.copy_gb_s, title=title)

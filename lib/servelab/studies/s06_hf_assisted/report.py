@@ -8,6 +8,7 @@ from __future__ import annotations
 import pandas as pd
 
 from servelab.studies.s06_hf_assisted.plots import METHOD_LABELS
+from servelab_book.published import render_published
 
 
 def verdict_table(findings) -> pd.DataFrame:
@@ -88,3 +89,9 @@ def rank_length(S) -> int | None:
     from servelab.studies.s06_hf_assisted.verdicts import min_prompts_for, ranking_length
 
     return ranking_length(S.tables["pairs"], min_prompts_for(S.P["profile"], S.P["n_prompts"]))
+
+
+def published() -> str:
+    """The "Against published results" section: the field's numbers beside this study's H200 ones, each cited
+    (``data/published/published.csv``); where the CSV pairs none with this study, the section says so."""
+    return render_published("06_hf_assisted")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from servelab.studies.common.budget import Budget
+from servelab.studies.common.style import use_book_style
 from servelab.studies.s06_hf_assisted import analysis, verdicts
 from servelab.studies.s06_hf_assisted.params import REPORT_RESERVE_S, pairs_for
 
@@ -37,6 +38,7 @@ class Study6:
 
 
 def run_study(P: dict, *, progress: bool = False) -> Study6:
+    use_book_style()  # SVG figures, type readable at page width, before any figure is drawn
     import torch
 
     from servelab.measure import device_record, measure_ceilings

@@ -19,6 +19,7 @@ from servelab.measure.results import StudyResults
 from servelab.studies.common.budget import Budget
 from servelab.studies.common.findings import Finding
 from servelab.studies.common.page import finding_notes, rerun_recipe, show, takeaway_list, verdict_table
+from servelab.studies.common.style import use_book_style
 from servelab.studies.common.tested_on import model_tested_on
 from servelab.studies.s07_prefix_cache import plots, verdicts
 from servelab.studies.s07_prefix_cache.batch_sharing import batch_sharing_sweep, breakeven
@@ -28,6 +29,7 @@ from servelab.studies.s07_prefix_cache.prefix_length import prefix_length_sweep,
 from servelab.studies.s07_prefix_cache.serving import ideal_hit_rate, prefix_trace, serve_comparison
 from servelab.studies.s07_prefix_cache.simulate import hit_rates
 from servelab.studies.s07_prefix_cache.study import build_engine
+from servelab_book.published import render_published
 
 SLUG = "07_prefix_cache"
 SERVING_COLUMNS = [
@@ -134,6 +136,7 @@ def _judge(r: Run) -> list[Finding]:
 
 def run(P: dict) -> Run:
     """Measure everything the page shows, write every table and the findings, and finish the run record."""
+    use_book_style()  # SVG figures, type readable at page width, before any figure is drawn
     dev = device_record()
     ceil = measure_ceilings()
     roof = Roofline.from_ceilings(ceil)
@@ -322,3 +325,9 @@ def show_finding_notes(r: Run) -> None:
 
 def rerun(r: Run) -> str:
     return rerun_recipe(SLUG, r.P)
+
+
+def published() -> str:
+    """The "Against published results" section: the field's numbers beside this study's H200 ones, each cited
+    (``data/published/published.csv``); where the CSV pairs none with this study, the section says so."""
+    return render_published("07_prefix_cache")

@@ -21,6 +21,7 @@ from servelab.sim import capacity
 from servelab.sim.prefix_workload import with_shared_prefixes
 from servelab.studies.common.findings import Finding
 from servelab.studies.common.page import rerun_recipe, show, verdict_table
+from servelab.studies.common.style import use_book_style
 from servelab.studies.s08_simulator import (
     ablation,
     context_reads,
@@ -34,6 +35,7 @@ from servelab.studies.s08_simulator import (
     validation,
     verdicts,
 )
+from servelab_book.published import render_published
 
 SLUG = "08_simulator"
 
@@ -332,6 +334,7 @@ def _speed(r: Run) -> None:
 
 def run(P: dict) -> Run:
     """Every part of the page, in order; every table written; the run record finished."""
+    use_book_style()  # SVG figures, type readable at page width, before any figure is drawn
     dev = device_record()
     ceil = measure_ceilings()  # recorded for the run; the simulator itself runs on one CPU core
     res = StudyResults(SLUG, dev, P, ceil)
@@ -485,3 +488,9 @@ def rerun(r: Run) -> str:
         "    --cost-model data/results/nvidia-h200/08_simulator/sim_cost_model_config_qwen2-0.5b.json --out sim.csv",
     ]
     return rerun_recipe(SLUG, r.P, out="book/simulator.ipynb", extra=extra)
+
+
+def published() -> str:
+    """The "Against published results" section: the field's numbers beside this study's H200 ones, each cited
+    (``data/published/published.csv``); where the CSV pairs none with this study, the section says so."""
+    return render_published("08_simulator")
