@@ -65,3 +65,10 @@ def test_bad_input_is_refused():
         roofline_plot(_points(), 0.0, B)
     with pytest.raises(ParameterError, match="'kernel'"):
         roofline_plot(_points(), P, B, label="kernel")
+
+
+def test_small_ceilings_keep_their_digits():
+    fig = roofline_plot(_points(), 0.0912, 17.4)
+    labels = [ln.get_label() for ln in fig.axes[0].get_lines() if ln.get_gid()]
+    assert labels == [f"{COPY_LABEL}, 17.4 GB/s", f"{MATMUL_LABEL}, 0.0912 TFLOP/s"]
+    plt.close(fig)

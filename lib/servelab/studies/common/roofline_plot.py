@@ -40,6 +40,11 @@ def roofline_points(points: pd.DataFrame, *, ms: str = "ms") -> pd.DataFrame:
     return out[keep.to_numpy()]
 
 
+def _rate(x: float) -> str:
+    """A ceiling for a legend: whole units from 100 up (4,273), three significant figures below (0.0912, on a CPU)."""
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
 def _colour(name: str, i: int) -> str:
     """The book's colour for a named kernel or mode; otherwise the Okabe–Ito set in order."""
     try:
@@ -60,7 +65,7 @@ def _draw_ceilings(ax, x_lo: float, x_hi: float, matmul_tflop_s: float, copy_gb_
         color=color("ceiling"),
         ls="--",
         lw=1.5,
-        label=f"{COPY_LABEL}, {copy_gb_s:,.0f} GB/s",
+        label=f"{COPY_LABEL}, {_rate(copy_gb_s)} GB/s",
         gid=COPY_LABEL,
     )
     ax.plot(
@@ -69,7 +74,7 @@ def _draw_ceilings(ax, x_lo: float, x_hi: float, matmul_tflop_s: float, copy_gb_
         color=color("ceiling"),
         ls="-",
         lw=1.5,
-        label=f"{MATMUL_LABEL}, {matmul_tflop_s:,.0f} TFLOP/s",
+        label=f"{MATMUL_LABEL}, {_rate(matmul_tflop_s)} TFLOP/s",
         gid=MATMUL_LABEL,
     )
     ax.axvline(ridge, color=color("ceiling"), lw=0.6, alpha=0.4)
