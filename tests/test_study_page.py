@@ -1,14 +1,25 @@
-"""The first screen of a study page: the verdict table and takeaways built from Finding records, the re-run recipe,
-and the shape of Studies 1, 2 and 4's notebooks (findings first, code out of sight, thin)."""
+"""The findings-first parts every study page shares (studies.common.page): the verdict table and takeaways built
+from Finding records, the notes, the re-run recipe; each notebook's parameters cell; and the shape of the notebooks
+(findings first, code out of sight, thin)."""
 
+import ast
+import importlib
 import re
 from pathlib import Path
 
 import nbformat
 import pytest
 
+from servelab.paths import REPO_ROOT
 from servelab.studies.common.findings import Finding
-from servelab.studies.common.page import finding_sentence, md_cell, takeaway_list, verdict_table
+from servelab.studies.common.page import (
+    finding_notes,
+    finding_sentence,
+    md_cell,
+    rerun_recipe,
+    takeaway_list,
+    verdict_table,
+)
 from servelab_book.reproduce import parameters_source, rerun_markdown
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
@@ -81,3 +92,36 @@ def test_study_notebook_is_thin_and_findings_first(slug):
     after = nb.cells[[i for i, c in enumerate(nb.cells) if "## Findings" in c.source][0] + 1 :]
     assert "verdict_table(R.findings" in after[0].source and "report.takeaways(R)" in after[1].source
     assert "Re-run" in headings[-1] and "rerun_markdown" in nb.cells[-1].source
+
+
+STUDIES = {
+    "05_attention": "servelab.studies.s05_attention.params",
+    "07_prefix_cache": "servelab.studies.s07_prefix_cache.params",
+    "08_simulator": "servelab.studies.s08_simulator.params",
+}
+
+
+def test_takeaways_and_notes_skip_nothing_but_empty_sentences():
+    assert takeaway_list(["one.", "", "  ", "two."]) == "- one.\n- two.\n"
+    assert "**F9.1 changes.**" in finding_notes([_finding(note="rule")]) and "rule." in finding_notes(
+        [_finding(note="rule")]
+    )
+
+
+@pytest.mark.parametrize("slug", sorted(STUDIES))
+def test_the_parameters_cell_is_the_one_place_each_parameter_is_written(slug):
+    """Every study parameter appears in the notebook's parameters cell, set to None (the profile's default), and
+    nothing else but the profile: the next cell feeds them to study_params with overrides_from(globals())."""
+    defaults = importlib.import_module(STUDIES[slug]).DEFAULTS
+    names = set().union(*(d.keys() for d in defaults.values()))
+    cell = ast.parse(parameters_source(REPO_ROOT / "notebooks" / f"{slug}.ipynb"))
+    assigned = {t.id: a.value for a in cell.body for t in a.targets}
+    assert set(assigned) == names | {"profile"}
+    assert all(isinstance(v, ast.Constant) and v.value is None for k, v in assigned.items() if k != "profile")
+
+
+def test_rerun_recipe_shows_the_command_the_parameters_cell_and_the_values_used():
+    md = rerun_recipe("07_prefix_cache", {"profile": "smoke", "seed": 0}, extra=["# more"])
+    assert "papermill notebooks/07_prefix_cache.ipynb book/studies/07_prefix_cache.ipynb --cwd notebooks" in md
+    assert "# more" in md and "`seed=0`" in md
+    assert parameters_source(REPO_ROOT / "notebooks" / "07_prefix_cache.ipynb") in md
