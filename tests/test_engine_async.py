@@ -123,8 +123,11 @@ class HostReads:
         monkeypatch.setattr(attention, "ragged_attention", uncounted)
         launch, tokens = engine.runner.launch, InFlightStep.tokens
 
+        self.kept = []  # steps stay alive so that no later step reuses an id() (a freed object's id is recycled)
+
         def logged_launch(batch, previous=None):
             step = launch(batch, previous)
+            self.kept.append(step)
             self.log.append(("launch", id(step)))
             return step
 
