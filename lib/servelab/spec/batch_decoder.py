@@ -15,6 +15,10 @@ A round, for the b sequences still running (each its own acceptance, so caches g
 The baseline ``greedy_decode`` runs the target alone, every step a captured graph fed the token the step before
 chose on the device, and reads the tokens once at the end: plain decoding without a host round trip per token.
 Both time the decode phase only: after both models prefilled the prompts, until the last token is on the host.
+
+``BatchLoop`` is the round's skeleton (plan on the host, one copy in, the device's steps, one read back, commit)
+that ``BatchSpeculation`` (a draft model proposes) and ``batch_lookup.BatchLookup`` (prompt lookup proposes on the
+host) share; each supplies its prefill, plan, device steps and per-sequence outcome.
 """
 
 from __future__ import annotations
@@ -62,6 +66,10 @@ class BatchRound:
     marks: tuple = field(default=(), repr=False)  # (start, draft done, verify done) of the device phases
     draft_ms: float = 0.0  # the γ draft steps, device time
     verify_ms: float = 0.0  # the verify step and the acceptance, device time
+    asked: list[int] = field(default_factory=list)  # drafts asked per active sequence (γ; lookup: fewer at the end)
+    proposals: list[int] = field(default_factory=list)  # drafts proposed per active sequence (lookup: 0 … asked)
+    draft_steps: int = 0  # draft-model decode steps the round ran on the device (γ; prompt lookup: 0)
+    propose_ms: float = 0.0  # proposals searched on the host (prompt lookup), host time
 
 
 @dataclass
@@ -86,15 +94,21 @@ class BatchGeneration:
 
     @property
     def proposed(self) -> int:
-        return sum(r.gamma * r.active for r in self.rounds)
+        return sum(sum(r.proposals) for r in self.rounds)
 
     @property
     def rejections(self) -> int:
-        return sum(k < r.gamma for r in self.rounds for k in r.accepted)
+        """Sequence-rounds that kept fewer drafts than were asked: one was rejected (or, for prompt lookup, the
+        search ran out: the miss ``real_acceptance.rounds`` counts too)."""
+        return sum(k < a for r in self.rounds for k, a in zip(r.accepted, r.asked, strict=True))
 
     @property
     def draft_steps(self) -> int:
-        return sum(r.gamma for r in self.rounds)
+        return sum(r.draft_steps for r in self.rounds)
+
+    @property
+    def propose_ms(self) -> float:
+        return sum(r.propose_ms for r in self.rounds)
 
     @property
     def draft_ms(self) -> float:
@@ -137,17 +151,96 @@ def greedy_decode(lm: PagedBatch, prompts: list[list[int]], max_new_tokens: int)
 
 
 @dataclass
-class _Plan:
-    """A round's host-side inputs: keys of its steps, the packed host tensor and where each part starts."""
+class RoundPlan:
+    """A round's host-side inputs, packed for its ONE host-to-device copy: ``host`` (its parts' lengths
+    ``splits``), each active sequence's target length before the round (``before``), drafts asked and proposed
+    per sequence as far as the host knows them, and the verify step's captured bucket."""
 
-    draft_keys: list[tuple[int, int]]
-    verify_key: tuple[int, int]
     host: torch.Tensor
     splits: list[int]
-    before: list[int]  # each active sequence's target length before the round
+    before: list[int]
+    verify_key: tuple[int, int]
+    asked: list[int]
+    proposals: list[int]
+    draft_steps: int = 0  # draft-model steps the round runs on the device
+    propose_ms: float = 0.0  # host time of proposals searched on the host (prompt lookup)
 
 
-class BatchSpeculation:
+@dataclass
+class _DraftPlan(RoundPlan):
+    draft_keys: list[tuple[int, int]] = field(default_factory=list)
+    draws: list | None = None  # controlled acceptance: (proposals, k) per active sequence
+
+
+class BatchLoop:
+    """The round both batched loops share (``generate``, ``start``/``round``/``finish``); a subclass gives
+    ``target``, ``gamma``, ``clock`` and the parts: ``_prefill`` (the prompts' first tokens), ``_plan`` (a
+    ``RoundPlan``), ``_run`` (the device side: ``([b, ≥ 2]`` rows of (k, next token, …), phase marks)``) and
+    ``_outcome`` (sequence i's kept drafts and new tokens, from its row of the one read)."""
+
+    target: PagedBatch
+    gamma: int
+    clock: PhaseClock
+
+    @torch.inference_mode()
+    def generate(
+        self, prompts: list[list[int]], max_new_tokens: int, controlled: ControlledAcceptance | None = None
+    ) -> BatchGeneration:
+        state = self.start(prompts, max_new_tokens, controlled)
+        while state.active:
+            self.round(state)
+        return self.finish(state)
+
+    @torch.inference_mode()
+    def start(self, prompts, max_new_tokens: int, controlled: ControlledAcceptance | None = None) -> _State:
+        """Prefill (untimed; the target chooses each prompt's first token); the loop's state."""
+        _check(prompts, max_new_tokens)
+        first = self._prefill(prompts, controlled)
+        _sync(self.target.device)
+        return _State(max_new_tokens, controlled, prompts, first)
+
+    @torch.inference_mode()
+    def round(self, state: _State) -> BatchRound:
+        """One round of every running sequence (see the module docstring)."""
+        act = state.active
+        plan = self._plan(state)
+        staged = plan.host.to(self.target.device, non_blocking=True)
+        packed, marks = self._run(plan, staged, len(act))
+        host = packed.tolist()  # the round's one device-to-host copy (and so its one sync)
+        rnd = BatchRound(self.gamma, len(act), [], 0, 0, marks, asked=plan.asked, proposals=plan.proposals)
+        rnd.draft_steps, rnd.propose_ms = plan.draft_steps, plan.propose_ms
+        for idx, i in enumerate(act):
+            k, new = self._outcome(state, rnd, plan, idx, host[idx])
+            self.target.truncate(i, plan.before[idx] + k + 1)
+            state.pending[i] = new[-1]
+            rnd.accepted.append(k)
+            rnd.emitted += min(len(new), state.max_new - len(state.out[i]))
+            state.out[i] += new
+        state.active = [i for i in act if len(state.out[i]) < state.max_new]
+        state.rounds.append(rnd)
+        return rnd
+
+    def finish(self, state: _State) -> BatchGeneration:
+        seconds = time.perf_counter() - state.t0
+        for r in state.rounds:  # events are read after the run: reading one earlier would sync
+            r.draft_ms, r.verify_ms = self.clock.ms(r.marks[0], r.marks[1]), self.clock.ms(r.marks[1], r.marks[2])
+        return BatchGeneration([o[: state.max_new] for o in state.out], state.first, seconds, state.rounds)
+
+    # ---- the parts a loop supplies ------------------------------------------------------------------
+    def _prefill(self, prompts, controlled) -> list[int]:
+        raise NotImplementedError
+
+    def _plan(self, state: _State) -> RoundPlan:
+        raise NotImplementedError
+
+    def _run(self, plan: RoundPlan, staged: torch.Tensor, b: int):
+        raise NotImplementedError
+
+    def _outcome(self, state: _State, rnd: BatchRound, plan: RoundPlan, idx: int, row: list[int]):
+        raise NotImplementedError
+
+
+class BatchSpeculation(BatchLoop):
     """``BatchSpeculation(target, draft, gamma)``: ``generate(prompts, max_new_tokens, controlled=None)``.
 
     With ``controlled`` (a ``ControlledAcceptance`` over the target's reference continuations), every proposal
@@ -161,57 +254,22 @@ class BatchSpeculation:
                 f"target and draft vocabularies differ ({target.vocab} vs {draft.vocab}): "
                 "speculative decoding needs one tokenizer"
             )
-        if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
-            raise ParameterError(f"gamma must be a positive integer, got {gamma!r}")
+        _check_gamma(gamma)
         self.target, self.draft, self.gamma = target, draft, gamma
         self.clock = PhaseClock(target.device)
 
-    # ---- the loop -----------------------------------------------------------------------------------
-    @torch.inference_mode()
-    def generate(
-        self, prompts: list[list[int]], max_new_tokens: int, controlled: ControlledAcceptance | None = None
-    ) -> BatchGeneration:
-        state = self.start(prompts, max_new_tokens, controlled)
-        while state.active:
-            self.round(state)
-        return self.finish(state)
-
-    @torch.inference_mode()
-    def start(self, prompts, max_new_tokens: int, controlled: ControlledAcceptance | None = None) -> _State:
-        """Prefill both models (untimed; the target chooses each prompt's first token); the loop's state."""
-        _check(prompts, max_new_tokens)
+    # ---- a round's parts ----------------------------------------------------------------------------
+    def _prefill(self, prompts, controlled) -> list[int]:
+        """Both models prefill; the target chooses each prompt's first token."""
         for lm in (self.target, self.draft):
             lm.reset()
         first = self.target.prefill(prompts).argmax(-1).tolist()
         self.draft.prefill(prompts)
-        _sync(self.target.device)
-        return _State(max_new_tokens, controlled, first, list(first), [None] * len(prompts))
+        return first
 
-    @torch.inference_mode()
-    def round(self, state: _State) -> BatchRound:
-        """One round of every running sequence (see the module docstring)."""
-        act, g = state.active, self.gamma
-        draws = [state.controlled.draw(i, len(state.out[i]), g) for i in act] if state.controlled else None
-        plan = self._plan(state, draws)
-        staged = plan.host.to(self.target.device, non_blocking=True)
-        packed, marks = self._run(plan, staged, len(act))
-        host = packed.tolist()  # the round's one device-to-host copy (and so its one sync)
-        rnd = BatchRound(g, len(act), [], 0, 0, marks)
-        for idx, i in enumerate(act):
-            self._apply(state, rnd, i, plan.before[idx], host[idx], draws[idx] if draws else None)
-        state.active = [i for i in act if len(state.out[i]) < state.max_new]
-        state.rounds.append(rnd)
-        return rnd
-
-    def finish(self, state: _State) -> BatchGeneration:
-        seconds = time.perf_counter() - state.t0
-        for r in state.rounds:  # events are read after the run: reading one earlier would sync
-            r.draft_ms, r.verify_ms = self.clock.ms(r.marks[0], r.marks[1]), self.clock.ms(r.marks[1], r.marks[2])
-        return BatchGeneration([o[: state.max_new] for o in state.out], state.first, seconds, state.rounds)
-
-    # ---- a round's parts ----------------------------------------------------------------------------
-    def _plan(self, state: _State, draws) -> _Plan:
+    def _plan(self, state: _State) -> _DraftPlan:
         t, d, g, act = self.target, self.draft, self.gamma, state.active
+        draws = [state.controlled.draw(i, len(state.out[i]), g) for i in act] if state.controlled else None
         T = [t.lengths[i] for i in act]
         lag = [t.lengths[i] - d.lengths[i] for i in act]
         ts = [t.extend(i, g + 1) for i in act]
@@ -238,11 +296,10 @@ class BatchSpeculation:
         mask = [[int(draws is not None)] * g for _ in act]
         parts = [d.padded(c, k[0]) for c, k in zip(steps, keys, strict=True)] + [t.padded(verify, vkey[0])]
         parts += [list(zip(*props, strict=True)), list(zip(*mask, strict=True))]  # [γ, b] each
-        flat = [list(itertools.chain.from_iterable(p)) for p in parts]
-        host = torch.tensor(list(itertools.chain.from_iterable(flat)), dtype=torch.long)
-        return _Plan(keys, vkey, host, [len(f) for f in flat], T)
+        host, splits = pack(parts)
+        return _DraftPlan(host, splits, T, vkey, [g] * len(act), [g] * len(act), g, draft_keys=keys, draws=draws)
 
-    def _run(self, plan: _Plan, staged: torch.Tensor, b: int):
+    def _run(self, plan: _DraftPlan, staged: torch.Tensor, b: int):
         """The device side of a round; ``([b, γ + 2]`` packed (k, next token, proposals), phase marks)."""
         g = self.gamma
         parts = list(staged.split(plan.splits))
@@ -261,32 +318,45 @@ class BatchSpeculation:
         packed = torch.cat([k[:, None], best.gather(1, k[:, None]), P], 1)
         return packed, (m0, m1, self.clock.mark())
 
-    def _apply(self, state: _State, rnd: BatchRound, i: int, before: int, row: list[int], draw) -> None:
-        """Commit sequence i's round: its kept drafts and next token, both caches truncated to them."""
-        g, emitted = self.gamma, len(state.out[i])
+    def _outcome(self, state: _State, rnd: BatchRound, plan: _DraftPlan, idx: int, row: list[int]):
+        """Sequence i's kept drafts and new tokens (the controlled ones, or the device's); the draft rolled back."""
+        g, i = self.gamma, state.active[idx]
         k_dev, next_dev, props = row[0], row[1], row[2:]
-        if draw is None:
+        if plan.draws is None:
             k, new = k_dev, props[:k_dev] + [next_dev]
         else:
-            k = draw[1]
-            new = state.controlled.next_tokens(i, emitted, k)
+            k = plan.draws[idx][1]
+            new = state.controlled.next_tokens(i, len(state.out[i]), k)
         rnd.agreed += int(k_dev == k and next_dev == new[-1])
-        self.target.truncate(i, before + k + 1)
+        before = plan.before[idx]
         self.draft.truncate(i, min(before + k + 1, before + g))  # the draft never ran its last proposal
         state.catch_up[i] = new[-2] if k == g else None
-        state.pending[i] = new[-1]
-        rnd.accepted.append(k)
-        rnd.emitted += min(len(new), state.max_new - emitted)
-        state.out[i] += new
+        return k, new
+
+
+def _check_gamma(gamma) -> None:
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+        raise ParameterError(f"gamma must be a positive integer, got {gamma!r}")
+
+
+def pack(parts: list[list[list[int]]]) -> tuple[torch.Tensor, list[int]]:
+    """The round's host inputs as one flat host tensor (one copy to the device) and each part's length."""
+    flat = [list(itertools.chain.from_iterable(p)) for p in parts]
+    return torch.tensor(list(itertools.chain.from_iterable(flat)), dtype=torch.long), [len(f) for f in flat]
 
 
 class _State:
-    """A batch between rounds: outputs, pending tokens, the draft's catch-up tokens, the running sequences."""
+    """A batch between rounds: prompts, outputs, pending tokens, the draft's catch-up tokens, the running ones."""
 
-    def __init__(self, max_new: int, controlled, first: list[int], pending: list[int], catch_up: list):
-        self.max_new, self.controlled, self.first = max_new, controlled, first
-        self.pending, self.catch_up = pending, catch_up
+    def __init__(self, max_new: int, controlled, prompts: list[list[int]], first: list[int]):
+        self.max_new, self.controlled, self.prompts, self.first = max_new, controlled, prompts, first
+        self.pending: list[int] = list(first)  # each sequence's last token, which no cache holds yet
+        self.catch_up: list = [None] * len(first)
         self.out: list[list[int]] = [[] for _ in first]
         self.active = list(range(len(first)))
         self.rounds: list[BatchRound] = []
         self.t0 = time.perf_counter()
+
+    def context(self, i: int) -> list[int]:
+        """Sequence i's committed tokens: its prompt, the prefill's token and its decode tokens so far."""
+        return self.prompts[i] + [self.first[i]] + self.out[i]
