@@ -61,6 +61,7 @@ def test_batched_speculation_equals_plain_greedy_decoding(models, gamma):
     assert gen.first == ref.first
     assert all(r.agreed == r.active for r in gen.rounds)
     assert gen.proposed == gamma * sum(r.active for r in gen.rounds)
+    assert gen.draft_steps == gamma * len(gen.rounds) and gen.propose_ms == 0
 
 
 def test_a_twin_draft_is_always_accepted_and_catches_up(models):

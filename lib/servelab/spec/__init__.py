@@ -5,6 +5,7 @@
 - ``acceptance.py``: greedy match and the Leviathan/Chen rejection rule; ``rollback.py``: KV rollback of both;
 - ``gamma.py``: fixed and adaptive γ; ``decoder.py``: the loop, and the autoregressive baseline;
 - ``batch_lm.py`` and ``batch_decoder.py``: the greedy loop over a batch (ragged acceptance, one readback a round);
+- ``batch_lookup.py``: the same loop with prompt lookup proposing on the host (``prompt_lookup.py``), no draft model;
 - ``controlled.py``: proposals overridden to a set acceptance α; ``syncs.py``: counting host syncs;
 - ``leviathan.py``: the analytical model; ``serving.py``: the loop behind the engine's interface (the server).
 
