@@ -6,6 +6,7 @@ acceptance); a sequence with nothing to copy runs a one-row plain step; the padd
 kept nor counted; the target alone rolls back; a round reads the device once.
 """
 
+import numpy as np
 import pytest
 import torch
 
@@ -131,3 +132,29 @@ def test_bad_input_is_refused(case):
         BatchLookup(t, lookup, 2).generate([], 4)
     with pytest.raises(ParameterError):
         BatchLookup(t, lookup, 2).generate(prompts, 0)
+
+
+# ---- Study 3's timing of it ----------------------------------------------------------------------------
+def test_the_study_times_lookup_beside_plain_decoding_at_each_batch(case):
+    from servelab.studies.s03_speculative.lookup_speed import batch_prompts, lookup_sweep, lookup_table
+
+    _, t, prompts, _ = case
+    prompts = [prompts[2], prompts[0], prompts[1]]  # batch 1: the prompt whose answer lookup drafts
+    raw = lookup_sweep(t, prompts, batches=(1, 4), gammas=(2, 3), max_new_tokens=10, repeats=2)
+    assert len(raw) == 2 * 2 * (1 + 2)  # batches × repeats × (plain + each γ)
+    table = lookup_table(raw)
+    assert [(r.batch, r.gamma) for r in table.itertuples()] == [(1, 2), (1, 3), (4, 2), (4, 3)]
+    assert (table.same_tokens == 1).all() and (table.repeats == 2).all()
+    for r in table.itertuples():
+        lk = raw[(raw.method == "lookup") & (raw.batch == r.batch) & (raw.gamma == r.gamma)]
+        pl = raw[(raw.method == "plain") & (raw.batch == r.batch)]
+        plain_tps = np.median(pl.tokens / pl.seconds)
+        assert r.tokens_per_s_plain == pytest.approx(plain_tps)
+        assert r.speedup == pytest.approx(np.median(lk.tokens / lk.seconds / plain_tps))
+        assert r.speedup_low <= r.speedup <= r.speedup_high
+        assert r.alpha_realised == lk.accepted.sum() / (lk.accepted.sum() + lk.rejections.sum())
+        assert 0 < r.proposed_share <= 1 and r.tokens_per_round >= 1
+    assert (raw.tokens == 10 * raw.batch).all()
+    assert batch_prompts(prompts, 4) == prompts + prompts[:1]
+    with pytest.raises(ParameterError):
+        lookup_sweep(t, prompts, repeats=0)
