@@ -144,7 +144,7 @@ def test_the_study_times_lookup_beside_plain_decoding_at_each_batch(case):
     assert len(raw) == 2 * 2 * (1 + 2)  # batches × repeats × (plain + each γ)
     table = lookup_table(raw)
     assert [(r.batch, r.gamma) for r in table.itertuples()] == [(1, 2), (1, 3), (4, 2), (4, 3)]
-    assert (table.same_tokens == 1).all() and (table.repeats == 2).all()
+    assert (table.same_tokens == 1).all() and (table.repeats == 2).all() and (table.host_syncs_per_round == 1).all()
     for r in table.itertuples():
         lk = raw[(raw.method == "lookup") & (raw.batch == r.batch) & (raw.gamma == r.gamma)]
         pl = raw[(raw.method == "plain") & (raw.batch == r.batch)]

@@ -4,9 +4,10 @@
 Prompt lookup needs no draft model, and its acceptance is the text's own: so it is measured on a trained target
 (SmolLM2-135M-Instruct, ``smollm2_lookup_speed``) over held-out chat prompts; any ``PagedBatch`` target and prompt
 set go through ``lookup_sweep``. A batch of b takes the first b prompts (cycling when there are fewer). Each batch:
-plain decoding once (the reference and the warm-up) and one lookup run per γ (the warm-up of its row buckets);
-then plain and every γ ``repeats`` times, interleaved so drifts touch both. Both loops run ``max_new_tokens`` decode
-steps' worth of tokens past an end-of-text (greedy_decode ignores EOS), as the controlled curves do.
+plain decoding once (the reference and the warm-up), one lookup run per γ (the warm-up of its row buckets, each
+round's host syncs counted), then plain and every γ ``repeats`` times, interleaved so drifts touch both. Both loops
+run ``max_new_tokens`` tokens per sequence, past an end-of-text too (``greedy_decode`` ignores EOS), as the
+controlled curves do.
 ``lookup_table`` reduces the repeats: medians, min–max spreads, α realised. ``python -m
 servelab.studies.s03_speculative.lookup_speed --profile full`` writes ``03_speculative/lookup_speed.csv``.
 """
@@ -25,7 +26,7 @@ from servelab.spec.batch_decoder import greedy_decode
 from servelab.spec.batch_lm import PagedBatch
 from servelab.spec.batch_lookup import BatchLookup
 from servelab.spec.prompt_lookup import PromptLookupProposer
-from servelab.studies.s03_speculative.controlled import row_buckets
+from servelab.studies.s03_speculative.controlled import row_buckets, sync_audit
 
 TABLE_COLUMNS = [
     "target",
@@ -43,6 +44,7 @@ TABLE_COLUMNS = [
     "tokens_per_round",  # tokens per sequence-round: what one verify of a sequence bought
     "propose_ms_per_round",  # the host's search, per round of the whole batch
     "same_tokens",  # share of repeats whose tokens equal plain decoding's (1 in float32; bfloat16 may differ)
+    "host_syncs_per_round",  # the most host syncs a round made in the warm-up (``HostSyncs``); the design says 1
     "repeats",
 ]
 
@@ -90,12 +92,12 @@ def measure_lookup_batch(
     base = dict(target=target.name, batch=batch)
     ref = greedy_decode(target, ps, max_new_tokens).tokens  # the reference, and the plain loop's warm-up
     loops = {g: BatchLookup(target, lookup, g) for g in gammas}
-    for spec in loops.values():
-        spec.generate(ps, max_new_tokens)  # warm-up
+    syncs = {g: sync_audit(spec, ps, max_new_tokens, None) for g, spec in loops.items()}  # also the warm-ups
     rows = []
     for r in range(repeats):
         rows.append(_plain_row(greedy_decode(target, ps, max_new_tokens), base, r))
-        rows += [_lookup_row(spec.generate(ps, max_new_tokens), base, g, r, ref) for g, spec in loops.items()]
+        for g, spec in loops.items():
+            rows.append(_lookup_row(spec.generate(ps, max_new_tokens), base, g, r, ref) | {"host_syncs": syncs[g]})
     return rows
 
 
@@ -147,6 +149,7 @@ def _point(grp: pd.DataFrame, plain: pd.DataFrame) -> dict:
         tokens_per_round=float(grp.tokens.sum() / grp.seq_rounds.sum()),
         propose_ms_per_round=float(grp.propose_ms.sum() / grp.rounds.sum()),
         same_tokens=float(grp.same_tokens.mean()),
+        host_syncs_per_round=int(grp.host_syncs.max()),
         repeats=len(grp),
     )
 
