@@ -140,6 +140,16 @@ def test_f11_judges_the_p99_not_the_single_maximum():
     assert verdicts.f11(old, 512).measured_value == "not measured"
 
 
+def test_f12_gates_on_the_p99_stall_not_the_single_maximum():
+    s = sweep(58.6, 34.1, 1000, 1000)  # the maxima: a 42% cut
+    chunked = s["scheduler"] == "chunked_prefill"
+    s.loc[chunked, "max_itl_p99_ms"] = s.loc[s["scheduler"] == "eager_cont_batch", "max_itl_p99_ms"].to_numpy()
+    row = verdicts.f12(s, 512)  # the p99s: no cut at all
+    assert row.verdict == "fails" and "stall cut 0%" in row.measured_value
+    old = s.drop(columns=["max_itl_p99_ms", "max_itl_p99_lo_ms", "max_itl_p99_hi_ms"])  # a run before the statistic
+    assert verdicts.f12(old, 512).measured_value == "not measured"
+
+
 @pytest.mark.parametrize(
     "chunked_tp, stall, verdict",
     [(1000, 30.0, "holds"), (900, 30.0, "holds"), (1200, 30.0, "changes"), (1000, 58.0, "fails")],
@@ -279,7 +289,7 @@ def test_findings_name_what_they_were_tested_on():
 
 
 def _two_cuts(cut_half_rate: float, cut_full_rate: float) -> pd.DataFrame:
-    """A sweep whose stall cut (F1.1's p99 stall, and the single maximum F1.2 reads) is ``cut_half_rate`` at rate
+    """A sweep whose stall cut (the p99 stall F1.1 and F1.2 read, and the single maximum) is ``cut_half_rate`` at rate
     fraction 0.5 and ``cut_full_rate`` at 1.0."""
     s = sweep(100.0, 50.0, 1000, 1000)
     s["max_itl_p99_ms"] = s["max_itl_ms"]
