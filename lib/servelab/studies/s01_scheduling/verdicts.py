@@ -105,6 +105,11 @@ def _stall_text(r, side: str) -> str:
     return f"{r[f'{STALL}_{side}']:.1f} [{r[f'max_itl_p99_lo_ms_{side}']:.1f}–{r[f'max_itl_p99_hi_ms_{side}']:.1f}]"
 
 
+def over_models(n: int) -> str:
+    """How a headline spans the model sizes: each is judged on its own number; the headline is their median."""
+    return f"; median over {n} models" if n > 1 else ""
+
+
 def combine(per_model: dict[str, str]) -> str:
     verdicts = set(per_model.values())
     return verdicts.pop() if len(verdicts) == 1 else "changes"
@@ -144,9 +149,10 @@ def f11(summary: pd.DataFrame, reference_budget: int, dtype: str | None = None) 
     j = paired(summary, reference_budget).dropna(subset=["stall_cut_p99"])
     if j.empty:
         return _missing("F1.1", "ms", "no rate was measured with both EagerContBatch and ChunkedPrefill")
-    per, parts, near = {}, [], []
+    per, parts, near, cuts = {}, [], [], []
     for model, g in j.groupby("model", sort=False):
         cut = float(np.median(g["stall_cut_p99"]))
+        cuts.append(100 * cut)
         per[short(model)] = "fails" if cut <= NO_CUT else "holds" if CUT_HOLDS[0] <= cut <= CUT_HOLDS[1] else "changes"
         near.append(near_cut_thresholds(short(model), g["stall_cut_p99"], (NO_CUT, *CUT_HOLDS)))
         worst = g.loc[g[f"{STALL}_eager"].idxmax()]
@@ -167,6 +173,8 @@ def f11(summary: pd.DataFrame, reference_budget: int, dtype: str | None = None) 
         f"the p99 of each request's worst inter-token gap, median over rates: holds for a 20-70% cut, changes "
         f"outside it, fails at <= 5%. Per model: {_where(per)}" + _near_text(near),
         tested_on=tested_on(j["model"], dtype=dtype, setting=f"{len(j)} paired runs (model × rate) served over HTTP"),
+        headline=float(np.median(cuts)),
+        headline_unit=f"% cut in the p99 stall, median over rates{over_models(len(cuts))}",
     )
 
 
@@ -174,12 +182,13 @@ def f12(summary: pd.DataFrame, reference_budget: int, dtype: str | None = None) 
     j = paired(summary, reference_budget).dropna(subset=["stall_cut_p99"])
     if j.empty:
         return _missing("F1.2", "ratio", "no rate was measured with both EagerContBatch and ChunkedPrefill")
-    per, parts, near = {}, [], []
+    per, parts, near, ratios = {}, [], [], []
     for model, g in j.groupby("model", sort=False):
         cut = float(np.median(g["stall_cut_p99"]))
         near.append(near_cut_thresholds(short(model), g["stall_cut_p99"], (NO_CUT,)))
         top = g.loc[g["rate_fraction"].idxmax()]
         ratio = float(top["throughput_ratio"])
+        ratios.append(ratio)
         per[short(model)] = "fails" if cut <= NO_CUT else "changes" if ratio > THROUGHPUT_GAIN else "holds"
         parts.append(
             f"{short(model)}: throughput ×{ratio:.2f} at {top['rate_eager']:.2f} req/s "
@@ -197,6 +206,9 @@ def f12(summary: pd.DataFrame, reference_budget: int, dtype: str | None = None) 
         f"over rates) and throughput rises <= 10%; changes if it rises more; fails without a stall cut. Per model: "
         f"{_where(per)}" + _near_text(near),
         tested_on=tested_on(j["model"], dtype=dtype, setting=f"{len(j)} paired runs (model × rate) served over HTTP"),
+        headline=float(np.median(ratios)),
+        headline_unit=f"× delivered tokens/s, ChunkedPrefill / EagerContBatch at the most loaded rate"
+        f"{over_models(len(ratios))}",
     )
 
 
@@ -207,7 +219,7 @@ def f13(summary: pd.DataFrame, dtype: str | None = None) -> Finding:
     s["setting"] = np.where(
         s["scheduler"] == "chunked_prefill", s["scheduler"] + "@" + s["budget"].astype(str), s["scheduler"]
     )
-    per, parts = {}, []
+    per, parts, shares = {}, [], []
     for model, g in s.groupby("model", sort=False):
         wins, rates = 0, 0
         for _, r in g.groupby("rate_fraction"):
@@ -221,6 +233,8 @@ def f13(summary: pd.DataFrame, dtype: str | None = None) -> Finding:
         best_tp = top.loc[top["delivered_tok_s"].idxmax()]
         ttft_best = rates > 0 and wins >= rates / 2
         tp_best = not e_tp.empty and bool(e_tp.iloc[0] >= THROUGHPUT_TIE * best_tp["delivered_tok_s"])
+        if not e_tp.empty:
+            shares.append(float(e_tp.iloc[0] / best_tp["delivered_tok_s"]))
         per[short(model)] = "holds" if ttft_best and tp_best else "changes" if ttft_best or tp_best else "fails"
         e_val = f"{e_tp.iloc[0]:,.0f}" if not e_tp.empty else "n/a"
         parts.append(
@@ -240,6 +254,9 @@ def f13(summary: pd.DataFrame, dtype: str | None = None) -> Finding:
         tested_on=tested_on(
             s["model"], dtype=dtype, setting=f"{settings} policy settings × {s['rate_fraction'].nunique()} rates"
         ),
+        headline=float(np.median(shares)) if shares else None,
+        headline_unit=f"× EagerContBatch's / the best setting's throughput at the most loaded rate (best from 0.97)"
+        f"{over_models(len(shares))}",
     )
 
 
