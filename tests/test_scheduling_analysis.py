@@ -158,6 +158,22 @@ def test_f12_weighs_throughput_against_fairness(chunked_tp, stall, verdict):
     assert verdicts.f12(sweep(58.6, stall, 1000, chunked_tp), 512).verdict == verdict
 
 
+def test_each_claim_headlines_the_number_its_rule_decides_on():
+    """F1.1: the median p99 stall cut (%); F1.2: the throughput ratio at the top rate; F1.3: EagerContBatch's
+    throughput over the best setting's; over two model sizes, the median of the per-model numbers."""
+    one = verdicts.findings(sweep(58.6, 34.1, 1000, 900), 512)
+    assert [f.headline for f in one] == pytest.approx([100 * (1 - 34.1 / 58.6), 0.9, 1.0])
+    assert (
+        one[0].headline_unit == "% cut in the p99 stall, median over rates"
+        and "median over" not in one[1].headline_unit
+    )
+    two = pd.concat([sweep(58.6, 34.1, 1000, 900, model="config:a"), sweep(50.0, 40.0, 1000, 1100, model="config:b")])
+    f11, f12, _ = verdicts.findings(two, 512)
+    assert f11.headline == pytest.approx(50 * ((1 - 34.1 / 58.6) + 0.2)) and "median over 2 models" in f11.headline_unit
+    assert f12.headline == pytest.approx(1.0)  # 0.9 and 1.1
+    assert verdicts.findings(summary_frame([]), 512)[0].headline is None  # nothing measured: no headline
+
+
 def test_f13_and_combination_across_models():
     both = verdicts.f13(sweep(58.6, 34.1, 1000, 900))  # eager: lowest TTFT, highest throughput
     assert both.verdict == "holds"
