@@ -284,6 +284,7 @@ def test_f61_verdict_rules():
     assert verdicts.f61_best_pair(_pairs_table([1.2, 1.8, 0.9], [0.3, 0.2, 0.6], [0.6, 0.7, 0.5])).verdict == "holds"
     r = verdicts.f61_best_pair(_pairs_table([1.1, 1.2], [0.3, 0.2], [0.6, 0.7]))
     assert r.verdict == "changes" and r.measured_value == "1.20" and "below" in r.note
+    assert r.headline == pytest.approx(1.2) and "best pair's median speedup" in r.headline_unit
     assert verdicts.f61_best_pair(_pairs_table([0.8, 0.95], [0.3, 0.2], [0.6, 0.7])).verdict == "fails"
     assert verdicts.f61_best_pair(_pairs_table([], [], [])).measured_value == "not measured"
 
@@ -313,6 +314,7 @@ def test_f62_verdict_rules():
     assert verdicts.f62_what_decides(falls_with_c.head(2), _per_prompt(rising)).measured_value == "not measured"
     rows = verdicts.findings(falls_with_c, _per_prompt(rising))
     assert [r.id for r in rows] == ["F6.1", "F6.2"]
+    assert rows[1].headline == pytest.approx(-1.0) and "cost ratio c" in rows[1].headline_unit  # ρ_c decides
     from servelab.measure.results import findings_frame
 
     assert len(findings_frame([r.row() for r in rows])) == 2

@@ -45,6 +45,7 @@ def test_f51_verdicts_follow_the_rule():
         df = _rows({"naive": lambda L, d, s=speed: 1.0 * s, "sdpa_default": lambda L, d: 1.0})
         row = verdicts.f51(df, ("m1", 64))
         assert row.verdict == verdict and float(row.measured_value) == pytest.approx(speed)
+        assert row.headline == pytest.approx(speed) and "naive / SDPA default" in row.headline_unit
         # the shapes it was judged on: the primary configuration's head layout only, random inputs
         assert row.tested_on.startswith("attention alone at m1 heads (") and "D=64" in row.tested_on
         assert "m2" not in row.tested_on and "random" in row.tested_on
@@ -68,6 +69,7 @@ def test_f52_growth_and_verdict():
     assert naive["growth_working"] == pytest.approx(1024)
     row = verdicts.f52(g, ("m1", 64))
     assert row.verdict == "changes"  # direction holds, magnitudes far from 25× / 2.4×
+    assert row.headline == pytest.approx(float(row.measured_value.split("×")[0]), rel=0.05) and row.headline > 25 * 2
     exps = verdicts.growth_exponents(df).set_index(["arch", "variant"])
     assert exps.loc[("m1", "naive"), "exponent"] == pytest.approx(2.0)
     assert exps.loc[("m1", "sdpa_default"), "exponent"] == pytest.approx(1.0)
@@ -89,7 +91,8 @@ def test_f53_compares_kernel_and_architecture_spreads_where_all_ran():
     assert verdicts.comparison_length(df) == 2048
     sp = verdicts.spreads(df)
     assert set(sp["fixed"]) >= {"naive", "sdpa_flash"} and "sdpa_default" not in set(sp["fixed"])
-    assert verdicts.f53(sp).verdict == "holds"
+    holds = verdicts.f53(sp)
+    assert holds.verdict == "holds" and holds.headline > 1  # every kernel spread above every architecture spread
     small_kernel_gap = {"naive": lambda L, d: 1.2 * d, "sdpa_flash": lambda L, d: 1.0 * d}
     assert verdicts.f53(verdicts.spreads(_rows(small_kernel_gap))).verdict == "fails"
 

@@ -150,6 +150,12 @@ def test_verdicts_follow_their_rules():
     assert verdicts.f23_sim_defaults(h200like).verdict == "changes"
     rows = verdicts.findings(h200like)
     assert [r.id for r in rows] == ["F2.1", "F2.2", "F2.3"]
+    # each headline is the number its rule decides on: prefill µs/token, % of the floor, the seed / H200 ratio
+    f21, f22, f23 = rows
+    assert f21.headline == pytest.approx(3.0) and f21.headline_unit.startswith("µs/token")
+    assert f22.headline < verdicts.LAUNCH_BOUND_PCT and "% of the memory floor" in f22.headline_unit
+    assert f23.headline == pytest.approx(50.0 / 3.0) and "× the RTX 2070's" in f23.headline_unit
+    assert verdicts.f21_prefill(seedlike).headline == pytest.approx(50.0)
 
 
 def test_study_params_validate():

@@ -244,6 +244,8 @@ def test_f44_over_several_regimes_needs_all_for_holds():
     slow = dict(overlap_summary(_runs(2.0, 2.6, seed=1)), decode_batch=64, decode_mode="hf_cuda_graph")
     row = verdicts.f44(pd.DataFrame([fast, slow]), on_cuda=True)
     assert row.verdict == "changes"
+    assert row.headline == pytest.approx((fast["compaction_speedup"] + slow["compaction_speedup"]) / 2)  # median
+    assert "median over 2 regimes" in row.headline_unit
     assert "decode batch 1 (hf_cuda_graph)" in row.note and "decode batch 64" in row.note
     assert verdicts.f44(pd.DataFrame([fast, fast]), on_cuda=True).verdict == "holds"
 
@@ -409,3 +411,6 @@ def test_findings_say_what_they_were_tested_on():
     assert f42.tested_on == "gpt2 (architecture-exact, random weights; float16); decode, hf_eager; batches 1, 64"
     assert f43.tested_on.endswith("KV pools of 1,024, 4,096 MiB, 16-token blocks")
     assert f44.tested_on == ""  # a CPU run measured nothing to name
+    # each headline is the number its rule decides on; a CPU run's F4.4 measured none
+    assert f41.headline == 100.0 and f42.headline == 1.0 and f43.headline == 50.0 and f44.headline is None
+    assert all(f.headline_unit for f in (f41, f42, f43)) and f44.headline_unit == ""

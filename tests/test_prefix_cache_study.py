@@ -152,7 +152,8 @@ def test_breakeven_is_the_first_n_from_which_sharing_never_loses():
     assert be.loc[128, "breakeven_n"] == 12  # n=4 wins but n=8 loses again
     assert be.loc[512, "breakeven_n"] == 2
     assert np.isnan(be.loc[64, "breakeven_n"])
-    assert verdicts.f73(be.reset_index()).verdict == "holds"
+    holds = verdicts.f73(be.reset_index())
+    assert holds.verdict == "holds" and holds.headline == 2.0 and "breaks even" in holds.headline_unit
     be.loc[128, "breakeven_n"] = 2
     assert verdicts.f73(be.reset_index()).verdict == "changes"
     never = be.reset_index().assign(breakeven_n=np.nan)
@@ -173,7 +174,8 @@ def speedup_table(values):
 
 
 def test_f71_compares_the_speedup_at_512_tokens():
-    assert verdicts.f71(speedup_table({256: 1.5, 512: 2.3, 1024: 3.0})).verdict == "holds"
+    holds = verdicts.f71(speedup_table({256: 1.5, 512: 2.3, 1024: 3.0}))
+    assert holds.verdict == "holds" and holds.headline == pytest.approx(2.3) and "512-token" in holds.headline_unit
     row = verdicts.f71(speedup_table({256: 1.0, 512: 1.1, 4096: 3.0}))
     assert row.verdict == "changes" and "4,096-token prefix" in row.note
     assert verdicts.f71(speedup_table({512: 0.9, 1024: 1.0})).verdict == "fails"
@@ -187,7 +189,8 @@ def test_f71_compares_the_speedup_at_512_tokens():
 def test_f72_needs_a_growing_speedup():
     turns = np.arange(1, 13)
     grow = pd.DataFrame({"metric": "ttft", "turn": turns, "speedup": 1 + 0.11 * (turns - 1)})
-    assert verdicts.f72(grow).verdict == "holds"  # 1.99× at turn 10
+    holds = verdicts.f72(grow)
+    assert holds.verdict == "holds" and holds.headline == pytest.approx(1.99)  # 1.99× at turn 10
     assert verdicts.f72(grow.assign(speedup=1 + 0.5 * (turns - 1))).verdict == "changes"
     assert verdicts.f72(grow.assign(speedup=1.0 + 0.01 * np.sin(turns))).verdict == "fails"
 
@@ -196,7 +199,7 @@ def test_f74_reads_lfu_at_alpha_2_with_4_slots():
     sim = hit_rates([2.0], [3, 4], ["lfu", "lfu_perfect"], n_prefixes=100, n_requests=5000, progress=False)
     row = verdicts.f74(sim, 100)
     x = float(sim.query("policy == 'lfu' and capacity == 4")["hit_rate"].iloc[0])
-    assert row.measured_value == f"{x:.1%}"
+    assert row.measured_value == f"{x:.1%}" and row.headline == pytest.approx(100 * x)
     assert row.verdict == ("holds" if x >= 0.79 else "changes")
     low = sim.assign(hit_rate=np.where(sim["policy"] == "lfu", 0.70, sim["hit_rate"]))
     assert verdicts.f74(low, 100).verdict == "changes"

@@ -59,7 +59,21 @@ def test_disagreeing_repeats_give_inconclusive(fake_set):
     assert top.loc["FX.2", "repeat_verdicts"] == "holds;changes;holds"
     assert top.loc["FX.2", "measured_value"] == "5.5× at 512 tokens"  # each number's median: 4.5, 5.5, 6.5
     reps = pd.read_csv(study / "repeats.csv")
-    assert len(reps) == 6 and list(reps[reps.id == "FX.2"].verdict) == ["holds", "changes", "holds"]
+    assert len(reps) == 9 and list(reps[reps.id == "FX.2"].verdict) == ["holds", "changes", "holds"]
+
+
+def test_a_headline_gives_the_median_and_interval_of_a_text_claim(fake_set):
+    """FX.3's measured value is text; its headlines (40, 50, 60 % cut) give the median and interval, and the text
+    keeps each number's median over the repeats."""
+    combined, study, _, _ = fake_set
+    top = pd.read_csv(study / "findings.csv", dtype=str, keep_default_na=False).set_index("id")
+    assert top.loc["FX.3", "headline"] == "50.0" and top.loc["FX.3", "headline_unit"] == "% cut"
+    assert top.loc["FX.3", "spread"] == "40–60" and top.loc["FX.3", "measured_value"] == "m: 5.0 → 1.0 ms; cut 50%"
+    assert "median 50 % cut, 40–60 % cut over 3 repeats" in top.loc["FX.3", "note"]
+    assert top.loc["FX.1", "headline"] == "" and top.loc["FX.1", "spread"] == "14–16"  # no headline: as before
+    reps = pd.read_csv(study / "repeats.csv")
+    assert list(reps[reps.id == "FX.3"].headline) == [40.0, 50.0, 60.0]
+    assert combined[2].headline == 50.0
 
 
 def test_the_last_repeat_is_the_page_and_shows_the_combined_verdicts(fake_set):

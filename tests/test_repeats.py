@@ -13,7 +13,7 @@ from servelab.studies.common.repeats import combine_repeats, median_interval
 from servelab_book.findings_table import BADGES, INCONCLUSIVE, _badge, h200_value, render_summary, verdict_counts
 
 
-def rep(value, verdict, claim="F5.1", unit="×"):
+def rep(value, verdict, claim="F5.1", unit="×", **kw):
     return Finding(
         id=claim,
         claim="sdpa vs naive",
@@ -22,7 +22,38 @@ def rep(value, verdict, claim="F5.1", unit="×"):
         unit=unit,
         verdict=verdict,
         note="ratio at 2,048 tokens.",
+        **kw,
     )
+
+
+def test_the_headline_is_the_median_and_interval_where_every_repeat_has_one():
+    """Text measured values with a headline each: the median and interval are the headlines', the text is kept."""
+    text = "qwen: 150.8 → 24.7 ms; median cut 70%"
+    reps = [rep(text, "holds", headline=h, headline_unit="% cut") for h in (70.0, 55.0, 62.0)]
+    f = combine_repeats(reps)
+    assert f.headline == 62.0 and f.headline_unit == "% cut" and f.spread == "55–70"
+    assert f.measured_value == text and "median 62 % cut, 55–70 % cut over 3 repeats" in f.note
+    numbers = combine_repeats([rep(v, "holds", headline=2 * v, headline_unit="%") for v in (1.0, 3.0, 2.0)])
+    assert numbers.measured_value == "2" and numbers.headline == 4.0 and numbers.spread == "2–6"
+    partial = combine_repeats(
+        [rep(1.0, "holds", headline=9.0, headline_unit="%"), rep(2.0, "holds"), rep(3.0, "holds")]
+    )
+    assert partial.headline is None and partial.spread == "1–3"  # one repeat without: the measured values decide
+    row = findings_frame([f.row()]).iloc[0]
+    assert row["headline"] == 62.0 and row["headline_unit"] == "% cut"
+    old = findings_frame([{k: v for k, v in rep(1.0, "holds").row().items() if not k.startswith("headline")}])
+    assert old.iloc[0]["headline"] == "" and old.iloc[0]["headline_unit"] == ""  # an older findings.csv still loads
+
+
+def test_a_headline_is_a_finite_number_with_a_unit():
+    assert rep(1, "holds", headline="", headline_unit="").headline is None  # an empty findings.csv cell
+    assert rep(1, "holds", headline=float("nan"), headline_unit="%").headline is None  # nothing measured
+    assert rep(1, "holds", headline="1.5", headline_unit="%").headline == 1.5
+    for bad, message in ((float("inf"), "finite"), ("many", "a number"), (True, "a number")):
+        with pytest.raises(ValueError, match=message):
+            rep(1, "holds", headline=bad, headline_unit="%")
+    with pytest.raises(ValueError, match="headline_unit"):
+        rep(1, "holds", headline=2.0)
 
 
 def test_three_repeats_give_the_median_and_the_min_max_said_as_such():

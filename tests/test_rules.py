@@ -23,6 +23,7 @@ from servelab.studies.common.rules import (
     rule_hash,
     thresholds_near,
 )
+from servelab.studies.s01_scheduling import verdicts as study1
 from servelab.studies.s06_hf_assisted import analysis
 from servelab.studies.s06_hf_assisted import verdicts as study6
 from servelab_book.rule_changes import render_rule_changes
@@ -109,6 +110,32 @@ def test_old_rules_give_a_verdict_on_todays_data(rules):
             results[r.id] = got.verdict
     assert set(results) == {r.id for r in rules.values() if r.changes}
     assert len({fn for r in rules.values() for fn in (c.old_verdict for c in r.changes)}) <= len(OLD_RULES)
+
+
+def test_f12s_move_to_the_p99_stall_is_registered_and_its_old_rule_reads_the_committed_verdict(rules, tmp_path):
+    """F1.2's stall-cut gate moved from the single maximum to the p99 of per-request maximum ITL (F1.1's statistic):
+    the change is registered with the old rule as it was; ``f12_single_max`` gives the committed run's verdict and
+    numbers; on a run whose maxima are cut 42% but whose p99s are not cut, the old rule holds and the new one fails."""
+    ch = rules["F1.2"].changes[-1]
+    assert ch.old_verdict == "f12_single_max" and ch.date == "2026-12-03" and ch.new_rule == rules["F1.2"].rule
+    assert "p99" in ch.new_rule and "p99" not in ch.old_rule
+    h200 = RESULTS / "nvidia-h200" / "01_scheduling"
+    old = OLD_RULES["f12_single_max"](h200)
+    committed = pd.read_csv(h200 / "findings.csv").set_index("id").loc["F1.2"]
+    assert old.verdict == committed["verdict"] and "×0.52" in old.detail and "×0.52" in committed["measured_value"]
+    folder = tmp_path / "01_scheduling"
+    folder.mkdir()
+    (folder / "run.json").write_text('{"params": {"reference_budget": 512}}')
+    rows = [
+        dict(model="config:m", scheduler=sch, budget=b, rate=f, rate_fraction=f, sweep="rate", status="ok")
+        | dict(max_itl_ms=mx, max_itl_p99_ms=50.0, max_itl_p99_lo_ms=45.0, max_itl_p99_hi_ms=55.0)
+        | dict(itl_p99_ms=20.0, mean_ttft_ms=50.0, delivered_tok_s=1000.0 * f, cut=0, requests=200)
+        for f in (0.5, 1.0)
+        for sch, b, mx in (("eager_cont_batch", 8192, 58.6), ("chunked_prefill", 512, 34.1))
+    ]
+    pd.DataFrame(rows).to_csv(folder / "summary.csv", index=False)
+    assert OLD_RULES["f12_single_max"](folder).verdict == "holds"
+    assert study1.f12(pd.read_csv(folder / "summary.csv"), 512).verdict == "fails"
 
 
 def test_the_old_study6_rule_on_a_synthetic_table(tmp_path):

@@ -140,12 +140,38 @@ def test_f11_judges_the_p99_not_the_single_maximum():
     assert verdicts.f11(old, 512).measured_value == "not measured"
 
 
+def test_f12_gates_on_the_p99_stall_not_the_single_maximum():
+    s = sweep(58.6, 34.1, 1000, 1000)  # the maxima: a 42% cut
+    chunked = s["scheduler"] == "chunked_prefill"
+    s.loc[chunked, "max_itl_p99_ms"] = s.loc[s["scheduler"] == "eager_cont_batch", "max_itl_p99_ms"].to_numpy()
+    row = verdicts.f12(s, 512)  # the p99s: no cut at all
+    assert row.verdict == "fails" and "stall cut 0%" in row.measured_value
+    old = s.drop(columns=["max_itl_p99_ms", "max_itl_p99_lo_ms", "max_itl_p99_hi_ms"])  # a run before the statistic
+    assert verdicts.f12(old, 512).measured_value == "not measured"
+
+
 @pytest.mark.parametrize(
     "chunked_tp, stall, verdict",
     [(1000, 30.0, "holds"), (900, 30.0, "holds"), (1200, 30.0, "changes"), (1000, 58.0, "fails")],
 )
 def test_f12_weighs_throughput_against_fairness(chunked_tp, stall, verdict):
     assert verdicts.f12(sweep(58.6, stall, 1000, chunked_tp), 512).verdict == verdict
+
+
+def test_each_claim_headlines_the_number_its_rule_decides_on():
+    """F1.1: the median p99 stall cut (%); F1.2: the throughput ratio at the top rate; F1.3: EagerContBatch's
+    throughput over the best setting's; over two model sizes, the median of the per-model numbers."""
+    one = verdicts.findings(sweep(58.6, 34.1, 1000, 900), 512)
+    assert [f.headline for f in one] == pytest.approx([100 * (1 - 34.1 / 58.6), 0.9, 1.0])
+    assert (
+        one[0].headline_unit == "% cut in the p99 stall, median over rates"
+        and "median over" not in one[1].headline_unit
+    )
+    two = pd.concat([sweep(58.6, 34.1, 1000, 900, model="config:a"), sweep(50.0, 40.0, 1000, 1100, model="config:b")])
+    f11, f12, _ = verdicts.findings(two, 512)
+    assert f11.headline == pytest.approx(50 * ((1 - 34.1 / 58.6) + 0.2)) and "median over 2 models" in f11.headline_unit
+    assert f12.headline == pytest.approx(1.0)  # 0.9 and 1.1
+    assert verdicts.findings(summary_frame([]), 512)[0].headline is None  # nothing measured: no headline
 
 
 def test_f13_and_combination_across_models():
@@ -279,7 +305,7 @@ def test_findings_name_what_they_were_tested_on():
 
 
 def _two_cuts(cut_half_rate: float, cut_full_rate: float) -> pd.DataFrame:
-    """A sweep whose stall cut (F1.1's p99 stall, and the single maximum F1.2 reads) is ``cut_half_rate`` at rate
+    """A sweep whose stall cut (the p99 stall F1.1 and F1.2 read, and the single maximum) is ``cut_half_rate`` at rate
     fraction 0.5 and ``cut_full_rate`` at 1.0."""
     s = sweep(100.0, 50.0, 1000, 1000)
     s["max_itl_p99_ms"] = s["max_itl_ms"]

@@ -67,6 +67,7 @@ def test_overheads_fitted_on_calibration_runs_fix_held_out_runs():
     assert c["step_overhead_ms"] == pytest.approx(1.0, abs=0.3) and c["ingress_ms"] == pytest.approx(4.0, abs=1.0)
     row = f23_finding(table, "test runs")
     assert row.verdict == "changes" and row.id == "F2.3"
+    assert row.headline == pytest.approx(float(row.measured_value), abs=0.05) and row.headline < 3.0
     assert row.tested_on == "m (trained weights), simulated against test runs"
 
 

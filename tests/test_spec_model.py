@@ -164,9 +164,11 @@ def test_speedup_table_and_verdicts_from_data():
     assert r.speedup_vs_chained == pytest.approx(np.median([75 / 50, 60 / 60]))
     f31 = verdicts.f31(speed, 0.01, "test pair", tested_on="pair d → t")
     assert f31.verdict == "changes" and f31.id == "F3.1" and f31.tested_on == "pair d → t"  # the CI lies above 1
+    assert f31.headline == pytest.approx(r.speedup) and "best configuration" in f31.headline_unit
     f32 = verdicts.f32(speed)
     err = abs(r.prediction_error_pct)
     assert f32.verdict == ("holds" if err <= 20 else "changes" if err <= 50 else "fails")
+    assert f32.headline == pytest.approx(err) and "median |prediction error|" in f32.headline_unit
     slow = speedup_table(
         _sweep().assign(ms=lambda d: np.where(d.method == "speculative", d.ms * 3, d.ms)), {("d", "t"): 0.1}
     )
@@ -182,7 +184,8 @@ def test_f33_compares_modes_with_the_parameter_ratio():
             ]
         )
 
-    assert verdicts.f33(ratios(1.2, 2.6), ("qwen2-0.5b", "qwen2-1.5b")).verdict == "holds"
+    holds = verdicts.f33(ratios(1.2, 2.6), ("qwen2-0.5b", "qwen2-1.5b"))
+    assert holds.verdict == "holds" and holds.headline == pytest.approx(1.2 / 3.1)  # eager far below: < 0.5
     assert verdicts.f33(ratios(2.9, 3.0), ("qwen2-0.5b", "qwen2-1.5b")).verdict == "changes"
     assert verdicts.f33(ratios(1.2, 2.6).iloc[:0], ("qwen2-0.5b", "qwen2-1.5b")).verdict == "fails"
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
+from servelab.errors import ParameterError
 from servelab.paths import REPO_ROOT
 from servelab.studies.common.findings import Finding
 from servelab.studies.common.page import (
@@ -20,7 +21,8 @@ from servelab.studies.common.page import (
     takeaway_list,
     verdict_table,
 )
-from servelab_book.reproduce import parameters_source, rerun_markdown
+from servelab_book.reproduce import papermill_command, parameters_source, rerun_markdown
+from servelab_book.studies import study_by_slug
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 THIN = ("01_scheduling", "02_gpu_costs", "04_kv_cache")
@@ -122,6 +124,15 @@ def test_the_parameters_cell_is_the_one_place_each_parameter_is_written(slug):
 
 def test_rerun_recipe_shows_the_command_the_parameters_cell_and_the_values_used():
     md = rerun_recipe("07_prefix_cache", {"profile": "smoke", "seed": 0}, extra=["# more"])
-    assert "papermill notebooks/07_prefix_cache.ipynb book/studies/07_prefix_cache.ipynb --cwd notebooks" in md
+    # the page's command is the methodology page's, from one builder (studies.common.rerun)
+    command = papermill_command(study_by_slug("07_prefix_cache"))
+    assert command == (
+        "papermill --cwd notebooks notebooks/07_prefix_cache.ipynb book/studies/07_prefix_cache.ipynb -p profile full"
+    )
+    assert f"```bash\n{command}\n# more\n```" in md and command in rerun_markdown("07_prefix_cache")
+    simulator = rerun_recipe("08_simulator", {}, out="book/simulator.ipynb")
+    assert "papermill --cwd notebooks notebooks/08_simulator.ipynb book/simulator.ipynb -p profile full" in simulator
+    with pytest.raises(ParameterError, match="slug"):
+        rerun_recipe("notebooks/07_prefix_cache.ipynb", {})
     assert "# more" in md and "`seed=0`" in md
     assert parameters_source(REPO_ROOT / "notebooks" / "07_prefix_cache.ipynb") in md

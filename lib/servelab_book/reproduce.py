@@ -1,33 +1,25 @@
 """How to re-run each study: the papermill command and the notebook's parameters, read from the notebook.
 
 The parameters shown are the source of the cell tagged ``parameters`` in ``notebooks/NN_name.ipynb``,
-so the methodology page cannot drift from the notebooks.
+so the methodology page cannot drift from the notebooks. The command and the cell's source come from
+``servelab.studies.common.rerun``, which the study pages' own re-run sections use too.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import nbformat
-
+from servelab.studies.common import rerun
+from servelab.studies.common.rerun import parameters_source
 from servelab_book.findings_table import md_text
 from servelab_book.studies import NOTEBOOKS_DIR, STUDIES, Study, page_title, study_by_slug
+
+__all__ = ["papermill_command", "parameters_source", "render_reproduce", "rerun_markdown"]  # parameters_source: rerun's
 
 
 def papermill_command(study: Study, profile: str = "full") -> str:
     """The one-line command that re-executes a study into the book (run from the repository root)."""
-    return (
-        f"papermill --cwd notebooks notebooks/{study.slug}.ipynb book/studies/{study.slug}.ipynb -p profile {profile}"
-    )
-
-
-def parameters_source(notebook: Path) -> str:
-    """The source of the notebook's cell tagged ``parameters``; ValueError if it has none."""
-    nb = nbformat.read(notebook, as_version=4)
-    for cell in nb.cells:
-        if cell.cell_type == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):
-            return cell.source.strip()
-    raise ValueError(f"{notebook}: no code cell tagged 'parameters' (papermill needs one)")
+    return rerun.papermill_command(study.slug, profile=profile)
 
 
 def render_reproduce(notebooks_dir: Path = NOTEBOOKS_DIR) -> str:

@@ -30,7 +30,15 @@ VERDICTS = ("holds", "changes", "fails", "inconclusive")
 FINDINGS_COLUMNS = ["id", "claim", "seed_value", "measured_value", "unit", "verdict", "note"]
 # columns a findings row may omit, with what an omitted one means (one run, models named in the note)
 # and the interval of the measured value over the repeats ("low–high", see studies.common.repeats)
-FINDINGS_OPTIONAL = {"tested_on": "", "repeats": 1, "repeat_verdicts": "", "spread": ""}
+# headline: the one number the verdict is decided on (empty where none was measured), in headline_unit
+FINDINGS_OPTIONAL = {
+    "tested_on": "",
+    "repeats": 1,
+    "repeat_verdicts": "",
+    "spread": "",
+    "headline": "",
+    "headline_unit": "",
+}
 
 
 def results_root() -> Path:

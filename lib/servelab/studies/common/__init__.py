@@ -5,7 +5,8 @@
 - ``findings.py``: ``Finding``, one verdict on one seed claim; ``tested_on.py``: what it was measured on, in words;
 - ``repeats.py``: ≥ 3 repeats of a claim combined (median, interval, ``inconclusive``); ``repeat_runs.py``: running
   a study's repeats as fresh processes; ``rules.py``: the registry of verdict rules and their changes;
-- ``page.py``: the findings-first parts of a study page; ``style.py``: the book's figure style and colours;
+- ``page.py``: the findings-first parts of a study page; ``rerun.py``: the papermill command and parameters cell
+  that re-run a page (the book's methodology page uses it too); ``style.py``: the book's figure style and colours;
   ``roofline_plot.py``: achieved FLOP/s against arithmetic intensity, under both measured ceilings;
   ``quiet.py``: silencing library chatter at its source; ``budget.py``: a study's wall-time budget;
 - ``family/``: the small trained model family (Studies 3 and 6); ``drafts/``: drafts distilled from SmolLM2.

@@ -2,13 +2,37 @@
 
 A ``Finding`` is built with named fields only, so two swapped arguments cannot pass unnoticed, and its verdict is
 checked when it is made. ``findings.csv`` (``measure.results.StudyResults.write_findings``) is a list of them.
+
+``measured_value`` is what the reader sees, often text naming several numbers ("qwen2-0.5b: 150.8 → 24.7 ms; ...");
+``headline`` is the one number the verdict is decided on (F1.1's median stall cut, F5.1's speedup), in
+``headline_unit``: the number ``studies.common.repeats.combine_repeats`` takes the median and interval of over
+repeats. A claim that measured nothing has none (None; an empty cell in findings.csv).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from servelab.measure.results import VERDICTS
+
+
+def _headline(fid: str, value) -> float | None:
+    """The headline as a float: None, "" (an empty findings.csv cell) and NaN (nothing measured) are None; text that
+    is not a number and an infinite value are refused."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, bool):
+        raise ValueError(f"{fid}: headline must be a number, got {value!r}")
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{fid}: headline must be a number, got {value!r}") from None
+    if math.isnan(x):
+        return None
+    if not math.isfinite(x):
+        raise ValueError(f"{fid}: headline must be finite, got {value!r}")
+    return x
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -23,7 +47,9 @@ class Finding:
     tested_on: str = ""  # the models (shapes, random or trained weights) the verdict was measured on
     repeats: int = 1  # independent runs (fresh processes, new seeds) the verdict rests on
     repeat_verdicts: str = ""  # the verdict of each repeat, ";"-joined: "holds;holds;changes"
-    spread: str = ""  # the interval of measured_value over the repeats, "low–high" (studies.common.repeats)
+    spread: str = ""  # the interval of the headline (else measured_value) over the repeats, "low–high"
+    headline: float | None = None  # the one number the verdict is decided on, in headline_unit; None: not measured
+    headline_unit: str = ""  # e.g. "% cut in the p99 stall, median over rates and models"
 
     def __post_init__(self):
         if self.verdict not in VERDICTS:
@@ -31,6 +57,9 @@ class Finding:
         if not isinstance(self.repeats, int) or self.repeats < 1:
             raise ValueError(f"{self.id}: repeats must be a positive int, got {self.repeats!r}")
         object.__setattr__(self, "measured_value", str(self.measured_value).strip())
+        object.__setattr__(self, "headline", _headline(self.id, self.headline))
+        if self.headline is not None and not str(self.headline_unit).strip():
+            raise ValueError(f"{self.id}: a headline needs its unit (headline_unit)")
 
     def row(self) -> dict:
         return asdict(self)

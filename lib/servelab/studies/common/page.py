@@ -84,13 +84,13 @@ def finding_notes(findings: Iterable[Finding]) -> str:
 
 
 def rerun_recipe(slug: str, params: Mapping, *, out: str | None = None, extra: Iterable[str] = ()) -> str:
-    """Markdown: the papermill command that re-runs a study, the notebook's ``parameters`` cell as written (read
-    from ``notebooks/<slug>.ipynb``), and the values this run resolved them to."""
+    """Markdown: the papermill command that re-runs a study (``studies.common.rerun.papermill_command``, the one the
+    methodology page shows), the notebook's ``parameters`` cell as written (read from ``notebooks/<slug>.ipynb``),
+    and the values this run resolved them to."""
     from servelab.paths import REPO_ROOT
-    from servelab_book.reproduce import parameters_source
+    from servelab.studies.common.rerun import papermill_command, parameters_source
 
-    out = out or f"book/studies/{slug}.ipynb"
-    cmd = f"papermill notebooks/{slug}.ipynb {out} --cwd notebooks -p profile full"
+    cmd = papermill_command(slug, out=out)
     lines = [f"```bash\n{cmd}\n" + "".join(f"{e}\n" for e in extra) + "```\n"]
     nb = REPO_ROOT / "notebooks" / f"{slug}.ipynb"
     if nb.exists():

@@ -7,9 +7,11 @@ seed of every study's profiles) and writes its results to ``<results>/<device>/<
 (``measure.results`` reads the set from the environment this module sets). Then ``combine_set``:
 
 - ``findings.csv`` of the study's folder: one row per claim, combined over the repeats by
-  ``studies.common.repeats.combine_repeats`` (median and interval where the measured values are numbers; the verdict
-  ``inconclusive`` where repeats disagree), with ``repeats``, ``repeat_verdicts`` and ``spread``;
-- ``repeats.csv``: one row per claim and repeat (the repeat's seed, verdict and measured value);
+  ``studies.common.repeats.combine_repeats`` (median and interval of each repeat's ``headline``, the one number its
+  verdict was decided on, else of the measured values where they are numbers; the verdict ``inconclusive`` where
+  repeats disagree), with ``repeats``, ``repeat_verdicts`` and ``spread``; a measured value that is text keeps the
+  last repeat's text with each of its numbers the median over the repeats (``text_medians``);
+- ``repeats.csv``: one row per claim and repeat (the repeat's seed, verdict, measured value and headline);
 - every other file of the **last** repeat beside them, and its ``run.json`` with a ``repeats`` record.
 
 The book's page is the last repeat's executed notebook: it is the only one that runs when every other repeat has
@@ -139,16 +141,18 @@ def combine_findings(per_repeat: Sequence[Sequence[Finding]]) -> list[Finding]:
 
 
 def repeats_table(folders: Sequence[Path], per_repeat: Sequence[Sequence[Finding]]) -> pd.DataFrame:
-    """One row per claim and repeat: the repeat's index, seed, folder, verdict and measured value."""
+    """One row per claim and repeat: the repeat's index, seed, folder, verdict, measured value and headline."""
     rows = []
     for i, (folder, fs) in enumerate(zip(folders, per_repeat, strict=True)):
         seed = json.loads((folder / "run.json").read_text()).get("params", {}).get("seed")
         rows += [
             {"id": f.id, "repeat": i, "seed": seed, "folder": f"{repeat_folder(i)}", "verdict": f.verdict}
             | {"measured_value": f.measured_value, "unit": f.unit}
+            | {"headline": f.headline, "headline_unit": f.headline_unit}
             for f in fs
         ]
-    return pd.DataFrame(rows, columns=["id", "repeat", "seed", "folder", "verdict", "measured_value", "unit"])
+    columns = ["id", "repeat", "seed", "folder", "verdict", "measured_value", "unit", "headline", "headline_unit"]
+    return pd.DataFrame(rows, columns=columns)
 
 
 def combine_set(study_dir: Path, folders: Sequence[Path]) -> list[Finding]:

@@ -4,7 +4,8 @@
 A repeat is one run of the claim's whole measurement in a fresh process, with its own seeds and traces; each gives a
 ``Finding`` with its own verdict. ``combine_repeats`` turns three or more of them into the finding the book shows:
 
-- the headline value is the **median over repeats**;
+- the headline value is the **median over repeats**: of each repeat's ``headline`` (the one number its verdict was
+  decided on) where every repeat has one, else of ``measured_value`` read as a number;
 - its interval is **distribution-free, from order statistics**: the k-th smallest and k-th largest repeat, with k
   the largest for which the binomial(n, 1/2) tail leaves at least 95% coverage of the true median. Fewer than six
   repeats cannot reach 95%: the interval is then the **min–max**, which covers the median with probability
@@ -94,22 +95,43 @@ def _check(findings: Sequence[Finding], min_repeats: int) -> None:
         raise ParameterError(f"{findings[0].id}: each repeat is one run with its own verdict, not a combined finding")
 
 
-def _numbers(findings: Sequence[Finding], values: Sequence[float] | None) -> list[float] | None:
-    """The repeats' numbers: ``values`` when given, else each ``measured_value`` read as a number; None when the
-    measured values are text that all repeats share (nothing to take a median of)."""
-    if values is not None:
-        if len(values) != len(findings):
-            raise ParameterError(f"{findings[0].id}: {len(values)} values for {len(findings)} repeats")
-        return [float(v) for v in values]
+def _measured_numbers(findings: Sequence[Finding]) -> list[float] | None:
+    """Each ``measured_value`` read as a number; None where one is text."""
     try:
         return [float(f.measured_value.replace(",", "")) for f in findings]
     except ValueError:
-        if len({f.measured_value for f in findings}) == 1:
-            return None
-        raise ParameterError(
-            f"{findings[0].id}: measured values {[f.measured_value for f in findings]} are not numbers; "
-            "pass values= (one number per repeat) to take their median"
-        ) from None
+        return None
+
+
+def _numbers(findings: Sequence[Finding], values: Sequence[float] | None) -> tuple[list[float] | None, str]:
+    """The repeats' numbers and where they came from: ``values`` when given ("values"), else each repeat's
+    ``headline`` where all have one ("headline"), else each ``measured_value`` read as a number ("measured"); None
+    when the measured values are text that all repeats share (nothing to take a median of)."""
+    if values is not None:
+        if len(values) != len(findings):
+            raise ParameterError(f"{findings[0].id}: {len(values)} values for {len(findings)} repeats")
+        return [float(v) for v in values], "values"
+    if all(f.headline is not None for f in findings):
+        return [f.headline for f in findings], "headline"
+    nums = _measured_numbers(findings)
+    if nums is not None or len({f.measured_value for f in findings}) == 1:
+        return nums, "measured"
+    raise ParameterError(
+        f"{findings[0].id}: measured values {[f.measured_value for f in findings]} are not numbers and not every "
+        "repeat has a headline; pass values= (one number per repeat) to take their median"
+    )
+
+
+def _measured(findings: Sequence[Finding], spread: MedianInterval | None, source: str) -> str:
+    """The combined ``measured_value``: the median of the numbers where they are ``values`` or the measured values;
+    where they are headlines, the measured values' own median if they are numbers, else the shared text, else the
+    last repeat's text (``repeat_runs`` puts each number's median in it)."""
+    if spread is not None and source != "headline":
+        return _fmt(spread.median)
+    nums = _measured_numbers(findings)
+    if nums is not None:
+        return _fmt(statistics.median(nums))
+    return findings[-1].measured_value
 
 
 def combine_repeats(
@@ -117,26 +139,30 @@ def combine_repeats(
 ) -> Finding:
     """One ``Finding`` from ≥ ``min_repeats`` repeats of one claim (see the module's docstring for the rules).
 
-    ``values`` gives each repeat's headline number where ``measured_value`` is text (a range, a pair). The note
-    keeps the first repeat's reasoning and adds the median, the interval and its kind; for an inconclusive
-    claim it names which repeats said what.
+    The median and interval are of ``values`` where given (one number per repeat), else of the repeats' headlines
+    where every repeat has one, else of the measured values; the combined ``headline`` is that median (None where
+    the numbers were the measured values). The note keeps the first repeat's reasoning and adds the median, the
+    interval and its kind; for an inconclusive claim it names which repeats said what.
     """
     _check(findings, min_repeats)
     first = findings[0]
     verdicts = [f.verdict for f in findings]
     verdict = combined_verdict(verdicts)
-    nums = _numbers(findings, values)
+    nums, source = _numbers(findings, values)
     spread = median_interval(nums) if nums is not None else None
-    measured = _fmt(spread.median) if spread else first.measured_value
+    headline = spread is not None and source != "measured"
+    unit = (first.headline_unit or first.unit) if headline else first.unit
     said = f"the {len(findings)} repeats say {'; '.join(verdicts)}" if verdict == INCONCLUSIVE else ""
-    parts = [p for p in (spread.describe(first.unit) if spread else "", said) if p]
+    parts = [p for p in (spread.describe(unit) if spread else "", said) if p]
     note = first.note + (f" [{'; '.join(parts)}]" if parts else "")
     return replace(
         first,
-        measured_value=measured,
+        measured_value=_measured(findings, spread, source),
         verdict=verdict,
         note=note,
         repeats=len(findings),
         repeat_verdicts=";".join(verdicts),
         spread=f"{_fmt(spread.low)}–{_fmt(spread.high)}" if spread else "",
+        headline=spread.median if headline else None,
+        headline_unit=unit if headline else "",
     )

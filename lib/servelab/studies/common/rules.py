@@ -342,10 +342,10 @@ def f62_any_prompt_count(folder: Path) -> OldVerdict:
     )
 
 
-@_register
-def f11_single_max(folder: Path) -> OldVerdict:
-    """F1.1 before the p99 of per-request maximum ITL: the cut in each run's single maximum inter-token gap over the
-    served pairs (a measured stall, at most half the requests cut), median over rates; 20–70% holds, ≤ 5% fails."""
+def _study1_served_max_pairs(folder: Path):
+    """Study 1's served pairs (a measured stall, at most half the requests cut) with the cut in each run's single
+    maximum inter-token gap (``max_cut``) and the throughput ratio ChunkedPrefill / EagerContBatch (``ratio``), by
+    (model, rate_fraction): the pairing of 4296c78 before the p99 of per-request maximum ITL."""
     import json
 
     import pandas as pd
@@ -353,14 +353,38 @@ def f11_single_max(folder: Path) -> OldVerdict:
     budget = json.loads((folder / "run.json").read_text())["params"]["reference_budget"]
     s = pd.read_csv(folder / "summary.csv")
     s = s[(s["status"] == "ok") & (s["sweep"] == "rate") & s["max_itl_ms"].notna() & (s["cut"] <= 0.5 * s["requests"])]
-    key = ["model", "rate_fraction"]
-    e = s[s["scheduler"] == "eager_cont_batch"].set_index(key)["max_itl_ms"]
-    c = s[(s["scheduler"] == "chunked_prefill") & (s["budget"] == budget)].set_index(key)["max_itl_ms"]
-    cut = (1 - c / e).dropna()
+    key, cols = ["model", "rate_fraction"], ["max_itl_ms", "delivered_tok_s"]
+    e = s[s["scheduler"] == "eager_cont_batch"].set_index(key)[cols]
+    c = s[(s["scheduler"] == "chunked_prefill") & (s["budget"] == budget)].set_index(key)[cols]
+    j = e.join(c, lsuffix="_eager", rsuffix="_chunked", how="inner")
+    j["max_cut"] = 1 - j["max_itl_ms_chunked"] / j["max_itl_ms_eager"]
+    j["ratio"] = j["delivered_tok_s_chunked"] / j["delivered_tok_s_eager"]
+    return j.dropna(subset=["max_cut"])
+
+
+@_register
+def f11_single_max(folder: Path) -> OldVerdict:
+    """F1.1 before the p99 of per-request maximum ITL: the cut in each run's single maximum inter-token gap over the
+    served pairs (a measured stall, at most half the requests cut), median over rates; 20–70% holds, ≤ 5% fails."""
     per, parts = {}, []
-    for model, g in cut.groupby(level="model", sort=False):
+    for model, g in _study1_served_max_pairs(folder)["max_cut"].groupby(level="model", sort=False):
         m = float(g.median())
         name = model.split(":")[-1]
         per[name] = "fails" if not m > 0.05 else "holds" if 0.20 <= m <= 0.70 else "changes"
         parts.append(f"{name}: median cut in the maximum {m:.2%} over {len(g)} rates")
+    return OldVerdict(_combine(per), "; ".join(parts))
+
+
+@_register
+def f12_single_max(folder: Path) -> OldVerdict:
+    """F1.2 before its stall-cut gate read the p99 of per-request maximum ITL: the gate on the cut in each run's
+    single maximum gap (median over the served pairs' rates, > 5%), the throughput ratio at the most loaded served
+    rate (> 1.10 changes)."""
+    per, parts = {}, []
+    for model, g in _study1_served_max_pairs(folder).groupby(level="model", sort=False):
+        cut = float(g["max_cut"].median())
+        ratio = float(g["ratio"].iloc[g.index.get_level_values("rate_fraction").argmax()])
+        name = model.split(":")[-1]
+        per[name] = "fails" if not cut > 0.05 else "changes" if ratio > 1.10 else "holds"
+        parts.append(f"{name}: cut in the maximum {cut:.0%}, throughput ×{ratio:.2f} at the top served rate")
     return OldVerdict(_combine(per), "; ".join(parts))

@@ -7,7 +7,7 @@ capacity, and its stall or throughput says nothing about fairness, so that rate 
 Each claim is judged per model size, then combined: the same verdict on every model is the verdict; a
 claim that holds on one size and not on another has *changed* (the note says where it holds). A model's median
 cut within one noise width of a threshold (``cut_noise``: half the range of its per-rate cuts) is said so in the
-note (F1.1, and F1.2's 5% stall-cut gate).
+note (F1.1, and F1.2's 5% stall-cut gate on the same statistic).
 
 - **F1.1** (ChunkedPrefill cuts the worst-case decode stall, 58.6 → 34.1 ms on the RTX 2070, a 42% cut):
   the worst stall is the p99 of the per-request maximum inter-token gap (``stall.p99_of_max_itl``: one
@@ -16,9 +16,10 @@ note (F1.1, and F1.2's 5% stall-cut gate).
   EagerContBatch's, and the model's cut is the median over rates. holds: a cut of 20–70% (the seed's size,
   give or take); changes: a cut, but larger than 70% or smaller than 20%; fails: no cut (≤ 5%).
 - **F1.2** (a fairness mechanism, not a throughput optimiser): at the most loaded rate measured with both,
-  the ratio of delivered token throughput, ChunkedPrefill / EagerContBatch. holds: the stall is cut
-  (> 5%) and throughput rises at most 10%; changes: the stall is cut and throughput rises more than 10%
-  (it is a throughput optimiser too); fails: no stall cut.
+  the ratio of delivered token throughput, ChunkedPrefill / EagerContBatch. The stall cut is F1.1's (the p99 of the
+  per-request maximum inter-token gap, median over rates). holds: the stall is cut (> 5%) and throughput rises at
+  most 10%; changes: the stall is cut and throughput rises more than 10% (it is a throughput optimiser too);
+  fails: no stall cut.
 - **F1.3** (EagerContBatch gives the best mean TTFT and the highest throughput): among all policy
   settings of the rate sweep, EagerContBatch counts as best when within 5% (TTFT) or 3% (throughput) of
   the best. Mean TTFT is judged at every rate (best at half of them or more), throughput at the most
@@ -104,6 +105,11 @@ def _stall_text(r, side: str) -> str:
     return f"{r[f'{STALL}_{side}']:.1f} [{r[f'max_itl_p99_lo_ms_{side}']:.1f}–{r[f'max_itl_p99_hi_ms_{side}']:.1f}]"
 
 
+def over_models(n: int) -> str:
+    """How a headline spans the model sizes: each is judged on its own number; the headline is their median."""
+    return f"; median over {n} models" if n > 1 else ""
+
+
 def combine(per_model: dict[str, str]) -> str:
     verdicts = set(per_model.values())
     return verdicts.pop() if len(verdicts) == 1 else "changes"
@@ -143,9 +149,10 @@ def f11(summary: pd.DataFrame, reference_budget: int, dtype: str | None = None) 
     j = paired(summary, reference_budget).dropna(subset=["stall_cut_p99"])
     if j.empty:
         return _missing("F1.1", "ms", "no rate was measured with both EagerContBatch and ChunkedPrefill")
-    per, parts, near = {}, [], []
+    per, parts, near, cuts = {}, [], [], []
     for model, g in j.groupby("model", sort=False):
         cut = float(np.median(g["stall_cut_p99"]))
+        cuts.append(100 * cut)
         per[short(model)] = "fails" if cut <= NO_CUT else "holds" if CUT_HOLDS[0] <= cut <= CUT_HOLDS[1] else "changes"
         near.append(near_cut_thresholds(short(model), g["stall_cut_p99"], (NO_CUT, *CUT_HOLDS)))
         worst = g.loc[g[f"{STALL}_eager"].idxmax()]
@@ -166,19 +173,22 @@ def f11(summary: pd.DataFrame, reference_budget: int, dtype: str | None = None) 
         f"the p99 of each request's worst inter-token gap, median over rates: holds for a 20-70% cut, changes "
         f"outside it, fails at <= 5%. Per model: {_where(per)}" + _near_text(near),
         tested_on=tested_on(j["model"], dtype=dtype, setting=f"{len(j)} paired runs (model × rate) served over HTTP"),
+        headline=float(np.median(cuts)),
+        headline_unit=f"% cut in the p99 stall, median over rates{over_models(len(cuts))}",
     )
 
 
 def f12(summary: pd.DataFrame, reference_budget: int, dtype: str | None = None) -> Finding:
-    j = paired(summary, reference_budget)
+    j = paired(summary, reference_budget).dropna(subset=["stall_cut_p99"])
     if j.empty:
         return _missing("F1.2", "ratio", "no rate was measured with both EagerContBatch and ChunkedPrefill")
-    per, parts, near = {}, [], []
+    per, parts, near, ratios = {}, [], [], []
     for model, g in j.groupby("model", sort=False):
-        cut = float(np.median(g["stall_cut"]))
-        near.append(near_cut_thresholds(short(model), g["stall_cut"], (NO_CUT,)))
+        cut = float(np.median(g["stall_cut_p99"]))
+        near.append(near_cut_thresholds(short(model), g["stall_cut_p99"], (NO_CUT,)))
         top = g.loc[g["rate_fraction"].idxmax()]
         ratio = float(top["throughput_ratio"])
+        ratios.append(ratio)
         per[short(model)] = "fails" if cut <= NO_CUT else "changes" if ratio > THROUGHPUT_GAIN else "holds"
         parts.append(
             f"{short(model)}: throughput ×{ratio:.2f} at {top['rate_eager']:.2f} req/s "
@@ -192,9 +202,13 @@ def f12(summary: pd.DataFrame, reference_budget: int, dtype: str | None = None) 
         measured_value="; ".join(parts),
         unit="ChunkedPrefill / EagerContBatch delivered tokens/s",
         verdict=combine(per),
-        note=f"holds if the stall is cut (> 5%) and throughput rises <= 10%; changes if it rises more; "
-        f"fails without a stall cut. Per model: {_where(per)}" + _near_text(near),
+        note=f"holds if the stall (the p99 of each request's worst inter-token gap, as F1.1) is cut (> 5%, median "
+        f"over rates) and throughput rises <= 10%; changes if it rises more; fails without a stall cut. Per model: "
+        f"{_where(per)}" + _near_text(near),
         tested_on=tested_on(j["model"], dtype=dtype, setting=f"{len(j)} paired runs (model × rate) served over HTTP"),
+        headline=float(np.median(ratios)),
+        headline_unit=f"× delivered tokens/s, ChunkedPrefill / EagerContBatch at the most loaded rate"
+        f"{over_models(len(ratios))}",
     )
 
 
@@ -205,7 +219,7 @@ def f13(summary: pd.DataFrame, dtype: str | None = None) -> Finding:
     s["setting"] = np.where(
         s["scheduler"] == "chunked_prefill", s["scheduler"] + "@" + s["budget"].astype(str), s["scheduler"]
     )
-    per, parts = {}, []
+    per, parts, shares = {}, [], []
     for model, g in s.groupby("model", sort=False):
         wins, rates = 0, 0
         for _, r in g.groupby("rate_fraction"):
@@ -219,6 +233,8 @@ def f13(summary: pd.DataFrame, dtype: str | None = None) -> Finding:
         best_tp = top.loc[top["delivered_tok_s"].idxmax()]
         ttft_best = rates > 0 and wins >= rates / 2
         tp_best = not e_tp.empty and bool(e_tp.iloc[0] >= THROUGHPUT_TIE * best_tp["delivered_tok_s"])
+        if not e_tp.empty:
+            shares.append(float(e_tp.iloc[0] / best_tp["delivered_tok_s"]))
         per[short(model)] = "holds" if ttft_best and tp_best else "changes" if ttft_best or tp_best else "fails"
         e_val = f"{e_tp.iloc[0]:,.0f}" if not e_tp.empty else "n/a"
         parts.append(
@@ -238,6 +254,9 @@ def f13(summary: pd.DataFrame, dtype: str | None = None) -> Finding:
         tested_on=tested_on(
             s["model"], dtype=dtype, setting=f"{settings} policy settings × {s['rate_fraction'].nunique()} rates"
         ),
+        headline=float(np.median(shares)) if shares else None,
+        headline_unit=f"× EagerContBatch's / the best setting's throughput at the most loaded rate (best from 0.97)"
+        f"{over_models(len(shares))}",
     )
 
 

@@ -41,7 +41,17 @@ def _ok(df):
     return df[df["status"] == "ok"]
 
 
-def _finding(fid: str, *, measured_value: str, verdict: str, note: str, tested_on: str = "") -> Finding:
+def _finding(
+    fid: str,
+    *,
+    measured_value: str,
+    verdict: str,
+    note: str,
+    tested_on: str = "",
+    headline: float | None = None,
+    headline_unit: str = "",
+) -> Finding:
+    """One claim's finding; ``headline`` is the number its verdict is decided on (none where nothing ran)."""
     claim, seed, unit = CLAIMS[fid]
     return Finding(
         id=fid,
@@ -52,6 +62,8 @@ def _finding(fid: str, *, measured_value: str, verdict: str, note: str, tested_o
         verdict=verdict,
         note=note,
         tested_on=tested_on,
+        headline=headline,
+        headline_unit=headline_unit,
     )
 
 
@@ -83,6 +95,8 @@ def f21_prefill(steps: pd.DataFrame, mode: str = "hf_eager", dtype: str | None =
         verdict="holds" if overlap else "changes",
         measured_value=f"{lo:.1f}–{hi:.1f}",
         note=note,
+        headline=float(per_model.median()),
+        headline_unit=f"µs/token, prefill at ≥ {long_prompt(d)} tokens, median over {len(per_model)} models",
         tested_on=tested_on(d["model"], dtype=dtype, setting=f"{mode}, batch 1, prompts ≥ {long_prompt(d)} tokens"),
     )
 
@@ -127,6 +141,8 @@ def f22_decode(steps: pd.DataFrame, mode: str = "hf_eager", dtype: str | None = 
         verdict=verdict,
         measured_value=f"{us.min():.0f}–{us.max():.0f}",
         note=note,
+        headline=float(flo),
+        headline_unit=f"% of the memory floor, {fastest_mode}'s slowest point (bandwidth-bound from 20%)",
         tested_on=tested_on(
             d["model"], dtype=dtype, setting=f"batch 1, {contexts}; modes {', '.join(d['mode'].unique())}"
         ),
@@ -181,6 +197,8 @@ def f23_sim_defaults(
         verdict="holds" if holds else "changes",
         measured_value=f"{pre.median():.1f} / {dec.median():.1f}",
         note=note,
+        headline=float(ratio),
+        headline_unit="× the RTX 2070's prefill cost over the H200's (holds within 0.5–2×)",
         tested_on=tested_on(
             models,
             dtype=dtype,

@@ -30,7 +30,8 @@ CLAIMS = {
 }
 
 
-def _finding(fid, seed_value, measured, unit, verdict, note, tested_on) -> Finding:
+def _finding(fid, seed_value, measured, unit, verdict, note, tested_on, headline=None, headline_unit="") -> Finding:
+    """One claim's finding; ``headline``: the number its verdict is decided on (None where nothing was measured)."""
     return Finding(
         id=fid,
         claim=CLAIMS[fid],
@@ -40,6 +41,8 @@ def _finding(fid, seed_value, measured, unit, verdict, note, tested_on) -> Findi
         verdict=verdict,
         note=note,
         tested_on=tested_on,
+        headline=headline,
+        headline_unit=headline_unit,
     )
 
 
@@ -108,7 +111,17 @@ def f31(
         )
     if seed_shapes:
         note += f". At the seed's shapes (random weights, α controlled), {seed_shapes}"
-    return _finding("F3.1", "no number; speculation failed", measured, "× speedup", verdict, note, tested_on)
+    return _finding(
+        "F3.1",
+        "no number; speculation failed",
+        measured,
+        "× speedup",
+        verdict,
+        note,
+        tested_on,
+        headline=float(best.speedup),
+        headline_unit="× speedup of the best configuration (changes where some configuration's 95% CI lies above 1)",
+    )
 
 
 def near_prediction_thresholds(err: pd.Series) -> str:
@@ -170,7 +183,17 @@ def f32(speed: pd.DataFrame, *, tested_on: str = "", controlled: pd.DataFrame | 
             f"is {ce.median():.0f}% over {len(ce)} points (batch 1: {ce[controlled.batch == 1].median():.0f}%)"
         )
     note += near_prediction_thresholds(err)
-    return _finding("F3.2", "model validated", measured, "% error", verdict, note, tested_on)
+    return _finding(
+        "F3.2",
+        "model validated",
+        measured,
+        "% error",
+        verdict,
+        note,
+        tested_on,
+        headline=med,
+        headline_unit="% median |prediction error| (holds ≤ 20%, fails > 50%)",
+    )
 
 
 def f33(
@@ -222,4 +245,6 @@ def f33(
         verdict,
         note,
         tested_on,
+        headline=eager / param,
+        headline_unit="× the parameter ratio: eager HF's target/draft step-time ratio over it (far below under 0.5)",
     )

@@ -67,6 +67,8 @@ def f41(bpt: pd.DataFrame) -> Finding:
         verdict=verdict,
         note=note,
         tested_on=tested_on(ok["model"], setting="dtypes " + ", ".join(ok["dtype"].astype(str).unique())),
+        headline=100.0 * float(exact.mean()),
+        headline_unit="% of the cases whose bytes per token equal the formula exactly (holds at 100%)",
     )
 
 
@@ -146,6 +148,8 @@ def f42(summary: pd.DataFrame, copy_gb_s: float, dtype: str | None = None) -> Fi
         verdict=verdict,
         note=why + ". " + "; ".join(parts) + " " + criteria,
         tested_on=tested_on(s.get("model", []), dtype=dtype, setting=f"decode, {_modes_batches(s)}"),
+        headline=float(s["trend_pct"].abs().max()),
+        headline_unit=f"% largest |fitted trend| over context among {len(s)} regimes (flat within ±{FLAT_PCT:g}%)",
     )
 
 
@@ -190,6 +194,9 @@ def f43(comp: pd.DataFrame, copy_gb_s: float, model: str = "", dtype: str | None
         verdict=verdict,
         note=note,
         tested_on=tested_on([model], dtype=dtype, setting=f"KV pools of {pools} MiB, {blocks}-token blocks"),
+        headline=float(hi),
+        headline_unit=f"GB/s, the best compaction measured (holds within {SEED_COMPACTION_GB_S[0] / 2:g}–"
+        f"{SEED_COMPACTION_GB_S[1] * 2:g})",
     )
 
 
@@ -257,6 +264,9 @@ def f44(summary, on_cuda: bool, model: str = "", dtype: str | None = None) -> Fi
         verdict=verdict,
         note="; ".join(parts),
         tested_on=tested_on([model], dtype=dtype, setting=f"compaction during decode at batch {batches}"),
+        headline=float(s["compaction_speedup"].median()),
+        headline_unit=f"× compaction speedup during decode, median over {len(s)} regimes (holds within "
+        f"{SPEEDUP_BAND[0]:g}–{SPEEDUP_BAND[1]:g}× where its CI lies above 1)",
     )
 
 

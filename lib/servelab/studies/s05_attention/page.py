@@ -76,6 +76,7 @@ def _sweeps(P: dict, dtype, device, roof) -> tuple[pd.DataFrame, pd.DataFrame, p
         policy=TimingPolicy(target_ms=P["target_ms"], max_repeats=P["max_repeats"], warmup=P["warmup"]),
         max_call_ms=P["max_call_ms"],
         progress=False,
+        seed=P["seed"],
     )
     prefill = add_roofline(prefill_sweep(archs, P["prefill_lengths"], P["variants"], **kw), roof)
     decode = add_roofline(
@@ -89,7 +90,7 @@ def _sweeps(P: dict, dtype, device, roof) -> tuple[pd.DataFrame, pd.DataFrame, p
         ),
         roof,
     )
-    factories = mask_factories(P["window"], P["document_tokens"])
+    factories = mask_factories(P["window"], P["document_tokens"], P["seed"])
     masks = mask_sweep(Architecture.from_model(P["mask_model"]), P["mask_lengths"], factories, P["mask_variants"], **kw)
     return prefill, decode, add_roofline(masks, roof)
 
@@ -99,6 +100,7 @@ def run(P: dict) -> Run:
     use_book_style()  # SVG figures, type readable at page width, before any figure is drawn
     import torch
 
+    torch.manual_seed(P["seed"])  # anything drawn from torch's global generator; the inputs have their own (sweep)
     sdpa_order = priority_order()  # first: one SDPA call settles the order, so the device record holds the real one
     dev = device_record()
     ceil = measure_ceilings()

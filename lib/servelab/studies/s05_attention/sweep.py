@@ -25,6 +25,9 @@ from servelab.studies.s05_attention.variants import get_variant
 
 REFERENCE_BATCHES = 2  # sequences of a batch compared with the reference (the kernels treat all alike)
 MAX_ROTATION = 4096  # input sets cycled at most (tiny decode shapes stay launch-bound anyway)
+# the rotation sets' generator seed is the run's seed plus this: above any run seed (params: < 2**31), so one
+# repeat's rotation sets are never the next repeat's inputs (seed + 1 would be)
+ROTATION_SEED_OFFSET = 2**32
 
 
 def l2_cache_bytes(device) -> int:
@@ -100,7 +103,7 @@ def measure_shape(
         nb = min(shape.batch, REFERENCE_BATCHES)
         idx = check_rows(shape.q_len)
         ref = reference_attention(*(t[:nb] for t in inputs), shape.mask, idx)
-        rotation = rotation_sets(shape, rotate_below_bytes, dtype, device, seed + 1)
+        rotation = rotation_sets(shape, rotate_below_bytes, dtype, device, seed + ROTATION_SEED_OFFSET)
     except torch.OutOfMemoryError:
         gc.collect()
         if torch.device(device).type == "cuda":
@@ -127,14 +130,23 @@ def _length_sweep(
     desc: str,
     rotate_below_bytes: int = 0,
     progress: bool = True,
+    seed: int = 0,
 ) -> list[dict]:
-    """Shapes grouped by a key (one growing series per key), skipping after OOM or an over-long call."""
+    """Shapes grouped by a key (one growing series per key), skipping after OOM or an over-long call; every shape's
+    random inputs drawn from ``seed``."""
     rows, blocked = [], {}  # (key, variant) → reason
     shapes = list(shapes)
     for key, shape in tqdm(shapes, desc=desc, disable=not progress, leave=False):
         skip = {v: blocked[(key, v)] for v in variants if (key, v) in blocked}
         new = measure_shape(
-            shape, variants, dtype=dtype, device=device, policy=policy, skip=skip, rotate_below_bytes=rotate_below_bytes
+            shape,
+            variants,
+            dtype=dtype,
+            device=device,
+            policy=policy,
+            seed=seed,
+            skip=skip,
+            rotate_below_bytes=rotate_below_bytes,
         )
         for r in new:
             where = f"q_len={shape.q_len}, kv_len={shape.kv_len}, batch={shape.batch}"
@@ -158,6 +170,7 @@ def prefill_sweep(
     policy: TimingPolicy,
     max_call_ms: float = 2000.0,
     progress: bool = True,
+    seed: int = 0,
 ) -> pd.DataFrame:
     """Causal prefill, batch 1, every architecture × length × variant (rows in ms, bytes, FLOPs)."""
     shapes = [((a,), AttentionShape.prefill(a, L)) for a in archs for L in sorted(lengths)]
@@ -171,6 +184,7 @@ def prefill_sweep(
             max_call_ms=max_call_ms,
             desc="prefill",
             progress=progress,
+            seed=seed,
         )
     )
 
@@ -187,6 +201,7 @@ def decode_sweep(
     max_kv_bytes: int,
     max_call_ms: float = 2000.0,
     progress: bool = True,
+    seed: int = 0,
 ) -> pd.DataFrame:
     """One query token per sequence against ``kv_len`` cached keys, for every batch; shapes whose K+V
     exceed ``max_kv_bytes`` are recorded as skipped. Small shapes rotate inputs to read from HBM."""
@@ -220,6 +235,7 @@ def decode_sweep(
         desc="decode",
         rotate_below_bytes=4 * l2_cache_bytes(device),
         progress=progress,
+        seed=seed,
     )
     return pd.DataFrame(rows)
 
@@ -244,6 +260,7 @@ def mask_sweep(
     policy: TimingPolicy,
     max_call_ms: float = 2000.0,
     progress: bool = True,
+    seed: int = 0,
 ) -> pd.DataFrame:
     """Masked prefill: each mask kind × length × variant (SDPA gets a dense mask, Flex a block mask)."""
     shapes = [
@@ -261,6 +278,7 @@ def mask_sweep(
             max_call_ms=max_call_ms,
             desc="masks",
             progress=progress,
+            seed=seed,
         )
     )
 

@@ -92,6 +92,8 @@ def f51(prefill: pd.DataFrame, primary: tuple[str, int], length: int = SEED_COMP
         verdict=verdict,
         note=note,
         tested_on=tested_on(prefill[prefill["q_len"].eq(length)], primary),
+        headline=x,
+        headline_unit=f"× naive / SDPA default at {length:,} tokens (holds within {AGREEMENT:g}× of {SEED_SPEEDUP})",
     )
 
 
@@ -178,6 +180,10 @@ def f52(
         verdict=verdict,
         note=note,
         tested_on=shapes,
+        headline=float(naive),
+        headline_unit=f"× naive attention's peak-memory growth for {SEED_GROWTH}× longer (holds within "
+        f"{AGREEMENT:g}× of {SEED_MEMORY_GROWTH['naive']:g}, SDPA's within {AGREEMENT:g}× of "
+        f"{SEED_MEMORY_GROWTH['sdpa_default']:g})",
     )
 
 
@@ -285,6 +291,8 @@ def f53(spread: pd.DataFrame, shapes: str = "") -> Finding:
         verdict=verdict,
         note=note,
         tested_on=shapes,
+        headline=float(k.min() / a.max()),
+        headline_unit="× the smallest kernel spread over the largest architecture spread (holds above 1)",
     )
 
 

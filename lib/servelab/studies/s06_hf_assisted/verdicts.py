@@ -102,7 +102,16 @@ def f61_best_pair(
         side = "above" if s > SEED_BEST_SPEEDUP else "below"
         why = f"; {side} the RTX 2070's best by {abs(s / SEED_BEST_SPEEDUP - 1):.0%}"
     note += why + _seed_cost_text(seed_costs, float(a))
-    return Finding(**common, measured_value=f"{s:.2f}", unit=f"× at {length} tokens", verdict=verdict, note=note)
+    return Finding(
+        **common,
+        measured_value=f"{s:.2f}",
+        unit=f"× at {length} tokens",
+        verdict=verdict,
+        note=note,
+        headline=s,
+        headline_unit=f"× the best pair's median speedup at {length} tokens (holds within ±{HOLDS_BAND:.0%} of "
+        f"{SEED_BEST_SPEEDUP})",
+    )
 
 
 def ranking_length(pairs: pd.DataFrame, min_prompts: int = MIN_PROMPTS) -> int | None:
@@ -224,6 +233,9 @@ def f62_what_decides(
         verdict=verdict,
         note=note + _seed_c_range(seed_costs),
         tested_on=labelled,
+        headline=rho_c,
+        headline_unit=f"Spearman ρ of the speedup against the cost ratio c across {len(d)} pairs at {length} tokens "
+        f"(c decides at ≤ −{DECIDES_RHO:g}; the length trend is in the note)",
     )
 
 

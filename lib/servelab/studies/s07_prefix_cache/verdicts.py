@@ -93,7 +93,14 @@ def f71(sp: pd.DataFrame, costs: pd.DataFrame | None = None, tested_on: str = ""
         f"speedup{direction} at {p} tokens; {where}; the largest, {sp.speedup.max():.2f}×, at "
         f"{int(sp.loc[sp.speedup.idxmax(), 'prefix_tokens']):,} tokens. By prefix length: {curve}{fit}"
     )
-    return judge(measured_value=measured, verdict=verdict, note=note)
+    return judge(
+        measured_value=measured,
+        verdict=verdict,
+        note=note,
+        headline=x,
+        headline_unit=f"× TTFT speedup at a {p}-token prefix (holds within ±{SPEEDUP_TOLERANCE:.0%} of "
+        f"{SEED_SPEEDUP_512})",
+    )
 
 
 def f72(turns: pd.DataFrame, tested_on: str = "") -> Finding:
@@ -123,7 +130,14 @@ def f72(turns: pd.DataFrame, tested_on: str = "") -> Finding:
     if not rho > 0.5:
         return judge(measured_value=measured, verdict="fails", note="the speedup does not grow with the turn; " + note)
     verdict = "holds" if _close(x, SEED_TURN_SPEEDUP) else "changes"
-    return judge(measured_value=measured, verdict=verdict, note=note)
+    return judge(
+        measured_value=measured,
+        verdict=verdict,
+        note=note,
+        headline=x,
+        headline_unit=f"× TTFT speedup at turn {int(at.turn)} (holds within ±{SPEEDUP_TOLERANCE:.0%} of "
+        f"{SEED_TURN_SPEEDUP} where it grows with the turn, ρ > 0.5)",
+    )
 
 
 def _breakeven_text(r) -> str:
@@ -155,7 +169,14 @@ def f73(be: pd.DataFrame, costs: pd.DataFrame | None = None, tested_on: str = ""
     ok512 = SEED_PREFIX in by_p and by_p[SEED_PREFIX] <= 2
     ok128 = 128 in by_p and not np.isnan(by_p[128]) and 8 <= by_p[128] <= 16
     verdict = "holds" if ok512 and ok128 else "changes"
-    return judge(measured_value=measured, verdict=verdict, note=note)
+    return judge(
+        measured_value=measured,
+        verdict=verdict,
+        note=note,
+        headline=float(by_p[SEED_PREFIX]) if SEED_PREFIX in by_p else None,
+        headline_unit=f"requests at which sharing a {SEED_PREFIX}-token prefix breaks even (holds at ≤ 2, with 8–16 "
+        "at 128 tokens)",
+    )
 
 
 def f74(sim: pd.DataFrame, n_prefixes: int, n_requests: int | None = None) -> Finding:
@@ -186,4 +207,11 @@ def f74(sim: pd.DataFrame, n_prefixes: int, n_requests: int | None = None) -> Fi
         + ", ".join(f"{r.policy} {r.hit_rate:.1%}" for r in others.itertuples())
     )
     verdict = "holds" if x >= SEED_LFU_HIT - HIT_TOLERANCE else "changes"
-    return judge(measured_value=f"{x:.1%}", verdict=verdict, note=note)
+    return judge(
+        measured_value=f"{x:.1%}",
+        verdict=verdict,
+        note=note,
+        headline=100 * x,
+        headline_unit=f"% LFU hit rate at α = {SEED_ALPHA}, {SEED_SLOTS} slots (holds from "
+        f"{100 * (SEED_LFU_HIT - HIT_TOLERANCE):.1f}%)",
+    )

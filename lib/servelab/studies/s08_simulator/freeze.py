@@ -112,7 +112,7 @@ def frozen_models(record: dict, root: Path = VALIDATION_DIR) -> dict[str, StepCo
 def _calibration_inputs(s1_dir: Path, repo: Path) -> dict[str, str]:
     files = [s1_dir / n for n in ("requests.csv", "steps.csv", "run.json")]
     # where gpu_cost_model looks first for Study 2's fits: every cost model and the step log found there
-    s2 = next(study1_runs._study2_dirs(), None)
+    s2 = next(study1_runs.study2_dirs(), None)
     if s2 is not None:
         files += sorted(s2.glob("cost_model_*.json")) + [s2 / "steps.csv"]
     return {_rel(f, repo): ledger.file_sha256(f) for f in files if f.is_file()}

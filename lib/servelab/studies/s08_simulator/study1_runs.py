@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -217,7 +218,7 @@ def requested_outputs_for(params: dict):
     return outputs_for
 
 
-def _study2_dirs():
+def study2_dirs() -> Iterator[Path]:
     """Study 2's result folders in the order they are looked up: the results root, then the repository's
     committed H200 data."""
     for root in (results_root(), REPO_ROOT / "data" / "results"):
@@ -228,7 +229,7 @@ def _study2_dirs():
 
 def study2_steps() -> pd.DataFrame | None:
     """Study 2's timed steps (``steps.csv``) where ``gpu_cost_model`` looks first, or None."""
-    d = next((d for d in _study2_dirs() if (d / "steps.csv").exists()), None)
+    d = next((d for d in study2_dirs() if (d / "steps.csv").exists()), None)
     return pd.read_csv(d / "steps.csv") if d is not None else None
 
 
@@ -239,7 +240,7 @@ def gpu_cost_model(model: str, modes: list[str], *, context_reads: bool = True) 
     (``servelab.studies.s08_simulator.context_reads``) unless ``context_reads=False``."""
     stem = model.replace(":", "_").replace("/", "_")
     for mode in modes:
-        for d in _study2_dirs():
+        for d in study2_dirs():
             path = d / f"cost_model_{stem}_{mode}.json"
             if path.exists():
                 try:

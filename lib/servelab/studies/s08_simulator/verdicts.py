@@ -62,4 +62,7 @@ def f23_finding(table: pd.DataFrame, source: str) -> Finding | None:
         verdict=verdict,
         note=note,
         tested_on=f"{models_tested_on(models) if models else 'the replayed models'}, simulated against {source}",
+        headline=after,
+        headline_unit=f"% median |error| with the fitted serving overheads (goal {GOAL_PCT:g}%; the GPU costs alone "
+        "in the note)",
     )

@@ -1,0 +1,32 @@
+"""How a page is re-executed: the one papermill command line and the notebook's ``parameters`` cell.
+
+Both the study pages' re-run sections (``studies.common.page.rerun_recipe``) and the book's methodology page
+(``servelab_book.reproduce``) build their command here, so the two cannot drift apart. It lives beside the studies,
+not in the book: the book imports the studies, never the other way round.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from servelab.errors import ParameterError
+
+
+def papermill_command(slug: str, *, out: str | None = None, profile: str = "full") -> str:
+    """The one-line command that re-executes ``notebooks/<slug>.ipynb`` into ``out`` (default: the book's page,
+    ``book/studies/<slug>.ipynb``), run from the repository root."""
+    if not slug or "/" in slug or slug.endswith(".ipynb"):
+        raise ParameterError(f"a notebook's slug is its name without folder or suffix (01_scheduling), got {slug!r}")
+    out = out or f"book/studies/{slug}.ipynb"
+    return f"papermill --cwd notebooks notebooks/{slug}.ipynb {out} -p profile {profile}"
+
+
+def parameters_source(notebook: Path) -> str:
+    """The source of the notebook's cell tagged ``parameters``; ValueError if it has none."""
+    import nbformat
+
+    nb = nbformat.read(notebook, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):
+            return cell.source.strip()
+    raise ValueError(f"{notebook}: no code cell tagged 'parameters' (papermill needs one)")
