@@ -6,10 +6,11 @@ qkv projection ``[(H + 2·H_kv)·D]`` (bias already added by the matmul), rotate
 (HF's ``rotate_half`` convention: lane ``d`` of the first half pairs with lane ``d + D/2``), stores q, and
 stores the rotated k and the untouched v at the token's pool slot: one launch per layer.
 
-The arithmetic is float32 whatever the activation dtype, rounded once on store, as Inductor's fused RoPE does:
-in float32 it is bitwise the eager path's ``q·cos + rotate_half(q)·sin`` (each product rounded, then summed;
-the interpreter does not contract into FMAs, a GPU may, a rounding apart). Any even head size: the half-head
-axis is padded to a power of two and masked, as are the head axes (14 query heads run as 16 lanes).
+The arithmetic is float32 whatever the activation dtype, rounded once on store (to nearest even), as
+Inductor's fused RoPE does: in float32 it is bitwise the eager path's ``q·cos + rotate_half(q)·sin`` (each
+product rounded, then summed: the launch turns FMA contraction off, so a GPU rounds as the interpreter does).
+Any even head size: the half-head axis is padded to a power of two and masked, as are the head axes (14
+query heads run as 16 lanes).
 
 No host synchronisation and shapes fixed by the step's token count, so a CUDA graph captures it. Padding
 tokens of a captured step all write the scratch slot; which of them lands last does not matter.
@@ -28,6 +29,8 @@ import triton.language as tl
 from servelab.errors import ParameterError
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+# no FMA contraction: a GPU rounds each product as eager PyTorch (and the interpreter) do
+COMPILE_OPTIONS = {"enable_fp_fusion": False}
 
 
 @triton.jit
@@ -153,6 +156,7 @@ def rope_kv_write(qkv, cos, sin, slots, k_cache, v_cache, heads: int, kv_heads: 
         HEADS_PAD=triton.next_power_of_2(heads), KV_HEADS_PAD=triton.next_power_of_2(kv_heads),
         HALF_PAD=triton.next_power_of_2(head_dim // 2), RNE_BY_HAND=INTERPRETED,
         num_warps=1 if heads * head_dim <= 2048 else 4,
+        **COMPILE_OPTIONS,
     )  # fmt: skip
     return q
 
