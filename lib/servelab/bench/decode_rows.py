@@ -2,28 +2,69 @@
 
 ``decode.csv`` holds every implementation timed at each point: the engine's default configuration
 (``engine_default``: attention backend and ``torch.compile`` on "auto"), labelled other settings of the engine
-(``engine_<backend>_eager``: blocks not compiled), HF eager and HF in a CUDA graph. The row is the default's.
+(``engine_<backend>_eager``: blocks not compiled; ``engine_fused_rope_kv``: the default with
+``fused_rope_kv_write=True``), HF eager and HF in a CUDA graph. The row is the default's; at the plan's
+``fused_rope_kv_points`` the fused setting gets a labelled row of its own beside it,
+``decode_ms_b{B}_ctx{C}_fused_rope_kv`` (where it runs: CUDA with Triton).
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
+from servelab.bench.plan import BenchPlan
 from servelab.bench.session import BenchSession
 
 NAN = float("nan")
+FUSED_ROPE_KV = "engine_fused_rope_kv"
 
 
-def variants(s: BenchSession) -> list[tuple[str, str | None, object]]:
-    """``(impl, attention backend, compile)`` of each implementation timed; backend None: HF's."""
+class Variant(NamedTuple):
+    impl: str
+    backend: str | None  # attention backend; None: HF's own model
+    compile: object  # EngineConfig.compile
+    fused_rope_kv_write: bool = False
+
+
+def fused_rope_kv_runs(cuda: bool) -> bool:
+    """Whether the fused RoPE + KV-write kernel can be timed here: on CUDA, where Triton imports."""
+    if not cuda:
+        return False
+    import importlib
+
+    try:
+        importlib.import_module("servelab.kernels.rope_kv_write")  # imports Triton
+    except ImportError:
+        return False
+    return True
+
+
+def variants(plan: BenchPlan, cuda: bool, batch: int, ctx: int) -> list[Variant]:
+    """Each implementation timed at one decode point; the first is the default configuration (the row's)."""
     from servelab.kernels.decode import DECODE_BACKENDS
 
-    out = [("engine_default", "auto", "auto")]
-    if s.plan.extra_settings:
-        backends = ["triton", "gather"] if s.cuda and "triton" in DECODE_BACKENDS else ["gather"]
-        out += [(f"engine_{b}_eager", b, False) for b in backends]
-    out.append(("hf_eager", None, False))
-    if s.cuda:
-        out.append(("hf_cuda_graph", None, False))
+    out = [Variant("engine_default", "auto", "auto")]
+    if (batch, ctx) in plan.fused_rope_kv_points and fused_rope_kv_runs(cuda):
+        out.append(Variant(FUSED_ROPE_KV, "auto", "auto", True))
+    if plan.extra_settings:
+        backends = ["triton", "gather"] if cuda and "triton" in DECODE_BACKENDS else ["gather"]
+        out += [Variant(f"engine_{b}_eager", b, False) for b in backends]
+    out.append(Variant("hf_eager", None, False))
+    if cuda:
+        out.append(Variant("hf_cuda_graph", None, False))
     return out
+
+
+def labelled_rows(plan: BenchPlan, cuda: bool) -> dict[str, str]:
+    """``bench.csv`` metric -> the ``decode.csv`` implementation it reports, for every decode point: the default's
+    row, and the labelled extra rows of other settings."""
+    rows = {}
+    for batch, ctx in plan.decode_points:
+        impls = [v.impl for v in variants(plan, cuda, batch, ctx)]
+        rows[f"decode_ms_b{batch}_ctx{ctx}"] = "engine_default"
+        if FUSED_ROPE_KV in impls:
+            rows[f"decode_ms_b{batch}_ctx{ctx}_fused_rope_kv"] = FUSED_ROPE_KV
+    return rows
 
 
 def profile_step(fn, before=None) -> dict:
@@ -44,28 +85,40 @@ def profile_step(fn, before=None) -> dict:
     }
 
 
-def step_callable(s: BenchSession, impl: str, backend, compile_, batch: int, ctx: int):
+def step_callable(s: BenchSession, v: Variant, batch: int, ctx: int):
     """``(fn, before_each, note)`` for one implementation's decode step."""
-    if backend is not None:
+    if v.backend is not None:
         from servelab.bench.step import engine_step
 
-        fn, before = engine_step(s.hf, batch, 1, ctx, seed=s.plan.seed, attention_backend=backend, compile=compile_)
+        fn, before = engine_step(
+            s.hf,
+            batch,
+            1,
+            ctx,
+            seed=s.plan.seed,
+            attention_backend=v.backend,
+            compile=v.compile,
+            fused_rope_kv_write=v.fused_rope_kv_write,
+        )
         st = fn.engine.stats()
         note = f"backend {st['attention_backend']}, graphs={st['cuda_graphs']}, compile {st['compile']}"
+        if st["fused_rope_kv_write"]:
+            note += ", fused RoPE + KV write"
         if st["attention_backend"] == "triton":
             note += f", kernel {st['triton_tuning']}"
         return fn, before, note
     from servelab.bench.hf_modes import cuda_graph_step, eager_step
 
-    make = eager_step if impl == "hf_eager" else cuda_graph_step
+    make = eager_step if v.impl == "hf_eager" else cuda_graph_step
     fn, before = make(s.hf, batch, 1, ctx, seed=s.plan.seed)
     return fn, before, ""
 
 
-def time_variant(s: BenchSession, impl: str, backend, compile_, batch: int, ctx: int, floor: float) -> dict:
+def time_variant(s: BenchSession, v: Variant, batch: int, ctx: int, floor: float) -> dict:
     """One ``decode.csv`` row: the median step time, or why there is none."""
     from servelab.measure import time_fn
 
+    impl, backend, compile_ = v.impl, v.backend, v.compile
     row = {"impl": impl, "batch": batch, "context": ctx, "floor_ms": floor, "status": "ok", "note": ""}
     t, fn = None, None
     if s.clock.left() < (150 if compile_ else 120):  # keep time for the sections that follow
@@ -73,7 +126,7 @@ def time_variant(s: BenchSession, impl: str, backend, compile_, batch: int, ctx:
         skipped = {"median_ms": NAN, "p25_ms": NAN, "p75_ms": NAN, "pct_of_floor": NAN}
         return {**row, **skipped, "status": "skipped", "note": "time budget"}
     try:
-        fn, before, row["note"] = step_callable(s, impl, backend, compile_, batch, ctx)
+        fn, before, row["note"] = step_callable(s, v, batch, ctx)
         fast = backend is not None or impl == "hf_cuda_graph"
         repeats = s.plan.repeats if fast else max(3, s.plan.repeats // 3)
         t = time_fn(fn, warmup=3, repeats=repeats, device=s.plan.device, before_each=before)
@@ -94,11 +147,11 @@ def time_variant(s: BenchSession, impl: str, backend, compile_, batch: int, ctx:
     return {**row, "median_ms": ms, **quartiles, "pct_of_floor": 100 * floor / ms if t else NAN}
 
 
-def decode_note(s: BenchSession, default: dict, others: list[dict]) -> str:
+def decode_note(s: BenchSession, default: dict, others: list[dict], what: str = "engine default configuration") -> str:
     if default["status"] != "ok":
         return f"failed: {default['note']}"
     how = "CUDA-graph replay incl. input copies" if s.cuda else "eager forward (no CUDA)"
-    note = f"engine default configuration ({default['note']}), {how}; median of {s.plan.repeats}"
+    note = f"{what} ({default['note']}), {how}; median of {s.plan.repeats}"
     if "kernels" in default and default["kernels"] == default["kernels"]:
         note += (
             f"; profile: {default['kernels']} kernels/step, GPU busy {default['gpu_busy_pct']:.0f}%, "
@@ -110,13 +163,20 @@ def decode_note(s: BenchSession, default: dict, others: list[dict]) -> str:
 
 
 def decode_section(s: BenchSession) -> None:
-    """Every decode point: each implementation in ``decode.csv``, the default configuration's row in ``bench.csv``."""
+    """Every decode point: each implementation in ``decode.csv``; in ``bench.csv`` the default configuration's row,
+    and the labelled rows of other settings (``labelled_rows``)."""
+    metrics = labelled_rows(s.plan, s.cuda)
     for batch, ctx in s.plan.decode_points:
         floor = float(
             s.roof.floor_ms(s.shape.decode_flops(batch, ctx), s.shape.decode_bytes(batch, ctx, s.dtype_bytes))
         )
-        timed = [time_variant(s, impl, b, c, batch, ctx, floor) for impl, b, c in variants(s)]
+        timed = [time_variant(s, v, batch, ctx, floor) for v in variants(s.plan, s.cuda, batch, ctx)]
         s.decode_rows += timed
         default = timed[0]
         s.add(f"decode_ms_b{batch}_ctx{ctx}", default["median_ms"], "ms", floor, decode_note(s, default, timed[1:]))
+        fused = f"decode_ms_b{batch}_ctx{ctx}_fused_rope_kv"
+        if fused in metrics:
+            row = next(r for r in timed if r["impl"] == metrics[fused])
+            note = decode_note(s, row, [default], "not the default: fused_rope_kv_write=True, otherwise the default")
+            s.add(fused, row["median_ms"], "ms", floor, note)
     s.flush()

@@ -32,6 +32,9 @@ class BenchPlan:
     mixed_step: tuple[int, int, int] = (63, 512, 512)  # (decodes, their context, the prefill chunk's tokens)
     e2e_model: str | None = None  # model of the e2e_ms_per_token_b1 row (None: ``model``)
     e2e_tokens: tuple[int, int] = (128, 256)  # (prompt, output) tokens of its one request
+    # decode points also timed with fused_rope_kv_write=True, each a labelled row decode_ms_b{B}_ctx{C}_fused_rope_kv
+    # (CUDA with Triton only: elsewhere the setting is refused, and the row left out)
+    fused_rope_kv_points: tuple[tuple[int, int], ...] = ((1, 128), (64, 512))
 
 
 def make_plan(args) -> BenchPlan:
@@ -60,6 +63,7 @@ def make_plan(args) -> BenchPlan:
             offline_budget=32,
             mixed_step=(3, 16, 16),
             e2e_tokens=(8, 16),
+            fused_rope_kv_points=(),  # the CPU runs no fused kernel (outside Triton's interpreter)
         )
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     quick = args.quick

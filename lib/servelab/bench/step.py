@@ -217,6 +217,7 @@ def step_engine_config(
     attention_backend: str = "auto",
     compile: bool = False,
     graphs: bool = True,
+    fused_rope_kv_write: bool = False,
 ) -> EngineConfig:
     """The smallest engine that holds the step and its preparation, with CUDA graphs for exactly this step.
 
@@ -257,6 +258,7 @@ def step_engine_config(
         prefix_caching=cached_prefixes,
         attention_backend=attention_backend,
         compile=compile,
+        fused_rope_kv_write=fused_rope_kv_write,
     )
 
 
@@ -272,6 +274,7 @@ def engine_step(
     attention_backend: str = "auto",
     compile: bool = False,
     graphs: bool = True,
+    fused_rope_kv_write: bool = False,
 ):
     """``(fn, None)``: ``fn()`` runs the project's engine forward for the step (see the module docstring)."""
     cfg = step_engine_config(
@@ -283,6 +286,7 @@ def engine_step(
         attention_backend=attention_backend,
         compile=compile,
         graphs=graphs,
+        fused_rope_kv_write=fused_rope_kv_write,
     )
     engine = Engine.from_hf(model, cfg)
     step = prepared_step(engine, batch, new_tokens, context, decodes=decodes, decode_context=decode_context, seed=seed)

@@ -31,6 +31,11 @@ class EngineConfig:
     prefix_eviction: str = "lru"  # which unreferenced cached block to recycle first: "lru" or "lfu"
     # read a step's sampled tokens during the next step, so the host's work overlaps the GPU's (engine/inflight.py)
     async_scheduling: bool = True
+    # RoPE and the KV-cache write in one Triton kernel per layer (kernels/rope_kv_write.py) instead of RoPE in the
+    # blocks' compiled code plus an index_copy_ into the pool. Needs Triton, and CUDA or TRITON_INTERPRET=1 (the
+    # engine refuses it otherwise). Off by default: exact on the CPU under the interpreter, but not yet measured on
+    # a GPU (bench row decode_ms_b1_ctx128_fused_rope_kv)
+    fused_rope_kv_write: bool = False
 
     def __post_init__(self):
         self._check_sizes()
@@ -80,7 +85,7 @@ class EngineConfig:
             object.__setattr__(self, name, tuple(sorted(set(sizes))))
 
     def _check_switches(self) -> None:
-        for name in ("cuda_graphs", "step_graphs", "prefix_caching", "async_scheduling"):
+        for name in ("cuda_graphs", "step_graphs", "prefix_caching", "async_scheduling", "fused_rope_kv_write"):
             v = getattr(self, name)
             if not isinstance(v, bool):
                 raise ParameterError(f"{name} must be True or False, got {v!r}")

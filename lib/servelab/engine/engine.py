@@ -108,6 +108,7 @@ class Engine:
         self.backend = resolve_backend(cfg.attention_backend, self.device)
         for block in model.layers:  # the model was built with some backend; the engine's choice wins
             block.attn.backend = self.backend
+        self._set_fused_rope_kv_write()
         self._build_kv_cache()
         self.scheduler = self._build_scheduler(scheduler_cls, eos_token_ids)
         self.runner = ModelRunner(
@@ -134,6 +135,17 @@ class Engine:
                 f"max_model_len={cfg.max_model_len} exceeds the model's {model.max_positions} positions"
             )
         return min(cfg.max_model_len or 4096, model.max_positions)
+
+    def _set_fused_rope_kv_write(self) -> None:
+        """The config's ``fused_rope_kv_write`` on the model, before compilation and capture (a ParameterError
+        where the kernel cannot run, or the model has no such path)."""
+        setter = getattr(self.model, "set_fused_rope_kv_write", None)
+        if setter is not None:
+            setter(self.config.fused_rope_kv_write)
+        elif self.config.fused_rope_kv_write:
+            raise ParameterError(
+                f"fused_rope_kv_write: {type(self.model).__name__} has no fused RoPE + KV-write path (Llama/Qwen2 do)"
+            )
 
     def _build_kv_cache(self) -> None:
         """The KV pool, sized by ``num_blocks``, the GPU's free memory, or the CPU default; its block manager."""
@@ -485,6 +497,7 @@ class Engine:
             "block_size": self.config.block_size,
             "kv_pool_gib": self.pool.nbytes / 2**30,
             "attention_backend": self.backend,
+            "fused_rope_kv_write": self.config.fused_rope_kv_write,
             "varlen_prefill": self.varlen_status,
             "triton_tuning": self.runner.triton_tuning,
             "compile": self.compile_status,

@@ -5,5 +5,6 @@
 - ``ragged.py``: the tile layout of a ragged step, written once, with its PyTorch reference;
 - ``split_kv.py``: split-KV (flash-decoding) for long contexts: how many splits, and the log-sum-exp merge;
 - ``triton_decode.py``, ``triton_ragged.py``: the Triton kernels, any head size (tested under Triton's interpreter
-  on a CPU).
+  on a CPU);
+- ``rope_kv_write.py``: RoPE on q and k and the KV-pool write in one Triton kernel (``fused_rope_kv_write``).
 """

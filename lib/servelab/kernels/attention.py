@@ -76,19 +76,18 @@ class PagedAttention(nn.Module):
         self.backend = backend
 
     def forward(self, q, kv_new, meta: AttentionMetadata, kv) -> torch.Tensor:
-        """q [T, H, D], kv_new [2, T, H_kv, D] (K and V stacked) -> [T, H*D]."""
-        k, v = kv_new[0], kv_new[1]
-        if hasattr(kv, "kv") and kv_new.dtype == kv.dtype:
-            # one scatter for K and V together into the pool's (2, layers, blocks, block_size, ...) storage
-            kv.kv[:, self.layer].view(2, -1, self.kv_heads, self.head_dim).index_copy_(1, meta.slot_mapping, kv_new)
-        else:
-            kv.write(self.layer, meta.slot_mapping, k, v)
+        """q [T, H, D], kv_new [2, T, H_kv, D] (K and V stacked) -> [T, H*D]. ``kv_new`` None: the step's K/V
+        are in the pool already (``kernels/rope_kv_write.py``)."""
+        if kv_new is not None:
+            self._write(kv_new, meta, kv)
         k_pool, v_pool = kv.k[self.layer], kv.v[self.layer]
         if meta.ragged is not None:
             return ragged_attention(q, k_pool, v_pool, meta.ragged, self.scale).reshape(q.shape[0], -1)
         nd = meta.num_decode_tokens
         if nd and not meta.prefills and self.backend != "reference":  # pure decode step: no copy (CUDA graphs)
             return self._decode(q[:nd], k_pool, v_pool, meta).reshape(nd, -1)
+        # the paths below read the new K/V directly; written by the fused kernel, they are read back (eager steps)
+        k, v = (kv_new[0], kv_new[1]) if kv_new is not None else self._read_back(meta, kv, q.dtype)
         out = torch.empty_like(q)
         if nd and self.backend == "reference":
             lens = meta.decode_context_lens.tolist()
@@ -112,6 +111,20 @@ class PagedAttention(nn.Module):
             sl = slice(seg.q_start, seg.q_start + seg.q_len)
             out[sl] = prefill_attention(q[sl], k[sl], v[sl], seg, k_pool, v_pool, self.scale)
         return out.reshape(q.shape[0], -1)
+
+    def _write(self, kv_new, meta: AttentionMetadata, kv) -> None:
+        if hasattr(kv, "kv") and kv_new.dtype == kv.dtype:
+            # one scatter for K and V together into the pool's (2, layers, blocks, block_size, ...) storage
+            kv.kv[:, self.layer].view(2, -1, self.kv_heads, self.head_dim).index_copy_(1, meta.slot_mapping, kv_new)
+        else:
+            kv.write(self.layer, meta.slot_mapping, kv_new[0], kv_new[1])
+
+    def _read_back(self, meta: AttentionMetadata, kv, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step's K and V [T, H_kv, D] as the pool holds them (one gather each)."""
+        shape = (-1, self.kv_heads, self.head_dim)
+        k = kv.k[self.layer].view(shape).index_select(0, meta.slot_mapping)
+        v = kv.v[self.layer].view(shape).index_select(0, meta.slot_mapping)
+        return k.to(dtype), v.to(dtype)
 
     def _decode(self, q, k_pool, v_pool, meta: AttentionMetadata) -> torch.Tensor:
         return DECODE_BACKENDS[self.backend](

@@ -10,6 +10,10 @@ RoPE) and ``attention_outputs`` (o_proj, residual, RMSNorm, MLP). They take tens
 work (norms, RoPE, SiLU·up, residual adds) into a few kernels, which matters most for decode, where
 a step is a long chain of tiny kernels. The residual add of one block's MLP output is deferred to the
 next block's ``attention_inputs``, where it fuses with the norm.
+
+With ``set_fused_rope_kv_write(True)`` (``EngineConfig.fused_rope_kv_write``) a block runs ``attention_qkv``
+instead (residual add, RMSNorm, qkv) and one Triton kernel applies RoPE and writes K/V into the pool
+(``kernels/rope_kv_write.py``), so attention skips its own pool write: one kernel less per layer.
 """
 
 from __future__ import annotations
@@ -18,18 +22,29 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from servelab.errors import ParameterError
 from servelab.kernels.attention import AttentionMetadata, PagedAttention
 from servelab.models.layers.compiled import compiled
 from servelab.models.layers.norm import RMSNorm, rms_norm
 from servelab.models.layers.rotary import RotaryEmbedding, apply_rotary
 from servelab.models.shape import ModelShape
 
+try:  # the fused kernel loads only where Triton imports
+    from servelab.kernels.rope_kv_write import rope_kv_write, runs_here
+except ImportError:
+    rope_kv_write = runs_here = None
+
+
+def attention_qkv(h, delta, norm_w, eps: float, qkv_w, qkv_b):
+    """``h (+ delta)`` -> (residual stream, qkv [T, (H + 2·H_kv)·D]), RoPE not applied."""
+    if delta is not None:
+        h = h + delta
+    return h, F.linear(rms_norm(h, norm_w, eps), qkv_w, qkv_b)
+
 
 def attention_inputs(h, delta, norm_w, eps: float, qkv_w, qkv_b, cos, sin, heads: int, kv_heads: int, head_dim: int):
     """``h (+ delta)`` -> (residual stream, q [T, H, D], K and V stacked [2, T, H_kv, D])."""
-    if delta is not None:
-        h = h + delta
-    qkv = F.linear(rms_norm(h, norm_w, eps), qkv_w, qkv_b)
+    h, qkv = attention_qkv(h, delta, norm_w, eps, qkv_w, qkv_b)
     q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
     q, k = apply_rotary(q.view(-1, heads, head_dim), k.view(-1, kv_heads, head_dim), cos, sin)
     return h, q, torch.stack((k, v.view(-1, kv_heads, head_dim)))  # stacked: one pool write for both
@@ -58,22 +73,29 @@ class LlamaBlock(nn.Module):
         self.post_norm = RMSNorm(s.hidden, eps)
         self.gate_up = nn.Linear(s.hidden, 2 * s.intermediate, bias=False)
         self.down = nn.Linear(s.intermediate, s.hidden, bias=False)
+        self.fused_rope_kv_write = False  # set by LlamaModel.set_fused_rope_kv_write, with its block_fns
 
     def forward(self, h, delta, rope, meta, kv, fns):
         """``(h, delta)`` -> ``(h, delta)``: the residual stream and the MLP output not yet added to it."""
         s, (pre, post) = self.s, fns
-        h, q, kv_new = pre(
-            h,
-            delta,
-            self.input_norm.weight,
-            self.eps,
-            self.qkv.weight,
-            self.qkv.bias,
-            *rope,
-            s.heads,
-            s.kv_heads,
-            s.head_dim,
-        )
+        if self.fused_rope_kv_write:  # pre is attention_qkv: RoPE and the pool write are one kernel
+            h, qkv = pre(h, delta, self.input_norm.weight, self.eps, self.qkv.weight, self.qkv.bias)
+            layer = self.attn.layer
+            q = rope_kv_write(qkv, *rope, meta.slot_mapping, kv.k[layer], kv.v[layer], s.heads, s.kv_heads, s.head_dim)
+            kv_new = None  # already in the pool
+        else:
+            h, q, kv_new = pre(
+                h,
+                delta,
+                self.input_norm.weight,
+                self.eps,
+                self.qkv.weight,
+                self.qkv.bias,
+                *rope,
+                s.heads,
+                s.kv_heads,
+                s.head_dim,
+            )
         attn = self.attn(q, kv_new, meta, kv)
         return post(h, attn, self.o_proj.weight, self.post_norm.weight, self.eps, self.gate_up.weight, self.down.weight)
 
@@ -97,9 +119,32 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(LlamaBlock(i, s, config.rms_norm_eps, attention_backend) for i in range(s.layers))
         self.norm = RMSNorm(s.hidden, config.rms_norm_eps)
         self.lm_head = nn.Linear(s.hidden, s.vocab, bias=False)
+        self.fused_rope_kv_write = False
         self.block_fns = (attention_inputs, attention_outputs)
         self.final_norm = final_norm
         self.tie_weights()
+
+    def set_fused_rope_kv_write(self, on: bool) -> None:
+        """RoPE and the KV-pool write in one Triton kernel per layer (on) or as before (off); blocks eager again
+        (``compile_blocks`` after, if wanted). Refused where the kernel cannot run: no Triton, or neither CUDA
+        nor Triton's interpreter. Setting the state it is in changes nothing (compiled blocks stay compiled)."""
+        if bool(on) == self.fused_rope_kv_write:
+            return
+        if on:
+            device = next(self.parameters()).device
+            if rope_kv_write is None:
+                raise ParameterError("fused_rope_kv_write needs Triton, which does not import here")
+            if not runs_here(device):
+                raise ParameterError(
+                    f"fused_rope_kv_write needs a CUDA device or TRITON_INTERPRET=1; the model is on {device}"
+                )
+        self.fused_rope_kv_write = bool(on)
+        for block in self.layers:
+            block.fused_rope_kv_write = self.fused_rope_kv_write
+        self.block_fns = (self._pre_fn(), attention_outputs)
+
+    def _pre_fn(self):
+        return attention_qkv if self.fused_rope_kv_write else attention_inputs
 
     def tie_weights(self) -> None:
         if self.shape.tied_embeddings:
@@ -107,7 +152,7 @@ class LlamaModel(nn.Module):
 
     def compile_blocks(self, **compile_kw) -> None:
         """Run the blocks' elementwise work through ``torch.compile`` (one compilation serves every layer)."""
-        self.block_fns = (compiled(attention_inputs, **compile_kw), compiled(attention_outputs, **compile_kw))
+        self.block_fns = (compiled(self._pre_fn(), **compile_kw), compiled(attention_outputs, **compile_kw))
         self.final_norm = compiled(final_norm, **compile_kw)
 
     def forward(self, input_ids, positions, meta: AttentionMetadata, kv, logits_indices=None):
