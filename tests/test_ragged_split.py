@@ -143,3 +143,39 @@ def run_interpreted(code: str) -> None:
 
 def test_split_tiles_match_the_reference_under_the_interpreter():
     run_interpreted(KERNEL_CHECK)
+
+
+ENGINE_CHECK = textwrap.dedent("""
+    import torch
+    import servelab.engine.step_graphs as sg
+    from servelab.engine import Engine, EngineConfig, SamplingParams
+    from servelab.models import load_model
+    from tests.test_engine_async import hf_greedy
+
+    torch.manual_seed(0)
+    hf = load_model("config:tiny-llama", dtype="float32", device="cpu").model
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, hf.config.vocab_size, (n,), generator=g).tolist() for n in (45, 3, 21)]
+    refs = hf_greedy(hf, prompts, 6)
+    engine = Engine.from_hf(hf, EngineConfig(block_size=4, num_blocks=96, max_num_seqs=4, max_num_batched_tokens=24))
+    runner = engine.runner
+    runner.enable_step_graphs((8, 16, 24), capture=False)
+    # 8-key splits: every tile over 16 keys splits (chunks after cached context, decodes), as 512+ do by default
+    runner.step_graphs = sg.StepGraphs(
+        engine.model, engine.pool, runner.tables, sizes=(8, 16, 24), max_seqs=4, scratch_block=runner.scratch_block,
+        min_split_keys=8,
+    )
+    planned = []
+    plan = sg.plan_splits
+    sg.plan_splits = lambda *a, **k: planned.append(plan(*a, **k)[1]) or plan(*a, **k)
+    assert engine.generate(prompts, SamplingParams(max_tokens=6, ignore_eos=True)) == refs
+    assert runner.step_graph_steps == engine.steps and runner.eager_steps == 0
+    split_steps = [cols for cols in planned if cols]
+    assert len(split_steps) >= 5 and any(c[2] > 1 for cols in split_steps for c in cols), planned  # chunks too
+    assert (runner.step_graphs.split_counters == 0).all()
+    print("ok")
+""")
+
+
+def test_a_step_graph_engine_with_split_tiles_gives_hf_greedy_tokens():
+    run_interpreted(ENGINE_CHECK)
