@@ -20,6 +20,7 @@ from servelab.kernels.ragged import (
     SPLIT,
     SPLITS,
     RaggedTiles,
+    max_long_tiles,
     max_tiles,
     plan_splits,
     plan_tiles,
@@ -35,8 +36,12 @@ LONG_RUNS = [(1, 2047), (1, 5), (20, 20), (1, 300), (3, 900)]
 SHORT_RUNS = [(1, 150), (1, 5), (20, 20), (3, 60)]  # the same mix at a tenth of the length, for 16-key splits
 
 
-def split_case(heads, kv_heads, d, bs, runs, *, budget, min_keys=MIN_SPLIT_KEYS, dtype=torch.float32, seed=0):
-    """A step of ``runs`` over a random paged pool, its tiles planned with ``budget`` split columns."""
+def split_case(
+    heads, kv_heads, d, bs, runs, *, budget, min_keys=MIN_SPLIT_KEYS, dtype=torch.float32, seed=0, long_tile_tokens=0,
+    sms=None,
+):  # fmt: skip
+    """A step of ``runs`` over a random paged pool, its tiles planned with ``budget`` split columns (and long tiles
+    of ``long_tile_tokens``, 0: none) for a GPU of ``sms`` SMs."""
     g = torch.Generator().manual_seed(seed)
     width = -(-max(n + p for n, p in runs) // bs)
     blocks = width * len(runs)
@@ -48,15 +53,19 @@ def split_case(heads, kv_heads, d, bs, runs, *, budget, min_keys=MIN_SPLIT_KEYS,
         spans.append((row, start, n, pos))
         start += n
     tt = ragged_tile_tokens(heads, kv_heads, d)
-    packed, _ = plan_tiles(spans, tt)
-    packed, columns = plan_splits(packed, budget, kv_heads, min_keys=min_keys)
+    packed, long = plan_tiles(spans, tt, long_tile_tokens)
+    packed, columns = plan_splits(packed, budget, kv_heads, sms, min_keys=min_keys)
     tiles = torch.zeros(4, max_tiles(start + 3, len(runs), tt), dtype=torch.long)
     tiles[:, : len(packed)] = torch.tensor(packed).t()
     split = torch.zeros(6, budget, dtype=torch.long)
     if columns:
         split[:, : len(columns)] = torch.tensor(columns).t()
+    long_tiles = torch.zeros(4, max_long_tiles(start + 3, long_tile_tokens), dtype=torch.long)
+    if long:
+        long_tiles[:, : len(long)] = torch.tensor(long).t()
     q = torch.randn(start + 3, heads, d, generator=g).to(dtype)  # 3 padding tokens, in no tile
-    return q, kp, vp, RaggedTiles(tiles, tables, tt, split_tiles=split), columns
+    rt = RaggedTiles(tiles, tables, tt, long_tiles if long_tile_tokens else None, long_tile_tokens, split)
+    return q, kp, vp, rt, columns
 
 
 def test_the_longest_tiles_split_within_the_budget():

@@ -37,7 +37,9 @@ from servelab.kernels.triton_fold import fold_keys
 KEYS_PER_ITER = 64
 
 
-NEG_FLOOR = -1.0e30  # the running maximum's start: exp(floor - score) is 0, and a row seeing no key stays finite
+# the running maximum's start: exp(floor - score) is 0, and a row seeing no key stays finite (a tl.constexpr: compiled
+# kernels may read no other kind of global)
+NEG_FLOOR = tl.constexpr(-1.0e30)
 
 
 @triton.jit
