@@ -36,6 +36,11 @@ class EngineConfig:
     # engine refuses it otherwise). Off by default: exact on the CPU under the interpreter, but not yet measured on
     # a GPU (bench row decode_ms_b1_ctx128_fused_rope_kv)
     fused_rope_kv_write: bool = False
+    # split-KV inside the ragged kernel of whole-step graphs (kernels/ragged.py ``plan_splits``): a long context in a
+    # mixed step is walked by several programs and merged, instead of one program the whole step waits for. Off by
+    # default: exact under the interpreter and compiled for sm90 on a CPU, but its cross-program merge has not run on
+    # a GPU yet (tests/test_gpu_engine.py and scripts/bench_ragged_split.py are the checks to run first)
+    ragged_split_kv: bool = False
 
     def __post_init__(self):
         self._check_sizes()
@@ -85,7 +90,14 @@ class EngineConfig:
             object.__setattr__(self, name, tuple(sorted(set(sizes))))
 
     def _check_switches(self) -> None:
-        for name in ("cuda_graphs", "step_graphs", "prefix_caching", "async_scheduling", "fused_rope_kv_write"):
+        for name in (
+            "cuda_graphs",
+            "step_graphs",
+            "prefix_caching",
+            "async_scheduling",
+            "fused_rope_kv_write",
+            "ragged_split_kv",
+        ):
             v = getattr(self, name)
             if not isinstance(v, bool):
                 raise ParameterError(f"{name} must be True or False, got {v!r}")

@@ -224,7 +224,9 @@ class Engine:
         cfg = self.config
         sizes = cfg.step_graph_sizes or step_graph_sizes(cfg.max_num_batched_tokens)
         t0 = time.perf_counter()
-        self.num_step_graphs = self.runner.enable_step_graphs(sizes, capture=True, progress=progress)
+        self.num_step_graphs = self.runner.enable_step_graphs(
+            sizes, capture=True, progress=progress, split_kv=cfg.ragged_split_kv
+        )
         self.graph_capture_s += time.perf_counter() - t0
         return f"on ({self.num_step_graphs} buckets, {sizes[0]}–{sizes[-1]} tokens)"
 
@@ -498,6 +500,7 @@ class Engine:
             "kv_pool_gib": self.pool.nbytes / 2**30,
             "attention_backend": self.backend,
             "fused_rope_kv_write": self.config.fused_rope_kv_write,
+            "ragged_split_kv": self.config.ragged_split_kv,
             "varlen_prefill": self.varlen_status,
             "triton_tuning": self.runner.triton_tuning,
             "compile": self.compile_status,

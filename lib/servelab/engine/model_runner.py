@@ -79,9 +79,10 @@ class ModelRunner:
         self.graphs.capture(progress)
         return self.graphs.num_graphs
 
-    def enable_step_graphs(self, sizes, *, capture: bool, progress=None) -> int:
+    def enable_step_graphs(self, sizes, *, capture: bool, progress=None, split_kv: bool = False) -> int:
         """Run every step that fits one of the token buckets ``sizes`` through ``StepGraphs``; ``capture`` them
-        as CUDA graphs (on a CPU, ``capture=False`` runs the same padded steps eagerly, for tests)."""
+        as CUDA graphs (on a CPU, ``capture=False`` runs the same padded steps eagerly, for tests); ``split_kv``: long
+        contexts split across programs inside the ragged kernel (``EngineConfig.ragged_split_kv``)."""
         self.step_graphs = StepGraphs(
             self.model,
             self.pool,
@@ -89,6 +90,7 @@ class ModelRunner:
             sizes=sizes,
             max_seqs=self.max_num_seqs,
             scratch_block=self.scratch_block,
+            split_kv=split_kv,
         )
         if capture:
             if self.device.type != "cuda":

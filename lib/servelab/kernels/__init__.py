@@ -2,9 +2,10 @@
 
 - ``attention.py``: ``PagedAttention``, the layer the models call, which picks a kernel per step;
 - ``prefill.py``, ``context_prefill.py``, ``decode.py``: PyTorch paths (references, and the CPU's kernels);
-- ``ragged.py``: the tile layout of a ragged step, written once, with its PyTorch reference;
+- ``ragged.py``: the tile layout of a ragged step (and which long tiles split), written once, with its PyTorch
+  reference;
 - ``split_kv.py``: split-KV (flash-decoding) for long contexts: how many splits, and the log-sum-exp merge;
-- ``triton_decode.py``, ``triton_ragged.py``: the Triton kernels, any head size (tested under Triton's interpreter
-  on a CPU);
+- ``triton_decode.py``, ``triton_ragged.py``: the Triton kernels, any head size, both with split-KV (tested under
+  Triton's interpreter on a CPU); ``triton_fold.py``: the key-folding step they share.
 - ``rope_kv_write.py``: RoPE on q and k and the KV-pool write in one Triton kernel (``fused_rope_kv_write``).
 """

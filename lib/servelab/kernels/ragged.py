@@ -16,6 +16,17 @@ query head each, as a flash-attention kernel lays out a prompt: many query rows 
 table has a fixed width, padded with empty tiles, and nothing about the step's mix changes any tensor's
 shape, so a whole step, whatever its mix of
 decodes and chunks, can be captured in one CUDA graph per token count (``engine/step_graphs.py``).
+
+Split-KV for long contexts: one program walking a 16K-token context holds up the whole step while the rest
+of the GPU idles. ``plan_splits`` moves the packed tiles that read the most keys (at least ``2 × min_keys``)
+out of the packed table into *split columns*, one per program::
+
+    split_tiles[:, c] = (row, start, tokens, position, split s, splits S of this tile)
+
+Program ``s`` of a tile walks the ``s``-th of ``S`` chunks of its keys and the last of them to finish merges
+the partials by log-sum-exp (``split_kv.merge_partials``' arithmetic). ``S`` is chosen per tile as
+``split_kv.decode_splits`` chooses it, from the tile's keys and the number of long tiles, within a budget of
+columns fixed per captured graph (``split_budget``); a step of short contexts leaves every column empty.
 """
 
 from __future__ import annotations
@@ -25,7 +36,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-ROW, Q_START, Q_LEN, POS0 = range(4)
+from servelab.kernels.split_kv import MIN_SPLIT_KEYS, decode_splits
+
+ROW, Q_START, Q_LEN, POS0, SPLIT, SPLITS = range(6)  # SPLIT and SPLITS: rows of the split columns only
 
 
 @dataclass
@@ -37,6 +50,10 @@ class RaggedTiles:
     tile_tokens: int
     long_tiles: torch.Tensor | None = None  # LongTensor [4, max_long_tiles]: one query head per program
     long_tile_tokens: int = 0
+    split_tiles: torch.Tensor | None = None  # LongTensor [6, budget]: one split program per column
+    # IntTensor [budget × KV heads], zeros: how many of a tile's split programs have finished; the merging
+    # program puts its count back to 0, so one buffer serves every layer and every replay (None: per call)
+    split_counters: torch.Tensor | None = None
 
 
 def ragged_tile_tokens(heads: int, kv_heads: int, head_dim: int) -> int:
@@ -74,6 +91,33 @@ def plan_tiles(runs, tile_tokens: int, long_tile_tokens: int = 0) -> tuple[list,
     return packed, long
 
 
+def split_budget(kv_heads: int, max_context: int, sms: int | None = None, *, min_keys: int = MIN_SPLIT_KEYS) -> int:
+    """Split columns of a step whose contexts reach ``max_context`` keys: as many splits as one decode of that
+    length gets (``decode_splits`` at batch 1); 0 when such a decode would not split, so a graph over short
+    contexts launches no split program at all."""
+    splits = decode_splits(1, kv_heads, max_context, sms, min_keys=min_keys)
+    return splits if splits > 1 else 0
+
+
+def plan_splits(
+    packed: list, budget: int, kv_heads: int, sms: int | None = None, *, min_keys: int = MIN_SPLIT_KEYS
+) -> tuple[list, list]:
+    """Packed tiles ``(row, start, tokens, position)`` -> (the packed tiles left, split columns ``(row, start,
+    tokens, position, s, S)``): the tiles reading the most keys (at least ``2 × min_keys``) each get ``S``
+    programs, ``decode_splits`` over the long tiles, as long as ``budget`` columns last. The long tiles are the
+    step's critical path; the short ones finish within the first of their chunks."""
+    keys = [t[POS0] + t[Q_LEN] for t in packed]
+    long = sorted((i for i, k in enumerate(keys) if k >= 2 * min_keys), key=lambda i: -keys[i])
+    columns, moved = [], set()
+    for i in long:
+        splits = min(decode_splits(len(long), kv_heads, keys[i], sms, min_keys=min_keys), budget - len(columns))
+        if splits < 2:
+            break  # tiles come longest first and the budget only shrinks: no later tile splits either
+        columns += [(*packed[i], s, splits) for s in range(splits)]
+        moved.add(i)
+    return [t for i, t in enumerate(packed) if i not in moved], columns
+
+
 def ragged_reference(q, k_pool, v_pool, rt: RaggedTiles, scale: float) -> torch.Tensor:
     """q [T, H, D], pools [blocks, block_size, H_kv, D] -> [T, H, D]; rows of no tile are 0."""
     heads = q.shape[1]
@@ -81,6 +125,8 @@ def ragged_reference(q, k_pool, v_pool, rt: RaggedTiles, scale: float) -> torch.
     out = torch.zeros_like(q)
     tables = rt.block_tables
     tiles = rt.tiles.t().tolist() + (rt.long_tiles.t().tolist() if rt.long_tiles is not None else [])
+    if rt.split_tiles is not None:  # a split tile's attention is its whole tile's: one column (its first) stands for it
+        tiles += [col[:4] for col in rt.split_tiles.t().tolist() if col[SPLIT] == 0]
     for row, start, n, pos in tiles:
         if n == 0:
             continue

@@ -35,16 +35,19 @@ def head_pad(head_dim: int) -> int:
     return max(16, 1 << (head_dim - 1).bit_length())
 
 
-def decode_splits(batch: int, kv_heads: int, max_context: int, sms: int | None = None) -> int:
+def decode_splits(
+    batch: int, kv_heads: int, max_context: int, sms: int | None = None, *, min_keys: int = MIN_SPLIT_KEYS
+) -> int:
     """Programs per (sequence, KV head) for a decode step of ``batch`` sequences whose contexts reach at most
-    ``max_context`` keys, on a GPU of ``sms`` SMs (None: ``DEFAULT_SMS``); 1 means no split."""
+    ``max_context`` keys, on a GPU of ``sms`` SMs (None: ``DEFAULT_SMS``), each split walking at least
+    ``min_keys`` keys (tests set it small); 1 means no split."""
     if batch < 1 or kv_heads < 1 or max_context < 0:
         raise ValueError(
             f"batch and kv_heads must be positive, max_context >= 0; got {batch}, {kv_heads}, {max_context}"
         )
     target = WAVES * (sms or DEFAULT_SMS)
     to_fill = -(-target // (batch * kv_heads))
-    by_length = max(1, max_context // MIN_SPLIT_KEYS)
+    by_length = max(1, max_context // min_keys)
     return max(1, min(to_fill, by_length, MAX_SPLITS))
 
 

@@ -28,53 +28,10 @@ import triton
 import triton.language as tl
 
 from servelab.kernels.split_kv import MIN_SPLIT_KEYS, decode_splits, head_pad
+from servelab.kernels.triton_fold import fold_keys
 
 KEYS_PER_ITER = 64
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-
-
-@triton.jit
-def _attend_tile(
-    q,
-    K,
-    V,
-    BT,
-    start,
-    end,
-    b,
-    kvh,
-    m,
-    l_sum,
-    acc,
-    scale,
-    stride_kb,
-    stride_ks,
-    stride_kh,
-    stride_btb,
-    HEAD_DIM: tl.constexpr,
-    HEAD_PAD: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    KEYS: tl.constexpr,
-    IEEE: tl.constexpr,
-):
-    """Fold keys [start, min(start + KEYS, end)) of one sequence into the running (max, sum, accumulator)."""
-    offs_d = tl.arange(0, HEAD_PAD)
-    pos = start + tl.arange(0, KEYS)
-    ok = pos < end
-    blk = tl.load(BT + b * stride_btb + pos // BLOCK_SIZE, mask=ok, other=0)
-    base = blk.to(tl.int64) * stride_kb + (pos % BLOCK_SIZE) * stride_ks + kvh * stride_kh
-    # no padded lanes at a power-of-two head: its mask (and code) as before the padding
-    kv_mask = ok[:, None] if HEAD_DIM == HEAD_PAD else ok[:, None] & (offs_d[None, :] < HEAD_DIM)
-    k = tl.load(K + base[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-    s = tl.dot(q, tl.trans(k), input_precision="ieee") if IEEE else tl.dot(q, tl.trans(k))
-    s = tl.where(ok[None, :], s * scale, float("-inf"))
-    m_new = tl.maximum(m, tl.max(s, 1))
-    alpha = tl.exp(m - m_new)
-    p = tl.exp(s - m_new[:, None])
-    l_sum = l_sum * alpha + tl.sum(p, 1)
-    v = tl.load(V + base[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
-    pv = tl.dot(p.to(v.dtype), v, input_precision="ieee") if IEEE else tl.dot(p.to(v.dtype), v)
-    return m_new, l_sum, acc * alpha[:, None] + pv
 
 
 @triton.jit
@@ -143,16 +100,16 @@ def _paged_decode_kernel(
     if INTERPRETED:  # the interpreter cannot range() over a loaded value; a while loop is the same walk
         start = lo
         while start < hi:
-            m, l_sum, acc = _attend_tile(
-                q, K, V, BT, start, hi, b, kvh, m, l_sum, acc, scale, stride_kb, stride_ks, stride_kh, stride_btb,
-                HEAD_DIM, HEAD_PAD, BLOCK_SIZE, KEYS, IEEE,
+            m, l_sum, acc = fold_keys(
+                q, K, V, BT, start, hi, 0, b, kvh, m, l_sum, acc, scale, stride_kb, stride_ks, stride_kh, stride_btb,
+                HEAD_DIM, HEAD_PAD, BLOCK_SIZE, KEYS, IEEE, False,
             )  # fmt: skip
             start += KEYS
     else:  # a range() loop the compiler can software-pipeline
         for start in range(lo, hi, KEYS):
-            m, l_sum, acc = _attend_tile(
-                q, K, V, BT, start, hi, b, kvh, m, l_sum, acc, scale, stride_kb, stride_ks, stride_kh, stride_btb,
-                HEAD_DIM, HEAD_PAD, BLOCK_SIZE, KEYS, IEEE,
+            m, l_sum, acc = fold_keys(
+                q, K, V, BT, start, hi, 0, b, kvh, m, l_sum, acc, scale, stride_kb, stride_ks, stride_kh, stride_btb,
+                HEAD_DIM, HEAD_PAD, BLOCK_SIZE, KEYS, IEEE, False,
             )  # fmt: skip
     # a split past the end of a short context saw no key: output 0 with log-sum-exp -inf, weight 0 in the merge
     out = acc / tl.where(l_sum > 0, l_sum, 1.0)[:, None]
