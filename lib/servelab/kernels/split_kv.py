@@ -36,18 +36,18 @@ def head_pad(head_dim: int) -> int:
 
 
 def decode_splits(
-    batch: int, kv_heads: int, max_context: int, sms: int | None = None, *, min_keys: int = MIN_SPLIT_KEYS
+    batch: int, kv_heads: int, max_context: int, sms: int | None = None, *, min_keys: int | None = None
 ) -> int:
     """Programs per (sequence, KV head) for a decode step of ``batch`` sequences whose contexts reach at most
     ``max_context`` keys, on a GPU of ``sms`` SMs (None: ``DEFAULT_SMS``), each split walking at least
-    ``min_keys`` keys (tests set it small); 1 means no split."""
+    ``min_keys`` keys (None: ``MIN_SPLIT_KEYS``, read at call time so a test may lower it); 1 means no split."""
     if batch < 1 or kv_heads < 1 or max_context < 0:
         raise ValueError(
             f"batch and kv_heads must be positive, max_context >= 0; got {batch}, {kv_heads}, {max_context}"
         )
     target = WAVES * (sms or DEFAULT_SMS)
     to_fill = -(-target // (batch * kv_heads))
-    by_length = max(1, max_context // min_keys)
+    by_length = max(1, max_context // (MIN_SPLIT_KEYS if min_keys is None else min_keys))
     return max(1, min(to_fill, by_length, MAX_SPLITS))
 
 
