@@ -16,3 +16,15 @@ def scratch_results(tmp_path, monkeypatch):
     """Never write test results into the committed data/results."""
     monkeypatch.setenv("SERVELAB_RESULTS", str(tmp_path / "results"))
     return tmp_path / "results"
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models on a shared 2-core box: one intra-op thread avoids OpenMP contention (4-10× faster there).
+    A module opts in with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

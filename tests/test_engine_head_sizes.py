@@ -6,14 +6,11 @@ PyTorch paths (gather, reference, the padded whole-step path) in this process, a
 interpreter is chosen when a kernel is defined.
 """
 
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
+from interpreted import run_interpreted
 
 from servelab.engine import Engine, EngineConfig, SamplingParams
 from servelab.models import load_model
@@ -97,15 +94,4 @@ INTERPRETED_CHECK = textwrap.dedent("""
 
 
 def test_triton_kernels_give_hf_greedy_tokens_under_the_interpreter():
-    pytest.importorskip("triton")
-    root = Path(__file__).resolve().parents[1]
-    env = {
-        **os.environ,
-        "TRITON_INTERPRET": "1",
-        "PYTHONPATH": os.pathsep.join([str(root / "lib"), str(root), os.environ.get("PYTHONPATH", "")]),
-    }
-    out = subprocess.run(
-        [sys.executable, "-c", INTERPRETED_CHECK], env=env, capture_output=True, text=True, timeout=600, cwd=root
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().endswith("ok")
+    run_interpreted(INTERPRETED_CHECK)

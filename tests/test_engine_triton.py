@@ -6,13 +6,10 @@ The interpreter is chosen when the kernel is defined, so the checks run in a chi
 checks the engine against HF there (``exactness.csv``).
 """
 
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
+from interpreted import run_interpreted
 
 pytest.importorskip("triton")
 
@@ -54,12 +51,4 @@ CHECK = textwrap.dedent("""
 
 
 def test_triton_decode_matches_gather_decode_and_drives_the_engine():
-    root = Path(__file__).resolve().parents[1]
-    env = {
-        **os.environ,
-        "TRITON_INTERPRET": "1",
-        "PYTHONPATH": os.pathsep.join([str(root / "lib"), os.environ.get("PYTHONPATH", "")]),
-    }
-    out = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().endswith("ok")
+    run_interpreted(CHECK)

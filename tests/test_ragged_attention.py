@@ -5,14 +5,11 @@ kernel (when Triton is installed) is checked against the reference under Triton'
 child process because the interpreter is chosen when the kernel is defined.
 """
 
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
+from interpreted import run_interpreted
 
 from servelab.engine import EngineConfig
 from servelab.engine.step_graphs import StepGraphs, step_graph_sizes
@@ -135,15 +132,4 @@ KERNEL_CHECK = textwrap.dedent("""
 
 
 def test_triton_kernel_matches_the_reference_under_the_interpreter():
-    pytest.importorskip("triton")
-    root = Path(__file__).resolve().parents[1]
-    env = {
-        **os.environ,
-        "TRITON_INTERPRET": "1",
-        "PYTHONPATH": os.pathsep.join([str(root / "lib"), str(root), os.environ.get("PYTHONPATH", "")]),
-    }
-    out = subprocess.run(
-        [sys.executable, "-c", KERNEL_CHECK], env=env, capture_output=True, text=True, timeout=600, cwd=root
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().endswith("ok")
+    run_interpreted(KERNEL_CHECK)

@@ -7,14 +7,10 @@ decode over a few thousand keys next to short decodes and a prefill chunk; and a
 (uncaptured) split every long-enough tile still gives HF's greedy tokens.
 """
 
-import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
-import pytest
 import torch
+from interpreted import run_interpreted
 
 from servelab.kernels.ragged import (
     SPLIT,
@@ -135,19 +131,6 @@ KERNEL_CHECK = textwrap.dedent("""
         assert (rt.split_counters == 0).all()
     print("ok")
 """)
-
-
-def run_interpreted(code: str) -> None:
-    pytest.importorskip("triton")
-    root = Path(__file__).resolve().parents[1]
-    env = {
-        **os.environ,
-        "TRITON_INTERPRET": "1",
-        "PYTHONPATH": os.pathsep.join([str(root / "lib"), str(root), os.environ.get("PYTHONPATH", "")]),
-    }
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600, cwd=root)
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().endswith("ok")
 
 
 def test_split_tiles_match_the_reference_under_the_interpreter():

@@ -9,13 +9,11 @@ fused RoPE computes it). Every pool slot it was not asked to write keeps its byt
 """
 
 import os
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
+from interpreted import run_interpreted
 
 from servelab.engine import Engine, EngineConfig, SamplingParams
 from servelab.errors import ParameterError
@@ -160,18 +158,7 @@ INTERPRETED_CHECK = textwrap.dedent("""
 
 
 def test_kernel_is_the_pytorch_path_and_the_engine_gives_hf_tokens_under_the_interpreter():
-    pytest.importorskip("triton")
-    root = Path(__file__).resolve().parents[1]
-    env = {
-        **os.environ,
-        "TRITON_INTERPRET": "1",
-        "PYTHONPATH": os.pathsep.join([str(root / "lib"), str(root), os.environ.get("PYTHONPATH", "")]),
-    }
-    out = subprocess.run(
-        [sys.executable, "-c", INTERPRETED_CHECK], env=env, capture_output=True, text=True, timeout=600, cwd=root
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert out.stdout.strip().endswith("ok")
+    run_interpreted(INTERPRETED_CHECK)
 
 
 # ---- on a CUDA device (the H200 runs these) --------------------------------------------------------------------

@@ -25,12 +25,7 @@ N = 20
 BUCKETS = list(range(1, 25))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: one intra-op thread
 
 
 def repeating_prompts(seed: int, shapes) -> list[list[int]]:

@@ -19,13 +19,7 @@ from servelab.studies.s03_speculative.pair import SpeculativePair
 STEPS = 16
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models on a shared 2-core box: one intra-op thread avoids OpenMP contention (4-10× faster here)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: one intra-op thread
 
 
 @pytest.fixture(scope="module", params=["tiny-llama", "tiny-gpt2"])

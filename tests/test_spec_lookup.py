@@ -23,12 +23,7 @@ from servelab.studies.s03_speculative import real_acceptance as ra
 NEW = 24
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: one intra-op thread
 
 
 @pytest.fixture(scope="module")

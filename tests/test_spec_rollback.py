@@ -18,12 +18,7 @@ from servelab.spec.verifier import TargetVerifier
 BS = 4
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: one intra-op thread
 
 
 @pytest.fixture(scope="module")

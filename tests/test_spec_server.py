@@ -5,7 +5,6 @@ import json
 
 import httpx
 import pytest
-import torch
 
 from servelab.engine import Engine
 from servelab.server import ServerThread
@@ -34,12 +33,7 @@ BASE = [
 ]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: one intra-op thread
 
 
 def _completions(engine, stream=False):

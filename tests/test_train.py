@@ -48,13 +48,7 @@ TINY = FamilyRecipe(
 )
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Models this small train faster on one thread, and a busy CI box does not stall on thread hand-offs."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: one intra-op thread
 
 
 @pytest.fixture(scope="module")
