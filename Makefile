@@ -5,8 +5,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BUILD := _build
-# studies to re-execute (make reproduce STUDIES="02 05" PROFILE=full)
-STUDIES ?= $(patsubst notebooks/%.ipynb,%,$(wildcard notebooks/[0-9][0-9]_*.ipynb))
+# studies to re-execute (make reproduce STUDIES="02_gpu_costs 05_attention" PROFILE=full), in an order where each
+# notebook finds what it reads: 08 replays 01's runs and 02 compares with 08's; 03 draws 06's measured α
+STUDIES ?= 01_scheduling 08_simulator 02_gpu_costs 06_hf_assisted 03_speculative 04_kv_cache 05_attention 07_prefix_cache
 PROFILE ?= auto
 # independent repeats per study (make reproduce REPEATS=3); empty: one run each
 REPEATS ?=

@@ -8,7 +8,8 @@
 # (servelab.studies.common.repeat_runs; N >= 3); the time limit then covers all N. 08_simulator runs once.
 #
 # PM_PARAMS="-p name value ..." adds papermill parameters to every study of the run.
-# 08_simulator is not a study: its executed notebook becomes book/simulator.ipynb. Notebooks 03 and 06
+# 08_simulator is not a study: its executed notebook becomes book/simulator.ipynb. Give the studies in the
+# order of `make reproduce`'s STUDIES (each finds what it reads: 06 before 03, 01 before 08 before 02). 03 and 06
 # share one trained model family through $SERVELAB_TRAINED (trained by whichever runs first).
 #
 # Logs go to $OUT/run.log; a one-line-per-study summary is printed last.

@@ -76,3 +76,17 @@ def test_the_pages_sweeps_draw_every_shapes_inputs_from_the_runs_seed(monkeypatc
         study5_sweep.mask_factories(P["window"], P["document_tokens"], 0)["document"](L).doc_lengths
         for L in sorted(P["mask_lengths"])
     ]
+
+
+def test_make_reproduce_runs_every_notebook_once_each_after_what_it_reads():
+    """``make reproduce``'s order: every study notebook once; 08 after 01 (it replays 01's runs), 02 after 08 (it
+    compares with the simulator), 03 after 06 (its curves draw 06's measured α)."""
+    import re
+
+    from servelab.paths import REPO_ROOT
+
+    line = re.search(r"^STUDIES \?= (.+)$", (REPO_ROOT / "Makefile").read_text(), re.M).group(1).split()
+    assert sorted(line) == sorted(p.stem for p in (REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    at = {s: i for i, s in enumerate(line)}
+    assert at["01_scheduling"] < at["08_simulator"] < at["02_gpu_costs"]
+    assert at["06_hf_assisted"] < at["03_speculative"]
