@@ -326,28 +326,23 @@ def main(argv=None) -> None:
     (its provenance in ``03_speculative_controlled/run.json``, with the raw repeats)."""
     import argparse
 
-    from servelab.measure import device_record
-    from servelab.measure.results import StudyResults
     from servelab.studies.s03_speculative.params import study_params
+    from servelab.studies.s03_speculative.part import run_part
 
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("--profile", default="auto", choices=["auto", "full", "smoke"])
     args = ap.parse_args(argv)
     P = study_params(args.profile)
-    dev = device_record()
-    if dev.kind != "cuda":
-        torch.set_num_threads(1)  # tiny models on a small CPU: intra-op threads only contend
-    res = StudyResults("03_speculative_controlled", dev, P)
-    t0 = time.perf_counter()
-    raw = controlled_sweep(P, "cuda" if dev.kind == "cuda" else "cpu")
-    res.write("controlled_raw", raw)
-    table = controlled_table(raw)
-    (res.dir.parent / "03_speculative").mkdir(exist_ok=True)
-    res.write_for("03_speculative", "controlled_acceptance", table)
-    res.finish(wall_s=time.perf_counter() - t0)
-    print(table.round(3).to_string(index=False))
+    table, wall_s = run_part(
+        "03_speculative_controlled",
+        "controlled_raw",
+        "controlled_acceptance",
+        P,
+        lambda device: controlled_sweep(P, device),
+        controlled_table,
+    )
     print(break_even_alpha(table).round(3).to_string(index=False))
-    print(f"controlled acceptance: {len(table)} points in {time.perf_counter() - t0:.0f} s")
+    print(f"controlled acceptance: {len(table)} points in {wall_s:.0f} s")
 
 
 if __name__ == "__main__":

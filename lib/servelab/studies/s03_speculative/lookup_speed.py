@@ -18,7 +18,6 @@ import time
 
 import numpy as np
 import pandas as pd
-import torch
 
 from servelab.errors import ParameterError
 from servelab.spec import leviathan
@@ -196,24 +195,20 @@ def main(argv=None) -> None:
     ``03_speculative/lookup_speed.csv`` (provenance and the raw repeats in ``03_speculative_lookup/``)."""
     import argparse
 
-    from servelab.measure import device_record
-    from servelab.measure.results import StudyResults
+    from servelab.studies.s03_speculative.part import run_part
 
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("--profile", default="full", choices=sorted(PROFILES))
     args = ap.parse_args(argv)
-    dev = device_record()
-    if dev.kind != "cuda":
-        torch.set_num_threads(1)  # a small CPU: intra-op threads only contend
-    res = StudyResults("03_speculative_lookup", dev, PROFILES[args.profile] | dict(profile=args.profile))
-    t0 = time.perf_counter()
-    raw = smollm2_lookup_speed(args.profile, device="cuda" if dev.kind == "cuda" else "cpu", progress=True)
-    res.write("lookup_raw", raw)
-    table = lookup_table(raw)
-    (res.dir.parent / "03_speculative").mkdir(exist_ok=True)
-    res.write_for("03_speculative", "lookup_speed", table)
-    res.finish(wall_s=time.perf_counter() - t0)
-    print(table.round(3).to_string(index=False))
+    params = PROFILES[args.profile] | dict(profile=args.profile)
+    run_part(
+        "03_speculative_lookup",
+        "lookup_raw",
+        "lookup_speed",
+        params,
+        lambda device: smollm2_lookup_speed(args.profile, device=device, progress=True),
+        lookup_table,
+    )
 
 
 if __name__ == "__main__":
