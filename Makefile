@@ -5,15 +5,12 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BUILD := _build
-# studies to re-execute (make reproduce STUDIES="02_gpu_costs 05_attention" PROFILE=full), in an order where each
-# notebook finds what it reads: 08 replays 01's runs and 02 compares with 08's; 03 draws 06's measured α
-STUDIES ?= 01_scheduling 08_simulator 02_gpu_costs 06_hf_assisted 03_speculative 04_kv_cache 05_attention 07_prefix_cache
-PROFILE ?= auto
-# independent repeats per study (make reproduce REPEATS=3); empty: one run each
-REPEATS ?=
+# `make reproduce`: measure what `make gpu-plan` lists as missing (on a GPU), then render the book from it.
+# REPEATS: independent repeats per study part (fresh processes, seeds base+r).
+REPEATS ?= 3
 
 
-.PHONY: venv lint book test test-lib test-notebooks test-book browser reproduce clean
+.PHONY: venv lint pages book test test-lib test-pages test-notebooks test-book browser gpu-plan reproduce clean
 
 venv: $(STAMP)
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
@@ -23,22 +20,37 @@ $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
 	touch $(STAMP)
 
-# Render the book from the committed, already executed notebooks (execute_notebooks: off).
-# --all: a full build every time, so that changed static files and data includes are never stale.
-book: $(STAMP)
+# Render every study page and the simulator page from the committed data (papermill, profile "replay": nothing
+# is measured, on a CPU), then build the book. --all: a full build every time, so that changed static files and
+# data includes are never stale.
+pages: $(STAMP)
+	$(PY) -m servelab_book render
+
+book: pages
 	$(PY) -m servelab_book prepare --root .
 	$(VENV)/bin/jupyter-book build . --all --builder html -W -n --keep-going
 	@echo "The book: $(CURDIR)/$(BUILD)/html/index.html"
+
+# The GPU jobs missing at today's measurement fingerprints, with expected minutes, packed into GPU runs
+# (run each with scripts/gpu_run.sh on the GPU machine).
+gpu-plan: $(STAMP)
+	@$(PY) -m servelab.studies.common.campaign plan --repeats $(REPEATS)
 
 # ruff: lint and format, configured in pyproject.toml; any finding fails.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: lint test-lib test-notebooks test-book
+test: lint test-lib test-pages test-notebooks test-book
 
 test-lib: $(STAMP)
 	$(PY) -m pytest -q tests || [ $$? -eq 5 ]
+
+# The committed pages are renders of the committed data by today's reporting code: nbval renders each again and
+# fails on any difference (before `make book` renders them anew). Volatile fields: tests/nbval_sanitize.cfg.
+test-pages: $(STAMP)
+	$(PY) -m pytest -q --nbval -p no:cacheprovider --nbval-sanitize-with tests/nbval_sanitize.cfg \
+	  book/studies/*.ipynb book/simulator.ipynb
 
 # Every study notebook in the smoke profile (profile="auto" picks it without CUDA), writing to scratch.
 test-notebooks: $(STAMP)
@@ -54,19 +66,10 @@ browser:
 	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then echo "chromium: $$(/usr/bin/chromedriver --version)"; \
 	else apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; fi
 
-# Re-execute studies with papermill into book/studies (PROFILE=full on a GPU). 08_simulator (after 01, whose
-# measurements it replays) becomes book/simulator.ipynb; 03 and 06 share one trained family ($$SERVELAB_TRAINED).
-# REPEATS=3: each study as 3 fresh processes (seeds base+r), verdicts combined (servelab.studies.common.repeat_runs);
-# the simulator has no verdicts of its own and runs once. PARAMS="-p name value ..." go to every run.
+# Measure, on a GPU, every job `make gpu-plan` lists (each a fresh process), then render the book from the data.
 reproduce: $(STAMP)
-	export SERVELAB_TRAINED=$${SERVELAB_TRAINED:-$$(mktemp -d)}; for s in $(STUDIES); do \
-	  dest=book/studies/$$s.ipynb; [ $$s = 08_simulator ] && dest=book/simulator.ipynb; \
-	  if [ -n "$(REPEATS)" ] && [ $$s != 08_simulator ]; then \
-	    $(PY) -m servelab.studies.common.repeat_runs $$s --repeats $(REPEATS) --profile $(PROFILE) $(PARAMS) || exit 1; \
-	  else \
-	    $(PY) -m papermill --cwd notebooks notebooks/$$s.ipynb $$dest -p profile $(PROFILE) $(PARAMS) || exit 1; \
-	  fi; \
-	done
+	$(PY) -m servelab.studies.common.campaign run $$($(PY) -m servelab.studies.common.campaign plan --jobs-only --repeats $(REPEATS))
+	$(MAKE) book
 
 clean:
 	rm -rf $(BUILD)

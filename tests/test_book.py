@@ -12,17 +12,15 @@ import pandas as pd
 import pytest
 
 from servelab.paths import REPO_ROOT
+from servelab.studies.common.markdown import TABLE_CLASS, format_value, md_text
 from servelab_book.__main__ import main
 from servelab_book.claim_links import claim_target, findings_anchor
 from servelab_book.controlled import INCLUDES as CONTROLLED_INCLUDES
 from servelab_book.findings import FindingsError, book_findings, book_runs
 from servelab_book.findings_table import (
     NOT_MEASURED,
-    TABLE_CLASS,
     FindingsMismatch,
     findings_table,
-    format_value,
-    md_text,
     one_line,
     render_landing_table,
     render_summary,

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from bs4 import BeautifulSoup
 
+from servelab.studies.common.markdown import TABLE_CLASS
 from servelab_book.__main__ import main
 from servelab_book.check import BOOK_PAGES, FINDINGS, LANDING, check_book, remote_resources
-from servelab_book.findings_table import TABLE_CLASS
 from servelab_book.seed_claims import load_seed_claims
 from servelab_book.studies import STUDIES
 

@@ -7,21 +7,19 @@ import pytest
 from servelab.errors import ParameterError
 from servelab.measure import Roofline
 from servelab.models import ModelShape, load_model
-from servelab.sim.cost_fit import STEP_TERMS, fit_all, heldout_table, step_features
-from servelab.studies.s02_gpu_costs import (
-    CostModel,
+from servelab.sim.cost_fit import STEP_TERMS, CostModel, fit_all, heldout_table, step_features
+from servelab.studies.s02_gpu_costs import verdicts
+from servelab.studies.s02_gpu_costs.launch_overhead import launch_overhead, step_label
+from servelab.studies.s02_gpu_costs.params import study_params
+from servelab.studies.s02_gpu_costs.points import (
     StepPoint,
     context_prefill_points,
     decode_points,
     mixed_points,
     prefill_points,
-    step_sweep,
-    verdicts,
+    study_plan,
 )
-from servelab.studies.s02_gpu_costs.launch_overhead import launch_overhead, step_label
-from servelab.studies.s02_gpu_costs.params import study_params
-from servelab.studies.s02_gpu_costs.points import study_plan
-from servelab.studies.s02_gpu_costs.sweep import NO_MIXED_STEP, time_steps
+from servelab.studies.s02_gpu_costs.sweep import NO_MIXED_STEP, step_sweep, time_steps
 
 
 def test_points_respect_their_caps():

@@ -33,6 +33,9 @@ def main(argv: list[str] | None = None) -> int:
         default=BOOK_DEVICE,
         help=f"only runs whose device slug contains this count as the book's (default {BOOK_DEVICE!r})",
     )
+    r = sub.add_parser("render", help="render every study page and the simulator page from the committed data")
+    r.add_argument("pages", nargs="*", help="notebook stems to render (default: all), e.g. 02_gpu_costs")
+    r.add_argument("--jobs", type=int, default=None, help="kernels at a time (default: one per core)")
     c = sub.add_parser("check", help="check a built book: pages, findings table, offline assets, internal links")
     c.add_argument("html_dir", type=Path, help="the built HTML, e.g. _build/html")
     args = parser.parse_args(argv)
@@ -50,6 +53,13 @@ def main(argv: list[str] | None = None) -> int:
         except (PageConflict, FindingsError, FindingsMismatch, MathJaxMissing, ValueError) as e:
             print(f"servelab_book prepare: {e}", file=sys.stderr)
             return 1
+        return 0
+
+    if args.command == "render":
+        from servelab_book.render import render_all
+
+        for page, seconds in render_all(only=args.pages or None, jobs=args.jobs).items():
+            print(f"rendered {page} in {seconds:.1f} s")
         return 0
 
     from servelab_book.check import check_book

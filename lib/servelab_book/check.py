@@ -27,7 +27,7 @@ from urllib.parse import unquote, urlsplit
 
 from bs4 import BeautifulSoup
 
-from servelab_book.findings_table import TABLE_CLASS
+from servelab.studies.common.markdown import TABLE_CLASS
 from servelab_book.output_checks import figure_problems, output_problems
 from servelab_book.seed_claims import SEED_CLAIMS_CSV, load_seed_claims
 from servelab_book.studies import STUDIES

@@ -21,12 +21,12 @@ import pandas as pd
 from servelab.measure.results import results_root as default_results_root
 from servelab.paths import REPO_ROOT
 from servelab.spec import leviathan
+from servelab.studies.common.markdown import list_table, md_text
 from servelab.studies.s03_speculative import controlled, report
 from servelab.studies.s03_speculative.verdicts import SEED_TARGET_OVER_DRAFT
 from servelab_book.controlled_figure import figure_svg
 from servelab_book.engine_bench import bench_provenance, find_bench
 from servelab_book.findings import BOOK_DEVICE
-from servelab_book.findings_table import list_table, md_text
 
 TABLE = "03_speculative/controlled_acceptance.csv"
 RUN_DIR = "03_speculative_controlled"

@@ -13,8 +13,8 @@ from pathlib import Path
 import pandas as pd
 
 from servelab.measure.results import results_root
+from servelab.studies.common.markdown import format_value, list_table, md_text
 from servelab_book.findings import BOOK_DEVICE
-from servelab_book.findings_table import format_value, list_table, md_text
 
 REQUIRED = ["metric", "value", "unit"]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from servelab_book.findings_table import format_value, list_table, md_text
+from servelab.studies.common.markdown import format_value, list_table, md_text
 
 NOT_RUN = "The engine has not been benchmarked on the H200 yet.\n"
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pandas as pd
 
 from servelab.paths import REPO_ROOT
+from servelab.studies.common.markdown import list_table, md_text
 from servelab_book.engine_bench import bench_provenance
-from servelab_book.findings_table import list_table, md_text
 
 ENGINE_CODE = ("lib/servelab/engine", "lib/servelab/models", "lib/servelab/kernels", "lib/servelab/kv")
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import math
 import re
-import string
 
 import pandas as pd
 
+from servelab.studies.common.markdown import format_value, list_table, md_text
 from servelab_book.claim_links import claim_target
 from servelab_book.studies import STUDIES, StudyPage
 
@@ -25,7 +25,6 @@ BADGES = {
     INCONCLUSIVE: "bdg-info",
     NOT_MEASURED: "bdg-muted",
 }
-TABLE_CLASS = "servelab-findings"  # the browser test and `check` find the table by this class
 TABLE_COLUMNS = [
     "id",
     "study",
@@ -42,39 +41,10 @@ TABLE_COLUMNS = [
     "repeat_verdicts",
     "spread",
 ]
-# marks with inline meaning in MyST (emphasis, code, links, roles, math, tables, HTML, entities)
-_INLINE = set("\\`*_[]<>$" + "{}|~&")
-_ORDERED_ITEM = re.compile(r"^(\d+)([.)])(\s)")
-_LONG_INT = re.compile(r"(?<![\d.,])\d{4,}(?![\d.,]\d)")
 
 
 class FindingsMismatch(RuntimeError):
     """Findings and pages disagree, e.g. a measured claim whose page still says "not yet measured"."""
-
-
-def format_value(value: str) -> str:
-    """A measured value for reading: 3 significant figures and thousands separators for a number;
-    in text (a range such as "21923–47819"), thousands separators for long integers only.
-
-    >>> format_value("7.641234"), format_value("4223.1"), format_value("0.012345"), format_value("7.80")
-    ('7.64', '4,223', '0.0123', '7.8')
-    >>> format_value("21923–47819"), format_value("7.8 / 275.2"), format_value("n=2")
-    ('21,923–47,819', '7.8 / 275.2', 'n=2')
-    """
-    text = str(value).strip()
-    try:
-        x = float(text.replace(",", ""))
-    except ValueError:
-        return _LONG_INT.sub(lambda m: f"{int(m.group(0)):,}", text)
-    if not math.isfinite(x):
-        return text
-    if x == 0:
-        return "0"
-    if x == int(x) and abs(x) < 1e15:
-        return f"{int(x):,}"
-    decimals = max(0, 2 - math.floor(math.log10(abs(x))))
-    shown = f"{x:,.{decimals}f}"
-    return shown.rstrip("0").rstrip(".") if "." in shown else shown
 
 
 def format_utc(stamp: str) -> str:
@@ -86,14 +56,6 @@ def format_utc(stamp: str) -> str:
     if t.tzinfo is not None:
         t = t.tz_convert("UTC")
     return t.strftime("%Y-%m-%d %H:%M UTC")
-
-
-def md_text(text: str) -> str:
-    """Plain text safe inside MyST, on one line: marks with a meaning are backslash-escaped."""
-    text = " ".join(str(text).split())
-    # any punctuation opening the text could start a list, heading, comment, target or fence there
-    out = "".join("\\" + c if c in _INLINE or (i == 0 and c in string.punctuation) else c for i, c in enumerate(text))
-    return _ORDERED_ITEM.sub(r"\1\\\2\3", out)
 
 
 def one_line(text: str, limit: int = 160) -> str:
@@ -219,21 +181,6 @@ def _badge(verdict: str, repeat_verdicts: str = "") -> str:
     if verdict == INCONCLUSIVE and said:
         badge += f" ({md_text(', '.join(said))})"
     return badge
-
-
-def list_table(
-    header: list[str], rows: list[list[str]], widths: list[int] | None = None, *, css: str = TABLE_CLASS
-) -> str:
-    """A MyST list-table of already formatted cells (the book's one table renderer)."""
-    lines = [":::{list-table}", ":header-rows: 1", f":class: {css}"]
-    if widths:
-        lines.append(f":widths: {' '.join(map(str, widths))}")
-    lines.append("")
-    for cells in [header] + rows:
-        lines.append(f"* - {cells[0]}")
-        lines.extend(f"  - {c}" for c in cells[1:])
-    lines.append(":::")
-    return "\n".join(lines) + "\n"
 
 
 def render_landing_table(table: pd.DataFrame) -> str:

@@ -15,7 +15,7 @@ import pandas as pd
 
 from servelab.measure.results import results_root
 from servelab.paths import DATA_DIR
-from servelab_book.findings_table import format_value, list_table, md_text
+from servelab.studies.common.markdown import format_value, list_table, md_text
 
 PUBLISHED_CSV = DATA_DIR / "published" / "published.csv"
 COLUMNS = ["study", "metric", "value", "unit", "hardware", "source", "note"]

@@ -10,8 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from servelab.studies.common import rerun
+from servelab.studies.common.markdown import md_text
 from servelab.studies.common.rerun import parameters_source
-from servelab_book.findings_table import md_text
 from servelab_book.studies import NOTEBOOKS_DIR, STUDIES, Study, page_title, study_by_slug
 
 __all__ = ["papermill_command", "parameters_source", "render_reproduce", "rerun_markdown"]  # parameters_source: rerun's

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from servelab.studies.common.markdown import list_table, md_text
 from servelab.studies.common.rules import Rule, old_verdict
-from servelab_book.findings_table import list_table, md_text
 
 
 def _today(findings: pd.DataFrame, claim: str) -> str:

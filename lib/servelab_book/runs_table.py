@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from servelab_book.findings_table import format_utc, format_value, md_text
+from servelab.studies.common.markdown import format_value, md_text
+from servelab_book.findings_table import format_utc
 from servelab_book.studies import study_by_slug
 
 

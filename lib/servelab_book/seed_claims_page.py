@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from servelab_book.findings_table import md_text
+from servelab.studies.common.markdown import md_text
 from servelab_book.seed_claims import claim_anchor
 
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from servelab.studies.common.markdown import TABLE_CLASS
 from servelab_book.check import EXECUTED_DOCS, LANDING, RUN_NOTE
-from servelab_book.findings_table import TABLE_CLASS
 from servelab_book.seed_claims import load_seed_claims
 from servelab_book.studies import STUDIES
 

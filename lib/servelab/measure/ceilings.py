@@ -27,6 +27,12 @@ class Ceilings:
         d["matmul_timing"] = asdict(self.matmul_timing)
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict) -> Ceilings:
+        """The ceilings a run recorded (``as_dict``, as ``run.json`` holds them): the reporting path's copy."""
+        fields = {k: d[k] for k in ("copy_gb_s", "matmul_tflop_s", "matmul_dtype", "copy_bytes", "matmul_n")}
+        return cls(**fields, copy_timing=Timing(**d["copy_timing"]), matmul_timing=Timing(**d["matmul_timing"]))
+
     @property
     def ridge_flop_per_byte(self) -> float:
         """Arithmetic intensity above which a kernel is compute-bound on this device."""

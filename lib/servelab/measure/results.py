@@ -19,11 +19,15 @@ import json
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pandas as pd
 
 from servelab.paths import REPO_ROOT
+
+RUNS = "runs"  # a study's measured runs, by fingerprint, part and repeat (``run_folder``)
+DIGITS = 12  # of a fingerprint, in folder names
 
 # "inconclusive": the repeats of a claim disagree (the spread is shown beside it)
 VERDICTS = ("holds", "changes", "fails", "inconclusive")
@@ -98,21 +102,58 @@ def _jsonable(o):
     return str(o)
 
 
-class StudyResults:
-    """Writes one study's results for one device."""
+def run_folder(study_dir: Path, fingerprint: str, part: str, repeat: int) -> Path:
+    """Where one measured run lives: ``<study>/runs/<fingerprint>/<part>/r<repeat>/`` (see ``measuring=``)."""
+    return Path(study_dir) / RUNS / fingerprint[:DIGITS] / part / f"r{repeat}"
 
-    def __init__(self, study: str, device, params: dict, ceilings=None, root: Path | None = None):
+
+def next_repeat(parent: Path) -> int:
+    """The lowest repeat index with no finished run under ``parent`` (a part's folder)."""
+    taken = {int(d.name[1:]) for d in Path(parent).glob("r*") if d.name[1:].isdigit()}
+    return next(i for i in range(len(taken) + 1) if i not in taken)
+
+
+class StudyResults:
+    """Writes one study's results for one device.
+
+    ``measuring``: the dotted name of the measuring module that runs (a study's ``measure``, passing ``__name__``).
+    The run then goes to its own folder, ``<study>/runs/<fingerprint>/<part>/r<repeat>/``, where ``part`` and
+    ``repeat`` come from ``params`` (``"all"`` and the next free index when absent), and ``run.json`` records the
+    measuring path's fingerprint with the hash of every file in it: the reporting path reads every repeat of one
+    fingerprint, and a page whose data's fingerprint is not today's names the files that changed. Without it the
+    results go to the study's folder itself (the engine bench's layout).
+    """
+
+    def __init__(
+        self, study: str, device, params: dict, ceilings=None, root: Path | None = None, *, measuring: str | None = None
+    ):
         self.study = study
         self.device = device
         self.params = dict(params)
         self.ceilings = ceilings
         self.repeat = repeat_env()
         self.device_dir = Path(root or results_root()) / device.slug
-        self.dir = self._folder(study)
-        if self.repeat and self.dir.is_dir() and _set_of(self.dir) != self.repeat["set"]:
-            shutil.rmtree(self.dir)  # an older set's repeat of this index: none of its files belong to this one
+        self.fingerprint = None
+        if measuring is not None:
+            from servelab.measure.fingerprint import fingerprint
+
+            self.fingerprint = fingerprint(measuring)
+            part = str(self.params.get("part") or "all")
+            parent = self.device_dir / study / RUNS / self.fingerprint.short / part
+            rep = self.params.get("repeat")
+            rep = next_repeat(parent) if rep is None else int(rep)
+            self.params.update(part=part, repeat=rep)
+            self.dir = run_folder(self.device_dir / study, self.fingerprint.digest, part, rep)
+            if self.dir.is_dir():
+                shutil.rmtree(self.dir)  # the same repeat measured again: none of the old files belong to it
+            self.repeat = None
+        else:
+            self.dir = self._folder(study)
+            if self.repeat and self.dir.is_dir() and _set_of(self.dir) != self.repeat["set"]:
+                shutil.rmtree(self.dir)  # an older set's repeat of this index: none of its files belong to this one
         self.dir.mkdir(parents=True, exist_ok=True)
         self.files: list[str] = []
+        self._t0 = time.monotonic()
         self.started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         self.write_sidecar()
 
@@ -123,16 +164,30 @@ class StudyResults:
 
     def write_sidecar(self, **extra) -> Path:
         path = self.dir / "run.json"
+        fp = self.fingerprint
         side = {
             "study": self.study,
             "git_commit": git_commit(),
             "started_utc": self.started,
             "written_utc": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "duration_s": round(time.monotonic() - self._t0, 1),
             "device": self.device,
             "ceilings": self.ceilings,
             "params": self.params,
             "files": self.files,
             **({"repeat": self.repeat} if self.repeat else {}),
+            **(
+                {
+                    "part": self.params["part"],
+                    "repeat_index": self.params["repeat"],
+                    "seed": self.params.get("seed"),
+                    "fingerprint": fp.digest,
+                    "measuring_module": fp.module,
+                    "fingerprint_files": fp.files,
+                }
+                if fp is not None
+                else {}
+            ),
             **extra,
         }
         path.write_text(json.dumps(side, indent=2, default=_jsonable) + "\n")
@@ -184,10 +239,11 @@ class StudyResults:
         return self.write("findings", findings_frame(rows))
 
     def finish(self, **extra) -> Path:
-        """Stamp the end-of-run clocks into the device record and rewrite the sidecar."""
+        """Stamp the end-of-run clocks into the device record and rewrite the sidecar, marked ``complete``: the
+        reporting path reads only complete runs (a run cut off by its time limit leaves an incomplete folder)."""
         if hasattr(self.device, "close"):
             self.device.close()
-        return self.write_sidecar(**extra)
+        return self.write_sidecar(complete=True, **extra)
 
 
 def _set_of(folder: Path) -> str | None:

@@ -63,3 +63,25 @@ class Finding:
 
     def row(self) -> dict:
         return asdict(self)
+
+
+def not_measured(study: str, why: str = "no run of this study on the book's device") -> list[Finding]:
+    """Every seed claim of ``study`` as **inconclusive**, "not measured", with ``why``: what a page shows when its
+    data is missing, instead of a crash or a verdict. Claims and seed values come from ``data/seed/claims.csv``."""
+    import pandas as pd
+
+    from servelab.paths import DATA_DIR
+
+    seed = pd.read_csv(DATA_DIR / "seed" / "claims.csv", dtype=str, keep_default_na=False)
+    return [
+        Finding(
+            id=r.id,
+            claim=r.claim,
+            seed_value=r.rtx2070_value,
+            measured_value="not measured",
+            unit="",
+            verdict="inconclusive",
+            note=f"Not measured: {why}",
+        )
+        for r in seed[seed["study"] == study].itertuples()
+    ]

@@ -25,18 +25,50 @@ def md_cell(text) -> str:
 
 
 def verdict_table(findings: Iterable[Finding], device: str = "this run") -> str:
-    """A markdown table, one row per claim: claim, the seed's value, this run's value and unit, verdict, tested on.
+    """A markdown table, one row per claim: the claim, the seed's value, the measured value (the median over repeats)
+    with its interval and the number of repeats, the verdict (with each repeat's where they disagree) and the
+    models it was measured on.
 
-    ``device``: the GPU this run measured on (the column heading of the measured values).
+    ``device``: the GPU the runs measured on (the column heading of the measured values).
     """
-    head = f"| Claim | {SEED_DEVICE} (seed) | {md_cell(device)} | Unit | Verdict | Tested on |"
-    rows = [head, "|---|---|---|---|---|---|"]
+    head = f"| Claim | {SEED_DEVICE} (seed) | {md_cell(device)} | Unit | Repeats | Verdict | Tested on |"
+    rows = [head, "|---|---|---|---|---|---|---|"]
     for f in findings:
+        value = md_cell(f.measured_value)
+        if f.spread:
+            value += f" ({md_cell(f.spread)})"
+        said = f" ({md_cell(f.repeat_verdicts.replace(';', ', '))})" if f.verdict == "inconclusive" else ""
         rows.append(
-            f"| **{f.id}** {md_cell(f.claim)} | {md_cell(f.seed_value) or '—'} | {md_cell(f.measured_value)} | "
-            f"{md_cell(f.unit)} | **{f.verdict}** | {md_cell(f.tested_on) or '—'} |"
+            f"| **{f.id}** {md_cell(f.claim)} | {md_cell(f.seed_value) or '—'} | {value} | "
+            f"{md_cell(f.unit)} | {f.repeats} | **{f.verdict}**{said} | {md_cell(f.tested_on) or '—'} |"
         )
     return "\n".join(rows) + "\n"
+
+
+def evidence_banner(runs) -> str:
+    """The page's first line about its data (a ``common.runs.RunSet``): what it was measured on, how many repeats at
+    which fingerprint, and whether that is today's measuring code; where it is not, an admonition naming the
+    measuring files that changed since. Nothing measured: an admonition saying so."""
+    if not runs.measured:
+        return (
+            ":::{admonition} Not measured\n:class: warning\nNo run of this study on the book's device is committed, so "
+            "every verdict below reads inconclusive. `make gpu-plan` lists the GPU jobs that measure it.\n:::\n"
+        )
+    commits = sorted({r.commit[:7] for r in runs.runs if r.commit})
+    n = len(runs.repeats)
+    fp = "runs from before fingerprints" if runs.fingerprint == "legacy" else f"fingerprint `{runs.fingerprint[:12]}`"
+    line = (
+        f"Measured on {md_cell(runs.device_name)}: {n} repeat{'s' if n != 1 else ''} "
+        f"({len(runs.runs)} run{'s' if len(runs.runs) != 1 else ''}, {fp}, commit {', '.join(commits)})."
+    )
+    if runs.current:
+        return line + " The measuring code is today's.\n"
+    files = ", ".join(f"`{f}`" for f in runs.changed[:12]) + (" …" if len(runs.changed) > 12 else "")
+    return (
+        f":::{{admonition}} Stale: measured by older code\n:class: warning\n{line} Since then these measuring files "
+        f"changed: {files or 'unknown'}. The verdicts are today's rules applied to that data; `make gpu-plan` lists "
+        "the GPU jobs that measure it again.\n:::\n"
+    )
 
 
 def takeaway_list(sentences: Iterable[str]) -> str:

@@ -12,6 +12,8 @@ from servelab.errors import ParameterError
 
 __all__ = [
     "PROFILES",
+    "REPLAY",
+    "RUN_PLACE",
     "ParameterError",
     "resolve_profile",
     "resolve",
@@ -22,9 +24,15 @@ __all__ = [
 ]
 
 PROFILES = ("auto", "full", "smoke")
+REPLAY = "replay"  # a page's profile that measures nothing: it renders the committed runs (``common.study.page``)
+# Where a measured run goes among its study's runs (``measure.results.StudyResults``): which part of the study it
+# measures ("all", or one of the parts a long study is split into) and its repeat index (None: the next free one).
+RUN_PLACE = {"part": "all", "repeat": None}
 
 
 def resolve_profile(profile: str) -> str:
+    if profile == REPLAY:
+        raise ParameterError('profile "replay" measures nothing; it has no parameters to resolve')
     if profile not in PROFILES:
         raise ParameterError(f"profile must be one of {PROFILES}, got {profile!r}")
     if profile != "auto":
@@ -42,6 +50,8 @@ def resolve(defaults: Mapping[str, Mapping], profile: str, overrides: Mapping) -
     """
     prof = resolve_profile(profile)
     p = {k: (list(v) if isinstance(v, list) else v) for k, v in defaults[prof].items()}
+    for k, v in RUN_PLACE.items():
+        p.setdefault(k, v)
     unknown = set(overrides) - set(p)
     if unknown:
         raise ParameterError(f"unknown parameters {sorted(unknown)}; known: {sorted(p)}")
@@ -56,7 +66,7 @@ def overrides_from(namespace: Mapping, defaults: Mapping[str, Mapping]) -> dict:
     A notebook passes ``globals()``; only names that are parameters of the study count, so its parameters cell
     is the one place a parameter is written in the notebook (``None`` there means the profile's default).
     """
-    names = set().union(*(d.keys() for d in defaults.values()))
+    names = set().union(*(d.keys() for d in defaults.values()), RUN_PLACE)
     return {k: namespace[k] for k in names if k in namespace}
 
 

@@ -30,3 +30,21 @@ def parameters_source(notebook: Path) -> str:
         if cell.cell_type == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):
             return cell.source.strip()
     raise ValueError(f"{notebook}: no code cell tagged 'parameters' (papermill needs one)")
+
+
+def rerun_section(slug: str, notebooks_dir: Path | None = None) -> str:
+    """A study page's re-run section, as markdown: how to render the page from the data, how to measure it again
+    (the campaign's jobs, or papermill with ``profile="full"``), and the notebook's ``parameters`` cell."""
+    from servelab.paths import REPO_ROOT
+
+    nb = Path(notebooks_dir or REPO_ROOT / "notebooks") / f"{slug}.ipynb"
+    source = parameters_source(nb)
+    return (
+        "Render this page from the committed data (no GPU), or measure it again on a GPU and render that:\n\n"
+        f"```bash\n{papermill_command(slug, profile='replay')}\n"
+        f"make gpu-plan                      # the GPU jobs missing at today's fingerprint, packed into runs\n"
+        f"scripts/gpu_run.sh {slug}:all:0    # one job: part 'all' of repeat 0 (see the plan for parts)\n"
+        f"{papermill_command(slug, out='out.ipynb')}\n```\n\n"
+        "Parameters, from the notebook's `parameters` cell (pass any with `-p name value`; `None` is the profile's "
+        f"default):\n\n```python\n{source}\n```\n"
+    )

@@ -89,6 +89,9 @@ RC = {
     "axes.spines.top": False,
     "axes.spines.right": False,
     "svg.fonttype": "none",  # text stays text in the SVG: searchable, and sized by the page
+    # the same figure gives the same bytes (its element ids come from this salt, not a random one), so a page
+    # re-rendered from the same data equals the committed one (checked by nbval)
+    "svg.hashsalt": "servelab",
     "savefig.bbox": "tight",
 }
 FIGURE_FORMATS = ("svg",)
@@ -113,9 +116,12 @@ def palette(names: Iterable[str]) -> dict[str, str]:
 
 def use_book_style(formats: tuple[str, ...] = FIGURE_FORMATS) -> None:
     """Set the book's matplotlib defaults and the inline backend's output format (SVG; "retina" for a 2× PNG)."""
+    import os
+
     import matplotlib as mpl
 
     mpl.rcParams.update(RC)
+    os.environ.setdefault("SOURCE_DATE_EPOCH", "0")  # the SVG's date: none that changes between renders
     try:
         from matplotlib_inline.backend_inline import set_matplotlib_formats
     except ImportError:  # no IPython kernel here (a script): figures are saved by the caller

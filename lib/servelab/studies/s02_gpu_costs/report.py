@@ -1,14 +1,96 @@
-"""Study 2's page text from its run: the takeaways, and compact tables (about a dozen rows at most, units in the
-headings; the full tables are the run's CSVs: ``steps.csv``, ``server_steps.csv``, ``cost_model_fit.csv``…)."""
+"""Study 2's reporting path: everything its page shows, computed from the runs' files (``report``), and the page
+text: takeaways and compact tables (about a dozen rows at most, units in the headings; the full tables are the runs'
+CSVs). Each repeat's verdicts come from its own steps; tables and figures show each point's median over repeats.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import pandas as pd
 
+from servelab.sim.cost_fit import fit_all, heldout_table
+from servelab.studies.common.findings import Finding, not_measured
 from servelab.studies.common.page import finding_sentence, takeaway_list
+from servelab.studies.common.published import published_section
+from servelab.studies.common.runs import RunSet, pool_repeats
 from servelab.studies.common.tested_on import model_name
-from servelab.studies.s02_gpu_costs.run import Study2Run
-from servelab_book.published import render_published
+from servelab.studies.s02_gpu_costs import verdicts
+from servelab.studies.s02_gpu_costs.launch_overhead import launch_overhead
+
+STUDY = "02_gpu_costs"
+# what identifies one timed step: its median over repeats is the value the page's tables and figures show
+STEP_KEYS = ["model", "mode", "phase", "batch", "new_tokens", "context", "decodes", "decode_context", "path"]
+
+
+@dataclass
+class Study2Page:
+    runs: RunSet
+    findings: list[Finding]
+    steps: pd.DataFrame = field(default_factory=pd.DataFrame)  # every step, median over repeats
+    ceilings: object = None  # servelab.measure.Ceilings of the first run
+    kernel_profile: pd.DataFrame = field(default_factory=pd.DataFrame)
+    modes: pd.DataFrame = field(default_factory=pd.DataFrame)
+    server_steps: pd.DataFrame = field(default_factory=pd.DataFrame)
+    overhead: pd.DataFrame = field(default_factory=pd.DataFrame)
+    cost_fit: pd.DataFrame = field(default_factory=pd.DataFrame)
+    heldout: pd.DataFrame = field(default_factory=pd.DataFrame)
+    predicted: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    @property
+    def device(self) -> str:
+        return self.runs.device_name
+
+
+def modes_table(steps: pd.DataFrame) -> pd.DataFrame:
+    """The same decode step (batch 1, the shortest context) in each mode, against its floor."""
+    dec = steps[(steps.status == "ok") & (steps.phase == "decode")]
+    first = dec[(dec.batch == 1) & (dec.context == dec.context.min())]
+    cols = ["model", "mode", "context", "median_ms", "p25_ms", "p75_ms", "floor_ms", "pct_of_floor"]
+    return first[cols].assign(times_floor=lambda t: t.median_ms / t.floor_ms)
+
+
+def server_steps(steps: pd.DataFrame) -> pd.DataFrame:
+    """The engine's chunks after context and mixed steps."""
+    return steps[
+        (steps.status == "ok")
+        & steps["mode"].isin(["engine", "engine_eager"])
+        & ((steps.phase == "mixed") | ((steps.phase == "prefill") & (steps.context > 0)))
+    ]
+
+
+def repeat_findings(rep: RunSet) -> list[Finding]:
+    """F2.1–F2.3 by today's rules from one repeat's steps."""
+    return verdicts.findings(rep.table("steps"), rep.params.get("dtype"))
+
+
+def report(runs: RunSet) -> Study2Page:
+    """The page's record from ``runs`` (nothing measured: every claim inconclusive, every table empty)."""
+    findings = runs.combined(repeat_findings)
+    if not runs.measured:
+        return Study2Page(runs, not_measured(STUDY))
+    steps = pool_repeats(runs.table("steps"), STEP_KEYS)
+    cms, predicted, fit_summary = fit_all(steps)
+    kp = runs.table("kernel_profile")
+    return Study2Page(
+        runs,
+        findings,
+        steps,
+        runs.ceiling_record,
+        pool_repeats(kp, ["model", "mode"]) if not kp.empty else kp,
+        modes_table(steps),
+        server_steps(steps),
+        launch_overhead(steps),
+        fit_summary,
+        heldout_table(predicted),
+        predicted,
+    )
+
+
+def published_value(runs: RunSet) -> tuple[str, str] | None:
+    """This study's number beside the published ones: none of its own (F2.3's held-out serving error is the
+    simulator's, on the simulator page)."""
+    return None
 
 
 def launch_sentence(overhead: pd.DataFrame) -> str:
@@ -40,7 +122,7 @@ def step_model_sentence(cost_fit: pd.DataFrame) -> str:
     )
 
 
-def takeaways(r: Study2Run) -> str:
+def takeaways(r: Study2Page) -> str:
     """One sentence per claim, then what graphs save the engine and how well its step cost model predicts."""
     return takeaway_list(
         [finding_sentence(f) for f in r.findings] + [launch_sentence(r.overhead), step_model_sentence(r.cost_fit)]
@@ -114,7 +196,6 @@ def heldout_view(heldout: pd.DataFrame) -> pd.DataFrame:
     return _short(heldout).rename(columns=cols).round(1)
 
 
-def published() -> str:
-    """The "Against published results" section: the field's numbers beside this study's H200 ones, each cited
-    (``data/published/published.csv``); where the CSV pairs none with this study, the section says so."""
-    return render_published("02_gpu_costs")
+def published(r: Study2Page) -> str:
+    """The "Against published results" section: the field's numbers beside this study's, each cited."""
+    return published_section(STUDY, published_value(r.runs), r.device)

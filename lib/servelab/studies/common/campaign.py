@@ -1,0 +1,199 @@
+"""The GPU work still missing at today's fingerprints, packed into GPU runs, and the runner of those jobs.
+
+    python -m servelab.studies.common.campaign plan [--repeats 3] [--max-minutes 9] [--results DIR]
+    python -m servelab.studies.common.campaign run JOB [JOB ...]       # on the GPU machine (scripts/gpu_run.sh)
+    python -m servelab.studies.common.campaign job STUDY PART REPEAT    # one job, in this process
+
+A **job** is one part of one repeat of one study, ``STUDY:PART:REPEAT`` (``02_gpu_costs:all:0``). The plan lists
+every (study, part, repeat) with no complete run at the study's fingerprint today (``measure.fingerprint``), gives
+each its expected minutes (the median recorded ``duration_s`` of that part's earlier runs, any fingerprint, plus
+``START_MIN`` for a fresh process; else the part's guess in ``measure.PARTS``) and packs them, largest first, into
+GPU runs of at most ``--max-minutes``. Runs from different GPU runs merge by themselves: each job writes its own
+folder, ``runs/<fingerprint>/<part>/r<repeat>/``.
+
+Repeat ``r`` runs with the study's default seed + ``r``: fresh processes, new seeds, new traces.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from servelab.errors import ParameterError
+from servelab.measure.results import results_root
+from servelab.studies.common.repeats import MIN_REPEATS
+from servelab.studies.common.runs import measuring_module, study_runs
+
+# the order a GPU run takes its jobs in, and `make reproduce`'s: each study finds at report time what it reads
+ORDER = (
+    "01_scheduling",
+    "08_simulator",
+    "02_gpu_costs",
+    "06_hf_assisted",
+    "03_speculative",
+    "04_kv_cache",
+    "05_attention",
+    "07_prefix_cache",
+)
+MAX_MINUTES = 9.0  # a GPU run: the device allows 10 minutes a command; one is kept for start-up and packing
+START_MIN = 0.5  # a fresh process: Python, torch and CUDA start, before the measuring path's own clock starts
+
+
+@dataclass(frozen=True)
+class Job:
+    study: str
+    part: str
+    repeat: int
+    minutes: float  # expected, on the H200
+    basis: str  # where the estimate comes from: "recorded (n runs)" or "guess"
+
+    @property
+    def name(self) -> str:
+        return f"{self.study}:{self.part}:{self.repeat}"
+
+
+def parse_job(text: str) -> tuple[str, str, int]:
+    try:
+        study, part, rep = text.split(":")
+        return study, part, int(rep)
+    except ValueError:
+        raise ParameterError(f"a job is STUDY:PART:REPEAT (02_gpu_costs:all:0), got {text!r}") from None
+
+
+def campaign_studies() -> list[str]:
+    """The studies with a measuring path (``servelab.studies.s<NN>.measure``), in ``ORDER``."""
+    return [s for s in ORDER if importlib.util.find_spec(measuring_module(s)) is not None]
+
+
+def parts_of(study: str) -> dict[str, float]:
+    """The study's parts and their guessed minutes (``measure.PARTS``)."""
+    mod = importlib.import_module(measuring_module(study))
+    parts = getattr(mod, "PARTS", {"all": 5.0})
+    return {str(k): float(v) for k, v in parts.items()}
+
+
+def missing_jobs(study: str, repeats: int = MIN_REPEATS, root: Path | None = None) -> list[Job]:
+    """Every (part, repeat) of ``study`` with no complete run at today's fingerprint on the book's device."""
+    runs = study_runs(study, root)
+    have = {(r.part, r.repeat) for r in runs.runs} if runs.current else set()
+    jobs = []
+    for part, guess in parts_of(study).items():
+        durations = [r.duration_s for r in (*runs.runs, *runs.older) if r.part == part and r.duration_s]
+        if durations:
+            minutes, basis = statistics.median(durations) / 60 + START_MIN, f"recorded ({len(durations)} runs)"
+        else:
+            minutes, basis = guess + START_MIN, "guess"
+        jobs += [Job(study, part, r, round(minutes, 1), basis) for r in range(repeats) if (part, r) not in have]
+    return jobs
+
+
+def pack(jobs: list[Job], max_minutes: float = MAX_MINUTES) -> list[list[Job]]:
+    """First-fit decreasing into GPU runs of at most ``max_minutes``; a job larger than that is refused (split the
+    study into parts that fit)."""
+    big = [j.name for j in jobs if j.minutes > max_minutes]
+    if big:
+        raise ParameterError(f"jobs longer than a GPU run ({max_minutes} min): {big}; split them into parts")
+    bins: list[list[Job]] = []
+    for job in sorted(jobs, key=lambda j: -j.minutes):
+        for b in bins:
+            if sum(j.minutes for j in b) + job.minutes <= max_minutes:
+                b.append(job)
+                break
+        else:
+            bins.append([job])
+    order = {s: i for i, s in enumerate(ORDER)}
+    return [sorted(b, key=lambda j: (order.get(j.study, 99), j.part, j.repeat)) for b in bins]
+
+
+def plan_text(bins: list[list[Job]], max_minutes: float = MAX_MINUTES) -> str:
+    if not bins:
+        return "GPU plan: nothing to measure; every study has its repeats at today's fingerprints.\n"
+    total = sum(j.minutes for b in bins for j in b)
+    lines = [
+        f"GPU plan: {sum(len(b) for b in bins)} jobs, {total:.1f} min in {len(bins)} GPU runs of <= {max_minutes} min"
+    ]
+    for i, b in enumerate(bins, 1):
+        lines.append(f"\nGPU run {i}: {sum(j.minutes for j in b):.1f} min")
+        lines += [f"  {j.name:<34} {j.minutes:5.1f} min  ({j.basis})" for j in b]
+        lines.append("  scripts/gpu_run.sh " + " ".join(j.name for j in b))
+    return "\n".join(lines) + "\n"
+
+
+def run_job(study: str, part: str, repeat: int) -> Path:
+    """One job in this process: the study's full profile with seed = default + ``repeat``."""
+    from servelab.studies.common.study import door
+
+    params = door(study, "params")
+    base = params.DEFAULTS["full"].get("seed", 0)
+    P = params.study_params("full", seed=base + repeat, repeat=repeat, part=part)
+    return door(study, "measure").measure(P)
+
+
+def run_jobs(names: list[str], *, limit_s: float | None = None) -> int:
+    """Each job in a fresh process, in order, each cut at ``limit_s`` seconds (default: its expected time × 2 + 2
+    min); returns the number that failed. A job cut off leaves an incomplete folder, which no page reads."""
+    failed = 0
+    for name in names:
+        study, part, rep = parse_job(name)
+        guess = parts_of(study).get(part)
+        if guess is None:
+            raise ParameterError(f"{study} has no part {part!r}; its parts: {sorted(parts_of(study))}")
+        limit = limit_s or (guess * 2 + 2) * 60
+        t0 = time.monotonic()
+        cmd = [sys.executable, "-m", "servelab.studies.common.campaign", "job", study, part, str(rep)]
+        try:
+            rc = subprocess.run(cmd, timeout=limit, env=os.environ.copy()).returncode
+        except subprocess.TimeoutExpired:
+            rc = 124
+        failed += rc != 0
+        print(f"job {name} rc={rc} {time.monotonic() - t0:.0f}s", flush=True)
+    return failed
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m servelab.studies.common.campaign", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("plan", help="the GPU jobs missing at today's fingerprints, packed into GPU runs")
+    p.add_argument("--repeats", type=int, default=MIN_REPEATS)
+    p.add_argument("--max-minutes", type=float, default=MAX_MINUTES)
+    p.add_argument("--results", type=Path, default=None)
+    p.add_argument("--jobs-only", action="store_true", help="print only the job names, one line")
+    p.add_argument("studies", nargs="*", help="only these studies (default: all)")
+    r = sub.add_parser("run", help="run jobs, each in a fresh process")
+    r.add_argument("jobs", nargs="+")
+    r.add_argument("--limit", type=float, default=None, help="seconds per job (default: from its expected time)")
+    j = sub.add_parser("job", help="one job in this process")
+    j.add_argument("study")
+    j.add_argument("part")
+    j.add_argument("repeat", type=int)
+    a = ap.parse_args(argv)
+    try:
+        if a.cmd == "plan":
+            if a.repeats < 1 or not math.isfinite(a.max_minutes) or a.max_minutes <= 0:
+                raise ParameterError("--repeats must be >= 1 and --max-minutes > 0")
+            studies = a.studies or campaign_studies()
+            jobs = [job for s in studies for job in missing_jobs(s, a.repeats, a.results or results_root())]
+            if a.jobs_only:
+                print(" ".join(j.name for b in pack(jobs, a.max_minutes) for j in b))
+            else:
+                print(plan_text(pack(jobs, a.max_minutes), a.max_minutes), end="")
+            return 0
+        if a.cmd == "run":
+            return 1 if run_jobs(a.jobs, limit_s=a.limit) else 0
+        print(run_job(a.study, a.part, a.repeat))
+        return 0
+    except ParameterError as e:
+        print(f"campaign: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

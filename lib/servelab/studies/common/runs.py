@@ -1,0 +1,325 @@
+"""The reporting path's input: every measured run of one study at one fingerprint, read from disk only.
+
+A study's measuring path (``<study>.measure.measure``) writes one run folder per call,
+``data/results/<device>/<NN_study>/runs/<fingerprint>/<part>/r<repeat>/``, with tidy CSVs and ``run.json``
+(``measure.results.StudyResults`` with ``measuring=``). ``study_runs`` gathers the complete runs of the study's
+**current** fingerprint (its measuring module's import closure hashed today) when there are any, else of the most
+recently measured one; then the page is stale, and ``RunSet.changed`` names the measuring files that differ.
+
+A repeat is a set of parts with the same repeat index: one independent measurement of the whole study (fresh
+processes, its own seed). ``RunSet.per_repeat`` splits the set that way; ``combine`` turns each repeat's findings
+into the finding a page shows (``studies.common.repeats``): the median and interval of the headlines, and
+**inconclusive** where repeats disagree or where fewer than ``MIN_REPEATS`` exist.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from pathlib import Path
+
+import pandas as pd
+
+from servelab.measure.fingerprint import Fingerprint, fingerprint
+from servelab.measure.results import RUNS, results_root
+from servelab.studies.common.findings import Finding
+from servelab.studies.common.repeats import INCONCLUSIVE, MIN_REPEATS, combine_repeats
+
+BOOK_DEVICE = "h200"  # the book's runs: device folders whose slug contains it
+MISSING = "missing"  # a repeat that judged no such claim, in repeat_verdicts
+
+
+def measuring_module(study: str) -> str:
+    """The measuring module of ``study`` by the studies' convention: ``02_gpu_costs`` ->
+    ``servelab.studies.s02_gpu_costs.measure``."""
+    return f"servelab.studies.s{study}.measure"
+
+
+@dataclass(frozen=True)
+class Run:
+    """One measured run: a folder with its ``run.json``."""
+
+    dir: Path
+    meta: dict
+
+    @property
+    def part(self) -> str:
+        return str(self.meta.get("part", "all"))
+
+    @property
+    def repeat(self) -> int:
+        return int(self.meta.get("repeat_index", 0))
+
+    @property
+    def fingerprint(self) -> str:
+        return str(self.meta.get("fingerprint", ""))
+
+    @property
+    def seed(self):
+        return self.meta.get("seed", (self.meta.get("params") or {}).get("seed"))
+
+    @property
+    def commit(self) -> str:
+        return str(self.meta.get("git_commit", ""))
+
+    @property
+    def duration_s(self) -> float | None:
+        return self.meta.get("duration_s")
+
+    def has(self, name: str) -> bool:
+        return (self.dir / name).is_file()
+
+    def table(self, name: str, **read_csv) -> pd.DataFrame:
+        """``<name>.csv`` of this run; an empty frame where the run wrote none."""
+        path = self.dir / f"{name}.csv"
+        return pd.read_csv(path, **read_csv) if path.is_file() else pd.DataFrame()
+
+    def json(self, name: str):
+        """``<name>.json`` of this run, or None."""
+        path = self.dir / f"{name}.json"
+        return json.loads(path.read_text()) if path.is_file() else None
+
+
+def read_run(folder: Path) -> Run | None:
+    """The run in ``folder``, or None when it has no ``run.json`` or never finished (``complete`` unset)."""
+    side = Path(folder) / "run.json"
+    try:
+        meta = json.loads(side.read_text())
+    except (OSError, ValueError):
+        return None
+    return Run(Path(folder), meta) if meta.get("complete") else None
+
+
+def all_runs(study_dir: Path) -> list[Run]:
+    """Every complete run under ``<study_dir>/runs/``, in (fingerprint, part, repeat) order."""
+    found = (read_run(p.parent) for p in sorted(Path(study_dir).glob(f"{RUNS}/*/*/r*/run.json")))
+    return sorted((r for r in found if r is not None), key=lambda r: (r.fingerprint, r.part, r.repeat))
+
+
+@dataclass(frozen=True)
+class RunSet:
+    """The runs of one study that share one fingerprint (possibly none), and how they stand against today."""
+
+    study: str
+    runs: tuple[Run, ...] = ()
+    today: Fingerprint | None = None  # the measuring path's fingerprint now; None where it has no measuring module
+    device_dir: Path | None = None
+    older: tuple[Run, ...] = field(default=(), repr=False)  # runs of other fingerprints (their durations plan jobs)
+
+    @property
+    def measured(self) -> bool:
+        return bool(self.runs)
+
+    @property
+    def fingerprint(self) -> str:
+        return self.runs[0].fingerprint if self.runs else ""
+
+    @property
+    def current(self) -> bool:
+        """The data was measured by today's measuring code."""
+        return self.measured and self.today is not None and self.fingerprint == self.today.digest
+
+    @cached_property
+    def changed(self) -> list[str]:
+        """The measuring files that differ between the data's runs and today (empty when current)."""
+        if not self.measured or self.today is None or self.current:
+            return []
+        recorded: dict[str, str] = {}
+        for r in self.runs:
+            recorded.update(r.meta.get("fingerprint_files") or {})
+        if recorded:
+            return self.today.changed_since(recorded)
+        return git_changed(self.runs[0].commit, sorted(self.today.files))
+
+    @property
+    def repeats(self) -> list[int]:
+        return sorted({r.repeat for r in self.runs})
+
+    @property
+    def parts(self) -> list[str]:
+        return sorted({r.part for r in self.runs})
+
+    def repeat(self, index: int) -> RunSet:
+        """The runs (parts) of one repeat."""
+        return replace(self, runs=tuple(r for r in self.runs if r.repeat == index))
+
+    def per_repeat(self) -> list[RunSet]:
+        return [self.repeat(i) for i in self.repeats]
+
+    def part(self, name: str) -> RunSet:
+        return replace(self, runs=tuple(r for r in self.runs if r.part == name))
+
+    def table(self, name: str, **read_csv) -> pd.DataFrame:
+        """``<name>.csv`` of every run, concatenated, with ``repeat`` and ``part`` columns in front (where a table
+        has no such column already); an empty frame where no run wrote one."""
+        frames = []
+        for r in self.runs:
+            df = r.table(name, **read_csv)
+            if df.empty and not len(df.columns):
+                continue
+            for col, val in (("part", r.part), ("repeat", r.repeat)):
+                if col not in df.columns:
+                    df.insert(0, col, val)
+            frames.append(df)
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+    def first(self, name: str, **read_csv) -> pd.DataFrame:
+        """``<name>.csv`` of the first run that has it (a table every repeat measures alike, e.g. model sizes)."""
+        for r in self.runs:
+            if r.has(f"{name}.csv"):
+                return r.table(name, **read_csv)
+        return pd.DataFrame()
+
+    @property
+    def meta(self) -> dict:
+        """The first run's ``run.json`` ({} when nothing was measured)."""
+        return self.runs[0].meta if self.runs else {}
+
+    @property
+    def device(self) -> dict:
+        return self.meta.get("device") or {}
+
+    @property
+    def device_name(self) -> str:
+        return str(self.device.get("name") or (self.device_dir.name if self.device_dir else "this device"))
+
+    @property
+    def ceilings(self) -> dict:
+        return self.meta.get("ceilings") or {}
+
+    @property
+    def ceiling_record(self):
+        """The first run's measured ceilings as ``measure.Ceilings`` (None where it recorded none)."""
+        from servelab.measure.ceilings import Ceilings
+
+        return Ceilings.from_dict(self.ceilings) if self.ceilings else None
+
+    @property
+    def params(self) -> dict:
+        return self.meta.get("params") or {}
+
+    def combined(
+        self, findings: Callable[[RunSet], Sequence[Finding]], min_repeats: int = MIN_REPEATS
+    ) -> list[Finding]:
+        """Each repeat's findings (``findings(one_repeat)``, the study's verdict rules applied to that repeat's data)
+        combined over the repeats by ``combine``; [] when nothing was measured."""
+        return combine([list(findings(rep)) for rep in self.per_repeat()], min_repeats=min_repeats)
+
+
+def pool_repeats(df: pd.DataFrame, keys: Sequence[str], drop: Sequence[str] = ("repeat", "part")) -> pd.DataFrame:
+    """One row per ``keys`` from a table of several repeats: each numeric column's median over the repeats (the
+    figures' and tables' value), other columns from the first repeat, and ``n_repeats`` (how many had that row)."""
+    if df.empty or "repeat" not in df:
+        return df
+    d = df.drop(columns=[c for c in drop if c in df.columns and c not in keys])
+    keys = [k for k in keys if k in d.columns]
+    num = [c for c in d.columns if c not in keys and pd.api.types.is_numeric_dtype(d[c])]
+    other = [c for c in d.columns if c not in keys and c not in num]
+    g = d.groupby(keys, sort=False, dropna=False)
+    out = g[num].median() if num else g.size().to_frame("_").drop(columns="_")
+    if other:
+        out = out.join(g[other].first())
+    out["n_repeats"] = df.groupby(keys, sort=False, dropna=False)["repeat"].nunique()
+    return out.reset_index()[[*keys, *[c for c in d.columns if c not in keys], "n_repeats"]]
+
+
+def combine(per_repeat: Sequence[Sequence[Finding]], *, min_repeats: int = MIN_REPEATS) -> list[Finding]:
+    """One finding per claim from each repeat's findings (claims in first-seen order).
+
+    A claim is **inconclusive** where its repeats disagree (``repeats.combine_repeats``), where any repeat judged it
+    inconclusive, or where fewer than ``min_repeats`` repeats judged it: the note then says how many there are, and
+    ``repeat_verdicts`` keeps what each said (``missing`` for a repeat without that claim).
+    """
+    order: list[str] = []
+    by_id: dict[str, list[Finding | None]] = {}
+    for i, fs in enumerate(per_repeat):
+        for f in fs:
+            if f.id not in by_id:
+                order.append(f.id)
+                by_id[f.id] = [None] * len(per_repeat)
+            by_id[f.id][i] = f
+    out = []
+    for fid in order:
+        present = [f for f in by_id[fid] if f is not None]
+        said = [f.verdict if f is not None else MISSING for f in by_id[fid]]
+        try:  # one repeat has no spread to show: it is its own finding
+            merged = present[0] if len(present) == 1 else combine_repeats(present, min_repeats=1)
+        except ValueError:  # headlines and measured values that do not combine into one number: keep the last's text
+            merged = replace(present[-1], repeats=len(present), repeat_verdicts=";".join(said), spread="")
+        verdict, why = merged.verdict, ""
+        if INCONCLUSIVE in said:
+            verdict, why = INCONCLUSIVE, "a repeat's data was too thin for its rule"
+        if len(present) < min_repeats:
+            verdict = INCONCLUSIVE
+            why = f"rests on {len(present)} repeat{'s' if len(present) != 1 else ''}; a verdict needs {min_repeats}"
+        note = merged.note + (f" [{why}]" if why else "")
+        out.append(replace(merged, verdict=verdict, note=note, repeat_verdicts=";".join(said)))
+    return out
+
+
+def git_changed(commit: str, files: list[str]) -> list[str]:
+    """Of ``files`` (paths in the repository), those git says differ between ``commit`` and the working tree: how a
+    run from before fingerprints (no ``fingerprint_files``) names what changed. All of them where git cannot tell."""
+    import subprocess
+
+    from servelab.paths import REPO_ROOT
+
+    base = commit.removesuffix("+dirty")
+    try:
+        out = subprocess.run(
+            ["git", "diff", "--name-only", base, "--", *files],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return files
+    if out.returncode != 0:
+        return files
+    known = subprocess.run(["git", "ls-tree", "-r", "--name-only", base, "--", *files], cwd=REPO_ROOT,
+                           capture_output=True, text=True, timeout=60).stdout.split()  # fmt: skip
+    return sorted(set(out.stdout.split()) | (set(files) - set(known)))
+
+
+def _device_dirs(root: Path, study: str, device: str | None) -> list[Path]:
+    dirs = sorted(p.parent for p in Path(root).glob(f"*/{study}") if p.is_dir())
+    if device is not None:
+        return [d for d in dirs if device in d.name]
+    book = [d for d in dirs if BOOK_DEVICE in d.name]
+    return book or dirs
+
+
+def study_runs(
+    study: str, root: Path | None = None, device: str | None = None, *, measuring: str | None = None
+) -> RunSet:
+    """The runs the page of ``study`` shows: today's fingerprint's complete runs where any exist, else the most
+    recently measured fingerprint's (then ``current`` is False and ``changed`` names the files).
+
+    ``device``: a substring of the device folder's slug; None: the book's device (``h200``) where it has data, else
+    any device (a CPU smoke run in a scratch results root). ``measuring``: the measuring module (by default the
+    studies' convention, ``measuring_module``)."""
+    root = Path(root or results_root())
+    module = measuring or measuring_module(study)
+    try:
+        today = fingerprint(module)
+    except ModuleNotFoundError:
+        today = None
+    candidates = []
+    for ddir in _device_dirs(root, study, device):
+        candidates += [(ddir.parent, r) for r in all_runs(ddir / study)]
+    if not candidates:
+        dirs = _device_dirs(root, study, device)
+        return RunSet(study, (), today, dirs[0].parent if dirs else None)
+    runs = [r for _, r in candidates]
+    fps = {r.fingerprint for r in runs}
+    chosen = today.digest if today is not None and today.digest in fps else None
+    if chosen is None:
+        latest = max(runs, key=lambda r: str(r.meta.get("written_utc", "")))
+        chosen = latest.fingerprint
+    keep = tuple(sorted((r for r in runs if r.fingerprint == chosen), key=lambda r: (r.repeat, r.part)))
+    ddir = next(d for d, r in candidates if r is keep[0])
+    older = tuple(r for r in runs if r.fingerprint != chosen)
+    return RunSet(study, keep, today, ddir, older)
