@@ -1,0 +1,164 @@
+"""The measure/report split's machinery: fingerprints, run folders, run sets, combined verdicts, the GPU plan."""
+
+import json
+
+import pandas as pd
+import pytest
+
+from servelab.errors import ParameterError
+from servelab.measure.device import DeviceRecord
+from servelab.measure.fingerprint import Fingerprint, closure, fingerprint
+from servelab.measure.results import StudyResults
+from servelab.studies.common import campaign
+from servelab.studies.common.findings import Finding
+from servelab.studies.common.runs import RunSet, combine, pool_repeats, study_runs
+
+MEASURING = "servelab.studies.s02_gpu_costs.measure"
+
+
+def _device() -> DeviceRecord:
+    return DeviceRecord(
+        name="cpu (test)", slug="cpu", kind="cpu", sm_count=None, memory_gib=None, compute_capability=None,
+        driver=None, cuda=None, cudnn=None, torch="x", transformers=None, python="3", cpu="x86_64", sdpa_priority=[],
+    )  # fmt: skip
+
+
+def _finding(fid: str, verdict: str, headline: float | None = None) -> Finding:
+    return Finding(
+        id=fid, claim="c", seed_value="1", measured_value=str(headline or 0), unit="ms", verdict=verdict, note="n",
+        headline=headline, headline_unit="ms" if headline is not None else "",
+    )  # fmt: skip
+
+
+def test_fingerprint_follows_imports_and_leaves_reporting_out():
+    fp = fingerprint(MEASURING)
+    files = set(fp.files)
+    assert "lib/servelab/studies/s02_gpu_costs/measure.py" in files
+    assert "lib/servelab/engine/engine.py" in files  # through the engine modes it times
+    assert not any(f.endswith(("/report.py", "/plots.py", "/verdicts.py")) for f in files)
+    assert not any("servelab_book" in f for f in files)
+    assert fp.digest == fingerprint(MEASURING).digest  # stable
+
+
+def test_fingerprint_changes_with_a_measuring_file_and_names_it(tmp_path):
+    lib = tmp_path / "lib"
+    (lib / "servelab" / "x").mkdir(parents=True)
+    (lib / "servelab" / "__init__.py").write_text("")
+    (lib / "servelab" / "x" / "__init__.py").write_text("")
+    (lib / "servelab" / "x" / "measure.py").write_text("def f():\n    from servelab.x import helper\n")
+    (lib / "servelab" / "x" / "helper.py").write_text("A = 1\n")
+    (lib / "servelab" / "x" / "report.py").write_text("B = 1\n")
+    before = fingerprint("servelab.x.measure", lib)
+    assert "lib/servelab/x/helper.py" in before.files  # an import inside a function counts
+    (lib / "servelab" / "x" / "report.py").write_text("B = 2\n")
+    assert fingerprint("servelab.x.measure", lib).digest == before.digest  # reporting-only change
+    (lib / "servelab" / "x" / "helper.py").write_text("A = 2\n")
+    after = fingerprint("servelab.x.measure", lib)
+    assert after.digest != before.digest
+    assert after.changed_since(before.files) == ["lib/servelab/x/helper.py"]
+    assert [p.name for p in closure({"servelab.x.report"}, lib)] == ["__init__.py", "__init__.py", "report.py"]
+
+
+def test_fingerprint_of_a_missing_module_is_refused():
+    with pytest.raises(ModuleNotFoundError):
+        fingerprint("servelab.studies.s99_nothing.measure")
+
+
+def test_study_results_write_a_run_folder_per_part_and_repeat(tmp_path):
+    params = {"seed": 3, "part": "a", "repeat": None}
+    r0 = StudyResults("02_gpu_costs", _device(), params, root=tmp_path, measuring=MEASURING)
+    r0.write("steps", pd.DataFrame({"x": [1]}))
+    r0.finish()
+    r1 = StudyResults("02_gpu_costs", _device(), params, root=tmp_path, measuring=MEASURING)
+    r1.finish()
+    assert r0.dir.name == "r0" and r1.dir.name == "r1" and r0.dir.parent.name == "a"
+    side = json.loads((r0.dir / "run.json").read_text())
+    assert side["complete"] and side["part"] == "a" and side["repeat_index"] == 0 and side["seed"] == 3
+    assert side["fingerprint"] == fingerprint(MEASURING).digest
+    assert side["fingerprint_files"] == fingerprint(MEASURING).files
+    assert side["duration_s"] >= 0
+    runs = study_runs("02_gpu_costs", tmp_path)
+    assert runs.current and runs.repeats == [0, 1] and runs.parts == ["a"]
+    assert list(runs.table("steps").columns) == ["repeat", "part", "x"]
+
+
+def _run(root, study, fp, part, rep, *, files=None, complete=True, written="2026-12-03T00:00:00", **tables):
+    d = root / "nvidia-h200" / study / "runs" / fp[:12] / part / f"r{rep}"
+    d.mkdir(parents=True)
+    for name, df in tables.items():
+        df.to_csv(d / f"{name}.csv", index=False)
+    meta = dict(part=part, repeat_index=rep, fingerprint=fp, complete=complete, written_utc=written,
+                fingerprint_files=files or {}, device={"name": "NVIDIA H200"}, duration_s=60.0 * (rep + 1))  # fmt: skip
+    (d / "run.json").write_text(json.dumps(meta))
+    return d
+
+
+def test_run_set_prefers_todays_fingerprint_and_ignores_incomplete_runs(tmp_path):
+    today = fingerprint(MEASURING)
+    _run(tmp_path, "02_gpu_costs", "old" * 8, "all", 0, written="2026-12-09", steps=pd.DataFrame({"v": [9]}))
+    _run(tmp_path, "02_gpu_costs", today.digest, "all", 0, written="2026-12-01", steps=pd.DataFrame({"v": [1]}))
+    _run(tmp_path, "02_gpu_costs", today.digest, "all", 1, complete=False, steps=pd.DataFrame({"v": [2]}))
+    runs = study_runs("02_gpu_costs", tmp_path)
+    assert runs.current and runs.repeats == [0] and runs.table("steps")["v"].tolist() == [1]
+    assert len(runs.older) == 1
+
+
+def test_a_stale_run_set_names_the_measuring_files_that_changed(tmp_path):
+    today = fingerprint(MEASURING)
+    files = dict(today.files)
+    files["lib/servelab/engine/engine.py"] = "0" * 16
+    _run(tmp_path, "02_gpu_costs", "f" * 64, "all", 0, files=files, steps=pd.DataFrame({"v": [1]}))
+    runs = study_runs("02_gpu_costs", tmp_path)
+    assert runs.measured and not runs.current
+    assert runs.changed == ["lib/servelab/engine/engine.py"]
+
+
+def test_nothing_measured_is_an_empty_run_set(tmp_path):
+    runs = study_runs("02_gpu_costs", tmp_path)
+    assert not runs.measured and runs.table("steps").empty and runs.combined(lambda r: []) == []
+
+
+def test_combine_needs_three_agreeing_repeats():
+    three = combine([[_finding("F1.1", "holds", h)] for h in (10.0, 12.0, 11.0)])[0]
+    assert three.verdict == "holds" and three.repeats == 3 and three.headline == 11.0 and three.spread == "10–12"
+    two = combine([[_finding("F1.1", "holds", 1.0)], [_finding("F1.1", "holds", 2.0)]])[0]
+    assert two.verdict == "inconclusive" and "a verdict needs 3" in two.note
+    split = combine([[_finding("F1.1", v, 1.0)] for v in ("holds", "fails", "holds")])[0]
+    assert split.verdict == "inconclusive" and split.repeat_verdicts == "holds;fails;holds"
+    thin = combine([[_finding("F1.1", v, 1.0)] for v in ("holds", "inconclusive", "holds")])[0]
+    assert thin.verdict == "inconclusive"
+    missing = combine([[_finding("F1.1", "holds", 1.0)], [], [_finding("F1.1", "holds", 1.0)]])[0]
+    assert missing.verdict == "inconclusive" and missing.repeat_verdicts == "holds;missing;holds"
+
+
+def test_pool_repeats_takes_each_points_median():
+    df = pd.DataFrame({"repeat": [0, 1, 2, 0], "part": "all", "k": ["a", "a", "a", "b"], "ms": [1.0, 5.0, 3.0, 7.0]})
+    out = pool_repeats(df, ["k"])
+    assert out.set_index("k")["ms"].to_dict() == {"a": 3.0, "b": 7.0}
+    assert out.set_index("k")["n_repeats"].to_dict() == {"a": 3, "b": 1}
+
+
+def test_plan_lists_missing_jobs_with_recorded_minutes_and_packs_them(tmp_path, monkeypatch):
+    today = fingerprint(MEASURING)
+    _run(tmp_path, "02_gpu_costs", today.digest, "all", 1, steps=pd.DataFrame({"v": [1]}))  # 120 s recorded
+    jobs = campaign.missing_jobs("02_gpu_costs", 3, tmp_path)
+    assert [j.name for j in jobs] == ["02_gpu_costs:all:0", "02_gpu_costs:all:2"]
+    assert jobs[0].minutes == 2.0 + campaign.START_MIN and jobs[0].basis.startswith("recorded")
+    bins = campaign.pack(jobs * 3, 6.0)
+    assert all(sum(j.minutes for j in b) <= 6.0 for b in bins) and sum(len(b) for b in bins) == 6
+    with pytest.raises(ParameterError, match="split them into parts"):
+        campaign.pack(jobs, 1.0)
+    assert "scripts/gpu_run.sh 02_gpu_costs:all:0" in campaign.plan_text(campaign.pack(jobs))
+    assert "nothing to measure" in campaign.plan_text([])
+
+
+def test_a_job_name_is_study_part_repeat():
+    assert campaign.parse_job("02_gpu_costs:all:2") == ("02_gpu_costs", "all", 2)
+    with pytest.raises(ParameterError):
+        campaign.parse_job("02_gpu_costs:all")
+
+
+def test_fingerprint_record_round_trips():
+    fp = fingerprint(MEASURING)
+    assert Fingerprint(fp.module, fp.digest, fp.files).changed_since(fp.files) == []
+    assert isinstance(RunSet("x").changed, list)
