@@ -127,17 +127,17 @@ def plan_text(bins: list[list[Job]], max_minutes: float = MAX_MINUTES) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_job(study: str, part: str, repeat: int) -> Path:
-    """One job in this process: the study's full profile with seed = default + ``repeat``."""
+def run_job(study: str, part: str, repeat: int, profile: str = "full") -> Path:
+    """One job in this process: the study's ``profile`` (the H200's: full) with seed = default + ``repeat``."""
     from servelab.studies.common.study import door
 
     params = door(study, "params")
-    base = params.DEFAULTS["full"].get("seed", 0)
-    P = params.study_params("full", seed=base + repeat, repeat=repeat, part=part)
+    base = params.DEFAULTS[profile].get("seed", 0)
+    P = params.study_params(profile, seed=base + repeat, repeat=repeat, part=part)
     return door(study, "measure").measure(P)
 
 
-def run_jobs(names: list[str], *, limit_s: float | None = None) -> int:
+def run_jobs(names: list[str], *, limit_s: float | None = None, profile: str = "full") -> int:
     """Each job in a fresh process, in order, each cut at ``limit_s`` seconds (default: its expected time × 2 + 2
     min); returns the number that failed. A job cut off leaves an incomplete folder, which no page reads."""
     failed = 0
@@ -148,7 +148,17 @@ def run_jobs(names: list[str], *, limit_s: float | None = None) -> int:
             raise ParameterError(f"{study} has no part {part!r}; its parts: {sorted(parts_of(study))}")
         limit = limit_s or (guess * 2 + 2) * 60
         t0 = time.monotonic()
-        cmd = [sys.executable, "-m", "servelab.studies.common.campaign", "job", study, part, str(rep)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "servelab.studies.common.campaign",
+            "job",
+            study,
+            part,
+            str(rep),
+            "--profile",
+            profile,
+        ]
         try:
             rc = subprocess.run(cmd, timeout=limit, env=os.environ.copy()).returncode
         except subprocess.TimeoutExpired:
@@ -170,10 +180,12 @@ def main(argv: list[str] | None = None) -> int:
     r = sub.add_parser("run", help="run jobs, each in a fresh process")
     r.add_argument("jobs", nargs="+")
     r.add_argument("--limit", type=float, default=None, help="seconds per job (default: from its expected time)")
+    r.add_argument("--profile", default="full", help="the studies' profile (smoke: a CPU rehearsal of the jobs)")
     j = sub.add_parser("job", help="one job in this process")
     j.add_argument("study")
     j.add_argument("part")
     j.add_argument("repeat", type=int)
+    j.add_argument("--profile", default="full")
     a = ap.parse_args(argv)
     try:
         if a.cmd == "plan":
@@ -187,8 +199,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(plan_text(pack(jobs, a.max_minutes), a.max_minutes), end="")
             return 0
         if a.cmd == "run":
-            return 1 if run_jobs(a.jobs, limit_s=a.limit) else 0
-        print(run_job(a.study, a.part, a.repeat))
+            return 1 if run_jobs(a.jobs, limit_s=a.limit, profile=a.profile) else 0
+        print(run_job(a.study, a.part, a.repeat, a.profile))
         return 0
     except ParameterError as e:
         print(f"campaign: {e}", file=sys.stderr)
