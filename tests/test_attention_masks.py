@@ -5,8 +5,9 @@ import math
 import pytest
 import torch
 
-from servelab.studies.s05_attention import Architecture, AttentionShape, Mask, ragged_documents, reference_attention
-from servelab.studies.s05_attention.reference import check_rows, relative_error, tolerance
+from servelab.studies.s05_attention.masks import Mask, ragged_documents
+from servelab.studies.s05_attention.reference import check_rows, reference_attention, relative_error, tolerance
+from servelab.studies.s05_attention.shapes import Architecture, AttentionShape
 
 MASKS = [
     Mask("none"),

@@ -6,19 +6,11 @@ import pytest
 import torch
 
 from servelab.measure import Roofline, measure_ceilings
-from servelab.studies.s05_attention import (
-    Architecture,
-    TimingPolicy,
-    add_roofline,
-    decode_sweep,
-    mask_factories,
-    mask_sweep,
-    plots,
-    prefill_sweep,
-    recommend,
-    report,
-    verdicts,
-)
+from servelab.studies.s05_attention import plots, recommend, tables, verdicts
+from servelab.studies.s05_attention.derived import add_roofline
+from servelab.studies.s05_attention.point import TimingPolicy
+from servelab.studies.s05_attention.shapes import Architecture
+from servelab.studies.s05_attention.sweep import decode_sweep, mask_factories, mask_sweep, prefill_sweep
 
 matplotlib.use("Agg")
 FAST = TimingPolicy(target_ms=1, min_repeats=2, max_repeats=2, warmup=1)
@@ -42,9 +34,9 @@ def run():
 
 def test_tables_and_findings_from_a_run_with_failures(run):
     ceil, roof, pre, dec, masks = run
-    fails = report.first_failures(pre)
+    fails = tables.first_failures(pre)
     assert list(fails["variant"]) == ["naive"] and int(fails["first_failure_len"].iloc[0]) == 256
-    assert report.first_failures(dec).empty and "variant" in report.first_failures(dec).columns
+    assert tables.first_failures(dec).empty and "variant" in tables.first_failures(dec).columns
     sp = verdicts.spreads(pre, dec, decode_batch=1, start=256)
     assert set(sp["regime"]) == {"prefill", "decode"}
     # naive failed at 256 on one configuration: the comparison there leaves it out rather than mix shapes
@@ -61,11 +53,11 @@ def test_tables_and_findings_from_a_run_with_failures(run):
     assert not reco["recommended"].isin(["sdpa_cudnn", "flex"]).any()  # never timed on the CPU
     flex = masks[masks["variant"].eq("flex")]
     assert set(flex["status"]) == {"untimed"} and (flex["rel_error"] < flex["tolerance"]).all()
-    gqa = report.gqa_comparison(dec)
+    gqa = tables.gqa_comparison(dec)
     assert (gqa["repeat_over_gqa"] > 0).all()
-    summary = report.gqa_summary(gqa)
+    summary = tables.gqa_summary(gqa)
     assert set(summary["phase"]) == {"decode"} and summary["shapes"].sum() == len(gqa)
-    assert report.best_point(dec, "achieved_gb_s")["status"] == "ok"
+    assert tables.best_point(dec, "achieved_gb_s")["status"] == "ok"
 
 
 def test_every_figure_draws(run):
@@ -73,12 +65,13 @@ def test_every_figure_draws(run):
     figs = [
         plots.prefill_time(pre, roof),
         plots.prefill_tflops(pre, ceil),
-        plots.speedup(pre, verdicts.speedup_vs_naive(pre), 2048),
+        plots.speedup(verdicts.speedup_vs_naive(pre), 2048),
         plots.memory(pre, 8e9),
         plots.memory_growth_bars(verdicts.memory_growth(pre, [[8, 256]])),
-        plots.decode_bandwidth(dec, ceil),
+        plots.decode_bandwidth(dec, ceil, "b"),
         plots.masks(masks, roof),
-        plots.spread(verdicts.spreads(pre, dec, start=256)),
+        plots.spread(verdicts.spreads(pre, dec, start=256), "prefill"),
+        plots.spread(verdicts.spreads(pre, dec, start=256), "decode"),
     ]
     for f in figs:
         assert any(ax.has_data() for ax in f.axes)

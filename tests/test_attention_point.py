@@ -4,12 +4,13 @@ import pytest
 import torch
 
 from servelab.errors import ParameterError
-from servelab.studies.s05_attention import Architecture, AttentionShape, TimingPolicy, get_variant, measure_point
 from servelab.studies.s05_attention.memory import LiveTensorBytes, peak_bytes
 from servelab.studies.s05_attention.params import study_params
+from servelab.studies.s05_attention.point import TimingPolicy, measure_point
 from servelab.studies.s05_attention.reference import check_rows, reference_attention
+from servelab.studies.s05_attention.shapes import Architecture, AttentionShape
 from servelab.studies.s05_attention.sweep import decode_sweep, prefill_sweep
-from servelab.studies.s05_attention.variants import Variant
+from servelab.studies.s05_attention.variants import Variant, get_variant
 
 ARCH = Architecture("t", heads=4, kv_heads=2, head_dim=16)
 FAST = TimingPolicy(target_ms=1, min_repeats=2, max_repeats=3, warmup=1)

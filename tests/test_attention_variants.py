@@ -3,18 +3,10 @@
 import pytest
 import torch
 
-from servelab.studies.s05_attention import (
-    VARIANTS,
-    Architecture,
-    AttentionShape,
-    Mask,
-    Unavailable,
-    get_variant,
-    ragged_documents,
-    reference_attention,
-    relative_error,
-    tolerance,
-)
+from servelab.studies.s05_attention.masks import Mask, ragged_documents
+from servelab.studies.s05_attention.reference import reference_attention, relative_error, tolerance
+from servelab.studies.s05_attention.shapes import Architecture, AttentionShape
+from servelab.studies.s05_attention.variants import VARIANTS, Unavailable, get_variant
 
 GQA = Architecture("gqa", heads=4, kv_heads=2, head_dim=16)
 MHA = Architecture("mha", heads=2, kv_heads=2, head_dim=8)

@@ -3,7 +3,7 @@
 import pandas as pd
 import pytest
 
-from servelab.studies.s05_attention import recommend, report, verdicts
+from servelab.studies.s05_attention import recommend, tables, verdicts
 
 
 def _rows(times: dict, lengths=(256, 2048, 8192), configs=(("m1", 64), ("m2", 128)), mem=None):
@@ -121,11 +121,11 @@ def test_report_tables():
             "sdpa_repeat_kv": lambda L, d: 2.0,
         }
     )
-    fails = report.first_failures(df)
+    fails = tables.first_failures(df)
     assert set(fails["first_failure_len"]) == {8192} and set(fails["longest_ok_len"]) == {2048}
-    g = report.gqa_comparison(df)
+    g = tables.gqa_comparison(df)
     assert (g["repeat_over_gqa"] == 2.0).all()
-    out = report.outcomes(df).set_index("variant")
+    out = tables.outcomes(df).set_index("variant")
     assert out.loc["naive", "oom"] == 2 and out.loc["naive", "ok"] == 4
 
 

@@ -13,11 +13,12 @@ from servelab.errors import ParameterError
 from servelab.studies.common.budget import SKIPPED, Budget
 from servelab.studies.common.tested_on import model_tested_on
 from servelab.studies.s07_prefix_cache import verdicts
-from servelab.studies.s07_prefix_cache.batch_sharing import batch_sharing_sweep, breakeven
+from servelab.studies.s07_prefix_cache.batch_sharing import batch_sharing_sweep
+from servelab.studies.s07_prefix_cache.derive import breakeven, speedups, turn_speedups
 from servelab.studies.s07_prefix_cache.first_token import random_tokens, time_requests
-from servelab.studies.s07_prefix_cache.multi_turn import build_conversation, multi_turn_sweep, turn_speedups
+from servelab.studies.s07_prefix_cache.multi_turn import build_conversation, multi_turn_sweep
 from servelab.studies.s07_prefix_cache.params import study_params
-from servelab.studies.s07_prefix_cache.prefix_length import prefix_length_sweep, speedups
+from servelab.studies.s07_prefix_cache.prefix_length import prefix_length_sweep
 from servelab.studies.s07_prefix_cache.serving import ideal_hit_rate, prefix_trace
 from servelab.studies.s07_prefix_cache.simulate import hit_rates
 

@@ -6,19 +6,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from servelab.studies.s07_prefix_cache import (
-    LFU,
-    LRU,
-    POLICY_NAMES,
-    RadixLRU,
-    ZipfWorkload,
-    belady_hit_rate,
-    hit_rates,
-    shared_prefixes,
-    static_block_optimum,
-    static_optimum,
-    zipf_probabilities,
-)
+from servelab.studies.s07_prefix_cache.optimum import belady_hit_rate, static_block_optimum, static_optimum
+from servelab.studies.s07_prefix_cache.policies import LFU, LRU
+from servelab.studies.s07_prefix_cache.radix import RadixLRU
+from servelab.studies.s07_prefix_cache.simulate import POLICY_NAMES, hit_rates
+from servelab.studies.s07_prefix_cache.workload import ZipfWorkload, shared_prefixes, zipf_probabilities
 
 
 def run(cache, stream):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from servelab.errors import ParameterError
-from servelab.studies.s05_attention import page as study5_page
+from servelab.studies.s05_attention import measure as study5_measure
 from servelab.studies.s05_attention import sweep as study5_sweep
 from servelab.studies.s05_attention.params import study_params as study5_params
 from servelab.studies.s05_attention.shapes import Architecture, AttentionShape
@@ -54,7 +54,7 @@ def test_one_seed_draws_the_same_inputs_and_two_seeds_different_ones():
 
 
 def test_the_pages_sweeps_draw_every_shapes_inputs_from_the_runs_seed(monkeypatch):
-    """``page._sweeps`` with P["seed"] = 5: every measured shape (prefill, decode, masks) is measured with seed 5,
+    """``measure._sweeps`` with P["seed"] = 5: every measured shape (prefill, decode, masks) is measured with seed 5,
     and the document mask's lengths are seed 5's (the timing itself is replaced: only the wiring is under test)."""
     seen, docs = [], []
 
@@ -65,9 +65,8 @@ def test_the_pages_sweeps_draw_every_shapes_inputs_from_the_runs_seed(monkeypatc
         return [{"variant": v, "status": "skipped"} for v in variants]
 
     monkeypatch.setattr(study5_sweep, "measure_shape", fake_measure)
-    monkeypatch.setattr(study5_page, "add_roofline", lambda df, roof: df)
     P = study5_params("smoke", seed=5)
-    prefill, decode, masks = study5_page._sweeps(P, torch.float32, "cpu", roof=None)
+    prefill, decode, masks = study5_measure._sweeps(P, torch.float32, "cpu")
     assert len(seen) > 3 and set(seen) == {5}
     assert all(isinstance(df, pd.DataFrame) and len(df) for df in (prefill, decode, masks))
     want = study5_sweep.mask_factories(P["window"], P["document_tokens"], 5)["document"]

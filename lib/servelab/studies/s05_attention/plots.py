@@ -1,7 +1,7 @@
 """Study 5's figures: time, TFLOP/s and memory against length, decode bandwidth, masks, spreads.
 
-Every figure draws the ceiling it is judged against (measured in the same run) and, where the seed
-made a numeric claim, marks the RTX 2070's value.
+Every figure draws the ceiling it is judged against (measured in the same run) and, where the seed made a numeric
+claim, marks the RTX 2070's value. Each is sized for the book's column (at most 8 in wide, two panels side by side).
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from servelab.studies.s05_attention.verdicts import SEED_MEMORY_GROWTH, SEED_SPE
 
 ORDER = ["naive", "sdpa_math", "sdpa_efficient", "sdpa_flash", "sdpa_cudnn", "sdpa_default", "sdpa_repeat_kv", "flex"]
 PALETTE = dict(zip(ORDER, sns.color_palette("tab10", len(ORDER)), strict=True))  # one colour per variant, every figure
+SEED = "RTX 2070 (seed)"
+SMALL = 9  # pt: the smallest type on a figure
 
 
 def _ok(df):
@@ -27,88 +29,88 @@ def _hue_order(df):
     return [v for v in ORDER if v in set(df["variant"])]
 
 
-def _errorbars(ax, g, x, y="median_ms", lo="p25_ms", hi="p75_ms", color=None):
-    ax.errorbar(g[x], g[y], yerr=[g[y] - g[lo], g[hi] - g[y]], fmt="none", ecolor=color, alpha=0.6, lw=1)
+def _grid(n: int, width: float = 8.0, row_height: float = 3.1):
+    """Panels two to a row, the figure at most ``width`` inches wide."""
+    cols = min(2, n)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width, row_height * rows + 0.9), squeeze=False)
+    flat = list(axes.flat)
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    return fig, flat[:n]
+
+
+def _legend_below(fig, axes, ncol: int = 4):
+    handles, labels = {}, []
+    for ax in axes:
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            if lab not in handles:
+                handles[lab] = h
+                labels.append(lab)
+    fig.legend([handles[lab] for lab in labels], labels, loc="lower center", ncol=ncol, fontsize=SMALL, frameon=False)
+
+
+def _log_lengths(ax, lengths):
+    ax.set_xscale("log")
+    ax.set_xticks(lengths, [f"{x // 1024}k" if x >= 1024 else str(x) for x in lengths])
+    ax.minorticks_off()
 
 
 def prefill_time(prefill: pd.DataFrame, roof):
-    """Median time (IQR bars) against length per variant, one panel per configuration, with the
-    roofline floor from the measured ceilings."""
+    """Median time against length per variant, one panel per configuration, with the roofline floor."""
     ok = _ok(prefill)
-    order = _hue_order(ok)
-    pal = PALETTE
     configs = sorted(ok["config"].unique())
-    fig, axes = plt.subplots(1, len(configs), figsize=(4.2 * len(configs), 3.8), sharey=True, squeeze=False)
-    for ax, cfg in zip(axes[0], configs, strict=True):
+    lengths = sorted(int(x) for x in ok["q_len"].unique())
+    fig, axes = _grid(len(configs))
+    for ax, cfg in zip(axes, configs, strict=True):
         g = ok[ok["config"] == cfg]
-        for v in order:
+        for v in _hue_order(ok):
             gv = g[g["variant"] == v].sort_values("q_len")
             if len(gv):
-                ax.plot(gv["q_len"], gv["median_ms"], "o-", ms=3, color=pal[v], label=v)
-                _errorbars(ax, gv, "q_len", color=pal[v])
+                ax.plot(gv["q_len"], gv["median_ms"], "o-", ms=3, color=PALETTE[v], label=v)
         fl = g.drop_duplicates("q_len").sort_values("q_len")
         ax.plot(fl["q_len"], roof.floor_ms(fl["flops"], fl["min_bytes"]), "k--", lw=1, label="roofline floor")
-        ax.set(xscale="log", yscale="log", title=cfg, xlabel="sequence length (tokens)")
-        ax.set_xticks(
-            sorted(ok["q_len"].unique()), [f"{x:,}" for x in sorted(ok["q_len"].unique())], rotation=60, fontsize=7
-        )
-    axes[0][0].set_ylabel("time per call (ms, median, IQR)")
-    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1))
-    fig.suptitle("Causal prefill attention, batch 1")
-    fig.tight_layout()
+        ax.set(yscale="log", title=cfg, xlabel="sequence length (tokens)", ylabel="time per call (ms)")
+        _log_lengths(ax, lengths)
+    _legend_below(fig, axes)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
     return fig
 
 
 def prefill_tflops(prefill: pd.DataFrame, ceilings):
     """Achieved TFLOP/s (causal half counted) against length, with the measured matmul ceiling."""
     ok = _ok(prefill)
-    g = sns.relplot(
-        data=ok,
-        x="q_len",
-        y="achieved_tflop_s",
-        hue="variant",
-        hue_order=_hue_order(ok),
-        palette=PALETTE,
-        col="config",
-        kind="line",
-        marker="o",
-        height=3.4,
-        aspect=1.0,
-        facet_kws=dict(sharey=True),
-    )
-    for ax in g.axes.flat:
-        ax.axhline(ceilings.matmul_tflop_s, color="k", ls="--", lw=1)
-        ax.text(ok["q_len"].min(), ceilings.matmul_tflop_s * 1.1, f"{ceilings.matmul_dtype} matmul ceiling", fontsize=7)
-        ax.set(xscale="log", yscale="log")
-    g.set_titles("{col_name}")
-    g.set_axis_labels("sequence length (tokens)", "achieved TFLOP/s")
-    g.fig.suptitle("Attention FLOP rate against the measured matmul ceiling", y=1.03)
-    return g.fig
+    configs = sorted(ok["config"].unique())
+    lengths = sorted(int(x) for x in ok["q_len"].unique())
+    fig, axes = _grid(len(configs))
+    for ax, cfg in zip(axes, configs, strict=True):
+        g = ok[ok["config"] == cfg]
+        for v in _hue_order(ok):
+            gv = g[g["variant"] == v].sort_values("q_len")
+            if len(gv):
+                ax.plot(gv["q_len"], gv["achieved_tflop_s"], "o-", ms=3, color=PALETTE[v], label=v)
+        ax.axhline(ceilings.matmul_tflop_s, color="k", ls="--", lw=1, label=f"{ceilings.matmul_dtype} matmul ceiling")
+        ax.set(yscale="log", title=cfg, xlabel="sequence length (tokens)", ylabel="achieved TFLOP/s")
+        _log_lengths(ax, lengths)
+    _legend_below(fig, axes)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    return fig
 
 
-def speedup(prefill: pd.DataFrame, speedups: pd.DataFrame, seed_length: int):
+def speedup(speedups: pd.DataFrame, seed_length: int):
     """naive / SDPA-default time against length, with the RTX 2070's 7.64× at 2,048 tokens marked."""
     sp = speedups.copy()
     sp["config"] = [config_label(a, d) for a, d in zip(sp["arch"], sp["head_dim"], strict=True)]
-    fig, ax = plt.subplots(figsize=(6, 3.8))
-    sns.lineplot(data=sp, x="q_len", y="speedup", hue="config", marker="o", ax=ax)
-    ax.plot(
-        [seed_length],
-        [SEED_SPEEDUP],
-        marker="*",
-        ms=14,
-        color="crimson",
-        ls="none",
-        label=f"RTX 2070 (seed): {SEED_SPEEDUP}× at {seed_length:,}",
-    )
-    ax.set(
-        xscale="log",
-        yscale="log",
-        xlabel="sequence length (tokens)",
-        ylabel="naive time / SDPA default time (×)",
-        title="How much faster SDPA's default is than naive attention",
-    )
-    ax.legend(fontsize=7)
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for cfg, g in sp.groupby("config", sort=True):
+        g = g.sort_values("q_len")
+        ax.plot(g["q_len"], g["speedup"], "o-", ms=4, label=cfg)
+    ax.plot([seed_length], [SEED_SPEEDUP], marker="*", ms=16, color="crimson", ls="none",
+            label=f"{SEED}: {SEED_SPEEDUP}× at {seed_length:,}")  # fmt: skip
+    ax.axhline(SEED_SPEEDUP, color="crimson", lw=0.8, ls=":")
+    ax.set(yscale="log", xlabel="sequence length (tokens)", ylabel="naive time / SDPA default time (×)")
+    _log_lengths(ax, sorted(int(x) for x in sp["q_len"].unique()))
+    ax.legend(fontsize=SMALL)
     fig.tight_layout()
     return fig
 
@@ -116,141 +118,103 @@ def speedup(prefill: pd.DataFrame, speedups: pd.DataFrame, seed_length: int):
 def memory(prefill: pd.DataFrame, device_memory_bytes: float | None):
     """Peak memory of one call (Q/K/V included) against length, with the device's memory; OOMs marked."""
     ok = _ok(prefill)
-    g = sns.relplot(
-        data=ok,
-        x="q_len",
-        y="peak_mem_incl_inputs_bytes",
-        hue="variant",
-        hue_order=_hue_order(ok),
-        palette=PALETTE,
-        col="config",
-        kind="line",
-        marker="o",
-        height=3.4,
-        aspect=1.0,
-    )
+    configs = sorted(ok["config"].unique())
+    lengths = sorted(int(x) for x in prefill["q_len"].unique())
     oom = prefill[prefill["status"].isin(["oom"])].copy()
     oom["config"] = [config_label(a, d) for a, d in zip(oom["arch"], oom["head_dim"], strict=True)]
-    for cfg, ax in g.axes_dict.items():
+    fig, axes = _grid(len(configs))
+    for ax, cfg in zip(axes, configs, strict=True):
+        g = ok[ok["config"] == cfg]
+        for v in _hue_order(ok):
+            gv = g[g["variant"] == v].sort_values("q_len")
+            if len(gv):
+                ax.plot(gv["q_len"], gv["peak_mem_incl_inputs_bytes"] / 1e9, "o-", ms=3, color=PALETTE[v], label=v)
         if device_memory_bytes:
-            ax.axhline(device_memory_bytes, color="k", ls="--", lw=1)
-            ax.text(ok["q_len"].min(), device_memory_bytes * 1.15, "device memory", fontsize=7)
-            for _, r in oom[oom["config"] == cfg].iterrows():
-                ax.plot(r["q_len"], device_memory_bytes, "rx", ms=8)
-                ax.annotate(
-                    f"{r['variant']}: OOM",
-                    (r["q_len"], device_memory_bytes),
-                    fontsize=6,
-                    textcoords="offset points",
-                    xytext=(-40, 8),
-                )
-        ax.set(xscale="log", yscale="log")
-    g.set_titles("{col_name}")
-    g.set_axis_labels("sequence length (tokens)", "peak memory of one call (bytes, Q/K/V incl.)")
-    g.fig.suptitle("Peak memory against length (max_memory_allocated)", y=1.03)
-    return g.fig
+            ax.axhline(device_memory_bytes / 1e9, color="k", ls="--", lw=1, label="device memory")
+            bad = oom[oom["config"] == cfg]
+            if len(bad):
+                ax.plot(bad["q_len"], [device_memory_bytes / 1e9] * len(bad), "rx", ms=8, label="out of memory")
+        ax.set(yscale="log", title=cfg, xlabel="sequence length (tokens)", ylabel="peak memory (GB)")
+        _log_lengths(ax, lengths)
+    _legend_below(fig, axes)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    return fig
 
 
 def memory_growth_bars(growth: pd.DataFrame):
     """Peak-memory growth for 32× longer sequences per variant, with the RTX 2070's 25× and 2.4×."""
     g = growth.copy()
     g["config"] = [config_label(a, d) for a, d in zip(g["arch"], g["head_dim"], strict=True)]
-    g["pair"] = [f"{s:,}→{lo:,}" for s, lo in zip(g["short"], g["long"], strict=True)]
-    cat = sns.catplot(
-        data=g,
-        x="variant",
-        y="growth_incl_inputs",
-        hue="config",
-        col="pair",
-        kind="bar",
-        order=_hue_order(g),
-        height=3.4,
-        aspect=1.4,
-    )
-    for ax in cat.axes.flat:
-        for i, v in enumerate(_hue_order(g)):
-            if v in SEED_MEMORY_GROWTH:
-                ax.plot([i], [SEED_MEMORY_GROWTH[v]], marker="*", ms=12, color="crimson", ls="none")
-        ax.set(yscale="log")
+    pairs = list(dict.fromkeys(zip(g["short"], g["long"], strict=True)))
+    order = _hue_order(g)
+    fig, axes = plt.subplots(1, len(pairs), figsize=(8, 4.2), sharey=True, squeeze=False)
+    for ax, (short, long) in zip(axes[0], pairs, strict=True):
+        d = g[g["short"].eq(short) & g["long"].eq(long)]
+        sns.barplot(data=d, x="variant", y="growth_incl_inputs", hue="config", order=order, ax=ax)
+        seeds = [(i, SEED_MEMORY_GROWTH[v]) for i, v in enumerate(order) if v in SEED_MEMORY_GROWTH]
+        ax.plot([i for i, _ in seeds], [s for _, s in seeds], marker="*", ms=14, color="crimson", ls="none",
+                label=SEED)  # fmt: skip
+        ax.set(yscale="log", xlabel="", ylabel="peak memory growth (×)", title=f"{short:,} → {long:,} tokens")
         ax.tick_params(axis="x", rotation=45)
-    cat.set_axis_labels("", "peak memory growth (×, for 32× tokens)")
-    cat.fig.suptitle("Memory growth for 32× longer sequences; red stars: the RTX 2070's (seed)", y=1.03)
-    return cat.fig
+        ax.legend(fontsize=SMALL)
+    fig.tight_layout()
+    return fig
 
 
-def decode_bandwidth(decode: pd.DataFrame, ceilings):
-    """Achieved K+V GB/s against KV length per variant, one panel per (model, batch), copy ceiling drawn."""
+def decode_bandwidth(decode: pd.DataFrame, ceilings, arch: str):
+    """Achieved K+V GB/s against KV length per variant for one model's heads, one panel per batch size, with the
+    measured copy ceiling."""
     ok = _ok(decode)
-    g = sns.relplot(
-        data=ok,
-        x="kv_len",
-        y="achieved_gb_s",
-        hue="variant",
-        hue_order=_hue_order(ok),
-        palette=PALETTE,
-        row="arch",
-        col="batch",
-        kind="line",
-        marker="o",
-        height=2.6,
-        aspect=1.0,
-    )
-    for ax in g.axes.flat:
-        ax.axhline(ceilings.copy_gb_s, color="k", ls="--", lw=1)
-        ax.set(xscale="log", yscale="log")
-    g.set_titles("{row_name}, batch {col_name}", size=8)
-    g.set_axis_labels("KV length (tokens)", "K+V read (GB/s)")
-    g.fig.suptitle("Decode attention: one query token per sequence, against the measured copy ceiling (dashed)", y=1.02)
-    return g.fig
+    ok = ok[ok["arch"].eq(arch)]
+    batches = sorted(int(b) for b in ok["batch"].unique())
+    lengths = sorted(int(x) for x in ok["kv_len"].unique())
+    fig, axes = _grid(len(batches), row_height=2.8)
+    for ax, b in zip(axes, batches, strict=True):
+        g = ok[ok["batch"].eq(b)]
+        for v in _hue_order(ok):
+            gv = g[g["variant"] == v].sort_values("kv_len")
+            if len(gv):
+                ax.plot(gv["kv_len"], gv["achieved_gb_s"], "o-", ms=3, color=PALETTE[v], label=v)
+        ax.axhline(ceilings.copy_gb_s, color="k", ls="--", lw=1, label="copy ceiling")
+        ax.set(yscale="log", title=f"batch {b}", xlabel="KV length (tokens)", ylabel="K+V read (GB/s)")
+        _log_lengths(ax, lengths)
+    _legend_below(fig, axes)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    return fig
 
 
 def masks(mask_df: pd.DataFrame, roof):
-    """Masked prefill time per mask: SDPA with a dense mask (or is_causal) against Flex's block mask,
-    with each mask's own roofline floor (only allowed pairs counted)."""
+    """Masked prefill time per mask: SDPA with a dense mask (or is_causal) against Flex's block mask, with each
+    mask's own roofline floor (only allowed pairs counted)."""
     ok = _ok(mask_df)
-    g = sns.relplot(
-        data=ok,
-        x="q_len",
-        y="median_ms",
-        hue="variant",
-        hue_order=_hue_order(ok),
-        palette=PALETTE,
-        col="mask",
-        kind="line",
-        marker="o",
-        height=3.2,
-        aspect=1.0,
-    )
-    for kind, ax in g.axes_dict.items():
+    kinds = list(dict.fromkeys(ok["mask"]))
+    lengths = sorted(int(x) for x in ok["q_len"].unique())
+    fig, axes = _grid(len(kinds), row_height=2.9)
+    for ax, kind in zip(axes, kinds, strict=True):
+        g = ok[ok["mask"] == kind]
+        for v in _hue_order(ok):
+            gv = g[g["variant"] == v].sort_values("q_len")
+            if len(gv):
+                ax.plot(gv["q_len"], gv["median_ms"], "o-", ms=4, color=PALETTE[v], label=v)
         fl = mask_df[mask_df["mask"] == kind].drop_duplicates("q_len").sort_values("q_len")
-        ax.plot(fl["q_len"], roof.floor_ms(fl["flops"], fl["min_bytes"]), "k--", lw=1)
-        ax.set(xscale="log", yscale="log")
-    g.set_titles("{col_name} mask")
-    g.set_axis_labels("sequence length (tokens)", "time per call (ms)")
-    g.fig.suptitle("Masks: dense SDPA mask against FlexAttention's block mask (dashed: roofline floor)", y=1.03)
-    return g.fig
+        ax.plot(fl["q_len"], roof.floor_ms(fl["flops"], fl["min_bytes"]), "k--", lw=1, label="roofline floor")
+        ax.set(yscale="log", title=f"{kind.replace('_', ' ')} mask", xlabel="sequence length (tokens)",
+               ylabel="time per call (ms)")  # fmt: skip
+        _log_lengths(ax, lengths)
+    _legend_below(fig, axes)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    return fig
 
 
-def spread(spread_df: pd.DataFrame):
-    """F5.3: slowest/fastest time across kernels (per architecture) and across architectures (per kernel),
-    one panel per regime (prefill, decode)."""
-    regimes = list(dict.fromkeys(spread_df["regime"]))
-    n = spread_df.groupby("regime").size().max()
-    fig, axes = plt.subplots(1, len(regimes), figsize=(6.5 * len(regimes), 0.35 * n + 1.4), squeeze=False)
-    for ax, regime in zip(axes[0], regimes, strict=True):
-        d = spread_df[spread_df["regime"] == regime]
-        d = d.assign(label=[f"{c.split(',')[0]}: {f}" for c, f in zip(d["comparison"], d["fixed"], strict=True)])
-        sns.barplot(data=d, y="label", x="spread", hue="comparison", dodge=False, ax=ax)
-        ax.set(
-            xscale="log",
-            xlim=(1, None),
-            xlabel="slowest / fastest time (×)",
-            ylabel="",
-            title=f"{regime} at {int(d['length'].iloc[0]):,} tokens"
-            + (f", batch {int(d['batch'].iloc[0])}" if regime == "decode" else ""),
-        )
-        ax.legend(fontsize=7)
-    fig.suptitle("Kernel choice against architecture")
+def spread(spread_df: pd.DataFrame, regime: str):
+    """F5.3 in one regime: slowest/fastest time across kernels (per architecture) and across architectures (per
+    kernel)."""
+    d = spread_df[spread_df["regime"] == regime]
+    d = d.assign(label=[f"{c.split(',')[0]}: {f}" for c, f in zip(d["comparison"], d["fixed"], strict=True)])
+    fig, ax = plt.subplots(figsize=(7.5, 0.4 * len(d) + 1.6))
+    sns.barplot(data=d, y="label", x="spread", hue="comparison", dodge=False, ax=ax)
+    ax.set(xscale="log", xlim=(1, None), xlabel="slowest / fastest time (×)", ylabel="")
+    ax.legend(fontsize=SMALL)
     fig.tight_layout()
     return fig
 

@@ -16,7 +16,6 @@ from collections.abc import Callable, Iterable
 import pandas as pd
 from tqdm import tqdm  # not tqdm.auto: it warns (TqdmWarning) on import where ipywidgets is missing
 
-from servelab.measure import Roofline
 from servelab.studies.s05_attention.masks import Mask, ragged_documents
 from servelab.studies.s05_attention.point import TimingPolicy, measure_point
 from servelab.studies.s05_attention.reference import check_rows, reference_attention
@@ -281,19 +280,3 @@ def mask_sweep(
             seed=seed,
         )
     )
-
-
-def add_roofline(df: pd.DataFrame, roof: Roofline) -> pd.DataFrame:
-    """Roofline columns against the measured ceilings: floor time (ms), which term sets it, % of the floor
-    reached, achieved TFLOP/s, and achieved GB/s counting the K and V bytes (decode's floor)."""
-    out = df.copy()
-    if "median_ms" not in out:
-        out["median_ms"] = float("nan")
-    ok = out["status"].eq("ok")
-    t = out["median_ms"].where(ok)
-    out["floor_ms"] = roof.floor_ms(out["flops"], out["min_bytes"])
-    out["bound"] = roof.bound(out["flops"], out["min_bytes"])
-    out["pct_of_floor"] = roof.pct_of_floor(t, out["flops"], out["min_bytes"])
-    out["achieved_tflop_s"] = roof.achieved_tflop_s(t, out["flops"])
-    out["achieved_gb_s"] = roof.achieved_gb_s(t, out["kv_bytes"])
-    return out

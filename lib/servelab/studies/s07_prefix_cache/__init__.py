@@ -1,44 +1,13 @@
-"""Study 7: prefix caching. The cache itself lives in the engine (``servelab.kv.prefix_cache``); here are the
-policy simulator and the study's measurements.
+"""Study 7: prefix caching. The cache itself lives in the engine (``servelab.kv.prefix_cache``); here are the policy
+simulator and the study's measurements.
 
-Policy simulator (no GPU): prefix-cache policies (LRU, LFU, radix-tree LRU) on Zipf(α) popularity, against the optimum.
+Measuring path (``measure.py``, the GPU's): ``params`` (profiles), ``study`` (the engine measured), ``first_token``
+(timing requests with the cache primed or off), ``prefix_length`` (F7.1), ``multi_turn`` (F7.2), ``batch_sharing``
+(F7.3), ``serving`` (a prefix-repetition workload over HTTP, caching off and on), and the policy simulator (F7.4):
+``workload`` (Zipf streams), ``policies`` (LRU, LFU), ``radix`` (radix-tree LRU), ``optimum`` (static top-k,
+Belady's MIN), ``simulate`` (``hit_rates``).
+Reporting path (``report.py``, the CPU's, from the runs' files): ``derive`` (speedups, breakevens), ``cost_fit``
+(straight-line cost models), ``verdicts`` (F7.1–F7.4), ``plots`` (the figures).
 
-- ``workload``  Zipf(α) streams of prefix ids, and token prefixes sharing system prompts
-- ``policies``  ``LRU`` and ``LFU`` (slots); ``Hit``, what every ``access(...)`` returns
-- ``radix``     ``RadixLRU`` (blocks): a prefix tree, LRU eviction of unreferenced leaves
-- ``optimum``   static top-k (expected), best fixed block set, Belady's MIN
-- ``simulate``  ``hit_rates(...)``: the tidy sweep
-
-Measurements on the engine (notebook 07):
-
-- ``params``         profile defaults and validation; ``study``: the engine the study measures
-- ``first_token``    time requests with the cache primed or off (``time_requests``)
-- ``prefix_length``  F7.1: TTFT against the shared prefix length; ``speedups``
-- ``multi_turn``     F7.2: a conversation, speedup per turn
-- ``batch_sharing``  F7.3: n requests sharing a prefix, shared vs independent prefill; ``breakeven``
-- ``serving``        server level: a prefix-repetition workload over HTTP, caching off and on
-- ``cost_fit``       straight-line cost models (a fixed cost plus a cost per token or request)
-- ``page``           the study page's sections, one call each; ``verdicts`` F7.1–F7.4; ``plots`` the figures
+This file imports nothing, so that importing the measuring path does not pull in the reporting one.
 """
-
-from servelab.studies.s07_prefix_cache.optimum import belady_hit_rate, static_block_optimum, static_optimum
-from servelab.studies.s07_prefix_cache.policies import LFU, LRU, Hit
-from servelab.studies.s07_prefix_cache.radix import Lease, RadixLRU
-from servelab.studies.s07_prefix_cache.simulate import POLICY_NAMES, hit_rates
-from servelab.studies.s07_prefix_cache.workload import ZipfWorkload, shared_prefixes, zipf_probabilities
-
-__all__ = [
-    "Hit",
-    "Lease",
-    "LRU",
-    "LFU",
-    "RadixLRU",
-    "ZipfWorkload",
-    "shared_prefixes",
-    "zipf_probabilities",
-    "static_optimum",
-    "static_block_optimum",
-    "belady_hit_rate",
-    "hit_rates",
-    "POLICY_NAMES",
-]

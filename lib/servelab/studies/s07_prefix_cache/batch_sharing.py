@@ -76,36 +76,3 @@ def batch_sharing_sweep(
             )
         rows.append(row)
     return pd.DataFrame(rows)
-
-
-def breakeven(df: pd.DataFrame) -> pd.DataFrame:
-    """Per prefix length: the time ratio independent / shared at each n, and ``breakeven_n``, the smallest n ≥ 2
-    from which sharing is at least as fast at every larger n measured (NaN if it never is)."""
-    empty = pd.DataFrame(columns=["prefix_tokens", "breakeven_n", "max_n", "ratio_at_max_n", "ratios"])
-    ok = df[df["status"] == "ok"]
-    if ok.empty:
-        return empty
-    t = ok.pivot_table(index=["prefix_tokens", "n"], columns="sharing", values="median_ms")
-    if not {"shared", "independent"} <= set(t.columns):
-        return empty
-    t = t.dropna().reset_index()
-    t["ratio"] = t["independent"] / t["shared"]
-    rows = []
-    for p, g in t.groupby("prefix_tokens"):
-        g = g.sort_values("n")
-        cand = g[g["n"] >= 2]
-        be = np.nan
-        for n in cand["n"]:
-            if (cand.loc[cand["n"] >= n, "ratio"] >= 1.0).all():
-                be = n
-                break
-        rows.append(
-            {
-                "prefix_tokens": p,
-                "breakeven_n": be,
-                "max_n": int(g["n"].max()),
-                "ratio_at_max_n": float(g["ratio"].iloc[-1]),
-                "ratios": ", ".join(f"n={int(n)}: {r:.2f}×" for n, r in zip(g["n"], g["ratio"], strict=True)),
-            }
-        )
-    return pd.DataFrame(rows)

@@ -83,15 +83,3 @@ def multi_turn_sweep(
                 row["status"] = failure_status(e)
             rows.append(row)
     return pd.DataFrame(rows)
-
-
-def turn_speedups(mt: pd.DataFrame) -> pd.DataFrame:
-    """Per (metric, turn): uncached / cached median time (``speedup``, with a quartile range), beside the prompt,
-    history and output lengths."""
-    from servelab.studies.s07_prefix_cache.prefix_length import speedups
-
-    out = speedups(mt, ["metric", "turn"])
-    info = mt.drop_duplicates(["metric", "turn"]).set_index(["metric", "turn"])[
-        ["prompt_tokens", "history_tokens", "output_tokens"]
-    ]
-    return out.join(info, on=["metric", "turn"])

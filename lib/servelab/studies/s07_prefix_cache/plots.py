@@ -46,7 +46,7 @@ def ttft_vs_prefix(df: pd.DataFrame, sp: pd.DataFrame, title: str):
     """Left: TTFT (median, IQR bars) cached and uncached against the prefix length, each with its roofline floor
     (dashed). Right: the speedup, with the seed's value at 512 tokens."""
     ok = df[df["status"] == "ok"]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.2))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(8, 4.2))
     for mode, d in ok.groupby("mode"):
         d = d.sort_values("prefix_tokens")
         a.errorbar(
@@ -69,7 +69,7 @@ def ttft_vs_prefix(df: pd.DataFrame, sp: pd.DataFrame, title: str):
             )
     a.set(yscale="log", xlabel="shared prefix (tokens)", ylabel="time to first token (ms, log)", title="TTFT")
     _log2_ticks(a, df["prefix_tokens"])
-    a.legend(fontsize=7)
+    a.legend(fontsize=9)
     if len(sp):
         b.errorbar(
             sp["prefix_tokens"],
@@ -92,7 +92,7 @@ def ttft_vs_prefix(df: pd.DataFrame, sp: pd.DataFrame, title: str):
         label=f"RTX 2070 (seed): {SEED_SPEEDUP_512}× at {SEED_PREFIX}",
     )
     b.set(yscale="log", xlabel="shared prefix (tokens)", ylabel="TTFT speedup (×, log)", title="speedup from the cache")
-    b.legend(fontsize=7)
+    b.legend(fontsize=9)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
@@ -101,12 +101,12 @@ def ttft_vs_prefix(df: pd.DataFrame, sp: pd.DataFrame, title: str):
 def multi_turn(mt: pd.DataFrame, ts: pd.DataFrame, title: str):
     """Left: TTFT per turn, cached and uncached. Right: speedup per turn (TTFT and whole turn), seed marked."""
     ok = mt[(mt["status"] == "ok") & (mt["metric"] == "ttft")]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.2))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(8, 4.2))
     for mode, d in ok.groupby("mode"):
         d = d.sort_values("turn")
         a.errorbar(d["turn"], d["median_ms"], yerr=_err(d), marker="o", capsize=3, color=MODE_COLORS[mode], label=mode)
     a.set(xlabel="turn", ylabel="time to first token (ms)", title="TTFT per turn")
-    a.legend(fontsize=8)
+    a.legend(fontsize=9)
     labels = {"ttft": "first token", "turn": "whole turn (first token + reply)"}
     for metric, d in ts.groupby("metric"):
         d = d.sort_values("turn")
@@ -122,7 +122,7 @@ def multi_turn(mt: pd.DataFrame, ts: pd.DataFrame, title: str):
         label=f"RTX 2070 (seed): {SEED_TURN_SPEEDUP}× after {SEED_TURNS} turns",
     )
     b.set(xlabel="turn", ylabel="speedup, uncached / cached (×)", title="speedup per turn")
-    b.legend(fontsize=7)
+    b.legend(fontsize=9)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
@@ -133,7 +133,7 @@ def batch_sharing(df: pd.DataFrame, be: pd.DataFrame, title: str):
     the measured breakeven (vertical line) and the seed's."""
     ok = df[df["status"] == "ok"]
     prefixes = sorted(ok["prefix_tokens"].unique())
-    fig, axes = plt.subplots(1, max(1, len(prefixes)), figsize=(4.2 * max(1, len(prefixes)), 4), squeeze=False)
+    fig, axes = plt.subplots(1, max(1, len(prefixes)), figsize=(8, 3.9), squeeze=False)
     for ax, p in zip(axes[0], prefixes, strict=False):  # one axis even with no prefix
         for sharing, d in ok[ok["prefix_tokens"] == p].groupby("sharing"):
             d = d.sort_values("n")
@@ -167,7 +167,7 @@ def batch_sharing(df: pd.DataFrame, be: pd.DataFrame, title: str):
             title=f"prefix {p:,} tokens",
         )
         _log2_ticks(ax, ok["n"])
-        ax.legend(fontsize=6)
+        ax.legend(fontsize=9)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
@@ -179,7 +179,7 @@ def policy_hit_rates(sim: pd.DataFrame, title: str):
     alphas = sorted(sim["alpha"].unique())
     cols = min(3, len(alphas))
     rows = -(-len(alphas) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.3 * cols, 3.4 * rows), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(rows, cols, figsize=(8, 2.9 * rows + 0.5), squeeze=False, sharey=True)
     for ax, alpha in zip(axes.flat, alphas, strict=False):  # the grid may have spare axes
         d = sim[sim["alpha"] == alpha]
         sns.lineplot(data=d, x="capacity", y="hit_rate", hue="policy", marker="o", ax=ax, legend=ax is axes.flat[0])
@@ -195,11 +195,11 @@ def policy_hit_rates(sim: pd.DataFrame, title: str):
                 ls="",
                 label=f"RTX 2070 (seed): LFU {SEED_LFU_HIT:.0%}",
             )
-            ax.legend(fontsize=6)
+            ax.legend(fontsize=9)
         ax.set(ylim=(0, 1), xlabel="capacity (prefix slots)", ylabel="hit rate", title=f"Zipf α = {alpha:g}")
         _log2_ticks(ax, d["capacity"])
     if axes.flat[0].get_legend() is not None:
-        axes.flat[0].legend(fontsize=6)
+        axes.flat[0].legend(fontsize=9)
     for ax in list(axes.flat)[len(alphas) :]:
         ax.set_visible(False)
     fig.suptitle(title, fontsize=10)
@@ -211,7 +211,7 @@ def serving(req: pd.DataFrame, summary: pd.DataFrame, title: str):
     """Left: TTFT distributions (ECDF) per load, caching off and on. Right: throughput (output and prompt tokens/s)."""
     ok = req[req["ok"].astype(bool)] if len(req) else req
     loads = list(dict.fromkeys(summary["load"])) if len(summary) else []
-    fig, axes = plt.subplots(1, len(loads) + 1, figsize=(4.4 * (len(loads) + 1), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(loads) + 1, figsize=(8, 3.9), squeeze=False)
     for ax, load in zip(axes[0], loads, strict=False):  # the last axis is not a load's
         d = ok[ok["load"] == load] if len(ok) else ok
         if len(d):

@@ -67,20 +67,3 @@ def prefix_length_sweep(
                 row["pct_of_floor"] = 100.0 * row["floor_ms"] / row["median_ms"]
         rows.append(row)
     return pd.DataFrame(rows)
-
-
-def speedups(df: pd.DataFrame, key: str | list[str] = "prefix_tokens") -> pd.DataFrame:
-    """Uncached over cached median time per ``key``, with a spread from the quartiles
-    (``speedup_lo`` = uncached p25 / cached p75, ``speedup_hi`` = uncached p75 / cached p25)."""
-    keys = [key] if isinstance(key, str) else list(key)
-    ok = df[df["status"] == "ok"]
-    if ok.empty:
-        return pd.DataFrame(columns=keys + ["uncached_ms", "cached_ms", "speedup", "speedup_lo", "speedup_hi"])
-    u = ok[ok["mode"] == "uncached"].set_index(keys)
-    c = ok[ok["mode"] == "cached"].set_index(keys)
-    both = u.index.intersection(c.index)
-    out = pd.DataFrame({"uncached_ms": u.loc[both, "median_ms"], "cached_ms": c.loc[both, "median_ms"]})
-    out["speedup"] = out["uncached_ms"] / out["cached_ms"]
-    out["speedup_lo"] = u.loc[both, "p25_ms"] / c.loc[both, "p75_ms"]
-    out["speedup_hi"] = u.loc[both, "p75_ms"] / c.loc[both, "p25_ms"]
-    return out.reset_index()

@@ -1,0 +1,302 @@
+"""Study 7's reporting path: everything its page shows, computed from the runs' files (``report``), and the page
+text: takeaways and compact tables (the full tables are the runs' CSVs).
+
+Each repeat's verdicts come from its own raw sweeps (speedups, breakevens and cost fits derived at report time);
+tables and figures show each point's median over repeats.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from servelab.studies.common.findings import Finding, not_measured
+from servelab.studies.common.page import finding_sentence, takeaway_list
+from servelab.studies.common.published import published_section
+from servelab.studies.common.runs import RunSet, pool_repeats
+from servelab.studies.common.tested_on import model_tested_on
+from servelab.studies.s07_prefix_cache import verdicts
+from servelab.studies.s07_prefix_cache.cost_fit import prefill_costs, sharing_costs
+from servelab.studies.s07_prefix_cache.derive import breakeven, speedups, turn_speedups
+
+STUDY = "07_prefix_cache"
+# what identifies one measured point of each raw table: its median over repeats is what the page shows
+KEYS = {
+    "prefix_length": ["prefix_tokens", "mode"],
+    "multi_turn": ["turn", "metric", "mode"],
+    "batch_sharing": ["prefix_tokens", "n", "sharing"],
+    "policy_hit_rates": ["policy", "alpha", "capacity", "unit"],
+    "serving_summary": ["load", "caching"],
+}
+SERVING_COLUMNS = {
+    "load": "load",
+    "caching": "caching",
+    "ttft_p50_ms": "TTFT p50 (ms)",
+    "ttft_p99_ms": "TTFT p99 (ms)",
+    "tpot_p50_ms": "TPOT p50 (ms)",
+    "throughput_tok_s": "output tokens/s",
+    "hit_rate_engine": "hit rate (engine)",
+    "hit_rate_metrics": "hit rate (/metrics)",
+    "ideal_hit_rate": "ideal hit rate",
+}
+
+
+@dataclass
+class Study7Page:
+    runs: RunSet
+    findings: list[Finding]
+    tables: dict[str, pd.DataFrame] = field(default_factory=dict)  # raw (pooled) and derived tables, by name
+    engine: dict = field(default_factory=dict)  # the first run's engine.json ({} for a run from before it)
+
+    @property
+    def device(self) -> str:
+        return self.runs.device_name
+
+    @property
+    def P(self) -> dict:
+        return self.runs.params
+
+    @property
+    def model(self) -> str:
+        return str(self.P.get("model", "?")).replace("config:", "")
+
+    def __getitem__(self, name: str) -> pd.DataFrame:
+        return self.tables.get(name, pd.DataFrame())
+
+    def has(self, *names: str) -> bool:
+        return all(not self[n].empty for n in names)
+
+
+def derived(raw: dict[str, pd.DataFrame]) -> dict[str, pd.DataFrame]:
+    """The derived tables of one set of raw sweeps (a repeat's, or the median over repeats); a table whose raw sweep
+    is missing is left out."""
+    out = dict(raw)
+    pl, mt, bs = raw.get("prefix_length"), raw.get("multi_turn"), raw.get("batch_sharing")
+    if pl is not None and not pl.empty:
+        out["prefix_length_speedup"] = speedups(pl)
+        out["prefill_cost_fit"] = prefill_costs(pl)
+    if mt is not None and not mt.empty:
+        out["multi_turn_speedup"] = turn_speedups(mt)
+    if bs is not None and not bs.empty:
+        out["batch_sharing_breakeven"] = breakeven(bs)
+        out["batch_sharing_cost_fit"] = sharing_costs(bs)
+    return out
+
+
+def _raw(runs: RunSet, pooled: bool) -> dict[str, pd.DataFrame]:
+    out = {}
+    for name, keys in KEYS.items():
+        df = runs.table(name)
+        if df.empty:
+            continue
+        out[name] = pool_repeats(df, keys) if pooled else df.drop(columns=["repeat", "part"], errors="ignore")
+    return out
+
+
+def judge(t: dict[str, pd.DataFrame], P: dict) -> list[Finding]:
+    """F7.1–F7.4 by today's rules from one set of tables; a claim whose sweep is missing is left out."""
+    on = model_tested_on(P.get("model", "?"), P.get("dtype", "?"))
+    out = []
+    if "prefix_length_speedup" in t:
+        out.append(verdicts.f71(t["prefix_length_speedup"], t.get("prefill_cost_fit"), tested_on=on))
+    if "multi_turn_speedup" in t:
+        out.append(verdicts.f72(t["multi_turn_speedup"], tested_on=on))
+    if "batch_sharing_breakeven" in t:
+        out.append(verdicts.f73(t["batch_sharing_breakeven"], t.get("batch_sharing_cost_fit"), tested_on=on))
+    if "policy_hit_rates" in t:
+        out.append(verdicts.f74(t["policy_hit_rates"], P.get("sim_prefixes", 0), P.get("sim_requests")))
+    return out
+
+
+def repeat_findings(rep: RunSet) -> list[Finding]:
+    return judge(derived(_raw(rep, pooled=False)), rep.params)
+
+
+def complete(findings: list[Finding]) -> list[Finding]:
+    """Every claim of the study in the seed's order: one no repeat judged reads inconclusive, not measured."""
+    have = {f.id: f for f in findings}
+    missing = not_measured(STUDY, "its sweep is missing from the runs")
+    return [have.get(f.id, f) for f in missing]
+
+
+def report(runs: RunSet) -> Study7Page:
+    """The page's record from ``runs`` (nothing measured: every claim inconclusive, every table empty)."""
+    if not runs.measured:
+        return Study7Page(runs, not_measured(STUDY))
+    findings = complete(runs.combined(repeat_findings))
+    tables = derived(_raw(runs, pooled=True))
+    req = runs.part(runs.parts[0]).repeat(runs.repeats[0]).table("serving_requests")  # one repeat's requests
+    if not req.empty:
+        tables["serving_requests"] = req
+    engine = next((r.json("engine") for r in runs.runs if r.json("engine")), None) or {}
+    return Study7Page(runs, findings, tables, engine)
+
+
+def published_value(runs: RunSet) -> tuple[str, str] | None:
+    """The largest prefill speedup from a cached prefix (median over repeats); None if not measured."""
+    pl = runs.table("prefix_length")
+    if pl.empty:
+        return None
+    s = speedups(pool_repeats(pl, KEYS["prefix_length"]))
+    if s.empty:
+        return None
+    best = s.loc[s["speedup"].idxmax()]
+    return f"{best['speedup']:.2f} ×", f"prefill speedup with a cached {int(best['prefix_tokens'])}-token prefix"
+
+
+def published(r: Study7Page) -> str:
+    """The "Against published results" section: the field's numbers beside this study's, each cited."""
+    return published_section(STUDY, published_value(r.runs), r.device)
+
+
+# ---- takeaways -------------------------------------------------------------------------------------------------
+def takeaways(r: Study7Page) -> str:
+    """One sentence per claim, the floor sentence after F7.1, and one for the server runs."""
+    if not r.runs.measured:
+        return ""
+    said = [finding_sentence(f) for f in r.findings]
+    return takeaway_list([*said[:1], floor_sentence(r), *said[1:], serving_sentence(r)])
+
+
+def floor_sentence(r: Study7Page) -> str:
+    pl = r["prefix_length"]
+    if pl.empty or "pct_of_floor" not in pl:
+        return ""
+    unc = pl[(pl["status"] == "ok") & (pl["mode"] == "uncached")]
+    if unc.empty:
+        return ""
+    small = unc[unc["prefix_tokens"] == unc["prefix_tokens"].min()]
+    big = unc[unc["prefix_tokens"] == unc["prefix_tokens"].max()]
+    return (
+        f"The uncached prefill reaches {big['pct_of_floor'].max():.0f}% of its roofline floor at "
+        f"{int(big['prefix_tokens'].iloc[0]):,} tokens but only {small['pct_of_floor'].max():.1f}% at "
+        f"{int(small['prefix_tokens'].iloc[0]):,}, where a forward costs its fixed overheads whatever the tokens: "
+        "a cache can only save the part of the time that grows with the prefix."
+    )
+
+
+def serving_ok(r: Study7Page) -> bool:
+    s = r["serving_summary"]
+    return not s.empty and bool((s["status"] == "ok").all())
+
+
+def serving_sentence(r: Study7Page) -> str:
+    if not serving_ok(r):
+        return ""
+    summary = r["serving_summary"]
+    s = summary.set_index(["load", "caching"])
+    parts = []
+    for load in dict.fromkeys(summary["load"]):
+        if (load, "off") not in s.index or (load, "on") not in s.index:
+            continue
+        off, on = s.loc[(load, "off")], s.loc[(load, "on")]
+        parts.append(
+            f"{load}: median TTFT {off.ttft_p50_ms:.1f} → {on.ttft_p50_ms:.1f} ms "
+            f"({off.ttft_p50_ms / on.ttft_p50_ms:.1f}×), p99 {off.ttft_p99_ms:.1f} → {on.ttft_p99_ms:.1f} ms, "
+            f"output throughput {off.throughput_tok_s:,.0f} → {on.throughput_tok_s:,.0f} tokens/s, "
+            f"hit rate {on.hit_rate_engine:.1%} (/metrics read {on.hit_rate_metrics:.1%}; "
+            f"ideal {on.ideal_hit_rate:.1%})"
+        )
+    return "Serving with prefix caching off → on: " + "; ".join(parts) + "." if parts else ""
+
+
+# ---- method and details ----------------------------------------------------------------------------------------
+def setup(r: Study7Page) -> str:
+    """The device, its measured ceilings, the engine's settings and the wall time, as the method section states."""
+    if not r.runs.measured:
+        return "Not measured."
+    c, P = r.runs.ceilings, r.P
+    text = (
+        f"Device: {r.device}. Profile {P.get('profile', '?')}; measured ceilings: copy {c.get('copy_gb_s', 0):,.0f} "
+        f"GB/s (read+write), {c.get('matmul_dtype', '?')} matmul {c.get('matmul_tflop_s', 0):,.1f} TFLOP/s. Engine: "
+        f"{P.get('model')} ({P.get('dtype')}), {P.get('num_blocks', 0):,} KV blocks of {P.get('block_size')} tokens, "
+        f"scheduler {P.get('scheduler')}, prefix eviction {P.get('eviction')}, up to {P.get('max_num_seqs')} "
+        f"sequences and {P.get('max_num_batched_tokens', 0):,} tokens per step."
+    )
+    st = r.engine.get("stats") or {}
+    if st:
+        text += (
+            f" KV pool {st.get('kv_pool_gib', 0):.2f} GiB, attention {st.get('attention_backend')}, varlen prefill "
+            f"{st.get('varlen_prefill')}, {st.get('cuda_graphs')} CUDA graphs."
+        )
+    if "elapsed_s" in r.engine:
+        text += f" The measurements took {r.engine['elapsed_s']:.0f} s (budget {P.get('time_budget_s', 0):.0f} s)."
+    return text
+
+
+def serve_source(r: Study7Page) -> str:
+    """The server trace's description: recorded by the run, else rebuilt from its parameters (as ``prefix_trace``
+    words it)."""
+    if r.engine.get("serve_source"):
+        return r.engine["serve_source"]
+    P = r.P
+    if "serve_requests" not in P:
+        return ""
+    return (
+        f"{P['serve_requests']} requests, Poisson {P['serve_rate']:g} req/s; prefix: one of {P['serve_prefixes']} "
+        f"system prompts of {P['serve_prefix_tokens']} tokens, Zipf α={P['serve_alpha']:g}; then "
+        f"{P['serve_suffix_tokens']} tokens of its own; {P['serve_output_tokens']} out"
+    )
+
+
+def statuses(df: pd.DataFrame) -> str:
+    """Points per status, in one line."""
+    if df.empty:
+        return "Not measured."
+    counts = df["status"].value_counts()
+    return "Points: " + ", ".join(f"{n} {s}" for s, n in counts.items()) + "."
+
+
+def prefix_length_view(r: Study7Page) -> pd.DataFrame:
+    """Per prefix length: TTFT both ways, the speedup with its quartile range, and the tokens computed."""
+    sp, pl = r["prefix_length_speedup"], r["prefix_length"]
+    if sp.empty:
+        return sp
+    comp = pl.pivot_table(index="prefix_tokens", columns="mode", values="computed_tokens")
+    out = sp.set_index("prefix_tokens")[["uncached_ms", "cached_ms", "speedup", "speedup_lo", "speedup_hi"]]
+    out = out.join(comp.add_prefix("computed tokens, "), how="left")
+    names = {
+        "uncached_ms": "uncached TTFT (ms)",
+        "cached_ms": "cached TTFT (ms)",
+        "speedup": "speedup (×)",
+        "speedup_lo": "low (×)",
+        "speedup_hi": "high (×)",
+    }
+    return out.rename(columns=names).round(2)
+
+
+def cost_fit_view(df: pd.DataFrame) -> pd.DataFrame:
+    return df.rename(columns={"fixed": "fixed (ms)", "slope": "slope (ms per unit)"}).round(4)
+
+
+def multi_turn_view(r: Study7Page) -> pd.DataFrame:
+    ts = r["multi_turn_speedup"]
+    if ts.empty:
+        return ts
+    return ts.pivot_table(index=["turn", "prompt_tokens"], columns="metric", values="speedup").round(2)
+
+
+def batch_sharing_view(r: Study7Page) -> pd.DataFrame:
+    """Per prefix length: where sharing breaks even, and the ratio at the largest batch."""
+    be = r["batch_sharing_breakeven"]
+    if be.empty:
+        return be
+    cols = {"prefix_tokens": "prefix (tokens)", "breakeven_n": "breaks even at n", "max_n": "largest n",
+            "ratio_at_max_n": "independent / shared there (×)"}  # fmt: skip
+    return be[list(cols)].rename(columns=cols).round(2)
+
+
+def policies_view(r: Study7Page) -> pd.DataFrame:
+    sim = r["policy_hit_rates"]
+    if sim.empty:
+        return sim
+    top = sim[sim["alpha"] == verdicts.SEED_ALPHA] if (sim["alpha"] == verdicts.SEED_ALPHA).any() else sim
+    return top.pivot_table(index="capacity", columns="policy", values="hit_rate").round(3)
+
+
+def serving_view(r: Study7Page) -> pd.DataFrame:
+    s = r["serving_summary"]
+    if s.empty:
+        return s
+    return s[[c for c in SERVING_COLUMNS if c in s]].rename(columns=SERVING_COLUMNS).round(3)

@@ -1,0 +1,75 @@
+"""Study 7's two doors: the measuring path imports nothing that reports, and the reporting path judges F7.1–F7.4 from
+raw run files (nothing measured, three repeats, a changed number, a deleted table)."""
+
+from __future__ import annotations
+
+import pytest
+from study_run_fixtures import drop, write_runs
+
+from servelab.measure.fingerprint import fingerprint
+from servelab.studies.common.runs import study_runs
+from servelab.studies.s07_prefix_cache import report
+
+STUDY = "07_prefix_cache"
+RAW = ["prefix_length", "multi_turn", "batch_sharing", "policy_hit_rates", "serving_summary", "serving_requests"]
+
+
+def test_the_measuring_path_imports_nothing_that_reports():
+    files = fingerprint("servelab.studies.s07_prefix_cache.measure").files
+    banned = ("report", "plots", "verdicts", "derive", "cost_fit", "servelab_book", "common/page", "common/runs",
+              "common/study", "common/published", "common/markdown")  # fmt: skip
+    assert not [f for f in files if any(b in f for b in banned)]
+    assert "lib/servelab/studies/s07_prefix_cache/serving.py" in files
+
+
+def test_nothing_measured_is_inconclusive_and_empty(tmp_path):
+    r = report.report(study_runs(STUDY, tmp_path))
+    assert [f.id for f in r.findings] == ["F7.1", "F7.2", "F7.3", "F7.4"]
+    assert {f.verdict for f in r.findings} == {"inconclusive"} and r["prefix_length"].empty
+    assert report.published_value(r.runs) is None and report.takeaways(r) == ""
+
+
+def test_three_repeats_of_the_legacy_data_give_the_rules_verdicts(tmp_path):
+    r = report.report(study_runs(STUDY, write_runs(tmp_path, STUDY, RAW)))
+    v = {f.id: f.verdict for f in r.findings}
+    assert v == {"F7.1": "changes", "F7.2": "holds", "F7.3": "changes", "F7.4": "holds"}
+    assert r.findings[0].measured_value.startswith("1.44× at 512 tokens") and r.findings[0].repeats == 3
+    assert report.published_value(r.runs) == ("4.47 ×", "prefill speedup with a cached 8192-token prefix")
+    assert "Serving with prefix caching off → on" in report.takeaways(r)
+
+
+def test_a_changed_raw_number_changes_the_verdict_and_the_value(tmp_path):
+    def edit(name, df):
+        if name == "prefix_length":  # the cached request at 512 tokens as fast as the seed's 2.41×
+            at = df["prefix_tokens"].eq(512) & df["mode"].eq("cached")
+            unc = float(df.loc[df["prefix_tokens"].eq(512) & df["mode"].eq("uncached"), "median_ms"].iloc[0])
+            df.loc[at, ["median_ms", "p25_ms", "p75_ms"]] = unc / 2.41
+        if name == "policy_hit_rates":
+            at = df["policy"].eq("lfu") & df["alpha"].eq(2.0) & df["capacity"].eq(4)
+            df.loc[at, "hit_rate"] = 0.5
+        return df
+
+    r = report.report(study_runs(STUDY, write_runs(tmp_path, STUDY, RAW, edit=edit)))
+    v = {f.id: f for f in r.findings}
+    assert v["F7.1"].verdict == "holds" and v["F7.1"].measured_value.startswith("2.41×")
+    assert v["F7.4"].verdict == "changes" and v["F7.4"].measured_value == "50.0%"
+
+
+def test_one_repeat_is_inconclusive_and_a_deleted_table_does_not_crash(tmp_path):
+    root = write_runs(tmp_path, STUDY, RAW, repeats=1)
+    r = report.report(study_runs(STUDY, root))
+    assert {f.verdict for f in r.findings} == {"inconclusive"}
+    drop(root, STUDY, "batch_sharing")
+    drop(root, STUDY, "serving_summary")
+    r = report.report(study_runs(STUDY, root))
+    assert [f.id for f in r.findings] == ["F7.1", "F7.2", "F7.3", "F7.4"]
+    assert r.findings[2].measured_value == "not measured" and r["batch_sharing_breakeven"].empty
+    assert report.serving_sentence(r) == "" and report.published_value(r.runs) is not None
+
+
+@pytest.mark.parametrize("name", ["prefix_length", "multi_turn", "policy_hit_rates"])
+def test_each_missing_sweep_leaves_only_its_claim_unjudged(tmp_path, name):
+    root = write_runs(tmp_path, STUDY, [n for n in RAW if n != name])
+    r = report.report(study_runs(STUDY, root))
+    missing = [f.id for f in r.findings if f.measured_value == "not measured"]
+    assert missing == [{"prefix_length": "F7.1", "multi_turn": "F7.2", "policy_hit_rates": "F7.4"}[name]]
