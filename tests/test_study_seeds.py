@@ -1,4 +1,4 @@
-"""Every study takes a ``seed`` parameter (``repeat_runs`` passes ``-p seed N`` to each), and Study 5's seed reaches
+"""Every study takes a ``seed`` parameter (the campaign gives repeat r the seed default + r), and Study 5's seed reaches
 its random inputs and its document mask: two seeds draw different inputs, one seed the same."""
 
 from __future__ import annotations
