@@ -85,3 +85,44 @@ def test_the_cycle_finder_finds_a_cycle():
 def test_every_package_says_what_it_is(name):
     doc = ast.get_docstring(ast.parse(MODULES[name].read_text()))
     assert doc and len(doc.split()) >= 5, f"{name}/__init__.py needs a docstring saying what the package is"
+
+
+def _book_imports(path: Path) -> list[str]:
+    """Every ``servelab_book`` import in one file (``import servelab_book.x``, ``from servelab_book[.x] import y``),
+    read statically, at module level or inside a function."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = (
+            [a.name for a in node.names]
+            if isinstance(node, ast.Import)
+            else [node.module or ""]
+            if isinstance(node, ast.ImportFrom) and not node.level
+            else []
+        )
+        found += [f"line {node.lineno}: {n}" for n in names if n == "servelab_book" or n.startswith("servelab_book.")]
+    return found
+
+
+def test_the_studies_and_the_system_never_import_the_book():
+    """The book's tooling (``servelab_book``) imports the studies, never the reverse: no module under
+    ``lib/servelab/`` imports ``servelab_book``, so a study's reporting path runs without the book and a change to the
+    book's tooling cannot change a study's page or its measurement fingerprint."""
+    offenders = [
+        f"{path.relative_to(LIB)} {hit}"
+        for path in sorted((LIB / "servelab").rglob("*.py"))
+        for hit in _book_imports(path)
+    ]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_book_import_finder_sees_every_form(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text(
+        "import servelab_book\nimport servelab_book.findings as f\n"
+        "def g():\n    from servelab_book.published import x\n    from servelab_bookish import y\n"
+    )
+    assert [h.split(": ")[1] for h in _book_imports(src)] == [
+        "servelab_book",
+        "servelab_book.findings",
+        "servelab_book.published",
+    ]

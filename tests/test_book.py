@@ -1,4 +1,5 @@
-"""The book's generated parts: seed claims, H200 findings, the findings table, and `prepare`."""
+"""The book's generated parts: seed claims, the studies' findings (``StudyEvidence``, what ``prepare`` keeps of each
+study's report), the findings table, and `prepare`."""
 
 from __future__ import annotations
 
@@ -12,11 +13,20 @@ import pandas as pd
 import pytest
 
 from servelab.paths import REPO_ROOT
+from servelab.studies.common.findings import Finding, not_measured
 from servelab.studies.common.markdown import TABLE_CLASS, format_value, md_text
+from servelab.studies.common.page import verdict_table
 from servelab_book.__main__ import main
 from servelab_book.claim_links import claim_target, findings_anchor
 from servelab_book.controlled import INCLUDES as CONTROLLED_INCLUDES
-from servelab_book.findings import FindingsError, book_findings, book_runs
+from servelab_book.findings import (
+    NOT_CONVERTED,
+    FindingsError,
+    StudyEvidence,
+    book_findings,
+    book_runs,
+    study_evidence,
+)
 from servelab_book.findings_table import (
     NOT_MEASURED,
     FindingsMismatch,
@@ -65,53 +75,66 @@ def executed_notebook(path: Path, findings_heading: str | None = "## Findings") 
     return path
 
 
-def write_run(root: Path, slug: str, study: str, findings: list[dict] | None, started="2026-12-02T12:00:00+00:00"):
-    d = root / slug / study
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "run.json").write_text(
-        json.dumps(
-            {
-                "study": study,
-                "git_commit": "0123456789abcdef",
-                "started_utc": started,
-                "device": {"name": "NVIDIA H200", "torch": "2.11.0", "cuda": "13.0", "driver": "580.1"},
-                "ceilings": {"copy_gb_s": 4223.17, "matmul_tflop_s": 804.4, "matmul_dtype": "bfloat16"},
-            }
-        )
+RUN_META = {
+    "git_commit": "0123456789abcdef",
+    "started_utc": "2026-12-02T12:00:00+00:00",
+    "device": {"name": "NVIDIA H200", "torch": "2.11.0", "cuda": "13.0", "driver": "580.1"},
+    "ceilings": {"copy_gb_s": 4223.17, "matmul_tflop_s": 804.4, "matmul_dtype": "bfloat16"},
+}
+TESTED = "qwen2-0.5b (architecture-exact, random weights; bfloat16)"
+
+
+def evidence(slug: str, findings=(), *, current=True, meta=None, **kw) -> StudyEvidence:
+    """What ``prepare`` keeps of a study's report over 3 repeats measured on an H200 (``findings.study_evidence``)."""
+    return StudyEvidence(
+        slug,
+        tuple(findings),
+        measured=True,
+        current=current,
+        fingerprint="f" * 64,
+        changed=() if current else ("lib/servelab/studies/s05_attention/measure.py",),
+        repeats=3,
+        device_name="NVIDIA H200",
+        meta=dict(RUN_META, **(meta or {})),
+        **kw,
     )
-    if findings is not None:
-        pd.DataFrame(findings).to_csv(d / "findings.csv", index=False)
-    return d
 
 
 F5 = [
-    {
-        "id": "F5.1",
-        "claim": "sdpa vs naive",
-        "seed_value": 7.64,
-        "measured_value": 23.1234,
-        "unit": "×",
-        "verdict": "changes",
-        "note": "cuDNN attention is the default on sm90. It fuses the softmax.",
-    },
-    {
-        "id": "F5.2",
-        "claim": "memory",
-        "seed_value": "25 vs 2.4",
-        "measured_value": 1024.0,
-        "unit": "×",
-        "verdict": "holds",
-        "note": "naive grows quadratically",
-    },
-    {
-        "id": "F5.3",
-        "claim": "kernel vs arch",
-        "seed_value": "",
-        "measured_value": "kernel",
-        "unit": "",
-        "verdict": "fails",
-        "note": "a | pipe, *stars* and $dollars$",
-    },
+    Finding(
+        id="F5.1",
+        claim="sdpa vs naive",
+        seed_value="7.64",
+        measured_value="23.1234",
+        unit="×",
+        verdict="changes",
+        note="cuDNN attention is the default on sm90. It fuses the softmax.",
+        tested_on=TESTED,
+        repeats=3,
+        spread="20.1–25.3",
+        repeat_verdicts="changes;changes;changes",
+    ),
+    Finding(
+        id="F5.2",
+        claim="memory",
+        seed_value="25 vs 2.4",
+        measured_value="1024.0",
+        unit="×",
+        verdict="holds",
+        note="naive grows quadratically",
+        tested_on=TESTED,
+        repeats=3,
+    ),
+    Finding(
+        id="F5.3",
+        claim="kernel vs arch",
+        seed_value="",
+        measured_value="kernel",
+        unit="",
+        verdict="fails",
+        note="a | pipe, *stars* and $dollars$",
+        repeats=3,
+    ),
 ]
 
 
@@ -219,72 +242,85 @@ def test_claim_links_go_to_the_claim_or_the_findings_heading(studies_dir):
 # ---- findings ------------------------------------------------------------------------------------
 
 
-def test_only_the_h200_counts_and_the_latest_run_wins(tmp_path):
-    write_run(tmp_path, "cpu", "05_attention", F5)  # a smoke run must never become an H200 value
-    write_run(tmp_path, "nvidia-h200", "05_attention", [dict(F5[0], measured_value=1.0)], "2026-12-01T00:00:00+00:00")
-    write_run(tmp_path, "nvidia-h200-nvl", "05_attention", F5, "2026-12-02T00:00:00+00:00")
-    write_run(tmp_path, "nvidia-h200", "02_gpu_costs", None)  # a run that wrote no findings yet
-    f = book_findings(tmp_path)
-    assert f["id"].tolist() == ["F5.1", "F5.2", "F5.3"]
-    assert set(f["device_slug"]) == {"nvidia-h200-nvl"}
-    assert f.loc[0, "measured_value"] == "23.1234"  # as written; formatting is the table's job
-    runs = book_runs(tmp_path)
-    assert runs["study"].tolist() == ["02_gpu_costs", "05_attention"]
-    assert book_findings(tmp_path / "nothing").empty
-
-
-def test_f23_takes_the_simulators_validation_as_its_evidence(tmp_path):
-    own = {
-        "id": "F2.3",
-        "claim": "default costs hold",
-        "seed_value": "30-70",
-        "measured_value": "7.4",
-        "unit": "µs/token",
-        "verdict": "changes",
-        "note": "re-fit per GPU",
+def test_book_findings_keep_each_reports_findings_in_claim_order():
+    ev = {
+        "05_attention": evidence("05_attention", reversed(F5)),
+        "02_gpu_costs": evidence("02_gpu_costs", current=False),  # measured, judged no claim: a run row only
     }
-    write_run(tmp_path, "nvidia-h200", "02_gpu_costs", [own])
-    assert book_findings(tmp_path).loc[0, "verdict"] == "changes"  # no validation run yet: the study's own row
-    sim = write_run(tmp_path, "nvidia-h200", "08_simulator", None, "2026-12-03T00:00:00+00:00")
-    pd.DataFrame(
-        [
-            dict(
-                own,
-                measured_value="33.9",
-                unit="% median |error|",
-                verdict="fails",
-                note="median error over held-out runs",
-            )
-        ]
-    ).to_csv(sim / "f23_evidence.csv", index=False)
-    row = book_findings(tmp_path).iloc[0]
+    f = book_findings(ev)
+    assert f["id"].tolist() == ["F5.1", "F5.2", "F5.3"]
+    assert f.loc[0, "measured_value"] == "23.1234"  # as the report gave it; formatting is the table's job
+    assert (f.loc[0, "repeats"], f.loc[0, "spread"], f.loc[0, "freshness"]) == (3, "20.1–25.3", "fresh")
+    assert set(f["study"]) == set(f["source"]) == {"05_attention"}
+    assert book_runs(ev)["study"].tolist() == ["02_gpu_costs", "05_attention"]  # study order
+    assert book_runs(ev).set_index("study").loc["02_gpu_costs", "freshness"] == "stale"
+    assert book_findings({}).empty and book_runs({}).empty
+    unmeasured = {"05_attention": StudyEvidence("05_attention", tuple(not_measured("05_attention", "why")), why="why")}
+    assert book_runs(unmeasured).empty  # a report that did not run has no provenance
+    assert set(book_findings(unmeasured)["verdict"]) == {"inconclusive"}
+
+
+def test_only_the_book_device_counts_and_an_unconverted_study_reads_inconclusive(tmp_path):
+    """A CPU smoke run never becomes an H200 value; a study without both doors reads inconclusive, with why."""
+    run = tmp_path / "cpu" / "02_gpu_costs" / "runs" / ("a" * 64) / "all" / "r0"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps(dict(RUN_META, complete=True, fingerprint="a" * 64, part="all")))
+    ev = study_evidence("02_gpu_costs", tmp_path, "h200")
+    assert ev.reported and not ev.measured and ev.freshness == "no data" and ev.repeats == 0
+    assert [f.id for f in ev.findings] == ["F2.1", "F2.2", "F2.3"]
+    assert {f.verdict for f in ev.findings} == {"inconclusive"}  # nothing measured: never "fails"
+    from servelab.studies.common.runs import study_runs
+
+    assert study_runs("02_gpu_costs", tmp_path, device="cpu").measured  # the run is there, on another device
+    unconverted = next(
+        s.slug for s in STUDIES if not (REPO_ROOT / f"lib/servelab/studies/s{s.slug}/measure.py").exists()
+    )
+    ev = study_evidence(unconverted, tmp_path, "h200")
+    assert ev.why == NOT_CONVERTED and not ev.reported
+    assert {f.verdict for f in ev.findings} == {"inconclusive"}
+    assert all(NOT_CONVERTED in f.note for f in ev.findings)
+
+
+def test_f23_takes_the_simulators_validation_as_its_evidence():
+    own = Finding(
+        id="F2.3",
+        claim="default costs hold",
+        seed_value="30-70",
+        measured_value="7.4",
+        unit="µs/token",
+        verdict="changes",
+        note="re-fit per GPU",
+    )
+    ev = {"02_gpu_costs": evidence("02_gpu_costs", [own])}
+    assert book_findings(ev).loc[0, "verdict"] == "changes"  # no validation yet: the study's own verdict
+    validation = Finding(
+        id="F2.3",
+        claim="the simulator's validation",
+        seed_value="",
+        measured_value="33.9",
+        unit="% median |error|",
+        verdict="fails",
+        note="median error over held-out runs",
+    )
+    ev["08_simulator"] = evidence(
+        "08_simulator", meta={"started_utc": "2026-12-03T00:00:00+00:00"}, evidence=(validation,)
+    )
+    row = book_findings(ev).iloc[0]
     assert (row["verdict"], row["measured_value"], row["claim"]) == ("fails", "33.9", "default costs hold")
-    assert "the study's own run alone said: changes, 7.4 µs/token" in row["note"]
-    assert row["study"] == "02_gpu_costs" and row["started_utc"] == "2026-12-03T00:00:00+00:00"
-    pd.DataFrame([dict(own, verdict="perhaps")]).to_csv(sim / "f23_evidence.csv", index=False)
-    with pytest.raises(FindingsError, match="f23_evidence.csv"):
-        book_findings(tmp_path)
+    assert row["seed_value"] == "30-70"  # the claim and the seed's value stay the study's
+    assert "the study's own data alone said: changes, 7.4 µs/token" in row["note"]
+    assert (row["study"], row["source"]) == ("02_gpu_costs", "08_simulator")
+    assert row["started_utc"] == "2026-12-03T00:00:00+00:00"  # the provenance is the validation's
 
 
-@pytest.mark.parametrize(
-    "change, message",
-    [
-        ({"verdict": "maybe"}, "verdict must be one of"),
-        ({"id": "F4.1"}, "claim F4.1 belongs to study 4, not to 05_attention"),
-        ({"id": "X"}, "not a claim id"),
-    ],
-)
-def test_bad_findings_are_refused_with_the_file_named(tmp_path, change, message):
-    write_run(tmp_path, "nvidia-h200", "05_attention", [dict(F5[0], **change)])
-    with pytest.raises(FindingsError, match=f"findings.csv: .*{message}"):
-        book_findings(tmp_path)
-
-
-def test_missing_findings_columns_are_refused(tmp_path):
-    d = write_run(tmp_path, "nvidia-h200", "05_attention", None)
-    pd.DataFrame([{"id": "F5.1", "verdict": "holds"}]).to_csv(d / "findings.csv", index=False)
-    with pytest.raises(FindingsError, match="missing columns"):
-        book_findings(tmp_path)
+def test_a_claim_given_by_the_wrong_study_or_twice_is_refused():
+    wrong = Finding(**{**F5[0].row(), "id": "F4.1"})
+    with pytest.raises(FindingsError, match="05_attention's report gives claim F4.1, which belongs to another study"):
+        book_findings({"05_attention": evidence("05_attention", [F5[0], wrong])})
+    with pytest.raises(FindingsError, match="05_attention's report gives claim F5.1 twice"):
+        book_findings({"05_attention": evidence("05_attention", [F5[0], F5[0]])})
+    with pytest.raises(ValueError, match="verdict must be one of"):  # a verdict the rules do not know: never made
+        Finding(**{**F5[0].row(), "verdict": "maybe"})
 
 
 # ---- the table -----------------------------------------------------------------------------------
@@ -320,35 +356,56 @@ def test_text_is_escaped_for_myst_and_cut_to_one_line():
     assert one_line("x" * 300).endswith("…") and len(one_line("x" * 300)) == 160
 
 
-def test_findings_table_joins_seed_h200_and_pages(tmp_path, studies_dir):
+def test_findings_table_joins_seed_h200_and_pages(studies_dir):
     (studies_dir / "05_attention.md").unlink()
     executed_notebook(studies_dir / "05_attention.ipynb")
-    write_run(tmp_path, "nvidia-h200", "05_attention", F5)
-    table = findings_table(load_seed_claims(), book_findings(tmp_path), study_pages(studies_dir))
+    ev = {
+        "05_attention": evidence("05_attention", F5),
+        "04_kv_cache": StudyEvidence(
+            "04_kv_cache", tuple(not_measured("04_kv_cache", NOT_CONVERTED)), why=NOT_CONVERTED
+        ),
+    }
+    table = findings_table(load_seed_claims(), book_findings(ev), study_pages(studies_dir))
     assert len(table) == 22 and table["id"].tolist() == load_seed_claims()["id"].tolist()
     row = table.set_index("id").loc["F5.1"]
-    assert (row.rtx2070_value, row.h200_value, row.verdict) == ("7.64×", "23.1 ×", "changes")
+    # a measured claim shows its value, the interval over its repeats, and its evidence
+    assert (row.rtx2070_value, row.h200_value, row.verdict) == ("7.64×", "23.1 × (20.1–25.3 over 3 repeats)", "changes")
+    assert (row.repeats, row.freshness, row.tested_on) == (3, "fresh", TESTED)
     assert row.link == "project:/book/studies/05_attention.ipynb#findings"
-    unmeasured = table.set_index("id").loc["F4.1"]
-    assert unmeasured.verdict == NOT_MEASURED and "issue #4" in unmeasured.reason
-    assert verdict_counts(table) == {"holds": 1, "changes": 1, "fails": 1, "inconclusive": 0, NOT_MEASURED: 19}
+    unmeasured = table.set_index("id").loc["F4.1"]  # an unconverted study's claim: inconclusive, with the reason
+    assert (unmeasured.verdict, unmeasured.h200_value) == ("inconclusive", NOT_MEASURED)
+    assert unmeasured.reason == f"Not measured: {NOT_CONVERTED}" and unmeasured.freshness == "no data"
+    nobody = table.set_index("id").loc["F1.1"]  # a claim no report judged
+    assert nobody.verdict == "inconclusive" and "Study 1's report gives no verdict" in nobody.reason
+    assert verdict_counts(table) == {
+        "holds": 1,
+        "changes": 1,
+        "fails": 1,
+        "inconclusive": 19,
+        NOT_MEASURED: 19,
+        "stale": 0,
+    }
     assert render_summary(table).startswith(
-        "Of the seed's 22 claims, 3 have been measured on the H200: "
-        "1 hold, 1 change and 1 fail; 19 are not yet measured."
+        "Of the seed's 22 claims, 3 have H200 data: 1 hold, 1 change and 1 fail; "
+        "19 are not measured yet (inconclusive)."
     )
     md = render_landing_table(table)
     assert f":class: {TABLE_CLASS}" in md
     assert md.count("\n* - ") == 23  # header + 22 claims
     assert "[F5.1](project:/book/studies/05_attention.ipynb#findings)" in md
-    assert "{bdg-warning}`changes`" in md and "{bdg-muted}`not yet measured`" in md
+    assert "{bdg-warning}`changes`" in md and "{bdg-info}`inconclusive`" in md and "not yet measured" not in md
+    assert "3 repeats; interval 20.1–25.3; random weights; fresh" in md  # the evidence column
     assert r"a \| pipe, \*stars\* and \$dollars\$" in md
     assert "cuDNN attention is the default on sm90." in md and "fuses the softmax" not in md  # one line
 
 
-def test_findings_for_a_placeholder_page_are_refused(tmp_path, studies_dir):
-    write_run(tmp_path, "nvidia-h200", "05_attention", F5)
+def test_findings_for_a_placeholder_page_are_refused(studies_dir):
+    ev = {"05_attention": evidence("05_attention", F5)}
     with pytest.raises(FindingsMismatch, match=r"F5\.1 \(05_attention.md\).*delete the placeholder"):
-        findings_table(load_seed_claims(), book_findings(tmp_path), study_pages(studies_dir))
+        findings_table(load_seed_claims(), book_findings(ev), study_pages(studies_dir))
+    # a study whose report measured nothing may keep its placeholder: nothing to show there
+    unmeasured = {"05_attention": StudyEvidence("05_attention", tuple(not_measured("05_attention")))}
+    assert len(findings_table(load_seed_claims(), book_findings(unmeasured), study_pages(studies_dir))) == 22
 
 
 # ---- reproduce ------------------------------------------------------------------------------------
@@ -380,10 +437,16 @@ def test_prepare_writes_deterministic_includes(tmp_path, studies_dir):
     (studies_dir / "05_attention.md").unlink()
     executed_notebook(studies_dir / "05_attention.ipynb")
     results = tmp_path / "results"
-    write_run(results, "nvidia-h200", "05_attention", F5)
+    results.mkdir()
+    ev = {"05_attention": evidence("05_attention", F5, published=("23.1 ×", "sdpa over naive"), has_published=True)}
     gen = tmp_path / "generated"
     kwargs = dict(
-        studies_dir=studies_dir, notebooks_dir=tmp_path / "nb", generated_dir=gen, mathjax_target=None, root=None
+        studies_dir=studies_dir,
+        notebooks_dir=tmp_path / "nb",
+        generated_dir=gen,
+        mathjax_target=None,
+        root=None,
+        evidence=ev,
     )
     first = prepare(results, **kwargs)
     names = sorted(p.relative_to(gen).as_posix() for p in first.written)
@@ -419,6 +482,8 @@ def test_prepare_writes_deterministic_includes(tmp_path, studies_dir):
     assert {p: p.read_bytes() for p in gen.rglob("*.md")} == snapshot
     runs = (gen / "runs_table.md").read_text()
     assert "NVIDIA H200" in runs and "4,223" in runs and "804" in runs
+    assert "23.1 × (sdpa over naive)" in (gen / "published.md").read_text()  # the report's own value
+    assert "3 repeats; interval 20.1–25.3; random weights; fresh" in (gen / "findings_table.md").read_text()
     claims = (gen / "claims/04_kv_cache.md").read_text()
     assert "(claim-f4-1)=\n### F4.1: " in claims and "36 KB/token" in claims
 
@@ -480,19 +545,30 @@ def test_prepare_checkout_builds_another_clones_book(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="not the book's root"):
         prepare_checkout(clone)
     (clone / "_toc.yml").write_text("root: book/intro\n")
-    write_run(clone / "data" / "results", "nvidia-h200", "01_scheduling", None)
+    asked = []
+
+    def reports(root, device):  # the studies' reports over the clone's results, not this checkout's
+        asked.append((root, device))
+        return {"01_scheduling": evidence("01_scheduling")}
+
+    monkeypatch.setattr("servelab_book.prepare.all_evidence", reports)
     monkeypatch.setattr("servelab_book.prepare.vendor_mathjax", lambda target: target.mkdir(parents=True))
     report = prepare_checkout(clone)
+    assert asked == [(clone.resolve() / "data" / "results", "h200")]
     assert all(p.is_relative_to(clone) for p in report.written)
     assert (clone / "book" / "_generated" / "findings_table.md").exists()
     assert (clone / "book" / "_static" / "mathjax").is_dir()
     assert "Study 1" in (clone / "book" / "_generated" / "runs_table.md").read_text()
 
 
-def test_prepare_warns_about_an_executed_page_without_an_h200_run(tmp_path, studies_dir):
+def test_prepare_warns_about_a_report_that_did_not_run_and_lists_stale_data(tmp_path, studies_dir):
     (studies_dir / "05_attention.md").unlink()
     executed_notebook(studies_dir / "05_attention.ipynb")
-    write_run(tmp_path / "results", "cpu", "05_attention", F5)  # e.g. a smoke run copied into the book
+    why = "its report failed: KeyError: 'ms' (report.py:12)"
+    ev = {
+        "05_attention": evidence("05_attention", F5, current=False),  # measured by older measuring code
+        "04_kv_cache": StudyEvidence("04_kv_cache", tuple(not_measured("04_kv_cache", why)), why=why),
+    }
     report = prepare(
         tmp_path / "results",
         studies_dir=studies_dir,
@@ -500,12 +576,14 @@ def test_prepare_warns_about_an_executed_page_without_an_h200_run(tmp_path, stud
         generated_dir=tmp_path / "gen",
         mathjax_target=None,
         root=None,
+        evidence=ev,
     )
-    assert report.warnings == [
-        "book/studies/05_attention.ipynb is an executed notebook, but the results hold no "
-        "'h200' run of 05_attention (a smoke run, or results not committed?)"
-    ]
-    assert "\n  warning: book/studies/05_attention.ipynb" in report.summary()
+    assert report.warnings == [f"04_kv_cache: every claim reads inconclusive: {why}"]
+    assert report.stale_pages == ["05_attention"]
+    summary = report.summary()
+    assert f"\n  warning: 04_kv_cache: every claim reads inconclusive: {why}" in summary
+    assert "\n  stale data (measured by older measuring code): 05_attention" in summary
+    assert "3 rest on data measured by older code (stale)" in (tmp_path / "gen" / "findings_summary.md").read_text()
 
 
 def test_mathjax_is_vendored_from_the_installed_package(tmp_path):
@@ -527,43 +605,42 @@ def test_mathjax_is_vendored_from_the_installed_package(tmp_path):
         vendor_mathjax(tmp_path / "out", partial)
 
 
-def test_runs_table_shows_the_host_and_sm_clocks_or_not_recorded(tmp_path):
+def test_runs_table_shows_the_host_and_sm_clocks_or_not_recorded():
     from servelab_book.runs_table import render_runs_table
 
-    write_run(tmp_path, "nvidia-h200", "01_scheduling", None)  # an old record: no host, no clocks
-    d = write_run(tmp_path, "nvidia-h200", "02_gpu_costs", None)
-    side = json.loads((d / "run.json").read_text())
-    side["device"].update(
+    device = dict(
+        RUN_META["device"],
         cpu_model="AMD EPYC 9654 96-Core Processor",
         cpu_cores=16,
         clocks_start={"clocks.sm": "1980"},
         clocks_end={"clocks.sm": "1755"},
     )
-    (d / "run.json").write_text(json.dumps(side))
-    md = render_runs_table(book_runs(tmp_path))
+    ev = {
+        "01_scheduling": evidence("01_scheduling"),  # an old record: no host, no clocks
+        "02_gpu_costs": evidence("02_gpu_costs", meta={"device": device}),
+    }
+    md = render_runs_table(book_runs(ev))
     rows = md.split("* - ")[2:]
     assert len(rows) == 2
     assert rows[0].count("not recorded") == 2 and "`0123456`" in rows[0]
     assert "AMD EPYC 9654 96-Core Processor, 16 cores" in rows[1] and "1,980 → 1,755" in rows[1]
 
 
-def test_prepare_notes_each_executed_pages_run_and_lists_the_stale_ones(tmp_path):
-    """On this checkout: every executed page gets its run's note; a page whose code changed is listed."""
-    from servelab_book.page_banner import load_banner
-    from servelab_book.staleness import PAGES
-
-    gen = tmp_path / "gen"
-    report = prepare(
-        REPO_ROOT / "data" / "results",
-        studies_dir=STUDIES_DIR,
-        notebooks_dir=tmp_path / "nb",
-        generated_dir=gen,
-        mathjax_target=None,
-    )
-    runs = json.loads((gen / "page_runs.json").read_text())
-    executed = [p.page for p in PAGES if (REPO_ROOT / p.page).is_file()]
-    assert sorted(runs) == sorted(executed)
-    assert report.stale_pages == [p for p in executed if runs[p]["status"] == "stale"]
-    for page, run in runs.items():
-        assert f"commit `{run['commit'][:7]}`" in load_banner(page, gen)
-        assert (run["status"] == "stale") == (":class: servelab-stale" in run["banner"])
+def test_study_2s_page_and_the_books_findings_agree():
+    """On this checkout: the findings the book shows for Study 2 (its report over the committed runs, at prepare time)
+    are the verdict table its committed page shows: one report, two places, the same verdicts and values."""
+    ev = study_evidence("02_gpu_costs", REPO_ROOT / "data" / "results")  # the committed runs (not the tests' scratch)
+    assert ev.reported and ev.measured, ev.why
+    nb = nbformat.read(STUDIES_DIR / "02_gpu_costs.ipynb", as_version=4)
+    shown = [
+        o["data"]["text/markdown"]
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if "text/markdown" in o.get("data", {})
+    ]
+    assert verdict_table(ev.findings, ev.device_name) in shown
+    f = book_findings({"02_gpu_costs": ev})
+    assert f["id"].tolist() == ["F2.1", "F2.2", "F2.3"]
+    assert f["verdict"].tolist() == [x.verdict for x in ev.findings]
+    assert set(f["freshness"]) == {ev.freshness}

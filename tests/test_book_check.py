@@ -136,8 +136,14 @@ def test_remote_resources_reads_the_tags_that_fetch():
     assert remote_resources(soup) == ["http://x.org/f", "https://x.org/i.png"]
 
 
-RUN_NOTE = "<div class='admonition note servelab-run'><p>This page is the H200 run at commit abc1234.</p></div>"
-STALE_NOTE = "<div class='admonition warning servelab-stale'><p>The code it depends on has changed.</p></div>"
+BANNER = "<p>Measured on NVIDIA H200: 3 repeats (3 runs, fingerprint `abc`). The measuring code is today's.</p>"
+FINDINGS_FIRST = f"<h1>Study</h1>{BANNER}<section id='findings'><h2>Findings</h2><p>the verdicts</p></section>"
+REST = (
+    "<h2>Method</h2><p>" + "how it was measured " * 40 + "</p><h2>Limitations</h2>"
+    "<section id='against-published-results'><h2>Against published results</h2>"
+    "<table class='servelab-published'><tr><td>x</td></tr></table></section><h2>Re-run this study</h2>"
+)
+RUN_NOTE = FINDINGS_FIRST  # what a rendered page shows first: its evidence banner and its findings
 
 
 def png(width: int) -> bytes:
@@ -149,33 +155,41 @@ def executed(site: Path, docname: str, body: str) -> Path:
     """Make ``docname`` an executed page (its notebook source exists) with ``body``."""
     (site / "_sources" / docname).parent.mkdir(parents=True, exist_ok=True)
     (site / "_sources" / f"{docname}.ipynb").write_text("{}")
-    (site / f"{docname}.html").write_text(page(body))
+    (site / f"{docname}.html").write_text(page(body + (REST if docname.startswith("book/studies/") else "")))
     return site / f"{docname}.html"
 
 
-def test_an_executed_study_page_without_figures_or_findings_is_a_warning(site):
-    executed(site, "book/studies/02_gpu_costs", f"<h1 id='claim-f2-1'>Study 2</h1>{RUN_NOTE}")
+def test_a_study_page_without_a_figure_is_a_warning(site):
+    executed(site, "book/studies/02_gpu_costs", FINDINGS_FIRST)
     report = check_book(site)
-    assert report.ok and len(report.warnings) == 3, report.warnings
-    assert "02_gpu_costs.html: executed notebook with no figure" in report.warnings[0]
-    assert "02_gpu_costs.html: no section titled 'Findings…'" in report.warnings[1]
-    assert report.warnings[2].endswith("lacks a section on Findings, Seed vs H200, Limitations, How to re-run")
-    assert "warning: book/studies/02_gpu_costs.html" in report.summary()
-    executed(
-        site,
-        "book/studies/02_gpu_costs",
-        f"<h1 id='claim-f2-1'>Study 2</h1>{RUN_NOTE}<div class='cell_output'><img src='a.svg'></div>"
-        "<section id='findings'><h2>Findings</h2></section><h2>Seed vs H200, and limitations</h2>"
-        "<h2>Re-run this study</h2>",
-    )
+    assert report.ok and report.warnings == ["book/studies/02_gpu_costs.html: a study page with no figure"]
+    executed(site, "book/studies/02_gpu_costs", f"{FINDINGS_FIRST}<div class='cell_output'><img src='a.svg'></div>")
     assert not check_book(site).warnings and check_book(site).ok
 
 
-def test_an_executed_page_without_its_run_note_is_a_problem(site):
+def test_the_book_reader_checks_fail_the_old_layout(site):
+    """Findings 80% of the way down, code shown, no banner, no published section: each is a problem."""
+    old = (
+        "<h1 id='claim-f1-1'>Study 1</h1><div class='cell_input'><pre>import x</pre></div>"
+        + "<p>"
+        + "a long run log " * 200
+        + "</p><section id='findings'><h2>Findings</h2></section>"
+    )
+    (site / "_sources" / "book" / "studies").mkdir(parents=True, exist_ok=True)
+    (site / "_sources" / "book" / "studies" / "01_scheduling.ipynb").write_text("{}")
+    (site / "book" / "studies" / "01_scheduling.html").write_text(page(old))
+    problems = [p.split(": ", 1)[1] for p in check_book(site).problems]
+    assert problems[0] == "no evidence banner (what its data is, fresh or stale)"
+    assert problems[1] == "1 code cell(s) shown (tag them remove-input or remove-cell)"
+    assert problems[2].startswith("'Findings' starts 100%") and problems[2].endswith("(must be < 25%)")
+    assert problems[3] == "no 'Against published results' section with its table"
+
+
+def test_the_simulator_page_needs_its_banner_and_hidden_code(site):
     executed(site, "book/simulator", "<h1>Simulator</h1>")
-    assert check_book(site).problems == [
-        "book/simulator.html: no note of the run's commit (run `python -m servelab_book prepare`)"
-    ]
+    assert check_book(site).problems == ["book/simulator.html: no evidence banner (what its data is, fresh or stale)"]
+    executed(site, "book/simulator", f"<h1>Simulator</h1>{BANNER}")
+    assert check_book(site).ok
 
 
 @pytest.mark.parametrize(
@@ -202,7 +216,7 @@ def test_clean_outputs_and_prose_naming_a_path_pass(site):
     executed(
         site,
         "book/studies/03_speculative",
-        f"{RUN_NOTE}<p>Results go to /tmp/x on a CPU.</p><div class='cell_input'><pre>path='/tmp/a'</pre></div>"
+        f"{RUN_NOTE}<p>Results go to /tmp/x on a CPU.</p>"
         "<div class='cell_output'><pre>median 12.3 ms over 20 runs; 45% of the floor | 1.2 it per step</pre></div>",
     )
     assert check_book(site).ok, check_book(site).problems
@@ -221,7 +235,7 @@ def test_figures_must_be_svg_or_retina_png(site):
     d = site / "book" / "studies"
     (d / "one.png").write_bytes(png(800))
     (d / "two.png").write_bytes(png(1600))
-    html = executed(
+    executed(
         site,
         "book/studies/04_kv_cache",
         f"{RUN_NOTE}<div class='cell_output'><img src='one.png' style='width: 800px; height: 300px;'></div>"
@@ -234,15 +248,21 @@ def test_figures_must_be_svg_or_retina_png(site):
         "render it as SVG or retina",
         "book/studies/04_kv_cache.html: figure three.png is neither SVG nor a PNG that can be read",
     ]
-    html.write_text(page(f"{RUN_NOTE}<div class='cell_output'><img src='two.png' width='800'></div>"))
+    executed(
+        site, "book/studies/04_kv_cache", f"{RUN_NOTE}<div class='cell_output'><img src='two.png' width='800'></div>"
+    )
     assert check_book(site).ok
 
 
-def test_on_a_stale_page_findings_are_listed_not_enforced(site):
-    executed(site, "book/studies/05_attention", f"{STALE_NOTE}<div class='cell_output'><pre>UserWarning: x</pre></div>")
-    report = check_book(site)
-    assert report.ok and list(report.stale) == ["book/studies/05_attention.html"]
-    assert "stale pages (run on older code" in report.summary() and "output 1 shows a warning" in report.summary()
+def test_a_page_on_stale_data_is_held_to_the_same_layout(site):
+    stale = "<p>Measured on NVIDIA H200: 1 repeat. Stale: measured by older code.</p>"
+    executed(
+        site,
+        "book/studies/05_attention",
+        f"<h1>S</h1>{stale}<section id='findings'><h2>Findings</h2></section>"
+        "<div class='cell_output'><pre>UserWarning: x</pre></div>",
+    )
+    assert check_book(site).problems == ["book/studies/05_attention.html: output 1 shows a warning: 'UserWarning:'"]
 
 
 def test_cli_check_passes_a_good_site(site, capsys):

@@ -61,3 +61,12 @@ def test_bibliography_has_every_work_the_issue_names():
         assert f"{{{key}," in bib
         cited = any(key in p.read_text() for p in (REPO_ROOT / "book").rglob("*.md"))
         assert cited, f"{key} is never cited"
+
+
+def test_the_sidebar_puts_the_findings_first_and_the_engine_and_simulator_beside_their_studies():
+    files = toc_files(TOC)
+    assert TOC["parts"][0]["chapters"][0]["file"] == "book/findings"  # the first entry after the landing page
+    at = {f: i for i, f in enumerate(files)}
+    # the simulator replays Study 1's schedulers on Study 2's costs: between them; the engine beside Study 2
+    assert at["book/studies/01_scheduling"] < at["book/simulator"] < at["book/studies/02_gpu_costs"]
+    assert at["book/engine"] == at["book/studies/02_gpu_costs"] + 1

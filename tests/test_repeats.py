@@ -10,7 +10,15 @@ from servelab.errors import ParameterError
 from servelab.measure.results import findings_frame
 from servelab.studies.common.findings import Finding
 from servelab.studies.common.repeats import combine_repeats, median_interval
-from servelab_book.findings_table import BADGES, INCONCLUSIVE, _badge, h200_value, render_summary, verdict_counts
+from servelab_book.findings_table import (
+    BADGES,
+    INCONCLUSIVE,
+    NOT_MEASURED,
+    _badge,
+    h200_value,
+    render_summary,
+    verdict_counts,
+)
 
 
 def rep(value, verdict, claim="F5.1", unit="×", **kw):
@@ -116,6 +124,23 @@ def test_the_book_shows_the_fourth_badge_with_the_spread():
     assert _badge("holds", "holds;holds;holds") == "{bdg-success}`holds`"
     assert h200_value("1.0034", "×", "0.97–1.05", "3") == "1 × (0.97–1.05 over 3 repeats)"
     assert h200_value("5.33", "×") == "5.33 ×"
-    table = pd.DataFrame({"verdict": ["holds", INCONCLUSIVE, "not yet measured"]})
-    assert verdict_counts(table)[INCONCLUSIVE] == 1
-    assert "1 are inconclusive (their repeats disagree)" in render_summary(table)
+    table = pd.DataFrame(
+        {
+            "verdict": ["holds", INCONCLUSIVE, INCONCLUSIVE],
+            "h200_value": ["1 ×", "2 ×", NOT_MEASURED],
+            "freshness": ["fresh", "stale", "no data"],
+        }
+    )
+    assert verdict_counts(table) == {
+        "holds": 1,
+        "changes": 0,
+        "fails": 0,
+        INCONCLUSIVE: 2,
+        NOT_MEASURED: 1,
+        "stale": 1,
+    }
+    summary = render_summary(table)
+    assert "2 have H200 data: 1 hold, 0 change and 0 fail" in summary
+    assert "; 1 are inconclusive (too few repeats, or repeats that disagree)" in summary  # the thin one
+    assert "; 1 are not measured yet (inconclusive)" in summary  # no data is inconclusive, never "fails"
+    assert "1 rest on data measured by older code (stale)" in summary

@@ -23,6 +23,7 @@ from servelab.studies.common.rules import (
     rule_hash,
     thresholds_near,
 )
+from servelab.studies.common.runs import Run, RunSet, study_runs
 from servelab.studies.s01_scheduling import verdicts as study1
 from servelab.studies.s06_hf_assisted import analysis
 from servelab.studies.s06_hf_assisted import verdicts as study6
@@ -101,11 +102,20 @@ def test_registration_dates_are_their_commits_dates(rules):
             assert got == day, (r.id, commit)
 
 
+def one_run(folder) -> RunSet:
+    """A flat folder of CSVs (and its run.json, if any) as one repeat's RunSet, as the old rules read it."""
+    import json
+
+    side = folder / "run.json"
+    meta = {**(json.loads(side.read_text()) if side.is_file() else {}), "complete": True}
+    return RunSet(folder.name, (Run(folder, meta),))
+
+
 def test_old_rules_give_a_verdict_on_todays_data(rules):
     results = {}
     for r in rules.values():
         for ch in r.changes:
-            got = old_verdict(r, ch, RESULTS)
+            got = old_verdict(r, ch, study_runs(r.study, RESULTS))
             assert got.verdict in VERDICTS and got.detail
             results[r.id] = got.verdict
     assert set(results) == {r.id for r in rules.values() if r.changes}
@@ -119,8 +129,8 @@ def test_f12s_move_to_the_p99_stall_is_registered_and_its_old_rule_reads_the_com
     ch = rules["F1.2"].changes[-1]
     assert ch.old_verdict == "f12_single_max" and ch.date == "2026-12-03" and ch.new_rule == rules["F1.2"].rule
     assert "p99" in ch.new_rule and "p99" not in ch.old_rule
-    h200 = RESULTS / "nvidia-h200" / "01_scheduling"
-    old = OLD_RULES["f12_single_max"](h200)
+    h200 = RESULTS / "nvidia-h200" / "01_scheduling" / "runs" / "legacy" / "all" / "r0"
+    old = OLD_RULES["f12_single_max"](one_run(h200))
     committed = pd.read_csv(h200 / "findings.csv").set_index("id").loc["F1.2"]
     assert old.verdict == committed["verdict"] and "×0.52" in old.detail and "×0.52" in committed["measured_value"]
     folder = tmp_path / "01_scheduling"
@@ -134,7 +144,7 @@ def test_f12s_move_to_the_p99_stall_is_registered_and_its_old_rule_reads_the_com
         for sch, b, mx in (("eager_cont_batch", 8192, 58.6), ("chunked_prefill", 512, 34.1))
     ]
     pd.DataFrame(rows).to_csv(folder / "summary.csv", index=False)
-    assert OLD_RULES["f12_single_max"](folder).verdict == "holds"
+    assert OLD_RULES["f12_single_max"](one_run(folder)).verdict == "holds"
     assert study1.f12(pd.read_csv(folder / "summary.csv"), 512).verdict == "fails"
 
 
@@ -148,7 +158,7 @@ def test_the_old_study6_rule_on_a_synthetic_table(tmp_path):
         for i, n in enumerate((32, 64, 128))
     ]
     pd.DataFrame(rows).to_csv(folder / "pairs.csv", index=False)
-    got = OLD_RULES["f62_pairs_table_only"](folder)
+    got = OLD_RULES["f62_pairs_table_only"](one_run(folder))
     assert got.verdict == "holds" and "ρ_length = +1.00" in got.detail
 
 
@@ -192,8 +202,8 @@ def test_the_old_study6_rules_count_any_number_of_prompts(tmp_path):
     """On two prompts per point the old rules decide (F6.1 holds at 1.74×, F6.2 holds) where the rule in force,
     which needs MIN_PROMPTS, reads inconclusive; on MIN_PROMPTS prompts both rules agree."""
     few = _study6_folder(tmp_path / "few", prompts=2)
-    assert OLD_RULES["f61_any_prompt_count"](few).verdict == "holds"
-    got = OLD_RULES["f62_any_prompt_count"](few)
+    assert OLD_RULES["f61_any_prompt_count"](one_run(few)).verdict == "holds"
+    got = OLD_RULES["f62_any_prompt_count"](one_run(few))
     assert got.verdict == "holds" and "ρ_c = -1.00" in got.detail and "ρ_length = +1.00" in got.detail
     pairs = pd.read_csv(few / "pairs.csv")
     per_prompt = analysis.speedups(pd.read_csv(few / "times.csv"))
@@ -202,7 +212,7 @@ def test_the_old_study6_rules_count_any_number_of_prompts(tmp_path):
     pairs = pd.read_csv(enough / "pairs.csv")
     per_prompt = analysis.speedups(pd.read_csv(enough / "times.csv"))
     now = [f.verdict for f in study6.findings(pairs, per_prompt)]
-    assert now == [OLD_RULES[f"f6{k}_any_prompt_count"](enough).verdict for k in (1, 2)] == ["holds", "holds"]
+    assert now == [OLD_RULES[f"f6{k}_any_prompt_count"](one_run(enough)).verdict for k in (1, 2)] == ["holds", "holds"]
     empty = tmp_path / "empty"
     empty.mkdir()
     pd.DataFrame(columns=pairs.columns).to_csv(empty / "pairs.csv", index=False)
@@ -210,7 +220,9 @@ def test_the_old_study6_rules_count_any_number_of_prompts(tmp_path):
         empty / "times.csv", index=False
     )
     assert (
-        OLD_RULES["f61_any_prompt_count"](empty).verdict == OLD_RULES["f62_any_prompt_count"](empty).verdict == "fails"
+        OLD_RULES["f61_any_prompt_count"](one_run(empty)).verdict
+        == OLD_RULES["f62_any_prompt_count"](one_run(empty)).verdict
+        == "fails"
     )
 
 
@@ -232,12 +244,45 @@ def test_near_threshold():
 
 
 def test_the_methodology_section_lists_each_change_with_both_verdicts(rules):
-    findings = pd.DataFrame({"id": ["F6.2"], "verdict": ["holds"]})
-    md = render_rule_changes(rules, findings, RESULTS)
+    table = pd.DataFrame({"id": ["F6.2"], "verdict": ["holds"], "reason": ["the report's reason."]})
+    md = render_rule_changes(rules, table, RESULTS)
     assert md.count("### F") == sum(len(r.changes) for r in rules.values())
     assert "### F6.2: changed 2026-12-02 (`bbf264c`)" in md and "### F6.2: changed 2026-12-03 (`acd6608`)" in md
     assert "### F6.1: changed 2026-12-03 (`acd6608`)" in md
     section = md.split("### F6.2")[1]
-    assert "the old rule says **" in section and "the rule in force says **holds**" in section
-    assert "the rule in force says **not yet measured**" in md.split("### F1.1")[1]
+    assert "the old rule says **" in section and "the rule in force says **holds** (the report's reason.)" in section
+    # a claim no report judged reads inconclusive with the reason, never a verdict copied from a file
+    assert "the rule in force says **inconclusive** (no report judged this claim)" in md.split("### F1.1")[1]
+    assert "not yet measured" not in md and "fails: not measured" not in md
     assert rule_hash("a  b\nc") == rule_hash("a b c")
+
+
+def _study2_runs(tmp_path, repeats: int, variation: float) -> RunSet:
+    """Study 2's runs with ``repeats`` repeats of one decode sweep whose HF-eager step varies by ``variation`` over
+    context (bandwidth-bound, in the seed's band): F2.2's old rule (HF eager alone) holds where it is flat."""
+    import json
+
+    for r in range(repeats):
+        d = tmp_path / "nvidia-h200" / "02_gpu_costs" / "runs" / "abc" / "all" / f"r{r}"
+        d.mkdir(parents=True)
+        (d / "run.json").write_text(json.dumps({"complete": True, "fingerprint": "abc", "repeat_index": r}))
+        rows = [
+            dict(model="config:m", status="ok", phase="decode", mode="hf_eager", batch=1, context=c, median_ms=ms)
+            | dict(pct_of_floor=30.0, us_per_token=ms * 1000)
+            for c, ms in ((128, 6.0), (4096, 6.0 * (1 + variation)))
+        ]
+        pd.DataFrame(rows).to_csv(d / "steps.csv", index=False)
+    return study_runs("02_gpu_costs", tmp_path)
+
+
+def test_an_old_rule_is_applied_to_every_repeat_of_the_same_runs(rules, tmp_path):
+    """The old rule reads the runs the report reads, repeat by repeat, combined as today's rules are: three flat
+    repeats hold; one repeat is too thin (inconclusive, saying why); changing a number in a raw CSV changes it."""
+    rule = rules["F2.2"]
+    ch = next(c for c in rule.changes if c.old_verdict == "f22_hf_eager_only")
+    assert old_verdict(rule, ch, _study2_runs(tmp_path / "a", 3, 0.05)).verdict == "holds"
+    thin = old_verdict(rule, ch, _study2_runs(tmp_path / "b", 1, 0.05))
+    assert thin.verdict == "inconclusive" and "says holds on 1 repeat, a verdict needs 3" in thin.detail
+    assert old_verdict(rule, ch, _study2_runs(tmp_path / "c", 3, 0.50)).verdict == "changes"
+    none = old_verdict(rule, ch, study_runs("02_gpu_costs", tmp_path / "empty"))
+    assert none.verdict == "inconclusive" and "not measured" in none.detail

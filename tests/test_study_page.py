@@ -21,11 +21,13 @@ from servelab.studies.common.page import (
     takeaway_list,
     verdict_table,
 )
-from servelab_book.reproduce import papermill_command, parameters_source, rerun_markdown
+from servelab.studies.common.rerun import rerun_section
+from servelab_book.reproduce import papermill_command, parameters_source, render_reproduce, rerun_markdown
+from servelab_book.studies import STUDIES as BOOK_STUDIES
 from servelab_book.studies import study_by_slug
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-THIN = ("01_scheduling", "02_gpu_costs", "04_kv_cache")
+SLUGS = [s.slug for s in BOOK_STUDIES]  # every study page follows the contract (issue 26)
 
 
 def _finding(**kw):
@@ -43,15 +45,23 @@ def _finding(**kw):
 
 
 def test_verdict_table_has_one_row_per_finding_with_pipes_escaped():
-    md = verdict_table([_finding(), _finding(id="F9.2", seed_value="", tested_on="")], "NVIDIA H200")
+    split = _finding(
+        id="F9.3", verdict="inconclusive", repeats=3, spread="2.9–5.5", repeat_verdicts="changes;holds;holds"
+    )
+    md = verdict_table([_finding(), _finding(id="F9.2", seed_value="", tested_on=""), split], "NVIDIA H200")
     lines = md.strip().splitlines()
-    assert lines[0] == "| Claim | RTX 2070 (seed) | NVIDIA H200 | Unit | Verdict | Tested on |"
-    assert len(lines) == 4
+    assert lines[0] == "| Claim | RTX 2070 (seed) | NVIDIA H200 | Unit | Repeats | Verdict | Tested on |"
+    assert len(lines) == 5
     assert lines[2] == (
-        "| **F9.1** decode is flat \\| memory-bound | 30–70 | 3.1–5.2 | µs/token | **changes** | "
+        "| **F9.1** decode is flat \\| memory-bound | 30–70 | 3.1–5.2 | µs/token | 1 | **changes** | "
         "qwen2-0.5b (architecture-exact, random weights) |"
     )
-    assert lines[3].endswith("| — | 3.1–5.2 | µs/token | **changes** | — |")  # nothing typed where nothing is known
+    assert lines[3].endswith("| — | 3.1–5.2 | µs/token | 1 | **changes** | — |")  # nothing typed where nothing is known
+    # over repeats: the median with its interval, how many repeats, and what each said where they disagree
+    assert lines[4].endswith(
+        "| 3.1–5.2 (2.9–5.5) | µs/token | 3 | **inconclusive** (changes, holds, holds) | "
+        "qwen2-0.5b (architecture-exact, random weights) |"
+    )
     assert md_cell("a\nb|c") == "a b\\|c"
 
 
@@ -62,38 +72,66 @@ def test_takeaways_give_the_unit_only_to_a_bare_number():
     assert takeaway_list(["one.", "", "  ", "two."]) == "- one.\n- two.\n"
 
 
-def test_rerun_markdown_shows_the_parameters_cell():
-    md = rerun_markdown("01_scheduling")
-    assert "papermill --cwd notebooks notebooks/01_scheduling.ipynb book/studies/01_scheduling.ipynb" in md
-    assert parameters_source(NOTEBOOKS / "01_scheduling.ipynb") in md
-    with pytest.raises(KeyError):
-        rerun_markdown("99_nothing")
+def test_rerun_section_shows_the_replay_the_gpu_jobs_and_the_parameters_cell():
+    md = rerun_section("02_gpu_costs")
+    replay = "papermill --cwd notebooks notebooks/02_gpu_costs.ipynb book/studies/02_gpu_costs.ipynb -p profile replay"
+    assert replay in md
+    assert "make gpu-plan" in md and "scripts/gpu_run.sh 02_gpu_costs:all:0" in md
+    assert "papermill --cwd notebooks notebooks/02_gpu_costs.ipynb out.ipynb -p profile full" in md
+    assert f"```python\n{parameters_source(NOTEBOOKS / '02_gpu_costs.ipynb')}\n```" in md
+    assert rerun_markdown("02_gpu_costs") == md  # the transitional name for unconverted pages: the same section
+    with pytest.raises(FileNotFoundError):
+        rerun_section("99_nothing")
+    with pytest.raises(ParameterError, match="slug"):
+        rerun_section("notebooks/02_gpu_costs.ipynb")
 
 
 def _code_lines(nb) -> int:
     return sum(len([x for x in c.source.splitlines() if x.strip()]) for c in nb.cells if c.cell_type == "code")
 
 
-@pytest.mark.parametrize("slug", THIN)
-def test_study_notebook_is_thin_and_findings_first(slug):
+def _one(cells, pattern: str) -> int:
+    """The index of the one cell whose source matches ``pattern``."""
+    found = [i for i, c in enumerate(cells) if re.search(pattern, c.source, re.M)]
+    assert len(found) == 1, (pattern, found)
+    return found[0]
+
+
+@pytest.mark.parametrize("slug", SLUGS)
+def test_study_notebook_follows_the_contracts_layout(slug):
+    """The measure/report contract's notebook: the question, the parameters, ``R = page(...)``, the evidence banner,
+    Findings (verdict table and takeaways), the key figure, Method, Details, Limitations, Against published results,
+    Re-run this study; every code cell out of sight (removed, or its input removed), and thin."""
     nb = nbformat.read(NOTEBOOKS / f"{slug}.ipynb", as_version=4)
-    tags = [set(c.metadata.get("tags", [])) for c in nb.cells]
-    code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
-    params = [i for i in code if "parameters" in tags[i]]
-    assert len(params) == 1 and "remove-cell" in tags[params[0]]
-    # no parameter is written twice: the run cell takes them from the parameters cell's namespace
-    assert any("overrides_from(globals(), DEFAULTS)" in nb.cells[i].source for i in code)
-    assert _code_lines(nb) - len(nb.cells[params[0]].source.splitlines()) <= 100
-    # every code input is out of sight (removed or folded)
-    assert all(tags[i] & {"remove-cell", "remove-input", "hide-input"} for i in code)
-    # the question, then Findings (the verdict table, the takeaways) before any method or detail section
-    headings = [m for c in nb.cells if c.cell_type == "markdown" for m in re.findall(r"^##+ (.+)$", c.source, re.M)]
-    assert headings[0] == "Findings", headings
-    first_md = nb.cells[0].source
-    assert first_md.startswith("# Study") and "**The question.**" in first_md
-    after = nb.cells[[i for i, c in enumerate(nb.cells) if "## Findings" in c.source][0] + 1 :]
-    assert "verdict_table(R.findings" in after[0].source and "report.takeaways(R)" in after[1].source
-    assert "Re-run" in headings[-1] and "rerun_markdown" in nb.cells[-1].source
+    cells = nb.cells
+    tags = [set(c.metadata.get("tags", [])) for c in cells]
+    code = [i for i, c in enumerate(cells) if c.cell_type == "code"]
+    number = int(slug[:2])
+    assert cells[0].cell_type == "markdown" and cells[0].source.startswith(f"# Study {number}: ")
+    assert "**The question.**" in cells[0].source
+    assert cells[1].cell_type == "code" and {"parameters", "remove-cell"} <= tags[1]
+    assert cells[1].source.startswith('profile = "auto"')
+    assert cells[2].cell_type == "code" and "remove-cell" in tags[2]
+    assert f'R = page("{slug}", profile, globals())' in cells[2].source
+    # every code cell hidden: removed, or its input removed (no folded "hide-input")
+    assert all(tags[i] & {"remove-cell", "remove-input"} and "hide-input" not in tags[i] for i in code)
+    assert _code_lines(nb) - len(cells[1].source.splitlines()) <= 100
+    headings = [m for c in cells if c.cell_type == "markdown" for m in re.findall(r"^## (.+)$", c.source, re.M)]
+    sections = ["Findings", "Method", "Details", "Limitations", "Against published results", "Re-run this study"]
+    assert headings == sections
+    banner = _one(cells, r"^show\(evidence_banner\(R\.runs\)\)")
+    findings = _one(cells, r"^## Findings")
+    table = _one(cells, r"verdict_table\(R\.findings, R\.device\), report\.takeaways\(R\)")
+    method = _one(cells, r"^## Method")
+    assert 2 < banner < findings < table < method
+    figure = [i for i in range(table + 1, method) if cells[i].cell_type == "code" and "show(" in cells[i].source]
+    assert len(figure) == 1, "the one key figure, with its caption, between the findings and the method"
+    assert re.search(r'"\*[^"]+', cells[figure[0]].source), "the figure is shown with a caption"
+    published = _one(cells, r"^## Against published results")
+    assert "show(report.published(R))" in cells[published + 1].source
+    rerun = _one(cells, r"^## Re-run this study")
+    assert cells[rerun + 1].source.strip() == f'show(rerun_section("{slug}"))'
+    assert rerun + 2 == len(cells)
 
 
 STUDIES = {
@@ -129,7 +167,8 @@ def test_rerun_recipe_shows_the_command_the_parameters_cell_and_the_values_used(
     assert command == (
         "papermill --cwd notebooks notebooks/07_prefix_cache.ipynb book/studies/07_prefix_cache.ipynb -p profile full"
     )
-    assert f"```bash\n{command}\n# more\n```" in md and command in rerun_markdown("07_prefix_cache")
+    assert f"```bash\n{command}\n# more\n```" in md
+    assert command in render_reproduce(NOTEBOOKS)  # the methodology page's section shows the same command
     simulator = rerun_recipe("08_simulator", {}, out="book/simulator.ipynb")
     assert "papermill --cwd notebooks notebooks/08_simulator.ipynb book/simulator.ipynb -p profile full" in simulator
     with pytest.raises(ParameterError, match="slug"):

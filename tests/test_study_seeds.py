@@ -1,4 +1,4 @@
-"""Every study takes a ``seed`` parameter (``repeat_runs`` passes ``-p seed N`` to each), and Study 5's seed reaches
+"""Every study takes a ``seed`` parameter (the campaign gives repeat r the seed default + r), and Study 5's seed reaches
 its random inputs and its document mask: two seeds draw different inputs, one seed the same."""
 
 from __future__ import annotations
@@ -78,14 +78,15 @@ def test_the_pages_sweeps_draw_every_shapes_inputs_from_the_runs_seed(monkeypatc
 
 
 def test_make_reproduce_runs_every_notebook_once_each_after_what_it_reads():
-    """``make reproduce``'s order: every study notebook once; 08 after 01 (it replays 01's runs), 02 after 08 (it
-    compares with the simulator), 03 after 06 (its curves draw 06's measured α)."""
-    import re
-
+    """``make reproduce``'s order (the campaign's ``ORDER``, which a GPU run takes its jobs in): every study notebook
+    once; 08 after 01 (it replays 01's runs), 02 after 08 (it compares with the simulator), 03 after 06 (its curves
+    draw 06's measured α)."""
     from servelab.paths import REPO_ROOT
+    from servelab.studies.common.campaign import ORDER
 
-    line = re.search(r"^STUDIES \?= (.+)$", (REPO_ROOT / "Makefile").read_text(), re.M).group(1).split()
-    assert sorted(line) == sorted(p.stem for p in (REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
-    at = {s: i for i, s in enumerate(line)}
+    assert "campaign plan" in (REPO_ROOT / "Makefile").read_text()  # make reproduce runs the campaign's plan
+    assert sorted(ORDER) == sorted(p.stem for p in (REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
+    assert len(set(ORDER)) == len(ORDER)
+    at = {s: i for i, s in enumerate(ORDER)}
     assert at["01_scheduling"] < at["08_simulator"] < at["02_gpu_costs"]
     assert at["06_hf_assisted"] < at["03_speculative"]

@@ -7,15 +7,15 @@
 - every internal link resolves: the file exists, and so does the ``#anchor`` in it;
 - no MyST source leaked into a page unrendered (a takeaway box printed as ``:::{admonition}`` text);
 - MathJax is served locally;
-- every executed page (the studies, the simulator) carries its run note (the run's commit; a banner where its code
-  changed since), and its cell outputs hold no warning, progress bar, traceback or file path, and its figures are
-  SVG or retina PNGs (``output_checks``). On a stale page (bannered) these are listed, not enforced, until it is
-  re-executed.
+- the book-reader checks, on every rendered page (the studies, the simulator): its evidence banner (what its data
+  is, fresh or stale: ``studies.common.page.evidence_banner``); code hidden (no cell input shown); clean outputs (no
+  warning, progress bar, traceback or file path) and sharp figures (SVG or retina PNGs) (``output_checks``); and on a
+  study page, findings first (the "Findings" section starts within the first quarter of the page) and an "Against
+  published results" section with its table. A page whose data is stale is held to the same layout: it is
+  rendered from the data like any other.
 
-Warnings (printed, not failures), for a study page built from an executed notebook: it shows no figure
-(usually: the notebook ran with a non-inline matplotlib backend and lost its plots); it has no
-"Findings" section for the findings table to link to; it lacks a section of the study-page structure
-(findings, seed vs H200, limitations, how to re-run).
+Warnings (printed, not failures), for a study page: it shows no figure; it lacks a section of the study-page
+structure (method, limitations, how to re-run).
 """
 
 from __future__ import annotations
@@ -46,9 +46,10 @@ FINDINGS = "book/findings.html"
 REMOTE = re.compile(r"^(?:[a-z][a-z0-9+.-]*:)?//", re.IGNORECASE)
 CSS_URL = re.compile(r"(?:@import\s+|url\()\s*['\"]?((?:https?:)?//[^'\")\s]+)", re.IGNORECASE)
 UNRENDERED = re.compile(r":::\s*\{[a-z-]+\}|```\s*\{[a-z-]+\}|\{(?:admonition|note|tip|warning)\}`?")
-# The pages built from executed notebooks, and the run note the notebook reader puts on each (page_banner).
+# The pages rendered from notebooks, and the evidence banner each one shows first (studies.common.page).
 EXECUTED_DOCS = tuple(s.docname for s in STUDIES) + ("book/simulator",)
-RUN_NOTE = ".servelab-run, .servelab-stale, .servelab-run-unknown"
+EVIDENCE = re.compile(r"Measured on |Not measured")
+FINDINGS_WITHIN = 0.25  # of the page's text, where "Findings" must start
 # Sphinx's own generated pages and search machinery are not the book's pages.
 SKIP_LINK_TARGETS = ("genindex.html", "search.html", "_sources/", "_static/", "_images/")
 
@@ -59,8 +60,6 @@ class CheckReport:
     links: int = 0
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    # pages run on older code (bannered): what the output and figure checks found there, shown, not enforced
-    stale: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -69,12 +68,6 @@ class CheckReport:
     def summary(self) -> str:
         head = f"checked {self.pages} pages and {self.links} internal links"
         warn = "".join(f"\n  warning: {w}" for w in self.warnings)
-        if self.stale:
-            warn += "\n  stale pages (run on older code; their outputs and figures are checked once re-executed):"
-            warn += "".join(
-                f"\n    {page}: {len(found)} finding(s)" + "".join(f"\n      {f}" for f in found[:5])
-                for page, found in self.stale.items()
-            )
         if self.ok:
             return head + ": all good" + warn
         return head + f": {len(self.problems)} problem(s)\n  " + "\n  ".join(self.problems) + warn
@@ -120,8 +113,9 @@ def remote_resources(soup: BeautifulSoup) -> list[str]:
 # The sections every study page has (methodology, "The structure of a study page"), as heading patterns.
 STUDY_SECTIONS = {
     "Findings": r"findings",
-    "Seed vs H200": r"seed vs",
+    "Method": r"method",
     "Limitations": r"limitation",
+    "Against published results": r"against published",
     "How to re-run": r"re-?run|reproduc",
 }
 
@@ -220,34 +214,62 @@ def _check_findings_tables(soups: dict[str, BeautifulSoup], seed_csv: Path, repo
 
 
 def _structure_warnings(rel: str, soup: BeautifulSoup) -> list[str]:
-    """A study page's expected parts that are missing (warnings: the pages are being reworked)."""
+    """A study page's expected parts that are missing, other than those ``reader_problems`` enforces."""
     found = []
-    if not (soup.find("main") or soup).find("img"):
-        found.append(f"{rel}: executed notebook with no figure (was matplotlib's backend inline when it ran?)")
-    if not soup.find(id=re.compile(r"^findings")):
-        found.append(f"{rel}: no section titled 'Findings…'; the findings table links to the page's top instead")
-    missing = missing_sections(soup)
+    if not (soup.find("main") or soup).find(["img", "svg"]):
+        found.append(f"{rel}: a study page with no figure")
+    missing = [m for m in missing_sections(soup) if m not in ("Findings", "Against published results")]
     if missing:
         found.append(f"{rel}: the study-page structure lacks a section on {', '.join(missing)}")
     return found
 
 
+def findings_fraction(soup: BeautifulSoup) -> float | None:
+    """Where the "Findings" section starts, as a fraction of the page's text (None: no such section)."""
+    main = soup.find("main") or soup
+    heading = next(
+        (h for h in main.find_all(["h2", "h3"]) if re.match(r"findings\b", h.get_text(" ", strip=True), re.I)), None
+    )
+    if heading is None:
+        return None
+    total = len(main.get_text(" "))
+    before = sum(len(t) for t in heading.find_all_previous(string=True) if main in t.parents)
+    return before / total if total else None
+
+
+def reader_problems(rel: str, soup: BeautifulSoup, study: bool) -> list[str]:
+    """The book-reader checks on one rendered page: evidence banner, code hidden, and on a study page findings first
+    and a published comparison."""
+    found = []
+    main = soup.find("main") or soup
+    if not EVIDENCE.search(main.get_text(" ")):
+        found.append(f"{rel}: no evidence banner (what its data is, fresh or stale)")
+    shown = main.select(".cell_input")
+    if shown:
+        found.append(f"{rel}: {len(shown)} code cell(s) shown (tag them remove-input or remove-cell)")
+    if study:
+        at = findings_fraction(soup)
+        if at is None:
+            found.append(f"{rel}: no 'Findings' section")
+        elif at >= FINDINGS_WITHIN:
+            found.append(f"{rel}: 'Findings' starts {at:.0%} of the way down the page (must be < 25%)")
+        has_table = main.select("table.servelab-published") or "No published number" in main.get_text(" ")
+        if not soup.find(id=re.compile(r"^against-published")) or not has_table:
+            found.append(f"{rel}: no 'Against published results' section with its table")
+    return found
+
+
 def _check_executed_pages(html_dir: Path, soups: dict[str, BeautifulSoup], report: CheckReport) -> None:
-    """Executed pages: a run note on each; clean outputs and sharp figures, enforced where the page is not stale
-    (a stale page's findings are listed in the report instead, until it is re-executed)."""
+    """Rendered pages: the book-reader checks, clean outputs and sharp figures, on every one."""
     for docname in EXECUTED_DOCS:
         rel, soup = f"{docname}.html", soups.get(f"{docname}.html")
         if soup is None or not (html_dir / "_sources" / f"{docname}.ipynb").exists():
             continue
-        if docname.startswith("book/studies/"):
+        study = docname.startswith("book/studies/")
+        if study:
             report.warnings += _structure_warnings(rel, soup)
-        if not soup.select(RUN_NOTE):
-            report.problems.append(f"{rel}: no note of the run's commit (run `python -m servelab_book prepare`)")
-        found = [f"{rel}: {p}" for p in output_problems(soup) + figure_problems(soup, html_dir / rel)]
-        if soup.select(".servelab-stale"):
-            report.stale[rel] = found
-        else:
-            report.problems += found
+        report.problems += reader_problems(rel, soup, study)
+        report.problems += [f"{rel}: {p}" for p in output_problems(soup) + figure_problems(soup, html_dir / rel)]
 
 
 def _check_assets(html_dir: Path, report: CheckReport) -> None:

@@ -1,11 +1,14 @@
 """The controlled-acceptance page (``book/speculative_controlled.md``): its numbers, tables and figure, computed.
 
-Reads Study 3's controlled-acceptance sweep on the book's device (``<slug>/03_speculative/controlled_acceptance.csv``,
-its provenance and raw repeats in ``<slug>/03_speculative_controlled/``) and the engine's benchmark
-(``<slug>/engine/bench.csv``), and writes the page's includes: what was measured and what the time budget left out,
-the goal check of the 8B-shape pair, the cost of a draft step as the loop ran beside the engine's own decode, the α
-above which each pair pays, and the curves (SVG, ``controlled_figure``). Nothing on the page is typed; a missing
-run is a sentence.
+Reads Study 3's controlled-acceptance sweep through Study 3's reporting path on the book's device
+(``s03_speculative.report.report(study_runs("03_speculative"))``): ``.controlled`` (one row per pair, batch, γ and α,
+median over repeats), ``.controlled_pays`` (the α above which each pair pays), the raw rows (``controlled_raw``) and
+the run's ``run.json`` (its controlled part's); and the engine's benchmark (``<slug>/engine/bench.csv``). It writes
+the page's includes: what was measured and what the time budget left out, the goal check of the 8B-shape pair, the
+cost of a draft step as the loop ran beside the engine's own decode, the α above which each pair pays, and the
+curves (SVG, ``controlled_figure``). Nothing on the page is typed; a study whose report is not converted to the
+measure/report split (no ``report(runs)`` with ``.controlled``), a report that fails, or a missing run is a
+sentence ("not measured"), never a crash.
 """
 
 from __future__ import annotations
@@ -22,14 +25,13 @@ from servelab.measure.results import results_root as default_results_root
 from servelab.paths import REPO_ROOT
 from servelab.spec import leviathan
 from servelab.studies.common.markdown import list_table, md_text
-from servelab.studies.s03_speculative import controlled, report
+from servelab.studies.s03_speculative import report
 from servelab.studies.s03_speculative.verdicts import SEED_TARGET_OVER_DRAFT
 from servelab_book.controlled_figure import figure_svg
 from servelab_book.engine_bench import bench_provenance, find_bench
 from servelab_book.findings import BOOK_DEVICE
 
-TABLE = "03_speculative/controlled_acceptance.csv"
-RUN_DIR = "03_speculative_controlled"
+STUDY = "03_speculative"
 FIGURE = "controlled_curves.svg"
 ENGINE_METRIC = "decode_ms_b1_ctx128"  # the engine's batch-1 decode step at 128 tokens of context, ms
 MODELS_DIR = REPO_ROOT / "data" / "models"  # the shipped configs the pairs were built from
@@ -38,12 +40,14 @@ INCLUDES = tuple(f"controlled_{part}.md" for part in ("setup", "goal", "cost", "
 
 @dataclass
 class ControlledRun:
-    """One controlled-acceptance run: its table, raw repeats (None if absent) and ``run.json``."""
+    """Study 3's controlled-acceptance sweep as its report gives it: the table (median over repeats), where each
+    pair pays, the raw rows (None if absent) and the controlled part's ``run.json``."""
 
     table: pd.DataFrame
+    pays: pd.DataFrame
     raw: pd.DataFrame | None
     run: dict
-    path: Path
+    tested_on: str = ""  # the report's ``shapes_tested_on``
 
     @property
     def params(self) -> dict:
@@ -67,16 +71,46 @@ class PageFiles:
     svg: str | None = None
 
 
-def find_controlled(root: Path | None = None, device: str = BOOK_DEVICE) -> ControlledRun | None:
-    """The controlled-acceptance run on the book's device (the last slug in name order), None if there is none."""
-    found = sorted(Path(root or default_results_root()).glob(f"*{device}*/{TABLE}"))
-    if not found:
-        return None
-    path = found[-1]
-    side = path.parent.parent / RUN_DIR
-    raw = pd.read_csv(side / "controlled_raw.csv") if (side / "controlled_raw.csv").exists() else None
-    run = json.loads((side / "run.json").read_text()) if (side / "run.json").exists() else {}
-    return ControlledRun(pd.read_csv(path), raw, run, path)
+def study3_report(root: Path | None = None, device: str = BOOK_DEVICE):
+    """Study 3's page record over its runs on ``device`` (``report.report(study_runs(...))``), or the reason there
+    is none (str): its reporting path not converted yet, or its report failed."""
+    from servelab_book.findings import NOT_CONVERTED, converted
+
+    if not converted(STUDY) or not hasattr(report, "report"):
+        return NOT_CONVERTED
+    from servelab.studies.common.quiet import quiet_run
+    from servelab.studies.common.runs import study_runs
+
+    try:
+        with quiet_run():
+            return report.report(study_runs(STUDY, Path(root or default_results_root()), device=device))
+    except Exception as e:  # noqa: BLE001 - the page says so; the book builds
+        return f"its report failed: {type(e).__name__}: {e}"
+
+
+def _controlled_meta(runs) -> dict:
+    """The ``run.json`` of the runs' controlled part ("controlled" in the legacy layout, else the first
+    ``controlled_*`` part); the first run's where none is named so."""
+    parts = [p for p in runs.parts if p == "controlled"] + [p for p in runs.parts if p.startswith("controlled_")]
+    return dict(runs.part(parts[0]).meta) if parts else dict(runs.meta)
+
+
+def find_controlled(root: Path | None = None, device: str = BOOK_DEVICE) -> ControlledRun | str:
+    """The controlled-acceptance sweep on the book's device, from Study 3's report; where there is none, why (str)."""
+    page = study3_report(root, device)
+    if isinstance(page, str):
+        return page
+    table = getattr(page, "controlled", None)
+    if not page.runs.measured or table is None or table.empty:
+        return "the controlled-acceptance sweep has no run on the book's device"
+    raw = page.runs.table("controlled_raw")
+    return ControlledRun(
+        table.reset_index(drop=True),
+        getattr(page, "controlled_pays", pd.DataFrame()),
+        raw if len(raw) else None,
+        _controlled_meta(page.runs),
+        str(getattr(page, "shapes_tested_on", "") or ""),
+    )
 
 
 def find_engine_decode(root: Path | None = None, device: str = BOOK_DEVICE) -> EngineDecode | None:
@@ -139,12 +173,12 @@ def cost_table(table: pd.DataFrame, engine: EngineDecode | None) -> pd.DataFrame
     return pd.DataFrame(rows)
 
 
-def pays_table(table: pd.DataFrame, gammas) -> pd.DataFrame:
-    """``controlled.break_even_alpha`` (measured, at the best γ) beside c (the cost table's: median over every
-    point of the pair and batch), the target/draft step ratio 1/c and the α at which the prediction breaks even
-    at that c (best of ``gammas``)."""
+def pays_table(table: pd.DataFrame, pays: pd.DataFrame, gammas) -> pd.DataFrame:
+    """Where each pair pays (the report's ``controlled_pays``: measured, at the best γ) beside c (the cost table's:
+    median over every point of the pair and batch), the target/draft step ratio 1/c and the α at which the
+    prediction breaks even at that c (best of ``gammas``)."""
     cost = cost_table(table, None)[["target", "draft", "batch", "c"]]
-    pays = controlled.break_even_alpha(table).drop(columns="c").merge(cost, on=["target", "draft", "batch"])
+    pays = pays.drop(columns=["c"], errors="ignore").merge(cost, on=["target", "draft", "batch"])
     return pays.assign(ratio=1 / pays.c, predicted_alpha=[predicted_break_even(c, gammas) for c in pays.c])
 
 
@@ -205,6 +239,8 @@ def render_setup(run: ControlledRun, models_dir: Path = MODELS_DIR) -> str:
         f"{md_text(_when(run.run))}: {len(run.table)} points in a time budget of "
         f"{P.get('controlled_budget_s')} s (the sweep took {run.run.get('wall_s', math.nan):.0f} s with the loads).",
     ]
+    if run.tested_on:
+        lines += ["", f"Tested on: {md_text(run.tested_on)}."]
     gaps = left_out(run)
     if gaps:
         lines += ["", "The budget stopped the sweep before:", "", *[f"- {md_text(g)};" for g in gaps]]
@@ -342,10 +378,10 @@ def _engine_c_sentence(table: pd.DataFrame, b1: pd.DataFrame, engine: EngineDeco
     )
 
 
-def render_pays(table: pd.DataFrame, gammas) -> str:
-    """The α above which each pair pays at each batch (measured, at its best γ) beside the prediction's and the
-    seed's cost ratio."""
-    pays = pays_table(table, gammas)
+def render_pays(table: pd.DataFrame, pays: pd.DataFrame, gammas) -> str:
+    """The α above which each pair pays at each batch (measured, at its best γ: the report's ``controlled_pays``)
+    beside the prediction's and the seed's cost ratio."""
+    pays = pays_table(table, pays, gammas)
     rows = []
     for r in pays.itertuples():
         if np.isnan(r.alpha_pays):
@@ -401,18 +437,19 @@ def render_figure_block(run: ControlledRun) -> str:
 
 
 def controlled_page(root: Path | None = None, device: str = BOOK_DEVICE, models_dir: Path = MODELS_DIR) -> PageFiles:
-    """Every include of the page, and its figure; sentences saying so where the sweep has not run."""
+    """Every include of the page, and its figure; sentences saying "not measured", and why, where the sweep has no
+    run or Study 3's report cannot give it."""
     run = find_controlled(root, device)
-    if run is None or run.table.empty:
-        missing = "The controlled-acceptance sweep has not run on the H200 yet.\n"
-        return PageFiles(dict.fromkeys(INCLUDES, missing))
+    if isinstance(run, str):
+        missing = f"Not measured: {run}. The controlled-acceptance sweep has not run on the H200 yet.\n"
+        return PageFiles(dict.fromkeys(INCLUDES, md_text(missing) + "\n"))
     gammas = run.params.get("controlled_gammas") or sorted(run.table.gamma.unique())
     engine = find_engine_decode(root, device)
     texts = (
         render_setup(run, models_dir),
         render_goal(run.table, gammas),
         render_cost(run.table, engine, run),
-        render_pays(run.table, gammas),
+        render_pays(run.table, run.pays, gammas),
         render_figure_block(run),
     )
     device_name = run.run.get("device", {}).get("name", device)

@@ -1,31 +1,253 @@
-"""The studies' verdicts on the seed's claims, read from ``data/results/<device>/<NN_study>/findings.csv``.
+"""The studies' verdicts on the seed's claims, computed when the book is prepared by each study's reporting path.
 
-Only runs on the book's device (a device slug containing ``h200``) count: a CPU smoke run must never
-show up in the book as an H200 value. When several slugs match, the most recent run wins.
+For every study (and the simulator page, whose validation judges F2.3) ``study_evidence`` calls
+``servelab.studies.common.study.door(slug, "report").report(study_runs(slug))``: today's rules applied to the committed
+runs of the study's data (``common/runs.py``), combined over its repeats. No ``findings.csv`` is read: a verdict is
+never copied from the file a past run wrote. What the book keeps of each report is a ``StudyEvidence``: the findings,
+the study's number for "Against published results" (``report.published_value(runs)``) and how its data stands
+against today's measuring code (``RunSet.current`` / ``changed``).
+
+A study whose reporting path is not converted to the measure/report split yet (no ``measure.py`` beside its
+``report.py``, or no ``report(runs)``), or whose report fails, reads **inconclusive** for every claim with the reason
+(``common.findings.not_measured``); ``prepare`` lists it among its warnings. Only runs on the book's device (a device
+folder whose slug contains ``h200``) count: a CPU smoke run never shows up as an H200 value.
+
+The reports run in worker processes (one per core): each study's report is independent, and the whole ``prepare``
+stays within about a minute on a 2-core CPU.
 """
 
 from __future__ import annotations
 
-import json
+import os
+import traceback
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
 
-from servelab.measure.results import FINDINGS_COLUMNS, FINDINGS_OPTIONAL, VERDICTS, results_root
+from servelab.measure.results import results_root
+from servelab.studies.common.findings import Finding, not_measured
 from servelab_book.seed_claims import claim_sort_key
 from servelab_book.studies import STUDIES
 
 BOOK_DEVICE = "h200"
-# Claims whose verdict comes from a later, better-placed run than their own study's: F2.3 asks whether costs
-# measured in isolation predict a server under load, which only the simulator's validation against the real
-# server (issue #7) can answer. (claim id -> results folder, file); the study's own row stays in its note.
-EVIDENCE = {"F2.3": ("08_simulator", "f23_evidence.csv")}
-RUN_COLUMNS = [
+SIMULATOR = "08_simulator"
+# Claims whose verdict comes from a later, better-placed study's report than their own: F2.3 asks whether costs
+# measured in isolation predict a server under load, which only the simulator's validation against the real server
+# (issue #7) answers. claim id -> the study whose report judges it (its ``f23`` attribute or a finding of that id).
+EVIDENCE = {"F2.3": SIMULATOR}
+NOT_CONVERTED = "its reporting path is not converted to the measure/report split yet (issue 26)"
+FRESH, STALE, NO_DATA = "fresh", "stale", "no data"
+
+
+class FindingsError(ValueError):
+    """Findings that the book cannot show (a claim reported by the wrong study, a duplicate claim)."""
+
+
+@dataclass(frozen=True)
+class StudyEvidence:
+    """What the book keeps of one study's report: its findings and how its data stands."""
+
+    slug: str
+    findings: tuple[Finding, ...]
+    why: str = ""  # why the report did not run ("" when it did)
+    measured: bool = False
+    current: bool = False  # measured by today's measuring code (same fingerprint)
+    fingerprint: str = ""
+    changed: tuple[str, ...] = ()  # the measuring files that differ from the data's (stale data)
+    repeats: int = 0
+    device_name: str = ""
+    meta: dict = field(default_factory=dict)  # the first run's run.json
+    published: tuple[str, str] | None = None  # report.published_value(runs)
+    has_published: bool = False  # the report defines published_value
+    evidence: tuple[Finding, ...] = ()  # claims of other studies this report judges (EVIDENCE)
+
+    @property
+    def reported(self) -> bool:
+        return not self.why
+
+    @property
+    def freshness(self) -> str:
+        """fresh (today's measuring code), stale (older code), or no data."""
+        if not self.measured:
+            return NO_DATA
+        return FRESH if self.current else STALE
+
+    @property
+    def commit(self) -> str:
+        return str(self.meta.get("git_commit") or "")
+
+    @property
+    def started_utc(self) -> str:
+        return str(self.meta.get("started_utc") or "")
+
+
+def converted(slug: str) -> bool:
+    """The study has both doors: ``measure.py`` and ``report.py`` in its package (checked on disk: importing an
+    unconverted study's modules may be slow or fail)."""
+    import servelab.studies
+
+    return any(
+        (Path(p) / f"s{slug}" / "measure.py").is_file() and (Path(p) / f"s{slug}" / "report.py").is_file()
+        for p in servelab.studies.__path__
+    )
+
+
+def _fallback(slug: str, why: str) -> StudyEvidence:
+    return StudyEvidence(slug, tuple(not_measured(slug, why)) if slug != SIMULATOR else (), why=why)
+
+
+def _evidence_of(page) -> tuple[Finding, ...]:
+    """The findings a report gives for other studies' claims (``EVIDENCE``): the simulator's ``f23`` attribute, or
+    findings of those ids among its ``findings``."""
+    found = [getattr(page, "f23", None)] + list(getattr(page, "findings", None) or [])
+    keep = {f.id: f for f in found if isinstance(f, Finding) and f.id in EVIDENCE}
+    return tuple(keep.values())
+
+
+def study_evidence(slug: str, root: Path | None = None, device: str = BOOK_DEVICE) -> StudyEvidence:
+    """Run ``slug``'s report over its committed runs on ``device``; a not-measured fallback where it cannot."""
+    if not converted(slug):
+        return _fallback(slug, NOT_CONVERTED)
+    from servelab.studies.common.quiet import quiet_run
+    from servelab.studies.common.runs import study_runs
+    from servelab.studies.common.study import door
+
+    try:
+        with quiet_run():
+            runs = study_runs(slug, Path(root) if root else None, device=device)
+            mod = door(slug, "report")
+            page = mod.report(runs)
+            has_pub = hasattr(mod, "published_value")
+            pub = mod.published_value(runs) if has_pub else None
+    except Exception as e:  # noqa: BLE001 - one study's broken report must not take the whole book down
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        at = f"{Path(where.filename).name}:{where.lineno}"
+        return _fallback(slug, f"its report failed: {type(e).__name__}: {e} ({at})")
+    own = () if slug == SIMULATOR else tuple(getattr(page, "findings", None) or ())
+    return StudyEvidence(
+        slug,
+        own,
+        measured=runs.measured,
+        current=runs.current,
+        fingerprint=runs.fingerprint,
+        changed=tuple(runs.changed),
+        repeats=len(runs.repeats),
+        device_name=runs.device_name if runs.measured else "",
+        meta=dict(runs.meta),
+        published=pub,
+        has_published=has_pub,
+        evidence=_evidence_of(page),
+    )
+
+
+BOOK_SLUGS = tuple(s.slug for s in STUDIES) + (SIMULATOR,)
+
+
+def _one(args) -> StudyEvidence:
+    slug, root, device = args
+    return study_evidence(slug, root, device)
+
+
+def all_evidence(
+    root: Path | None = None, device: str = BOOK_DEVICE, jobs: int | None = None
+) -> dict[str, StudyEvidence]:
+    """Every study's and the simulator's ``StudyEvidence``, ``jobs`` reports at a time (default: one per core)."""
+    root = Path(root or results_root())
+    todo = [(s, root, device) for s in BOOK_SLUGS]
+    jobs = jobs or max(1, min(len(todo), os.cpu_count() or 1))
+    if jobs == 1:
+        return {a[0]: _one(a) for a in todo}
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        return dict(zip(BOOK_SLUGS, pool.map(_one, todo), strict=True))
+
+
+SHOWN_COLUMNS = [
+    "id",
+    "claim",
+    "seed_value",
+    "measured_value",
+    "unit",
+    "verdict",
+    "note",
+    "tested_on",
+    "repeats",
+    "repeat_verdicts",
+    "spread",
     "study",
-    "device_slug",
+    "source",  # the study whose report judged it (08_simulator for F2.3)
+    "freshness",
+    "changed",
     "device_name",
     "started_utc",
     "git_commit",
+]
+
+
+def _row(f: Finding, study: str, ev: StudyEvidence) -> dict:
+    return {
+        **{k: getattr(f, k) for k in SHOWN_COLUMNS[:11]},
+        "study": study,
+        "source": ev.slug,
+        "freshness": ev.freshness,
+        "changed": ", ".join(ev.changed),
+        "device_name": ev.device_name,
+        "started_utc": ev.started_utc,
+        "git_commit": ev.commit,
+    }
+
+
+def book_findings(evidence: dict[str, StudyEvidence]) -> pd.DataFrame:
+    """One row per claim any report judged (columns ``SHOWN_COLUMNS``), in claim order; claims judged by another
+    study's report (``EVIDENCE``) take that report's row, with the study's own verdict kept in the note."""
+    rows = []
+    for s in STUDIES:
+        ev = evidence.get(s.slug)
+        if ev is None:
+            continue
+        seen = set()
+        for f in ev.findings:
+            if claim_sort_key(f.id)[0] != s.number:
+                raise FindingsError(f"{s.slug}'s report gives claim {f.id}, which belongs to another study")
+            if f.id in seen:
+                raise FindingsError(f"{s.slug}'s report gives claim {f.id} twice")
+            seen.add(f.id)
+            rows.append(_row(_judged_elsewhere(f, evidence), s.slug, _source(f, ev, evidence)))
+    out = pd.DataFrame(rows, columns=SHOWN_COLUMNS)
+    order = sorted(range(len(out)), key=lambda i: claim_sort_key(out["id"].iloc[i]))
+    return out.iloc[order].reset_index(drop=True)
+
+
+def _other(claim: str, evidence: dict[str, StudyEvidence]) -> Finding | None:
+    src = evidence.get(EVIDENCE.get(claim, ""))
+    return next((f for f in src.evidence if f.id == claim), None) if src is not None else None
+
+
+def _source(f: Finding, own: StudyEvidence, evidence: dict[str, StudyEvidence]) -> StudyEvidence:
+    return evidence[EVIDENCE[f.id]] if _other(f.id, evidence) is not None else own
+
+
+def _judged_elsewhere(f: Finding, evidence: dict[str, StudyEvidence]) -> Finding:
+    """``f``, or the finding another study's report gives for its claim (``EVIDENCE``), keeping the claim and the
+    seed's value and noting what the study's own data said."""
+    other = _other(f.id, evidence)
+    if other is None:
+        return f
+    note = (
+        f"{other.note} (from {EVIDENCE[f.id]}'s validation; the study's own data alone said: {f.verdict}, "
+        f"{f.measured_value} {f.unit})"
+    )
+    return replace(other, claim=f.claim, seed_value=f.seed_value, note=note)
+
+
+RUN_COLUMNS = [
+    "study",
+    "device_name",
+    "started_utc",
+    "git_commit",
+    "repeats",
+    "freshness",
     "torch",
     "cuda",
     "driver",
@@ -39,23 +261,17 @@ RUN_COLUMNS = [
 ]
 
 
-SHOWN_COLUMNS = FINDINGS_COLUMNS + list(FINDINGS_OPTIONAL)
-
-
-class FindingsError(ValueError):
-    """A findings.csv file that the book cannot show; the message names the file and the fix."""
-
-
-def read_run(run_json: Path) -> dict:
-    """One row of provenance from a study's ``run.json`` sidecar (missing fields become None)."""
-    side = json.loads(run_json.read_text())
+def run_row(ev: StudyEvidence) -> dict:
+    """One row of provenance from a study's first run's ``run.json`` (missing fields become None)."""
+    side = ev.meta
     dev, ceil = side.get("device") or {}, side.get("ceilings") or {}
     return {
-        "study": side.get("study", run_json.parent.name),
-        "device_slug": run_json.parent.parent.name,
-        "device_name": dev.get("name"),
+        "study": ev.slug,
+        "device_name": dev.get("name") or ev.device_name,
         "started_utc": side.get("started_utc"),
         "git_commit": side.get("git_commit"),
+        "repeats": ev.repeats,
+        "freshness": ev.freshness,
         "torch": dev.get("torch"),
         "cuda": dev.get("cuda"),
         "driver": dev.get("driver"),
@@ -70,109 +286,8 @@ def read_run(run_json: Path) -> dict:
     }
 
 
-def book_runs(root: Path | None = None, device: str = BOOK_DEVICE) -> pd.DataFrame:
-    """The run of each study on the book's device (latest if several device slugs match), one row each."""
-    root = Path(root or results_root())
-    rows = [read_run(p) for s in STUDIES for p in sorted(root.glob(f"*{device}*/{s.slug}/run.json"))]
-    runs = pd.DataFrame(rows, columns=RUN_COLUMNS)
-    if runs.empty:
-        return runs
-    runs = runs.sort_values(["study", "started_utc"], na_position="first").groupby("study").tail(1)
-    return runs.sort_values("study").reset_index(drop=True)
-
-
-def read_findings(path: Path, study: str) -> pd.DataFrame:
-    """Read one ``findings.csv`` and check it: columns, verdicts, and ids that belong to ``study``."""
-    df = pd.read_csv(path, dtype=str, keep_default_na=False)
-    missing = [c for c in FINDINGS_COLUMNS if c not in df.columns]
-    if missing:
-        raise FindingsError(f"{path}: missing columns {missing}")
-    bad = sorted(set(df["verdict"]) - set(VERDICTS))
-    if bad:
-        raise FindingsError(f"{path}: verdict must be one of {VERDICTS}, got {bad}")
-    number = int(study[:2])
-    for claim_id in df["id"]:
-        try:
-            owner = claim_sort_key(claim_id)[0]
-        except ValueError as e:
-            raise FindingsError(f"{path}: {e}") from None
-        if owner != number:
-            raise FindingsError(f"{path}: claim {claim_id} belongs to study {owner}, not to {study}")
-    if df["id"].duplicated().any():
-        raise FindingsError(f"{path}: duplicate ids {df.loc[df['id'].duplicated(), 'id'].tolist()}")
-    for col, default in FINDINGS_OPTIONAL.items():  # older files lack them: one run, nothing more recorded
-        if col not in df.columns:
-            df[col] = str(default)
-    return df[SHOWN_COLUMNS]
-
-
-def book_findings(root: Path | None = None, device: str = BOOK_DEVICE) -> pd.DataFrame:
-    """Every claim verdict measured on the book's device, with the run it came from.
-
-    Columns: the findings columns, then ``study``, ``device_slug``, ``device_name``, ``started_utc``,
-    ``git_commit``. Claims no run has measured are simply absent.
-    """
-    root = Path(root or results_root())
-    runs = book_runs(root, device)
-    frames = []
-    for run in runs.itertuples():
-        path = root / run.device_slug / run.study / "findings.csv"
-        if path.exists():
-            df = read_findings(path, run.study)
-            frames.append(
-                df.assign(
-                    study=run.study,
-                    device_slug=run.device_slug,
-                    device_name=run.device_name,
-                    started_utc=run.started_utc,
-                    git_commit=run.git_commit,
-                )
-            )
-    cols = SHOWN_COLUMNS + ["study", "device_slug", "device_name", "started_utc", "git_commit"]
-    if not frames:
-        return pd.DataFrame(columns=cols)
-    out = pd.concat(frames, ignore_index=True)[cols]
-    out = _apply_evidence(out, root, device)
-    return out.iloc[sorted(range(len(out)), key=lambda i: claim_sort_key(out["id"].iloc[i]))].reset_index(drop=True)
-
-
-def _apply_evidence(out: pd.DataFrame, root: Path, device: str) -> pd.DataFrame:
-    """Replace a claim's row by its ``EVIDENCE`` run's row where that run exists on the book's device; the
-    study's own verdict is kept in the note, and the provenance columns name the evidence run."""
-    out = out.copy()
-    for claim_id, (folder, name) in EVIDENCE.items():
-        found = sorted(root.glob(f"*{device}*/{folder}/{name}"))
-        mine = out.index[out["id"] == claim_id]
-        if not found or mine.empty:
-            continue
-        ev = pd.read_csv(found[-1], dtype=str, keep_default_na=False)
-        missing = [c for c in FINDINGS_COLUMNS if c not in ev.columns]
-        if missing or list(ev["id"]) != [claim_id] or ev["verdict"].iat[0] not in VERDICTS:
-            raise FindingsError(
-                f"{found[-1]}: needs the findings columns, one row for {claim_id} and a verdict in {VERDICTS}"
-            )
-        run = read_run(found[-1].parent / "run.json")
-        i, row = mine[0], ev.iloc[0]
-        own = out.loc[i]
-        note = (
-            f"{row['note']} (from {folder}'s validation run; the study's own run alone said: {own['verdict']}, "
-            f"{own['measured_value']} {own['unit']})"
-        )
-        out.loc[i, FINDINGS_COLUMNS] = [
-            row["id"],
-            own["claim"],
-            own["seed_value"],
-            row["measured_value"],
-            row["unit"],
-            row["verdict"],
-            note,
-        ]
-        for col, default in FINDINGS_OPTIONAL.items():  # the evidence run's repeats, not the study's
-            out.loc[i, col] = row[col] if col in ev.columns else str(default)
-        out.loc[i, ["device_slug", "device_name", "started_utc", "git_commit"]] = [
-            run["device_slug"],
-            run["device_name"],
-            run["started_utc"],
-            run["git_commit"],
-        ]
-    return out
+def book_runs(evidence: dict[str, StudyEvidence]) -> pd.DataFrame:
+    """Provenance of each measured study's runs, one row each in study order (the methodology page's hardware
+    table); studies whose report did not run are absent."""
+    rows = [run_row(evidence[s.slug]) for s in STUDIES if s.slug in evidence and evidence[s.slug].measured]
+    return pd.DataFrame(rows, columns=RUN_COLUMNS)

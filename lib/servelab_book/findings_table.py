@@ -1,8 +1,12 @@
-"""The findings table: each of the seed's 22 claims, its RTX 2070 value, its H200 value and verdict.
+"""The findings table: each of the seed's 22 claims, its RTX 2070 value, its H200 value, verdict and evidence.
 
-``findings_table`` joins the seed's claims with the H200 findings and the study pages; the
-``render_*`` functions turn it into MyST for the landing page and the findings page. Nothing here is
-typed: every value comes from ``data/seed/claims.csv`` (the seed's) or a ``findings.csv`` (the H200's).
+``findings_table`` joins the seed's claims with the findings the studies' reports computed when the book was prepared
+(``findings.book_findings``) and the study pages; the ``render_*`` functions turn it into MyST for the landing page
+and the findings page. Nothing here is typed: every value comes from ``data/seed/claims.csv`` (the seed's) or a
+study's report over its committed runs (the H200's). The evidence of each claim: how many repeats, the interval of
+its headline over them, what it was tested on (random weights, a trained toy, SmolLM2-135M) and whether its data
+is fresh (today's measuring code) or stale. A claim without data, or with too little, reads **inconclusive** with
+the reason, never "fails".
 """
 
 from __future__ import annotations
@@ -16,14 +20,13 @@ from servelab.studies.common.markdown import format_value, list_table, md_text
 from servelab_book.claim_links import claim_target
 from servelab_book.studies import STUDIES, StudyPage
 
-NOT_MEASURED = "not yet measured"
-INCONCLUSIVE = "inconclusive"  # the repeats disagree: the badge carries each repeat's verdict and the spread
+INCONCLUSIVE = "inconclusive"  # too little data, or repeats that disagree: the reason says which
+NOT_MEASURED = "not measured"  # the H200 value of a claim with no data (its verdict: inconclusive)
 BADGES = {
     "holds": "bdg-success",
     "changes": "bdg-warning",
     "fails": "bdg-danger",
     INCONCLUSIVE: "bdg-info",
-    NOT_MEASURED: "bdg-muted",
 }
 TABLE_COLUMNS = [
     "id",
@@ -40,6 +43,9 @@ TABLE_COLUMNS = [
     "repeats",
     "repeat_verdicts",
     "spread",
+    "tested_on",
+    "freshness",
+    "changed",
 ]
 
 
@@ -82,6 +88,33 @@ def _repeats(value) -> int:
         return 1
 
 
+def tested_kinds(tested_on: str) -> str:
+    """What a verdict rests on, in the landing table's words: "random weights", "trained toy", "SmolLM2-135M"
+    (several joined by " + "); "—" where the finding does not say."""
+    text = str(tested_on or "").lower()
+    kinds = []
+    if "random weights" in text:
+        kinds.append("random weights")
+    if "smollm2" in text:
+        kinds.append("SmolLM2-135M")
+    if "toy" in text or ("trained" in text and "smollm2" not in text):
+        kinds.append("trained toy")
+    return " + ".join(kinds) or "—"
+
+
+def evidence_text(row) -> str:
+    """The landing table's evidence cell: repeats, the interval over them, what it was tested on, fresh or stale."""
+    if row.h200_value == NOT_MEASURED or row.freshness == "no data":
+        return "no data"
+    n = _repeats(row.repeats)
+    parts = [f"{n} repeat{'s' if n != 1 else ''}"]
+    if _text(row.spread).strip():
+        parts.append(f"interval {format_value(row.spread)}")
+    parts.append(tested_kinds(row.tested_on))
+    parts.append(row.freshness)
+    return "; ".join(parts)
+
+
 def h200_value(measured, unit: str, spread="", repeats=1) -> str:
     """The H200 column: the value and unit, and for a claim measured over repeats the interval and their count
     ("5.33 × (5.1–8.1 over 3 repeats)")."""
@@ -92,15 +125,18 @@ def h200_value(measured, unit: str, spread="", repeats=1) -> str:
     return shown
 
 
-def findings_table(seed: pd.DataFrame, findings: pd.DataFrame, pages: list[StudyPage]) -> pd.DataFrame:
-    """One row per seed claim, in claim order, with the H200 value and verdict where measured.
+def _is_not_measured(measured_value) -> bool:
+    return str(measured_value).strip().lower() in ("not measured", "")
 
-    Raises FindingsMismatch when a claim has H200 findings but its page is still the placeholder:
-    the executed notebook belongs in ``book/studies`` before the book may show the numbers.
+
+def findings_table(seed: pd.DataFrame, findings: pd.DataFrame, pages: list[StudyPage]) -> pd.DataFrame:
+    """One row per seed claim, in claim order, with the H200 value, verdict and evidence.
+
+    A claim no report judged reads inconclusive, with the reason. Raises FindingsMismatch when a claim has measured
+    H200 findings but its page is still the placeholder: the rendered notebook belongs in ``book/studies``.
     """
     page_of = {p.study.slug: p for p in pages}
     measured = findings.set_index("id") if len(findings) else pd.DataFrame()
-    issue_of = {s.slug: s.issue for s in STUDIES}
     rows, stale = [], []
     for claim in seed.itertuples():
         page = page_of[claim.study]
@@ -116,15 +152,21 @@ def findings_table(seed: pd.DataFrame, findings: pd.DataFrame, pages: list[Study
             "repeats": 0,
             "repeat_verdicts": "",
             "spread": "",
+            "tested_on": "",
+            "freshness": "no data",
+            "changed": "",
         }
         if claim.id in measured.index:
             f = measured.loc[claim.id]
-            if not page.measured:
+            nothing = _is_not_measured(f["measured_value"])
+            if not page.measured and not nothing:
                 stale.append(f"{claim.id} ({page.source.name})")
             unit = str(f["unit"]).strip()
             row.update(
-                h200_value=h200_value(f["measured_value"], unit, f.get("spread", ""), f.get("repeats", 1)),
-                repeats=_repeats(f.get("repeats", 1)),
+                h200_value=NOT_MEASURED
+                if nothing
+                else h200_value(f["measured_value"], unit, f.get("spread", ""), f.get("repeats", 1)),
+                repeats=0 if nothing else _repeats(f.get("repeats", 1)),
                 repeat_verdicts=_text(f.get("repeat_verdicts", "")),
                 spread=_text(f.get("spread", "")),
                 verdict=f["verdict"],
@@ -132,45 +174,53 @@ def findings_table(seed: pd.DataFrame, findings: pd.DataFrame, pages: list[Study
                 device_name=_text(f["device_name"]),
                 started_utc=_text(f["started_utc"]),
                 git_commit=_text(f["git_commit"]),
+                tested_on=_text(f.get("tested_on", "")),
+                freshness="no data" if nothing else _text(f.get("freshness", "")) or "no data",
+                changed=_text(f.get("changed", "")),
             )
         else:
-            issue = issue_of[claim.study]
-            where = f"issue #{issue}" if issue else "a later issue"
             row.update(
-                h200_value="—",
-                verdict=NOT_MEASURED,
-                reason=f"Study {int(claim.study[:2])} has not run on the H200 yet ({where}).",
+                h200_value=NOT_MEASURED,
+                verdict=INCONCLUSIVE,
+                reason=f"Not measured: Study {int(claim.study[:2])}'s report gives no verdict on this claim.",
             )
         rows.append(row)
     if stale:
         raise FindingsMismatch(
             "H200 findings exist for claims whose study page is still the 'not yet measured' "
-            "placeholder: " + ", ".join(stale) + ". Add the executed notebook to book/studies "
+            "placeholder: " + ", ".join(stale) + ". Render the page (python -m servelab_book render) "
             "and delete the placeholder."
         )
     return pd.DataFrame(rows, columns=TABLE_COLUMNS)
 
 
 def verdict_counts(table: pd.DataFrame) -> dict[str, int]:
-    """How many claims hold, change, fail, are inconclusive or are not yet measured (every key present)."""
+    """How many claims hold, change, fail or are inconclusive (every key present), and how many of those have no
+    data at all (``not measured``)."""
     counts = table["verdict"].value_counts()
-    return {k: int(counts.get(k, 0)) for k in BADGES}
+    out = {k: int(counts.get(k, 0)) for k in BADGES}
+    out[NOT_MEASURED] = int((table["h200_value"] == NOT_MEASURED).sum())
+    out["stale"] = int((table["freshness"] == "stale").sum())
+    return out
 
 
 def render_summary(table: pd.DataFrame) -> str:
-    """One sentence: how many of the claims were measured and how the verdicts fall."""
+    """One sentence: how many of the claims were measured, how the verdicts fall, and how many rest on stale data."""
     c = verdict_counts(table)
     measured = len(table) - c[NOT_MEASURED]
     if measured == 0:
         return (
-            f"None of the seed's {len(table)} claims has been measured on the H200 yet; "
+            f"None of the seed's {len(table)} claims has data on the H200 yet, so every verdict reads inconclusive; "
             f"the table lists them with their RTX 2070 values.\n"
         )
+    thin = c[INCONCLUSIVE] - c[NOT_MEASURED]
     return (
-        f"Of the seed's {len(table)} claims, {measured} have been measured on the H200: "
+        f"Of the seed's {len(table)} claims, {measured} have H200 data: "
         f"{c['holds']} hold, {c['changes']} change and {c['fails']} fail"
-        + (f"; {c[INCONCLUSIVE]} are inconclusive (their repeats disagree)" if c[INCONCLUSIVE] else "")
-        + f"; {c[NOT_MEASURED]} are not yet measured.\n"
+        + (f"; {thin} are inconclusive (too few repeats, or repeats that disagree)" if thin else "")
+        + (f"; {c[NOT_MEASURED]} are not measured yet (inconclusive)" if c[NOT_MEASURED] else "")
+        + (f". {c['stale']} rest on data measured by older code (stale)" if c["stale"] else "")
+        + ".\n"
     )
 
 
@@ -184,8 +234,8 @@ def _badge(verdict: str, repeat_verdicts: str = "") -> str:
 
 
 def render_landing_table(table: pd.DataFrame) -> str:
-    """The compact table of the landing page: claim, RTX 2070, H200, verdict, one-line reason."""
-    header = ["Claim", "The seed's claim", "RTX 2070", "H200", "Verdict", "Why"]
+    """The compact table of the landing page: claim, RTX 2070, H200, verdict, evidence, one-line reason."""
+    header = ["Claim", "The seed's claim", "RTX 2070", "H200", "Verdict", "Evidence", "Why"]
     rows = [
         [
             f"[{r.id}]({r.link})",
@@ -193,11 +243,12 @@ def render_landing_table(table: pd.DataFrame) -> str:
             md_text(r.rtx2070_value),
             md_text(r.h200_value),
             _badge(r.verdict, r.repeat_verdicts),
+            md_text(evidence_text(r)),
             md_text(one_line(r.reason)),
         ]
         for r in table.itertuples()
     ]
-    return list_table(header, rows, [6, 26, 14, 14, 10, 30])
+    return list_table(header, rows, [6, 22, 12, 12, 9, 15, 24])
 
 
 def render_by_study(table: pd.DataFrame, titles: dict[str, str] | None = None) -> str:
@@ -210,19 +261,25 @@ def render_by_study(table: pd.DataFrame, titles: dict[str, str] | None = None) -
             continue
         title = (titles or {}).get(s.slug) or f"Study {s.number}: {s.title}"
         out.append(f"## {md_text(title)}\n")
-        measured = part[part["verdict"] != NOT_MEASURED]
+        measured = part[part["h200_value"] != NOT_MEASURED]
         if len(measured):
             r = measured.iloc[0]
+            fresh = (
+                "measured by today's measuring code (fresh)"
+                if r.freshness == "fresh"
+                else f"measured by older code (stale; changed since: {md_text(r.changed) or 'unknown'})"
+            )
             out.append(
                 f"Measured on {md_text(r.device_name)}, run started {md_text(format_utc(r.started_utc))}, "
-                f"commit `{r.git_commit[:12]}`. {{doc}}`The study's page </{s.docname}>`.\n"
+                f"commit `{r.git_commit[:12]}`, {fresh}. Verdicts: today's rules applied to that data. "
+                f"{{doc}}`The study's page </{s.docname}>`.\n"
             )
         else:
             out.append(
                 f"{md_text(part.iloc[0].reason)} {{doc}}`The study's page </{s.docname}>` "
                 f"lists its question and the seed's claims.\n"
             )
-        header = ["Claim", "The seed's claim", "RTX 2070", "H200", "Verdict", "Reason"]
+        header = ["Claim", "The seed's claim", "RTX 2070", "H200", "Verdict", "Evidence", "Reason"]
         rows = [
             [
                 f"[{r.id}]({r.link})",
@@ -230,9 +287,10 @@ def render_by_study(table: pd.DataFrame, titles: dict[str, str] | None = None) -
                 md_text(r.rtx2070_value),
                 md_text(r.h200_value),
                 _badge(r.verdict, r.repeat_verdicts),
+                md_text(evidence_text(r) + (f"; {r.tested_on}" if r.tested_on else "")),
                 md_text(r.reason),
             ]
             for r in part.itertuples()
         ]
-        out.append(list_table(header, rows, [6, 24, 14, 14, 10, 32]))
+        out.append(list_table(header, rows, [6, 20, 12, 12, 9, 17, 24]))
     return "\n".join(out)

@@ -8,9 +8,7 @@ before MyST-NB renders the page.
 It also drops the echo of a takeaway box: ``takeaway()`` displays its box and returns the markdown, so a
 cell that ends with the call also shows the box's MyST source as the cell's value (``Out[n]``). An
 ``execute_result`` whose plain text is exactly the repr of markdown displayed by the same cell goes.
-It puts the note ``prepare`` wrote for the page (``page_banner``: the run's commit, and a banner where the code
-the page depends on changed since) under the page's title. The page is found by the path papermill recorded
-when it executed it (``metadata.papermill.output_path``). And it hides the cell papermill injects with the run's
+And it hides the cell papermill injects with the run's
 parameters (tagged ``injected-parameters``): a reader sees the notebook's ``parameters`` cell, and the run's values
 are recorded in the study's ``run.json``; the injected cell is an artefact of how papermill ran it. It gets MyST-NB's
 ``remove-cell`` tag, in memory only. Nothing else in the notebook changes, and the file is not rewritten.
@@ -22,12 +20,8 @@ from __future__ import annotations
 
 import ast
 import re
-from pathlib import Path
 
 import nbformat
-
-from servelab.paths import REPO_ROOT
-from servelab_book.page_banner import load_banner
 
 _NEWLINE = re.compile(r"\r*\n")
 
@@ -85,22 +79,6 @@ def drop_markdown_echoes(outputs: list) -> list:
     ]
 
 
-def generated_dir() -> Path:
-    """Where ``prepare`` wrote the includes: the book being built (Sphinx runs in its root), else this checkout."""
-    here = Path.cwd() / "book" / "_generated"
-    return here if here.is_dir() else REPO_ROOT / "book" / "_generated"
-
-
-def add_banner(nb: nbformat.NotebookNode, banner: str | None) -> nbformat.NotebookNode:
-    """Insert ``banner`` as a markdown cell after the cell holding the page's ``# `` title (first, if none)."""
-    if not banner:
-        return nb
-    titled = [i for i, c in enumerate(nb.cells) if c.cell_type == "markdown" and re.search(r"(?m)^# ", c.source)]
-    at = titled[0] + 1 if titled else 0
-    nb.cells.insert(at, nbformat.v4.new_markdown_cell(banner, metadata={"tags": ["servelab-run-note"]}))
-    return nb
-
-
 INJECTED = "injected-parameters"  # papermill's tag on the cell it adds after ``parameters``
 REMOVE = "remove-cell"  # MyST-NB leaves a cell with this tag out of the page, source and outputs
 
@@ -116,10 +94,10 @@ def hide_injected_parameters(nb: nbformat.NotebookNode) -> nbformat.NotebookNode
 
 def read_notebook(text: str) -> nbformat.NotebookNode:
     """The MyST-NB reader for the book: parse the notebook, settle progress bars, drop takeaway echoes, hide
-    papermill's injected parameters, add the page's run note."""
+    papermill's injected parameters. (Whether a page's data is fresh is the page's own first output,
+    ``studies.common.page.evidence_banner``.)"""
     nb = hide_injected_parameters(nbformat.reads(text, as_version=4))
     for cell in nb.cells:
         if cell.get("cell_type") == "code" and cell.get("outputs"):
             cell["outputs"] = drop_markdown_echoes(merge_streams(cell["outputs"]))
-    page = (nb.metadata.get("papermill") or {}).get("output_path")
-    return add_banner(nb, load_banner(page, generated_dir()) if page else None)
+    return nb

@@ -1,9 +1,11 @@
 """``python -m servelab_book prepare``: everything the book build needs that is computed, not typed.
 
-It checks that every study has exactly one page source, then writes the generated includes under
-``book/_generated/`` (findings table, findings by study, the seed's claims per study, the runs' hardware
-and ceilings, how to re-run each study, the engine's benchmark) and copies MathJax into ``book/_static/mathjax/``.
-The output depends only on the repository's files, so two runs on the same commit write the same bytes.
+It checks that every study has exactly one page source, runs every study's reporting path over its committed runs
+(``findings.all_evidence``: today's rules on the data, in worker processes), then writes the generated includes under
+``book/_generated/`` (findings table with each claim's evidence, findings by study, against published results, rule
+changes, the seed's claims per study, the runs' hardware and ceilings, how to reproduce, the engine's benchmark)
+and copies MathJax into ``book/_static/mathjax/``. The output depends only on the repository's files, so two runs on
+the same commit write the same bytes.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from servelab_book.engine_prose import (
     render_offline,
 )
 from servelab_book.engine_tables import render_code_status, render_decode_comparison, render_exactness
-from servelab_book.findings import BOOK_DEVICE, book_findings, book_runs
+from servelab_book.findings import BOOK_DEVICE, all_evidence, book_findings, book_runs
 from servelab_book.findings_table import (
     findings_table,
     render_by_study,
@@ -38,14 +40,12 @@ from servelab_book.findings_table import (
 )
 from servelab_book.mathjax import TARGET as MATHJAX_TARGET
 from servelab_book.mathjax import vendor_mathjax
-from servelab_book.page_banner import RUNS_FILE, render_runs_file
 from servelab_book.published import render_all_published
 from servelab_book.reproduce import render_reproduce
 from servelab_book.rule_changes import render_rule_changes
 from servelab_book.runs_table import render_runs_table
 from servelab_book.seed_claims import SEED_CLAIMS_CSV, load_seed_claims
 from servelab_book.seed_claims_page import render_seed_claims
-from servelab_book.staleness import PAGES, page_status
 from servelab_book.step_costs_table import find_steps, render_step_costs
 from servelab_book.studies import BOOK_DIR, NOTEBOOKS_DIR, STUDIES, STUDIES_DIR, study_pages
 
@@ -62,18 +62,18 @@ class Prepared:
     counts: dict = field(default_factory=dict)
     measured_pages: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    stale_pages: list[str] = field(default_factory=list)  # executed pages whose code changed since their run
+    stale_pages: list[str] = field(default_factory=list)  # studies whose data older measuring code measured
 
     def summary(self) -> str:
         c = self.counts
         return (
             f"prepared the book: {len(self.written)} generated files written, {len(self.unchanged)} unchanged; "
             f"claims: {c.get('holds', 0)} hold, {c.get('changes', 0)} change, {c.get('fails', 0)} fail, "
-            f"{c.get('inconclusive', 0)} inconclusive, {c.get('not yet measured', 0)} not yet measured; "
-            "executed study pages: "
+            f"{c.get('inconclusive', 0)} inconclusive (of which {c.get('not measured', 0)} not measured); "
+            "rendered study pages: "
             f"{', '.join(self.measured_pages) or 'none'}"
             + (
-                f"\n  stale pages (run on older code, bannered): {', '.join(self.stale_pages)}"
+                f"\n  stale data (measured by older measuring code): {', '.join(self.stale_pages)}"
                 if self.stale_pages
                 else ""
             )
@@ -104,17 +104,6 @@ def prepare_checkout(root: Path, results_root: Path | None = None, *, device: st
     )
 
 
-def page_runs(root: Path, results_root: Path | None, report: Prepared) -> str:
-    """``page_runs.json`` for the executed pages of the checkout at ``root``; stale pages listed in the report."""
-    results = Path(results_root) if results_root is not None else default_results_root()
-    statuses = [page_status(p, root, results) for p in PAGES if (root / p.page).is_file()]
-    report.stale_pages = [s.page for s in statuses if s.status == "stale"]
-    report.warnings += [
-        f"{s.page}: its code could not be compared with its run: {s.reason}" for s in statuses if s.status == "unknown"
-    ]
-    return render_runs_file(statuses)
-
-
 def write_if_changed(path: Path, text: str, report: Prepared) -> None:
     """Write only on change, so Sphinx does not re-read pages whose includes did not change."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -136,23 +125,24 @@ def prepare(
     mathjax_target: Path | None = MATHJAX_TARGET,
     root: Path | None = REPO_ROOT,
     rules_file: Path = REGISTRY,
+    evidence: dict | None = None,
 ) -> Prepared:
-    """Check the study pages and write the generated includes (and MathJax unless ``mathjax_target`` is None).
-
-    With a ``root`` (a checkout), each executed page's run commit is compared with that checkout's code with git
-    and the notes for the pages go to ``page_runs.json``; ``root=None`` leaves them out (tests of the rest)."""
+    """Check the study pages, run every study's report over its committed runs, and write the generated includes
+    (and MathJax unless ``mathjax_target`` is None). ``evidence``: the reports' results where the caller has them
+    already (tests), else ``findings.all_evidence`` computes them. ``root``: the checkout (unused since staleness is
+    by fingerprint; kept for callers)."""
     report = Prepared()
     pages = study_pages(studies_dir)
     seed = load_seed_claims(seed_csv)
-    table = findings_table(seed, book_findings(results_root, device), pages)
+    results = Path(results_root or default_results_root())
+    if evidence is None:
+        evidence = all_evidence(results, device)
+    table = findings_table(seed, book_findings(evidence), pages)
     report.counts = verdict_counts(table)
     report.measured_pages = [p.study.slug for p in pages if p.measured]
-    runs = book_runs(results_root, device)
-    for slug in sorted(set(report.measured_pages) - set(runs["study"])):
-        report.warnings.append(
-            f"book/studies/{slug}.ipynb is an executed notebook, but the results hold no "
-            f"{device!r} run of {slug} (a smoke run, or results not committed?)"
-        )
+    report.stale_pages = [slug for slug, ev in evidence.items() if ev.measured and not ev.current]
+    report.warnings += [f"{slug}: every claim reads inconclusive: {ev.why}" for slug, ev in evidence.items() if ev.why]
+    runs = book_runs(evidence)
 
     bench = find_bench(results_root, device)
     files = {
@@ -175,18 +165,17 @@ def prepare(
         "scheduling_step_costs.md": render_step_costs(find_steps(results_root, device)),
     }
     files.update({f"claims/{s.slug}.md": render_seed_claims(seed, s.slug) for s in STUDIES})
-    files["published.md"] = render_all_published(results_root)
-    files["rule_changes.md"] = render_rule_changes(
-        load_registry(rules_file), table, Path(results_root or default_results_root())
-    )
+    files["published.md"] = render_all_published(evidence)
+    files["rule_changes.md"] = render_rule_changes(load_registry(rules_file), table, results, device)
     spec_page = controlled_page(results_root, device)
     files.update(spec_page.markdown)
     for name, text in files.items():
         write_if_changed(generated_dir / name, HEADER + text, report)
     if spec_page.svg is not None:  # an SVG file: no markdown header before its XML declaration
         write_if_changed(generated_dir / CONTROLLED_FIGURE, spec_page.svg, report)
-    if root is not None:
-        write_if_changed(generated_dir / RUNS_FILE, page_runs(Path(root), results_root, report), report)
+    stale = generated_dir / "page_runs.json"  # the git-commit staleness notes of old: superseded by fingerprints
+    if stale.exists():
+        stale.unlink()
     if mathjax_target is not None:
         vendor_mathjax(mathjax_target)
     return report

@@ -1,7 +1,7 @@
-"""How to re-run each study: the papermill command and the notebook's parameters, read from the notebook.
+"""How to reproduce the book: the GPU plan, the GPU runs, the replay, and each notebook's parameters.
 
-The parameters shown are the source of the cell tagged ``parameters`` in ``notebooks/NN_name.ipynb``,
-so the methodology page cannot drift from the notebooks. The command and the cell's source come from
+The methodology page's section. The parameters shown are the source of the cell tagged ``parameters`` in
+``notebooks/NN_name.ipynb``, so the page cannot drift from the notebooks; the papermill command comes from
 ``servelab.studies.common.rerun``, which the study pages' own re-run sections use too.
 """
 
@@ -12,19 +12,41 @@ from pathlib import Path
 from servelab.studies.common import rerun
 from servelab.studies.common.markdown import md_text
 from servelab.studies.common.rerun import parameters_source
-from servelab_book.studies import NOTEBOOKS_DIR, STUDIES, Study, page_title, study_by_slug
+from servelab_book.studies import NOTEBOOKS_DIR, STUDIES, Study, page_title
 
 __all__ = ["papermill_command", "parameters_source", "render_reproduce", "rerun_markdown"]  # parameters_source: rerun's
 
+WORKFLOW = """Measuring and reporting are apart. A GPU run only **measures**: each study's measuring path
+(`lib/servelab/studies/s<NN_name>/measure.py`) writes raw tidy CSVs and a `run.json` to
+`data/results/<device>/<study>/runs/<fingerprint>/<part>/r<repeat>/`. The fingerprint is a hash of the source files the
+measuring path imports (its import closure), so a change to reporting code (verdicts, figures, page text) never
+makes data stale. Every book build **reports**: each page is rendered from the committed runs by the study's
+reporting path (`report.py`), with today's rules, on a CPU.
+
+```bash
+make gpu-plan                                  # the GPU jobs missing at today's fingerprints, with minutes,
+                                               # packed into GPU runs of at most 9 minutes
+scripts/gpu_run.sh 02_gpu_costs:all:0 02_gpu_costs:all:1   # on the GPU machine: jobs STUDY:PART:REPEAT
+make book                                      # render every page from data/results (replay), prepare, build
+```
+
+One study page by hand, from the committed runs (measures nothing), or measuring first on a CUDA device:
+
+```bash
+.venv/bin/papermill --cwd notebooks notebooks/02_gpu_costs.ipynb book/studies/02_gpu_costs.ipynb -p profile replay
+.venv/bin/papermill --cwd notebooks notebooks/02_gpu_costs.ipynb /tmp/02_gpu_costs.ipynb -p profile full
+```
+"""
+
 
 def papermill_command(study: Study, profile: str = "full") -> str:
-    """The one-line command that re-executes a study into the book (run from the repository root)."""
+    """The one-line command that runs a study's notebook in ``profile`` (run from the repository root)."""
     return rerun.papermill_command(study.slug, profile=profile)
 
 
 def render_reproduce(notebooks_dir: Path = NOTEBOOKS_DIR) -> str:
-    """One section per study: its papermill command and parameters, or a note that it has no notebook yet."""
-    out = []
+    """The workflow, then one section per study: its GPU job, its papermill commands and its parameters."""
+    out = [WORKFLOW]
     for s in STUDIES:
         nb = notebooks_dir / f"{s.slug}.ipynb"
         title = (page_title(nb) if nb.exists() else None) or f"Study {s.number}: {s.title}"
@@ -32,21 +54,16 @@ def render_reproduce(notebooks_dir: Path = NOTEBOOKS_DIR) -> str:
         if not nb.exists():
             out.append(f"Its notebook, `notebooks/{s.slug}.ipynb`, is not written yet.\n")
             continue
-        out.append(f"```bash\n{papermill_command(s)}\n# or: make reproduce STUDIES={s.slug} PROFILE=full\n```\n")
+        out.append(
+            f"```bash\nscripts/gpu_run.sh {s.slug}:all:0        # measure one repeat on the GPU "
+            f"(`make gpu-plan` lists its parts)\n{papermill_command(s, 'replay')}\n"
+            f"{papermill_command(s, 'full')}\n```\n"
+        )
         out.append("Parameters, from the notebook's `parameters` cell (pass any with `-p name value`):\n")
         out.append(f"```python\n{parameters_source(nb)}\n```\n")
     return "\n".join(out)
 
 
 def rerun_markdown(slug: str, notebooks_dir: Path = NOTEBOOKS_DIR) -> str:
-    """A study page's re-run section: the papermill command and the notebook's parameters cell, as markdown.
-
-    The page shows its parameters here, visible, while its own parameters cell stays out of sight at the top.
-    """
-    study = study_by_slug(slug)
-    source = parameters_source(notebooks_dir / f"{slug}.ipynb")
-    return (
-        f"```bash\n{papermill_command(study)}\n# or: make reproduce STUDIES={slug} PROFILE=full\n```\n\n"
-        "Parameters, from the notebook's `parameters` cell (pass any with `-p name value`; `None` is the profile's "
-        f"default):\n\n```python\n{source}\n```\n"
-    )
+    """Transitional, for study modules not yet converted (issue 26): ``studies.common.rerun.rerun_section``."""
+    return rerun.rerun_section(slug, notebooks_dir)

@@ -1,7 +1,8 @@
-"""The methodology page's hardware table: the device, versions and ceilings of each study's H200 run.
+"""The methodology page's hardware table: the device, versions and ceilings of each study's H200 runs.
 
-The ceilings (copy bandwidth, matmul rate) are the ones each study measured in its own run; they are
-read from the ``run.json`` sidecars, never typed.
+The ceilings (copy bandwidth, matmul rate) are the ones each study measured in its own first run; they are read from
+the ``run.json`` of the runs its report read (``findings.book_runs``), never typed. Each row also says how many
+repeats the study's data holds and whether today's measuring code measured it (fresh) or older code (stale).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from servelab_book.studies import study_by_slug
 
 
 def render_runs_table(runs: pd.DataFrame) -> str:
-    """A MyST table of the runs (see ``findings.book_runs``), or a sentence saying there are none yet."""
+    """A MyST table of the runs (``findings.book_runs``), or a sentence saying there are none yet."""
     if runs.empty:
         return (
             "No study has been run on the H200 yet, so no ceilings are recorded here: each study page "
@@ -25,6 +26,8 @@ def render_runs_table(runs: pd.DataFrame) -> str:
         "Device",
         "Run started",
         "Commit",
+        "Repeats",
+        "Data",
         "torch / CUDA / driver",
         "Host CPU",
         "SM clock, start → end (MHz)",
@@ -39,6 +42,8 @@ def render_runs_table(runs: pd.DataFrame) -> str:
             md_text(r.device_name or "?"),
             md_text(format_utc(r.started_utc) if r.started_utc else "?"),
             f"`{str(r.git_commit)[:7]}`" if r.git_commit else "?",
+            str(r.repeats),
+            md_text(r.freshness),
             md_text(f"{r.torch} / {r.cuda} / {r.driver}"),
             md_text(host_cpu(r.cpu_model, r.cpu_cores)),
             md_text(sm_clocks(r.sm_clock_start_mhz, r.sm_clock_end_mhz)),

@@ -7,9 +7,8 @@ book shows is computed from these files.
 The results root is ``data/results`` in the repository, or ``$SERVELAB_RESULTS`` when set (CI's smoke
 runs write to a scratch directory so they never touch the committed H200 data).
 
-A run that is one repeat of a set (``studies.common.repeat_runs`` sets ``$SERVELAB_REPEAT_SET``, a token naming
-the set, ``$SERVELAB_REPEAT``, its index from 0, and ``$SERVELAB_REPEATS``, the set's size) writes to
-``<NN_study>/repeats/r<index>/`` instead, and its sidecar records the three; the runner combines the set.
+Repeats are runs of their own: a measuring path's run (``measuring=``) goes to
+``<NN_study>/runs/<fingerprint>/<part>/r<repeat>/`` (``studies.common.campaign`` plans and runs them).
 """
 
 from __future__ import annotations
@@ -47,25 +46,6 @@ FINDINGS_OPTIONAL = {
 
 def results_root() -> Path:
     return Path(os.environ.get("SERVELAB_RESULTS", REPO_ROOT / "data" / "results"))
-
-
-def repeat_env() -> dict | None:
-    """This process's place in a set of repeats, ``{"set": token, "index": i, "of": n}``, or None outside one."""
-    token = os.environ.get("SERVELAB_REPEAT_SET", "").strip()
-    if not token:
-        return None
-    try:
-        index, of = int(os.environ["SERVELAB_REPEAT"]), int(os.environ["SERVELAB_REPEATS"])
-    except (KeyError, ValueError) as e:
-        raise ValueError("SERVELAB_REPEAT_SET needs SERVELAB_REPEAT and SERVELAB_REPEATS as integers") from e
-    if not 0 <= index < of:
-        raise ValueError(f"SERVELAB_REPEAT={index} is outside a set of SERVELAB_REPEATS={of}")
-    return {"set": token, "index": index, "of": of}
-
-
-def repeat_folder(index: int) -> str:
-    """The folder of repeat ``index`` inside a study's results folder."""
-    return f"repeats/r{index}"
 
 
 def git_commit() -> str:
@@ -131,7 +111,6 @@ class StudyResults:
         self.device = device
         self.params = dict(params)
         self.ceilings = ceilings
-        self.repeat = repeat_env()
         self.device_dir = Path(root or results_root()) / device.slug
         self.fingerprint = None
         if measuring is not None:
@@ -146,11 +125,8 @@ class StudyResults:
             self.dir = run_folder(self.device_dir / study, self.fingerprint.digest, part, rep)
             if self.dir.is_dir():
                 shutil.rmtree(self.dir)  # the same repeat measured again: none of the old files belong to it
-            self.repeat = None
         else:
             self.dir = self._folder(study)
-            if self.repeat and self.dir.is_dir() and _set_of(self.dir) != self.repeat["set"]:
-                shutil.rmtree(self.dir)  # an older set's repeat of this index: none of its files belong to this one
         self.dir.mkdir(parents=True, exist_ok=True)
         self.files: list[str] = []
         self._t0 = time.monotonic()
@@ -158,9 +134,8 @@ class StudyResults:
         self.write_sidecar()
 
     def _folder(self, study: str) -> Path:
-        """``study``'s folder for this run: its repeat's folder in a set of repeats, else the study's own."""
-        top = self.device_dir / study
-        return top / repeat_folder(self.repeat["index"]) if self.repeat else top
+        """``study``'s folder on this device (the flat layout of a run without ``measuring=``)."""
+        return self.device_dir / study
 
     def write_sidecar(self, **extra) -> Path:
         path = self.dir / "run.json"
@@ -175,7 +150,6 @@ class StudyResults:
             "ceilings": self.ceilings,
             "params": self.params,
             "files": self.files,
-            **({"repeat": self.repeat} if self.repeat else {}),
             **(
                 {
                     "part": self.params["part"],
@@ -207,13 +181,10 @@ class StudyResults:
     def write_for(self, study: str, name: str, df: pd.DataFrame) -> Path:
         """Write ``<name>.csv`` into another study's folder of the same device: a result that belongs to that
         study's question but is computed here (the simulator's validation of Study 1's runs). This sidecar
-        lists it as ``<study>/<name>.csv``; the file's own provenance is this run's sidecar. In a set of repeats the
-        file goes to that study's repeat of this set where this process made one, else to that study's folder."""
+        lists it as ``<study>/<name>.csv``; the file's own provenance is this run's sidecar."""
         if not name.replace("_", "").isalnum() or not study.replace("_", "").isalnum():
             raise ValueError(f"study and result names must be alphanumeric with underscores, got {study!r}, {name!r}")
         folder = self._folder(study)
-        if not (folder.is_dir() and _set_of(folder) == (self.repeat or {}).get("set")):
-            folder = self.device_dir / study
         if not folder.is_dir():
             raise FileNotFoundError(f"no results of study {study!r} under {self.device_dir}: nothing to add to")
         path = folder / f"{name}.csv"
@@ -244,14 +215,6 @@ class StudyResults:
         if hasattr(self.device, "close"):
             self.device.close()
         return self.write_sidecar(complete=True, **extra)
-
-
-def _set_of(folder: Path) -> str | None:
-    """The repeat set whose run wrote ``folder`` (its sidecar's ``repeat.set``), or None."""
-    try:
-        return (json.loads((folder / "run.json").read_text()).get("repeat") or {}).get("set")
-    except (OSError, ValueError):
-        return None
 
 
 def findings_frame(rows: list[dict]) -> pd.DataFrame:

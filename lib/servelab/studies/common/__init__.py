@@ -3,8 +3,8 @@
 - ``params.py``: profiles (full / smoke), ``resolve`` (defaults plus overrides) and the checks; ``overrides_from``
   reads a notebook's parameters cell;
 - ``findings.py``: ``Finding``, one verdict on one seed claim; ``tested_on.py``: what it was measured on, in words;
-- ``repeats.py``: ≥ 3 repeats of a claim combined (median, interval, ``inconclusive``); ``repeat_runs.py``: running
-  a study's repeats as fresh processes; ``rules.py``: the registry of verdict rules and their changes;
+- ``repeats.py``: ≥ 3 repeats of a claim combined (median, interval, ``inconclusive``); ``campaign.py``: the GPU
+  jobs (study × part × repeat) run as fresh processes; ``rules.py``: the registry of verdict rules and their changes;
 - ``page.py``: the findings-first parts of a study page; ``rerun.py``: the papermill command and parameters cell
   that re-run a page (the book's methodology page uses it too); ``style.py``: the book's figure style and colours;
   ``roofline_plot.py``: achieved FLOP/s against arithmetic intensity, under both measured ceilings;

@@ -131,28 +131,3 @@ def rerun_recipe(slug: str, params: Mapping, *, out: str | None = None, extra: I
     resolved = ", ".join(f"`{k}={v!r}`" for k, v in params.items())
     lines.append(f"This run resolved them to: {resolved}.\n")
     return "\n".join(lines)
-
-
-def with_repeats(run):
-    """``run`` with its findings combined over its set of repeats, where this process is the last repeat of one
-    (``studies.common.repeat_runs``: the page the book keeps); else ``run`` itself.
-
-    ``run`` is a study's run record with a ``findings`` list; every part of the page that reads ``run.findings``
-    (verdict table, takeaways, notes) then shows the combined verdicts: ``inconclusive`` where the repeats disagree.
-    """
-    import dataclasses
-
-    from servelab.measure.results import repeat_env
-    from servelab.studies.common.repeat_runs import combine_findings, read_findings, set_folders
-
-    rep = repeat_env()
-    if rep is None or rep["index"] != rep["of"] - 1 or not hasattr(run, "findings"):
-        return run
-    sets = [fs for fs in set_folders(rep["set"]).values() if all((f / "findings.csv").exists() for f in fs)]
-    if len(sets) != 1 or len(sets[0]) != rep["of"]:
-        raise RuntimeError(f"the last repeat of set {rep['set']} found {[len(fs) for fs in sets]} finished repeats")
-    combined = combine_findings([read_findings(f) for f in sets[0]])
-    if dataclasses.is_dataclass(run) and run.__dataclass_params__.frozen:
-        return dataclasses.replace(run, findings=combined)
-    run.findings = combined  # a mutable record (some have fields replace() cannot pass): set in place
-    return run

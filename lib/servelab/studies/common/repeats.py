@@ -125,7 +125,7 @@ def _numbers(findings: Sequence[Finding], values: Sequence[float] | None) -> tup
 def _measured(findings: Sequence[Finding], spread: MedianInterval | None, source: str) -> str:
     """The combined ``measured_value``: the median of the numbers where they are ``values`` or the measured values;
     where they are headlines, the measured values' own median if they are numbers, else the shared text, else the
-    last repeat's text (``repeat_runs`` puts each number's median in it)."""
+    last repeat's text."""
     if spread is not None and source != "headline":
         return _fmt(spread.median)
     nums = _measured_numbers(findings)

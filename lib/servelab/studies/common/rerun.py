@@ -37,11 +37,12 @@ def rerun_section(slug: str, notebooks_dir: Path | None = None) -> str:
     (the campaign's jobs, or papermill with ``profile="full"``), and the notebook's ``parameters`` cell."""
     from servelab.paths import REPO_ROOT
 
+    replay = papermill_command(slug, profile="replay")  # a bad slug is refused before any file is read
     nb = Path(notebooks_dir or REPO_ROOT / "notebooks") / f"{slug}.ipynb"
     source = parameters_source(nb)
     return (
         "Render this page from the committed data (no GPU), or measure it again on a GPU and render that:\n\n"
-        f"```bash\n{papermill_command(slug, profile='replay')}\n"
+        f"```bash\n{replay}\n"
         f"make gpu-plan                      # the GPU jobs missing at today's fingerprint, packed into runs\n"
         f"scripts/gpu_run.sh {slug}:all:0    # one job: part 'all' of repeat 0 (see the plan for parts)\n"
         f"{papermill_command(slug, out='out.ipynb')}\n```\n\n"

@@ -19,11 +19,15 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
 from servelab.errors import ParameterError
 from servelab.paths import DATA_DIR
+
+if TYPE_CHECKING:
+    from servelab.studies.common.runs import RunSet
 
 REGISTRY = DATA_DIR / "rules.yml"
 CLAIM_IDS = tuple(
@@ -111,7 +115,7 @@ def thresholds_near(value: float, thresholds, noise: float) -> list[float]:
     return [t for t in thresholds if near_threshold(float(value), float(t), float(noise))]
 
 
-# ---- the old rules, applied to today's committed H200 data --------------------------------------------------------
+# ---- the old rules, each applied to one repeat of today's committed H200 runs ----------------------------------
 
 
 @dataclass(frozen=True)
@@ -120,24 +124,44 @@ class OldVerdict:
     detail: str  # the numbers the old rule decided on
 
 
-def _h200(results_root: Path, study: str) -> Path:
-    found = sorted(Path(results_root).glob(f"*h200*/{study}"))
-    if not found:
-        raise FileNotFoundError(f"no H200 results of {study} under {results_root}")
-    return found[-1]
+def _table(rep: RunSet, name: str):
+    """``<name>.csv`` of one repeat (its parts concatenated); KeyError where no run of it wrote one."""
+    df = rep.table(name)
+    if df.empty and not len(df.columns):
+        raise KeyError(f"no {name}.csv in the runs")
+    return df
 
 
-def old_verdict(rule: Rule, change: RuleChange, results_root: Path) -> OldVerdict:
-    """What ``change.old_rule`` says on today's committed data of ``rule``'s study."""
-    return OLD_RULES[change.old_verdict](_h200(results_root, rule.study))
+def old_verdict(rule: Rule, change: RuleChange, runs: RunSet) -> OldVerdict:
+    """What ``change.old_rule`` says on ``runs`` (the study's committed runs, ``common.runs.study_runs``): the old
+    rule applied to each repeat's data, combined over the repeats as today's rules are (``common.runs.combine``:
+    inconclusive where they disagree or where fewer than ``MIN_REPEATS`` exist). Nothing measured: inconclusive."""
+    from servelab.studies.common.repeats import MIN_REPEATS
+
+    if not runs.measured:
+        return OldVerdict("inconclusive", "not measured: no run of this study on the book's device")
+    fn = OLD_RULES[change.old_verdict]
+    each = [fn(rep) for rep in runs.per_repeat()]
+    said = [v.verdict for v in each]
+    detail = " | ".join(v.detail for v in each)
+    if len(set(said)) > 1:
+        return OldVerdict("inconclusive", f"the repeats disagree ({', '.join(said)}): {detail}")
+    if len(each) < MIN_REPEATS:
+        n = len(each)
+        return OldVerdict(
+            "inconclusive",
+            f"{detail}; the old rule says {said[0]} on {n} repeat{'s' if n != 1 else ''}, "
+            f"a verdict needs {MIN_REPEATS}",
+        )
+    return OldVerdict(said[0], detail)
 
 
-def _register(fn: Callable[[Path], OldVerdict]) -> Callable[[Path], OldVerdict]:
+def _register(fn: Callable[[RunSet], OldVerdict]) -> Callable[[RunSet], OldVerdict]:
     OLD_RULES[fn.__name__] = fn
     return fn
 
 
-OLD_RULES: dict[str, Callable[[Path], OldVerdict]] = {}
+OLD_RULES: dict[str, Callable[[RunSet], OldVerdict]] = {}
 
 
 def _combine(per_model: dict[str, str]) -> str:
@@ -145,14 +169,11 @@ def _combine(per_model: dict[str, str]) -> str:
     return next(iter(set(per_model.values()))) if len(set(per_model.values())) == 1 else "changes"
 
 
-def _study1_pairs_unfiltered(folder: Path):
+def _study1_pairs_unfiltered(rep: RunSet):
     """Study 1's pairing before 4296c78: every ok rate-sweep rate measured with both policies, served or not."""
-    import json
 
-    import pandas as pd
-
-    budget = json.loads((folder / "run.json").read_text())["params"]["reference_budget"]
-    s = pd.read_csv(folder / "summary.csv")
+    budget = rep.params["reference_budget"]
+    s = _table(rep, "summary")
     s = s[(s["status"] == "ok") & (s["sweep"] == "rate")]
     cols = ["max_itl_ms", "delivered_tok_s"]
     e = s[s["scheduler"] == "eager_cont_batch"].set_index(["model", "rate_fraction"])[cols]
@@ -164,10 +185,10 @@ def _study1_pairs_unfiltered(folder: Path):
 
 
 @_register
-def f11_before_served_pairs(folder: Path) -> OldVerdict:
+def f11_before_served_pairs(rep: RunSet) -> OldVerdict:
     """F1.1 before runs past capacity were left out: median cut over every paired rate; 20–70% holds, ≤ 5% fails."""
     per, parts = {}, []
-    for model, g in _study1_pairs_unfiltered(folder).groupby("model", sort=False):
+    for model, g in _study1_pairs_unfiltered(rep).groupby("model", sort=False):
         cut = float(g["stall_cut"].median())  # NaN where a stall is unknown: the old rule's own defect
         name = model.split(":")[-1]
         per[name] = "fails" if not cut > 0.05 else "holds" if 0.20 <= cut <= 0.70 else "changes"
@@ -176,10 +197,10 @@ def f11_before_served_pairs(folder: Path) -> OldVerdict:
 
 
 @_register
-def f12_before_served_pairs(folder: Path) -> OldVerdict:
+def f12_before_served_pairs(rep: RunSet) -> OldVerdict:
     """F1.2 before runs past capacity were left out: the throughput ratio at the most loaded paired rate."""
     per, parts = {}, []
-    for model, g in _study1_pairs_unfiltered(folder).groupby("model", sort=False):
+    for model, g in _study1_pairs_unfiltered(rep).groupby("model", sort=False):
         cut = float(g["stall_cut"].median())
         ratio = float(g.loc[g["rate_fraction"].idxmax(), "throughput_ratio"])
         name = model.split(":")[-1]
@@ -189,12 +210,11 @@ def f12_before_served_pairs(folder: Path) -> OldVerdict:
 
 
 @_register
-def f22_hf_eager_only(folder: Path) -> OldVerdict:
+def f22_hf_eager_only(rep: RunSet) -> OldVerdict:
     """F2.2 before 5614c7c: flat and bandwidth-bound judged on HF eager alone (≤ 10% variation over context per
     model; median share of the floor ≥ 20% per model), µs/token against 5,300–10,800."""
-    import pandas as pd
 
-    d = pd.read_csv(folder / "steps.csv")
+    d = _table(rep, "steps")
     d = d[(d["status"] == "ok") & (d["phase"] == "decode") & (d["mode"] == "hf_eager") & (d["batch"] == 1)]
     by = d.groupby("model")
     variation = (by["median_ms"].max() / by["median_ms"].min() - 1) * 100
@@ -207,11 +227,10 @@ def f22_hf_eager_only(folder: Path) -> OldVerdict:
 
 
 @_register
-def f23_any_context(folder: Path) -> OldVerdict:
+def f23_any_context(rep: RunSet) -> OldVerdict:
     """F2.3 before 5614c7c: decode at any context; the verdict rests on the prefill ratio RTX 2070 / H200 (0.5–2×)."""
-    import pandas as pd
 
-    d = pd.read_csv(folder / "steps.csv")
+    d = _table(rep, "steps")
     pre = d[(d["status"] == "ok") & (d["phase"] == "prefill") & (d["batch"] == 1) & (d["new_tokens"] >= 4096)]
     pre = pre[pre["mode"] == pre.groupby("mode")["us_per_token"].median().idxmin()]["us_per_token"]
     ratio = 50.0 / float(pre.median())
@@ -219,11 +238,10 @@ def f23_any_context(folder: Path) -> OldVerdict:
 
 
 @_register
-def f42_max_min_variation(folder: Path) -> OldVerdict:
+def f42_max_min_variation(rep: RunSet) -> OldVerdict:
     """F4.2 before 43da3c2/4d96cb4: flat means max/min variation ≤ 10% over the contexts (not the fitted trend)."""
-    import pandas as pd
 
-    s = pd.read_csv(folder / "decode_variation.csv")
+    s = _table(rep, "decode_variation")
     flat = s["variation_pct"] <= 10.0
     near = s["pct_of_floor_at_max_context"] >= 50.0
     if not flat.any():
@@ -236,13 +254,13 @@ def f42_max_min_variation(folder: Path) -> OldVerdict:
 
 
 @_register
-def f62_pairs_table_only(folder: Path) -> OldVerdict:
+def f62_pairs_table_only(rep: RunSet) -> OldVerdict:
     """F6.2 before bbf264c: ρ(cost ratio, speedup) over every row of the pair table, and each pair's speedup
     against output length over all its lengths (not only the prompts that reached the longest)."""
     import pandas as pd
     from scipy import stats
 
-    d = pd.read_csv(folder / "pairs.csv").dropna(subset=["speedup_median"])
+    d = _table(rep, "pairs").dropna(subset=["speedup_median"])
     rho_c = float(stats.spearmanr(d["cost_ratio"], d["speedup_median"]).statistic)
     per_pair = []
     for _, g in d.groupby("pair"):
@@ -260,19 +278,18 @@ def f62_pairs_table_only(folder: Path) -> OldVerdict:
     )
 
 
-def _study6_measured(folder: Path):
+def _study6_measured(rep: RunSet):
     """Study 6's pair × length table with a measured speedup, over any number of prompts (before acd6608)."""
-    import pandas as pd
 
-    d = pd.read_csv(folder / "pairs.csv")
+    d = _table(rep, "pairs")
     return d.dropna(subset=["speedup_median"])
 
 
 @_register
-def f61_any_prompt_count(folder: Path) -> OldVerdict:
+def f61_any_prompt_count(rep: RunSet) -> OldVerdict:
     """F6.1 before acd6608: the best pair's median speedup at the longest length any pair ran to, whatever the
     number of prompts behind it; nothing measured fails."""
-    d = _study6_measured(folder)
+    d = _study6_measured(rep)
     if d.empty:
         return OldVerdict("fails", "no assisted run completed")
     length = int(d["length"].max())
@@ -295,12 +312,11 @@ def _spearman_or_nan(x, y) -> float:
     return float(stats.spearmanr(x[ok], y[ok]).statistic)
 
 
-def _study6_length_trends(folder: Path) -> list[tuple[float, float]]:
+def _study6_length_trends(rep: RunSet) -> list[tuple[float, float]]:
     """(ρ, change) of speedup against output length per assisted pair with ≥ 3 lengths, on the prompts that reached
     the pair's longest length (per-prompt speedups: plain ms / assisted ms on the same target, prompt, length)."""
-    import pandas as pd
 
-    t = pd.read_csv(folder / "times.csv")
+    t = _table(rep, "times")
     base = t[t["method"] == "plain"][["prompt", "target", "length", "ms"]].rename(columns={"ms": "base_ms"})
     d = t[t["method"] == "assisted"].merge(base, on=["prompt", "target", "length"], how="inner")
     d = d.assign(speedup=d["base_ms"] / d["ms"]).dropna(subset=["speedup"])
@@ -315,16 +331,16 @@ def _study6_length_trends(folder: Path) -> list[tuple[float, float]]:
 
 
 @_register
-def f62_any_prompt_count(folder: Path) -> OldVerdict:
+def f62_any_prompt_count(rep: RunSet) -> OldVerdict:
     """F6.2 between bbf264c and acd6608: ρ(c, speedup) across pairs at the longest length at which ≥ 3 pairs ran,
     and each pair's length trend on the prompts that reached its longest, whatever the number of prompts behind a
     (pair, length) speedup; too few pairs or lengths fails."""
     import statistics
 
-    d = _study6_measured(folder)
+    d = _study6_measured(rep)
     n = d.groupby("length")["pair"].nunique()
     lengths = n[n >= 3].index
-    trends = _study6_length_trends(folder)
+    trends = _study6_length_trends(rep)
     if not len(lengths) or not trends:
         return OldVerdict("fails", f"needs ≥ 3 pairs at one length and ≥ 3 lengths; got {d['pair'].nunique()} pairs")
     at = d[d["length"] == int(lengths.max())]
@@ -342,16 +358,13 @@ def f62_any_prompt_count(folder: Path) -> OldVerdict:
     )
 
 
-def _study1_served_max_pairs(folder: Path):
+def _study1_served_max_pairs(rep: RunSet):
     """Study 1's served pairs (a measured stall, at most half the requests cut) with the cut in each run's single
     maximum inter-token gap (``max_cut``) and the throughput ratio ChunkedPrefill / EagerContBatch (``ratio``), by
     (model, rate_fraction): the pairing of 4296c78 before the p99 of per-request maximum ITL."""
-    import json
 
-    import pandas as pd
-
-    budget = json.loads((folder / "run.json").read_text())["params"]["reference_budget"]
-    s = pd.read_csv(folder / "summary.csv")
+    budget = rep.params["reference_budget"]
+    s = _table(rep, "summary")
     s = s[(s["status"] == "ok") & (s["sweep"] == "rate") & s["max_itl_ms"].notna() & (s["cut"] <= 0.5 * s["requests"])]
     key, cols = ["model", "rate_fraction"], ["max_itl_ms", "delivered_tok_s"]
     e = s[s["scheduler"] == "eager_cont_batch"].set_index(key)[cols]
@@ -363,11 +376,11 @@ def _study1_served_max_pairs(folder: Path):
 
 
 @_register
-def f11_single_max(folder: Path) -> OldVerdict:
+def f11_single_max(rep: RunSet) -> OldVerdict:
     """F1.1 before the p99 of per-request maximum ITL: the cut in each run's single maximum inter-token gap over the
     served pairs (a measured stall, at most half the requests cut), median over rates; 20–70% holds, ≤ 5% fails."""
     per, parts = {}, []
-    for model, g in _study1_served_max_pairs(folder)["max_cut"].groupby(level="model", sort=False):
+    for model, g in _study1_served_max_pairs(rep)["max_cut"].groupby(level="model", sort=False):
         m = float(g.median())
         name = model.split(":")[-1]
         per[name] = "fails" if not m > 0.05 else "holds" if 0.20 <= m <= 0.70 else "changes"
@@ -376,12 +389,12 @@ def f11_single_max(folder: Path) -> OldVerdict:
 
 
 @_register
-def f12_single_max(folder: Path) -> OldVerdict:
+def f12_single_max(rep: RunSet) -> OldVerdict:
     """F1.2 before its stall-cut gate read the p99 of per-request maximum ITL: the gate on the cut in each run's
     single maximum gap (median over the served pairs' rates, > 5%), the throughput ratio at the most loaded served
     rate (> 1.10 changes)."""
     per, parts = {}, []
-    for model, g in _study1_served_max_pairs(folder).groupby(level="model", sort=False):
+    for model, g in _study1_served_max_pairs(rep).groupby(level="model", sort=False):
         cut = float(g["max_cut"].median())
         ratio = float(g["ratio"].iloc[g.index.get_level_values("rate_fraction").argmax()])
         name = model.split(":")[-1]
