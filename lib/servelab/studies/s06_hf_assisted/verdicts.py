@@ -42,9 +42,25 @@ def most_prompts(pairs: pd.DataFrame) -> int:
     return int(d["prompts"].max()) if len(d) else 0
 
 
+def best_gamma(alpha: float, c: float):
+    """``servelab.spec.leviathan.best_gamma``, imported when called (the spec package imports torch, which the
+    reporting path needs only where seed costs exist)."""
+    from servelab.spec.leviathan import best_gamma as best
+
+    return best(alpha, c)
+
+
 def _too_few(pairs: pd.DataFrame, min_prompts: int) -> str:
+    """Why nothing qualified, where the reason is the prompts per point ("" otherwise)."""
     most = most_prompts(pairs)
-    return f"at most {most} prompt{'s' if most != 1 else ''} per point, below the {min_prompts} a point needs"
+    if not most or most >= min_prompts:
+        return ""
+    return f" (at most {most} prompt{'s' if most != 1 else ''} per point, below the {min_prompts} a point needs)"
+
+
+def _thin_value(pairs: pd.DataFrame, min_prompts: int) -> str:
+    most = most_prompts(pairs)
+    return f"≤ {most} prompts per point" if 0 < most < min_prompts else "not measured"
 
 
 def _measured(pairs: pd.DataFrame, min_prompts: int = MIN_PROMPTS) -> pd.DataFrame:
@@ -65,8 +81,6 @@ def _seed_cost_text(seed_costs: pd.DataFrame | None, alpha: float) -> str:
     """HF's c at each seed shape pair and, with the real pair's α, Leviathan's best speedup there."""
     if seed_costs is None or seed_costs.empty:
         return ""
-    from servelab.spec.leviathan import best_gamma  # the spec package imports torch: only where seed costs exist
-
     parts = []
     for r in seed_costs.itertuples():
         text = f"{r.pair}: c = {r.c:.2f}"
@@ -94,8 +108,8 @@ def f61_best_pair(
     labelled = f"{tested_on} | {seed_shapes(seed_costs)}" if tested_on else seed_shapes(seed_costs)
     common = dict(id="F6.1", claim=CLAIMS["F6.1"], seed_value=seed, tested_on=labelled)
     if d.empty:
-        note = f"no assisted pair reached any length on ≥ {min_prompts} prompts ({_too_few(pairs, min_prompts)})"
-        value = "not measured" if not most_prompts(pairs) else f"≤ {most_prompts(pairs)} prompts per point"
+        note = f"no assisted pair reached any length on ≥ {min_prompts} prompts{_too_few(pairs, min_prompts)}"
+        value = _thin_value(pairs, min_prompts)
         note += _seed_cost_text(seed_costs, np.nan)
         return Finding(**common, measured_value=value, unit="×", verdict="inconclusive", note=note)
     length = int(d["length"].max())
@@ -227,12 +241,12 @@ def f62_what_decides(
     if length is None or trends.empty:
         got = _measured(pairs, min_prompts)["pair"].nunique() if len(pairs) else 0
         note = (
-            f"needs ≥{MIN_PAIRS} pairs at one length on ≥ {min_prompts} prompts and ≥3 lengths; got {got} pairs "
-            f"({_too_few(pairs, min_prompts)})"
+            f"needs ≥{MIN_PAIRS} pairs at one length on ≥ {min_prompts} prompts and ≥3 lengths; got {got} pairs"
+            f"{_too_few(pairs, min_prompts)}"
         )
         return Finding(
             **common,
-            measured_value="not measured" if not most_prompts(pairs) else f"≤ {most_prompts(pairs)} prompts per point",
+            measured_value=_thin_value(pairs, min_prompts),
             verdict="inconclusive",
             note=note + _seed_c_range(seed_costs),
             tested_on=labelled,
