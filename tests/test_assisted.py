@@ -480,8 +480,7 @@ def test_analysis_plots_and_verdicts_survive_a_sweep_where_nothing_ran(models, p
     assert "nothing" in text and "budget is spent" in text
     for fig in (
         plots.speedup_vs_length(summary, "cpu"),
-        plots.cost_ratio(table, "cpu", None),
-        plots.decode_cost(costs, "cpu"),
+        plots.cost_vs_params(table, "cpu"),
     ):
         assert fig is not None
     rows = verdicts.findings(table, per_prompt)

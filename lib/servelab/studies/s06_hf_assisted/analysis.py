@@ -14,8 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from servelab.studies.s06_hf_assisted.runs import METHODS
-from servelab.studies.s06_hf_assisted.sweep import DONE
+from servelab.studies.s06_hf_assisted.runs import DONE, METHODS
 
 
 def speedups(times: pd.DataFrame, baseline: str = "plain") -> pd.DataFrame:
@@ -43,10 +42,27 @@ def summarize_speedups(per_prompt: pd.DataFrame) -> pd.DataFrame:
     return out.sort_values(["method", "pair", "length"], ignore_index=True)
 
 
-def decode_costs(runs: pd.DataFrame, models: dict, roofline=None) -> pd.DataFrame:
+def model_sizes(models: dict) -> pd.DataFrame:
+    """One row per HF model: parameters, layers, weight bytes (what ``decode_costs`` needs beside the runs)."""
+    return pd.DataFrame(
+        [
+            dict(
+                model=name,
+                params=sum(p.numel() for p in m.parameters()),
+                layers=m.config.num_hidden_layers,
+                weight_bytes=sum(p.numel() * p.element_size() for p in m.parameters()),
+            )
+            for name, m in models.items()
+        ],
+        columns=["model", "params", "layers", "weight_bytes"],
+    )
+
+
+def decode_costs(runs: pd.DataFrame, models, roofline=None) -> pd.DataFrame:
     """Per model: plain-generate decode ms/token (median of per-token intervals over prompts), params,
-    weight bytes and, with a roofline, the floor and % of it."""
-    plain = runs[(runs["method"] == "plain") & runs["status"].isin(DONE)]
+    layers, weight bytes and, with a roofline, the floor and % of it. ``models``: the sizes table (``model``,
+    ``params``, ``layers``, ``weight_bytes``; the measuring path's ``models.csv``) or {name: HF model}."""
+    sizes = model_sizes(models) if isinstance(models, dict) else models
     cols = [
         "model",
         "params",
@@ -57,22 +73,27 @@ def decode_costs(runs: pd.DataFrame, models: dict, roofline=None) -> pd.DataFram
         "ms_per_token_p75",
         "prompts",
     ] + (["floor_ms", "pct_of_floor"] if roofline is not None else [])
+    if runs.empty or sizes is None or sizes.empty:
+        return pd.DataFrame(columns=cols)
+    plain = runs[(runs["method"] == "plain") & runs["status"].isin(DONE)]
+    size = sizes.drop_duplicates("model").set_index("model")
     rows = []
     for name, g in plain.groupby("target"):
-        m = models[name]
-        nbytes = sum(p.numel() * p.element_size() for p in m.parameters())
+        if name not in size.index:
+            continue
+        s = size.loc[name]
         row = dict(
             model=name,
-            params=sum(p.numel() for p in m.parameters()),
-            layers=m.config.num_hidden_layers,
-            weight_bytes=nbytes,
+            params=int(s["params"]),
+            layers=int(s["layers"]),
+            weight_bytes=int(s["weight_bytes"]),
             ms_per_token=float(g["ms_per_token_median"].median()),
             ms_per_token_p25=float(g["ms_per_token_p25"].median()),
             ms_per_token_p75=float(g["ms_per_token_p75"].median()),
             prompts=len(g),
         )
         if roofline is not None:
-            row["floor_ms"] = roofline.floor_ms(2.0 * row["params"], nbytes)
+            row["floor_ms"] = roofline.floor_ms(2.0 * row["params"], row["weight_bytes"])
             row["pct_of_floor"] = 100.0 * row["floor_ms"] / row["ms_per_token"]
         rows.append(row)
     return pd.DataFrame(rows, columns=cols).sort_values("params", ascending=False, ignore_index=True)

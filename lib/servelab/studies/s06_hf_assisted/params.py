@@ -12,11 +12,12 @@ from servelab.studies.common.params import (
 from servelab.studies.s06_hf_assisted.attention_backend import HF_SDPA_CHOICES
 from servelab.studies.s06_hf_assisted.runs import Pair
 
-# full: the timed part (SmolLM2 and its drafts loaded, sweep, α, the seed's shapes' costs) in ≤ 5 minutes of H200
-# wall time. The drafts' distillation has a budget of its own (studies.common.drafts.distill: ~1 min of
-# generations and 60 s per draft when not cached) and is not counted. Every prompt runs every method to
-# max_new_tokens (short_new_tokens = max_new_tokens), so each output length has all n_prompts prompts unless the
-# budget cut a run (the page lists what did not run). HF generate runs without cuDNN attention (hf_sdpa, see
+# full: 9 held-out prompts, timed in three parts of 3 (measure.PROMPT_PARTS), each part's timed work (sweep; in p0
+# also α and the seed's shapes' costs) in wall_budget_s of H200 wall time. The drafts' distillation has a budget of
+# its own (studies.common.drafts.distill: ~1 min of generations and 60 s per draft when not cached), spent inside
+# the part before its clock starts. Every prompt runs every method to max_new_tokens (short_new_tokens =
+# max_new_tokens), so each output length has all 9 prompts unless the budget cut a run (the page lists what did not
+# run); a verdict needs 8 (verdicts.MIN_PROMPTS). HF generate runs without cuDNN attention (hf_sdpa, see
 # attention_backend.py).
 DEFAULTS = {
     "full": dict(
@@ -24,7 +25,7 @@ DEFAULTS = {
         drafts=None,
         self_layers=[2, 6],  # self-drafts (the target's first k layers), for α beside the distilled drafts
         dtype="bfloat16",
-        n_prompts=8,
+        n_prompts=9,
         prompt_tokens=128,
         alpha_prompts=48,
         alpha_tokens=128,
@@ -34,7 +35,7 @@ DEFAULTS = {
         cost_tokens=64,
         seed_cost_pairs=["distilgpt2>gpt2-medium", "gpt2>gpt2-medium", "qwen2-0.5b>qwen2-1.5b"],
         prompt_lookup_num_tokens=10,
-        wall_budget_s=290,
+        wall_budget_s=200,
         budget_s=None,
         own=True,
         own_gamma=4,

@@ -1,37 +1,246 @@
-"""Study 6's page text from a run: the verdict table, the takeaways and the detail tables, each one call.
-
-Every sentence's numbers come from the run's tables (``study.Study6``); nothing here measures.
+"""Study 6's reporting path: everything its page shows, computed from the runs' raw files (``report``), and the page
+text. Each repeat's verdicts come from its own per-prompt times (speedups, cost ratios and α recomputed here by
+today's rules); tables and figures show each point's median over repeats. ``real_alpha`` is the α of the real drafts
+with bootstrap intervals, from the per-prompt agreement the runs recorded: Study 3 reads it at render time.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
+import numpy as np
 import pandas as pd
 
-from servelab.studies.s06_hf_assisted.plots import METHOD_LABELS
-from servelab_book.published import render_published
+from servelab.studies.common.findings import Finding, not_measured
+from servelab.studies.common.page import finding_sentence, takeaway_list
+from servelab.studies.common.published import published_section
+from servelab.studies.common.runs import RunSet, pool_repeats
+from servelab.studies.s06_hf_assisted import analysis, verdicts
+from servelab.studies.s06_hf_assisted.runs import Pair
+
+STUDY = "06_hf_assisted"
+SIZE_COLUMNS = ["model", "params", "layers", "weight_bytes"]
+METHOD_LABELS = {
+    "assisted": "assistant_model",
+    "prompt_lookup": "prompt lookup",
+    "own": "servelab speculative",
+    "own_plain": "servelab engine, target alone",
+}
+REAL_ALPHA_COLUMNS = ("pair", "alpha", "ci_low", "ci_high", "prompts", "draft", "target", "kind", "positions", "gamma",
+                      "tokens_per_round", "alpha_rounds")  # fmt: skip  # = s03_speculative.real_acceptance.COLUMNS
+REAL_ALPHA_SEED = 0  # the bootstrap's resampling seed: the interval is a function of the data alone
 
 
-def verdict_table(findings) -> pd.DataFrame:
-    """Claim, RTX 2070 value, this run's value, verdict and what it was measured on."""
-    return pd.DataFrame(
-        [
-            {
-                "claim": f"{f.id}: {f.claim}",
-                "RTX 2070 (seed)": f.seed_value,
-                "measured": f"{f.measured_value} {f.unit}",
-                "verdict": f.verdict,
-                "tested on": f.tested_on,
-            }
-            for f in findings
-        ]
-    ).set_index("claim")
+@dataclass
+class Derived:
+    """One repeat's (or one pooled set's) derived tables, from its raw ones."""
+
+    per_prompt: pd.DataFrame  # speedup per prompt, method, pair, length
+    speedups: pd.DataFrame  # median and quartiles over prompts
+    costs: pd.DataFrame  # decode ms/token per model
+    pairs: pd.DataFrame  # pair × length: c, α, speedup, prompts
+    seed_costs: pd.DataFrame
+    tested_on: str
+    min_prompts: int
 
 
-def alpha_sentence(real_alpha: pd.DataFrame | None) -> str:
-    if real_alpha is None or real_alpha.empty:
-        return "α with intervals was not measured (no distilled drafts: hub specs were given)."
-    best = real_alpha.loc[real_alpha["alpha"].idxmax()]
-    parts = "; ".join(f"{r.draft} {r.alpha:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}]" for r in real_alpha.itertuples())
+@dataclass
+class Study6Page:
+    runs: RunSet
+    findings: list[Finding]
+    speedups: pd.DataFrame = field(default_factory=pd.DataFrame)  # median over repeats
+    pairs: pd.DataFrame = field(default_factory=pd.DataFrame)
+    costs: pd.DataFrame = field(default_factory=pd.DataFrame)
+    seed_costs: pd.DataFrame = field(default_factory=pd.DataFrame)
+    coverage: pd.DataFrame = field(default_factory=pd.DataFrame)  # prompts per method, pair and length
+    own_vs_engine: pd.DataFrame = field(default_factory=pd.DataFrame)
+    own_acceptance: pd.DataFrame = field(default_factory=pd.DataFrame)
+    match_rates: pd.DataFrame = field(default_factory=pd.DataFrame)
+    real_alpha: pd.DataFrame = field(default_factory=pd.DataFrame)
+    distill: pd.DataFrame = field(default_factory=pd.DataFrame)
+    tested_on: str = ""
+    min_prompts: int = verdicts.MIN_PROMPTS
+
+    @property
+    def device(self) -> str:
+        return self.runs.device_name
+
+    @property
+    def legacy(self) -> bool:
+        return self.runs.fingerprint == "legacy"
+
+
+def sizes(rep: RunSet) -> pd.DataFrame:
+    """Each model's size: the run's ``models.csv``, or (the legacy run) the sizes its ``decode_costs.csv`` kept."""
+    for name in ("models", "decode_costs"):
+        t = rep.first(name)
+        if not t.empty and set(SIZE_COLUMNS) <= set(t.columns):
+            return t
+    return pd.DataFrame(columns=SIZE_COLUMNS)
+
+
+def tested_on(rep: RunSet) -> str:
+    """What the runs were measured on: each model's name, size and layers, and where its weights came from."""
+    m = rep.first("models")
+    if "tested_on" in m and m["tested_on"].notna().any():
+        text = str(m["tested_on"].dropna().iloc[0])
+    else:
+        s = sizes(rep)
+        if s.empty:
+            return "models not recorded"
+        roles = rep.first("family")
+        target = str(roles.loc[roles["role"] == "target", "model"].iloc[0]) if "role" in roles else s["model"].iloc[0]
+
+        def one(r) -> str:
+            return f"{r.model} ({r.params / 1e6:.0f}M, {int(r.layers)} layers)"
+
+        t = s[s["model"] == target]
+        drafts = s[s["model"] != target].sort_values("params")
+        origin = (
+            "the project's own small family, trained on a code corpus (the run before SmolLM2)"
+            if not roles.empty
+            else "weights as loaded"
+        )
+        text = f"{one(next(t.itertuples()))} with drafts {', '.join(one(r) for r in drafts.itertuples())}; {origin}"
+        text += f"; {rep.params.get('dtype', '')}"
+    return text + "; HF generate, greedy, batch 1"
+
+
+def run_pairs(runs: pd.DataFrame) -> list[Pair]:
+    """The assisted pairs the runs planned, in the order they were planned."""
+    if runs.empty or "method" not in runs:
+        return []
+    a = runs[runs["method"] == "assisted"][["draft", "target"]].drop_duplicates()
+    return [Pair(r.draft, r.target) for r in a.itertuples()]
+
+
+def lengths_of(rep: RunSet, times: pd.DataFrame) -> list[int]:
+    got = rep.params.get("lengths")
+    return [int(x) for x in got] if got else sorted(int(x) for x in times["length"].unique())
+
+
+def derive(rep: RunSet) -> Derived:
+    """From one repeat's raw tables (its parts together): speedups, decode costs, the pair × length table."""
+    times, runs, alpha = rep.table("times"), rep.table("runs"), rep.table("alpha")
+    for df in (runs, times):
+        if "draft" in df:
+            df["draft"] = df["draft"].fillna("")
+    per_prompt = analysis.speedups(times) if not times.empty else pd.DataFrame()
+    summary = analysis.summarize_speedups(per_prompt) if not per_prompt.empty else pd.DataFrame()
+    costs = analysis.decode_costs(runs, sizes(rep))
+    pairs = (
+        analysis.pair_summary(run_pairs(runs), costs, summary, alpha, runs, lengths_of(rep, times))
+        if not summary.empty
+        else pd.DataFrame()
+    )
+    P = rep.params
+    min_prompts = verdicts.min_prompts_for(str(P.get("profile", "full")), int(P.get("n_prompts") or 1))
+    return Derived(per_prompt, summary, costs, pairs, rep.table("seed_costs"), tested_on(rep), min_prompts)
+
+
+def repeat_findings(rep: RunSet) -> list[Finding]:
+    """F6.1 and F6.2 by today's rules from one repeat's per-prompt times."""
+    d = derive(rep)
+    seed = d.seed_costs if not d.seed_costs.empty else None
+    return verdicts.findings(d.pairs, d.per_prompt, seed, tested_on=d.tested_on, min_prompts=d.min_prompts)
+
+
+def _pool(frames: list[pd.DataFrame], keys: list[str]) -> pd.DataFrame:
+    frames = [f.assign(repeat=i) for i, f in enumerate(frames) if not f.empty]
+    return pool_repeats(pd.concat(frames, ignore_index=True), keys) if frames else pd.DataFrame()
+
+
+def real_alpha(runs: RunSet) -> pd.DataFrame:
+    """α per real draft → target with its bootstrap 95% interval over held-out prompts (every repeat's prompts
+    together): the columns ``s03_speculative.measured_alpha`` expects (pair, alpha, ci_low, ci_high, prompts, …).
+    Computed from the runs' per-prompt agreement (``alpha_hits.csv``); empty where none was recorded (the legacy
+    run measured α on its timed pairs only, ``alpha.csv``)."""
+    h = runs.table("alpha_hits", dtype={"hits": str}) if runs.measured else pd.DataFrame()
+    if h.empty:
+        return pd.DataFrame(columns=list(REAL_ALPHA_COLUMNS))
+    from servelab.studies.s03_speculative.real_acceptance import summarize  # imports torch: only with data
+
+    h = h.sort_values(["draft", "repeat", "prompt"], kind="stable")
+    out = []
+    for target, g in h.groupby("target", sort=False):
+        order = list(dict.fromkeys(g["draft"]))
+        hits = {d: [np.array([c == "1" for c in s], bool) for s in g.loc[g["draft"] == d, "hits"]] for d in order}
+        kinds = dict(zip(g["draft"], g["kind"], strict=False))
+        gamma = int(runs.params.get("own_gamma", 4))
+        out.append(summarize(hits, target=str(target), kinds=kinds, gamma=gamma, seed=REAL_ALPHA_SEED))
+    return pd.concat(out, ignore_index=True)
+
+
+def report(runs: RunSet) -> Study6Page:
+    """The page's record from ``runs`` (nothing measured: every claim inconclusive, every table empty)."""
+    if not runs.measured:
+        return Study6Page(runs, not_measured(STUDY))
+    findings = runs.combined(repeat_findings)
+    per = [derive(rep) for rep in runs.per_repeat()]
+    raw_runs = [rep.table("runs") for rep in runs.per_repeat()]
+    raw_times = [rep.table("times") for rep in runs.per_repeat()]
+    lengths = lengths_of(runs, runs.table("times"))
+    cover = [
+        analysis.coverage(r.assign(draft=r["draft"].fillna("")), t, lengths)
+        for r, t in zip(raw_runs, raw_times, strict=True)
+        if not r.empty
+    ]
+    return Study6Page(
+        runs,
+        findings,
+        speedups=_pool([d.speedups for d in per], ["method", "pair", "target", "draft", "length"]),
+        pairs=_pool([d.pairs for d in per], ["pair", "draft", "target", "length"]),
+        costs=_pool([d.costs for d in per], ["model"]),
+        seed_costs=_pool([d.seed_costs for d in per], ["pair"]),
+        coverage=_pool(cover, ["method", "pair"]),
+        own_vs_engine=_pool([analysis.own_vs_engine(t) for t in raw_times if not t.empty], ["pair", "length"]),
+        own_acceptance=_pool([analysis.own_acceptance(r) for r in raw_runs if "status" in r], ["pair"]),
+        match_rates=_pool([analysis.match_rates(r) for r in raw_runs if "matches_plain" in r], ["method", "pair"]),
+        real_alpha=real_alpha(runs),
+        distill=runs.first("distill"),
+        tested_on=per[0].tested_on,
+        min_prompts=per[0].min_prompts,
+    )
+
+
+def best_assisted(speedups: pd.DataFrame, min_prompts: int) -> pd.Series | None:
+    """The best assisted pair at the longest length with a speedup over ≥ ``min_prompts`` prompts, else (fewer
+    prompts everywhere) at the longest length measured at all; None where nothing was."""
+    d = speedups[speedups["method"] == "assisted"].dropna(subset=["speedup_median"]) if len(speedups) else speedups
+    if d.empty:
+        return None
+    enough = d[d["prompts"] >= min_prompts]
+    d = enough if len(enough) else d
+    top = d[d["length"] == d["length"].max()]
+    return top.loc[top["speedup_median"].idxmax()]
+
+
+def published_value(runs: RunSet) -> tuple[str, str] | None:
+    """The best assisted pair's median speedup over plain HF generate (see ``best_assisted``), with its setup."""
+    if not runs.measured:
+        return None
+    r = report(runs)
+    best = best_assisted(r.speedups, r.min_prompts)
+    if best is None:
+        return None
+    n = int(best["prompts"])
+    few = f"; {n} prompt{'s' if n != 1 else ''}, below the {r.min_prompts} a verdict needs" if n < r.min_prompts else ""
+    return (
+        f"{best['speedup_median']:.2f} ×",
+        f"best assistant_model pair, {best['pair']}, at {int(best['length'])} output tokens, median over prompts{few}",
+    )
+
+
+def published(r: Study6Page) -> str:
+    """The "Against published results" section: the field's numbers beside this study's, each cited."""
+    return published_section(STUDY, published_value(r.runs), r.device)
+
+
+def alpha_sentence(real: pd.DataFrame) -> str:
+    if real.empty:
+        return ""
+    best = real.loc[real["alpha"].idxmax()]
+    parts = "; ".join(f"{r.draft} {r.alpha:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}]" for r in real.itertuples())
     return (
         f"Greedy acceptance α on {int(best['prompts'])} held-out prompts (95% bootstrap interval over prompts): "
         f"{parts}. The best, {best['draft']}, emits {best['tokens_per_round']:.2f} tokens per target forward at "
@@ -39,59 +248,104 @@ def alpha_sentence(real_alpha: pd.DataFrame | None) -> str:
     )
 
 
-def _speed_sentence(speedups: pd.DataFrame, method: str) -> str | None:
+def speed_sentence(speedups: pd.DataFrame, method: str) -> str:
     d = speedups[speedups["method"] == method] if len(speedups) else speedups
     if d.empty:
-        return None
+        return ""
     top = d[d["length"] == d["length"].max()]
     best = top.loc[top["speedup_median"].idxmax()]
+    n = int(best["prompts"])
     return (
         f"{METHOD_LABELS.get(method, method)}: best {best['pair']} at {int(best['length'])} tokens, "
-        f"{best['speedup_median']:.2f}× plain HF generate (median of {int(best['prompts'])} prompts)."
+        f"{best['speedup_median']:.2f}× the plain baseline (median of {n} prompt{'s' if n != 1 else ''})."
     )
 
 
-def takeaways(S) -> str:
-    """Three to five sentences: each verdict, α, the engine against HF, the seed shapes' cost ratio."""
-    out = [f"**{f.id} {f.verdict}.** {f.note}." for f in S.findings]
-    out.append(alpha_sentence(S.tables.get("real_alpha")))
-    for method in ("prompt_lookup", "own"):
-        text = _speed_sentence(S.tables["speedups"], method)
-        if text:
-            out.append(text)
-    return "\n\n".join(out[:5])
+def thin_sentence(r: Study6Page) -> str:
+    """How many prompts each point rests on, against the rules' minimum."""
+    if r.speedups.empty:
+        return ""
+    most = int(r.speedups["prompts"].max())
+    if most >= r.min_prompts:
+        return ""
+    return (
+        f"Every speedup here rests on at most {most} prompt{'s' if most != 1 else ''} per point; today's rules count "
+        f"a point only over at least {r.min_prompts}, so no verdict can be drawn from this run."
+    )
 
 
-def alpha_detail(S) -> pd.DataFrame:
-    """The α table as shown: per draft, its kind, α and interval, prompts and tokens per round."""
-    a = S.tables.get("real_alpha")
-    if a is None or a.empty:
-        return S.tables["alpha"].groupby("pair")["alpha"].median().to_frame()
-    cols = ["kind", "alpha", "ci_low", "ci_high", "prompts", "positions", "gamma", "tokens_per_round"]
-    return a.set_index("draft")[cols].round(3)
+def takeaways(r: Study6Page) -> str:
+    """One sentence per claim, then how thin the data is, α, prompt lookup and the engine."""
+    return takeaway_list(
+        [finding_sentence(f) for f in r.findings]
+        + [
+            thin_sentence(r),
+            speed_sentence(r.speedups, "assisted"),
+            alpha_sentence(r.real_alpha),
+            speed_sentence(r.speedups, "prompt_lookup"),
+            speed_sentence(r.own_vs_engine, "own"),
+        ]
+    )
 
 
-def what_ran(S) -> pd.DataFrame:
+def speedup_view(r: Study6Page) -> pd.DataFrame:
+    """Per method and pair at the longest length: median speedup, quartiles and prompts."""
+    d = r.speedups
+    if d.empty:
+        return pd.DataFrame()
+    top = d[d["length"] == d["length"].max()]
+    out = top.assign(method=top["method"].map(METHOD_LABELS).fillna(top["method"]))
+    cols = {"speedup_median": "median (×)", "speedup_p25": "p25 (×)", "speedup_p75": "p75 (×)", "length": "tokens"}
+    return (
+        out[["method", "pair", "length", "speedup_median", "speedup_p25", "speedup_p75", "prompts"]]
+        .rename(columns=cols)
+        .round(2)
+        .astype({"prompts": int})
+        .reset_index(drop=True)
+    )
+
+
+def cost_view(r: Study6Page) -> pd.DataFrame:
+    d = r.costs
+    if d.empty:
+        return pd.DataFrame()
+    return (
+        d.assign(params_m=d["params"] / 1e6, layers=d["layers"].astype(int), prompts=d["prompts"].astype(int))[
+            ["model", "params_m", "layers", "ms_per_token", "prompts"]
+        ]
+        .rename(columns={"params_m": "params (M)", "ms_per_token": "decode (ms/token)"})
+        .round(2)
+    )
+
+
+def alpha_view(r: Study6Page) -> pd.DataFrame:
+    """Per draft: kind, α and its interval, prompts, tokens per target forward."""
+    a = r.real_alpha
+    if a.empty:
+        p = r.pairs.drop_duplicates("pair") if len(r.pairs) else r.pairs
+        return p[["pair", "alpha"]].round(3).reset_index(drop=True) if len(p) else pd.DataFrame()
+    cols = ["draft", "kind", "alpha", "ci_low", "ci_high", "prompts", "tokens_per_round"]
+    return a[cols].round(3)
+
+
+def coverage_view(r: Study6Page) -> pd.DataFrame:
     """Prompts measured per method, pair and output length (0: not measured at that length)."""
-    return S.tables["coverage"]
+    c = r.coverage.drop(columns=["n_repeats"], errors="ignore")
+    counts = [k for k in c.columns if k not in ("method", "pair")]
+    c = c.astype({k: int for k in counts})
+    return c.rename(columns={k: f"{k} tok" for k in c.columns if k not in ("method", "pair")})
 
 
-def engine_table(S) -> pd.DataFrame:
-    """The project's engine: its speculative decoder over the engine running the target alone, longest length."""
-    d = S.tables["own_vs_engine"]
+def engine_view(r: Study6Page) -> pd.DataFrame:
+    d = r.own_vs_engine
     if d.empty:
         return d
     return d[d["length"] == d["length"].max()][["pair", "length", "speedup_median", "prompts"]].round(2)
 
 
-def rank_length(S) -> int | None:
-    """The output length at which the pairs are compared by cost ratio (see ``verdicts.ranking_length``)."""
-    from servelab.studies.s06_hf_assisted.verdicts import min_prompts_for, ranking_length
-
-    return ranking_length(S.tables["pairs"], min_prompts_for(S.P["profile"], S.P["n_prompts"]))
-
-
-def published() -> str:
-    """The "Against published results" section: the field's numbers beside this study's H200 ones, each cited
-    (``data/published/published.csv``); where the CSV pairs none with this study, the section says so."""
-    return render_published("06_hf_assisted")
+def distill_view(r: Study6Page) -> pd.DataFrame | str:
+    d = r.distill
+    if d.empty:
+        return ""
+    keep = ["draft", "layers", "steps", "tokens_seen", "train_s", "first_loss", "last_loss", "cached"]
+    return d[[c for c in keep if c in d]].round(2)

@@ -13,9 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from servelab.studies.s06_hf_assisted.clock import TokenClock, time_to_tokens
-
 METHODS = ("plain", "assisted", "prompt_lookup", "own_plain", "own")
+DONE = ("ok", "cut")  # statuses of runs that produced tokens (a cut run stopped early at the budget)
 
 
 @dataclass(frozen=True)
@@ -65,6 +64,8 @@ def timed_generate(
     ``max_time`` (s): HF's own stopping rule, so a run cannot overrun a wall-time budget; a run it stops
     makes fewer tokens (``GenerationRun.made``)."""
     import torch
+
+    from servelab.studies.s06_hf_assisted.clock import TokenClock
 
     dev = model.device
     ids = torch.tensor([prompt], dtype=torch.long, device=dev)
@@ -136,6 +137,8 @@ def plan_jobs(
 def times_at_lengths(runs: dict, lengths: list[int]) -> pd.DataFrame:
     """Tidy: one row per run and output length k: ms until k tokens existed (k ≤ the tokens the run made;
     a run without a mark per step, only at its last token)."""
+    from servelab.studies.s06_hf_assisted.clock import time_to_tokens  # transformers' streamer: the GPU's side only
+
     rows = []
     for (i, job), run in runs.items():
         for k in lengths:

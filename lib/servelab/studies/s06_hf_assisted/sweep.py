@@ -33,7 +33,6 @@ from servelab.studies.s06_hf_assisted.attention_backend import hf_sdpa
 from servelab.studies.s06_hf_assisted.clock import per_token_ms
 from servelab.studies.s06_hf_assisted.runs import METHODS, GenerationRun, Job, Pair, plan_jobs, timed_generate
 
-DONE = ("ok", "cut")  # statuses of runs that produced tokens (a cut run stopped early at the budget)
 ESTIMATE_MARGIN = 1.05  # a longer run costs a little more per token (longer context); HF max_time cuts the rest
 
 # (draft name or None for the target alone, target name, prompt ids, new tokens) -> a timed run

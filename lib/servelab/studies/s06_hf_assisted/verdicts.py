@@ -12,7 +12,6 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from servelab.spec.leviathan import best_gamma
 from servelab.studies.common.findings import Finding
 
 SEED_BEST_SPEEDUP = 1.747  # F6.1, RTX 2070
@@ -33,6 +32,35 @@ CLAIMS = {
 def min_prompts_for(profile: str, n_prompts: int) -> int:
     """``MIN_PROMPTS``; the smoke profile (CPU, CI) runs fewer prompts than that and uses all it has."""
     return min(MIN_PROMPTS, n_prompts) if profile == "smoke" else MIN_PROMPTS
+
+
+def most_prompts(pairs: pd.DataFrame) -> int:
+    """The most prompts any assisted (pair, length) speedup rests on (0: none measured)."""
+    if not len(pairs) or "prompts" not in pairs:
+        return 0
+    d = pairs.dropna(subset=["speedup_median"])
+    return int(d["prompts"].max()) if len(d) else 0
+
+
+def best_gamma(alpha: float, c: float):
+    """``servelab.spec.leviathan.best_gamma``, imported when called (the spec package imports torch, which the
+    reporting path needs only where seed costs exist)."""
+    from servelab.spec.leviathan import best_gamma as best
+
+    return best(alpha, c)
+
+
+def _too_few(pairs: pd.DataFrame, min_prompts: int) -> str:
+    """Why nothing qualified, where the reason is the prompts per point ("" otherwise)."""
+    most = most_prompts(pairs)
+    if not most or most >= min_prompts:
+        return ""
+    return f" (at most {most} prompt{'s' if most != 1 else ''} per point, below the {min_prompts} a point needs)"
+
+
+def _thin_value(pairs: pd.DataFrame, min_prompts: int) -> str:
+    most = most_prompts(pairs)
+    return f"≤ {most} prompts per point" if 0 < most < min_prompts else "not measured"
 
 
 def _measured(pairs: pd.DataFrame, min_prompts: int = MIN_PROMPTS) -> pd.DataFrame:
@@ -80,8 +108,10 @@ def f61_best_pair(
     labelled = f"{tested_on} | {seed_shapes(seed_costs)}" if tested_on else seed_shapes(seed_costs)
     common = dict(id="F6.1", claim=CLAIMS["F6.1"], seed_value=seed, tested_on=labelled)
     if d.empty:
-        note = f"no assisted pair reached any length on ≥ {min_prompts} prompts" + _seed_cost_text(seed_costs, np.nan)
-        return Finding(**common, measured_value="not measured", unit="×", verdict="inconclusive", note=note)
+        note = f"no assisted pair reached any length on ≥ {min_prompts} prompts{_too_few(pairs, min_prompts)}"
+        value = _thin_value(pairs, min_prompts)
+        note += _seed_cost_text(seed_costs, np.nan)
+        return Finding(**common, measured_value=value, unit="×", verdict="inconclusive", note=note)
     length = int(d["length"].max())
     d = d[d["length"] == length]
     best = d.loc[d["speedup_median"].idxmax()]
@@ -210,10 +240,13 @@ def f62_what_decides(
     trends = length_trends(per_prompt)
     if length is None or trends.empty:
         got = _measured(pairs, min_prompts)["pair"].nunique() if len(pairs) else 0
-        note = f"needs ≥{MIN_PAIRS} pairs at one length on ≥ {min_prompts} prompts and ≥3 lengths; got {got} pairs"
+        note = (
+            f"needs ≥{MIN_PAIRS} pairs at one length on ≥ {min_prompts} prompts and ≥3 lengths; got {got} pairs"
+            f"{_too_few(pairs, min_prompts)}"
+        )
         return Finding(
             **common,
-            measured_value="not measured",
+            measured_value=_thin_value(pairs, min_prompts),
             verdict="inconclusive",
             note=note + _seed_c_range(seed_costs),
             tested_on=labelled,

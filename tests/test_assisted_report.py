@@ -1,0 +1,146 @@
+"""Study 6's two doors: the measuring path's import closure, and the reporting path on synthetic run folders, on the
+committed legacy run and on nothing measured (CPU, files only)."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from servelab.measure.fingerprint import fingerprint
+from servelab.paths import DATA_DIR
+from servelab.studies.common.runs import RunSet, study_runs
+from servelab.studies.s03_speculative.plots import REAL_ALPHA_COLUMNS
+from servelab.studies.s06_hf_assisted import report
+
+STUDY = "06_hf_assisted"
+LENGTHS = [32, 128, 512]
+# pair -> (draft, target, cost ratio c, speedup at 512); the speedup grows with length and falls with c
+PAIRS = {"d1 → T": ("d1", "T", 0.2, 1.75), "d2 → T": ("d2", "T", 0.4, 1.4), "d1 → d2": ("d1", "d2", 0.6, 1.1)}
+LENGTH_FACTOR = {32: 0.8, 128: 0.9, 512: 1.0}
+MS_PER_TOKEN = {"T": 10.0, "d2": 4.0, "d1": 2.0}
+
+
+def _run_tables(n_prompts: int, speedup_scale: float = 1.0) -> dict[str, pd.DataFrame]:
+    runs, times, alpha = [], [], []
+    for p in range(n_prompts):
+        for model, ms in MS_PER_TOKEN.items():
+            runs.append(dict(prompt=p, method="plain", target=model, draft="", pair=model, status="ok",
+                             ms_per_token_median=ms, ms_per_token_p25=ms, ms_per_token_p75=ms,
+                             tokens_per_step=1.0))  # fmt: skip
+            for k in LENGTHS:
+                times.append(dict(prompt=p, method="plain", target=model, draft="", pair=model, length=k, ms=ms * k))
+        for name, (d, t, _c, s) in PAIRS.items():
+            runs.append(dict(prompt=p, method="assisted", target=t, draft=d, pair=name, status="ok",
+                             ms_per_token_median=np.nan, ms_per_token_p25=np.nan, ms_per_token_p75=np.nan,
+                             tokens_per_step=2.0))  # fmt: skip
+            for k in LENGTHS:
+                speed = s * LENGTH_FACTOR[k] * (speedup_scale if name == "d1 → T" else 1.0) * (1 + 0.001 * p)
+                times.append(dict(prompt=p, method="assisted", target=t, draft=d, pair=name, length=k,
+                                  ms=MS_PER_TOKEN[t] * k / speed))  # fmt: skip
+            alpha.append(dict(prompt=p, pair=name, draft=d, target=t, tokens=64, alpha=0.6))
+    models = pd.DataFrame(
+        [dict(model=m, params=int(ms * 1e7), layers=int(ms), weight_bytes=int(ms * 2e7)) for m, ms in
+         MS_PER_TOKEN.items()]
+    ).assign(tested_on="T (100M, 10 layers) with drafts d1, d2; synthetic")  # fmt: skip
+    hits = pd.DataFrame(
+        [dict(draft=d, target="T", kind="distilled", prompt=p, positions=8, kept=(p + i) % 9 if i else 4,
+              hits="1" * ((p + i) % 9 if i else 4) + "0" * (8 - ((p + i) % 9 if i else 4)))
+         for p in range(n_prompts) for i, d in enumerate(["d1", "d2"])]
+    )  # fmt: skip
+    return dict(runs=pd.DataFrame(runs), times=pd.DataFrame(times), alpha=pd.DataFrame(alpha), models=models,
+                alpha_hits=hits)  # fmt: skip
+
+
+def _write(root, n_prompts=9, repeats=3, speedup_scale=1.0, fp="abc123abc123"):
+    for r in range(repeats):
+        d = root / "nvidia-h200" / STUDY / "runs" / fp / "all" / f"r{r}"
+        d.mkdir(parents=True, exist_ok=True)
+        for name, df in _run_tables(n_prompts, speedup_scale).items():
+            df.to_csv(d / f"{name}.csv", index=False)
+        meta = dict(study=STUDY, fingerprint=fp, part="all", repeat_index=r, complete=True, seed=r,
+                    written_utc=f"2027-01-01T00:00:0{r}", device={"name": "NVIDIA H200"},
+                    params=dict(profile="full", n_prompts=n_prompts, lengths=LENGTHS, dtype="bfloat16",
+                                own_gamma=4))  # fmt: skip
+        (d / "run.json").write_text(json.dumps(meta))
+    return study_runs(STUDY, root)
+
+
+def _verdicts(page) -> dict[str, str]:
+    return {f.id: f.verdict for f in page.findings}
+
+
+def test_measuring_path_imports_no_reporting_module():
+    files = fingerprint(f"servelab.studies.s{STUDY}.measure").files
+    bad = [f for f in files if any(k in f for k in ("plots", "report", "verdicts", "servelab_book", "/page.py",
+                                                     "common/runs.py", "common/study.py", "published"))]  # fmt: skip
+    assert "lib/servelab/studies/s06_hf_assisted/measure.py" in files and not bad
+
+
+def test_nothing_measured_is_inconclusive_and_renders(tmp_path):
+    page = report.report(RunSet(STUDY))
+    assert [f.id for f in page.findings] == ["F6.1", "F6.2"]
+    assert set(_verdicts(page).values()) == {"inconclusive"}
+    assert page.speedups.empty and report.speedup_view(page).empty and report.published_value(page.runs) is None
+    assert report.real_alpha(page.runs).empty and "No published" not in report.published(page)
+    assert report.takeaways(page)
+
+
+def test_synthetic_runs_give_the_rules_verdicts_and_a_changed_number_changes_them(tmp_path):
+    page = report.report(_write(tmp_path / "a"))
+    assert _verdicts(page) == {"F6.1": "holds", "F6.2": "holds"}
+    f61 = page.findings[0]
+    assert f61.headline == pytest.approx(1.75, rel=0.01) and "d1 → T" in f61.note
+    value, what = report.published_value(page.runs)
+    assert float(value.split()[0]) == pytest.approx(1.75, rel=0.01) and "d1 → T" in what and "512" in what
+    # the acceptance check: one number in the raw times moves the verdict and the value
+    changed = report.report(_write(tmp_path / "b", speedup_scale=2.0))
+    assert _verdicts(changed)["F6.1"] == "changes"
+    assert float(report.published_value(changed.runs)[0].split()[0]) == pytest.approx(3.5, rel=0.01)
+
+
+def test_fewer_than_eight_prompts_per_point_is_inconclusive_with_the_reason(tmp_path):
+    page = report.report(_write(tmp_path, n_prompts=3))
+    assert _verdicts(page) == {"F6.1": "inconclusive", "F6.2": "inconclusive"}
+    assert all("at most 3 prompts per point, below the 8" in f.note for f in page.findings)
+    assert "1 repeat" not in page.findings[0].note  # three repeats: the prompts are the reason
+    assert "below the 8" in report.published_value(page.runs)[1]
+
+
+def test_fewer_than_three_repeats_is_inconclusive(tmp_path):
+    page = report.report(_write(tmp_path, repeats=2))
+    assert set(_verdicts(page).values()) == {"inconclusive"}
+    assert all("2 repeats" in f.note for f in page.findings)
+
+
+def test_real_alpha_has_study3s_columns_and_follows_the_hits(tmp_path):
+    runs = _write(tmp_path, n_prompts=9)
+    a = report.real_alpha(runs)
+    assert set(REAL_ALPHA_COLUMNS) <= set(a.columns) and list(a["pair"]) == ["d1 → T", "d2 → T"]
+    assert a.loc[0, "alpha"] == pytest.approx(0.5) and a.loc[0, "prompts"] == 27  # 3 repeats × 9 prompts
+    assert a.loc[0, "ci_low"] <= a.loc[0, "alpha"] <= a.loc[0, "ci_high"]
+    assert report.real_alpha(runs).equals(a)  # the interval is a function of the data
+    d = next(runs.runs[0].dir.glob("alpha_hits.csv"))
+    h = pd.read_csv(d, dtype={"hits": str})
+    h.loc[h["draft"] == "d1", "hits"] = "11111111"
+    h.to_csv(d, index=False)
+    assert report.real_alpha(runs).loc[0, "alpha"] > a.loc[0, "alpha"]
+
+
+def test_a_missing_table_does_not_crash_the_page(tmp_path):
+    runs = _write(tmp_path)
+    for r in runs.runs:
+        (r.dir / "times.csv").unlink()
+    page = report.report(runs)
+    assert set(_verdicts(page).values()) == {"inconclusive"} and page.speedups.empty
+    assert report.published_value(runs) is None and report.takeaways(page)
+
+
+def test_the_committed_legacy_run_reads_inconclusive_by_todays_rules():
+    root = DATA_DIR / "results"
+    if not (root / "nvidia-h200" / STUDY / "runs" / "legacy").is_dir():
+        pytest.skip("no committed legacy run")
+    page = report.report(study_runs(STUDY, root))
+    assert page.legacy and _verdicts(page) == {"F6.1": "inconclusive", "F6.2": "inconclusive"}
+    assert all("at most 3 prompts per point, below the 8" in f.note for f in page.findings)
+    assert "target-124m" in page.tested_on and "draft-6m" in page.tested_on
