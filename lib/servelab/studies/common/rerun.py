@@ -40,11 +40,19 @@ def rerun_section(slug: str, notebooks_dir: Path | None = None) -> str:
     replay = papermill_command(slug, profile="replay")  # a bad slug is refused before any file is read
     nb = Path(notebooks_dir or REPO_ROOT / "notebooks") / f"{slug}.ipynb"
     source = parameters_source(nb)
+    try:
+        from servelab.studies.common.campaign import parts_of
+
+        parts = list(parts_of(slug))
+    except ImportError:  # a study without a measuring module
+        parts = ["all"]
+    job = f"scripts/gpu_run.sh {slug}:{parts[0]}:0"
+    which = f"part {parts[0]!r} of repeat 0; its parts: {', '.join(parts)}"
     return (
         "Render this page from the committed data (no GPU), or measure it again on a GPU and render that:\n\n"
         f"```bash\n{replay}\n"
         f"make gpu-plan                      # the GPU jobs missing at today's fingerprint, packed into runs\n"
-        f"scripts/gpu_run.sh {slug}:all:0    # one job: part 'all' of repeat 0 (see the plan for parts)\n"
+        f"{job}    # one job: {which}\n"
         f"{papermill_command(slug, out='out.ipynb')}\n```\n\n"
         "Parameters, from the notebook's `parameters` cell (pass any with `-p name value`; `None` is the profile's "
         f"default):\n\n```python\n{source}\n```\n"
