@@ -198,7 +198,7 @@ def kernel_view(kernel_profile: pd.DataFrame) -> pd.DataFrame:
 
 
 def fit_view(cost_fit: pd.DataFrame) -> pd.DataFrame:
-    """Per model and mode: the fitted rows and the fits' errors (the coefficients are ``cost_model_*.json``)."""
+    """Per model and mode: the fitted rows and the fits' errors (the coefficients are cost_fit's other columns)."""
     keep = [c for c in cost_fit.columns if c in ("model", "mode") or "pct" in c or c.endswith("rows")]
     return _short(cost_fit[keep]).round(1)
 
