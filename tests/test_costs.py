@@ -404,7 +404,7 @@ def test_launch_overhead_figure_draws_both_modes_against_the_floor():
     fig = plots.launch_overhead(launch_overhead(pd.DataFrame(rows)), "test GPU")
     ax = fig.axes[0]
     labels = ax.get_legend_handles_labels()[1]
-    assert "roofline floor (100%)" in labels and "mixed: servelab engine, no graphs" in labels
+    assert "roofline floor (100%)" in labels and "mixed, no graphs" in labels
     assert ax.get_xscale() == ax.get_yscale() == "log" and "ms" in ax.get_xlabel() and "ms" in ax.get_ylabel()
 
 

@@ -16,9 +16,9 @@ from servelab.studies.s04_kv_cache.capacity import (
     fixed_length_capacity,
     paged_fill,
 )
-from servelab.studies.s04_kv_cache.compaction_bench import compaction_sweep, fragmented_manager, mover_ratio
-from servelab.studies.s04_kv_cache.decode_scaling import variation_summary
-from servelab.studies.s04_kv_cache.overlap import OverlapRig, overlap_experiment, overlap_summary
+from servelab.studies.s04_kv_cache.compaction_bench import compaction_sweep, fragmented_manager
+from servelab.studies.s04_kv_cache.derived import mover_ratio, overlap_summary, variation_summary
+from servelab.studies.s04_kv_cache.overlap import OverlapRig, overlap_experiment
 from servelab.studies.s04_kv_cache.params import study_params
 
 

@@ -60,17 +60,29 @@ def server_steps(steps: pd.DataFrame) -> pd.DataFrame:
 
 
 def repeat_findings(rep: RunSet) -> list[Finding]:
-    """F2.1–F2.3 by today's rules from one repeat's steps."""
-    return verdicts.findings(rep.table("steps"), rep.params.get("dtype"))
+    """F2.1–F2.3 by today's rules from one repeat's steps (none where that repeat has no ``steps.csv``)."""
+    steps = rep.table("steps")
+    return verdicts.findings(steps, rep.params.get("dtype")) if "status" in steps else []
+
+
+def fits(steps: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The simulator's cost model fitted to ``steps`` (``fit_all``): its summary and every row's predictions; empty
+    frames where too few steps ran to fit one (a smoke run, a missing part)."""
+    try:
+        _, predicted, summary = fit_all(steps)
+    except ValueError:
+        return pd.DataFrame(), pd.DataFrame()
+    return summary, predicted
 
 
 def report(runs: RunSet) -> Study2Page:
     """The page's record from ``runs`` (nothing measured: every claim inconclusive, every table empty)."""
     findings = runs.combined(repeat_findings)
-    if not runs.measured:
-        return Study2Page(runs, not_measured(STUDY))
-    steps = pool_repeats(runs.table("steps"), STEP_KEYS)
-    cms, predicted, fit_summary = fit_all(steps)
+    steps = pool_repeats(runs.table("steps"), STEP_KEYS) if runs.measured else pd.DataFrame()
+    if "status" not in steps:
+        why = "no step of this study was timed in its runs" if runs.measured else "no run of this study on this device"
+        return Study2Page(runs, findings or not_measured(STUDY, why))
+    fit_summary, predicted = fits(steps)
     kp = runs.table("kernel_profile")
     return Study2Page(
         runs,
@@ -82,7 +94,7 @@ def report(runs: RunSet) -> Study2Page:
         server_steps(steps),
         launch_overhead(steps),
         fit_summary,
-        heldout_table(predicted),
+        heldout_table(predicted) if not predicted.empty else pd.DataFrame(),
         predicted,
     )
 
@@ -186,7 +198,7 @@ def kernel_view(kernel_profile: pd.DataFrame) -> pd.DataFrame:
 
 
 def fit_view(cost_fit: pd.DataFrame) -> pd.DataFrame:
-    """Per model and mode: the fitted rows and the fits' errors (the coefficients are ``cost_model_*.json``)."""
+    """Per model and mode: the fitted rows and the fits' errors (the coefficients are cost_fit's other columns)."""
     keep = [c for c in cost_fit.columns if c in ("model", "mode") or "pct" in c or c.endswith("rows")]
     return _short(cost_fit[keep]).round(1)
 

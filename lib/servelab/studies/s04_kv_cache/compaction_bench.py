@@ -180,13 +180,3 @@ def compaction_sweep(
         if copy_gb_s:
             df.loc[ok, "pct_of_copy_ceiling"] = 100.0 * df.loc[ok, "gb_s"] / copy_gb_s
     return df
-
-
-def mover_ratio(comp: pd.DataFrame, slow: str = "block_loop", fast: str = "gather_scatter") -> pd.DataFrame:
-    """Per (pool, block size, fraction moved): mover ``slow``'s time over mover ``fast``'s (> 1: ``slow`` is slower)."""
-    ok = comp[(comp["status"] == "ok") & comp["method"].isin([slow, fast])]
-    cols = ["pool_mib", "block_size", "move_fraction", "blocks_moved"]
-    if ok.empty or set(ok["method"]) != {slow, fast}:
-        return pd.DataFrame(columns=cols + ["ratio"])
-    wide = ok.pivot_table(index=cols, columns="method", values="median_ms").dropna()
-    return (wide[slow] / wide[fast]).rename("ratio").reset_index()

@@ -13,7 +13,8 @@ CUDA events on each stream give the compaction's own time (side stream), the dec
 and the whole (from the first launch to both streams done). Conditions are interleaved in a random order
 each round, so clock drift and thermal state fall on all of them alike.
 
-The seed's claim can be read two ways, and both are reported: (a) the compaction itself runs faster while
+The reporting path (``derived.overlap_summary``) turns the rounds into the verdict's numbers. The seed's claim can be
+read two ways, and both are reported: (a) the compaction itself runs faster while
 decode is active; (b) compaction + decode take less wall time overlapped than serialised.
 """
 
@@ -24,7 +25,6 @@ from collections.abc import Callable
 
 import numpy as np
 import pandas as pd
-from scipy import stats
 
 CONDITIONS = ("compaction_alone", "decode_alone", "serialised", "concurrent", "concurrent_prioritised")
 
@@ -140,83 +140,6 @@ def overlap_experiment(rig: OverlapRig, rounds: int = 30, warmup_rounds: int = 3
         for pos, c in enumerate(rng.permutation(conds)):
             rows.append(dict(round=r, order=pos, condition=str(c), **rig.run(str(c))))
     return pd.DataFrame(rows)
-
-
-def _ratio_ci(a, b, seed: int = 0) -> tuple[float, float]:
-    """95% bootstrap CI of median(a) / median(b) (independent samples)."""
-    res = stats.bootstrap(
-        (np.asarray(a), np.asarray(b)),
-        lambda x, y, axis=-1: np.median(x, axis=axis) / np.median(y, axis=axis),
-        vectorized=True,
-        paired=False,
-        n_resamples=2000,
-        method="percentile",
-        random_state=seed,
-    )
-    return float(res.confidence_interval.low), float(res.confidence_interval.high)
-
-
-def overlap_summary(runs: pd.DataFrame) -> dict:
-    """The numbers the verdict needs, with their uncertainty (and the ``prioritised_*`` ones where measured).
-
-    - ``compaction_speedup`` = median compaction time alone / during decode (> 1: faster during decode), its
-      95% bootstrap CI and a two-sided Mann-Whitney p-value;
-    - ``wall_saving_pct`` = 1 - median total concurrent / median total serialised (the overlap's gain), CI, p;
-    - ``decode_slowdown`` = median decode time concurrent / alone;
-    - ``overlap_pct`` = wall time saved / the shorter of the two parts alone (100%: the shorter part fully hidden);
-    - ``after_decode_speedup`` = compaction alone (started on an idle GPU) / compaction right after decode, CI.
-    """
-    g = {c: d for c, d in runs.groupby("condition")}
-    med = {c: d.median(numeric_only=True) for c, d in g.items()}
-    c_after = g["serialised"]["compaction_ms"]
-    alo, ahi = _ratio_ci(g["compaction_alone"]["compaction_ms"], c_after)
-    out = dict(
-        rounds=int(runs["round"].nunique()),
-        compaction_alone_ms=med["compaction_alone"]["compaction_ms"],
-        decode_alone_ms=med["decode_alone"]["decode_ms"],
-        serialised_total_ms=med["serialised"]["total_ms"],
-        # the compaction of `serialised` starts right behind the decode, on a GPU that is already busy
-        compaction_after_decode_ms=med["serialised"]["compaction_ms"],
-        after_decode_speedup=med["compaction_alone"]["compaction_ms"] / med["serialised"]["compaction_ms"],
-        after_decode_speedup_ci_low=alo,
-        after_decode_speedup_ci_high=ahi,
-    )
-    if "concurrent" not in g:
-        return out
-    c_alone, c_conc = g["compaction_alone"]["compaction_ms"], g["concurrent"]["compaction_ms"]
-    t_ser, t_conc = g["serialised"]["total_ms"], g["concurrent"]["total_ms"]
-    lo, hi = _ratio_ci(c_alone, c_conc)
-    wlo, whi = _ratio_ci(t_conc, t_ser)
-    saved = med["serialised"]["total_ms"] - med["concurrent"]["total_ms"]
-    out.update(
-        compaction_concurrent_ms=med["concurrent"]["compaction_ms"],
-        decode_concurrent_ms=med["concurrent"]["decode_ms"],
-        concurrent_total_ms=med["concurrent"]["total_ms"],
-        compaction_speedup=med["compaction_alone"]["compaction_ms"] / med["concurrent"]["compaction_ms"],
-        compaction_speedup_ci_low=lo,
-        compaction_speedup_ci_high=hi,
-        compaction_p_value=float(stats.mannwhitneyu(c_alone, c_conc, alternative="two-sided").pvalue),
-        wall_saving_pct=100.0 * (1 - med["concurrent"]["total_ms"] / med["serialised"]["total_ms"]),
-        wall_saving_ci_low_pct=100.0 * (1 - whi),
-        wall_saving_ci_high_pct=100.0 * (1 - wlo),
-        wall_p_value=float(stats.mannwhitneyu(t_ser, t_conc, alternative="two-sided").pvalue),
-        decode_slowdown=med["concurrent"]["decode_ms"] / med["decode_alone"]["decode_ms"],
-        overlap_pct=100.0 * saved / min(med["compaction_alone"]["compaction_ms"], med["decode_alone"]["decode_ms"]),
-    )
-    if "concurrent_prioritised" in g:
-        p = med["concurrent_prioritised"]
-        plo, phi = _ratio_ci(g["concurrent_prioritised"]["total_ms"], t_ser)
-        out.update(
-            prioritised_compaction_ms=p["compaction_ms"],
-            prioritised_decode_ms=p["decode_ms"],
-            prioritised_total_ms=p["total_ms"],
-            prioritised_compaction_speedup=med["compaction_alone"]["compaction_ms"] / p["compaction_ms"],
-            prioritised_decode_slowdown=p["decode_ms"] / med["decode_alone"]["decode_ms"],
-            prioritised_wall_saving_pct=100.0 * (1 - p["total_ms"] / med["serialised"]["total_ms"]),
-            prioritised_wall_saving_ci_low_pct=100.0 * (1 - phi),
-            prioritised_wall_saving_ci_high_pct=100.0 * (1 - plo),
-        )
-    return out
 
 
 def build_rig(

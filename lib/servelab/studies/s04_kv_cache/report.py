@@ -1,53 +1,225 @@
-"""Study 4's page text from its run: the takeaways, each section's sentences (capacity, compaction, overlap) and
-compact tables (about a dozen rows at most, units in the headings; the full tables are the run's CSVs)."""
+"""Study 4's reporting path: everything its page shows, computed from the runs' files (``report``), and the page
+text: takeaways, each section's sentences (capacity, compaction, overlap) and compact tables (about a dozen rows at
+most, units in the headings; the full tables are the runs' CSVs).
+
+Each repeat's verdicts come from its own raw tables (``repeat_findings``); the page's tables and figures show each
+point's median over repeats. A table a run did not write (a part that did not run, a deleted CSV) leaves its claim
+inconclusive, "not measured", and its section says so.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 
+from servelab.studies.common.findings import Finding, not_measured
 from servelab.studies.common.page import finding_sentence, takeaway_list
+from servelab.studies.common.published import published_section
+from servelab.studies.common.runs import RunSet, pool_repeats
 from servelab.studies.common.tested_on import model_name
-from servelab.studies.s04_kv_cache.compaction_bench import mover_ratio
-from servelab.studies.s04_kv_cache.run import Study4Run
-from servelab_book.published import render_published
+from servelab.studies.s04_kv_cache import verdicts
+from servelab.studies.s04_kv_cache.derived import mover_ratio, overlap_summary, variation_summary
+
+STUDY = "04_kv_cache"
+# the rig's own record of each overlap experiment (old runs wrote it into overlap_summary.csv)
+RIG_COLUMNS = [
+    "pool_mib",
+    "pool_blocks",
+    "block_size",
+    "blocks_moved",
+    "bytes_moved",
+    "decode_batch",
+    "decode_context",
+    "decode_mode",
+    "decode_mode_note",
+    "decode_steps",
+    "probe_compaction_ms",
+    "probe_decode_step_ms",
+]
+ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+PUBLISHED_BLOCK = 16  # vLLM's block size, the published waste's
 
 
-def capacity_sentence(r: Study4Run) -> str:
-    """Sequences held mid-decode in the budget: contiguous preallocation against paged blocks of each size."""
-    P, cap = r.P, r.capacity
-    mid = cap.summary[cap.summary.phase == "mid_decode"].set_index(["layout", "block_size"])
-    contig = mid.loc[("contiguous", P["capacity_max_len"])]
-    paged = mid.loc[("paged", P["block_sizes"][0])]
-    by_block = ", ".join(f"{bs}-token {mid.loc[('paged', bs)].fragmentation_pct:.1f}%" for bs in P["block_sizes"])
-    return (
-        f"With {cap.bytes_per_token / 1024:g} KiB/token ({model_name(P['capacity_model'])}, {P['capacity_dtype']}) "
-        f"and a {P['capacity_budget_gib']} GiB budget, contiguous preallocation of {P['capacity_max_len']:,} tokens "
-        f"per request holds {contig.sequences:,.0f} sequences and wastes {contig.fragmentation_pct:.0f}% of what it "
-        f"reserves; paged {P['block_sizes'][0]}-token blocks hold {paged.sequences:,.0f} sequences mid-decode "
-        f"({paged.sequences / contig.sequences:.1f}×), wasting {paged.fragmentation_pct:.1f}%. Larger blocks waste "
-        f"more: {by_block}."
+@dataclass
+class Study4Page:
+    runs: RunSet
+    findings: list[Finding]
+    bpt: pd.DataFrame = field(default_factory=pd.DataFrame)  # bytes per token, per case (the first repeat's)
+    capacity: pd.DataFrame = field(default_factory=pd.DataFrame)  # every trial of every repeat
+    capacity_fixed: pd.DataFrame = field(default_factory=pd.DataFrame)
+    capacity_summary: pd.DataFrame = field(default_factory=pd.DataFrame)  # medians per phase, layout, block size
+    decode_steps: pd.DataFrame = field(default_factory=pd.DataFrame)  # median over repeats per point
+    variation: pd.DataFrame = field(default_factory=pd.DataFrame)  # variation_summary of those
+    compaction: pd.DataFrame = field(default_factory=pd.DataFrame)  # median over repeats per point
+    overlap_runs: pd.DataFrame = field(default_factory=pd.DataFrame)  # every round of every repeat
+    overlap_summary: pd.DataFrame = field(default_factory=pd.DataFrame)  # per decode batch, over all rounds
+    overlap_kernels: pd.DataFrame = field(default_factory=pd.DataFrame)
+    overlap_clocks: pd.DataFrame = field(default_factory=pd.DataFrame)
+    overlap_cold: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+    @property
+    def device(self) -> str:
+        return self.runs.device_name
+
+    @property
+    def params(self) -> dict:
+        return self.runs.params
+
+    @property
+    def copy_gb_s(self) -> float:
+        return float(self.runs.ceilings.get("copy_gb_s", np.nan))
+
+
+def _has(df: pd.DataFrame, *cols: str) -> bool:
+    return not df.empty and all(c in df for c in cols)
+
+
+def rig_table(runs: RunSet) -> pd.DataFrame:
+    """Each overlap experiment's rig (``overlap_rig.csv``; in older runs, the rig's columns of ``overlap_summary``)."""
+    rig = runs.table("overlap_rig")
+    if rig.empty:
+        old = runs.table("overlap_summary")
+        rig = old[[c for c in ["repeat", "part", *RIG_COLUMNS] if c in old]]
+    return rig
+
+
+def overlap_table(overlap_runs: pd.DataFrame, rig: pd.DataFrame) -> pd.DataFrame:
+    """One row per decode batch: its rig and ``overlap_summary`` of its rounds (every repeat's rounds pooled)."""
+    if not _has(overlap_runs, "condition", "compaction_ms"):
+        return pd.DataFrame()
+    runs = overlap_runs if "decode_batch" in overlap_runs else overlap_runs.assign(decode_batch=0)
+    rig = rig.drop(columns=[c for c in ("repeat", "part") if c in rig]).drop_duplicates("decode_batch")
+    rows = []
+    for batch, g in runs.groupby("decode_batch", sort=True):
+        info = rig[rig["decode_batch"] == batch].iloc[0].to_dict() if "decode_batch" in rig else {}
+        rows.append({**info, "decode_batch": batch, **overlap_summary(g)})
+    return pd.DataFrame(rows)
+
+
+def _not_measured(fid: str, why: str) -> Finding:
+    return next(f for f in not_measured(STUDY, why) if f.id == fid)
+
+
+def repeat_findings(rep: RunSet) -> list[Finding]:
+    """F4.1–F4.4 by today's rules from one repeat's raw tables; a claim whose table is missing is not measured."""
+    P, copy = rep.params, float(rep.ceilings.get("copy_gb_s", np.nan))
+    model, dtype = P.get("decode_model", ""), P.get("decode_dtype")
+    bpt, steps, comp = rep.table("bytes_per_token"), rep.table("decode_steps"), rep.table("compaction")
+    overlap = overlap_table(rep.table("overlap_runs"), rig_table(rep))
+    missing = "this repeat wrote no {} table"
+    return [
+        verdicts.f41(bpt) if _has(bpt, "status") else _not_measured("F4.1", missing.format("bytes_per_token")),
+        verdicts.f42(variation_summary(steps), copy, dtype)
+        if _has(steps, "status")
+        else _not_measured("F4.2", missing.format("decode_steps")),
+        verdicts.f43(comp, copy, model, dtype)
+        if _has(comp, "status")
+        else _not_measured("F4.3", missing.format("compaction")),
+        verdicts.f44(overlap, rep.device.get("kind") == "cuda", model, dtype)
+        if not overlap.empty
+        else _not_measured("F4.4", missing.format("overlap_runs")),
+    ]
+
+
+def capacity_summary(cap: pd.DataFrame) -> pd.DataFrame:
+    """Medians over trials (and repeats) per phase, layout and block size."""
+    if not _has(cap, "phase", "layout", "block_size"):
+        return pd.DataFrame()
+    cols = ["sequences", "fragmentation_pct", "budget_used_pct"]
+    return cap.groupby(["phase", "layout", "block_size"])[cols].median().reset_index()
+
+
+def report(runs: RunSet) -> Study4Page:
+    """The page's record from ``runs`` (nothing measured: every claim inconclusive, every table empty)."""
+    if not runs.measured:
+        return Study4Page(runs, not_measured(STUDY))
+    findings = runs.combined(repeat_findings)
+    steps = pool_repeats(runs.table("decode_steps"), ["model", "mode", "batch", "context"])
+    comp = pool_repeats(runs.table("compaction"), ["pool_mib", "block_size", "move_fraction", "method"])
+    cap = runs.table("capacity")
+    overlap_runs = runs.table("overlap_runs")
+    return Study4Page(
+        runs,
+        findings,
+        bpt=runs.first("bytes_per_token"),
+        capacity=cap,
+        capacity_fixed=runs.first("capacity_fixed_length"),
+        capacity_summary=capacity_summary(cap),
+        decode_steps=steps,
+        variation=variation_summary(steps) if _has(steps, "status") else pd.DataFrame(),
+        compaction=comp,
+        overlap_runs=overlap_runs,
+        overlap_summary=overlap_table(overlap_runs, rig_table(runs)),
+        overlap_kernels=runs.table("overlap_kernels"),
+        overlap_clocks=runs.table("overlap_clocks"),
+        overlap_cold=runs.table("overlap_cold_start"),
     )
 
 
-def takeaways(r: Study4Run) -> str:
+def published_value(runs: RunSet) -> tuple[str, str] | None:
+    """The KV memory paged allocation wastes: the median fragmentation of the paged pool with 16-token blocks (the
+    smallest measured where 16 was not), every request at its full length, over trials and repeats."""
+    cap = runs.table("capacity") if runs.measured else pd.DataFrame()
+    if not _has(cap, "layout", "phase", "block_size", "fragmentation_pct"):
+        return None
+    paged = cap[(cap["layout"] == "paged") & (cap["phase"] == "complete")]
+    if paged.empty:
+        return None
+    block = PUBLISHED_BLOCK if (paged["block_size"] == PUBLISHED_BLOCK).any() else int(paged["block_size"].min())
+    frac = paged.loc[paged["block_size"] == block, "fragmentation_pct"].median()
+    return f"{frac:.2g} %", f"paged pool, {block}-token blocks, median over trials"
+
+
+def published(r: Study4Page) -> str:
+    """The "Against published results" section: the field's numbers beside this study's, each cited."""
+    return published_section(STUDY, published_value(r.runs), r.device)
+
+
+# ---- page text ----------------------------------------------------------------------------------------------------
+def capacity_sentence(r: Study4Page) -> str:
+    """Sequences held mid-decode in the budget: contiguous preallocation against paged blocks of each size."""
+    s = r.capacity_summary
+    if s.empty or not (s.phase == "mid_decode").any():
+        return ""
+    P = r.params
+    mid = s[s.phase == "mid_decode"].set_index(["layout", "block_size"])
+    contig = mid.xs("contiguous", level="layout").iloc[0]
+    paged = mid.xs("paged", level="layout").sort_index()
+    first_bs = int(paged.index[0])
+    kib = r.capacity["bytes_per_token"].iloc[0] / 1024
+    by_block = ", ".join(f"{bs}-token {row.fragmentation_pct:.1f}%" for bs, row in paged.iterrows())
+    return (
+        f"With {kib:g} KiB/token ({model_name(P.get('capacity_model', ''))}, {P.get('capacity_dtype', '')}) "
+        f"and a {P.get('capacity_budget_gib')} GiB budget, contiguous preallocation of "
+        f"{P.get('capacity_max_len', 0):,} tokens per request holds {contig.sequences:,.0f} sequences and wastes "
+        f"{contig.fragmentation_pct:.0f}% of what it reserves; paged {first_bs}-token blocks hold "
+        f"{paged.iloc[0].sequences:,.0f} sequences mid-decode ({paged.iloc[0].sequences / contig.sequences:.1f}×), "
+        f"wasting {paged.iloc[0].fragmentation_pct:.1f}%. Larger blocks waste more: {by_block}."
+    )
+
+
+def takeaways(r: Study4Page) -> str:
     """One sentence per claim, then what paging buys in capacity."""
     return takeaway_list([finding_sentence(f) for f in r.findings] + [capacity_sentence(r)])
 
 
-def note(r: Study4Run, claim_id: str) -> str:
+def note(r: Study4Page, claim_id: str) -> str:
     """The rule and the numbers behind one claim's verdict (its ``Finding.note``)."""
     f = next(f for f in r.findings if f.id == claim_id)
     return f"**{f.id} {f.verdict}.** {f.note}."
 
 
-def _pool(mib: int) -> str:
-    return f"{mib / 1024:g} GiB" if mib >= 1024 else f"{mib} MiB"
+def _pool(mib: float) -> str:
+    return f"{mib / 1024:g} GiB" if mib >= 1024 else f"{mib:g} MiB"
 
 
-def compaction_sentences(r: Study4Run) -> str:
+def compaction_sentences(r: Study4Page) -> str:
     """The movers against each other: the per-block loop's launches, and gather/scatter on 64-bit words."""
     comp = r.compaction
+    if not _has(comp, "status", "method"):
+        return ""
     ok = comp[comp.status == "ok"]
     ratio = mover_ratio(comp, "block_loop", "gather_scatter")
     wide = mover_ratio(comp, "gather_scatter", "gather_scatter_wide")
@@ -64,21 +236,24 @@ def compaction_sentences(r: Study4Run) -> str:
             f"{worst.block_size:.0f} tokens moved."
         )
     if len(wide):
+        nbytes = ELEMENT_BYTES.get(str(r.params.get("decode_dtype")), 2)
         out.append(
-            f"Moving the same bytes as 64-bit words instead of {r.element_bytes}-byte elements made gather/scatter "
+            f"Moving the same bytes as 64-bit words instead of {nbytes}-byte elements made gather/scatter "
             f"{wide.ratio.median():.1f}× faster (median over the sweep; "
             f"{wide.ratio.min():.1f}–{wide.ratio.max():.1f}×)."
         )
     return takeaway_list(out)
 
 
-def _kernels_and_clocks(ov) -> str:
-    kk = ov.kernels.dropna(subset=["alone_us"])
+def _kernels_and_clocks(kernels: pd.DataFrame, clocks: pd.DataFrame) -> str:
+    kk = kernels.dropna(subset=["alone_us"]) if "alone_us" in kernels else kernels.iloc[:0]
+    if kk.empty or "during_decode_ratio" not in kk:
+        return ""
     text = (
         f"Per kernel (torch.profiler), the compaction's kernels took {kk.during_decode_ratio.min():.2f}–"
         f"{kk.during_decode_ratio.max():.2f}× their time alone while decode ran"
     )
-    sm = pd.to_numeric(ov.clocks["clocks.sm"], errors="coerce") if "clocks.sm" in ov.clocks else pd.Series(dtype=float)
+    sm = pd.to_numeric(clocks["clocks.sm"], errors="coerce") if "clocks.sm" in clocks else pd.Series(dtype=float)
     return text + (
         f"; the SM clock read {sm.min():,.0f}–{sm.max():,.0f} MHz in every condition." if sm.notna().any() else "."
     )
@@ -86,6 +261,8 @@ def _kernels_and_clocks(ov) -> str:
 
 def _cold_start(cold: pd.DataFrame) -> str:
     c = cold.groupby("state")[["compaction_ms", "sm_clock_mhz"]].median()
+    if not {"cold", "warm"} <= set(c.index):
+        return ""
     idle, busy = c.loc["cold", "sm_clock_mhz"], c.loc["warm", "sm_clock_mhz"]
     clock = "" if np.isnan(idle) else f" (SM clock {idle:,.0f} MHz while idle, {busy:,.0f} MHz busy)"
     return (
@@ -95,77 +272,64 @@ def _cold_start(cold: pd.DataFrame) -> str:
     )
 
 
-def overlap_sentences(r: Study4Run) -> str:
+def overlap_sentences(r: Study4Page) -> str:
     """What the GPU-only probes add to F4.4: per-kernel times, clocks, and the cost of starting from idle."""
-    ov = r.overlap
-    out = []
-    if not ov.kernels.empty:
-        out.append(_kernels_and_clocks(ov))
-    if ov.cold is not None:
-        out.append(_cold_start(ov.cold))
-    if not out:
-        out.append("This run had no CUDA device: no concurrent condition, kernel profile or clocks (GPU only).")
+    out = [_kernels_and_clocks(r.overlap_kernels, r.overlap_clocks)]
+    if _has(r.overlap_cold, "state", "compaction_ms"):
+        out.append(_cold_start(r.overlap_cold))
+    if not any(out):
+        out = ["These runs had no CUDA device: no concurrent condition, kernel profile or clocks (GPU only)."]
     return takeaway_list(out)
 
 
+# ---- compact views --------------------------------------------------------------------------------------------------
 def bpt_view(bpt: pd.DataFrame) -> pd.DataFrame:
-    cols = [
-        "model",
-        "attention",
-        "dtype",
-        "layers",
-        "kv_heads",
-        "head_dim",
-        "formula_bytes",
-        "hf_bytes_per_token",
-        "hf_storage_bytes_per_token",
-        "pool_bytes_per_token",
-        "pool_allocator_bytes_per_token",
-        "exact",
-        "status",
-    ]
-    return bpt[[c for c in cols if c in bpt]].assign(model=bpt["model"].map(model_name))
+    cols = {
+        "model": "model",
+        "attention": "attention",
+        "dtype": "dtype",
+        "formula_bytes": "formula (B)",
+        "hf_bytes_per_token": "HF tensors (B)",
+        "hf_storage_bytes_per_token": "HF storages (B)",
+        "pool_bytes_per_token": "pool (B)",
+        "pool_allocator_bytes_per_token": "pool, allocator (B)",
+        "exact": "exact",
+    }
+    v = bpt[[c for c in cols if c in bpt]].assign(model=bpt["model"].map(model_name))
+    return v.rename(columns=cols).round(0)
 
 
-def capacity_view(r: Study4Run) -> pd.DataFrame:
-    s = r.capacity.summary.rename(
-        columns={
-            "block_size": "block (tokens)",
-            "fragmentation_pct": "fragmentation (%)",
-            "budget_used_pct": "budget used (%)",
-        }
-    )
-    return s.round(1)
+def capacity_view(summary: pd.DataFrame) -> pd.DataFrame:
+    cols = {
+        "block_size": "block (tokens)",
+        "sequences": "sequences",
+        "fragmentation_pct": "fragmentation (%)",
+        "budget_used_pct": "budget used (%)",
+    }
+    return summary.rename(columns=cols).round(1)
 
 
 def variation_view(var: pd.DataFrame) -> pd.DataFrame:
     cols = {
-        "ms_min": "min (ms)",
-        "ms_max": "max (ms)",
+        "trend_pct": "fitted trend (%)",
         "variation_pct": "variation (%)",
         "marginal_kv_gb_s": "marginal KV read (GB/s)",
-        "fit_r2": "fit r²",
         "pct_of_floor_at_max_context": "% of floor at longest context",
-        "kv_share_of_bytes_at_max_context": "KV share of bytes there",
     }
-    return var[["mode", "batch", *cols]].rename(columns=cols).round(3)
+    return var[["mode", "batch", *cols]].rename(columns=cols).round(1)
 
 
 def compaction_view(comp: pd.DataFrame) -> pd.DataFrame:
     """Median GB/s per mover and block size over pools and fractions moved (every point is ``compaction.csv``)."""
-    ok = comp[comp.status == "ok"]
+    ok = comp[comp.status == "ok"] if _has(comp, "status") else comp
     if ok.empty:
         return pd.DataFrame()
-    return ok.pivot_table(index="method", columns="block_size", values="gb_s", aggfunc="median").round(0)
+    t = ok.pivot_table(index="method", columns="block_size", values="gb_s", aggfunc="median").round(0)
+    t.columns = [f"{c}-token blocks (GB/s)" for c in t.columns]
+    return t
 
 
 def overlap_view(runs: pd.DataFrame) -> pd.DataFrame:
-    """Median milliseconds of each part, per decode batch and condition."""
+    """Median milliseconds of each part, per decode batch and condition (every round of every repeat)."""
     g = runs.groupby(["decode_batch", "condition"])[["compaction_ms", "decode_ms", "total_ms"]].median()
     return g.rename(columns=lambda c: c.replace("_ms", " (ms)")).round(3)
-
-
-def published() -> str:
-    """The "Against published results" section: the field's numbers beside this study's H200 ones, each cited
-    (``data/published/published.csv``); where the CSV pairs none with this study, the section says so."""
-    return render_published("04_kv_cache")
