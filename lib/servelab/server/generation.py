@@ -35,7 +35,12 @@ FINISH_REASONS = {
 
 
 class GenerationFailed(Exception):
-    """The engine failed while generating (after the response may have begun)."""
+    """The engine failed while generating (after the response may have begun); ``status`` 503 when the server
+    was stopping (a second SIGINT, or the end of --drain-timeout), 500 otherwise."""
+
+    def __init__(self, message: str, status: int = 500):
+        super().__init__(message)
+        self.status = status
 
 
 class ChoiceEvent(NamedTuple):
@@ -215,6 +220,8 @@ class Generation:
             return []  # tokens computed after a stop string, before the abort reached the engine
         if isinstance(update, Rejected):
             self.cancel()
+            if self.engine_loop.draining:
+                raise GenerationFailed(f"the server is stopping: {update.error}", status=503)
             raise GenerationFailed(f"engine error: {type(update.error).__name__}: {update.error}")
         if not isinstance(update, Tokens):
             return []

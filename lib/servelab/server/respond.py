@@ -103,7 +103,7 @@ async def sse_chunks(gen: Generation, fmt: ResponseFormat, metrics: ServerMetric
                 parts.append(fmt.chunk(ev))
             yield "".join(parts)
     except GenerationFailed as e:
-        yield fmt.error_event(APIError(500, str(e)).body())
+        yield fmt.error_event(APIError(e.status, str(e), code="shutting_down" if e.status == 503 else None).body())
     if fmt.include_usage:
         yield fmt.usage_chunk(gen)
     yield DONE
@@ -130,5 +130,5 @@ async def whole_body(request: Request, gen: Generation, fmt: ResponseFormat, met
     try:
         collector.result()
     except GenerationFailed as e:
-        raise APIError(500, str(e)) from None
+        raise APIError(e.status, str(e)) from None
     return fmt.body(gen)
