@@ -90,6 +90,11 @@ class SamplingParams:
         if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 or not -100 <= b <= 100 for t, b in bias):
             raise ParameterError(f"logit_bias needs token ids >= 0 and biases in [-100, 100], got {self.logit_bias!r}")
         object.__setattr__(self, "logit_bias", bias)
+        # read for every row of every step (the sampler's fast-path test): computed once
+        penalized = bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1)
+        processed = penalized or bool(bias or self.min_tokens or self.min_p) or self.top_k > 0
+        object.__setattr__(self, "_penalized", penalized)
+        object.__setattr__(self, "_processed", processed or self.logprobs is not None)
         m = self.min_tokens
         if isinstance(m, bool) or not isinstance(m, int) or not 0 <= m <= self.max_tokens:
             raise ParameterError(f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], got {m!r}")
@@ -105,17 +110,12 @@ class SamplingParams:
     @property
     def penalized(self) -> bool:
         """Whether a penalty reads the tokens so far (the sampler then needs them on the host)."""
-        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1)
+        return self._penalized
 
     @property
     def processed(self) -> bool:
         """Whether any logits processor or logprobs applies: False keeps the sampler's plain fast path."""
-        return (
-            self.penalized
-            or bool(self.logit_bias or self.min_tokens or self.min_p)
-            or self.top_k > 0
-            or self.logprobs is not None
-        )
+        return self._processed
 
     @property
     def plain(self) -> bool:
