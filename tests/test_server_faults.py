@@ -109,13 +109,14 @@ def test_a_refused_batch_leaves_nothing_behind_and_the_429_counts_only_others(en
     ep = engine_process(engine, max_waiting=32)
     with ServerThread(ep, settings=ServerSettings(model_name="tiny", max_waiting=32)) as srv:
         with httpx.Client(base_url=srv.base_url, timeout=30) as c:
+            # 64 free running slots and 32 places to wait beyond them: a batch of 97 cannot fit
             for _ in range(2):
-                r = c.post("/v1/completions", json={"prompt": ["hi"] * 40, "max_tokens": 1})
+                r = c.post("/v1/completions", json={"prompt": ["hi"] * 97, "max_tokens": 1})
                 assert r.status_code == 429
                 message = r.json()["error"]["message"]
-                assert "0 requests are waiting" in message and "40 prompts" in message, message
+                assert "0 requests are waiting" in message and "97 prompts" in message, message
             assert c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 1}).status_code == 200
-            assert c.post("/v1/completions", json={"prompt": ["hi"] * 20, "max_tokens": 1}).status_code == 200
+            assert c.post("/v1/completions", json={"prompt": ["hi"] * 96, "max_tokens": 1}).status_code == 200
             assert c.get("/health").status_code == 200
             text = c.get("/metrics").text
             assert metric(text, "servelab_num_requests_waiting") == 0

@@ -8,7 +8,7 @@ from pydantic import ValidationError
 from servelab.errors import ParameterError
 from servelab.server.errors import from_validation_error
 from servelab.server.output_text import OutputText
-from servelab.server.protocol import ChatCompletionRequest, CompletionRequest
+from servelab.server.protocol import ChatCompletionRequest, CompletionRequest, unknown_fields
 from servelab.server.tokenizer import ByteTokenizer, HFTokenizer, NoChatTemplate, byte_window
 
 
@@ -130,7 +130,12 @@ def test_hf_chat_template_renders_the_conversation():
         ({"prompt": 5}, "prompt"),
         ({"prompt": ["a", 1]}, "prompt"),
         ({"prompt": "x", "stream": "yes"}, "stream"),
-        ({"prompt": "x", "frobnicate": 1}, "frobnicate"),  # unknown fields are errors, not ignored
+        ({"prompt": "x", "n": 0}, "n"),
+        ({"prompt": "x", "logprobs": 21}, "logprobs"),
+        ({"prompt": "x", "presence_penalty": 2.5}, "presence_penalty"),
+        ({"prompt": "x", "top_k": -2}, "top_k"),
+        ({"prompt": "x", "min_p": 1.5}, "min_p"),
+        ({"prompt": "x", "repetition_penalty": 0}, "repetition_penalty"),
         ({}, "prompt"),
     ],
 )
@@ -149,10 +154,29 @@ def test_malformed_json_is_reported_as_such():
     assert err.status == 400 and err.code == "malformed_json" and "malformed JSON" in err.message
 
 
+def test_unknown_fields_are_kept_aside_not_refused():
+    req = CompletionRequest.model_validate_json(json.dumps({"prompt": "x", "frobnicate": 1, "guided_json": {}}))
+    assert unknown_fields(req) == ["frobnicate", "guided_json"]
+    chat = ChatCompletionRequest.model_validate_json(
+        json.dumps({"messages": [{"role": "assistant", "content": None, "tool_calls": []}], "tools": []})
+    )
+    assert unknown_fields(chat) == ["tools", "messages.tool_calls"]
+
+
 def test_unsupported_options_are_listed():
-    req = CompletionRequest.model_validate_json(json.dumps({"prompt": "x", "n": 2, "logprobs": 3, "echo": True}))
-    assert {p for p, _ in req.unsupported()} == {"n", "logprobs", "echo"}
-    assert CompletionRequest.model_validate_json('{"prompt": [1, 2]}').unsupported() == []
+    req = CompletionRequest.model_validate_json(
+        json.dumps({"prompt": "x", "n": 2, "logprobs": 3, "echo": True, "best_of": 3, "suffix": "y"})
+    )
+    assert {p for p, _ in req.unsupported()} == {"best_of", "suffix"}
+    assert CompletionRequest.model_validate_json('{"prompt": [1, 2], "n": 2, "best_of": 2}').unsupported() == []
+    assert [p for p, _ in CompletionRequest(prompt="x", max_tokens=0).unsupported()] == ["max_tokens"]
+    assert CompletionRequest(prompt="x", max_tokens=0, echo=True).unsupported() == []
+    fmt = CompletionRequest.model_validate_json('{"prompt": "x", "response_format": {"type": "json_object"}}')
+    assert [p for p, _ in fmt.unsupported()] == ["response_format"]
+    no_top = ChatCompletionRequest.model_validate_json(
+        '{"messages": [{"role": "user", "content": "a"}], "top_logprobs": 2}'
+    )
+    assert [p for p, _ in no_top.unsupported()] == ["top_logprobs"]
     chat = ChatCompletionRequest.model_validate_json(
         json.dumps(
             {

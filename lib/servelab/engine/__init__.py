@@ -8,7 +8,8 @@
 - ``model_runner.py``, ``cuda_graphs.py`` and ``step_graphs.py``: one forward (or several decode steps back to
   back), eager or as replayed CUDA graphs;
 - ``inflight.py``: a launched step whose sampled tokens are read during the next one (async scheduling);
-- ``sampling.py``: greedy, temperature, top-p, per-request seeds;
+- ``sampling.py``: greedy, temperature, top-k, min-p, top-p, per-request seeds; ``logits_processing.py``: penalties,
+  logit bias, min_tokens, batched on the device; ``logprobs.py``: logprobs of sampled and prompt tokens;
 - ``memory.py``: sizing the KV pool from a memory fraction;
 - ``config.py``: the engine's settings; ``compilation.py``: ``torch.compile`` of the blocks, checked;
 - ``engine.py``: the loop that ties them together.

@@ -119,6 +119,7 @@ class Engine:
             max_num_seqs=cfg.max_num_seqs,
             max_blocks=max_blocks_per_sequence(self.max_model_len, cfg.block_size),
         )
+        self.runner.eos_token_ids = self.scheduler.eos_token_ids
         self._try_varlen()
         self._try_compile()
         self._capture_graphs(graph_progress)
@@ -277,6 +278,8 @@ class Engine:
             )
         if params.seed is not None:
             seq.generator = torch.Generator(device=self.device).manual_seed(params.seed)
+        if params.prompt_logprobs is not None:
+            seq.prompt_logprobs = [None]  # the first token has no context to be scored in
         self.scheduler.add(seq)
         return seq
 
@@ -351,11 +354,11 @@ class Engine:
 
     def _must_land(self, step: InFlightStep) -> bool:
         """Whether ``step``'s tokens must be read before another step is scheduled: async scheduling is off,
-        a sequence ends there by length, or no sequence of it is left running."""
+        a sequence ends there by length, a penalty of one must read its tokens, or no sequence of it is left running."""
         if not self.config.async_scheduling or self.config.decode_steps > 1:
             return True
         seqs = [it.seq for it in step.batch.items if not it.seq.is_finished]
-        return not seqs or any(len(s.output_token_ids) >= s.params.max_tokens for s in seqs)
+        return not seqs or any(len(s.output_token_ids) >= s.params.max_tokens or s.params.penalized for s in seqs)
 
     def _land(self) -> list[TokenEvent]:
         """Read the step in flight's tokens (the wait for the GPU), hand them to the scheduler, log the step."""
@@ -363,9 +366,14 @@ class Engine:
         self._inflight = self._launch = None
         t_wait = time.perf_counter()
         tokens = step.tokens()
+        logprobs = step.token_logprobs() or [None] * len(tokens)
+        step.land_prompt_logprobs()
         t_read = time.perf_counter()
-        accepted = (self.scheduler.accept(it.seq, tok) for it, tok in zip(step.items, tokens, strict=True))
-        events = [ev for ev in accepted if ev is not None]  # None: the sequence finished before its token landed
+        events = []
+        for it, tok, lp in zip(step.items, tokens, logprobs, strict=True):
+            ev = self.scheduler.accept(it.seq, tok)
+            if ev is not None:  # None: the sequence finished before its token landed
+                events.append(ev if lp is None else ev._replace(logprobs=lp))
         self._release_finished(events)
         if self.on_step is not None:
             self.on_step(
@@ -404,8 +412,8 @@ class Engine:
         up to ``decode_steps - 1`` wasted tokens per such request, and newcomers wait up to that many
         steps). The tokens are those single steps would give: same inputs, same kernels, same sampling.
         """
-        if not all(it.samples for it in batch.items):
-            return None
+        if not all(it.samples and not it.seq.params.processed for it in batch.items):
+            return None  # logits processors and logprobs run in ordinary steps
         steps = []
         for it in batch.items:
             seq = it.seq

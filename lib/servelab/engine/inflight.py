@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from servelab.engine.logprobs import PromptLogprobs, SampledLogprobs
 from servelab.engine.scheduler import ScheduledBatch, ScheduledSequence
 from servelab.engine.sequence import PENDING_TOKEN
 
@@ -30,6 +31,8 @@ class InFlightStep:
     start: object = None  # timing events around the step's GPU work (CUDA only): its device time
     end: object = None
     row_of: dict = field(default_factory=dict)  # seq_id -> row of its token
+    logprobs: SampledLogprobs | None = None  # of the sampled tokens, for the rows that asked
+    prompt_logprobs: PromptLogprobs | None = None  # of prompt tokens, for the prefill chunks that asked
 
     def __post_init__(self):
         self.row_of = {it.seq.seq_id: i for i, it in enumerate(self.items)}
@@ -41,6 +44,15 @@ class InFlightStep:
         if self.ready is not None:
             self.ready.synchronize()
         return self.host_tokens.tolist()
+
+    def token_logprobs(self) -> list | None:
+        """One ``TokenLogprob`` (or None) per sampling row, or None when no row asked (reads the device)."""
+        return None if self.logprobs is None else self.logprobs.per_row(len(self.items))
+
+    def land_prompt_logprobs(self) -> None:
+        """Hand the prompt logprobs this step computed to their sequences (reads the device)."""
+        if self.prompt_logprobs is not None:
+            self.prompt_logprobs.land()
 
     def device_ms(self) -> float:
         """GPU time in ms from the step's first kernel to its sampled tokens (CUDA events; NaN on a CPU). Waits
@@ -67,12 +79,21 @@ class TokenStaging:
         ev.record()
         return ev
 
-    def stage(self, batch: ScheduledBatch, items: list, tokens: torch.Tensor | None, start) -> InFlightStep:
+    def stage(
+        self,
+        batch: ScheduledBatch,
+        items: list,
+        tokens: torch.Tensor | None,
+        start,
+        logprobs=None,
+        prompt_logprobs=None,
+    ) -> InFlightStep:
         """Start the copy of ``tokens`` [S] to the host without waiting for it. ``start``: a timing event recorded
-        before the step's first kernel (``timing_event``)."""
+        before the step's first kernel (``timing_event``). ``logprobs``/``prompt_logprobs`` stay on the device until
+        the step lands."""
         end = self.timing_event()  # before the copy: once the tokens are on the host, ``end`` has passed
         if tokens is None:
-            return InFlightStep(batch, items, None, None, None, start, end)
+            return InFlightStep(batch, items, None, None, None, start, end, prompt_logprobs=prompt_logprobs)
         host = self.buffers[self.turn][: tokens.shape[0]]
         self.turn ^= 1
         host.copy_(tokens, non_blocking=self.cuda)
@@ -80,7 +101,9 @@ class TokenStaging:
         if self.cuda:
             ready = torch.cuda.Event()
             ready.record()
-        return InFlightStep(batch, items, tokens, host, ready, start, end)
+        return InFlightStep(
+            batch, items, tokens, host, ready, start, end, logprobs=logprobs, prompt_logprobs=prompt_logprobs
+        )
 
 
 def pending_sources(ordered_items, previous: InFlightStep | None) -> tuple[list[int], list[int]]:

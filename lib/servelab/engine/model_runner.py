@@ -15,7 +15,8 @@ import torch
 from servelab.engine.block_tables import DeviceBlockTables
 from servelab.engine.cuda_graphs import DecodeGraphs, power_of_two_buckets
 from servelab.engine.inflight import InFlightStep, TokenStaging, patch_pending
-from servelab.engine.sampling import exponential_race, sample
+from servelab.engine.logprobs import PromptLogprobs, logprobs_of
+from servelab.engine.sampling import exponential_race, sample, sample_step
 from servelab.engine.scheduler import ScheduledBatch
 from servelab.engine.step_graphs import StepGraphs
 from servelab.engine.step_inputs import build_step_inputs
@@ -41,6 +42,7 @@ class ModelRunner:
         self.race = exponential_race  # the whole-batch sampler; the engine swaps in a compiled one
         self.triton_tuning = "n/a"
         self.staging = TokenStaging(max_num_seqs, pool.device)  # where sampled tokens land on the host
+        self.eos_token_ids: tuple[int, ...] = ()  # min_tokens keeps these from being sampled (set by the engine)
 
     def release(self, seq_id) -> None:
         """A sequence finished or was preempted: its block-table row is free."""
@@ -189,13 +191,30 @@ class ModelRunner:
         for src, dst in self.bm.take_copies():  # copy-on-write of shared blocks, before any K/V is written
             self.pool.copy_blocks([(src, dst)])
         start = self.staging.timing_event()
-        logits, items = self.logits(batch, previous)
-        tokens = (
-            sample(logits, [it.seq.params for it in items], [it.seq.generator for it in items], self.race)
-            if items
-            else None
+        prompt = None
+        if any(it.seq.needs_prompt_logprobs for it in batch.items):
+            logits, items, prompt = self._logits_and_prompt_logprobs(batch, previous)
+        else:
+            logits, items = self.logits(batch, previous)
+        tokens, logprobs = (
+            sample_step(logits, [it.seq for it in items], self.race, self.eos_token_ids) if items else (None, None)
         )
-        return self.staging.stage(batch, items, tokens, start)
+        return self.staging.stage(batch, items, tokens, start, logprobs, prompt)
+
+    def _logits_and_prompt_logprobs(self, batch: ScheduledBatch, previous: InFlightStep | None):
+        """``logits()`` for a step in which some prefill chunk needs prompt logprobs: always eager (graphs compute
+        only the sampling rows' logits), with those positions' logits as extra rows scored on the device."""
+        self.eager_steps += 1
+        x = build_step_inputs(batch, self.tables, self.device, varlen=self.varlen, prompt_logprobs=True)
+        patch_pending(x.input_ids, x.ordered_items, previous)
+        out = self.model(x.input_ids, x.positions, x.meta, self.pool, x.logits_indices)
+        s = len(x.sampling_items)
+        prompt = None
+        if x.prompt_spans:
+            ks = [seq.params.prompt_logprobs for seq, _, count in x.prompt_spans for _ in range(count)]
+            targets = torch.tensor(x.prompt_targets).to(self.device, non_blocking=True)
+            prompt = PromptLogprobs(x.prompt_spans, logprobs_of(out[s:], targets, ks))
+        return out[:s], x.sampling_items, prompt
 
     def execute(self, batch: ScheduledBatch) -> list[int | None]:
         """Run ``batch`` and wait for its tokens: one sampled token (or None) per item."""

@@ -74,6 +74,7 @@ class TokenEvent(NamedTuple):
     token_id: int
     finished: bool
     finish_reason: FinishReason | None
+    logprobs: object = None  # a TokenLogprob when the request asked for logprobs (``logprobs.py``)
 
 
 class Scheduler(ABC):
@@ -178,9 +179,10 @@ class Scheduler(ABC):
     def _cached_prefix(self, seq: Sequence) -> list[int]:
         """Blocks of the prefix cache that hold a waiting sequence's longest cached prefix ([] without a cache).
 
-        The last token is never taken from the cache: the step must compute it to sample the next token.
+        The last token is never taken from the cache: the step must compute it to sample the next token. A
+        sequence that needs prompt logprobs takes none: they come from the logits of every prompt position.
         """
-        if self.bm.prefix_cache is None:
+        if self.bm.prefix_cache is None or seq.needs_prompt_logprobs:
             return []
         return self.bm.match_prefix(seq.token_ids(0, seq.num_tokens - 1))
 

@@ -6,7 +6,7 @@ layer expects. ``order`` maps flat positions back to the scheduler's items.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -25,6 +25,10 @@ class StepInputs:
     logits_indices: torch.Tensor  # LongTensor [S]: flat index of each sampling item's last token
     sampling_items: list[ScheduledSequence]  # the S items that sample, in logits order
     ordered_items: list[ScheduledSequence]  # every item, in the order of its tokens in input_ids
+    # with ``prompt_logprobs``: logits rows past the S sampling ones, per (sequence, first prompt token, count),
+    # and the prompt token each row scores
+    prompt_spans: list = field(default_factory=list)
+    prompt_targets: list[int] = field(default_factory=list)
 
 
 def _to_device(values: list[int], device, dtype=torch.long) -> torch.Tensor:
@@ -32,8 +36,12 @@ def _to_device(values: list[int], device, dtype=torch.long) -> torch.Tensor:
     return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
 
-def build_step_inputs(batch: ScheduledBatch, tables: DeviceBlockTables, device, *, varlen: bool = False) -> StepInputs:
-    """``varlen``: run the context-free prefill segments as one varlen attention call (when there are two or more)."""
+def build_step_inputs(
+    batch: ScheduledBatch, tables: DeviceBlockTables, device, *, varlen: bool = False, prompt_logprobs: bool = False
+) -> StepInputs:
+    """``varlen``: run the context-free prefill segments as one varlen attention call (when there are two or more).
+    ``prompt_logprobs``: also ask for the logits of the prompt positions of sequences that need prompt logprobs
+    (rows after the sampling ones; ``Sequence.prompt_logprobs_asked`` moves past them)."""
     decodes = [it for it in batch.items if it.is_decode]
     fresh = [it for it in batch.items if not it.is_decode and it.start == 0]
     prefills = fresh + [it for it in batch.items if not it.is_decode and it.start > 0]
@@ -75,6 +83,26 @@ def build_step_inputs(batch: ScheduledBatch, tables: DeviceBlockTables, device, 
         if it.samples:
             sampling.append(it)
             last.append(q - 1)
-    return StepInputs(
-        _to_device(ids, device), _to_device(pos, device), meta, _to_device(last, device), sampling, ordered
-    )
+    spans, targets = prompt_rows(ordered, last) if prompt_logprobs else ([], [])
+    ids_t, pos_t, last_t = _to_device(ids, device), _to_device(pos, device), _to_device(last, device)
+    return StepInputs(ids_t, pos_t, meta, last_t, sampling, ordered, spans, targets)
+
+
+def prompt_rows(ordered: list[ScheduledSequence], indices: list[int]) -> tuple[list, list[int]]:
+    """Append to ``indices`` the flat positions whose logits give prompt logprobs; (spans, target tokens).
+
+    Position p's logits score prompt token p + 1, so a prompt of P tokens needs positions 0 … P - 2 (the last
+    position's logits sample the first output token instead)."""
+    spans, targets, q = [], [], 0
+    for it in ordered:
+        seq = it.seq
+        if seq.needs_prompt_logprobs:
+            first = max(it.start, seq.prompt_logprobs_asked)
+            end = min(it.start + it.num_tokens, len(seq.prompt_token_ids) - 1)
+            if end > first:
+                indices += range(q + first - it.start, q + end - it.start)
+                targets += seq.prompt_token_ids[first + 1 : end + 1]
+                spans.append((seq, first + 1, end - first))
+                seq.prompt_logprobs_asked = end
+        q += it.num_tokens
+    return spans, targets

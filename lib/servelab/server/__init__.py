@@ -6,8 +6,11 @@
   ``/v1/chat/completions``, ``/v1/models[/{id}]``; ``routes_ops.py``: ``/health``, ``/metrics``,
   ``/version``, ``/tokenize``, ``/detokenize``; ``state.py``: what handlers share and the request checks;
   ``request_body.py``: reading bodies; ``respond.py``: streamed or whole responses;
-- ``protocol.py``: OpenAI's request bodies as strict pydantic models; ``errors.py``: OpenAI-style errors;
-  ``responses.py``: response bodies and SSE chunks;
+- ``protocol.py``: OpenAI's request bodies as pydantic models (no coercion; unknown fields logged and ignored);
+  ``errors.py``: OpenAI-style errors; ``responses.py``: response bodies and SSE chunks; ``logprob_format.py``:
+  logprobs in OpenAI's completion and chat shapes;
+- ``vllm_flags.py``: vLLM's flags without an engine setting here, accepted or refused; ``draining.py``: uvicorn
+  with the two-signal shutdown (503 while draining, error events on a stop);
 - ``engine_loop.py``: the single thread that steps the engine; ``engine_process.py``: that thread in a
   process of its own; ``supervision.py``: the engine process dies with the server;
 - ``generation.py``: one HTTP request's tokens on the asyncio side; ``output_text.py``: incremental text

@@ -32,12 +32,15 @@ HIT_RATE_PERIOD_S = 0.5  # how often the prefix-cache hit rate gauge is refreshe
 
 
 class QueueFull(Exception):
-    """Admitting a request would put more requests in the queue than ``max_waiting`` allows."""
+    """Admitting a request would leave more requests waiting, beyond the free running slots, than ``max_waiting``."""
 
-    def __init__(self, waiting: int, adding: int, limit: int):
-        self.waiting, self.adding, self.limit = waiting, adding, limit
+    def __init__(self, waiting: int, adding: int, limit: int, free_slots: int = 0):
+        self.waiting, self.adding, self.limit, self.free_slots = waiting, adding, limit, free_slots
         mine = f"; this request has {adding} prompts" if adding > 1 else ""
-        super().__init__(f"{waiting} requests are waiting (limit {limit}){mine}")
+        super().__init__(
+            f"{waiting} requests are waiting for {free_slots} free running slots (at most {limit} may wait "
+            f"beyond them){mine}"
+        )
 
 
 class Draining(Exception):
@@ -55,13 +58,21 @@ class Rejected(NamedTuple):
 class Tokens(NamedTuple):
     token_ids: list[int]  # tokens produced for the request in one step (usually one)
     finish_reason: FinishReason | None  # set on the last update of a request
+    logprobs: list | None = None  # one TokenLogprob per token, when the request asked for logprobs
+    prompt_logprobs: list | None = None  # on the first update of a request that asked for prompt logprobs
 
 
-def check_room(waiting: int, adding: int, limit: int | None) -> None:
-    """``QueueFull`` unless ``adding`` more requests fit beside ``waiting`` under ``limit`` (None: no limit).
+def check_room(waiting: int, adding: int, limit: int | None, free_slots: int = 0) -> None:
+    """``QueueFull`` unless ``adding`` more requests beside the ``waiting`` ones leave at most ``limit`` (None: no
+    limit) waiting beyond the ``free_slots`` running slots, which take the first of them at the next step.
     A request's prompts are admitted all or none, so a refused request leaves nothing behind."""
-    if limit is not None and waiting + adding > limit:
-        raise QueueFull(waiting, adding, limit)
+    if limit is not None and waiting + adding - max(free_slots, 0) > limit:
+        raise QueueFull(waiting, adding, limit, free_slots)
+
+
+def max_running(engine) -> int:
+    """How many requests ``engine`` runs at once (its scheduler's ``max_num_seqs``; 1 for one without)."""
+    return getattr(getattr(engine, "scheduler", None), "max_num_seqs", 1)
 
 
 @dataclass(eq=False)
@@ -81,6 +92,7 @@ class Handle:
     last_token_s: float | None = None
     num_generated: int = 0
     done: bool = False
+    sent_prompt_logprobs: bool = False
 
 
 class EngineLoop:
@@ -109,6 +121,8 @@ class EngineLoop:
         self._calls: deque[tuple[Callable, Future]] = deque()
         self._live: dict[int, Handle] = {}
         self._waiting_in_engine = 0  # the scheduler's queue length after the last step
+        self._running_in_engine = 0  # the scheduler's running sequences after the last step
+        self.max_running = max_running(engine)
         self._draining = False
         self._stop_when_idle = False
         self._abort_all = False
@@ -145,6 +159,16 @@ class EngineLoop:
         """Requests not yet running: submitted but not admitted, plus the scheduler's queue."""
         return len(self._inbox) + self._waiting_in_engine
 
+    @property
+    def free_slots(self) -> int:
+        """Running slots free after the last step: the first waiting requests take them at the next."""
+        return max(0, self.max_running - self._running_in_engine)
+
+    @property
+    def num_open(self) -> int:
+        """Requests submitted and not finished (a drain ends when this is 0)."""
+        return len(self._inbox) + len(self._live)
+
     def submit(
         self,
         prompt_ids: list[int],
@@ -168,7 +192,7 @@ class EngineLoop:
                 raise Draining("the server is shutting down")
             if not self.alive and self._thread is not None:
                 raise Draining("the engine has stopped")
-            check_room(self.num_waiting, len(handles), self.max_waiting)
+            check_room(self.num_waiting, len(handles), self.max_waiting, self.free_slots)
             self._inbox.extend(handles)
             self._cond.notify()
         return handles
@@ -310,7 +334,10 @@ class EngineLoop:
             self.engine.abort(h.seq)
             self._live.pop(h.seq.seq_id, None)
         self._finish(h)
-        self._send(h, Tokens([], FinishReason.ABORT))  # whoever still listens learns it ended
+        if self._abort_all and not h.cancelled:  # stopped by the server, not by its client: that is an error
+            self._send(h, Rejected(RuntimeError("the server stopped before the request finished")))
+        else:
+            self._send(h, Tokens([], FinishReason.ABORT))  # whoever still listens learns it ended
 
     def _finish(self, h: Handle) -> None:
         h.done = True
@@ -346,7 +373,13 @@ class EngineLoop:
         if last.finished:
             self._live.pop(h.seq.seq_id, None)
             self._finish(h)
-        self._send(h, Tokens([ev.token_id for ev in evs], last.finish_reason if last.finished else None))
+        logprobs = [ev.logprobs for ev in evs] if h.params.logprobs is not None else None
+        prompt_logprobs = None
+        if h.params.prompt_logprobs is not None and not h.sent_prompt_logprobs:
+            h.sent_prompt_logprobs = True
+            prompt_logprobs = list(h.seq.prompt_logprobs)
+        reason = last.finish_reason if last.finished else None
+        self._send(h, Tokens([ev.token_id for ev in evs], reason, logprobs, prompt_logprobs))
 
     def _fail_all(self, e: BaseException) -> None:
         """Every request admitted or queued ends with ``Rejected(e)``; the engine forgets them (so their KV
@@ -403,5 +436,6 @@ class EngineLoop:
 
     def _update_gauges(self) -> None:
         self._waiting_in_engine = len(self.engine.scheduler.waiting)
+        self._running_in_engine = len(getattr(self.engine.scheduler, "running", ()))
         if self.metrics is not None:
             self.metrics.set_gauges(self.gauges())

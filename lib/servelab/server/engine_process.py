@@ -40,7 +40,16 @@ from concurrent.futures import Future
 
 from servelab.engine import SamplingParams
 from servelab.errors import ParameterError
-from servelab.server.engine_loop import Accepted, Draining, EngineLoop, Handle, Rejected, Tokens, check_room
+from servelab.server.engine_loop import (
+    Accepted,
+    Draining,
+    EngineLoop,
+    Handle,
+    Rejected,
+    Tokens,
+    check_room,
+    max_running,
+)
 from servelab.server.metrics import Observations, ServerMetrics
 from servelab.server.supervision import die_with_parent
 
@@ -162,6 +171,7 @@ def engine_process_main(
                 "vocab": child.loop.vocab,
                 "max_model_len": child.loop.max_model_len,
                 "num_blocks": engine.num_blocks,
+                "max_running": max_running(engine),
                 "special_ids": special_ids(engine.model.config),
                 "stats": engine.stats(),
                 "device": str(engine.device),
@@ -202,6 +212,7 @@ class EngineProcess:
         self._count_lock = threading.Lock()
         self._drained_clean = False
         self._queued_in_engine = 0  # the child's scheduler queue after its last round
+        self._running_in_engine = 0  # the child's running sequences after its last round
         self._drained = threading.Event()
         self._reader: threading.Thread | None = None
         self._calls: dict[int, Future] = {}
@@ -276,6 +287,16 @@ class EngineProcess:
         """Requests not yet running: sent to the child and not yet admitted, plus its scheduler's queue."""
         return len(self._unadmitted) + self._queued_in_engine
 
+    @property
+    def free_slots(self) -> int:
+        """Running slots free after the child's last round: the first waiting requests take them."""
+        return max(0, self.info.get("max_running", 1) - self._running_in_engine)
+
+    @property
+    def num_open(self) -> int:
+        """Requests sent and not finished (a drain ends when this is 0)."""
+        return len(self._handles)
+
     def _send(self, msg) -> None:
         with self._send_lock:
             self._conn.send(msg)
@@ -294,7 +315,7 @@ class EngineProcess:
         now = time.perf_counter()
         handles = [Handle(list(p), sp, deliver, arrival_s=now, rid=next(self._ids)) for p, sp, deliver in requests]
         with self._count_lock:
-            check_room(self.num_waiting, len(handles), self.max_waiting)
+            check_room(self.num_waiting, len(handles), self.max_waiting, self.free_slots)
             for h in handles:
                 self._handles[h.rid] = h
                 self._unadmitted.add(h.rid)
@@ -373,6 +394,7 @@ class EngineProcess:
             if h is not None:
                 self._on_update(h, update)
         self._queued_in_engine = gauges["queued"]
+        self._running_in_engine = gauges["running"]
         if self.metrics is not None:
             self.metrics.replay(observations)
             self.metrics.set_gauges(gauges | {"waiting": self.num_waiting})

@@ -2,14 +2,15 @@
 
 Status codes the server answers with:
 
-- 400 ``invalid_request_error``: malformed JSON, wrong types, unknown fields, out-of-range values,
-  token ids outside the vocabulary, an empty prompt, prompt + max_tokens beyond the context, an
-  unsupported option (``n > 1``, ``logprobs``), chat on a model without a chat template;
+- 400 ``invalid_request_error``: malformed JSON, wrong types, out-of-range values (``top_logprobs`` > 20,
+  ``n`` > 128, penalties, ``top_k`` < -1), token ids outside the vocabulary, an empty prompt, prompt +
+  max_tokens beyond the context, an unsupported option (``suffix``, JSON ``response_format``), chat on a
+  model without a chat template (unknown fields are not errors: they are ignored and logged);
 - 401 ``authentication_error``: missing or wrong API key;
 - 404 ``not_found_error``: unknown route or model name;
 - 413 ``invalid_request_error`` (code ``body_too_large``): body over ``--max-body-bytes``;
 - 429 ``rate_limit_error`` (code ``queue_full``) with ``Retry-After``: too many requests waiting;
-- 503 ``service_unavailable`` (code ``shutting_down``): the server is draining;
+- 503 ``service_unavailable`` (code ``shutting_down``) with ``Retry-After``: the server is draining;
 - 500 ``internal_error``: a bug (the engine raised); the message says what.
 """
 

@@ -9,16 +9,27 @@ vLLM's spellings work beside this project's: ``--enable-prefix-caching`` (``--pr
 --no-step-graphs``), ``--num-gpu-blocks-override`` (``--num-blocks``), and the model as the first argument.
 
 All engine settings are turned into an engine in ONE place, ``engine_from_args``; a new engine option
-(e.g. prefix caching, a draft model) adds its flag in ``add_engine_flags`` and its use there.
+(e.g. prefix caching, a draft model) adds its flag in ``add_engine_flags`` and its use there. vLLM's flags that
+have no engine setting here are in ``vllm_flags.py``.
+
+This module imports neither torch nor the engine at import time: ``--help`` answers at once, and a bad flag
+fails before anything heavy loads (``engine_from_args`` imports them when it runs).
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from servelab.engine import Engine, EngineConfig
-from servelab.engine.policies import POLICIES
 from servelab.errors import ParameterError
+from servelab.server.vllm_flags import DTYPES, add_vllm_flags, check_vllm_flags
+
+if TYPE_CHECKING:
+    from servelab.engine import Engine, EngineConfig
+
+# the scheduling policies' names (servelab.engine.policies.POLICIES, which imports the engine; a test keeps
+# the two equal)
+POLICY_NAMES = ("chunked_prefill", "eager_cont_batch", "fcfs")
 
 
 def int_list(text: str) -> tuple[int, ...]:
@@ -68,10 +79,22 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         help="model spec: config:<name> (random weights of a shipped config), a directory, a hub id, or "
         "HuggingFaceTB/SmolLM2-135M-Instruct (a trained model, offline)",
     )
-    g.add_argument("--dtype", default="auto", help="float32, bfloat16, float16; auto: bfloat16 on CUDA, float32 on CPU")
+    g.add_argument(
+        "--dtype",
+        default="auto",
+        choices=sorted(DTYPES),
+        help="weights and activations (vLLM's values: half = float16, float = float32); auto: bfloat16 on CUDA, "
+        "float32 on CPU",
+    )
     g.add_argument("--device", default="auto", help="cuda, cpu, cuda:1 ...; auto: cuda when available")
-    g.add_argument("--seed", type=int, default=0, help="seed of the random weights of a config: model")
-    g.add_argument("--scheduler", default="chunked_prefill", choices=sorted(POLICIES), help="scheduling policy")
+    g.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the sampling seed of requests that set none (as in vLLM: the engine's random generator starts from "
+        "it, so a server's unseeded sampling repeats run to run), and of a config: model's random weights",
+    )
+    g.add_argument("--scheduler", default="chunked_prefill", choices=POLICY_NAMES, help="scheduling policy")
     g.add_argument("--max-num-seqs", type=positive_int, default=256, help="running sequences at once")
     g.add_argument(
         "--max-num-batched-tokens",
@@ -168,6 +191,8 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    from servelab.engine import EngineConfig
+
     return EngineConfig(
         block_size=args.block_size,
         max_num_seqs=args.max_num_seqs,
@@ -190,12 +215,19 @@ def resolve_device_dtype(args: argparse.Namespace) -> tuple[str, str]:
     import torch
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    dtype = ("bfloat16" if device.startswith("cuda") else "float32") if args.dtype == "auto" else args.dtype
+    dtype = DTYPES.get(args.dtype, args.dtype)
+    if dtype == "auto":
+        dtype = "bfloat16" if device.startswith("cuda") else "float32"
     return device, dtype
 
 
 def engine_from_args(args: argparse.Namespace) -> Engine:
-    """The engine the flags describe (the single place flags become an engine), warmed up if asked."""
+    """The engine the flags describe (the single place flags become an engine), warmed up if asked; the random
+    generator that unseeded requests sample from then starts from ``--seed``."""
+    import torch
+
+    from servelab.engine import Engine
+
     device, dtype = resolve_device_dtype(args)
     spec, draft = speculation_from_args(args), None
     if spec is not None and spec.method == "ngram":
@@ -223,6 +255,7 @@ def engine_from_args(args: argparse.Namespace) -> Engine:
         warm_up(engine)
         if getattr(args, "prefix_caching", False) and hasattr(engine, "set_prefix_caching"):
             engine.set_prefix_caching(True)  # forget the warm-up request: the hit rate counts clients only
+    torch.manual_seed(args.seed)  # after loading and warm-up, so that only the requests draw from it
     return engine
 
 
@@ -250,6 +283,19 @@ def warm_up(engine: Engine) -> None:
 def build_parser(prog: str = "python -m servelab.server") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description="An OpenAI-compatible HTTP server on the servelab engine.")
     add_engine_flags(p)
+    t = p.add_argument_group("tokenizer")
+    t.add_argument(
+        "--tokenizer",
+        default=None,
+        help="where the tokenizer loads from (a directory or hub id; default: the model's, else byte-level)",
+    )
+    t.add_argument(
+        "--chat-template",
+        default=None,
+        metavar="PATH_OR_TEMPLATE",
+        help="a Jinja chat template (a file, or the template itself) replacing the tokenizer's; with a config: "
+        "model's byte-level tokenizer it enables /v1/chat/completions",
+    )
     g = p.add_argument_group("HTTP")
     g.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     g.add_argument("--port", type=int, default=8000)
@@ -259,7 +305,8 @@ def build_parser(prog: str = "python -m servelab.server") -> argparse.ArgumentPa
         "--max-queue",
         type=positive_int,
         default=4096,
-        help="requests waiting to be scheduled before new ones get 429 + Retry-After",
+        help="requests that may wait beyond the free running slots (--max-num-seqs) before new ones get 429 + "
+        "Retry-After (default: %(default)s)",
     )
     g.add_argument("--max-body-bytes", type=positive_int, default=1 << 20, help="larger request bodies get 413")
     g.add_argument(
@@ -282,6 +329,13 @@ def build_parser(prog: str = "python -m servelab.server") -> argparse.ArgumentPa
         "(--no-engine-process: a thread of the HTTP process)",
     )
     g.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    g.add_argument(
+        "--uvicorn-log-level",
+        default=None,
+        choices=["critical", "error", "warning", "info", "debug", "trace"],
+        help="uvicorn's log level (default: --log-level)",
+    )
+    add_vllm_flags(p)
     return p
 
 
@@ -295,6 +349,7 @@ def parse_args(argv=None, prog: str = "python -m servelab.server") -> argparse.N
         parser.error(f"--memory-fraction must be in (0, 1], got {args.memory_fraction}")
     if not 0 <= args.port < 65536:
         parser.error(f"--port must be in [0, 65535], got {args.port}")
+    check_vllm_flags(args, parser)
     try:
         engine_config_from_args(args)  # bad combinations fail here, before the model loads
         speculation_from_args(args)

@@ -35,7 +35,12 @@ FINISH_REASONS = {
 
 
 class GenerationFailed(Exception):
-    """The engine failed while generating (after the response may have begun)."""
+    """The engine failed while generating (after the response may have begun); ``status`` 503 when the server
+    was stopping (a second SIGINT, or the end of --drain-timeout), 500 otherwise."""
+
+    def __init__(self, message: str, status: int = 500):
+        super().__init__(message)
+        self.status = status
 
 
 class ChoiceEvent(NamedTuple):
@@ -43,10 +48,14 @@ class ChoiceEvent(NamedTuple):
     text: str  # text that may be sent now (possibly empty)
     token_id: int | None  # the generated token (None on a finish without a new token)
     finish_reason: str | None  # "stop", "length" or "abort" on the choice's last event
+    logprob: object = None  # the token's TokenLogprob, when the request asked for logprobs
 
 
 @dataclass(eq=False)
 class Choice:
+    """One choice of a response. ``echo_only``: a scoring request (``echo`` with ``max_tokens=0``): the engine
+    generates one token to compute the prompt (its requests need one), which is not part of the answer."""
+
     index: int
     prompt_ids: list[int]
     params: SamplingParams
@@ -54,6 +63,9 @@ class Choice:
     handle: Handle | None = None
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None
+    echo_only: bool = False
+    logprobs: list = field(default_factory=list)  # one TokenLogprob per generated token (if asked)
+    prompt_logprobs: list | None = None  # one TokenLogprob (None for the first) per prompt token (if asked)
 
     @property
     def finished(self) -> bool:
@@ -102,12 +114,13 @@ class Generation:
         *,
         retry_after_s: int = 1,
         mailbox: Mailbox | None = None,
+        echo_only: bool = False,
     ):
         self.engine_loop = engine_loop
         self.mailbox = mailbox
         self.retry_after_s = retry_after_s
         self.choices = [
-            Choice(i, p, sp, OutputText(codec.new_decoder(p), stop_strings))
+            Choice(i, p, sp, OutputText(codec.new_decoder(p), stop_strings), echo_only=echo_only)
             for i, (p, sp) in enumerate(zip(prompts, params, strict=True))
         ]
         self.queue: asyncio.Queue = asyncio.Queue()
@@ -115,7 +128,13 @@ class Generation:
 
     @property
     def prompt_tokens(self) -> int:
-        return sum(len(c.prompt_ids) for c in self.choices)
+        """Prompt tokens of the distinct prompts (the ``n`` choices of one prompt count it once, as in OpenAI)."""
+        seen, total = set(), 0
+        for c in self.choices:
+            if id(c.prompt_ids) not in seen:
+                seen.add(id(c.prompt_ids))
+                total += len(c.prompt_ids)
+        return total
 
     @property
     def completion_tokens(self) -> int:
@@ -161,14 +180,18 @@ class Generation:
                 headers={"Retry-After": str(self.retry_after_s)},
             ) from None
         except Draining as e:
-            raise APIError(503, str(e), code="shutting_down") from None
+            raise APIError(
+                503, str(e), code="shutting_down", headers={"Retry-After": str(self.retry_after_s)}
+            ) from None
         for c, h in zip(self.choices, handles, strict=True):
             c.handle = h
 
-    @staticmethod
-    def _refusal(err: Exception) -> APIError:
+    def _refusal(self, err: Exception) -> APIError:
         if isinstance(err, ParameterError):
             return APIError(400, str(err), param="prompt" if "prompt" in str(err) else None)
+        if self.engine_loop.draining:  # stopped while it waited: the server's state, not a bug
+            headers = {"Retry-After": str(self.retry_after_s)}
+            return APIError(503, f"the server is stopping: {err}", code="shutting_down", headers=headers)
         return APIError(500, f"engine error: {type(err).__name__}: {err}")
 
     def cancel(self) -> None:
@@ -197,12 +220,34 @@ class Generation:
             return []  # tokens computed after a stop string, before the abort reached the engine
         if isinstance(update, Rejected):
             self.cancel()
+            if self.engine_loop.draining:
+                raise GenerationFailed(f"the server is stopping: {update.error}", status=503)
             raise GenerationFailed(f"engine error: {type(update.error).__name__}: {update.error}")
         if not isinstance(update, Tokens):
             return []
+        if update.prompt_logprobs is not None:
+            c.prompt_logprobs = update.prompt_logprobs
+        if c.echo_only:  # the one token a scoring request generates is not part of its answer
+            if update.finish_reason is None:
+                return []
+            c.finish_reason = "length"
+            return [ChoiceEvent(i, "", None, "length")]
+        out = self._tokens(c, update)
+        if c.finish_reason == "stop" and c.text.stopped:
+            return out
+        if not update.token_ids and update.finish_reason is not None:
+            c.finish_reason = FINISH_REASONS[update.finish_reason]
+            out.append(ChoiceEvent(i, c.text.finish(), None, c.finish_reason))
+        return out
+
+    def _tokens(self, c: Choice, update: Tokens) -> list[ChoiceEvent]:
+        """One event per token of ``update``; a stop string ends the choice (and aborts its engine request)."""
         out = []
         for k, tok in enumerate(update.token_ids):
             c.token_ids.append(tok)
+            lp = update.logprobs[k] if update.logprobs is not None else None
+            if lp is not None:
+                c.logprobs.append(lp)
             last = k == len(update.token_ids) - 1 and update.finish_reason is not None
             # an EOS or stop token ends the text; its own text is not part of the output
             by_token = last and update.finish_reason in (FinishReason.EOS, FinishReason.STOP)
@@ -210,13 +255,10 @@ class Generation:
             if c.text.stopped:
                 c.finish_reason = "stop"
                 self.engine_loop.abort(c.handle)
-                out.append(ChoiceEvent(i, text, tok, "stop"))
+                out.append(ChoiceEvent(c.index, text, tok, "stop", lp))
                 return out
             if last:
                 text += c.text.finish()
                 c.finish_reason = "stop" if c.text.stopped else FINISH_REASONS[update.finish_reason]
-            out.append(ChoiceEvent(i, text, tok, c.finish_reason))
-        if not update.token_ids and update.finish_reason is not None:
-            c.finish_reason = FINISH_REASONS[update.finish_reason]
-            out.append(ChoiceEvent(i, c.text.finish(), None, c.finish_reason))
+            out.append(ChoiceEvent(c.index, text, tok, c.finish_reason, lp))
         return out

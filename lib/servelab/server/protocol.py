@@ -1,18 +1,19 @@
 """The wire format: OpenAI's request and response bodies as pydantic models.
 
-Requests are parsed strictly (``extra="forbid"``, no type coercion: ``"5"`` is not an integer), so a
-typo in a field name or a wrong type is a 400 rather than a silently ignored setting. Every request
-error is a 400 ``invalid_request_error`` (we never answer 422); ``param`` names the offending field.
+Requests are parsed without type coercion (``"5"`` is not an integer), so a wrong type is a 400; every request
+error is a 400 ``invalid_request_error`` (we never answer 422); ``param`` names the offending field. A field this
+server does not know is ignored and logged once per field name (``unknown_fields``; vLLM does the same), so
+clients that send more than OpenAI's fields (lm-eval, Qwen's ``extra_body``, agent frameworks) work.
 
-Extensions beyond OpenAI's API (vLLM spells them the same way):
+OpenAI's sampling fields are all honoured: ``n`` (the choices share the prompt's KV blocks through the prefix
+cache when it is on), ``logprobs``/``top_logprobs`` (of the model's raw distribution), ``echo`` (with the prompt's
+logprobs), ``presence_penalty``/``frequency_penalty``, ``logit_bias``, ``seed``. Extensions beyond OpenAI's API,
+spelt as vLLM spells them: ``top_k``, ``min_p``, ``repetition_penalty``, ``min_tokens``, ``ignore_eos`` (keep
+generating past the end-of-sequence token), ``stop_token_ids`` (stop at any of these token ids), and
+``return_token_ids`` (the generated ``token_ids`` in each choice and stream chunk).
 
-- ``ignore_eos``: keep generating past the end-of-sequence token (benchmarks, load generators);
-- ``stop_token_ids``: stop at any of these token ids (in addition to ``stop`` strings);
-- ``return_token_ids``: put the generated ``token_ids`` in each choice (and in each stream chunk), so
-  a client can compare outputs token for token.
-
-OpenAI fields that the server does not implement are accepted only at their neutral value (e.g.
-``logprobs: null``, ``n: 1``, ``echo: false``) and rejected with a 400 naming them otherwise.
+Refused with a 400 naming the field: ``suffix``, ``best_of`` other than ``n``, and a ``response_format`` asking
+for JSON (structured output is not implemented; ``{"type": "text"}`` is accepted).
 """
 
 from __future__ import annotations
@@ -25,14 +26,34 @@ from pydantic import BaseModel, ConfigDict, Field
 
 TokenIds = list[int]
 Prompt = str | TokenIds | list[str] | list[TokenIds]
+MAX_N = 128  # choices per request: each is an engine request, so a huge n is one client filling the queue
+MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit (and vLLM's default --max-logprobs)
 
 
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    """No type coercion; unknown fields are kept aside (``model_extra``) to be logged and ignored."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+def unknown_fields(model: BaseModel, prefix: str = "") -> list[str]:
+    """Dotted names of the fields in ``model`` (and the models and lists of models it holds) that no schema
+    declares; e.g. ``["guided_json", "messages.tool_calls"]``."""
+    out = [prefix + k for k in (model.model_extra or {})]
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        for v in value if isinstance(value, list) else [value]:
+            if isinstance(v, BaseModel):
+                out += [f for f in unknown_fields(v, f"{prefix}{name}.") if f not in out]
+    return out
 
 
 class StreamOptions(StrictModel):
     include_usage: bool = False
+
+
+class ResponseFormat(StrictModel):
+    type: str = "text"
 
 
 class SamplingFields(StrictModel):
@@ -42,17 +63,21 @@ class SamplingFields(StrictModel):
     max_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    n: int = 1
+    n: int = Field(1, ge=1, le=MAX_N)
     seed: int | None = None
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    # accepted at their neutral value only (see ``unsupported``)
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
-    # extensions
+    response_format: ResponseFormat | None = None
+    # extensions (vLLM's names)
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    repetition_penalty: float = Field(1.0, gt=0.0, allow_inf_nan=False)
+    min_tokens: int = Field(0, ge=0)
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     return_token_ids: bool = False
@@ -62,43 +87,49 @@ class SamplingFields(StrictModel):
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
+    def logit_bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        """``logit_bias`` as (token id, bias) pairs; ``ValueError`` on a key that is not a token id."""
+        out = []
+        for key, bias in (self.logit_bias or {}).items():
+            if not key.strip().isdigit():
+                raise ValueError(f"logit_bias keys must be token ids (non-negative integers as strings), got {key!r}")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {bias} for token {key}")
+            out.append((int(key), float(bias)))
+        return tuple(out)
+
     def unsupported(self) -> list[tuple[str, str]]:
         """(field, why) for every setting this server cannot honour."""
         out = []
-        if self.n != 1:
-            out.append(("n", "only n=1 is supported"))
-        if self.presence_penalty or self.frequency_penalty:
-            out.append(
-                (
-                    "presence_penalty" if self.presence_penalty else "frequency_penalty",
-                    "presence/frequency penalties are not supported",
-                )
-            )
-        if self.logit_bias:
-            out.append(("logit_bias", "logit_bias is not supported"))
         if self.stream_options is not None and not self.stream:
             out.append(("stream_options", "stream_options is only allowed with stream=true"))
+        if self.response_format is not None and self.response_format.type != "text":
+            out.append(
+                (
+                    "response_format",
+                    f"response_format {self.response_format.type!r} (structured output) is not supported; "
+                    "only {'type': 'text'} is",
+                )
+            )
         return out
 
 
 class CompletionRequest(SamplingFields):
     prompt: Prompt
-    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
+    max_tokens: int | None = Field(16, ge=0)  # OpenAI's default for completions; 0 only with echo (scoring)
     echo: bool = False
     best_of: int | None = None
-    logprobs: int | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     suffix: str | None = None
 
     def unsupported(self) -> list[tuple[str, str]]:
         out = super().unsupported()
-        if self.logprobs is not None:
-            out.append(("logprobs", "logprobs are not supported"))
-        if self.echo:
-            out.append(("echo", "echo is not supported"))
-        if self.best_of not in (None, 1):
-            out.append(("best_of", "only best_of=1 is supported"))
+        if self.best_of is not None and self.best_of != self.n:
+            out.append(("best_of", "best_of must equal n (no ranking of extra candidates)"))
         if self.suffix:
             out.append(("suffix", "suffix is not supported"))
+        if self.max_tokens == 0 and not self.echo:
+            out.append(("max_tokens", "max_tokens=0 is allowed only with echo=true (scoring the prompt)"))
         return out
 
 
@@ -109,24 +140,31 @@ class TextPart(StrictModel):
 
 class ChatMessage(StrictModel):
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[TextPart]
+    content: str | list[TextPart] | None = None
     name: str | None = None
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
 
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name for max_tokens
-    logprobs: bool = False
-    top_logprobs: int | None = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
     def unsupported(self) -> list[tuple[str, str]]:
         out = super().unsupported()
-        if self.logprobs or self.top_logprobs is not None:
-            out.append(("logprobs", "logprobs are not supported"))
+        if self.top_logprobs and not self.logprobs:
+            out.append(("top_logprobs", "top_logprobs needs logprobs=true"))
         return out
+
+    @property
+    def num_logprobs(self) -> int | None:
+        """How many top tokens each position reports (None: no logprobs)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
 class TokenizeRequest(StrictModel):

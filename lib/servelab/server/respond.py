@@ -54,13 +54,28 @@ def count_finished(batch, metrics: ServerMetrics) -> None:
             metrics.count_finished(ev.finish_reason)
 
 
-async def respond(request: Request, gen: Generation, req: SamplingFields, *, chat: bool, model_name: str, metrics):
-    """The response to a started generation: streamed if the request asked so, else one body."""
+async def respond(
+    request: Request,
+    gen: Generation,
+    req: SamplingFields,
+    *,
+    chat: bool,
+    model_name: str,
+    metrics,
+    logprobs: int | None = None,
+    texts=None,
+    echo: list[str] | None = None,
+):
+    """The response to a started generation: streamed if the request asked so, else one body. ``logprobs``,
+    ``texts`` and ``echo``: as ``ResponseFormat`` takes them."""
     fmt = ResponseFormat(
         model_name,
         chat=chat,
         return_token_ids=req.return_token_ids,
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
+        logprobs=logprobs,
+        texts=texts,
+        echo=echo,
     )
     if req.stream:
         return GenerationStream(gen, sse_chunks(gen, fmt, metrics), metrics)
@@ -72,12 +87,23 @@ async def sse_chunks(gen: Generation, fmt: ResponseFormat, metrics: ServerMetric
     the usage chunk if asked, then ``[DONE]``: every stream ends complete or with an error."""
     if fmt.chat:
         yield "".join(fmt.role_chunk(c.index) for c in gen.choices)
+    # a choice's prompt goes out before its first event: its prompt logprobs come with its first token
+    to_echo = set() if fmt.echo is None else {c.index for c in gen.choices}
     try:
         async for batch in gen.events():
             count_finished(batch, metrics)
-            yield "".join(fmt.chunk(ev) for ev in batch)
+            if not to_echo:
+                yield "".join(fmt.chunk(ev) for ev in batch)
+                continue
+            parts = []
+            for ev in batch:
+                if ev.index in to_echo:
+                    to_echo.discard(ev.index)
+                    parts.append(fmt.echo_chunk(gen.choices[ev.index]))
+                parts.append(fmt.chunk(ev))
+            yield "".join(parts)
     except GenerationFailed as e:
-        yield fmt.error_event(APIError(500, str(e)).body())
+        yield fmt.error_event(APIError(e.status, str(e), code="shutting_down" if e.status == 503 else None).body())
     if fmt.include_usage:
         yield fmt.usage_chunk(gen)
     yield DONE
@@ -104,5 +130,5 @@ async def whole_body(request: Request, gen: Generation, fmt: ResponseFormat, met
     try:
         collector.result()
     except GenerationFailed as e:
-        raise APIError(500, str(e)) from None
+        raise APIError(e.status, str(e)) from None
     return fmt.body(gen)

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Request
 
 from servelab.server.errors import APIError
 from servelab.server.generation import Generation
+from servelab.server.logprob_format import TokenTexts
 from servelab.server.protocol import ChatCompletionRequest, CompletionRequest, now_s
 from servelab.server.request_body import parse
 from servelab.server.respond import respond
@@ -64,18 +65,59 @@ async def model(model_id: str, request: Request):
     return model_card(state)
 
 
-async def generate(request: Request, state: ServerState, req, prompts: list[list[int]], params, chat: bool):
+async def generate(
+    request: Request,
+    state: ServerState,
+    req,
+    prompts: list[list[int]],
+    max_tokens: int | None,
+    *,
+    chat: bool,
+    logprobs: int | None = None,
+    echo: list[str] | None = None,
+):
+    """Run ``req.n`` choices per prompt (choice ``i * n + j`` is prompt i's j-th, OpenAI's order) and respond.
+
+    The n choices of a prompt are n engine requests with one prompt: admitted in the same step, they share its
+    KV blocks through the prefix cache when it is on (``--enable-prefix-caching``). With ``echo`` and logprobs
+    each choice asks for the prompt's logprobs (it then computes its whole prompt, cache or not)."""
+    prompt_lps = logprobs if echo is not None else None
+    choices = [(p, j) for p in prompts for j in range(req.n)]
+    params = [
+        state.sampling_params(req, len(p), max_tokens, logprobs=logprobs, prompt_logprobs=prompt_lps, seed_offset=j)
+        for p, j in choices
+    ]
     gen = Generation(
         state.loop,
         state.codec,
-        prompts,
+        [p for p, _ in choices],
         params,
         req.stop_strings(),
         retry_after_s=state.settings.retry_after_s,
         mailbox=state.mailbox,
+        echo_only=echo is not None and max_tokens == 0,
     )
     await gen.start()
-    return await respond(request, gen, req, chat=chat, model_name=state.settings.model_name, metrics=state.metrics)
+    return await respond(
+        request,
+        gen,
+        req,
+        chat=chat,
+        model_name=state.settings.model_name,
+        metrics=state.metrics,
+        logprobs=logprobs,
+        texts=TokenTexts(state.codec) if logprobs is not None else None,
+        echo=None if echo is None else [echo[i] for i in range(len(prompts)) for _ in range(req.n)],
+    )
+
+
+def prompt_texts(state: ServerState, prompt, prompts: list[list[int]]) -> list[str]:
+    """The text of each prompt, for ``echo``: as the client wrote it, or its token ids decoded."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        return list(prompt)
+    return [state.codec.decode(ids) for ids in prompts]
 
 
 @router.post("/completions")
@@ -84,8 +126,8 @@ async def completions(request: Request):
     req = await parse(request, CompletionRequest, state.settings.max_body_bytes)
     state.check_common(req)
     prompts = state.prompt_ids(req.prompt)
-    params = [state.sampling_params(req, len(p), req.max_tokens) for p in prompts]
-    return await generate(request, state, req, prompts, params, chat=False)
+    echo = prompt_texts(state, req.prompt, prompts) if req.echo else None
+    return await generate(request, state, req, prompts, req.max_tokens, chat=False, logprobs=req.logprobs, echo=echo)
 
 
 def chat_prompt_ids(state: ServerState, messages) -> list[int]:
@@ -107,5 +149,4 @@ async def chat_completions(request: Request):
     ids = chat_prompt_ids(state, req.messages)
     state.check_ids(ids)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-    params = [state.sampling_params(req, len(ids), max_tokens)]
-    return await generate(request, state, req, [ids], params, chat=True)
+    return await generate(request, state, req, [ids], max_tokens, chat=True, logprobs=req.num_logprobs)

@@ -1,29 +1,21 @@
 """Serving until told to stop: load the model, then serve until SIGINT/SIGTERM.
 
-The first SIGINT or SIGTERM drains (new requests get 503, running ones finish, up to ``--drain-timeout``);
+The first SIGINT or SIGTERM drains (new requests get 503 with Retry-After while the socket stays open, running
+ones finish, up to ``--drain-timeout``: ``draining.py``);
 the second stops now (the engine process is ended, open streams get an error event, the process exits);
-later ones change nothing. By default the engine runs in a forked process of its own
+a third exits without waiting for the streams to write it. By default the engine runs in a forked process of its own
 (``engine_process.py`` says why); the fork happens first, before this process creates a thread or
 touches CUDA, and the engine process dies with this one (``supervision.py``).
 """
 
 from __future__ import annotations
 
-import functools
 import logging
-import signal
+import socket
 import sys
 import time
 
-import uvicorn
-
-from servelab.server.app import ServerSettings, create_app
-from servelab.server.engine_loop import EngineLoop
-from servelab.server.engine_process import EngineProcess, EngineStartError
-from servelab.server.flags import engine_from_args, parse_args
-from servelab.server.metrics import ServerMetrics
-from servelab.server.step_log import StepLog
-from servelab.server.tokenizer import load_codec, special_ids
+from servelab.server.flags import parse_args
 
 # The engine thread and the HTTP thread of one process share the GIL. A thread that wants it waits up to
 # the switch interval (5 ms by default) for the holder to yield: longer than a decode step on a GPU.
@@ -31,28 +23,51 @@ from servelab.server.tokenizer import load_codec, special_ids
 GIL_SWITCH_INTERVAL_S = 0.0005
 
 
-class DrainingServer(uvicorn.Server):
-    """uvicorn that tells the engine a shutdown began: at the first signal ``on_shutdown`` (drain: new
-    requests get 503 while running ones finish), at the second ``on_force`` (stop now)."""
-
-    def __init__(self, config, on_shutdown, on_force):
-        super().__init__(config)
-        self.on_shutdown, self.on_force = on_shutdown, on_force
-        self.signals = 0
-
-    def handle_exit(self, sig, frame) -> None:
-        self.signals += 1
-        if self.signals == 1:
-            self.on_shutdown()
-        else:
-            self.on_force()
-        super().handle_exit(sig, frame)  # the first sets should_exit, any later one force_exit
+def port_taken(host: str, port: int) -> str | None:
+    """Why ``host:port`` cannot be bound now (None if it can): checked before the model loads, so a busy port
+    fails in a second rather than after minutes of loading. ``SO_REUSEADDR`` as uvicorn binds, so a port in
+    TIME_WAIT counts as free."""
+    if port == 0:
+        return None
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            return f"cannot listen on {host}:{port}: {e.strerror or e}"
+    return None
 
 
 def main(argv=None, prog: str = "python -m servelab.server") -> int:
-    args = parse_args(argv, prog=prog)
+    args = parse_args(argv, prog=prog)  # --help and bad flags end here, before anything heavy is imported
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("servelab.server")
+    busy = port_taken(args.host, args.port)
+    if busy is not None:
+        log.error("%s (is another server running there? pick another --port)", busy)
+        return 1
+    return serve(args, log)
+
+
+def serve(args, log: logging.Logger) -> int:
+    import functools
+    import signal
+
+    import uvicorn
+
+    from servelab.server.app import ServerSettings, create_app
+    from servelab.server.draining import DrainingServer
+    from servelab.server.engine_loop import EngineLoop
+    from servelab.server.engine_process import EngineProcess, EngineStartError
+    from servelab.server.flags import engine_from_args
+    from servelab.server.metrics import ServerMetrics
+    from servelab.server.step_log import StepLog
+    from servelab.server.tokenizer import load_codec, special_ids
+    from servelab.server.vllm_flags import vllm_flag_notes
+
+    for note in vllm_flag_notes(args):
+        log.info(note)
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     name = args.served_model_name or args.model
     metrics = ServerMetrics(name)
@@ -100,19 +115,25 @@ def main(argv=None, prog: str = "python -m servelab.server") -> int:
         stats["cuda_graphs"],
         time.perf_counter() - t0,
     )
-    codec, note = load_codec(args.model, specials, backend.vocab)
+    codec, note = load_codec(args.tokenizer or args.model, specials, backend.vocab, chat_template=args.chat_template)
     log.info(note)
     app = create_app(backend, codec, settings, metrics=metrics)
     config = uvicorn.Config(
         app,
         host=args.host,
         port=args.port,
-        log_level=args.log_level,
+        log_level=args.uvicorn_log_level or args.log_level,
         access_log=False,
         timeout_graceful_shutdown=args.drain_timeout,
         timeout_keep_alive=30,
     )
-    server = DrainingServer(config, on_shutdown=backend.begin_drain, on_force=backend.stop_now)
+    server = DrainingServer(
+        config,
+        on_shutdown=backend.begin_drain,
+        on_force=backend.stop_now,
+        num_open=lambda: backend.num_open,
+        drain_timeout_s=args.drain_timeout,
+    )
     # uvicorn re-raises a caught signal after its graceful shutdown; by then there is nothing left to do
     signal.signal(signal.SIGTERM, lambda *_: None)
     signal.signal(signal.SIGINT, lambda *_: None)

@@ -12,7 +12,7 @@ from servelab.server.engine_process import EngineProcess
 from servelab.server.errors import APIError
 from servelab.server.generation import Mailbox
 from servelab.server.metrics import ServerMetrics
-from servelab.server.protocol import SamplingFields
+from servelab.server.protocol import MAX_N, SamplingFields
 from servelab.server.tokenizer import TextCodec
 
 SEED_RANGE = (-(2**63), 2**63 - 1)  # what torch.Generator.manual_seed takes
@@ -79,7 +79,21 @@ class ServerState:
                 code="context_length_exceeded",
             )
 
-    def sampling_params(self, req: SamplingFields, prompt_len: int, max_tokens: int | None) -> SamplingParams:
+    def sampling_params(
+        self,
+        req: SamplingFields,
+        prompt_len: int,
+        max_tokens: int | None,
+        *,
+        logprobs: int | None = None,
+        prompt_logprobs: int | None = None,
+        seed_offset: int = 0,
+    ) -> SamplingParams:
+        """The engine's settings for one choice. ``seed_offset``: choice j of ``n`` samples with ``seed + j`` (as
+        vLLM does), so the choices differ and each is reproducible. ``max_tokens`` 0 (a scoring request) runs one
+        token, which the response drops."""
+        if max_tokens == 0:
+            max_tokens = 1
         if max_tokens is None:
             max_tokens = self.max_model_len - prompt_len
         if prompt_len + max_tokens > self.max_model_len:
@@ -90,19 +104,35 @@ class ServerState:
                 param="max_tokens",
                 code="context_length_exceeded",
             )
-        if req.seed is not None and not SEED_RANGE[0] <= req.seed <= SEED_RANGE[1]:
+        if req.seed is not None and not SEED_RANGE[0] <= req.seed <= SEED_RANGE[1] - MAX_N:
             raise APIError(400, f"seed must be a 64-bit signed integer, got {req.seed}", param="seed")
+        try:
+            bias = req.logit_bias_pairs()
+        except ValueError as e:
+            raise APIError(400, str(e), param="logit_bias") from None
+        self.check_token_range([t for t, _ in bias], "logit_bias")
+        self.check_token_range(list(req.stop_token_ids or ()), "stop_token_ids")
         try:
             return SamplingParams(
                 max_tokens=max_tokens,
                 temperature=req.temperature,
                 top_p=req.top_p,
-                seed=req.seed,
+                seed=None if req.seed is None else req.seed + seed_offset,
                 stop_token_ids=tuple(req.stop_token_ids or ()),
                 ignore_eos=req.ignore_eos,
+                top_k=req.top_k or 0,
+                min_p=req.min_p,
+                presence_penalty=req.presence_penalty,
+                frequency_penalty=req.frequency_penalty,
+                repetition_penalty=req.repetition_penalty,
+                logit_bias=bias,
+                min_tokens=req.min_tokens,
+                logprobs=logprobs,
+                prompt_logprobs=prompt_logprobs,
             )
         except ParameterError as e:
-            raise APIError(400, str(e)) from None
+            param = str(e).split(" ", 1)[0]
+            raise APIError(400, str(e), param=param if param in type(req).model_fields else None) from None
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.settings.model_name:

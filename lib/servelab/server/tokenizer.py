@@ -65,14 +65,33 @@ class ByteDecoder:
         return self.utf8.decode(b"", final=True)
 
 
+def chat_template_text(value: str) -> str:
+    """``--chat-template``: a file's contents, or the value itself when it names no file (as vLLM takes it)."""
+    path = Path(value).expanduser()
+    try:
+        if path.is_file():
+            return path.read_text()
+    except OSError:
+        pass
+    return value
+
+
+def render_chat(template: str, messages: list[dict]) -> str:
+    """A Jinja chat template rendered as ``transformers`` does (sandboxed, with a generation prompt)."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    return env.from_string(template).render(messages=messages, add_generation_prompt=True, bos_token="", eos_token="")
+
+
 class ByteTokenizer:
-    """One id per UTF-8 byte: id = byte + ``offset``; no chat template."""
+    """One id per UTF-8 byte: id = byte + ``offset``; a chat template only if given (``--chat-template``)."""
 
-    has_chat_template = False
-
-    def __init__(self, vocab_size: int, special_ids=()):
+    def __init__(self, vocab_size: int, special_ids=(), chat_template: str | None = None):
         self.offset = byte_window(vocab_size, special_ids)
         self.name = f"bytes+{self.offset}"
+        self.chat_template = chat_template
+        self.has_chat_template = chat_template is not None
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """One id per byte (there are no special tokens to add)."""
@@ -85,9 +104,12 @@ class ByteTokenizer:
         return bytes(i - self.offset for i in ids if 0 <= i - self.offset < BYTES).decode("utf-8", errors="replace")
 
     def chat_prompt(self, messages: list[dict]) -> list[int]:
-        raise NoChatTemplate(
-            "this model has no chat template (its tokenizer is the byte-level fallback); use /v1/completions"
-        )
+        if self.chat_template is None:
+            raise NoChatTemplate(
+                "this model has no chat template (its tokenizer is the byte-level fallback); use /v1/completions "
+                "or start the server with --chat-template"
+            )
+        return self.encode(render_chat(self.chat_template, messages))
 
 
 class HFDecoder:
@@ -173,21 +195,27 @@ def tokenizer_source(spec: str) -> str | None:
     return None if path.exists() else spec
 
 
-def load_codec(spec: str, special: list[int], vocab_size: int) -> tuple[TextCodec, str]:
+def load_codec(
+    spec: str, special: list[int], vocab_size: int, chat_template: str | None = None
+) -> tuple[TextCodec, str]:
     """The model's tokenizer when ``spec`` (a directory, a GGUF spec, or a hub id) has one, else the byte
-    fallback (avoiding the ``special`` ids); and a one-line note saying which was chosen and why."""
+    fallback (avoiding the ``special`` ids); and a one-line note saying which was chosen and why.
+    ``chat_template`` (``--chat-template``: a file or the template) replaces the tokenizer's."""
+    template = None if chat_template is None else chat_template_text(chat_template)
     source = tokenizer_source(spec)
     if source is not None:
         try:
             from transformers import AutoTokenizer
 
             tok = AutoTokenizer.from_pretrained(source)
+            if template is not None:
+                tok.chat_template = template
             return HFTokenizer(tok, name=type(tok).__name__), f"tokenizer: {type(tok).__name__} from {source}"
         except (OSError, ValueError) as e:
             why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            codec = ByteTokenizer(vocab_size, special)
+            codec = ByteTokenizer(vocab_size, special, template)
             return codec, f"tokenizer: byte-level fallback ({why})"
-    codec = ByteTokenizer(vocab_size, special)
+    codec = ByteTokenizer(vocab_size, special, template)
     return (
         codec,
         f"tokenizer: byte-level fallback (ids {codec.offset}..{codec.offset + BYTES - 1}; the model ships none)",

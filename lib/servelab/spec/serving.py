@@ -60,6 +60,11 @@ class SpeculativeEngine:
         self, prompt_token_ids, params: SamplingParams | None = None, *, arrival_s: float | None = None
     ) -> Sequence:
         params = params or SamplingParams()
+        if not params.plain:  # the speculative decoder samples with temperature, top-p and a seed only
+            raise ParameterError(
+                "with speculative decoding a request may set temperature, top_p and seed only (no penalties, "
+                "top_k, min_p, logit_bias, min_tokens or logprobs)"
+            )
         seq = Sequence(
             list(prompt_token_ids), params, arrival_s=time.perf_counter() if arrival_s is None else arrival_s
         )
