@@ -7,9 +7,11 @@
    ``servelab.spec.self_draft``) and is trained to predict the target's tokens (cross-entropy on the answer
    positions). Embedding and tied head stay frozen (the target's own, as EAGLE keeps them), so a draft learns only
    what its k layers must do differently from the target's first k.
-3. **Budgets**: each draft trains for ``train_s`` seconds of wall time of its own (learning rate: warm-up, then
-   cosine over the budget); the generations are not timed against it. Nothing held out chooses a model: the last
-   step's weights are the draft.
+3. **Budgets**: each draft trains for ``train_steps`` optimizer steps (learning rate: warm-up, then cosine over the
+   steps), capped at ``train_s`` seconds of wall time; the generations are not timed against it. A step count, not a
+   time, fixes the draft: two runs of one recipe (the parts of one repeat, trained on different machines) train the
+   same draft, up to the GPU's non-determinism. ``train_steps=None`` trains for ``train_s`` seconds instead. Nothing
+   held out chooses a model: the last step's weights are the draft.
 
 Everything lands under ``$SERVELAB_TRAINED`` (else the system's temp dir), keyed by a hash of the recipe, the
 target and the prompts: generations in ``gen-<hash>/``, drafts in ``drafts-<hash>/``. A second call loads them.
@@ -51,6 +53,7 @@ class DistillRecipe:
     lr: float
     warmup_steps: int
     seed: int = 0
+    train_steps: int | None = None  # optimizer steps per draft (None: as many as fit in train_s)
 
     def gen_key(self, target: str) -> dict:
         return dict(
@@ -66,9 +69,10 @@ class DistillRecipe:
 
 RECIPES = {
     # H200: ~1,200 answers of ≤ 256 tokens (~1 min), then 60 s per draft
-    "full": DistillRecipe("full", (2, 6), 600, 256, 1, 0.8, 100, 60.0, 32, 3e-4, 20),
+    # (1,500 steps: a guess at what fits in 60 s there; the cap is 120 s, and loss.csv records the steps and seconds)
+    "full": DistillRecipe("full", (2, 6), 600, 256, 1, 0.8, 100, 120.0, 32, 3e-4, 20, train_steps=1500),
     # CPU, CI: a handful of short answers and a few steps, to exercise the path
-    "smoke": DistillRecipe("smoke", (1, 2), 4, 8, 0, 0.8, 4, 3.0, 2, 3e-4, 2),
+    "smoke": DistillRecipe("smoke", (1, 2), 4, 8, 0, 0.8, 4, 30.0, 2, 3e-4, 2, train_steps=6),
 }
 
 
@@ -221,11 +225,12 @@ def _train_all(target, data: list[dict], recipe: DistillRecipe, out: Path, gen_s
         raise
 
 
-def lr_at(elapsed_s: float, budget_s: float, step: int, peak: float, warmup: int) -> float:
-    """Linear warm-up over ``warmup`` steps, then cosine from ``peak`` to 10% of it over the wall-time budget."""
+def lr_at(elapsed_s: float, budget_s: float, step: int, peak: float, warmup: int, steps: int | None = None) -> float:
+    """Linear warm-up over ``warmup`` steps, then cosine from ``peak`` to 10% of it over ``steps`` (else over the
+    wall-time budget)."""
     if step < warmup:
         return peak * (step + 1) / warmup
-    frac = min(1.0, elapsed_s / budget_s)
+    frac = min(1.0, step / steps) if steps else min(1.0, elapsed_s / budget_s)
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
@@ -250,7 +255,8 @@ def _batches(data: list[dict], batch_size: int, seed: int):
 
 
 def train_draft(target, layers: int, data: list[dict], recipe: DistillRecipe, *, progress: bool = False):
-    """Train one draft for ``recipe.train_s`` seconds; (the draft in eval mode, its loss curve, seconds taken)."""
+    """Train one draft for ``recipe.train_steps`` steps, at most ``recipe.train_s`` seconds; (the draft in eval mode,
+    its loss curve, seconds taken)."""
     import torch
     from tqdm.auto import tqdm
 
@@ -265,10 +271,10 @@ def train_draft(target, layers: int, data: list[dict], recipe: DistillRecipe, *,
     curve, tokens, step = [], 0, 0
     bar = tqdm(desc=f"distil {draft_name(layers)}", disable=not progress, leave=False)
     t0 = time.perf_counter()
-    while (elapsed := time.perf_counter() - t0) < recipe.train_s:
+    while (elapsed := time.perf_counter() - t0) < recipe.train_s and step < (recipe.train_steps or math.inf):
         ids, att, tgt = (x.to(dev) for x in next(batches))
         for group in opt.param_groups:
-            group["lr"] = lr_at(elapsed, recipe.train_s, step, recipe.lr, recipe.warmup_steps)
+            group["lr"] = lr_at(elapsed, recipe.train_s, step, recipe.lr, recipe.warmup_steps, recipe.train_steps)
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
             logits = draft(input_ids=ids, attention_mask=att).logits
         # the logit at position p predicts token p + 1
