@@ -52,6 +52,8 @@ def test_fingerprint_changes_with_a_measuring_file_and_names_it(tmp_path):
     assert "lib/servelab/x/helper.py" in before.files  # an import inside a function counts
     (lib / "servelab" / "x" / "report.py").write_text("B = 2\n")
     assert fingerprint("servelab.x.measure", lib).digest == before.digest  # reporting-only change
+    (lib / "servelab" / "x" / "helper.py").write_text('"""Now with a docstring."""\n\nA = 1  # and a comment\n')
+    assert fingerprint("servelab.x.measure", lib).digest == before.digest  # words are not code
     (lib / "servelab" / "x" / "helper.py").write_text("A = 2\n")
     after = fingerprint("servelab.x.measure", lib)
     assert after.digest != before.digest

@@ -7,8 +7,8 @@ follows that module's imports statically (``ast``), module by module, through ev
 import is in the fingerprint the moment it is written, and a module the measuring path does not import (a plot, a
 verdict rule, a page) can change without making any data stale.
 
-Contents are hashed, not commits: the GPU machine's copy of the tree has no git history, and two commits that leave
-the measuring files alone give the same fingerprint.
+Code is hashed, not commits: the GPU machine's copy of the tree has no git history, and two commits that leave
+the measuring files' code alone give the same fingerprint. Comments and docstrings are not code (``code_of``).
 """
 
 from __future__ import annotations
@@ -79,8 +79,22 @@ def closure(start: set[str], lib: Path = LIB) -> list[Path]:
     return sorted(modules[m] for m in seen)
 
 
+def code_of(tree: ast.AST) -> str:
+    """What a module does, without its docstrings: ``ast.dump`` of the tree with every module, class and function
+    docstring dropped. Comments, docstrings and layout never reach the AST's code, so rewording them (a package
+    docstring that lists a new module, say) leaves the data current; any change to what runs does not."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body
+            first = body[0].value if body and isinstance(body[0], ast.Expr) else None
+            if isinstance(first, ast.Constant) and isinstance(first.value, str):
+                node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree, include_attributes=False)
+
+
 def file_hash(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    """The hash of a source file's code (``code_of``), 16 hex digits."""
+    return hashlib.sha256(code_of(ast.parse(path.read_text(encoding="utf-8"))).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
