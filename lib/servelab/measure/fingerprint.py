@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import io
+import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +25,7 @@ from servelab.paths import REPO_ROOT
 LIB = REPO_ROOT / "lib"
 ROOTS = ("servelab", "servelab_book")  # the repository's packages under lib/; other imports are third-party
 DIGITS = 12  # of the SHA-256, as folder names and page banners show it
+SELF = Path(__file__).resolve()  # this module: in every closure (results.py imports it), never in a fingerprint
 
 
 def module_files(lib: Path = LIB) -> dict[str, Path]:
@@ -79,22 +82,33 @@ def closure(start: set[str], lib: Path = LIB) -> list[Path]:
     return sorted(modules[m] for m in seen)
 
 
-def code_of(tree: ast.AST) -> str:
-    """What a module does, without its docstrings: ``ast.dump`` of the tree with every module, class and function
-    docstring dropped. Comments, docstrings and layout never reach the AST's code, so rewording them (a package
-    docstring that lists a new module, say) leaves the data current; any change to what runs does not."""
+def code_of(source: str) -> str:
+    """What a module does, without its words: the source with every comment and every module, class and function
+    docstring removed, trailing spaces and blank lines dropped. Rewording a comment or a package docstring (one that
+    lists a new module, say) leaves the data current; any change to what runs does not.
+
+    Text, not ``ast.dump``: the AST's dump changes between Python versions (3.12 adds fields), and the GPU machine
+    runs another Python than this one; docstring lines and comment positions are the same in every version."""
+    tree = ast.parse(source)
+    lines = source.splitlines()
+    drop: set[int] = set()  # 0-based lines of docstrings
     for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
-            body = node.body
-            first = body[0].value if body and isinstance(body[0], ast.Expr) else None
-            if isinstance(first, ast.Constant) and isinstance(first.value, str):
-                node.body = body[1:] or [ast.Pass()]
-    return ast.dump(tree, include_attributes=False)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            value = first.value if isinstance(first, ast.Expr) else None
+            if isinstance(value, ast.Constant) and isinstance(value.value, str):
+                drop.update(range(first.lineno - 1, first.end_lineno))
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT:
+            row, col = tok.start
+            lines[row - 1] = lines[row - 1][:col]
+    kept = (line.rstrip() for i, line in enumerate(lines) if i not in drop)
+    return "\n".join(line for line in kept if line)
 
 
 def file_hash(path: Path) -> str:
     """The hash of a source file's code (``code_of``), 16 hex digits."""
-    return hashlib.sha256(code_of(ast.parse(path.read_text(encoding="utf-8"))).encode()).hexdigest()[:16]
+    return hashlib.sha256(code_of(path.read_text(encoding="utf-8")).encode()).hexdigest()[:16]
 
 
 @dataclass(frozen=True)
@@ -120,6 +134,10 @@ def fingerprint(module: str, lib: Path = LIB) -> Fingerprint:
     if module not in module_files(lib):
         raise ModuleNotFoundError(f"no module {module!r} under {lib}")
     root = lib.parent
-    files = {p.relative_to(root).as_posix(): file_hash(p) for p in closure({module}, lib)}
+    files = {
+        p.relative_to(root).as_posix(): file_hash(p)
+        for p in closure({module}, lib)
+        if p.resolve() != SELF  # how a run is labelled is not how it measures
+    }
     digest = hashlib.sha256("".join(f"{p}:{h}\n" for p, h in sorted(files.items())).encode()).hexdigest()
     return Fingerprint(module, digest, files)
