@@ -12,11 +12,10 @@ from servelab.errors import ParameterError
 from servelab.loadgen.lengths import ShareGPTLike
 from servelab.paths import DATA_DIR
 from servelab.studies.common.rules import OLD_RULES
-from servelab.studies.s01_scheduling import gpu_time, sizing, verdicts
-from servelab.studies.s01_scheduling.merge import merge_parts
+from servelab.studies.s01_scheduling import sizing, verdicts
 from servelab.studies.s01_scheduling.params import study_params
 from servelab.studies.s01_scheduling.stall import p99_of_max_itl, with_stall_stats
-from servelab.studies.s01_scheduling.sweep import Point, estimate_runtime_s, plan_points, point_trace
+from servelab.studies.s01_scheduling.sweep import Point, point_trace
 
 H200 = DATA_DIR / "results" / "nvidia-h200" / "01_scheduling"
 
@@ -63,31 +62,6 @@ def test_points_are_sized_to_complete_min_requests():
     pd.testing.assert_frame_equal(short, long.head(40))
 
 
-def test_parts_select_points_and_plan_the_full_profile_into_runs():
-    P = study_params("full", parts="llama-3-8b/fcfs, llama-3-8b/budget")
-    assert P["parts"] == ["llama-3-8b/fcfs", "llama-3-8b/budget"]
-    pts = plan_points(P, "config:llama-3-8b")
-    assert {(p.scheduler, p.sweep) for p in pts} == {("fcfs", "rate"), ("chunked_prefill", "budget")} and len(pts) == 7
-    assert plan_points(P, "config:qwen2-0.5b") == []
-    assert sizing.label(P["parts"]) == "llama-3-8b_fcfs+llama-3-8b_budget"
-    full = study_params("full")
-    table = gpu_time.gpu_time_table(pd.read_csv(H200 / "summary.csv"), full)
-    assert len(table) == sum(len(plan_points(full, m)) for m in full["models"])  # the whole budget sweep included
-    runs = gpu_time.plan_parts(table, full)
-    assert all(r["s"] <= full["time_budget_s"] for r in runs)
-    # F1.1's pair (EagerContBatch, ChunkedPrefill at the reference budget) of the 8B model is measured in one run
-    assert any({"llama-3-8b/eager_cont_batch", "llama-3-8b/chunked_prefill@512"} <= set(r["parts"]) for r in runs)
-    chosen = [sel for r in runs for sel in r["parts"]]
-    picked = [
-        (p.model, p.scheduler, p.budget, p.rate_fraction, p.sweep)
-        for r in runs
-        for m in full["models"]
-        for p in plan_points(study_params("full", parts=r["parts"]), m)
-    ]
-    assert len(picked) == len(set(picked)) == len(table), chosen  # every point in exactly one run
-    assert estimate_runtime_s(study_params("full", parts=["qwen2-0.5b"])) < estimate_runtime_s(full)
-
-
 def test_capacities_from_a_results_folder():
     caps = sizing.capacities(str(H200.relative_to(DATA_DIR.parent)))
     assert set(caps) == {"config:qwen2-0.5b", "config:llama-3-8b"} and all(c > 0 for c in caps.values())
@@ -122,46 +96,3 @@ def _part(root: Path, name: str, commit: str, rows: list[tuple], parts) -> Path:
         d / "probes.csv", index=False
     )
     return d
-
-
-def test_merge_joins_parts_of_one_commit_and_refuses_others(tmp_path):
-    m = "config:tiny-llama"
-    a = _part(tmp_path, "a", "abc123", [(m, "eager_cont_batch", 512, 2.0, 0.5, "rate", "ok", 10, 0)], ["x"])
-    b = _part(
-        tmp_path,
-        "b",
-        "abc123",
-        [
-            (m, "chunked_prefill", 32, 2.0, 0.5, "rate", "ok", 10, 0),
-            (m, "eager_cont_batch", 512, 2.0, 0.5, "rate", "skipped: time budget", np.nan, np.nan),
-        ],
-        ["y"],
-    )
-    dest = merge_parts([a, b], tmp_path / "merged")
-    s = pd.read_csv(dest / "summary.csv")
-    assert len(s) == 2 and set(s["part"]) == {"a", "b"}  # the skipped row yields to the measurement
-    side = json.loads((dest / "run.json").read_text())
-    assert side["git_commit"] == "abc123" and [p["parts"] for p in side["parts"]] == [["x"], ["y"]]
-    f = pd.read_csv(dest / "findings.csv").set_index("id")
-    assert f.loc["F1.1", "verdict"] == "holds"  # 1 - 30/55 = 45%: judged on the merged pair
-    c = _part(tmp_path, "c", "def456", [(m, "fcfs", 512, 2.0, 0.5, "rate", "ok", 10, 0)], ["z"])
-    with pytest.raises(ParameterError, match="different"):
-        merge_parts([a, c], tmp_path / "m2")
-    d = _part(tmp_path, "d", "abc123", [(m, "eager_cont_batch", 512, 2.0, 0.5, "rate", "ok", 10, 0)], ["w"])
-    with pytest.raises(ParameterError, match="more than one part"):
-        merge_parts([a, d], tmp_path / "m3")
-    e = _part(tmp_path, "e", "abc123", [(m, "fcfs", 512, 2.0, 0.5, "rate", "ok", 10, 0)], ["v"])
-    side = json.loads((e / "run.json").read_text())
-    side["params"]["min_requests"] = 99
-    (e / "run.json").write_text(json.dumps(side))
-    with pytest.raises(ParameterError, match="min_requests"):
-        merge_parts([a, e], tmp_path / "m4")
-
-
-def test_a_page_can_be_built_from_written_results():
-    from servelab.studies.s01_scheduling.run import load
-
-    R = load(H200.relative_to(DATA_DIR.parent))  # relative to the repository, as from notebooks/
-    assert R.dev.name == "NVIDIA H200" and R.P["reference_budget"] == 512
-    assert "max_itl_p99_ms" in R.summary and [f.id for f in R.findings] == ["F1.1", "F1.2", "F1.3"]
-    assert "p99 of per-request max ITL" in R.findings[0].measured_value and not R.capacity.empty

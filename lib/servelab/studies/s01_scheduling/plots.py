@@ -207,7 +207,7 @@ def stall_window(steps: pd.DataFrame, span_s: float = 1.0) -> tuple[float, float
     return max(0.0, mid - span_s / 2), max(0.0, mid - span_s / 2) + span_s
 
 
-def timeline(steps: pd.DataFrame, model: str, rate_fraction: float, device: str, span_s: float = 1.0):
+def timeline(steps: pd.DataFrame, model: str, rate_fraction: float, device: str, span_s: float = 0.5):
     """Per setting, the tokens of each engine step (prefill stacked on decode) over time, around the
     run's longest step, with each step's duration."""
     d = steps[(steps["model"] == model) & (steps["sweep"] == "rate") & (steps["rate_fraction"] == rate_fraction)]

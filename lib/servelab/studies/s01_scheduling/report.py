@@ -324,6 +324,13 @@ def shortfall_lines(summary: pd.DataFrame) -> str:
     if summary.empty or "shortfall" not in summary:
         return ""
     ok = summary[summary["status"] == "ok"]
+    unsized = ok[ok["min_requests"].isna()]
+    if len(unsized):  # the legacy run sized its points by a fixed window, not by min_requests
+        return (
+            f"{len(unsized)} of {len(ok)} measured points were sized by a fixed window, not for a number of completed "
+            f"requests: they completed {unsized['completed'].min():.0f}–{unsized['completed'].max():.0f} requests "
+            f"(median {unsized['completed'].median():.0f})."
+        )
     s = ok[ok["shortfall"] > 0]
     if s.empty:
         return f"Every one of the {len(ok)} measured points completed at least its `min_requests` requests."
