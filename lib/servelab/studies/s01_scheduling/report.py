@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from servelab.loadgen.metrics import request_metrics, summarize
+from servelab.loadgen.metrics import SUMMARY_KEYS, run_span_s, summarize_metrics
 from servelab.loadgen.run import DEADLINE_ERROR
 from servelab.studies.common.findings import Finding, not_measured
 from servelab.studies.common.page import finding_sentence, takeaway_list
@@ -83,45 +83,151 @@ def _is_cut(error: pd.Series) -> pd.Series:
     return error.fillna("").astype(str) == DEADLINE_ERROR
 
 
-def point_summary(records: pd.DataFrame, slo_itl_ms: float | None, seed: int = 0) -> dict:
-    """One point's statistics from its request records (``token_times_s`` as lists or their CSV text)."""
+def _token_times(values) -> tuple[np.ndarray, np.ndarray]:
+    """Every request's token times (lists, or their CSV text: JSON lists) flattened in request order, and each
+    request's count. The CSV text is parsed in one pass, each number by ``float`` as ``json`` would."""
+    vals = list(values)
+    counts = np.zeros(len(vals), dtype=np.int64)
+    parts: list[str] = []
+    arrays: list[np.ndarray] = []
+    for i, v in enumerate(vals):
+        if isinstance(v, str):
+            inner = v.strip()[1:-1].strip()
+            if inner:
+                counts[i] = inner.count(",") + 1
+                parts.append(inner)
+        elif v is not None and not (isinstance(v, float) and v != v):
+            a = np.asarray(v, dtype=float)
+            counts[i] = a.size
+            if parts:  # mixed text and lists: keep the order
+                arrays.append(np.fromiter(map(float, ",".join(parts).split(",")), float))
+                parts = []
+            arrays.append(a)
+    if parts:
+        arrays.append(np.fromiter(map(float, ",".join(parts).split(",")), float))
+    flat = np.concatenate(arrays) if arrays else np.zeros(0)
+    return flat, counts
+
+
+METRIC_COLUMNS = [
+    "request_id",
+    "ok",
+    "prompt_tokens",
+    "output_tokens",
+    "ttft_ms",
+    "tpot_ms",
+    "e2e_ms",
+    "max_itl_ms",
+    "itl",
+    "queue_lag_ms",
+]
+
+
+def request_table(requests: pd.DataFrame) -> pd.DataFrame:
+    """``loadgen.metrics.request_metrics`` of every request at once (the same columns and numbers, vectorised), beside
+    each request's point columns (``repeat``, the keys, ``rate``), its ``cut`` flag, its token count and span
+    (``tokens``, ``last_token_s``), and ``sent_s``/``finish_s``: one parse of ``token_times_s`` serves the summaries,
+    the verdicts and the figures."""
+    if requests.empty:
+        return pd.DataFrame(columns=METRIC_COLUMNS)
+    n = len(requests)
+    flat, counts = _token_times(requests["token_times_s"])
+    ok = requests["ok"].astype(bool).to_numpy()
+    sent = requests["sent_s"].to_numpy(dtype=float)
+    first = requests["first_token_s"].to_numpy(dtype=float)
+    finish = requests["finish_s"].to_numpy(dtype=float)
+    out_tok = requests["output_tokens"].to_numpy(dtype=float)
+    ttft = np.where(ok, (first - sent) * 1e3, np.nan)
+    e2e = np.where(ok, (finish - sent) * 1e3, np.nan)
+    n_out = np.where(ok, np.nan_to_num(out_tok), 0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        tpot = np.where(ok & (n_out > 1), (e2e - ttft) / (n_out - 1), np.nan)
+    owner = np.repeat(np.arange(n), counts)  # the request of each token
+    same = owner[:-1] == owner[1:]
+    gap_owner = owner[:-1][same]
+    gaps = (np.diff(flat) * 1e3)[same]
+    keep = ok[gap_owner]  # a failed request keeps no gaps, as request_metrics
+    gaps, gap_owner = gaps[keep], gap_owner[keep]
+    n_gaps = np.bincount(gap_owner, minlength=n)
+    max_itl = np.full(n, np.nan)
+    has = n_gaps > 0
+    if has.any():
+        starts = np.concatenate([[0], np.cumsum(n_gaps)[:-1]])
+        max_itl[has] = np.maximum.reduceat(gaps, starts[has])
+    last = np.full(n, np.nan)
+    nonempty = counts > 0
+    if nonempty.any():
+        ends = np.cumsum(counts) - 1
+        last[nonempty] = flat[ends[nonempty]]
+    point_cols = [c for c in ("repeat", "part", *KEYS, "rate") if c in requests.columns]
+    m = requests[point_cols].reset_index(drop=True)
+    m = m.assign(
+        request_id=requests["request_id"].to_numpy(),
+        ok=ok,
+        prompt_tokens=requests["prompt_tokens"].to_numpy(),
+        output_tokens=requests["output_tokens"].to_numpy(),
+        ttft_ms=ttft,
+        tpot_ms=tpot,
+        e2e_ms=e2e,
+        max_itl_ms=max_itl,
+        itl=_objects(np.split(gaps, np.cumsum(n_gaps)[:-1])),
+        queue_lag_ms=(sent - requests["arrival_s"].to_numpy(dtype=float)) * 1e3,
+        cut=_is_cut(requests["error"]).to_numpy() if "error" in requests else False,
+        tokens=counts,
+        last_token_s=last,
+        sent_s=sent,
+        finish_s=finish,
+    )
+    return m
+
+
+def _objects(items: list) -> np.ndarray:
+    """A 1-d object array of ``items`` (arrays of equal length stay one per cell)."""
+    out = np.empty(len(items), dtype=object)
+    for i, x in enumerate(items):
+        out[i] = x
+    return out
+
+
+def point_summary(m: pd.DataFrame, slo_itl_ms: float | None, seed: int = 0) -> dict:
+    """One point's statistics from its rows of ``request_table`` (or from its raw request records): what
+    ``loadgen.metrics.summarize`` gives, the worst-stall statistic, mean TTFT, delivered throughput, cut requests."""
+    if "token_times_s" in m.columns:
+        m = request_table(m)
     slo = slo_itl_ms if slo_itl_ms is not None and slo_itl_ms == slo_itl_ms and slo_itl_ms > 0 else None
-    s = summarize(records, slo_tpot_ms=slo)
-    m = request_metrics(records)
-    ok = m[m["ok"]]
-    tokens = np.concatenate([np.asarray(x, dtype=float) for x in _token_times(records)] or [np.zeros(0)])
-    span = float(tokens.max() - records["sent_s"].min()) if tokens.size else float("nan")
+    okm = m["ok"].to_numpy(dtype=bool)
+    ok = m[okm]
+    itl = np.concatenate(list(ok["itl"])) if len(ok) else np.zeros(0)
+    span_run = run_span_s(m["sent_s"], m["finish_s"], okm)
+    s = summarize_metrics(m, itl, duration_s=span_run, slo_tpot_ms=slo)
+    tokens = int(m["tokens"].sum())
+    span = float(m["last_token_s"].max() - m["sent_s"].min()) if tokens else float("nan")
     return {
-        **s,
-        "requests": len(records),
-        "cut": int(_is_cut(records["error"]).sum()) if "error" in records else 0,
+        **{k: s[k] for k in SUMMARY_KEYS},
+        "requests": len(m),
+        "cut": int(m["cut"].sum()),
         **p99_of_max_itl(ok["max_itl_ms"], seed=seed),
         "mean_ttft_ms": float(ok["ttft_ms"].mean()) if len(ok) else float("nan"),
-        "delivered_tok_s": tokens.size / span if tokens.size and span > 0 else float("nan"),
+        "delivered_tok_s": tokens / span if tokens and span > 0 else float("nan"),
         "max_lag_ms": float(m["queue_lag_ms"].max()) if len(m) else float("nan"),
     }
 
 
-def _token_times(records: pd.DataFrame) -> list:
-    import json
-
-    return [json.loads(v) if isinstance(v, str) else list(v) for v in records["token_times_s"]]
-
-
 def summary_table(points: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
-    """Every point of ``points`` with its statistics recomputed from ``requests`` (a point none of whose requests
-    are there keeps its raw columns, statistics NaN); ``shortfall``: requests short of ``min_requests``."""
+    """Every point of ``points`` with its statistics recomputed from ``requests`` (raw records, or their
+    ``request_table``; a point none of whose requests are there keeps its raw columns, statistics NaN);
+    ``shortfall``: requests short of ``min_requests``."""
     if points.empty:
         return points
-    group = [c for c in ("repeat", *KEYS) if c in points.columns]
-    by = {k: g for k, g in requests.groupby(group, sort=False)} if not requests.empty else {}
+    m = request_table(requests) if "token_times_s" in requests.columns else requests
+    group = [c for c in ("repeat", *KEYS) if c in points.columns and c in m.columns]
+    by = {k: g for k, g in m.groupby(group, sort=False)} if not m.empty else {}
     rows = []
-    for _, p in points.iterrows():
-        row = p.to_dict()
+    for p in points.to_dict("records"):
         g = by.get(tuple(p[c] for c in group))
         if p["status"] == "ok" and g is not None and len(g):
-            row.update(point_summary(g.reset_index(drop=True), p.get("slo_itl_ms")))
-        rows.append(row)
+            p.update(point_summary(g, p.get("slo_itl_ms")))
+        rows.append(p)
     out = pd.DataFrame(rows)
     if "completed" in out and "min_requests" in out:
         out["shortfall"] = (out["min_requests"] - out["completed"]).clip(lower=0)
@@ -159,10 +265,18 @@ def skipped_points(points: pd.DataFrame) -> pd.DataFrame:
 
 
 def report(runs: RunSet) -> Study1Page:
-    """The page's record from ``runs`` (nothing measured: every claim inconclusive, every table empty)."""
+    """The page's record from ``runs`` (nothing measured: every claim inconclusive, every table empty). Each
+    repeat's requests are parsed once (``request_table``): its summary feeds its verdicts and its capacity, and the
+    first repeat's per-request metrics feed the distributions."""
     if not runs.measured:
         return Study1Page(runs, not_measured(STUDY))
-    by_repeat = {rep.repeats[0]: repeat_summary(rep) for rep in runs.per_repeat()}  # each repeat's, computed once
+    metrics = request_table(runs.table("requests"))
+    points = points_table(runs)
+    by_repeat = {}
+    for k in runs.repeats:
+        pts = points[points["repeat"] == k] if not points.empty else points
+        req = metrics[metrics["repeat"] == k] if "repeat" in metrics else metrics
+        by_repeat[k] = summary_table(pts.reset_index(drop=True), req)
     findings = runs.combined(
         lambda rep: verdicts.findings(by_repeat[rep.repeats[0]], _reference_budget(rep), rep.params.get("dtype"))
     )
@@ -171,17 +285,16 @@ def report(runs: RunSet) -> Study1Page:
     summary = pd.concat(summaries, ignore_index=True) if summaries else pd.DataFrame()
     capacity = pd.concat(caps, ignore_index=True) if caps else pd.DataFrame()
     first = runs.repeat(runs.repeats[0])
-    req = first.table("requests")
-    per_req = per_request(req) if not req.empty else pd.DataFrame()
+    per_req = metrics[metrics["repeat"] == runs.repeats[0]] if "repeat" in metrics else metrics
     return Study1Page(
         runs,
         findings,
         pool_repeats(summary, KEYS) if not summary.empty else summary,
         pool_capacity(capacity),
-        per_req,
+        _with_setting(per_req.reset_index(drop=True)),
         first.table("steps"),
         first.table("probes"),
-        skipped_points(points_table(runs)),
+        skipped_points(points),
         dict(runs.params),
     )
 
@@ -197,15 +310,14 @@ def pool_capacity(capacity: pd.DataFrame) -> pd.DataFrame:
 
 
 def per_request(requests: pd.DataFrame) -> pd.DataFrame:
-    """``request_metrics`` of every point, with the point's keys, its rate and its setting."""
-    out = []
-    for k, g in requests.groupby([*KEYS, "rate"], sort=False):
-        m = request_metrics(g.reset_index(drop=True))
-        out.append(m.assign(**dict(zip([*KEYS, "rate"], k, strict=True))))
-    df = pd.concat(out, ignore_index=True) if out else pd.DataFrame()
-    if not df.empty:
-        df["setting"] = [_name(s, b) for s, b in zip(df["scheduler"], df["budget"], strict=True)]
-    return df
+    """``request_metrics`` of every request, with its point's keys, its rate and its setting."""
+    return _with_setting(request_table(requests))
+
+
+def _with_setting(m: pd.DataFrame) -> pd.DataFrame:
+    if m.empty or "scheduler" not in m:
+        return pd.DataFrame() if m.empty else m
+    return m.assign(setting=[_name(s, b) for s, b in zip(m["scheduler"], m["budget"], strict=True)])
 
 
 # ---- page text ------------------------------------------------------------------------------------------------------
