@@ -10,11 +10,22 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-import seaborn as sns
+from matplotlib.ticker import LogFormatter
 
 from servelab.studies.s01_scheduling.verdicts import SEED_STALL_CHUNKED_MS, SEED_STALL_EAGER_MS, short
 
 ORDER = ["fcfs", "eager_cont_batch", "chunked_prefill"]
+
+
+def _plain_log_ticks(fig) -> None:
+    """Log-axis tick labels as plain numbers ("100", not mathtext 10²): the same ticks, and no mathtext to typeset
+    (most of a figure's drawing time went there)."""
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            if axis.get_scale() in ("log", "symlog"):
+                base = getattr(axis.get_transform(), "base", 10)
+                axis.set_major_formatter(LogFormatter(base=base))
+                axis.set_minor_formatter(LogFormatter(base=base, labelOnlyBase=False, minor_thresholds=(1, 0.4)))
 
 
 def setting(scheduler: pd.Series, budget: pd.Series) -> pd.Series:
@@ -55,7 +66,8 @@ def latency_cdfs(req_metrics: pd.DataFrame, model: str, rate_fraction: float, de
     for name in _settings_order(d) if len(d) else []:
         g = d[d["setting"] == name]
         a0.plot(*_quantile_curve(g["ttft_ms"]), label=name)
-        a1.plot(*_quantile_curve([x for xs in g["itl"] for x in xs]), label=name)
+        gaps = np.concatenate([np.asarray(x, dtype=float) for x in g["itl"]]) if len(g) else []
+        a1.plot(*_quantile_curve(gaps), label=name)
     _seed_stalls(a1)
     rate = d["rate"].iloc[0] if len(d) else float("nan")
     a0.set(xscale="log", xlabel="time to first token (ms)", ylabel="fraction of requests")
@@ -64,12 +76,15 @@ def latency_cdfs(req_metrics: pd.DataFrame, model: str, rate_fraction: float, de
     a1.set_title(f"ITL at {rate:.2f} req/s", fontsize=10)
     a0.legend(fontsize=9)
     fig.suptitle(f"{short(model)} on {device}")
+    _plain_log_ticks(fig)
     fig.tight_layout()
     return fig
 
 
 def stall_distribution(req_metrics: pd.DataFrame, device: str):
     """Each request's worst decode stall (its max ITL), per setting and rate, one panel per model."""
+    import seaborn as sns  # only this figure uses it
+
     d = req_metrics[(req_metrics["sweep"] == "rate") & req_metrics["max_itl_ms"].notna()]
     models = list(dict.fromkeys(d["model"]))
     fig, axes = plt.subplots(1, len(models), figsize=(8.0, 3.8), squeeze=False)
@@ -90,6 +105,7 @@ def stall_distribution(req_metrics: pd.DataFrame, device: str):
         ax.set(ylabel="worst stall per request: max ITL (ms)", title=f"{short(model)}: decode stalls")
         ax.legend(fontsize=9)
     fig.suptitle(f"Decode stalls on {device}")
+    _plain_log_ticks(fig)
     fig.tight_layout()
     return fig
 
@@ -108,23 +124,17 @@ def throughput_latency(summary: pd.DataFrame, device: str):
             (row[0], "itl_p99_ms", "p99 inter-token latency (ms)"),
             (row[1], "ttft_p50_ms", "median TTFT (ms)"),
         ):
-            sns.lineplot(
-                data=g,
-                x="delivered_tok_s",
-                y=y,
-                hue="setting",
-                hue_order=order,
-                marker="o",
-                ax=ax,
-                sort=False,
-                estimator=None,
-            )
+            for name in order:  # a line per setting through its rates (plain lines: no seaborn estimator pass)
+                d = g[g["setting"] == name].dropna(subset=["delivered_tok_s", y])
+                ax.plot(d["delivered_tok_s"], d[y], "o-", label=name)
             ax.set(xlabel="delivered throughput (output tokens/s)", ylabel=label, yscale="log", title=f"{short(model)}")
         slo = g["slo_itl_ms"].dropna()
         if len(slo):
             row[0].axhline(slo.iloc[0], color="red", ls="--", lw=1, label=f"ITL SLO {slo.iloc[0]:.1f} ms")
-            row[0].legend(fontsize=9)
+        row[0].legend(fontsize=9)
+        row[1].legend(fontsize=9)
     fig.suptitle(f"Throughput against latency on {device} (each point one offered rate)")
+    _plain_log_ticks(fig)
     fig.tight_layout()
     return fig
 
@@ -168,6 +178,7 @@ def capacity_bars(capacity: pd.DataFrame, device: str):
         ax.set(xlabel="requests/s", title=f"{short(model)}: p99 ITL ≤ {g['slo_itl_ms'].iloc[0]:.1f} ms")
     axes[0, 0].legend(fontsize=9, loc="lower right")
     fig.suptitle(f"Capacity at an ITL SLO on {device}")
+    _plain_log_ticks(fig)
     fig.tight_layout()
     return fig
 
@@ -194,6 +205,7 @@ def stall_by_rate(summary: pd.DataFrame, device: str):
         ax.set(xlabel="offered rate (req/s)", ylabel="worst stall: p99 of per-request max ITL (ms)", yscale="log")
         ax.set_title(short(model))
     axes[0, -1].legend(fontsize=9)
+    _plain_log_ticks(fig)
     fig.tight_layout()
     return fig
 
@@ -207,6 +219,29 @@ def stall_window(steps: pd.DataFrame, span_s: float = 1.0) -> tuple[float, float
     return max(0.0, mid - span_s / 2), max(0.0, mid - span_s / 2) + span_s
 
 
+def _step_edges(start, end) -> tuple[np.ndarray, np.ndarray]:
+    """The bin edges s0, e0, s1, e1, ..., en of a run of engine steps (each step a bin, each gap between one step's
+    end and the next one's start a bin of its own), and which bins are steps."""
+    start, end = np.asarray(start, dtype=float), np.asarray(end, dtype=float)
+    edges = np.column_stack([start, end]).ravel()
+    is_step = np.arange(edges.size - 1) % 2 == 0
+    return edges, is_step
+
+
+def _step_band(ax, edges, is_step, high, **kw) -> None:
+    """Each engine step as a band from 0 to ``high`` over its own time, all steps ONE filled path (a bar per step
+    would put hundreds of rectangles into the SVG); nothing between steps."""
+    ax.stairs(np.where(is_step, np.repeat(np.asarray(high, dtype=float), 2)[:-1], 0.0), edges, fill=True, lw=0, **kw)
+
+
+def _step_segments(start, end, y) -> tuple[np.ndarray, np.ndarray]:
+    """A horizontal segment at ``y`` over each step's span, as one polyline broken by NaN."""
+    n = len(y)
+    xs = np.column_stack([start, end, np.full(n, np.nan)]).ravel()
+    ys = np.column_stack([y, y, np.full(n, np.nan)]).ravel()
+    return xs, ys
+
+
 def timeline(steps: pd.DataFrame, model: str, rate_fraction: float, device: str, span_s: float = 0.5):
     """Per setting, the tokens of each engine step (prefill stacked on decode) over time, around the
     run's longest step, with each step's duration."""
@@ -218,17 +253,12 @@ def timeline(steps: pd.DataFrame, model: str, rate_fraction: float, device: str,
         g = d[d["setting"] == name]
         lo, hi = stall_window(g, span_s)
         w = g[(g["start_s"] >= lo) & (g["start_s"] <= hi)]
-        width = (w["end_s"] - w["start_s"]).to_numpy()
-        ax.bar(w["start_s"], w["decode_tokens"], width=width, align="edge", color="tab:blue", label="decode tokens")
-        ax.bar(
-            w["start_s"],
-            w["prefill_tokens"],
-            width=width,
-            bottom=w["decode_tokens"],
-            align="edge",
-            color="tab:orange",
-            label="prefill tokens",
-        )
+        dec = w["decode_tokens"].to_numpy(dtype=float)
+        pre = dec + w["prefill_tokens"].to_numpy(dtype=float)
+        edges, is_step = _step_edges(w["start_s"], w["end_s"])
+        if len(w):  # the stack drawn as two bands from 0: the total (prefill on top), then decode over it
+            _step_band(ax, edges, is_step, pre, color="tab:orange", label="prefill tokens")
+            _step_band(ax, edges, is_step, dec, color="tab:blue", label="decode tokens")
         ax.set_yscale("symlog", linthresh=10)  # a few decode tokens stay visible under thousands of prefill
         ax.set(
             ylabel="tokens / step",
@@ -236,12 +266,16 @@ def timeline(steps: pd.DataFrame, model: str, rate_fraction: float, device: str,
             title=f"{name}: longest step {(g['end_s'] - g['start_s']).max() * 1e3:.1f} ms" if len(g) else name,
         )
         ax2 = ax.twinx()
-        ax2.plot(w["start_s"], width * 1e3, "k.", ms=3, label="step time")
-        ax2.set(ylabel="step (ms)")
-        ax.legend(loc="upper left", fontsize=9)
+        ms = (w["end_s"] - w["start_s"]).to_numpy() * 1e3
+        ax2.plot(*_step_segments(w["start_s"], w["end_s"], ms), color="k", lw=1.2, label="step time")
+        ax2.set(ylabel="step (ms)", ylim=(0, None))
+        handles, labels = ax.get_legend_handles_labels()
+        h2, l2 = ax2.get_legend_handles_labels()
+        ax.legend(handles[::-1] + h2, labels[::-1] + l2, loc="upper left", fontsize=9)
     axes[-1, 0].set_xlabel("time since the run started (s)")
     rate = d["rate"].iloc[0] if len(d) else float("nan")
     fig.suptitle(f"{short(model)} on {device}: batch composition per engine step at {rate:.2f} req/s")
+    _plain_log_ticks(fig)
     fig.tight_layout()
     return fig
 
@@ -269,5 +303,6 @@ def budget_sweep(summary: pd.DataFrame, model: str, rate_fraction: float, device
     axes[0].legend(fontsize=9)
     rate = s["rate"].iloc[0] if len(s) else float("nan")
     fig.suptitle(f"{short(model)} on {device}: ChunkedPrefill's token budget at {rate:.2f} req/s")
+    _plain_log_ticks(fig)
     fig.tight_layout()
     return fig
