@@ -11,7 +11,7 @@ import pytest
 
 from servelab.measure.roofline import Roofline
 from servelab.models.shape import ModelShape
-from servelab.studies.s01_scheduling import plots, verdicts
+from servelab.studies.s01_scheduling import plots, report, verdicts
 from servelab.studies.s01_scheduling.capacity import capacity_table
 from servelab.studies.s01_scheduling.capacity_probe import estimate_capacity, probe_roofline
 
@@ -218,8 +218,9 @@ def test_capacity_is_the_highest_rate_below_the_first_miss():
     cap = capacity_table(summary_frame(rows)).set_index(["scheduler", "budget"])
     assert cap.loc[("chunked_prefill", 512), "capacity_req_s"] == 2.0  # 4.0 misses; 8.0 meets ITL but was cut
     assert cap.loc[("chunked_prefill", 512), "bound"] == "within sweep"
-    assert cap.loc[("fcfs", 8192), "capacity_req_s"] == 0.0
+    assert np.isnan(cap.loc[("fcfs", 8192), "capacity_req_s"])  # missed at every rate: not a measured zero
     assert cap.loc[("fcfs", 8192), "bound"] == "below lowest rate"
+    assert cap.loc[("fcfs", 8192), "first_miss_rate"] == 1.0 and cap.loc[("fcfs", 8192), "lowest_rate"] == 1.0
     assert cap.loc[("eager_cont_batch", 8192), "bound"] == "at least highest rate"
     assert len(cap) == 3
 
@@ -274,12 +275,12 @@ def test_figures_draw_from_sweep_shaped_frames():
                     }
                 )
             )
-    rm = plots.per_request(pd.DataFrame(req))
+    rm = report.per_request(pd.DataFrame(req))
     st = pd.concat(steps)
     s = sweep(58.6, 34.1, 1000, 1000)
     cap = capacity_table(s)
     figs = [
-        plots.latency_cdfs(rm, 1.0, "dev"),
+        plots.latency_cdfs(rm, "config:m", 1.0, "dev"),
         plots.stall_distribution(rm, "dev"),
         plots.throughput_latency(s, "dev"),
         plots.capacity_bars(cap, "dev"),

@@ -1,8 +1,6 @@
-"""Study 1 sized for statistics: the p99 of per-request maximum ITL and its bootstrap interval, points sized to
-complete min_requests, the parts a run selects, the GPU-time estimate of the full profile, and the merge of parts."""
-
-import json
-from pathlib import Path
+"""Study 1 sized for statistics: the p99 of per-request maximum ITL and its bootstrap interval (on the committed legacy
+run, read through its RunSet, against the old single-maximum rule), points sized to complete min_requests, the
+capacities a run's probes give."""
 
 import numpy as np
 import pandas as pd
@@ -12,13 +10,11 @@ from servelab.errors import ParameterError
 from servelab.loadgen.lengths import ShareGPTLike
 from servelab.paths import DATA_DIR
 from servelab.studies.common.rules import OLD_RULES
-from servelab.studies.s01_scheduling import gpu_time, sizing, verdicts
-from servelab.studies.s01_scheduling.merge import merge_parts
+from servelab.studies.common.runs import RunSet, study_runs
+from servelab.studies.s01_scheduling import report, sizing, verdicts
 from servelab.studies.s01_scheduling.params import study_params
 from servelab.studies.s01_scheduling.stall import p99_of_max_itl, with_stall_stats
-from servelab.studies.s01_scheduling.sweep import Point, estimate_runtime_s, plan_points, point_trace
-
-H200 = DATA_DIR / "results" / "nvidia-h200" / "01_scheduling"
+from servelab.studies.s01_scheduling.sweep import Point, point_trace
 
 
 def test_p99_of_max_itl_and_its_interval():
@@ -37,13 +33,27 @@ def test_p99_of_max_itl_and_its_interval():
         p99_of_max_itl(x, resamples=0)
 
 
+def _legacy() -> RunSet:
+    """The committed H200 run (runs/legacy/all/r0), read as the page reads it."""
+    runs = study_runs("01_scheduling", DATA_DIR / "results", device="h200")
+    assert runs.measured and runs.fingerprint == "legacy"
+    return runs.repeat(runs.repeats[0])
+
+
 def test_committed_run_gains_the_statistic_and_the_old_rule_reads_its_verdict():
-    s = with_stall_stats(pd.read_csv(H200 / "summary.csv"), pd.read_csv(H200 / "requests.csv"))
+    rep = _legacy()
+    s = with_stall_stats(rep.table("summary"), rep.table("requests"))  # its summary lacks the statistic: filled
     ok = s[s["status"] == "ok"]
     assert (ok["max_itl_p99_ms"] <= ok["max_itl_ms"] + 1e-9).all() and (ok["stall_requests"] == ok["completed"]).all()
-    old = OLD_RULES["f11_single_max"](H200)
-    committed = pd.read_csv(H200 / "findings.csv").set_index("id").loc["F1.1", "verdict"]
-    assert old.verdict == committed and "70.01%" in old.detail  # the single-maximum rule is today's committed rule
+    # the report recomputes the same statistic from the raw requests alone
+    r = report.repeat_summary(rep).set_index(report.KEYS)
+    ok_r = r[r["status"] == "ok"]
+    assert (ok_r["max_itl_p99_ms"] <= ok_r["max_itl_ms"] + 1e-9).all()
+    assert (ok_r["stall_requests"] == ok_r["completed"]).all()
+    folder = rep.runs[0].dir
+    old = OLD_RULES["f11_single_max"](folder)
+    committed = rep.table("findings").set_index("id").loc["F1.1", "verdict"]
+    assert old.verdict == committed and "70.01%" in old.detail  # the single-maximum rule is the run's committed rule
     new = verdicts.f11(s, 512)
     assert "p99 of per-request max ITL" in new.measured_value and "maximum" in new.measured_value
 
@@ -63,105 +73,10 @@ def test_points_are_sized_to_complete_min_requests():
     pd.testing.assert_frame_equal(short, long.head(40))
 
 
-def test_parts_select_points_and_plan_the_full_profile_into_runs():
-    P = study_params("full", parts="llama-3-8b/fcfs, llama-3-8b/budget")
-    assert P["parts"] == ["llama-3-8b/fcfs", "llama-3-8b/budget"]
-    pts = plan_points(P, "config:llama-3-8b")
-    assert {(p.scheduler, p.sweep) for p in pts} == {("fcfs", "rate"), ("chunked_prefill", "budget")} and len(pts) == 7
-    assert plan_points(P, "config:qwen2-0.5b") == []
-    assert sizing.label(P["parts"]) == "llama-3-8b_fcfs+llama-3-8b_budget"
-    full = study_params("full")
-    table = gpu_time.gpu_time_table(pd.read_csv(H200 / "summary.csv"), full)
-    assert len(table) == sum(len(plan_points(full, m)) for m in full["models"])  # the whole budget sweep included
-    runs = gpu_time.plan_parts(table, full)
-    assert all(r["s"] <= full["time_budget_s"] for r in runs)
-    # F1.1's pair (EagerContBatch, ChunkedPrefill at the reference budget) of the 8B model is measured in one run
-    assert any({"llama-3-8b/eager_cont_batch", "llama-3-8b/chunked_prefill@512"} <= set(r["parts"]) for r in runs)
-    chosen = [sel for r in runs for sel in r["parts"]]
-    picked = [
-        (p.model, p.scheduler, p.budget, p.rate_fraction, p.sweep)
-        for r in runs
-        for m in full["models"]
-        for p in plan_points(study_params("full", parts=r["parts"]), m)
-    ]
-    assert len(picked) == len(set(picked)) == len(table), chosen  # every point in exactly one run
-    assert estimate_runtime_s(study_params("full", parts=["qwen2-0.5b"])) < estimate_runtime_s(full)
-
-
 def test_capacities_from_a_results_folder():
-    caps = sizing.capacities(str(H200.relative_to(DATA_DIR.parent)))
+    folder = _legacy().runs[0].dir  # a run folder, named relative to the repository
+    caps = sizing.capacities(str(folder.relative_to(DATA_DIR.parent)))
     assert set(caps) == {"config:qwen2-0.5b", "config:llama-3-8b"} and all(c > 0 for c in caps.values())
+    assert sizing.capacities(str(folder)) == caps  # or absolute
     with pytest.raises(ParameterError, match="probes.csv"):
         sizing.capacities("no/such/folder")
-
-
-def _part(root: Path, name: str, commit: str, rows: list[tuple], parts) -> Path:
-    d = root / name
-    d.mkdir(parents=True)
-    P = {**study_params("smoke"), "parts": parts}
-    (d / "run.json").write_text(
-        json.dumps(
-            {
-                "study": "01_scheduling_parts/" + name,
-                "git_commit": commit,
-                "started_utc": f"2026-12-03T10:0{len(name) % 10}:00+00:00",
-                "written_utc": "2026-12-03T10:10:00+00:00",
-                "device": {"name": "cpu", "slug": "cpu"},
-                "params": P,
-            }
-        )
-    )
-    cols = ["model", "scheduler", "budget", "rate", "rate_fraction", "sweep", "status", "requests", "cut"]
-    s = pd.DataFrame(rows, columns=cols)
-    s["itl_p99_ms"], s["max_itl_ms"], s["mean_ttft_ms"], s["delivered_tok_s"] = 5.0, 60.0, 40.0, 900.0
-    s["slo_itl_ms"], s["ttft_p50_ms"], s["failed"] = 30.0, 40.0, s["cut"]
-    s["max_itl_p99_ms"], s["max_itl_p99_lo_ms"], s["max_itl_p99_hi_ms"] = 55.0, 50.0, 60.0
-    s.loc[s["scheduler"] == "chunked_prefill", ["max_itl_ms", "max_itl_p99_ms"]] = [35.0, 30.0]
-    s.to_csv(d / "summary.csv", index=False)
-    pd.DataFrame({"model": ["config:tiny-llama"], "status": ["ok"], "capacity_req_s": [4.0]}).to_csv(
-        d / "probes.csv", index=False
-    )
-    return d
-
-
-def test_merge_joins_parts_of_one_commit_and_refuses_others(tmp_path):
-    m = "config:tiny-llama"
-    a = _part(tmp_path, "a", "abc123", [(m, "eager_cont_batch", 512, 2.0, 0.5, "rate", "ok", 10, 0)], ["x"])
-    b = _part(
-        tmp_path,
-        "b",
-        "abc123",
-        [
-            (m, "chunked_prefill", 32, 2.0, 0.5, "rate", "ok", 10, 0),
-            (m, "eager_cont_batch", 512, 2.0, 0.5, "rate", "skipped: time budget", np.nan, np.nan),
-        ],
-        ["y"],
-    )
-    dest = merge_parts([a, b], tmp_path / "merged")
-    s = pd.read_csv(dest / "summary.csv")
-    assert len(s) == 2 and set(s["part"]) == {"a", "b"}  # the skipped row yields to the measurement
-    side = json.loads((dest / "run.json").read_text())
-    assert side["git_commit"] == "abc123" and [p["parts"] for p in side["parts"]] == [["x"], ["y"]]
-    f = pd.read_csv(dest / "findings.csv").set_index("id")
-    assert f.loc["F1.1", "verdict"] == "holds"  # 1 - 30/55 = 45%: judged on the merged pair
-    c = _part(tmp_path, "c", "def456", [(m, "fcfs", 512, 2.0, 0.5, "rate", "ok", 10, 0)], ["z"])
-    with pytest.raises(ParameterError, match="different"):
-        merge_parts([a, c], tmp_path / "m2")
-    d = _part(tmp_path, "d", "abc123", [(m, "eager_cont_batch", 512, 2.0, 0.5, "rate", "ok", 10, 0)], ["w"])
-    with pytest.raises(ParameterError, match="more than one part"):
-        merge_parts([a, d], tmp_path / "m3")
-    e = _part(tmp_path, "e", "abc123", [(m, "fcfs", 512, 2.0, 0.5, "rate", "ok", 10, 0)], ["v"])
-    side = json.loads((e / "run.json").read_text())
-    side["params"]["min_requests"] = 99
-    (e / "run.json").write_text(json.dumps(side))
-    with pytest.raises(ParameterError, match="min_requests"):
-        merge_parts([a, e], tmp_path / "m4")
-
-
-def test_a_page_can_be_built_from_written_results():
-    from servelab.studies.s01_scheduling.run import load
-
-    R = load(H200.relative_to(DATA_DIR.parent))  # relative to the repository, as from notebooks/
-    assert R.dev.name == "NVIDIA H200" and R.P["reference_budget"] == 512
-    assert "max_itl_p99_ms" in R.summary and [f.id for f in R.findings] == ["F1.1", "F1.2", "F1.3"]
-    assert "p99 of per-request max ITL" in R.findings[0].measured_value and not R.capacity.empty

@@ -1,16 +1,12 @@
 """Study 1: FCFS vs EagerContBatch vs ChunkedPrefill in the real HTTP server, under a streaming load.
 
-- ``params.py``: the profiles' parameters and their validation;
-- ``serving.py``: ``PolicyServer``, one model served over HTTP (its engine in a process of its own by default),
-  its policy switched, then warmed up, between runs;
-- ``capacity_probe.py``: a short probe that places the rate sweep (and its roofline floors);
-- ``sizing.py``: how long each point runs so that it completes ``min_requests``; ``gpu_time.py``: the full
-  profile's GPU time and its split into parts; ``merge.py``: parts measured at one commit combined;
-- ``sweep.py``: the measurement loop (probe, rate sweep, budget sweep) under a time budget; ``run.py``: the study;
-- ``stall.py``: the p99 of each request's worst inter-token gap, with its interval;
-- ``capacity.py``: capacity at an ITL SLO (Sarathi-Serve's definition); ``step_costs.py``: the step log by kind;
-- ``verdicts.py``: F1.1–F1.3 from the data; ``report.py``: the page's takeaways; ``plots.py``: the figures.
+Measuring path (``measure.py``, the GPU's): ``params.py``, the profiles; ``serving.py``, ``PolicyServer`` (one model
+served over HTTP, its policy switched between runs); ``capacity_probe.py``, the probe that places the rates;
+``sizing.py``, how long each point runs and which points a part selects; ``sweep.py``, the measurement loop (rate
+sweep, budget sweep, capacity search) under a time budget; ``step_costs.py``, the step log by kind.
+Reporting path (``report.py``, the CPU's, from the runs' files): ``stall.py``, the p99 of each request's worst
+inter-token gap with its interval; ``capacity.py``, capacity at an ITL SLO; ``verdicts.py``, F1.1–F1.3;
+``plots.py``, the figures; ``gpu_time.py``, each part's expected GPU time from a committed run.
 
-The policies themselves are ``servelab.engine.policies``; the server ``servelab.server``; the load
-generator ``servelab.loadgen``.
+This file imports nothing, so that importing the measuring path does not pull in the reporting one.
 """

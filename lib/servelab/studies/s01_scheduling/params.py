@@ -3,8 +3,8 @@
 The ``full`` profile: two model sizes, four policy settings at three rates each, and the whole budget sweep of
 ChunkedPrefill on the 8B shape at one rate. Each (policy, rate) point offers load until ``min_requests`` (150)
 requests can complete, within ``point_cap_s`` (``sizing``: a point that falls short says so in its ``shortfall``).
-That is more GPU time than one GPU run holds, so the sweep runs in parts (``parts``: subsets of models and policy
-settings, each a run of its own within ``time_budget_s``), and ``merge`` joins the parts of one commit.
+That is more GPU time than one GPU run holds, so the sweep runs in parts (``part``: one of ``measure.PARTS``, each a
+run of its own within ``time_budget_s``; ``parts``: selectors for part "all"); the report reads every part's folder.
 Rates are fractions of a capacity estimate that a short probe measures on each model (``capacity_probe``), so that
 the sweep spans light load to past saturation whatever the engine's speed; ``capacities`` fixes them instead (an
 earlier part's results folder, or req/s per model), so that every part offers the same rates and traces.
@@ -19,6 +19,12 @@ from servelab.models.loader import CONFIG_PREFIX, shipped_configs
 from servelab.studies.common.params import ParameterError, check_choice, check_positive_ints, resolve
 
 DTYPES = ("float32", "bfloat16", "float16")
+# The full profile's rates and ITL SLO are fixed per model, so that every part and every repeat offers the same rates
+# (the policies of one rate replay one trace, whichever part measures them) and judges capacity at one SLO. Both come
+# from the H200's legacy run (runs/legacy/all/r0/probes.csv): its probe's capacity estimate (req/s) and 5x its
+# decode iteration (ms, Sarathi-Serve's strict SLO). Each part still runs the probe and records it.
+LEGACY_CAPACITY_REQ_S = {"config:qwen2-0.5b": 51.91, "config:llama-3-8b": 10.39}
+LEGACY_SLO_ITL_MS = {"config:qwen2-0.5b": 20.19, "config:llama-3-8b": 48.89}
 
 DEFAULTS = {
     "full": dict(
@@ -32,8 +38,8 @@ DEFAULTS = {
         rate_fractions=[0.3, 0.7, 1.2],
         fallback_rates=[0.5, 1.0, 2.0],
         min_requests=150,
-        point_cap_s=90.0,
-        drain_s=2.5,
+        point_cap_s=180.0,
+        drain_s=5.0,
         probe_requests=12,
         probe_s=8.0,
         max_num_seqs=64,
@@ -46,13 +52,16 @@ DEFAULTS = {
         output_max=512,
         reference_budget=512,
         slo_itl_factor=5.0,
-        slo_itl_ms=None,
+        slo_itl_ms=dict(LEGACY_SLO_ITL_MS),
         slo_ttft_ms=None,
-        time_budget_s=400.0,
+        search_factor=2.0,
+        search_steps=3,
+        search_min_requests=40,
+        time_budget_s=390.0,
         seed=0,
         engine_process=True,
         parts=None,
-        capacities=None,
+        capacities=dict(LEGACY_CAPACITY_REQ_S),
     ),
     "smoke": dict(
         models=["config:tiny-llama"],
@@ -80,6 +89,9 @@ DEFAULTS = {
         slo_itl_factor=5.0,
         slo_itl_ms=None,
         slo_ttft_ms=None,
+        search_factor=2.0,
+        search_steps=1,
+        search_min_requests=4,
         time_budget_s=120.0,
         seed=0,
         engine_process=True,
@@ -111,6 +123,7 @@ INT_SIZES = (
     "output_max",
     "reference_budget",
     "min_requests",
+    "search_min_requests",
 )
 POSITIVE = (
     "point_cap_s",
@@ -121,6 +134,7 @@ POSITIVE = (
     "slo_itl_factor",
     "time_budget_s",
     "budget_sweep_fraction",
+    "search_factor",
 )
 
 
@@ -203,9 +217,21 @@ def _check_load(p: dict) -> None:
         p[k] = sorted(_positive(k, x) for x in v)
     for k in POSITIVE:
         p[k] = _positive(k, p[k])
-    for k in ("slo_itl_ms", "slo_ttft_ms"):
-        if p[k] is not None:
-            p[k] = _positive(k, p[k])
+    if p["slo_ttft_ms"] is not None:
+        p["slo_ttft_ms"] = _positive("slo_ttft_ms", p["slo_ttft_ms"])
+    _check_slo_and_search(p)
+
+
+def _check_slo_and_search(p: dict) -> None:
+    slo = p["slo_itl_ms"]
+    if isinstance(slo, dict):
+        p["slo_itl_ms"] = {str(m): _positive(f"slo_itl_ms[{m!r}]", v) for m, v in slo.items()}
+    elif slo is not None:
+        p["slo_itl_ms"] = _positive("slo_itl_ms", slo)
+    if p["search_factor"] <= 1:
+        raise ParameterError(f"search_factor must be > 1 (the step between searched rates), got {p['search_factor']}")
+    if isinstance(p["search_steps"], bool) or not isinstance(p["search_steps"], int) or p["search_steps"] < 0:
+        raise ParameterError(f"search_steps must be an integer >= 0, got {p['search_steps']!r}")
     if not isinstance(p["engine_process"], bool):
         raise ParameterError(f"engine_process must be True or False, got {p['engine_process']!r}")
     if isinstance(p["seed"], bool) or not isinstance(p["seed"], int):
@@ -221,6 +247,13 @@ def study_params(profile: str = "auto", **overrides) -> dict:
     _check_budget_sweep(p)
     _check_parts(p)
     return p
+
+
+def slo_for(P: dict, model: str) -> float | None:
+    """The ITL SLO (ms) of ``model``: ``slo_itl_ms``'s value for it (a dict per model, or one number), else None
+    (then ``slo_itl_factor`` × the probe's decode step)."""
+    slo = P["slo_itl_ms"]
+    return slo.get(model) if isinstance(slo, dict) else slo
 
 
 def _check_parts(p: dict) -> None:

@@ -7,8 +7,9 @@ setting's own completion rate once one of its points saturated). A point capped 
 fewer; ``sweep.run_point`` records the ``shortfall`` (``min_requests`` − completed, at least 0), never hides it.
 
 The full profile holds more GPU time than one run: ``parts`` selects the points of one run, by model
-(``"llama-3-8b"``) or by model and policy setting (``"llama-3-8b/fcfs"``, ``"llama-3-8b/chunked_prefill@512"``,
-``"llama-3-8b/budget"`` for the budget sweep's extra budgets); ``gpu_time`` plans the parts of the full profile.
+(``"llama-3-8b"``), by model and policy setting (``"llama-3-8b/fcfs"``, ``"llama-3-8b/chunked_prefill@512"``,
+``"llama-3-8b/budget"`` for the budget sweep's extra budgets), or by model, setting and rate fraction
+(``"llama-3-8b/fcfs/0.3"``); ``measure.PART_SELECTORS`` names the full profile's parts, ``gpu_time`` estimates them.
 """
 
 from __future__ import annotations
@@ -69,7 +70,9 @@ def load_guess_s(P: dict) -> float:
 
 def _settings(P: dict, model: str) -> list[str]:
     out = [setting(n, b) for n, b in P["policies"]]
-    return out + ([BUDGET] if P["budget_sweep"] and model == P["budget_sweep_model"] else [])
+    if P["budget_sweep"] and model == P["budget_sweep_model"]:
+        out += [BUDGET, *(f"{BUDGET}@{b}" for b in P["budget_sweep"])]
+    return out
 
 
 def check_selectors(parts, P: dict) -> list[str]:
@@ -81,22 +84,32 @@ def check_selectors(parts, P: dict) -> list[str]:
         raise ParameterError(f"parts must be None or a non-empty list of selectors, got {parts!r}")
     models = {short(m): m for m in P["models"]}
     for sel in parts:
-        name, _, what = sel.partition("/")
+        name, _, rest = sel.partition("/")
+        what, _, fraction = rest.partition("/")
         if name not in models:
             raise ParameterError(f"parts: {sel!r} names no model of this run (models: {', '.join(models)})")
         if what and what not in _settings(P, models[name]):
             raise ParameterError(
                 f"parts: {sel!r}: {what!r} is not a setting of {name} ({', '.join(_settings(P, models[name]))})"
             )
+        if fraction and fraction not in {f"{f:g}" for f in P["rate_fractions"]}:
+            raise ParameterError(f"parts: {sel!r}: {fraction!r} is not one of rate_fractions {P['rate_fractions']}")
     return list(parts)
 
 
-def selected(parts: list[str] | None, model: str, scheduler: str, budget: int, sweep: str) -> bool:
+def selected(
+    parts: list[str] | None, model: str, scheduler: str, budget: int, sweep: str, rate_fraction: float | None = None
+) -> bool:
     """Whether a point belongs to the run's ``parts`` (None: every point)."""
     if parts is None:
         return True
     what = BUDGET if sweep == "budget" else setting(scheduler, budget)
-    return any(sel in (short(model), f"{short(model)}/{what}") for sel in parts)
+    names = {short(model), f"{short(model)}/{what}"}
+    if rate_fraction is not None:
+        names.add(f"{short(model)}/{what}/{rate_fraction:g}")
+    if sweep == "budget":
+        names.add(f"{short(model)}/{BUDGET}@{int(budget)}")
+    return any(sel in names for sel in parts)
 
 
 def label(parts: list[str] | None) -> str:

@@ -28,6 +28,7 @@ from servelab.loadgen.run import DEADLINE_ERROR
 from servelab.loadgen.workload import Trace
 from servelab.studies.s01_scheduling import sizing
 from servelab.studies.s01_scheduling.capacity_probe import CapacityEstimate, estimate_capacity, probe_roofline
+from servelab.studies.s01_scheduling.params import slo_for
 from servelab.studies.s01_scheduling.serving import PolicyServer
 from servelab.studies.s01_scheduling.sizing import load_guess_s, point_cost_s, selected
 from servelab.studies.s01_scheduling.stall import p99_of_max_itl
@@ -79,20 +80,24 @@ def workload_lengths(P: dict) -> ShareGPTLike:
 
 
 def plan_points(P: dict, model: str) -> list[Point]:
-    """The points of one model in run order: the rate sweep of every policy setting, then the budget sweep
-    (at one of the sweep's rate fractions, with that fraction's trace, so the rate sweep's ChunkedPrefill
-    points at that fraction belong to the budget series too). Rates are filled in from the probe
-    (``Point.rate = rate_fraction × capacity``). Only the points that ``P['parts']`` selects."""
+    """The points of one model in run order: the rate sweep of every policy setting (most loaded rate first, so that
+    a saturated point's completion rate sizes the lighter ones), then the budget sweep (at one of the sweep's rate
+    fractions, with that fraction's trace, so the rate sweep's ChunkedPrefill points at that fraction belong to the
+    budget series too). Rates are filled in later (``Point.rate = rate_fraction × capacity``). Only the points that
+    ``P['parts']`` selects. The capacity search's points (``sweep="search"``) are not planned: they depend on what
+    the rate sweep measured (``_search``)."""
     seed = {f: P["seed"] * 1000 + i for i, f in enumerate(P["rate_fractions"])}
     pts = [
-        Point(model, name, budget, f, "rate", seed[f]) for name, budget in P["policies"] for f in P["rate_fractions"]
+        Point(model, name, budget, f, "rate", seed[f])
+        for name, budget in P["policies"]
+        for f in sorted(P["rate_fractions"], reverse=True)
     ]
     if P["budget_sweep"] and model == P["budget_sweep_model"]:
         f = P["budget_sweep_fraction"]
         done = {b for name, b in P["policies"] if name == "chunked_prefill"}
         pts += [Point(model, "chunked_prefill", b, f, "budget", seed[f]) for b in P["budget_sweep"] if b not in done]
     parts = P.get("parts")
-    return [pt for pt in pts if selected(parts, pt.model, pt.scheduler, pt.budget, pt.sweep)]
+    return [pt for pt in pts if selected(parts, pt.model, pt.scheduler, pt.budget, pt.sweep, pt.rate_fraction)]
 
 
 def estimate_runtime_s(P: dict, model_load_s: dict | None = None) -> float:
@@ -169,6 +174,8 @@ def run_point(
     steps = srv.steps_between(t0, t0 + deadline + 1.0)
     steps[["start_s", "end_s"]] = steps[["start_s", "end_s"]] - t0  # onto the records' axis
     s = summarize(records, slo_ttft_ms=P["slo_ttft_ms"], slo_tpot_ms=slo_itl_ms)
+    # the window a point was sized for and the raw facts of its run: the report recomputes every statistic from the
+    # requests; these it cannot (``measure.POINT_COLUMNS``)
     m = request_metrics(records)
     ok = m[m["ok"]]
     times = [t for ts in records["token_times_s"] for t in ts]
@@ -176,6 +183,7 @@ def run_point(
     row = {
         **_row_head(pt),
         "status": "ok",
+        "attempts": 1,
         "requests": len(records),
         "cut": int((records["error"] == DEADLINE_ERROR).sum()),
         "min_requests": P["min_requests"],
@@ -188,6 +196,7 @@ def run_point(
         # every token received (cut requests included) per second of the run: the work the server did
         "delivered_tok_s": len(times) / span if times and span > 0 else float("nan"),
         "duration_s": meta["duration_s"],
+        "t0_perf_s": t0,
         "slo_itl_ms": slo_itl_ms,
         "warmup_ms": srv.last_warmup_s * 1e3,
         "steps": len(steps),
@@ -221,6 +230,7 @@ class _Sweep:
     # req/s that a (model, scheduler, budget) completed at a point that saturated it (requests cut): sizes its later
     # points, whose windows the probe's capacity estimate (made under EagerContBatch) would leave too short
     served: dict = field(default_factory=dict)
+    rates_from: dict = field(default_factory=dict)  # per model: the capacity (req/s) its rates are fractions of
 
     def skip(self, points, status: str) -> None:
         for pt in points:
@@ -274,6 +284,7 @@ def _run_model(sw: _Sweep, model: str, device: str) -> None:
         )
         rates_from, slo = _probe(sw, srv, model)
         rates_from = _fixed_capacity(sw, model, rates_from)
+        sw.rates_from[model] = rates_from
         _run_points(sw, srv, points, rates_from, slo)
         if slo is None:  # no probe and no SLO given: 5x (the factor) the lightest run's median ITL
             _slo_from_lightest(data.summary[rows_before:], P["slo_itl_factor"])
@@ -323,8 +334,8 @@ def _probe(sw: _Sweep, srv: PolicyServer, model: str) -> tuple[float | None, flo
     except Exception as e:  # noqa: BLE001
         sw.data.probes.append({"model": model, "status": f"error: {type(e).__name__}: {e}"[:300]})
         sw.log(f"{model}: probe failed ({type(e).__name__}: {e}); using fallback_rates {P['fallback_rates']}")
-        return None, P["slo_itl_ms"]
-    slo = P["slo_itl_ms"] or P["slo_itl_factor"] * est.decode_step_s * 1e3
+        return None, slo_for(P, model)
+    slo = slo_for(P, model) or P["slo_itl_factor"] * est.decode_step_s * 1e3
     floors = probe_roofline(est, srv.shape, sw.roofline, srv.dtype_bytes) if sw.roofline is not None else {}
     sw.data.probes.append(
         {
@@ -355,40 +366,103 @@ def _fixed_capacity(sw: _Sweep, model: str, probed: float | None) -> float | Non
 
 
 def _run_points(sw: _Sweep, srv: PolicyServer, points, rates_from: float | None, slo: float | None) -> None:
-    """Every load point of one model, each at its rate, until the time budget runs out."""
-    P, data = sw.P, sw.data
+    """Every load point of one model, each at its rate, until the time budget runs out; then, per policy setting
+    of the rate sweep, the capacity search (``_search``)."""
+    P = sw.P
     fallback = dict(zip(P["rate_fractions"], P["fallback_rates"], strict=False))  # lengths unchecked
     for pt in points:
         if rates_from is not None:
             pt.rate = pt.rate_fraction * rates_from
         else:
             pt.rate = fallback.get(pt.rate_fraction, P["fallback_rates"][-1])
-        key = (pt.model, pt.scheduler, pt.budget)
-        served = sw.served.get(key, rates_from)
-        if time.perf_counter() + point_cost_s(P, sizing.window_s(P, pt.rate, served)) > sw.budget_end:
-            sw.skip([pt], "skipped: time budget")
-            continue
-        if not srv.alive:
-            sw.skip([pt], f"error: engine loop stopped ({srv.error})"[:300])
-            continue
-        try:
-            req, st, row = run_point(srv, sw.worker, pt, P, sw.lengths, sw.workdir, slo, served)
-            data.requests.append(req)
-            data.steps.append(st)
-            data.summary.append(row)
-            if row["cut"] > 0 and row["duration_s"] > 0:
-                sw.served[key] = row["completed"] / row["duration_s"]
-        except Exception as e:  # noqa: BLE001 - record and go on
-            sw.log(f"{pt.key}: {type(e).__name__}: {e}")
-            data.summary.append(
-                {
-                    **_row_head(pt),
-                    "status": f"error: {type(e).__name__}: {e}"[:300],
-                    "traceback": traceback.format_exc(limit=3)[-600:],
-                }
-            )
-            _recover(srv)
+        _measure_point(sw, srv, pt, P, slo)
+    settings = dict.fromkeys((pt.scheduler, pt.budget) for pt in points if pt.sweep == "rate")
+    for scheduler, budget in settings:
+        _search(sw, srv, points[0].model, scheduler, budget, rates_from, slo)
+
+
+def _measure_point(sw: _Sweep, srv: PolicyServer, pt: Point, P: dict, slo: float | None) -> dict | None:
+    """One point measured (its row appended to the summary), once more with a window sized from its own completion
+    rate where it saturated and fell short of ``min_requests`` (``attempts`` 2); None where it was skipped or
+    failed."""
+    key = (pt.model, pt.scheduler, pt.budget)
+    served = sw.served.get(key, sw.rates_from.get(pt.model))
+    window = sizing.window_s(P, pt.rate, served)
+    if time.perf_counter() + point_cost_s(P, window) > sw.budget_end:
+        sw.skip([pt], "skipped: time budget")
+        return None
+    if not srv.alive:
+        sw.skip([pt], f"error: engine loop stopped ({srv.error})"[:300])
+        return None
+    try:
+        req, st, row = run_point(srv, sw.worker, pt, P, sw.lengths, sw.workdir, slo, served)
+        if row["cut"] > 0 and row["duration_s"] > 0:
+            sw.served[key] = row["completed"] / row["duration_s"]
+            again = sizing.window_s(P, pt.rate, sw.served[key])
+            fits = time.perf_counter() + point_cost_s(P, again) <= sw.budget_end
+            if row["shortfall"] > 0 and again > window + 1.0 and fits:  # saturated and short: size it by itself
+                req, st, row = run_point(srv, sw.worker, pt, P, sw.lengths, sw.workdir, slo, sw.served[key])
+                row["attempts"], row["first_window_s"] = 2, window
+                if row["cut"] > 0 and row["duration_s"] > 0:
+                    sw.served[key] = row["completed"] / row["duration_s"]
+        sw.data.requests.append(req)
+        sw.data.steps.append(st)
+        sw.data.summary.append(row)
+        return row
+    except Exception as e:  # noqa: BLE001 - record and go on
+        sw.log(f"{pt.key}: {type(e).__name__}: {e}")
+        sw.data.summary.append(
+            {
+                **_row_head(pt),
+                "status": f"error: {type(e).__name__}: {e}"[:300],
+                "traceback": traceback.format_exc(limit=3)[-600:],
+            }
+        )
+        _recover(srv)
+        return None
+    finally:
         sw.bar.update(1)
+
+
+def meets_slo(row: dict, slo: float | None) -> bool | None:
+    """Whether a measured point met the ITL SLO (p99 ITL within it, nothing cut or failed): the capacity search's
+    step, the same test ``capacity.meets_slo`` applies at report time; None where it cannot tell."""
+    if row is None or slo is None or row.get("status") != "ok" or row.get("itl_p99_ms") != row.get("itl_p99_ms"):
+        return None
+    return bool(row["itl_p99_ms"] <= slo and row.get("cut", 0) == 0 and row.get("failed", 0) == 0)
+
+
+def _search(sw: _Sweep, srv, model: str, scheduler: str, budget: int, rates_from: float | None, slo) -> None:
+    """Bracket the setting's capacity at the ITL SLO: where its lowest rate fraction (measured in this run) missed
+    the SLO, measure at rates ``search_factor`` times lower, step by step (at most ``search_steps``), until one meets
+    it; where its highest met it, search upwards until one misses. Each searched point completes
+    ``search_min_requests`` requests: its statistic, the p99 ITL, pools every token gap of every request (about
+    100 per request), so 40 requests give thousands of gaps; the p99 of per-request maxima (F1.1) is not read there.
+    """
+    P = sw.P
+    rows = [
+        r
+        for r in sw.data.summary
+        if r.get("model") == model and r.get("scheduler") == scheduler and r.get("budget") == budget
+    ]
+    rate_rows = {r["rate_fraction"]: r for r in rows if r.get("sweep") == "rate" and r.get("status") == "ok"}
+    if not rate_rows or slo is None or P["search_steps"] == 0:
+        return
+    fr = sorted(P["rate_fractions"])
+    Ps = {**P, "min_requests": P["search_min_requests"]}
+    for edge, direction, want in ((fr[0], -1, False), (fr[-1], +1, True)):
+        row = rate_rows.get(edge)
+        if row is None or meets_slo(row, slo) is not want:
+            continue
+        rate, fraction = row["rate"], edge
+        for step in range(1, P["search_steps"] + 1):
+            rate, fraction = rate * P["search_factor"] ** direction, fraction * P["search_factor"] ** direction
+            seed = P["seed"] * 1000 + 100 * (direction + 2) + step  # one trace per searched rate
+            pt = Point(model, scheduler, budget, round(fraction, 6), "search", seed)
+            pt.rate = rate
+            got = _measure_point(sw, srv, pt, Ps, slo)
+            if got is None or meets_slo(got, slo) is not want:
+                break
 
 
 def _slo_from_lightest(rows: list[dict], factor: float) -> None:

@@ -1,0 +1,158 @@
+"""Study 1's two doors: the measuring path's fingerprint holds no reporting module; the report reads run folders
+(raw requests and points), empty or zero data says "not measured" or "below the lowest rate", never crashes; the
+verdict follows the rule applied to the raw requests."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from servelab.measure.fingerprint import fingerprint
+from servelab.studies.common.runs import study_runs
+from servelab.studies.s01_scheduling import measure, plots, report
+from servelab.studies.s01_scheduling.capacity import capacity_table
+from servelab.studies.s01_scheduling.params import study_params
+
+STUDY = "01_scheduling"
+
+
+def test_measure_fingerprint_holds_no_reporting_module():
+    files = fingerprint("servelab.studies.s01_scheduling.measure").files
+    bad = [f for f in files if any(x in f for x in ("report", "plots", "verdicts", "/page", "servelab_book"))]
+    assert bad == []
+    assert "lib/servelab/studies/s01_scheduling/measure.py" in files
+
+
+def test_parts_select_points_and_fit_a_gpu_run():
+    P = study_params("full")
+    assert set(measure.PARTS) == set(measure.PART_SELECTORS)
+    assert all(0 < m <= 7.0 for m in measure.PARTS.values())
+    from servelab.studies.s01_scheduling.sweep import plan_points
+
+    seen = []
+    for part in measure.PARTS:
+        Pp = measure.part_params({**P, "part": part})
+        seen += [(m, p.scheduler, p.budget, p.rate_fraction, p.sweep) for m in P["models"] for p in plan_points(Pp, m)]
+    every = [(m, p.scheduler, p.budget, p.rate_fraction, p.sweep) for m in P["models"] for p in plan_points(P, m)]
+    assert sorted(seen) == sorted(every)  # every point in exactly one part
+    with pytest.raises(Exception, match="no part"):
+        measure.part_params({**P, "part": "nope"})
+
+
+def test_full_profile_sizes_every_point_for_150_requests_and_three_rates():
+    P = study_params("full")
+    assert P["min_requests"] >= 150 and len(P["rate_fractions"]) == 3 and P["budget_sweep"] == [128, 256, 1024, 4096]
+    assert P["search_steps"] >= 1 and set(P["capacities"]) == set(P["models"]) == set(P["slo_itl_ms"])
+
+
+def test_empty_runset_is_not_measured(tmp_path):
+    r = report.report(study_runs(STUDY, tmp_path))
+    assert {f.verdict for f in r.findings} == {"inconclusive"}
+    assert r.summary.empty and r.capacity.empty
+    assert report.published_value(r.runs) is None
+    plots.capacity_bars(r.capacity, "H200")  # says "not measured", no log axis over nothing
+    assert "not measured" in report.capacity_view(r.capacity).iloc[0, 0]
+
+
+def test_zero_capacity_shape_does_not_crash_and_says_below_lowest_rate():
+    """The shape HEAD's H200 run gave: every setting missed the SLO at every rate (capacity 0.0 then)."""
+    summary = pd.DataFrame(
+        {
+            "model": "config:qwen2-0.5b",
+            "scheduler": ["eager_cont_batch", "chunked_prefill"] * 2,
+            "budget": [8192, 512] * 2,
+            "rate": [2.0, 2.0, 4.0, 4.0],
+            "rate_fraction": [0.3, 0.3, 0.7, 0.7],
+            "sweep": "rate",
+            "status": "ok",
+            "itl_p99_ms": [90.0, 80.0, 95.0, 85.0],
+            "cut": 0,
+            "failed": 0,
+            "slo_itl_ms": 20.0,
+        }
+    )
+    cap = capacity_table(summary)
+    assert cap["capacity_req_s"].isna().all() and (cap["bound"] == "below lowest rate").all()
+    fig = plots.capacity_bars(cap, "H200")
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert any("below the lowest rate" in t for t in texts)
+    view = report.capacity_view(cap)
+    assert view["capacity at the SLO"].str.startswith("below the lowest rate").all()
+    assert all("no setting met" in s for s in report.capacity_sentences(cap))
+
+
+def _records(rate, n, gap_ms, stall_ms, seed):
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(n):
+        t0 = i / rate
+        gaps = np.full(20, gap_ms / 1e3)
+        if rng.random() < 0.5:
+            gaps[5] = stall_ms / 1e3
+        times = list(np.round(t0 + 0.01 + np.concatenate([[0], np.cumsum(gaps)]), 6))
+        rows.append(
+            dict(
+                request_id=i, arrival_s=t0, prompt_tokens=100, output_tokens=21, sent_s=t0, first_token_s=times[0],
+                finish_s=times[-1], token_times_s=json.dumps(times), ok=True, error=np.nan, target_output_tokens=21,
+            )
+        )  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def _write_runs(root, chunked_stall_ms: float, repeats: int = 3):
+    for r in range(repeats):
+        d = root / "cpu-test" / STUDY / "runs" / "abc123abc123" / "all" / f"r{r}"
+        d.mkdir(parents=True)
+        reqs, pts = [], []
+        for sched, budget, stall in (("eager_cont_batch", 8192, 100.0), ("chunked_prefill", 512, chunked_stall_ms)):
+            for f, rate in ((0.3, 3.0), (0.7, 6.0)):
+                rec = _records(rate, 150, 5.0, stall, seed=r * 10 + int(f * 10))
+                head = dict(model="config:qwen2-0.5b", scheduler=sched, budget=budget, rate=rate, rate_fraction=f)
+                reqs.append(rec.assign(**head, sweep="rate"))
+                pts.append(
+                    {**head, "sweep": "rate", "status": "ok", "attempts": 1, "min_requests": 150, "window_s": 50.0,
+                     "deadline_s": 55.0, "duration_s": 52.0, "slo_itl_ms": 20.0, "warmup_ms": 1.0}
+                )  # fmt: skip
+        pd.concat(reqs).to_csv(d / "requests.csv", index=False)
+        pd.DataFrame(pts).to_csv(d / "points.csv", index=False)
+        meta = {"complete": True, "fingerprint": "abc123abc123", "part": "all", "repeat_index": r, "seed": r,
+                "params": {"reference_budget": 512, "dtype": "float32", "rate_fractions": [0.3, 0.7]},
+                "git_commit": "x", "written_utc": "2026"}  # fmt: skip
+        (d / "run.json").write_text(json.dumps(meta))
+
+
+def test_report_applies_the_rule_to_raw_requests_and_a_changed_csv_changes_it(tmp_path):
+    _write_runs(tmp_path, chunked_stall_ms=60.0)  # p99 stall 100 -> 60 ms: a 40% cut
+    r = report.report(study_runs(STUDY, tmp_path))
+    f11 = next(f for f in r.findings if f.id == "F1.1")
+    assert f11.verdict == "holds" and f11.repeats == 3 and abs(f11.headline - 40.0) < 1.0
+    assert len(r.capacity) == 2 and r.capacity["bound"].eq("below lowest rate").all()  # p99 ITL ~100/60 ms > 20
+    # the acceptance check: the same runs with ChunkedPrefill's stalls at 99 ms in requests.csv: no cut, fails
+    shutil_root = tmp_path / "other"
+    _write_runs(shutil_root, chunked_stall_ms=99.0)  # almost no cut
+    f11b = next(f for f in report.report(study_runs(STUDY, shutil_root)).findings if f.id == "F1.1")
+    assert f11b.verdict == "fails"
+
+
+def test_one_repeat_is_inconclusive_but_keeps_its_verdict(tmp_path):
+    _write_runs(tmp_path, chunked_stall_ms=60.0, repeats=1)
+    f11 = next(f for f in report.report(study_runs(STUDY, tmp_path)).findings if f.id == "F1.1")
+    assert f11.verdict == "inconclusive" and f11.repeat_verdicts == "holds"
+
+
+def test_legacy_run_reads_from_raw_requests():
+    """The committed legacy run: F1.1 on qwen2-0.5b holds (a 69.66% cut over its two served rates), recomputed from
+    requests.csv, not read from its findings.csv."""
+    from servelab.paths import DATA_DIR
+
+    runs = study_runs(STUDY, DATA_DIR / "results", device="h200")
+    rep = runs.repeat(runs.repeats[0])
+    s = report.repeat_summary(rep)
+    from servelab.studies.s01_scheduling import verdicts
+
+    j = verdicts.paired(s, 512).dropna(subset=["stall_cut_p99"])
+    q = j[j["model"] == "config:qwen2-0.5b"]
+    assert len(q) == 2 and abs(100 * np.median(q["stall_cut_p99"]) - 69.66) < 0.01
+    f11 = next(f for f in report.repeat_findings(rep) if f.id == "F1.1")
+    assert "qwen2-0.5b: holds" in f11.note
