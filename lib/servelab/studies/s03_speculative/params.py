@@ -19,29 +19,30 @@ with quiet_run():  # the notebook's first transformers import (through bench.hf_
 DTYPES = ("float32", "bfloat16", "float16")
 
 DEFAULTS = {
-    # H200 budget: ≈150 s after the family's training. The generation sweep stops itself at time_budget_s.
+    # H200, part "real": SmolLM2's drafts distilled in ≈ 3 min, then the sweep, which stops itself at time_budget_s
+    # (prompt-major: every point keeps the prompts done so far)
     "full": dict(
         target=None,
         drafts=None,
         dtype="bfloat16",
-        gammas=[1, 2, 4, 8, "adaptive"],
+        gammas=[2, 4, "adaptive"],
         temperatures=[0.0, 1.0],
-        num_prompts=5,
+        num_prompts=32,
         prompt_len=128,
-        max_new_tokens=96,
+        max_new_tokens=64,
         warmup=1,
-        repeats=2,
-        time_budget_s=60,
+        repeats=1,
+        time_budget_s=150,
         shape_pairs=[["config:qwen2-0.5b", "config:qwen2-1.5b"]],
         cost_modes=["hf_eager", "hf_cuda_graph", "engine"],
         cost_context=128,
         cost_repeats=15,
         verify_rows=[1, 2, 3, 4, 5, 6, 7, 8, 9],
-        middle_target=True,
+        middle_target=False,
         chain_steps=8,
         seed=0,
-        # controlled acceptance at the seed's shapes (controlled.py): ≈ 4.5 min on the H200 with the loads (an
-        # estimate: the budget stops new points, and new pairs, after controlled_budget_s)
+        # controlled acceptance at the seed's shapes (controlled.py), one pair per part (measure.CONTROLLED_PARTS);
+        # the budget stops new points, and new pairs, after controlled_budget_s
         controlled_pairs=[
             ["config:qwen2-0.5b", "config:qwen2-1.5b"],
             ["config:qwen2-0.5b-vocab128k", "config:llama-3-8b"],  # the draft takes Llama 3's vocabulary
@@ -53,9 +54,9 @@ DEFAULTS = {
         controlled_prompt_len=128,
         controlled_new_tokens=96,
         controlled_repeats=3,
-        controlled_budget_s=320,
+        controlled_budget_s=300,
     ),
-    # two CPU cores: the tiny trained family, a few points
+    # two CPU cores: SmolLM2 with drafts distilled for seconds, tiny shapes, a few points
     "smoke": dict(
         target=None,
         drafts=None,
@@ -107,8 +108,9 @@ def _check_pairs(name: str, pairs) -> list[list[str]]:
 
 
 def _check_models(p: dict) -> None:
+    """target/drafts None: SmolLM2-135M-Instruct with drafts distilled from it; else model specs."""
     if (p["target"] is None) != (p["drafts"] is None):
-        raise ParameterError("give both target and drafts (model specs), or neither (the trained family)")
+        raise ParameterError("give both target and drafts (model specs), or neither (SmolLM2 with distilled drafts)")
     if p["target"] is None:
         return
     _check_spec("target", p["target"])
