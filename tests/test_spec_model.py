@@ -9,7 +9,7 @@ from servelab.spec import leviathan
 from servelab.spec.gamma import AdaptiveGamma, FixedGamma, gamma_policy
 from servelab.studies.s03_speculative import verdicts
 from servelab.studies.s03_speculative.params import study_params
-from servelab.studies.s03_speculative.study import pays_map, speedup_table
+from servelab.studies.s03_speculative.tables import pays_map, speedup_table
 
 
 def test_expected_tokens_matches_a_simulation_of_the_rounds():
@@ -236,7 +236,8 @@ def test_step_costs_and_cost_ratios_record_failures_as_rows():
 
     from servelab.measure import Roofline
     from servelab.models import load_model
-    from servelab.studies.s03_speculative.cost_ratio import cost_ratios, step_costs
+    from servelab.studies.s03_speculative.cost_ratio import step_costs
+    from servelab.studies.s03_speculative.tables import cost_ratios
 
     models = {"small": load_model("config:tiny-gpt2").model, "big": load_model("config:tiny-llama").model}
     roof = Roofline(matmul_tflop_s=0.1, copy_gb_s=10.0)
