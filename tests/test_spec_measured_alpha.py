@@ -1,4 +1,4 @@
-"""Study 3 reads the α of real drafts from Study 6's runs (``study_runs``), and says "not measured" when there is none."""
+"""Study 3 reads the α of real drafts from Study 6's runs (``study_runs``); "not measured" when there is none."""
 
 import json
 
