@@ -6,6 +6,7 @@ import json
 import pandas as pd
 
 from servelab.measure.fingerprint import fingerprint
+from servelab.paths import DATA_DIR
 from servelab.studies.common.runs import RunSet, study_runs
 from servelab.studies.s03_speculative import report
 
@@ -75,7 +76,7 @@ def test_fewer_than_three_repeats_is_inconclusive_and_missing_tables_do_not_cras
 
 
 def test_legacy_runs_are_read_and_recomputed():
-    page = report.report(study_runs(STUDY))
+    page = report.report(study_runs(STUDY, DATA_DIR / "results"))  # the committed runs, not the tests' scratch root
     assert page.runs.measured and set(page.runs.parts) >= {"all", "controlled"}
     assert len(page.controlled) > 100 and len(page.speedup) > 10  # recomputed from raw rows, not findings.csv
     assert all(f.verdict == "inconclusive" for f in page.findings)  # one repeat

@@ -95,7 +95,7 @@ def _steps(rep: RunSet) -> pd.DataFrame:
 
 def speculative_rows(gen: pd.DataFrame) -> pd.DataFrame:
     if gen.empty or "method" not in gen:
-        return gen.iloc[:0]
+        return pd.DataFrame(columns=["draft", "target", "ms", "rollback_ms"])
     return gen[(gen.status == "ok") & (gen.method == "speculative")]
 
 
