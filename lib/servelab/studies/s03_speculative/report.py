@@ -157,21 +157,35 @@ def shapes_tested_on(rep: RunSet) -> str:
     return models_tested_on(list(dict.fromkeys(specs)), dtype=param(rep, "dtype"), setting=setting)
 
 
-def repeat_findings(rep: RunSet) -> list[Finding]:
-    """F3.1–F3.3 by today's rules from one repeat's raw rows (its parts together)."""
-    ratios = cost_ratio_table(rep)
-    speed = speedup_of(rep, ratios)
+@dataclass
+class Derived:
+    """One repeat's derived tables, computed once per render (the findings and the pooled tables both read them)."""
+
+    ratios: pd.DataFrame
+    speed: pd.DataFrame
+    controlled: pd.DataFrame
+    pays: pd.DataFrame
+
+    @classmethod
+    def of(cls, rep: RunSet) -> Derived:
+        ratios = cost_ratio_table(rep)
+        controlled = controlled_of(rep)
+        return cls(ratios, speedup_of(rep, ratios), controlled, tables.break_even_alpha(controlled))
+
+
+def repeat_findings(rep: RunSet, derived: Derived | None = None) -> list[Finding]:
+    """F3.1–F3.3 by today's rules from one repeat's raw rows (its parts together); ``derived``: its tables where
+    already computed (``Derived.of(rep)``)."""
+    d = derived or Derived.of(rep)
     spec = speculative_rows(rep.table("generations"))
     kv_share = 100 * spec.rollback_ms.sum() / spec.ms.sum() if len(spec) else float("nan")
-    controlled = controlled_of(rep)
-    pays = tables.break_even_alpha(controlled)
-    seed_shapes = verdicts.seed_pair_pays(pays, seed_pair(rep))
+    seed_shapes = verdicts.seed_pair_pays(d.pays, seed_pair(rep))
     real, shapes = real_tested_on(rep), shapes_tested_on(rep)
     label = real.split(";")[0]
     return [
-        verdicts.f31(speed, kv_share, label, rep.device_name, tested_on=real, seed_shapes=seed_shapes),
-        verdicts.f32(speed, tested_on=real, controlled=controlled),
-        verdicts.f33(ratios, shape_pair(rep), tested_on=shapes, seed_shapes=seed_shapes),
+        verdicts.f31(d.speed, kv_share, label, rep.device_name, tested_on=real, seed_shapes=seed_shapes),
+        verdicts.f32(d.speed, tested_on=real, controlled=d.controlled),
+        verdicts.f33(d.ratios, shape_pair(rep), tested_on=shapes, seed_shapes=seed_shapes),
     ]
 
 
@@ -207,14 +221,19 @@ def pays_grid(speed: pd.DataFrame, ratios: pd.DataFrame, pair: tuple[str, str]):
 
 def report(runs: RunSet) -> Study3Page:
     """The page's record from ``runs`` (nothing measured: every claim inconclusive, every table empty)."""
-    s6 = study6_alpha()
+    s6 = study6_alpha(runs.device_dir)
     if not runs.measured:
         return Study3Page(runs, not_measured(STUDY), study6_alpha=s6)
-    findings = runs.combined(repeat_findings)
-    ratios = _pooled(runs, cost_ratio_table, RATIO_KEYS)
-    speed = _pooled(runs, lambda r: speedup_of(r, cost_ratio_table(r)), SPEED_KEYS)
-    controlled = _pooled(runs, controlled_of, CONTROLLED_KEYS)
-    pays = _pooled(runs, lambda r: tables.break_even_alpha(controlled_of(r)), PAYS_KEYS)
+    derived = {rep.repeats[0]: Derived.of(rep) for rep in runs.per_repeat()}
+
+    def of(rep: RunSet) -> Derived:
+        return derived[rep.repeats[0]]
+
+    findings = runs.combined(lambda rep: repeat_findings(rep, of(rep)))
+    ratios = _pooled(runs, lambda r: of(r).ratios, RATIO_KEYS)
+    speed = _pooled(runs, lambda r: of(r).speed, SPEED_KEYS)
+    controlled = _pooled(runs, lambda r: of(r).controlled, CONTROLLED_KEYS)
+    pays = _pooled(runs, lambda r: of(r).pays, PAYS_KEYS)
     lookup = _pooled(runs, lambda r: tables.lookup_table(r.table("lookup_raw")), LOOKUP_KEYS)
     real_alpha = _pooled(runs, lambda r: r.table("real_alpha").drop(columns=["part"], errors="ignore"), ["pair"])
     verify = _pooled(runs, lambda r: r.table("verify_cost"), ["model", "context", "rows"])
@@ -242,20 +261,25 @@ def report(runs: RunSet) -> Study3Page:
     )
 
 
-def published_value(runs: RunSet) -> tuple[str, str] | None:
-    """The best speedup the generation sweep measured on a trained pair (median over repeats); None if none ran."""
-    if not runs.measured:
-        return None
-    speed = _pooled(runs, lambda r: speedup_of(r, cost_ratio_table(r)), SPEED_KEYS)
+def _best_speedup(speed: pd.DataFrame) -> tuple[str, str] | None:
     if speed.empty or speed.speedup.isna().all():
         return None
     best = speed.loc[speed["speedup"].idxmax()]
     return f"{best['speedup']:.2f} ×", f"best speedup measured ({best['draft']} → {best['target']}, γ={best['gamma']})"
 
 
+def published_value(runs: RunSet) -> tuple[str, str] | None:
+    """The best speedup the generation sweep measured on a trained pair (median over repeats); None if none ran."""
+    if not runs.measured:
+        return None
+    return _best_speedup(_pooled(runs, lambda r: speedup_of(r, cost_ratio_table(r)), SPEED_KEYS))
+
+
 def published(r: Study3Page) -> str:
-    """The "Against published results" section: the field's numbers beside this study's, each cited."""
-    return published_section(STUDY, published_value(r.runs), r.device)
+    """The "Against published results" section: the field's numbers beside this study's, each cited (the value is
+    ``published_value(r.runs)``, read from the page's own pooled sweep rather than computed twice)."""
+    value = _best_speedup(r.speedup) if r.runs.measured else None
+    return published_section(STUDY, value, r.device)
 
 
 # ---- the page text ----

@@ -62,6 +62,20 @@ SPEEDUP_COLUMNS = [
 ]
 
 
+def _groups(df: pd.DataFrame, keys: list[str]):
+    """(key tuple, row positions) per group of ``df`` by ``keys``, in first-seen order (numpy from here on: the
+    tables are small and pandas' per-group overhead dominated the page's render time)."""
+    if df.empty:
+        return
+    codes = df.groupby(keys, sort=False, dropna=False).ngroup().to_numpy()
+    first = {}
+    for i, k in enumerate(codes):
+        first.setdefault(int(k), i)
+    cols = [df[k].to_numpy() for k in keys]
+    for k, i in first.items():
+        yield tuple(c[i] for c in cols), np.flatnonzero(codes == k)
+
+
 def speedup_table(sweep: pd.DataFrame, c_by_pair: dict[tuple[str, str], float]) -> pd.DataFrame:
     """Per (target, draft, γ, temperature): α (MLE) and acceptance rate, tokens per round, the measured speedup
     (median over prompts of the target-alone time over the speculative time, with a bootstrap CI), and the
@@ -69,19 +83,21 @@ def speedup_table(sweep: pd.DataFrame, c_by_pair: dict[tuple[str, str], float]) 
     if sweep.empty or "ms" not in sweep:
         return pd.DataFrame(columns=SPEEDUP_COLUMNS)
     ok = sweep[sweep["status"] == "ok"]
-    base = ok[ok.method == "autoregressive"].set_index(["target", "temperature", "prompt"])
-    chained = ok[ok.method == "autoregressive_chained"].set_index(["target", "temperature", "prompt"])
+    on = ["target", "temperature", "prompt"]
+    base_cols = ["ms", "ms_per_token"] + (["output"] if "output" in ok else [])
+    base = ok[ok.method == "autoregressive"].drop_duplicates(on)[on + base_cols]
+    chained = ok[ok.method == "autoregressive_chained"].drop_duplicates(on)[on + ["ms"]]
+    spec = ok[ok.method == "speculative"]
+    # each speculative row beside its prompt's plain (and chained) run: the rows without a plain run drop out
+    m = spec.merge(base.rename(columns={c: f"base_{c}" for c in base_cols}), on=on, how="inner", sort=False)
+    m = m.merge(chained.rename(columns={"ms": "chained_ms"}), on=on, how="left", sort=False)
+    col = {c: m[c].to_numpy() for c in m.columns}
     rows = []
-    for (tg, d, g, T), grp in ok[ok.method == "speculative"].groupby(
-        ["target", "draft", "gamma", "temperature"], sort=False
-    ):
-        keys = [(tg, T, p) for p in grp.prompt if (tg, T, p) in base.index]
-        if not keys:
-            continue
-        grp = grp.set_index("prompt").loc[[p for _, _, p in keys]]
-        ratio = base.loc[keys, "ms"].to_numpy() / grp["ms"].to_numpy()
-        sp, lo, hi = _median_ci(ratio)
-        acc, rej, prop, rounds = grp.accepted.sum(), grp.rejections.sum(), grp.proposed.sum(), grp.rounds.sum()
+    for (tg, d, g, T), i in _groups(m, ["target", "draft", "gamma", "temperature"]):
+        ms, base_ms = col["ms"][i].astype(float), col["base_ms"][i].astype(float)
+        sp, lo, hi = _median_ci(base_ms / ms)
+        acc, rej = col["accepted"][i].sum(), col["rejections"][i].sum()
+        prop, rounds = col["proposed"][i].sum(), col["rounds"][i].sum()
         alpha = leviathan.alpha_mle(int(acc), int(rej))
         mean_gamma = prop / rounds
         c = c_by_pair.get((d, tg), float("nan"))
@@ -91,17 +107,15 @@ def speedup_table(sweep: pd.DataFrame, c_by_pair: dict[tuple[str, str], float]) 
             else float("nan")
         )
         exact = float("nan")
-        if T == 0 and "output" in grp:  # the legacy run kept no outputs
-            exact = float(np.mean(base.loc[keys, "output"].to_numpy() == grp["output"].to_numpy()))
-        total_ms = grp.ms.sum()
-        ck = [k for k in keys if k in chained.index]
-        vs_chained = (
-            _median_ci(chained.loc[ck, "ms"].to_numpy() / grp.loc[[p for _, _, p in ck], "ms"].to_numpy())
-            if ck
-            else (float("nan"),) * 3
-        )
+        if T == 0 and "output" in col:  # the legacy run kept no outputs
+            exact = float(np.mean(col["base_output"][i] == col["output"][i]))
+        total_ms = ms.sum()
+        ch = col["chained_ms"][i].astype(float)
+        has = np.isfinite(ch)
+        vs_chained = _median_ci(ch[has] / ms[has]) if has.any() else (float("nan"),) * 3
         # c as the loop itself ran it: a draft step's host-synced time over a plain decode step's
-        c_loop = (grp.draft_ms.sum() / prop) / float(np.median(base.loc[keys, "ms_per_token"]))
+        base_step = float(np.median(col["base_ms_per_token"][i]))
+        c_loop = (col["draft_ms"][i].sum() / prop) / base_step
         pred_loop = float(leviathan.improvement(alpha, mean_gamma, c_loop)) if np.isfinite(alpha) else float("nan")
         rows.append(
             dict(
@@ -109,13 +123,13 @@ def speedup_table(sweep: pd.DataFrame, c_by_pair: dict[tuple[str, str], float]) 
                 draft=d,
                 gamma=g,
                 temperature=T,
-                prompts=len(keys),
+                prompts=len(i),
                 alpha=alpha,
                 acceptance_rate=acc / prop,
                 mean_gamma=mean_gamma,
-                tokens_per_round=grp.tokens.sum() / rounds,
-                ms_per_token=float(np.median(grp.ms_per_token)),
-                baseline_ms_per_token=float(np.median(base.loc[keys, "ms_per_token"])),
+                tokens_per_round=col["tokens"][i].sum() / rounds,
+                ms_per_token=float(np.median(col["ms_per_token"][i])),
+                baseline_ms_per_token=base_step,
                 speedup=sp,
                 speedup_ci_low=lo,
                 speedup_ci_high=hi,
@@ -125,9 +139,9 @@ def speedup_table(sweep: pd.DataFrame, c_by_pair: dict[tuple[str, str], float]) 
                 c_in_loop=c_loop,
                 predicted_speedup_in_loop=pred_loop,
                 prediction_error_in_loop_pct=100 * (pred_loop - sp) / sp,
-                rollback_share_pct=100 * grp.rollback_ms.sum() / total_ms,
-                draft_share_pct=100 * grp.draft_ms.sum() / total_ms,
-                verify_share_pct=100 * grp.verify_ms.sum() / total_ms,
+                rollback_share_pct=100 * col["rollback_ms"][i].sum() / total_ms,
+                draft_share_pct=100 * col["draft_ms"][i].sum() / total_ms,
+                verify_share_pct=100 * col["verify_ms"][i].sum() / total_ms,
                 greedy_exact_match=exact,
                 speedup_vs_chained=vs_chained[0],
                 speedup_vs_chained_ci_low=vs_chained[1],
@@ -138,13 +152,19 @@ def speedup_table(sweep: pd.DataFrame, c_by_pair: dict[tuple[str, str], float]) 
 
 
 def pays_map(alphas: np.ndarray, cs: np.ndarray, max_gamma: int = 8) -> pd.DataFrame:
-    """The best predicted improvement over γ ≤ ``max_gamma`` on a grid of α × c (the map of where speculation pays)."""
-    rows = []
-    for a in alphas:
-        for c in cs:
-            g, imp = leviathan.best_gamma(float(a), float(c), max_gamma)
-            rows.append(dict(alpha=float(a), c=float(c), best_gamma=g, improvement=imp))
-    return pd.DataFrame(rows)
+    """The best predicted improvement over γ ≤ ``max_gamma`` on a grid of α × c (the map of where speculation pays):
+    ``leviathan.best_gamma`` at every point, as one array operation."""
+    a, c, g = np.meshgrid(np.asarray(alphas, float), np.asarray(cs, float), np.arange(1, max_gamma + 1), indexing="ij")
+    imp = np.asarray(leviathan.improvement(a, g, c))
+    best = np.argmax(imp, axis=-1)  # the first γ of the highest improvement, as best_gamma picks it
+    return pd.DataFrame(
+        dict(
+            alpha=a[..., 0].ravel(),
+            c=c[..., 0].ravel(),
+            best_gamma=(best + 1).ravel().astype(int),
+            improvement=np.take_along_axis(imp, best[..., None], axis=-1).ravel(),
+        )
+    )
 
 
 def cost_ratios(steps: pd.DataFrame, pairs: list[tuple[str, str]]) -> pd.DataFrame:
@@ -225,41 +245,9 @@ CONTROLLED_COLUMNS = [
 ]
 
 
-def _controlled_point(grp: pd.DataFrame, plain: pd.DataFrame, g: int, a: float) -> dict:
-    """One (pair, batch, γ, α): medians over repeats with min–max spreads, c and the prediction."""
-    tp_plain, tp_lo, tp_hi = _spread(plain.tokens_per_s.to_numpy())
-    step_ms = float(np.median(1e3 * plain.seconds / plain.steps))  # one plain target step of the whole batch
-    c_rep = (grp.draft_ms / grp.draft_steps).to_numpy() / step_ms
-    c, c_lo, c_hi = _spread(c_rep)
-    sp, sp_lo, sp_hi = _spread(grp.tokens_per_s.to_numpy() / tp_plain)
-    pred = float(leviathan.improvement(a, g, c))
-    device_ms = grp.draft_ms.sum() + grp.verify_ms.sum()
-    return dict(
-        alpha=a,
-        gamma=g,
-        tokens_per_s_plain=tp_plain,
-        tokens_per_s_spec=float(np.median(grp.tokens_per_s)),
-        speedup=sp,
-        predicted_speedup=pred,
-        c=c,
-        speedup_low=sp_lo,
-        speedup_high=sp_hi,
-        tokens_per_s_plain_low=tp_lo,
-        tokens_per_s_plain_high=tp_hi,
-        c_low=c_lo,
-        c_high=c_hi,
-        repeats=len(grp),
-        alpha_realised=leviathan.alpha_mle(int(grp.accepted.sum()), int(grp.rejections.sum())),
-        prediction_error_pct=100 * (pred - sp) / sp,
-        verify_over_step=float((grp.verify_ms / grp.rounds).median() / step_ms),
-        loop_overhead_pct=float(100 * (1 - device_ms / (1e3 * grp.seconds.sum()))),
-        agreement=float(grp.agreed.sum() / grp.seq_rounds.sum()),
-        host_syncs_per_round=int(grp.host_syncs_per_round.max()),
-    )
-
-
 def controlled_table(raw: pd.DataFrame) -> pd.DataFrame:
-    """``controlled_acceptance.csv``: one row per (target, draft, α, γ, batch) that ran (``CONTROLLED_COLUMNS``).
+    """``controlled_acceptance.csv``: one row per (target, draft, α, γ, batch) that ran (``CONTROLLED_COLUMNS``):
+    medians over repeats with min–max spreads.
 
     speedup: median over repeats of the speculative tokens/s over the median plain tokens/s (spread: min–max);
     c: a draft step (device time inside the loop, its γ steps of a round over γ) over a plain target step of
@@ -270,15 +258,51 @@ def controlled_table(raw: pd.DataFrame) -> pd.DataFrame:
     if raw.empty or "tokens_per_s" not in raw:
         return pd.DataFrame(columns=CONTROLLED_COLUMNS)
     ok = raw[raw.status == "ok"]
-    plain = ok[ok.method == "plain"]
+    pair = ["target", "draft", "batch"]
+    plain, p = {}, ok[ok.method == "plain"]
+    for key, i in _groups(p, pair):
+        tps = p.tokens_per_s.to_numpy()[i].astype(float)
+        steps = (1e3 * p.seconds.to_numpy()[i] / p.steps.to_numpy()[i]).astype(float)
+        plain[key] = (*_spread(tps), float(np.median(steps)))  # one plain target step of the whole batch
+    spec = ok[ok.method == "speculative"]
+    col = {c: spec[c].to_numpy() for c in spec.columns}
     rows = []
-    for (t, d, b, g, a), grp in ok[ok.method == "speculative"].groupby(
-        ["target", "draft", "batch", "gamma", "alpha"], sort=False
-    ):
-        base = plain[(plain.target == t) & (plain.draft == d) & (plain.batch == b)]
-        if base.empty:
+    for (t, d, b, g, a), i in _groups(spec, [*pair, "gamma", "alpha"]):
+        if (t, d, b) not in plain:
             continue
-        rows.append(dict(target=t, draft=d, batch=int(b)) | _controlled_point(grp, base, int(g), float(a)))
+        tp_plain, tp_lo, tp_hi, step_ms = plain[(t, d, b)]
+        c, c_lo, c_hi = _spread((col["draft_ms"][i] / col["draft_steps"][i]).astype(float) / step_ms)
+        sp, sp_lo, sp_hi = _spread(col["tokens_per_s"][i].astype(float) / tp_plain)
+        a, g = float(a), int(g)
+        pred = float(leviathan.improvement(a, g, c))
+        device_ms = col["draft_ms"][i].sum() + col["verify_ms"][i].sum()
+        rows.append(
+            dict(
+                target=t,
+                draft=d,
+                batch=int(b),
+                alpha=a,
+                gamma=g,
+                tokens_per_s_plain=tp_plain,
+                tokens_per_s_spec=float(np.median(col["tokens_per_s"][i])),
+                speedup=sp,
+                predicted_speedup=pred,
+                c=c,
+                speedup_low=sp_lo,
+                speedup_high=sp_hi,
+                tokens_per_s_plain_low=tp_lo,
+                tokens_per_s_plain_high=tp_hi,
+                c_low=c_lo,
+                c_high=c_hi,
+                repeats=len(i),
+                alpha_realised=leviathan.alpha_mle(int(col["accepted"][i].sum()), int(col["rejections"][i].sum())),
+                prediction_error_pct=100 * (pred - sp) / sp,
+                verify_over_step=float(np.median(col["verify_ms"][i] / col["rounds"][i]) / step_ms),
+                loop_overhead_pct=float(100 * (1 - device_ms / (1e3 * col["seconds"][i].sum()))),
+                agreement=float(col["agreed"][i].sum() / col["seq_rounds"][i].sum()),
+                host_syncs_per_round=int(col["host_syncs_per_round"][i].max()),
+            )
+        )
     return pd.DataFrame(rows, columns=CONTROLLED_COLUMNS)
 
 
