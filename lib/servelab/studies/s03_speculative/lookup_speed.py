@@ -28,7 +28,7 @@ from servelab.studies.s03_speculative.controlled import row_buckets, sync_audit
 # held-out chat prompts and answer length of SmolLM2's run (full: the real_acceptance profile's 48 prompts)
 PROFILES = {
     "full": dict(n_prompts=48, max_new_tokens=128, batches=[1, 8, 32], gammas=[2, 4, 8], repeats=5),
-    "smoke": dict(n_prompts=3, max_new_tokens=8, batches=[1, 3], gammas=[2], repeats=2),
+    "smoke": dict(n_prompts=2, max_new_tokens=4, batches=[1, 2], gammas=[2], repeats=1),
 }
 
 

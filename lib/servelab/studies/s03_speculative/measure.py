@@ -90,6 +90,20 @@ def _costs(P: dict, device: str, roof: Roofline | None, res: StudyResults) -> No
     res.write("shape_steps", pd.concat(out, ignore_index=True))
 
 
+def _smollm2_dequantized() -> None:
+    """Build SmolLM2's dequantized copy of its GGUF (cached) before any part loads it, with the stderr of that one
+    step dropped: ``transformers`` draws a tqdm bar there that no logging setting turns off, and a notebook would show
+    it. The loads after it read the cache and draw nothing; a failure still raises (``GGUFError``)."""
+    import contextlib
+    import io
+
+    from servelab.models.gguf import dequantized_dir
+    from servelab.models.loader import smollm2_gguf
+
+    with contextlib.redirect_stderr(io.StringIO()):
+        dequantized_dir(smollm2_gguf())
+
+
 def _digest(tokens) -> str:
     return hashlib.sha256(" ".join(map(str, tokens)).encode()).hexdigest()[:16]
 
@@ -106,6 +120,8 @@ def _real_models(P: dict, device: str, res: StudyResults):
         ms = load_model_set(P["target"], P["drafts"], profile=P["profile"], dtype=P["dtype"], device=device)
         return ms, None, None
     recipe = replace(RECIPES[P["profile"]], seed=P["seed"])
+    if P.get("draft_layers"):
+        recipe = replace(recipe, draft_layers=tuple(P["draft_layers"]))
     t0 = time.perf_counter()
     dd = distill_drafts(SMOLLM2, P["profile"], device=device, recipe=recipe)
     distill_s = time.perf_counter() - t0
@@ -234,6 +250,8 @@ def measure(P: dict) -> Path:
         ceil = measure_ceilings() if needs_roof else None
         roof = Roofline.from_ceilings(ceil) if ceil is not None else None
         res = StudyResults(STUDY, dev, P, ceil, measuring=__name__)
+        if "lookup" in todo or ("real" in todo and P["target"] is None):
+            _smollm2_dequantized()
         for part in todo:
             if part == "costs":
                 _costs(P, device, roof, res)

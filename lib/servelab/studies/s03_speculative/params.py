@@ -24,6 +24,7 @@ DEFAULTS = {
     "full": dict(
         target=None,
         drafts=None,
+        draft_layers=None,  # the distillation recipe's own (2 and 6 layers)
         dtype="bfloat16",
         gammas=[2, 4, "adaptive"],
         temperatures=[0.0, 1.0],
@@ -56,26 +57,28 @@ DEFAULTS = {
         controlled_repeats=3,
         controlled_budget_s=300,
     ),
-    # two CPU cores: SmolLM2 with drafts distilled for seconds, tiny shapes, a few points
+    # two CPU cores, about a minute: SmolLM2 with one 1-layer draft distilled for seconds, two prompts of a few
+    # tokens, greedy only, tiny shapes, a few controlled points
     "smoke": dict(
         target=None,
         drafts=None,
+        draft_layers=[1],
         dtype="float32",
         gammas=[2, "adaptive"],
-        temperatures=[0.0, 1.0],
+        temperatures=[0.0],
         num_prompts=2,
-        prompt_len=24,
-        max_new_tokens=12,
+        prompt_len=16,
+        max_new_tokens=6,
         warmup=0,
         repeats=1,
         time_budget_s=None,
         shape_pairs=[["config:tiny-llama", "config:tiny-qwen2"]],
         cost_modes=["hf_eager", "engine"],
         cost_context=16,
-        cost_repeats=3,
-        verify_rows=[1, 2, 4],
-        middle_target=True,
-        chain_steps=4,
+        cost_repeats=2,
+        verify_rows=[1, 3],
+        middle_target=False,
+        chain_steps=2,
         seed=0,
         controlled_pairs=[["config:tiny-llama", "config:tiny-qwen2"]],  # one vocabulary (512)
         alphas=[0.5, 0.9],
@@ -120,6 +123,12 @@ def _check_models(p: dict) -> None:
         raise ParameterError(f"drafts must be a non-empty list of model specs, got {p['drafts']!r}")
     for d in p["drafts"]:
         _check_spec("drafts", d)
+
+
+def _check_draft_layers(p: dict) -> None:
+    """draft_layers: the decoder layers of each draft distilled from SmolLM2 (None: the recipe's)."""
+    if p["draft_layers"] is not None:
+        p["draft_layers"] = check_positive_ints("draft_layers", p["draft_layers"], maximum=29)
 
 
 def _check_generation(p: dict) -> None:
@@ -192,6 +201,7 @@ def study_params(profile: str = "auto", **overrides) -> dict:
     """The profile's defaults with the non-None overrides (``resolve``), validated (``ParameterError`` on bad input)."""
     p = resolve(DEFAULTS, profile, overrides)
     _check_models(p)
+    _check_draft_layers(p)
     _check_generation(p)
     _check_costs(p)
     _check_controlled(p)
