@@ -131,7 +131,8 @@ def test_bad_input_is_refused(case):
 
 # ---- Study 3's timing of it ----------------------------------------------------------------------------
 def test_the_study_times_lookup_beside_plain_decoding_at_each_batch(case):
-    from servelab.studies.s03_speculative.lookup_speed import batch_prompts, lookup_sweep, lookup_table
+    from servelab.studies.s03_speculative.lookup_speed import batch_prompts, lookup_sweep
+    from servelab.studies.s03_speculative.tables import lookup_table
 
     _, t, prompts, _ = case
     prompts = [prompts[2], prompts[0], prompts[1]]  # batch 1: the prompt whose answer lookup drafts

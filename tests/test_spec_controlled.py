@@ -8,7 +8,7 @@ import torch
 
 from servelab.errors import ParameterError
 from servelab.spec import leviathan
-from servelab.studies.s03_speculative import controlled, report, verdicts
+from servelab.studies.s03_speculative import controlled, report, tables, verdicts
 from servelab.studies.s03_speculative.params import study_params
 
 
@@ -60,7 +60,7 @@ def _raw(speed_by_alpha: dict[float, float], gamma: int = 2, batch: int = 1) -> 
 
 
 def test_controlled_table_medians_c_and_prediction():
-    t = controlled.controlled_table(_raw({0.5: 0.8, 0.7: 1.2}))
+    t = tables.controlled_table(_raw({0.5: 0.8, 0.7: 1.2}))
     assert list(t.columns[:10]) == [
         "target",
         "draft",
@@ -83,8 +83,8 @@ def test_controlled_table_medians_c_and_prediction():
 
 
 def test_break_even_alpha_interpolates_and_says_never():
-    t = controlled.controlled_table(pd.concat([_raw({0.5: 0.8, 0.7: 1.2}), _raw({0.5: 0.5, 0.7: 0.9}, batch=8)]))
-    pays = controlled.break_even_alpha(t).set_index("batch")
+    t = tables.controlled_table(pd.concat([_raw({0.5: 0.8, 0.7: 1.2}), _raw({0.5: 0.5, 0.7: 0.9}, batch=8)]))
+    pays = tables.break_even_alpha(t).set_index("batch")
     assert pays.loc[1, "alpha_pays"] == pytest.approx(0.6)  # speedup 0.8 → 1.2 crosses 1 half way
     assert np.isnan(pays.loc[8, "alpha_pays"])
     text = verdicts.seed_pair_pays(pays.reset_index(), ("d", "t"))
@@ -93,7 +93,7 @@ def test_break_even_alpha_interpolates_and_says_never():
 
 
 def test_goal_check_reads_the_best_gamma_at_alpha_08():
-    t = controlled.controlled_table(pd.concat([_raw({0.8: 1.5}, gamma=2), _raw({0.8: 2.3}, gamma=4)]))
+    t = tables.controlled_table(pd.concat([_raw({0.8: 1.5}, gamma=2), _raw({0.8: 2.3}, gamma=4)]))
     t["target"] = "llama-3-8b"
     g = report.goal_check(t)
     assert g["gamma"] == 4 and g["speedup"] == pytest.approx(2.3)
@@ -137,7 +137,6 @@ def test_tiny_sweep_end_to_end():
     finally:
         torch.set_num_threads(n)
     assert (raw.status == "ok").all(), raw.status.unique()
-    t = controlled.controlled_table(raw)
+    t = tables.controlled_table(raw)
     assert len(t) == 1 and t.agreement.iloc[0] == 1.0 and t.host_syncs_per_round.iloc[0] == 1
     assert t.tokens_per_s_plain.iloc[0] > 0 and t.c.iloc[0] > 0
-    assert "random weights" in controlled.tested_on(P)

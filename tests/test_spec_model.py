@@ -8,8 +8,8 @@ from servelab.errors import ParameterError
 from servelab.spec import leviathan
 from servelab.spec.gamma import AdaptiveGamma, FixedGamma, gamma_policy
 from servelab.studies.s03_speculative import verdicts
-from servelab.studies.s03_speculative.params import study_params
-from servelab.studies.s03_speculative.study import pays_map, speedup_table
+from servelab.studies.s03_speculative.params import DEFAULTS, study_params
+from servelab.studies.s03_speculative.tables import pays_map, speedup_table
 
 
 def test_expected_tokens_matches_a_simulation_of_the_rounds():
@@ -67,7 +67,11 @@ def test_study_params_defaults_and_errors():
     p = study_params("smoke")
     assert p["profile"] == "smoke" and p["target"] is None
     assert study_params("smoke", temperatures=[1, 0])["temperatures"] == [0.0, 1.0]
+    assert p["draft_layers"] == [1] and DEFAULTS["full"]["draft_layers"] is None  # None: the recipe's layers
+    assert study_params("smoke", draft_layers=[6, 2])["draft_layers"] == [2, 6]
     for kw, match in [
+        (dict(draft_layers=[0]), "draft_layers"),
+        (dict(draft_layers=[30]), "draft_layers"),
         (dict(gammas=[0]), "gamma"),
         (dict(chain_steps=-1), "chain_steps"),
         (dict(gammas=[]), "gammas"),
@@ -236,7 +240,8 @@ def test_step_costs_and_cost_ratios_record_failures_as_rows():
 
     from servelab.measure import Roofline
     from servelab.models import load_model
-    from servelab.studies.s03_speculative.cost_ratio import cost_ratios, step_costs
+    from servelab.studies.s03_speculative.cost_ratio import step_costs
+    from servelab.studies.s03_speculative.tables import cost_ratios
 
     models = {"small": load_model("config:tiny-gpt2").model, "big": load_model("config:tiny-llama").model}
     roof = Roofline(matmul_tflop_s=0.1, copy_gb_s=10.0)

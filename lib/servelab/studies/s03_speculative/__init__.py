@@ -1,12 +1,12 @@
 """Study 3: speculative decoding with the project's own loop (``servelab.spec``), measured.
 
-- ``pair.py``: a target and its drafts, as HF models and as ``PagedLM``s;
-- ``cost_ratio.py``: the cost ratio c = T_draft / T_target in three execution modes;
-- ``study.py``: acceptance and speedup per draft × γ × temperature, beside Leviathan's prediction;
-- ``controlled.py``: controlled acceptance at the seed's shapes (α set, every cost real), break-even α;
-- ``real_acceptance.py``: α of real drafts of SmolLM2-135M-Instruct, with bootstrap intervals;
-- ``lookup_speed.py``: prompt lookup's tokens/s in the batched loop beside plain decoding, at the draft models' batches;
-- ``part.py``: one part of the study run on its own (controlled acceptance, lookup speed), its table beside the rest;
-- ``measured_alpha.py``: Study 6's α of real drafts on the same device, read for the controlled curves;
-- ``run.py``: the study; ``params.py``, ``verdicts.py`` (F3.1–F3.3), ``report.py``, ``plots.py``.
+Measuring path (``measure.py``, the GPU's, in parts: costs, real, lookup, controlled_*): ``pair.py``, a target and
+its drafts; ``cost_ratio.py``, step, verify and rollback costs; ``sweep.py``, the generation sweep per draft × γ ×
+temperature; ``real_acceptance.py``, α of SmolLM2-135M-Instruct's proposers with bootstrap intervals;
+``controlled.py``, controlled acceptance at the seed's shapes; ``lookup_speed.py``, prompt lookup in the batched
+loop; ``params.py``, its profiles.
+Reporting path (``report.py``, the CPU's, from the runs' files): ``tables.py``, the derived tables; ``verdicts.py``,
+F3.1–F3.3; ``plots.py``, the figures; ``measured_alpha.py``, Study 6's α read from its runs.
+
+This file imports nothing, so that importing the measuring path does not pull in the reporting one.
 """

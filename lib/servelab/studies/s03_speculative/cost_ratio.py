@@ -83,56 +83,6 @@ def step_costs(
     return pd.DataFrame(rows)
 
 
-def cost_ratios(steps: pd.DataFrame, pairs: list[tuple[str, str]]) -> pd.DataFrame:
-    """c = T_draft / T_target per (draft, target) pair and mode, with the ratios parameters, weight bytes and the
-    roofline floors suggest.
-
-    The interval on c is the ratio of the two timings' interquartile ends (draft p25/target p75 … draft p75/
-    target p25): a conservative band, not a confidence interval."""
-    cols = [
-        "draft",
-        "target",
-        "mode",
-        "draft_ms",
-        "target_ms",
-        "c",
-        "c_low",
-        "c_high",
-        "target_over_draft",
-        "param_ratio",
-        "bytes_ratio",
-        "floor_ratio",
-    ]
-    if steps.empty or "median_ms" not in steps:
-        return pd.DataFrame(columns=cols)
-    ok = steps[steps["status"] == "ok"].set_index(["model", "mode"])
-    rows = []
-    for draft, target in pairs:
-        for mode in steps["mode"].unique():
-            if (draft, mode) not in ok.index or (target, mode) not in ok.index:
-                continue
-            d, t = ok.loc[(draft, mode)], ok.loc[(target, mode)]
-            c = d.median_ms / t.median_ms
-            rows.append(
-                dict(
-                    draft=draft,
-                    target=target,
-                    mode=mode,
-                    draft_ms=d.median_ms,
-                    target_ms=t.median_ms,
-                    c=c,
-                    c_low=d.p25_ms / t.p75_ms,
-                    c_high=d.p75_ms / t.p25_ms,
-                    target_over_draft=1 / c,
-                    param_ratio=t.params / d.params,
-                    bytes_ratio=t.weight_bytes / d.weight_bytes,
-                    # what the steps would cost at their roofline floors (memory-bound: bytes read)
-                    floor_ratio=t.floor_ms / d.floor_ms if "floor_ms" in t else float("nan"),
-                )
-            )
-    return pd.DataFrame(rows, columns=cols)
-
-
 def verify_cost(lm, context: int, rows_list, *, warmup: int = 3, repeats: int = 20, seed: int = 0) -> pd.DataFrame:
     """Time ``lm`` (a ``PagedLM``) stepping n rows after ``context`` cached tokens, for n in ``rows_list``:
     the target's verify of γ = n − 1 drafts. Each repeat rolls the cache back first (untimed)."""

@@ -8,49 +8,27 @@ plain decoding once (the reference and the warm-up), one lookup run per γ (the 
 round's host syncs counted), then plain and every γ ``repeats`` times, interleaved so drifts touch both. Both loops
 run ``max_new_tokens`` tokens per sequence, past an end-of-text too (``greedy_decode`` ignores EOS), as the
 controlled curves do.
-``lookup_table`` reduces the repeats: medians, min–max spreads, α realised. ``python -m
-servelab.studies.s03_speculative.lookup_speed --profile full`` writes ``03_speculative/lookup_speed.csv``.
+The reporting path's ``tables.lookup_table`` reduces the repeats: medians, min–max spreads, α realised. Study 3's
+measuring door runs this as its ``lookup`` part.
 """
 
 from __future__ import annotations
 
 import time
 
-import numpy as np
 import pandas as pd
 
 from servelab.errors import ParameterError
-from servelab.spec import leviathan
 from servelab.spec.batch_decoder import greedy_decode
 from servelab.spec.batch_lm import PagedBatch
 from servelab.spec.batch_lookup import BatchLookup
 from servelab.spec.prompt_lookup import PromptLookupProposer
 from servelab.studies.s03_speculative.controlled import row_buckets, sync_audit
 
-TABLE_COLUMNS = [
-    "target",
-    "batch",
-    "gamma",
-    "tokens_per_s_plain",
-    "tokens_per_s_lookup",
-    "speedup",
-    "speedup_low",
-    "speedup_high",
-    "tokens_per_s_plain_low",
-    "tokens_per_s_plain_high",
-    "alpha_realised",  # per-proposal acceptance, a search that ran out counting as a miss (real_acceptance's α)
-    "proposed_share",  # drafts proposed over drafts asked: how often the search found something to copy
-    "tokens_per_round",  # tokens per sequence-round: what one verify of a sequence bought
-    "propose_ms_per_round",  # the host's search, per round of the whole batch
-    "same_tokens",  # share of repeats whose tokens equal plain decoding's (1 in float32; bfloat16 may differ)
-    "host_syncs_per_round",  # the most host syncs a round made in the warm-up (``HostSyncs``); the design says 1
-    "repeats",
-]
-
 # held-out chat prompts and answer length of SmolLM2's run (full: the real_acceptance profile's 48 prompts)
 PROFILES = {
     "full": dict(n_prompts=48, max_new_tokens=128, batches=[1, 8, 32], gammas=[2, 4, 8], repeats=5),
-    "smoke": dict(n_prompts=3, max_new_tokens=8, batches=[1, 3], gammas=[2], repeats=2),
+    "smoke": dict(n_prompts=2, max_new_tokens=4, batches=[1, 2], gammas=[2], repeats=1),
 }
 
 
@@ -112,7 +90,7 @@ def lookup_sweep(
     progress: bool = False,
 ) -> pd.DataFrame:
     """Raw rows (one per batch × method × γ × repeat) of plain batched decoding and of prompt lookup in the
-    batched loop (``measure_lookup_batch``); ``lookup_table`` reduces them."""
+    batched loop (``measure_lookup_batch``); ``tables.lookup_table`` reduces them."""
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ParameterError(f"repeats must be a positive integer, got {repeats!r}")
     lookup = lookup or PromptLookupProposer()
@@ -124,47 +102,6 @@ def lookup_sweep(
             print(f"prompt lookup, batch {b}: {time.perf_counter() - t0:.1f} s")
     target.reset()
     return pd.DataFrame(rows)
-
-
-def _spread(x: np.ndarray) -> tuple[float, float, float]:
-    return float(np.median(x)), float(np.min(x)), float(np.max(x))
-
-
-def _point(grp: pd.DataFrame, plain: pd.DataFrame) -> dict:
-    """One (target, batch, γ): medians over repeats with min–max spreads."""
-    tp_plain, tp_lo, tp_hi = _spread((plain.tokens / plain.seconds).to_numpy())
-    tps = (grp.tokens / grp.seconds).to_numpy()
-    sp, sp_lo, sp_hi = _spread(tps / tp_plain)
-    return dict(
-        tokens_per_s_plain=tp_plain,
-        tokens_per_s_lookup=float(np.median(tps)),
-        speedup=sp,
-        speedup_low=sp_lo,
-        speedup_high=sp_hi,
-        tokens_per_s_plain_low=tp_lo,
-        tokens_per_s_plain_high=tp_hi,
-        alpha_realised=leviathan.alpha_mle(int(grp.accepted.sum()), int(grp.rejections.sum())),
-        proposed_share=float(grp.proposed.sum() / grp.asked.sum()),
-        tokens_per_round=float(grp.tokens.sum() / grp.seq_rounds.sum()),
-        propose_ms_per_round=float(grp.propose_ms.sum() / grp.rounds.sum()),
-        same_tokens=float(grp.same_tokens.mean()),
-        host_syncs_per_round=int(grp.host_syncs.max()),
-        repeats=len(grp),
-    )
-
-
-def lookup_table(raw: pd.DataFrame) -> pd.DataFrame:
-    """``lookup_speed.csv``: one row per (target, batch, γ) (``TABLE_COLUMNS``). speedup: the median over repeats
-    of lookup's tokens/s over the median plain tokens/s of the same batch (spread: min–max)."""
-    if raw.empty or "method" not in raw:
-        return pd.DataFrame(columns=TABLE_COLUMNS)
-    plain = raw[raw.method == "plain"]
-    rows = []
-    for (t, b, g), grp in raw[raw.method == "lookup"].groupby(["target", "batch", "gamma"], sort=False):
-        base = plain[(plain.target == t) & (plain.batch == b)]
-        if not base.empty:
-            rows.append(dict(target=t, batch=int(b), gamma=int(g)) | _point(grp, base))
-    return pd.DataFrame(rows, columns=TABLE_COLUMNS)
 
 
 def smollm2_lookup_speed(
@@ -188,28 +125,3 @@ def smollm2_lookup_speed(
     del lm
     kw = {k: P[k] for k in ("batches", "gammas", "max_new_tokens", "repeats")}
     return lookup_sweep(target, prompts, lookup=lookup, progress=progress, **kw)
-
-
-def main(argv=None) -> None:
-    """Time prompt lookup in the batched loop on SmolLM2-135M-Instruct and write
-    ``03_speculative/lookup_speed.csv`` (provenance and the raw repeats in ``03_speculative_lookup/``)."""
-    import argparse
-
-    from servelab.studies.s03_speculative.part import run_part
-
-    ap = argparse.ArgumentParser(description=main.__doc__)
-    ap.add_argument("--profile", default="full", choices=sorted(PROFILES))
-    args = ap.parse_args(argv)
-    params = PROFILES[args.profile] | dict(profile=args.profile)
-    run_part(
-        "03_speculative_lookup",
-        "lookup_raw",
-        "lookup_speed",
-        params,
-        lambda device: smollm2_lookup_speed(args.profile, device=device, progress=True),
-        lookup_table,
-    )
-
-
-if __name__ == "__main__":
-    main()

@@ -19,29 +19,31 @@ with quiet_run():  # the notebook's first transformers import (through bench.hf_
 DTYPES = ("float32", "bfloat16", "float16")
 
 DEFAULTS = {
-    # H200 budget: ≈150 s after the family's training. The generation sweep stops itself at time_budget_s.
+    # H200, part "real": SmolLM2's drafts distilled in ≈ 3 min, then the sweep, which stops itself at time_budget_s
+    # (prompt-major: every point keeps the prompts done so far)
     "full": dict(
         target=None,
         drafts=None,
+        draft_layers=None,  # the distillation recipe's own (2 and 6 layers)
         dtype="bfloat16",
-        gammas=[1, 2, 4, 8, "adaptive"],
+        gammas=[2, 4, "adaptive"],
         temperatures=[0.0, 1.0],
-        num_prompts=5,
+        num_prompts=32,
         prompt_len=128,
-        max_new_tokens=96,
+        max_new_tokens=64,
         warmup=1,
-        repeats=2,
-        time_budget_s=60,
+        repeats=1,
+        time_budget_s=150,
         shape_pairs=[["config:qwen2-0.5b", "config:qwen2-1.5b"]],
         cost_modes=["hf_eager", "hf_cuda_graph", "engine"],
         cost_context=128,
         cost_repeats=15,
         verify_rows=[1, 2, 3, 4, 5, 6, 7, 8, 9],
-        middle_target=True,
+        middle_target=False,
         chain_steps=8,
         seed=0,
-        # controlled acceptance at the seed's shapes (controlled.py): ≈ 4.5 min on the H200 with the loads (an
-        # estimate: the budget stops new points, and new pairs, after controlled_budget_s)
+        # controlled acceptance at the seed's shapes (controlled.py), one pair per part (measure.CONTROLLED_PARTS);
+        # the budget stops new points, and new pairs, after controlled_budget_s
         controlled_pairs=[
             ["config:qwen2-0.5b", "config:qwen2-1.5b"],
             ["config:qwen2-0.5b-vocab128k", "config:llama-3-8b"],  # the draft takes Llama 3's vocabulary
@@ -53,28 +55,30 @@ DEFAULTS = {
         controlled_prompt_len=128,
         controlled_new_tokens=96,
         controlled_repeats=3,
-        controlled_budget_s=320,
+        controlled_budget_s=300,
     ),
-    # two CPU cores: the tiny trained family, a few points
+    # two CPU cores, about a minute: SmolLM2 with one 1-layer draft distilled for seconds, two prompts of a few
+    # tokens, greedy only, tiny shapes, a few controlled points
     "smoke": dict(
         target=None,
         drafts=None,
+        draft_layers=[1],
         dtype="float32",
         gammas=[2, "adaptive"],
-        temperatures=[0.0, 1.0],
+        temperatures=[0.0],
         num_prompts=2,
-        prompt_len=24,
-        max_new_tokens=12,
+        prompt_len=16,
+        max_new_tokens=6,
         warmup=0,
         repeats=1,
         time_budget_s=None,
         shape_pairs=[["config:tiny-llama", "config:tiny-qwen2"]],
         cost_modes=["hf_eager", "engine"],
         cost_context=16,
-        cost_repeats=3,
-        verify_rows=[1, 2, 4],
-        middle_target=True,
-        chain_steps=4,
+        cost_repeats=2,
+        verify_rows=[1, 3],
+        middle_target=False,
+        chain_steps=2,
         seed=0,
         controlled_pairs=[["config:tiny-llama", "config:tiny-qwen2"]],  # one vocabulary (512)
         alphas=[0.5, 0.9],
@@ -107,8 +111,9 @@ def _check_pairs(name: str, pairs) -> list[list[str]]:
 
 
 def _check_models(p: dict) -> None:
+    """target/drafts None: SmolLM2-135M-Instruct with drafts distilled from it; else model specs."""
     if (p["target"] is None) != (p["drafts"] is None):
-        raise ParameterError("give both target and drafts (model specs), or neither (the trained family)")
+        raise ParameterError("give both target and drafts (model specs), or neither (SmolLM2 with distilled drafts)")
     if p["target"] is None:
         return
     _check_spec("target", p["target"])
@@ -118,6 +123,12 @@ def _check_models(p: dict) -> None:
         raise ParameterError(f"drafts must be a non-empty list of model specs, got {p['drafts']!r}")
     for d in p["drafts"]:
         _check_spec("drafts", d)
+
+
+def _check_draft_layers(p: dict) -> None:
+    """draft_layers: the decoder layers of each draft distilled from SmolLM2 (None: the recipe's)."""
+    if p["draft_layers"] is not None:
+        p["draft_layers"] = check_positive_ints("draft_layers", p["draft_layers"], maximum=29)
 
 
 def _check_generation(p: dict) -> None:
@@ -190,6 +201,7 @@ def study_params(profile: str = "auto", **overrides) -> dict:
     """The profile's defaults with the non-None overrides (``resolve``), validated (``ParameterError`` on bad input)."""
     p = resolve(DEFAULTS, profile, overrides)
     _check_models(p)
+    _check_draft_layers(p)
     _check_generation(p)
     _check_costs(p)
     _check_controlled(p)

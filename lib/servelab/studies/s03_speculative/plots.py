@@ -16,7 +16,7 @@ MODE_LABELS = {"hf_eager": "HF eager", "hf_cuda_graph": "HF in a CUDA graph", "e
 def acceptance(speed: pd.DataFrame, device_name: str):
     """α (maximum-likelihood per-token acceptance) per draft and γ, one panel per temperature."""
     temps = sorted(speed.temperature.unique())
-    fig, axes = plt.subplots(1, len(temps), figsize=(5.5 * len(temps), 3.8), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(1, len(temps), figsize=(min(8.0, 3.9 * len(temps)), 3.6), squeeze=False, sharey=True)
     speed = speed.assign(pair=speed.draft + " → " + speed.target)
     for ax, T in zip(axes[0], temps, strict=True):
         s = speed[speed.temperature == T]
@@ -27,7 +27,7 @@ def acceptance(speed: pd.DataFrame, device_name: str):
             ylabel="α (per-token acceptance)",
             title=f"temperature {T:g}" + (" (greedy)" if T == 0 else ""),
         )
-        ax.legend(fontsize=7, title="draft → target", title_fontsize=7)
+        ax.legend(fontsize=9, title="draft → target", title_fontsize=9)
     fig.suptitle(f"Acceptance on held-out prompts, {device_name}")
     fig.tight_layout()
     return fig
@@ -36,7 +36,7 @@ def acceptance(speed: pd.DataFrame, device_name: str):
 def speedup_vs_prediction(speed: pd.DataFrame, device_name: str):
     """Left: measured speedup (median, 95% CI) against γ per draft, break-even at 1. Right: measured against the
     Leviathan prediction, with the line of perfect prediction."""
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.2))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(8.0, 3.8))
     s = speed.copy()
     s["series"] = s.draft + " → " + s.target + ", T=" + s.temperature.map(lambda t: f"{t:g}")
     for (name, grp), color in zip(
@@ -74,7 +74,7 @@ def cost_ratios(ratios: pd.DataFrame, device_name: str):
     r = ratios.copy()
     r["pair"] = r.target + " / " + r.draft
     r["mode_label"] = r["mode"].map(MODE_LABELS).fillna(r["mode"])
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * r.pair.nunique() * r["mode"].nunique()), 4.2))
+    fig, ax = plt.subplots(figsize=(min(8.0, max(6, 1.2 * r.pair.nunique() * r["mode"].nunique())), 4.0))
     sns.barplot(data=r, x="pair", y="target_over_draft", hue="mode_label", ax=ax)
     pairs = list(dict.fromkeys(r.pair))
     for i, p in enumerate(pairs):
@@ -104,7 +104,7 @@ def cost_ratios(ratios: pd.DataFrame, device_name: str):
         title=f"Cost ratio of one batch-1 decode step, {device_name}",
     )
     ax.tick_params(axis="x", labelsize=7)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=9)
     fig.tight_layout()
     return fig
 
@@ -114,7 +114,7 @@ def pays_map(grid: pd.DataFrame, points: pd.DataFrame, ratios: pd.DataFrame, dev
     the measured c of the Qwen2 shapes per mode (horizontal lines), and the seed's c."""
     piv = grid.pivot(index="c", columns="alpha", values="improvement")
     A, C = np.meshgrid(piv.columns.to_numpy(), piv.index.to_numpy())
-    fig, ax = plt.subplots(figsize=(7.5, 6.2))
+    fig, ax = plt.subplots(figsize=(7.0, 5.0))
     levels = [0.25, 0.5, 0.75, 1, 1.5, 2, 3, 4, 6]
     cs = ax.contourf(A, C, piv.to_numpy(), levels=levels, cmap="RdYlGn", extend="both")
     fig.colorbar(cs, ax=ax, label="best predicted speedup over γ ≤ 8 (×)")
@@ -170,7 +170,7 @@ def verify_cost(verify: pd.DataFrame, device_name: str):
         ylabel="step time / one-row step",
         title=f"Cost of verifying γ drafts in one step, {device_name}",
     )
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=9)
     fig.tight_layout()
     return fig
 
@@ -184,11 +184,11 @@ def controlled_curves(table: pd.DataFrame, device_name: str, real_alpha: pd.Data
 
     ``real_alpha`` (columns pair, alpha, ci_low, ci_high): α measured for real trained pairs (Study 6's drafts),
     drawn on every panel as a band, so a reader sees where such a draft would land at these shapes."""
-    from servelab.studies.s03_speculative.controlled import best_gamma_rows
+    from servelab.studies.s03_speculative.tables import best_gamma_rows
 
     best = best_gamma_rows(table)
     pairs = list(dict.fromkeys(best.draft + " → " + best.target))
-    fig, axes = plt.subplots(1, len(pairs), figsize=(4.6 * len(pairs), 3.9), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(1, len(pairs), figsize=(min(8.0, 2.9 * len(pairs)), 3.6), squeeze=False, sharey=True)
     best = best.assign(pair=best.draft + " → " + best.target)
     for ax, pair in zip(axes[0], pairs, strict=True):
         s = best[best.pair == pair]
@@ -207,7 +207,7 @@ def controlled_curves(table: pd.DataFrame, device_name: str, real_alpha: pd.Data
         _real_alpha(ax, real_alpha)
         ax.axhline(1, color="k", ls=":", lw=1)
         ax.set(xlabel="α set (per-token acceptance)", ylabel="speedup over plain decoding (×)", title=pair)
-        ax.legend(fontsize=7, title="dashed: prediction", title_fontsize=7)
+        ax.legend(fontsize=9, title="dashed: prediction", title_fontsize=9)
     fig.suptitle(f"Controlled acceptance at the seed's shapes (random weights), {device_name}")
     fig.tight_layout()
     return fig

@@ -1,41 +1,295 @@
-"""Study 3's page text, computed: what each verdict was measured on, the verdict table, the takeaways, the goal
-check of the 8B-shape pair and the re-run recipe. The notebook calls these; it formats no numbers itself."""
+"""Study 3's reporting path: everything its page shows, computed from the runs' raw files (``report``), and the page
+text: takeaways, compact tables, the goal check of the 8B-shape pair. Each repeat's verdicts come from its own raw
+rows (``repeat_findings``: its parts together); tables and figures show each point's median over repeats.
+
+Raw tables by part (``measure.py``): ``generations``, ``step_costs``, ``models``, ``distill``, ``real_alpha``,
+``verify_cost``, ``rollback_cost`` (real); ``shape_steps`` (costs); ``controlled_raw`` (controlled_*); ``lookup_raw``
+(lookup). The legacy run (``runs/legacy/{all,controlled}/r0``) has ``step_costs`` with the seed's shapes in it and
+``family`` (the substitute family it trained) instead of ``models``.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
+import numpy as np
 import pandas as pd
 
-from servelab.models.shape import ModelShape
+from servelab.studies.common.findings import Finding, not_measured
 from servelab.studies.common.page import finding_sentence, takeaway_list
-from servelab.studies.s03_speculative import controlled
-from servelab_book.published import render_published
+from servelab.studies.common.published import published_section
+from servelab.studies.common.runs import RunSet, pool_repeats
+from servelab.studies.common.tested_on import tested_on as models_tested_on
+from servelab.studies.s03_speculative import tables, verdicts
+from servelab.studies.s03_speculative.measured_alpha import study6_alpha
 
+STUDY = "03_speculative"
+SEED_PAIR = ("qwen2-0.5b", "qwen2-1.5b")  # the seed's (draft, target), at its shapes
 GOAL_SPEEDUP = 2.0  # issue 21: at α = 0.8, batch 1, best γ, the 8B-shape target with the 0.5B-shape draft
 GOAL_WITHIN_PCT = 15.0  # … within this of Leviathan's prediction
 GOAL_ALPHA = 0.8
 
+SPEED_KEYS = ["target", "draft", "gamma", "temperature"]
+RATIO_KEYS = ["draft", "target", "mode"]
+CONTROLLED_KEYS = ["target", "draft", "batch", "gamma", "alpha"]
+PAYS_KEYS = ["target", "draft", "batch"]
+LOOKUP_KEYS = ["target", "batch", "gamma"]
 
-def family_tested_on(ms) -> str:
-    """F3.1/F3.2's models: the model set the generation sweep ran (``pair.ModelSet``)."""
-    size = {n: ModelShape.from_config(m.config).params / 1e6 for n, m in ms.hf.items()}
-    drafts = ", ".join(f"{d} ({size[d]:.0f}M)" for d in ms.drafts)
-    if ms.source == "trained family":
+
+@dataclass
+class Study3Page:
+    runs: RunSet
+    findings: list[Finding]
+    speedup: pd.DataFrame = field(default_factory=pd.DataFrame)  # the generation sweep's points, median over repeats
+    cost_ratios: pd.DataFrame = field(default_factory=pd.DataFrame)
+    verify_cost: pd.DataFrame = field(default_factory=pd.DataFrame)
+    rollback_cost: pd.DataFrame = field(default_factory=pd.DataFrame)
+    controlled: pd.DataFrame = field(default_factory=pd.DataFrame)
+    controlled_pays: pd.DataFrame = field(default_factory=pd.DataFrame)
+    lookup: pd.DataFrame = field(default_factory=pd.DataFrame)
+    real_alpha: pd.DataFrame = field(default_factory=pd.DataFrame)  # this study's α of SmolLM2's proposers
+    study6_alpha: pd.DataFrame | None = None  # Study 6's α of real drafts (None: not measured)
+    distill: pd.DataFrame = field(default_factory=pd.DataFrame)
+    pays_grid: pd.DataFrame = field(default_factory=pd.DataFrame)
+    pays_points: pd.DataFrame = field(default_factory=pd.DataFrame)
+    shape_ratios: pd.DataFrame = field(default_factory=pd.DataFrame)
+    real_tested_on: str = ""
+    shapes_tested_on: str = ""
+
+    @property
+    def device(self) -> str:
+        return self.runs.device_name
+
+
+# ---- one repeat's derived tables (its parts together) ----
+
+
+def param(rep: RunSet, key: str, default=None):
+    """A parameter of the repeat: the first of its parts' runs that recorded it (the legacy parts differ)."""
+    for r in rep.runs:
+        p = r.meta.get("params") or {}
+        if key in p:
+            return p[key]
+    return default
+
+
+def _name(spec: str) -> str:
+    return str(spec).removeprefix("config:")
+
+
+def shape_pair(rep: RunSet) -> tuple[str, str]:
+    pairs = param(rep, "shape_pairs") or [["config:" + SEED_PAIR[0], "config:" + SEED_PAIR[1]]]
+    return _name(pairs[0][0]), _name(pairs[0][1])
+
+
+def seed_pair(rep: RunSet) -> tuple[str, str]:
+    """The controlled sweep's first pair (the seed's own at the full profile)."""
+    pairs = param(rep, "controlled_pairs") or [["config:" + SEED_PAIR[0], "config:" + SEED_PAIR[1]]]
+    return _name(pairs[0][0]), _name(pairs[0][1])
+
+
+def _steps(rep: RunSet) -> pd.DataFrame:
+    frames = [t for t in (rep.table("step_costs"), rep.table("shape_steps")) if not t.empty]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def speculative_rows(gen: pd.DataFrame) -> pd.DataFrame:
+    if gen.empty or "method" not in gen:
+        return pd.DataFrame(columns=["draft", "target", "ms", "rollback_ms"])
+    return gen[(gen.status == "ok") & (gen.method == "speculative")]
+
+
+def cost_ratio_table(rep: RunSet) -> pd.DataFrame:
+    """c per (draft, target, mode): the generation sweep's pairs and the seed's shapes."""
+    spec = speculative_rows(rep.table("generations"))
+    pairs = list(dict.fromkeys(zip(spec.draft, spec.target, strict=True))) + [shape_pair(rep)]
+    return tables.cost_ratios(_steps(rep), pairs)
+
+
+def speedup_of(rep: RunSet, ratios: pd.DataFrame) -> pd.DataFrame:
+    gen = rep.table("generations")
+    if gen.empty:
+        return pd.DataFrame(columns=tables.SPEEDUP_COLUMNS)
+    eng = ratios[ratios["mode"] == "engine"].set_index(["draft", "target"]).c.to_dict() if len(ratios) else {}
+    return tables.speedup_table(gen, eng)
+
+
+def controlled_of(rep: RunSet) -> pd.DataFrame:
+    raw = rep.table("controlled_raw")
+    return tables.controlled_table(raw.drop(columns=["part"], errors="ignore"))
+
+
+def real_tested_on(rep: RunSet) -> str:
+    """F3.1/F3.2's models: SmolLM2 and its distilled drafts (``models``), or the legacy run's trained family."""
+    models, fam = rep.table("models"), rep.table("family")
+    if not models.empty:
+        t = models[models.role == "target"]
+        d = models[models.role != "target"]
+        drafts = ", ".join(f"{r.model} ({r.params / 1e6:.0f}M)" for r in d.itertuples())
+        tgt = ", ".join(f"{r.model} ({r.params / 1e6:.0f}M, trained weights)" for r in t.itertuples())
+        how = "distilled from it in this run" if (d.role == "distilled").any() else "as given"
+        return f"target {tgt}; drafts {how}: {drafts}; {param(rep, 'dtype', '')}; held-out chat prompts"
+    if not fam.empty:
+        size = {r.model: r.params / 1e6 for r in fam.itertuples()}
+        t = fam[fam.role == "target"].model.iloc[0]
+        drafts = ", ".join(f"{m} ({size[m]:.0f}M)" for m in fam[fam.role != "target"].model)
         return (
-            f"the substitute family trained in this run on Python source (trained weights): target {ms.target} "
-            f"({size[ms.target]:.0f}M), drafts {drafts}; not Qwen2"
+            f"the substitute family trained in the run on Python source (trained weights): target {t} "
+            f"({size[t]:.0f}M), drafts {drafts}; not Qwen2, not SmolLM2"
         )
-    return f"{ms.source}: target {ms.target} ({size[ms.target]:.0f}M), drafts {drafts}; prompts: {ms.prompt_source}"
+    return "no trained pair measured"
 
 
-def shapes_tested_on(P: dict) -> str:
-    """F3.3's models: the seed's shapes whose cost ratio was measured, and the controlled-acceptance pairs."""
-    shapes = ", ".join(f"{d.removeprefix('config:')} → {t.removeprefix('config:')}" for d, t in P["shape_pairs"])
-    return f"random weights of the exact shapes {shapes} (cost ratio); {controlled.tested_on(P)}"
+def shapes_tested_on(rep: RunSet) -> str:
+    """F3.3's models: the seed's shapes whose cost ratio was measured, and the controlled pairs that ran."""
+    d, t = shape_pair(rep)
+    raw = rep.table("controlled_raw")
+    ok = raw[raw.status == "ok"] if "status" in raw else raw.iloc[:0]
+    pairs = list(dict.fromkeys(zip(ok.draft, ok.target, strict=True))) if len(ok) else []
+    batches = sorted({int(b) for b in ok.batch.dropna()}) if len(ok) else []
+    specs = [f"config:{d}", f"config:{t}"] + [f"config:{x}" for p in pairs for x in p]
+    setting = f"cost ratio of {d} → {t}"
+    if pairs:
+        setting += (
+            f"; controlled acceptance on {', '.join(f'{a} → {b}' for a, b in pairs)} at batches "
+            f"{', '.join(map(str, batches))}"
+        )
+    return models_tested_on(list(dict.fromkeys(specs)), dtype=param(rep, "dtype"), setting=setting)
+
+
+@dataclass
+class Derived:
+    """One repeat's derived tables, computed once per render (the findings and the pooled tables both read them)."""
+
+    ratios: pd.DataFrame
+    speed: pd.DataFrame
+    controlled: pd.DataFrame
+    pays: pd.DataFrame
+
+    @classmethod
+    def of(cls, rep: RunSet) -> Derived:
+        ratios = cost_ratio_table(rep)
+        controlled = controlled_of(rep)
+        return cls(ratios, speedup_of(rep, ratios), controlled, tables.break_even_alpha(controlled))
+
+
+def repeat_findings(rep: RunSet, derived: Derived | None = None) -> list[Finding]:
+    """F3.1–F3.3 by today's rules from one repeat's raw rows (its parts together); ``derived``: its tables where
+    already computed (``Derived.of(rep)``)."""
+    d = derived or Derived.of(rep)
+    spec = speculative_rows(rep.table("generations"))
+    kv_share = 100 * spec.rollback_ms.sum() / spec.ms.sum() if len(spec) else float("nan")
+    seed_shapes = verdicts.seed_pair_pays(d.pays, seed_pair(rep))
+    real, shapes = real_tested_on(rep), shapes_tested_on(rep)
+    label = real.split(";")[0]
+    return [
+        verdicts.f31(d.speed, kv_share, label, rep.device_name, tested_on=real, seed_shapes=seed_shapes),
+        verdicts.f32(d.speed, tested_on=real, controlled=d.controlled),
+        verdicts.f33(d.ratios, shape_pair(rep), tested_on=shapes, seed_shapes=seed_shapes),
+    ]
+
+
+# ---- the page ----
+
+
+def _pooled(runs: RunSet, make, keys) -> pd.DataFrame:
+    """``make(one repeat)`` for every repeat, each point's median over repeats."""
+    frames = []
+    for rep in runs.per_repeat():
+        df = make(rep)
+        if df is not None and len(df):
+            frames.append(df.assign(repeat=rep.repeats[0]))
+    if not frames:
+        return pd.DataFrame()
+    return pool_repeats(pd.concat(frames, ignore_index=True), keys).drop(columns="n_repeats")
+
+
+def pays_grid(speed: pd.DataFrame, ratios: pd.DataFrame, pair: tuple[str, str]):
+    """The map of the best predicted speedup over α × c (coarse: a figure, not a table), the measured pairs'
+    points, and the seed's shapes' c per mode."""
+    shape = ratios[(ratios.draft == pair[0]) & (ratios.target == pair[1])] if len(ratios) else ratios
+    greedy = speed[speed.temperature == speed.temperature.min()] if len(speed) else speed
+    pts = (
+        greedy.groupby(["draft", "target"]).agg(alpha=("alpha", "median"), c=("c", "first")).reset_index()
+        if len(greedy)
+        else pd.DataFrame(columns=["draft", "target", "alpha", "c"])
+    )
+    cs = [1.2] + ([1.1 * pts.c.max()] if len(pts) else []) + ([1.1 * shape.c.max()] if len(shape) else [])
+    grid = tables.pays_map(np.linspace(0.0, 1.0, 26), np.linspace(0.02, float(np.nanmax(cs)), 30))
+    return grid, pts, shape
+
+
+def report(runs: RunSet) -> Study3Page:
+    """The page's record from ``runs`` (nothing measured: every claim inconclusive, every table empty)."""
+    s6 = study6_alpha(runs.device_dir)
+    if not runs.measured:
+        return Study3Page(runs, not_measured(STUDY), study6_alpha=s6)
+    derived = {rep.repeats[0]: Derived.of(rep) for rep in runs.per_repeat()}
+
+    def of(rep: RunSet) -> Derived:
+        return derived[rep.repeats[0]]
+
+    findings = runs.combined(lambda rep: repeat_findings(rep, of(rep)))
+    ratios = _pooled(runs, lambda r: of(r).ratios, RATIO_KEYS)
+    speed = _pooled(runs, lambda r: of(r).speed, SPEED_KEYS)
+    controlled = _pooled(runs, lambda r: of(r).controlled, CONTROLLED_KEYS)
+    pays = _pooled(runs, lambda r: of(r).pays, PAYS_KEYS)
+    lookup = _pooled(runs, lambda r: tables.lookup_table(r.table("lookup_raw")), LOOKUP_KEYS)
+    real_alpha = _pooled(runs, lambda r: r.table("real_alpha").drop(columns=["part"], errors="ignore"), ["pair"])
+    verify = _pooled(runs, lambda r: r.table("verify_cost"), ["model", "context", "rows"])
+    rollback = _pooled(runs, lambda r: r.table("rollback_cost"), ["model", "context", "dropped"])
+    first = runs.repeat(runs.repeats[0])
+    grid, pts, shape = pays_grid(speed, ratios, shape_pair(first))
+    return Study3Page(
+        runs,
+        findings,
+        speedup=speed,
+        cost_ratios=ratios,
+        verify_cost=verify,
+        rollback_cost=rollback,
+        controlled=controlled,
+        controlled_pays=pays,
+        lookup=lookup,
+        real_alpha=real_alpha,
+        study6_alpha=s6,
+        distill=runs.first("distill"),
+        pays_grid=grid,
+        pays_points=pts,
+        shape_ratios=shape,
+        real_tested_on=real_tested_on(first),
+        shapes_tested_on=shapes_tested_on(first),
+    )
+
+
+def _best_speedup(speed: pd.DataFrame) -> tuple[str, str] | None:
+    if speed.empty or speed.speedup.isna().all():
+        return None
+    best = speed.loc[speed["speedup"].idxmax()]
+    return f"{best['speedup']:.2f} ×", f"best speedup measured ({best['draft']} → {best['target']}, γ={best['gamma']})"
+
+
+def published_value(runs: RunSet) -> tuple[str, str] | None:
+    """The best speedup the generation sweep measured on a trained pair (median over repeats); None if none ran."""
+    if not runs.measured:
+        return None
+    return _best_speedup(_pooled(runs, lambda r: speedup_of(r, cost_ratio_table(r)), SPEED_KEYS))
+
+
+def published(r: Study3Page) -> str:
+    """The "Against published results" section: the field's numbers beside this study's, each cited (the value is
+    ``published_value(r.runs)``, read from the page's own pooled sweep rather than computed twice)."""
+    value = _best_speedup(r.speedup) if r.runs.measured else None
+    return published_section(STUDY, value, r.device)
+
+
+# ---- the page text ----
 
 
 def goal_check(table: pd.DataFrame, target: str = "llama-3-8b") -> dict | None:
     """The issue's goal on ``target`` at α = 0.8, batch 1, best γ: the speedup, the prediction, whether it met
     ≥ 2.0× within 15% of the prediction. None if the point did not run."""
+    if table.empty:
+        return None
     s = table[(table.target == target) & (table.batch == 1) & (table.alpha.round(3) == GOAL_ALPHA)]
     if s.empty:
         return None
@@ -59,7 +313,7 @@ def goal_check(table: pd.DataFrame, target: str = "llama-3-8b") -> dict | None:
 
 def goal_sentence(goal: dict | None) -> str:
     if goal is None:
-        return "The 8B-shape point (α = 0.8, batch 1) did not run."
+        return "The 8B-shape point (α = 0.8, batch 1) was not measured."
     verdict = "meets" if goal["met"] else "misses"
     return (
         f"{goal['draft']} → {goal['target']} at α = {GOAL_ALPHA}, batch 1, best γ = {goal['gamma']}: "
@@ -71,34 +325,118 @@ def goal_sentence(goal: dict | None) -> str:
     )
 
 
-def takeaways(findings, table: pd.DataFrame, pays: pd.DataFrame, seed_pair: tuple[str, str]) -> str:
-    """Three to five sentences, every number from the run: one per verdict, the seed's pair by batch, the goal."""
-    seed = controlled_sentence(pays, seed_pair)
+def real_alpha_sentence(real_alpha: pd.DataFrame) -> str:
+    if real_alpha.empty:
+        return ""
+    parts = "; ".join(f"{r.draft} {r.alpha:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}]" for r in real_alpha.itertuples())
+    return (
+        f"On SmolLM2-135M-Instruct (trained weights), α over {int(real_alpha.prompts.max())} held-out prompts "
+        f"(95% bootstrap interval): {parts}."
+    )
+
+
+def takeaways(r: Study3Page) -> str:
+    """One sentence per verdict, the seed's pair by batch, the real pairs' α, the 8B-shape goal."""
+    seed = verdicts.seed_pair_pays(r.controlled_pays, SEED_PAIR) if len(r.controlled_pays) else ""
     return takeaway_list(
-        [finding_sentence(f) for f in findings]
+        [finding_sentence(f) for f in r.findings]
         + [f"At the seed's shapes with α controlled, {seed}." if seed else ""]
-        + [goal_sentence(goal_check(table)) if len(table) else ""]
+        + [real_alpha_sentence(r.real_alpha)]
+        + [goal_sentence(goal_check(r.controlled)) if len(r.controlled) else ""]
     )
 
 
-def controlled_sentence(pays: pd.DataFrame, pair: tuple[str, str]) -> str:
-    from servelab.studies.s03_speculative.verdicts import seed_pair_pays
-
-    return seed_pair_pays(pays, pair)
-
-
-def rerun_recipe(slug: str = "03_speculative") -> str:
-    """The re-run section: the papermill command and parameters cell, then the controlled-only entry."""
-    from servelab_book.reproduce import rerun_markdown
-
-    return rerun_markdown(slug) + (
-        "\nOnly the controlled-acceptance sweep (writes `03_speculative/controlled_acceptance.csv`, its provenance "
-        "in `03_speculative_controlled/run.json`):\n\n"
-        "```bash\npython -m servelab.studies.s03_speculative.controlled --profile full\n```\n"
-    )
+def _round(df: pd.DataFrame, cols: dict, nd: int = 3) -> pd.DataFrame:
+    keep = [c for c in cols if c in df.columns]
+    return df[keep].rename(columns=cols).round(nd).reset_index(drop=True)
 
 
-def published() -> str:
-    """The "Against published results" section: the field's numbers beside this study's H200 ones, each cited
-    (``data/published/published.csv``); where the CSV pairs none with this study, the section says so."""
-    return render_published("03_speculative")
+def speedup_view(speed: pd.DataFrame) -> pd.DataFrame:
+    """At most a dozen rows: the greedy points, best γ per pair (every point is in the runs' generations)."""
+    if speed.empty:
+        return pd.DataFrame()
+    s = speed.dropna(subset=["speedup"])
+    best = s.loc[s.groupby(["target", "draft", "temperature"]).speedup.idxmax()]
+    cols = {
+        "draft": "draft",
+        "target": "target",
+        "temperature": "T",
+        "gamma": "best γ",
+        "alpha": "α",
+        "speedup": "speedup (×)",
+        "speedup_ci_low": "CI low",
+        "speedup_ci_high": "CI high",
+        "predicted_speedup": "predicted (×)",
+        "speedup_vs_chained": "vs multi-step (×)",
+        "prompts": "prompts",
+    }
+    return _round(best.head(12), cols, 2)
+
+
+def ratios_view(ratios: pd.DataFrame) -> pd.DataFrame:
+    cols = {
+        "draft": "draft",
+        "target": "target",
+        "mode": "mode",
+        "draft_ms": "draft (ms)",
+        "target_ms": "target (ms)",
+        "target_over_draft": "target/draft (×)",
+        "param_ratio": "parameters (×)",
+    }
+    return _round(ratios.head(12), cols, 3) if len(ratios) else pd.DataFrame()
+
+
+def pays_view(pays: pd.DataFrame) -> pd.DataFrame:
+    cols = {
+        "draft": "draft",
+        "target": "target",
+        "batch": "batch",
+        "alpha_pays": "pays above α",
+        "best_speedup": "best speedup (×)",
+        "c": "c in the loop",
+    }
+    return _round(pays.head(12), cols, 3) if len(pays) else pd.DataFrame()
+
+
+def alpha_view(real_alpha: pd.DataFrame) -> pd.DataFrame:
+    cols = {
+        "draft": "proposer",
+        "kind": "kind",
+        "alpha": "α",
+        "ci_low": "95% low",
+        "ci_high": "95% high",
+        "tokens_per_round": "tokens/round (γ=4)",
+        "prompts": "prompts",
+    }
+    return _round(real_alpha.head(12), cols, 3) if len(real_alpha) else pd.DataFrame()
+
+
+def lookup_view(lookup: pd.DataFrame) -> pd.DataFrame:
+    cols = {
+        "batch": "batch",
+        "gamma": "γ",
+        "tokens_per_s_plain": "plain (tok/s)",
+        "tokens_per_s_lookup": "lookup (tok/s)",
+        "speedup": "speedup (×)",
+        "alpha_realised": "α",
+    }
+    return _round(lookup.head(12), cols, 2) if len(lookup) else pd.DataFrame()
+
+
+def distill_view(distill: pd.DataFrame) -> pd.DataFrame:
+    cols = {
+        "draft": "draft",
+        "layers": "layers",
+        "steps": "steps",
+        "train_s": "training (s)",
+        "first_loss": "first loss",
+        "last_loss": "last loss",
+        "cached": "from cache",
+    }
+    return _round(distill, cols, 2) if len(distill) else pd.DataFrame()
+
+
+def study6_note(s6: pd.DataFrame | None, device: str) -> str:
+    from servelab.studies.s03_speculative.measured_alpha import measured_alpha_note
+
+    return measured_alpha_note(s6, device)

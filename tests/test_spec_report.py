@@ -1,0 +1,82 @@
+"""Study 3's two doors: the measuring path's import closure holds no reporting module; the report reads runs only,
+survives an empty run set and missing tables, and its verdicts follow the raw rows."""
+
+import json
+
+import pandas as pd
+
+from servelab.measure.fingerprint import fingerprint
+from servelab.paths import DATA_DIR
+from servelab.studies.common.runs import RunSet, study_runs
+from servelab.studies.s03_speculative import report
+
+STUDY = "03_speculative"
+
+
+def test_measuring_closure_holds_no_reporting_module():
+    files = fingerprint("servelab.studies.s03_speculative.measure").files
+    bad = ("plots", "report", "verdicts", "s03_speculative/tables.py", "measured_alpha", "/page.py", "/runs.py",
+           "/study.py", "campaign", "published", "markdown", "servelab_book")  # fmt: skip
+    assert not [f for f in files if any(b in f for b in bad)]
+
+
+def test_nothing_measured_is_inconclusive_and_does_not_crash():
+    page = report.report(RunSet(STUDY))
+    assert page.findings and all(f.verdict == "inconclusive" for f in page.findings)
+    assert page.speedup.empty and page.controlled.empty
+    assert report.published_value(page.runs) is None
+    assert report.takeaways(page)
+
+
+def _shape_steps(eager_ratio: float) -> pd.DataFrame:
+    """Step costs of the seed's shapes: the target takes ``eager_ratio`` × the draft's time in eager mode."""
+    rows = []
+    for model, params, eager_ms, engine_ms in (("qwen2-0.5b", 5e8, 1.0, 0.2), ("qwen2-1.5b", 1.5e9, eager_ratio, 0.6)):
+        for mode, ms in (("hf_eager", eager_ms), ("engine", engine_ms)):
+            rows.append(dict(model=model, params=params, weight_bytes=2 * params, mode=mode, status="ok",
+                             median_ms=ms, p25_ms=ms, p75_ms=ms, floor_ms=ms / 10))  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def _write_run(root, k: int, eager_ratio: float):
+    d = root / "nvidia-h200" / STUDY / "runs" / "fp" / "costs" / f"r{k}"
+    d.mkdir(parents=True)
+    params = {"shape_pairs": [["config:qwen2-0.5b", "config:qwen2-1.5b"]], "dtype": "bfloat16"}
+    meta = {"complete": True, "fingerprint": "fp", "part": "costs", "repeat_index": k, "params": params}
+    (d / "run.json").write_text(json.dumps(meta))
+    _shape_steps(eager_ratio).to_csv(d / "shape_steps.csv", index=False)
+    return d
+
+
+def _f33(root):
+    page = report.report(study_runs(STUDY, root))
+    return next(f for f in page.findings if f.id == "F3.3"), page
+
+
+def test_verdict_follows_the_raw_rows(tmp_path):
+    dirs = [_write_run(tmp_path, k, 1.1) for k in range(3)]  # eager 1.1× against 3× parameters, engine 3×
+    f, page = _f33(tmp_path)
+    assert f.verdict == "holds", f
+    assert "qwen2-1.5b" in f.tested_on and "random weights" in f.tested_on
+    assert len(page.cost_ratios) == 2 and page.controlled.empty
+    # the acceptance check: one number in a raw CSV changes the verdict (eager no longer far below parameters)
+    for d in dirs:
+        s = pd.read_csv(d / "shape_steps.csv")
+        s.loc[(s.model == "qwen2-1.5b") & (s["mode"] == "hf_eager"), ["median_ms", "p25_ms", "p75_ms"]] = 2.9
+        s.to_csv(d / "shape_steps.csv", index=False)
+    f2, _ = _f33(tmp_path)
+    assert f2.verdict == "changes", f2
+
+
+def test_fewer_than_three_repeats_is_inconclusive_and_missing_tables_do_not_crash(tmp_path):
+    _write_run(tmp_path, 0, 1.1)
+    f, page = _f33(tmp_path)
+    assert f.verdict == "inconclusive"
+    assert page.speedup.empty and page.lookup.empty and page.real_alpha.empty  # parts never measured
+
+
+def test_legacy_runs_are_read_and_recomputed():
+    page = report.report(study_runs(STUDY, DATA_DIR / "results"))  # the committed runs, not the tests' scratch root
+    assert page.runs.measured and set(page.runs.parts) >= {"all", "controlled"}
+    assert len(page.controlled) > 100 and len(page.speedup) > 10  # recomputed from raw rows, not findings.csv
+    assert all(f.verdict == "inconclusive" for f in page.findings)  # one repeat
