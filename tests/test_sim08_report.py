@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pandas as pd
 
@@ -58,3 +59,74 @@ def test_report_reads_the_measured_speed_and_nothing_else(tmp_path):
     s.to_csv(d / "sim_speed.csv", index=False)
     page = report.report(study_runs(STUDY, tmp_path))
     assert page.speed["hour_wall_s"] == 75.0 and "over" in sections.tk.speed(page)
+
+
+def _fresh_run(root, requests: pd.DataFrame, seed: int, fp: str = "abc123abc123"):
+    """A synthetic fresh held-out run: one part, one repeat, the raw request records of Study 1's legacy run."""
+    from servelab.studies.s08_simulator import measure
+
+    d = root / "nvidia-h200" / STUDY / "runs" / fp / "fresh_qwen2-0.5b" / "r0"
+    d.mkdir(parents=True)
+    requests.to_csv(d / "fresh_requests.csv", index=False)
+    legacy = json.loads((_LEGACY1 / "run.json").read_text())
+    params = {**legacy["params"], "step_graphs": True, "fresh_run": "fresh_run_1", "seed": seed}
+    (d / "fresh_params.json").write_text(json.dumps(params))
+    (d / "fresh_seed.json").write_text(json.dumps(measure.seed_record({"fresh_run": "fresh_run_1", "seed": seed - 23})))
+    (d / "freeze_check.json").write_text(json.dumps(measure.freeze_check()))
+    dev = {"name": "NVIDIA H200", "slug": "nvidia-h200", "kind": "cuda"}
+    meta = {"study": STUDY, "fingerprint": fp, "part": "fresh_qwen2-0.5b", "repeat_index": 0, "complete": True,
+            "device": dev, "params": {"seed": seed - 23}}  # fmt: skip
+    (d / "run.json").write_text(json.dumps(meta))
+    return d
+
+
+_LEGACY1 = Path(__file__).resolve().parents[1] / "data/results/nvidia-h200/01_scheduling/runs/legacy/all/r0"
+
+
+def _one_legacy_run() -> pd.DataFrame:
+    req = pd.read_csv(_LEGACY1 / "requests.csv", keep_default_na=False, na_values=[""])
+    req["error"] = req["error"].fillna("")
+    key = req[["model", "scheduler", "budget", "rate"]].iloc[0]
+    one = req[(req[["model", "scheduler", "budget", "rate"]] == key).all(axis=1)]
+    assert one["model"].iloc[0] == "config:qwen2-0.5b" and len(one) > 5
+    return one
+
+
+def test_fresh_run_error_and_seeds_come_from_the_raw_csv(tmp_path):
+    req = _one_legacy_run()
+    d = _fresh_run(tmp_path, req, seed=23)
+    page = report.report(study_runs(STUDY, tmp_path))
+    err = page.fresh["median_abs_error_pct"]
+    assert page.fresh["runs"] == 1 and err >= 0
+    seeds = page["fresh_seeds"]
+    assert seeds[["fresh_run", "seed", "registered"]].values.tolist() == [["fresh_run_1", 23, True]]
+    assert "23 is registered in the ledger" in sections.seeds_text(page)
+    # the acceptance check: slower first tokens in the raw CSV move the held-out error
+    late = req.assign(first_token_s=req["first_token_s"] + 0.5)
+    late.to_csv(d / "fresh_requests.csv", index=False)
+    assert report.fresh_error(study_runs(STUDY, tmp_path))["median_abs_error_pct"] > err + 1
+
+
+def test_an_unregistered_seed_is_named(tmp_path):
+    _fresh_run(tmp_path, _one_legacy_run(), seed=24)
+    page = report.report(study_runs(STUDY, tmp_path))
+    assert page["fresh_seeds"]["registered"].tolist() == [False]
+    assert "24 is not" in sections.seeds_text(page)
+
+
+def test_f23_is_combined_over_repeats():
+    """F2.3 per repeat, combined: inconclusive below three repeats, the verdict where three agree."""
+    from servelab.studies.common.runs import combine
+    from servelab.studies.s08_simulator import verdicts
+
+    def table(after: float) -> pd.DataFrame:
+        rows = [dict(model="m", gpu_source="Study 2", cost_model=c, subset="validation", error_pct=e)
+                for c, e in (("gpu_only", 30.0), ("gpu+overheads", after))]  # fmt: skip
+        return pd.DataFrame(rows)
+
+    one = verdicts.f23_finding(table(5.0), "x")
+    assert one.verdict == "changes"
+    assert combine([[one]])[0].verdict == "inconclusive"
+    assert combine([[one]] * 3)[0].verdict == "changes"
+    bad = verdicts.f23_finding(table(15.0), "x")  # a raw error above the goal flips that repeat to "fails"
+    assert bad.verdict == "fails" and combine([[one], [one], [bad]])[0].verdict == "inconclusive"

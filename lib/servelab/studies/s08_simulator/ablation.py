@@ -57,6 +57,7 @@ def term_ablation(
                 outputs_for=outputs_for,
                 deadline_s=deadline_s,
                 context_reads=reads,
+                replayed=("gpu+overheads",),  # the only one the ablation reports
             )
         summary = validation.error_summary(table)
         s = summary[(summary["cost_model"] == "gpu+overheads") & (summary["metric"] == "all")]

@@ -4,8 +4,9 @@
   (``freeze_check.json``: ``data/validation/sim_freeze.json``'s hash and today's), then a real server run of Study 1's
   sweep on the GPU with the registered fresh spec's seed and rate fractions (``data/validation/<fresh_run>.yaml``;
   none of them was used in calibration): its raw request records and step log (``fresh_requests``, ``fresh_steps``,
-  ``fresh_summary``) and the parameters it ran with (``fresh_params.json``). The report replays it once on the
-  frozen cost models;
+  ``fresh_summary``), the parameters it ran with (``fresh_params.json``) and which spec and seed it used
+  (``fresh_seed.json``: the spec's seed + this run's ``seed``; only offset 0 is the seed the ledger registered).
+  The report replays it once on the frozen cost models;
 - ``speed``: the wall time of the simulator on this host for ``speed_duration_s`` simulated seconds at
   ``speed_rate`` req/s over ``speed_replicas`` replicas (``sim_speed``), on the frozen cost model of Study 1's
   first model and Study 1's request lengths. A wall time cannot be recomputed from files: it is measured here only.
@@ -16,6 +17,7 @@ replay, capacity and routing are the reporting path's (``report.py``), from the 
 
 from __future__ import annotations
 
+import hashlib
 import tempfile
 from pathlib import Path
 
@@ -65,6 +67,21 @@ def freeze_check(root: Path = freeze.VALIDATION_DIR) -> dict:
     }
 
 
+def seed_record(P: dict, root: Path = freeze.VALIDATION_DIR) -> dict:
+    """Which registered spec and seed a fresh run used: the spec's seed moved by this run's ``seed`` (repeat r of a
+    campaign: + r), so only a run with ``P["seed"] == 0`` runs the seed the ledger registered for that spec."""
+    path = Path(root) / f"{P['fresh_run']}.yaml"
+    spec = fresh_spec(P["fresh_run"], root)
+    return {
+        "fresh_run": P["fresh_run"],
+        "spec_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+        "spec_seed": spec["seed"],
+        "seed_offset": P["seed"],
+        "seed": spec["seed"] + P["seed"],
+        "rate_fractions": [float(x) for x in spec["rate_fractions"]],
+    }
+
+
 def study1_params(P: dict, models: list[str] | None) -> dict:
     """Study 1's parameters for the fresh run: its profile, the spec's rate fractions and seed (moved by this run's
     seed, so that repeats are independent), no budget sweep, the part's models and time budget."""
@@ -86,6 +103,7 @@ def _fresh(res: StudyResults, P: dict, dev, ceil, models: list[str] | None) -> N
     from servelab.studies.s01_scheduling.sweep import run_study
 
     res.write_json("freeze_check", freeze_check())
+    res.write_json("fresh_seed", seed_record(P))  # the ledger's spec and the seed this run used
     P1 = study1_params(P, models)
     log: list[str] = []
     data = run_study(

@@ -117,13 +117,45 @@ def heldout_text(r) -> str:
             f"no refit), the median |error| over six serving metrics of its {f['runs']} runs is "
             f"**{f['median_abs_error_pct']:.1f} %**. {code}"
         )
+    seeds = seeds_text(r)
     return (
         head
+        + ("\n\n" + seeds if seeds else "")
         + "\n\n"
         + heldout.section(study1_slug=None)
         .split("\n", 1)[-1]
         .replace("The validation runs above are CPU stand-ins made by this run, not in the ledger. ", "")
     )
+
+
+def _listing(seeds) -> str:
+    seeds = [str(x) for x in seeds]
+    return seeds[0] if len(seeds) == 1 else ", ".join(seeds[:-1]) + " and " + seeds[-1]
+
+
+def seeds_text(r) -> str:
+    """Which seeds of the fresh run the ledger (``data/validation/ledger.csv``) registered and which it did not."""
+    t = r["fresh_seeds"]
+    if t.empty:
+        return ""
+    out = []
+    for run_id, g in t.groupby("fresh_run", sort=True):
+        reg, unreg = g[g["registered"]], g[~g["registered"]]
+        if g["measured"].any():
+            lead = f"The fresh runs of `{run_id}` here ran with seed{'s' if len(g) > 1 else ''} {_listing(g['seed'])}"
+        else:
+            lead = f"A campaign's repeat *r* of `{run_id}` runs the spec's seed + *r*: repeats 0–{g['repeat'].max()} "
+            lead += f"would run seeds {_listing(g['seed'])}"
+        said = []
+        if len(reg):
+            said.append(f"{_listing(reg['seed'])} {'is' if len(reg) == 1 else 'are'} registered in the ledger")
+        if len(unreg):
+            said.append(
+                f"{_listing(unreg['seed'])} {'is' if len(unreg) == 1 else 'are'} not (the ledger registered only "
+                "the spec's own seed): an error on them is not one the ledger vouches for"
+            )
+        out.append(lead + "; " + "; ".join(said) + ".")
+    return "**Seeds.** " + " ".join(out)
 
 
 def show_study7(r) -> None:
@@ -153,6 +185,20 @@ def show_study7(r) -> None:
     )
 
 
+def _span(values, fmt: str) -> str:
+    lo, hi = min(values), max(values)
+    return format(lo, fmt) if format(lo, fmt) == format(hi, fmt) else f"{format(lo, fmt)}–{format(hi, fmt)}"
+
+
+def _sizes(table: pd.DataFrame, what: str) -> str:
+    """What each point of a simulated table covered: its requests and simulated seconds of arrivals (the table's
+    ``requests`` over its ``rate``), from the simulations themselves."""
+    if table.empty or "requests" not in table:
+        return f"simulated {what}"
+    seconds = table["requests"] / table["rate"]
+    return f"{_span(table['requests'], ',.0f')} simulated requests per point, {_span(seconds, '.1f')} s of {what}"
+
+
 def show_capacity(r) -> None:
     needed, c = r["capacity_needed"], r.cap
     if needed.empty:
@@ -163,7 +209,7 @@ def show_capacity(r) -> None:
         tk.capacity_setup(r),
         plots.plot_capacity(needed, title=title),
         f"*Fewest replicas meeting p99 TTFT ≤ {c['slo'][0]:.0f} ms and p99 TPOT ≤ {c['slo'][1]:.1f} ms behind each "
-        f"router (ChunkedPrefill replicas, simulated {r.P['capacity_duration_s']:g} s of Poisson arrivals per point).*",
+        f"router (ChunkedPrefill replicas; {_sizes(r['capacity_tried'], 'Poisson arrivals')}).*",
         needed.pivot_table(index="rate", columns="router", values="replicas").round(0),
         tk.capacity(r),
     )
@@ -179,8 +225,7 @@ def show_affinity(r) -> None:
         tk.affinity_setup(r),
         plots.plot_affinity(r["affinity_routing"], title=title),
         f"*{P['affinity_replicas']} replicas with prefix caches, {P['affinity_prefixes']} system prompts of "
-        f"{P['affinity_prefix_tokens']:,} tokens, {P['affinity_requests']:,} simulated requests per point, two KV "
-        "pool sizes.*",
+        f"{P['affinity_prefix_tokens']:,} tokens, {_sizes(r['affinity_routing'], 'arrivals')}, two KV pool sizes.*",
         r["affinity_gain"].round(3),
         tk.affinity(r),
     )

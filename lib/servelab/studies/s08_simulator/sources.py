@@ -39,6 +39,12 @@ def _with_graphs(meta: dict) -> dict:
     return params
 
 
+def _slug(rep: RunSet) -> str:
+    """The device slug of a run: its ``run.json``'s, else its folder's (``<device>/<study>/runs/<fp>/<part>/r<k>``)."""
+    slug = (rep.meta.get("device") or {}).get("slug")
+    return str(slug) if slug else (rep.runs[0].dir.parents[4].name if rep.runs else "")
+
+
 @dataclass
 class Study1:
     requests: pd.DataFrame
@@ -57,7 +63,13 @@ def study1(root: Path | None) -> Study1 | None:
     runs = runs_of(STUDY1, root)
     if not runs.measured:
         return None
-    rep = runs.repeat(runs.repeats[0])
+    return study1_repeat(runs, runs.repeats[0])
+
+
+def study1_repeat(runs: RunSet, index: int) -> Study1 | None:
+    """Repeat ``index`` of Study 1's runs (``runs``), as ``study1`` reads the first; None where it has no request
+    records or no step log."""
+    rep = runs.repeat(index)
     requests = rep.table("requests", keep_default_na=False, na_values=[""])
     steps = rep.table("steps")
     if requests.empty or steps.empty:
@@ -70,9 +82,9 @@ def study1(root: Path | None) -> Study1 | None:
         requests,
         steps,
         _with_graphs(rep.meta),
-        runs.device_dir.name if runs.device_dir else "",
+        _slug(rep),
         str(rep.meta.get("git_commit", "")),
-        runs.repeats[0],
+        index,
         len(runs.repeats),
         runs.fingerprint == "legacy",
     )
@@ -128,7 +140,7 @@ def study7(root: Path | None) -> Study7Runs | None:
         summary,
         sweep,
         _with_graphs(rep.meta),
-        runs.device_dir.name if runs.device_dir else "",
+        _slug(rep),
         str(rep.meta.get("git_commit", ""))[:7],
         requests,
     )
