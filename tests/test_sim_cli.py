@@ -16,8 +16,8 @@ from servelab.sim.cost_model import StepCostModel
 from servelab.sim.simulator import simulate
 from servelab.studies.s08_simulator.study1_runs import server_limits, sim_kwargs_for
 
-COST = "data/results/nvidia-h200/08_simulator/sim_cost_model_config_qwen2-0.5b.json"  # the README example's
-STUDY1 = "data/results/nvidia-h200/01_scheduling/run.json"
+COST = "data/validation/frozen/sim_cost_model_config_qwen2-0.5b.json"  # the frozen model (the README example's moved)
+STUDY1 = "data/results/nvidia-h200/01_scheduling/runs/legacy/all/r0/run.json"
 # the README's example (docs-snippets/sim.md) but for the simulated duration
 FAST_HOUR = [
     "--rate",

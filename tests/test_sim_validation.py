@@ -162,9 +162,9 @@ def test_notebook_params_validation():
     assert study_params("smoke")["profile"] == "smoke"
     with pytest.raises(ParameterError, match="unknown parameters"):
         study_params("smoke", rate=3)
-    with pytest.raises(ParameterError, match="capacity_routers"):
-        study_params("smoke", capacity_routers=["random"])
-    with pytest.raises(ParameterError, match="calibration_every"):
-        study_params("smoke", calibration_every=1)
+    with pytest.raises(ParameterError, match="fresh_models"):
+        study_params("smoke", fresh_models="config:tiny-llama")
+    with pytest.raises(ParameterError, match="speed_replicas"):
+        study_params("smoke", speed_replicas=0)
     with pytest.raises(ParameterError, match="speed_duration_s"):
         study_params("smoke", speed_duration_s=7200)

@@ -28,35 +28,38 @@ def term_ablation(
     requests: pd.DataFrame,
     steps: pd.DataFrame,
     limits: dict,
-    cost_modes: list[str],
+    gpu_models,
     *,
     every: int = 2,
     outputs_for=None,
     deadline_s: float | None = None,
+    known: dict | None = None,
 ) -> tuple[pd.DataFrame, dict]:
-    """``(table, fitted)``: one row per variant × model (and ``all``) with the median |error| (%) of the
+    """``gpu_models(context_reads)``: Study 2's cost model of each model (None where it has none), priced for
+    context reads or not; ``known``: variants already validated, ``{name: (table, calib, fitted)}`` (not redone).
+    ``(table, fitted)``: one row per variant × model (and ``all``) with the median |error| (%) of the
     simulator with the serving terms (``gpu+overheads``) on the validation runs, over all metrics, and the
     median |error| of its step times on the calibration runs' step log (``step_median_abs_pct``; for ``all``,
     the median over the models); and each variant's fitted cost models (``validation.validation_table``'s,
     keyed by variant)."""
     rows, fitted_by = [], {}
-    models = sorted(requests["model"].unique())
     for name, (padding, reads) in VARIANTS.items():
-        gpu = {}
-        for m in models:
-            found = study1_runs.gpu_cost_model(m, cost_modes, context_reads=reads)
-            gpu[m] = found[0] if found else None
-        kw = study1_runs.sim_kwargs_for({**limits, "step_graphs": bool(limits.get("step_graphs")) and padding})
-        table, calib, fitted_by[name] = validation.validation_table(
-            requests,
-            steps,
-            gpu,
-            sim_kwargs=kw,
-            every=every,
-            outputs_for=outputs_for,
-            deadline_s=deadline_s,
-            context_reads=reads,
-        )
+        if known and name in known:
+            table, calib, fitted_by[name] = known[name]
+        else:
+            kw = study1_runs.sim_kwargs_for({**limits, "step_graphs": bool(limits.get("step_graphs")) and padding})
+            table, calib, fitted_by[name] = validation.validation_table(
+                requests,
+                steps,
+                gpu_models(reads),
+                sim_kwargs=kw,
+                every=every,
+                outputs_for=outputs_for,
+                deadline_s=deadline_s,
+                context_reads=reads,
+                replayed=("gpu+overheads",),  # the only one the ablation reports, on the held-out runs
+                held_out_only=True,
+            )
         summary = validation.error_summary(table)
         s = summary[(summary["cost_model"] == "gpu+overheads") & (summary["metric"] == "all")]
         held = s[s["subset"] == "validation"] if (s["subset"] == "validation").any() else s

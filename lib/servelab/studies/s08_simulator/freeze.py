@@ -30,11 +30,12 @@ from servelab.measure.results import git_commit, results_root
 from servelab.paths import DATA_DIR, REPO_ROOT
 from servelab.sim.cost_model import StepCostModel
 from servelab.studies.s08_simulator import ledger, study1_runs, validation
-from servelab.studies.s08_simulator.params import DEFAULTS
 
 VALIDATION_DIR = DATA_DIR / "validation"
 FREEZE_FILE = "sim_freeze.json"
 LEDGER_FILE = "ledger.csv"
+# how the page calibrates (``report.SETTINGS`` takes these): every other rate fits, Study 2's first mode found
+FIT = {"calibration_every": 2, "cost_modes": ["engine", "hf_cuda_graph"]}
 # the cost model's own code (the four the issue names), the calibration and the split around it, and the event
 # loop that turns step costs into latencies: an edit to any of them can move the error, so it voids the freeze.
 # Not covered: the engine's scheduling policies, which the replica drives (a change there changes the server too).
@@ -171,8 +172,8 @@ def freeze(
     root = Path(root)
     if (root / FREEZE_FILE).exists() and not replace:
         raise ParameterError(f"{root / FREEZE_FILE} exists: pass replace=True (--replace) to freeze again")
-    every = every or DEFAULTS["full"]["calibration_every"]
-    cost_modes = list(cost_modes or DEFAULTS["full"]["cost_modes"])
+    every = every or FIT["calibration_every"]
+    cost_modes = list(cost_modes or FIT["cost_modes"])
     code = code_hashes(files, repo)
     table, fitted, params, slug = _fit(results, every, cost_modes)
     s1_dir = Path(results or results_root()) / slug / study1_runs.STUDY1

@@ -64,7 +64,12 @@ def plot_error_before_after(table: pd.DataFrame, title: str = ""):
     fig, ax = plt.subplots(figsize=(8, 3.4))
     ax.axhspan(-GOAL_PCT, GOAL_PCT, color="k", alpha=0.08, lw=0, label="±10 % goal")
     ax.axhline(0, color="k", lw=0.8)
-    sns.stripplot(data=v, x="metric", y="error_pct", hue="cost_model", dodge=True, ax=ax, size=5, jitter=0.15)
+    state = np.random.get_state()  # seaborn jitters with the global generator: seed it here, for identical pages
+    np.random.seed(0)
+    try:
+        sns.stripplot(data=v, x="metric", y="error_pct", hue="cost_model", dodge=True, ax=ax, size=5, jitter=0.15)
+    finally:
+        np.random.set_state(state)
     ax.set_yscale("symlog", linthresh=10)
     ax.set_xlabel("metric")
     ax.set_ylabel("simulated − real (% of real)")

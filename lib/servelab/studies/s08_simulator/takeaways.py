@@ -288,7 +288,22 @@ def _capacity_text(r) -> str:
         f"At {needed['rate'].max():.0f} req/s ({r.P['capacity_rate_multiples'][-1]:g}× what one replica sustains) "
         + ", ".join(_router_says(r, name, row) for name, row in top.iterrows())
         + end
-        + " These replicas keep no prefix cache: here affinity can only cost balance."
+        + _no_cache_note(r, top)
+    )
+
+
+def _no_cache_note(r, top: pd.DataFrame) -> str:
+    """Why affinity cannot gain here, and, where it needed fewer replicas all the same, what that difference rests on
+    (the simulations' own request counts)."""
+    aff = "prefix_affinity"
+    others = top.drop(index=aff, errors="ignore")["replicas"]
+    if aff not in top.index or not others.notna().any() or not top.loc[aff, "replicas"] < others.min():
+        return " These replicas keep no prefix cache: here affinity can only cost balance."
+    tried = r.table("capacity_tried")
+    n = int(tried.loc[tried["rate"] == top["rate"].iloc[0], "requests"].min()) if tried is not None else 0
+    return (
+        " These replicas keep no prefix cache, so affinity's edge here is not from cache hits; a p99 over "
+        f"{n:,} simulated requests rests on its {max(1, -(-n // 100))} slowest."
     )
 
 

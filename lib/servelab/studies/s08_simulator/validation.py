@@ -228,14 +228,18 @@ def validation_table(
     deadline_s: float | None = None,
     progress: bool = False,
     context_reads: bool = True,
+    replayed: tuple[str, ...] = ("gpu_only", "gpu+overheads"),
+    held_out_only: bool = False,
 ) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
     """Simulate every run of Study 1 with both cost models. ``gpu_models``: model → Study 2's cost model (None:
     fit from the step log). ``sim_kwargs(run_key)``: the server limits of a run (``scheduler``,
     ``max_num_batched_tokens``, ``max_num_seqs``, ``num_blocks`` …); ``outputs_for(run_key, records)``: the
     output lengths the run requested (None: the tokens received); ``deadline_s``: where the real runs were cut
     (the simulated ones are cut there too); ``context_reads=False``: a model fitted to the step log leaves the
-    steps' longest walks over cached keys unpriced (``servelab.studies.s08_simulator.ablation``). Returns
-    ``(table, calibration stats, fitted models keyed by model)``."""
+    steps' longest walks over cached keys unpriced (``servelab.studies.s08_simulator.ablation``); ``replayed``: the
+    cost models whose replays the table holds (both are fitted either way); ``held_out_only``: replay only the
+    runs held out from the fit (all of a model's runs where none is held out). Returns ``(table, calibration stats,
+    fitted models keyed by model)``."""
     from tqdm import tqdm  # not tqdm.auto: it warns (TqdmWarning) on import where ipywidgets is missing
 
     runs = list(run_groups(requests, steps))
@@ -261,7 +265,11 @@ def validation_table(
             tags = {"gpu_source": "Study 2" if gpu_models.get(model) is not None else "step log"}
             for (k, rec, _), sub in mine:
                 tags["subset"] = sub if len(cal) < len(mine) else "calibration"
-                rows += _run_rows(k, rec, fitted[model], tags, sim_kwargs, outputs_for, deadline_s)
+                if held_out_only and len(cal) < len(mine) and sub == "calibration":
+                    bar.update(1)
+                    continue
+                replay_models = {name: cm for name, cm in fitted[model].items() if name in replayed}
+                rows += _run_rows(k, rec, replay_models, tags, sim_kwargs, outputs_for, deadline_s)
                 bar.update(1)
     cols = (
         list(rows[0])

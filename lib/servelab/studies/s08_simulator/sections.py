@@ -1,0 +1,240 @@
+"""The simulator page's sections: one call per section of the notebook, each showing the report's tables and figures
+(``report.Study8Page``) with the sentences of ``takeaways``; every number comes from the report."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from servelab.studies.common.page import finding_sentence, show, takeaway_list
+from servelab.studies.s08_simulator import heldout, plots
+from servelab.studies.s08_simulator import takeaways as tk
+
+NOT_MEASURED = "*Not measured.*"
+
+
+def takeaways(r) -> str:
+    """The findings' sentences, then the page's headline takeaways."""
+    return takeaway_list([finding_sentence(f) for f in r.findings]) + (tk.headline(r) if r.study1 else "")
+
+
+def headline_figure(r):
+    """The one figure: real against simulated, every metric of every run, with the fitted serving overheads."""
+    t = r["sim_validation"]
+    if t.empty:
+        return None
+    return plots.plot_real_vs_sim(t, "gpu+overheads", title=f"GPU costs + fitted serving overheads — {r.source}")
+
+
+def show_headline(r) -> None:
+    fig = headline_figure(r)
+    show(
+        fig if fig is not None else NOT_MEASURED,
+        "*Each metric of each held-out and calibration run of Study 1's server, real (x) against simulated (y) "
+        "with Study 2's GPU costs and the fitted serving overheads; points on the diagonal are exact.*"
+        if fig is not None
+        else None,
+    )
+
+
+def show_runs(r) -> None:
+    if not r.study1:
+        show(takeaway_list(r.notes), NOT_MEASURED)
+        return
+    limits = ", ".join(f"{k}={v}" for k, v in r.limits.items())
+    runs = r["_runs"]
+    show(
+        takeaway_list(r.notes),
+        f"{len(runs)} runs from {r.source}; server limits: {limits}; runs cut at {r.deadline_s} s. Runs per model "
+        "and policy:",
+        runs.groupby(["model", "scheduler", "budget"], dropna=False)
+        .agg(rates=("rate", "size"), requests=("requests", "sum"))
+        .reset_index(),
+        takeaway_list(r.gpu_notes),
+    )
+
+
+def show_validation(r) -> None:
+    errors, table = r["sim_error_summary"], r["sim_validation"]
+    if table.empty:
+        show(NOT_MEASURED)
+        return
+    pivot = errors[errors["metric"] == "all"].pivot_table(
+        index="model", columns=["cost_model", "subset"], values="median_abs_error_pct"
+    )
+    calib = r["sim_calibration"]
+    keep = [c for c in calib.columns if c in ("model", "status", "gpu_source") or c.endswith("_ms") or "pct" in c]
+    show(
+        calib[keep].round(3),
+        "Median |error| (%) over the six metrics, per model, cost model and subset:",
+        pivot.round(1),
+        plots.plot_error_before_after(table, title="simulation error, before and after the overhead terms"),
+        "*Median |error| of each metric on the validation runs, with Study 2's GPU costs alone and with the fitted "
+        "serving overheads.*",
+        tk.fidelity(r),
+    )
+
+
+def show_ablation(r) -> None:
+    if r["sim_term_ablation"].empty:
+        show(NOT_MEASURED)
+        return
+    show(tk.ablation_table(r).round(1), tk.ablation(r))
+
+
+def show_context_reads(r) -> None:
+    c = r.context
+    if not c:
+        show(NOT_MEASURED)
+        return
+    show(
+        plots.plot_context_reads(c["excess"], c["decode"], title=f"{c['model']}: the longest walk over cached keys"),
+        "*Left: Study 1's mixed steps, measured time less what the model prices apart from the longest walk, by the "
+        "longest context in the step. Right: Study 2's decode steps, measured and as priced with and without the "
+        "longest sequence.*",
+        tk.context_reads(r),
+    )
+
+
+def heldout_text(r) -> str:
+    """The fresh held-out run's error, once, or "not measured"; and the freeze and ledger behind it."""
+    f = r.fresh
+    if f.get("error"):
+        head = f"**Fresh held-out run.** Not evaluated: {f['error']}."
+    elif not f:
+        head = (
+            "**Fresh held-out run.** Not measured: no fresh run of the real server (the measuring path's `fresh_*` "
+            "parts, drawn after the freeze with a seed and rates no calibration used) is committed yet."
+        )
+    else:
+        code = (
+            "The cost-model code at that run matched the freeze."
+            if f["code_matches"]
+            else "The cost-model code at that run differed from the freeze: this error describes the frozen model, "
+            "not the code that ran, and a new freeze with a new fresh run is needed."
+        )
+        head = (
+            f"**Fresh held-out run.** Replayed once on the frozen cost models (frozen {str(f['frozen_utc'])[:10]}, "
+            f"no refit), the median |error| over six serving metrics of its {f['runs']} runs is "
+            f"**{f['median_abs_error_pct']:.1f} %**. {code}"
+        )
+    seeds = seeds_text(r)
+    return (
+        head
+        + ("\n\n" + seeds if seeds else "")
+        + "\n\n"
+        + heldout.section(study1_slug=None)
+        .split("\n", 1)[-1]
+        .replace("The validation runs above are CPU stand-ins made by this run, not in the ledger. ", "")
+    )
+
+
+def _listing(seeds) -> str:
+    seeds = [str(x) for x in seeds]
+    return seeds[0] if len(seeds) == 1 else ", ".join(seeds[:-1]) + " and " + seeds[-1]
+
+
+def seeds_text(r) -> str:
+    """Which seeds of the fresh run the ledger (``data/validation/ledger.csv``) registered and which it did not."""
+    t = r["fresh_seeds"]
+    if t.empty:
+        return ""
+    out = []
+    for run_id, g in t.groupby("fresh_run", sort=True):
+        reg, unreg = g[g["registered"]], g[~g["registered"]]
+        if g["measured"].any():
+            lead = f"The fresh runs of `{run_id}` here ran with seed{'s' if len(g) > 1 else ''} {_listing(g['seed'])}"
+        else:
+            lead = f"A campaign's repeat *r* of `{run_id}` runs the spec's seed + *r*: repeats 0–{g['repeat'].max()} "
+            lead += f"would run seeds {_listing(g['seed'])}"
+        said = []
+        if len(reg):
+            said.append(f"{_listing(reg['seed'])} {'is' if len(reg) == 1 else 'are'} registered in the ledger")
+        if len(unreg):
+            said.append(
+                f"{_listing(unreg['seed'])} {'is' if len(unreg) == 1 else 'are'} not (the ledger registered only "
+                "the spec's own seed): an error on them is not one the ledger vouches for"
+            )
+        out.append(lead + "; " + "; ".join(said) + ".")
+    return "**Seeds.** " + " ".join(out)
+
+
+def show_study7(r) -> None:
+    if r.study7 is None:
+        show(takeaway_list(n for n in r.notes if "Study 7" in n) or NOT_MEASURED, heldout_text(r))
+        return
+    check, table = r["sim_prefill_check"], r["sim_prefix_validation"]
+    err = check.assign(abs_err=check["error_pct"].abs()) if len(check) else check
+    replay = table[table["cost_model"] == "gpu+overheads"]
+    slug, model = r.study7.slug, r.study7.params["model"]
+    show(
+        tk.study7_setup(r),
+        err.groupby(["cost_model", "mode"], sort=False)["abs_err"].median().unstack().round(1) if len(check) else None,
+        plots.plot_prefill_check(check, title=f"Study 7's single prompts on {slug}: engine step time")
+        if len(check)
+        else None,
+        "*Study 7's single prompts, whole or a 32-token suffix after a cached prefix: the engine's step time against "
+        "the cost model's, with and without the two GPU terms.*"
+        if len(check)
+        else None,
+        replay.pivot_table(index=["load", "caching"], columns="metric", values="error_pct", sort=False).round(1),
+        plots.plot_prefix_replay(table, title=f"Study 7's server runs on {slug} ({model}), real against simulated"),
+        "*Study 7's server runs (Poisson and burst, caching off and on) replayed with the cost model calibrated on "
+        "Study 1: nothing was fitted to these.*",
+        tk.study7(r),
+        heldout_text(r),
+    )
+
+
+def _span(values, fmt: str) -> str:
+    lo, hi = min(values), max(values)
+    return format(lo, fmt) if format(lo, fmt) == format(hi, fmt) else f"{format(lo, fmt)}–{format(hi, fmt)}"
+
+
+def _sizes(table: pd.DataFrame, what: str) -> str:
+    """What each point of a simulated table covered: its requests and simulated seconds of arrivals (the table's
+    ``requests`` over its ``rate``), from the simulations themselves."""
+    if table.empty or "requests" not in table:
+        return f"simulated {what}"
+    seconds = table["requests"] / table["rate"]
+    return f"{_span(table['requests'], ',.0f')} simulated requests per point, {_span(seconds, '.1f')} s of {what}"
+
+
+def show_capacity(r) -> None:
+    needed, c = r["capacity_needed"], r.cap
+    if needed.empty:
+        show(NOT_MEASURED)
+        return
+    title = f"{c['cost'].gpu.model} cost model (simulated), SLO p99 TTFT ≤ {c['slo'][0]:.0f} ms"
+    show(
+        tk.capacity_setup(r),
+        plots.plot_capacity(needed, title=title),
+        f"*Fewest replicas meeting p99 TTFT ≤ {c['slo'][0]:.0f} ms and p99 TPOT ≤ {c['slo'][1]:.1f} ms behind each "
+        f"router (ChunkedPrefill replicas; {_sizes(r['capacity_tried'], 'Poisson arrivals')}).*",
+        needed.pivot_table(index="rate", columns="router", values="replicas").round(0),
+        tk.capacity(r),
+    )
+
+
+def show_affinity(r) -> None:
+    if r["affinity_routing"].empty:
+        show(NOT_MEASURED)
+        return
+    P = r.P
+    title = f"{P['affinity_replicas']} replicas, {P['affinity_prefixes']} system prompts"
+    show(
+        tk.affinity_setup(r),
+        plots.plot_affinity(r["affinity_routing"], title=title),
+        f"*{P['affinity_replicas']} replicas with prefix caches, {P['affinity_prefixes']} system prompts of "
+        f"{P['affinity_prefix_tokens']:,} tokens, {_sizes(r['affinity_routing'], 'arrivals')}, two KV pool sizes.*",
+        r["affinity_gain"].round(3),
+        tk.affinity(r),
+    )
+
+
+def show_speed(r) -> None:
+    if not r.speed:
+        show(NOT_MEASURED)
+        return
+    keep = ["rate", "replicas", "router", "simulated_s", "requests", "steps", "wall_s", "hour_wall_s", "goal_s"]
+    row = {k: r.speed[k] for k in keep if k in r.speed}
+    show(pd.DataFrame([row]).T.rename(columns={0: "value"}), tk.speed(r))

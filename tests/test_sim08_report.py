@@ -1,0 +1,132 @@
+"""The simulator page's two doors: the measuring path's closure, and the report from files (empty, synthetic)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from servelab.measure.fingerprint import fingerprint
+from servelab.studies.common.runs import RunSet, study_runs
+from servelab.studies.s08_simulator import report, sections
+
+STUDY = "08_simulator"
+
+
+def test_measure_closure_has_no_reporting_module():
+    files = fingerprint("servelab.studies.s08_simulator.measure").files
+    bad = [f for f in files if any(w in f for w in ("plots", "report", "verdicts", "page", "sections", "takeaways"))]
+    bad += [f for f in files if "servelab_book" in f or "studies/common/runs" in f or "studies/common/study" in f]
+    assert bad == []
+    assert "lib/servelab/studies/s08_simulator/freeze.py" in files  # the code hash it records
+
+
+def test_report_on_nothing_is_not_measured():
+    page = report.report(RunSet(STUDY))
+    assert [f.id for f in page.findings] == ["F2.3"]
+    assert page.findings[0].verdict == "inconclusive" and "Not measured" in page.findings[0].note
+    assert page["sim_validation"].empty and not page.speed and not page.fresh
+    assert report.published_value(RunSet(STUDY)) is None
+    assert "Not measured" in sections.heldout_text(page)
+
+
+def _speed_run(root, hour_wall_s: float):
+    d = root / "nvidia-h200" / STUDY / "runs" / "abc123abc123" / "speed" / "r0"
+    d.mkdir(parents=True)
+    row = dict(rate=100.0, replicas=8, router="least_outstanding", scheduler="chunked_prefill", simulated_s=3600.0,
+               requests=360000, steps=4500000, wall_s=hour_wall_s, cpu_s=hour_wall_s, sim_requests_per_s=360000 /
+               hour_wall_s, sim_steps_per_s=1.0, hour_wall_s=hour_wall_s, hour_extrapolated=False, goal_s=60.0,
+               meets_goal=hour_wall_s <= 60, completed=360000, ttft_p99_ms=70.0, lengths="x")  # fmt: skip
+    pd.DataFrame([row]).to_csv(d / "sim_speed.csv", index=False)
+    dev = {"name": "NVIDIA H200", "slug": "nvidia-h200", "kind": "cuda"}
+    meta = {"study": STUDY, "fingerprint": "abc123abc123", "part": "speed", "repeat_index": 0, "complete": True,
+            "device": dev, "params": {"seed": 0}}  # fmt: skip
+    (d / "run.json").write_text(json.dumps(meta))
+    return d
+
+
+def test_report_reads_the_measured_speed_and_nothing_else(tmp_path):
+    d = _speed_run(tmp_path, 38.0)
+    runs = study_runs(STUDY, tmp_path)
+    page = report.report(runs)
+    assert page.speed["hour_wall_s"] == 38.0 and "within" in sections.tk.speed(page)
+    # no Study 1 under this root: nothing to calibrate on, F2.3 not measured, no crash
+    assert page.findings[0].verdict == "inconclusive" and page["sim_validation"].empty
+    assert "Not measured" in sections.heldout_text(page)
+    # the acceptance check: a number in the raw CSV moves what the page says
+    s = pd.read_csv(d / "sim_speed.csv").assign(hour_wall_s=75.0)
+    s.to_csv(d / "sim_speed.csv", index=False)
+    page = report.report(study_runs(STUDY, tmp_path))
+    assert page.speed["hour_wall_s"] == 75.0 and "over" in sections.tk.speed(page)
+
+
+def _fresh_run(root, requests: pd.DataFrame, seed: int, fp: str = "abc123abc123"):
+    """A synthetic fresh held-out run: one part, one repeat, the raw request records of Study 1's legacy run."""
+    from servelab.studies.s08_simulator import measure
+
+    d = root / "nvidia-h200" / STUDY / "runs" / fp / "fresh_qwen2-0.5b" / "r0"
+    d.mkdir(parents=True)
+    requests.to_csv(d / "fresh_requests.csv", index=False)
+    legacy = json.loads((_LEGACY1 / "run.json").read_text())
+    params = {**legacy["params"], "step_graphs": True, "fresh_run": "fresh_run_1", "seed": seed}
+    (d / "fresh_params.json").write_text(json.dumps(params))
+    (d / "fresh_seed.json").write_text(json.dumps(measure.seed_record({"fresh_run": "fresh_run_1", "seed": seed - 23})))
+    (d / "freeze_check.json").write_text(json.dumps(measure.freeze_check()))
+    dev = {"name": "NVIDIA H200", "slug": "nvidia-h200", "kind": "cuda"}
+    meta = {"study": STUDY, "fingerprint": fp, "part": "fresh_qwen2-0.5b", "repeat_index": 0, "complete": True,
+            "device": dev, "params": {"seed": seed - 23}}  # fmt: skip
+    (d / "run.json").write_text(json.dumps(meta))
+    return d
+
+
+_LEGACY1 = Path(__file__).resolve().parents[1] / "data/results/nvidia-h200/01_scheduling/runs/legacy/all/r0"
+
+
+def _one_legacy_run() -> pd.DataFrame:
+    req = pd.read_csv(_LEGACY1 / "requests.csv", keep_default_na=False, na_values=[""])
+    req["error"] = req["error"].fillna("")
+    key = req[["model", "scheduler", "budget", "rate"]].iloc[0]
+    one = req[(req[["model", "scheduler", "budget", "rate"]] == key).all(axis=1)]
+    assert one["model"].iloc[0] == "config:qwen2-0.5b" and len(one) > 5
+    return one
+
+
+def test_fresh_run_error_and_seeds_come_from_the_raw_csv(tmp_path):
+    req = _one_legacy_run()
+    d = _fresh_run(tmp_path, req, seed=23)
+    page = report.report(study_runs(STUDY, tmp_path))
+    err = page.fresh["median_abs_error_pct"]
+    assert page.fresh["runs"] == 1 and err >= 0
+    seeds = page["fresh_seeds"]
+    assert seeds[["fresh_run", "seed", "registered"]].values.tolist() == [["fresh_run_1", 23, True]]
+    assert "23 is registered in the ledger" in sections.seeds_text(page)
+    # the acceptance check: slower first tokens in the raw CSV move the held-out error
+    late = req.assign(first_token_s=req["first_token_s"] + 0.5)
+    late.to_csv(d / "fresh_requests.csv", index=False)
+    assert report.fresh_error(study_runs(STUDY, tmp_path))["median_abs_error_pct"] > err + 1
+
+
+def test_an_unregistered_seed_is_named(tmp_path):
+    _fresh_run(tmp_path, _one_legacy_run(), seed=24)
+    page = report.report(study_runs(STUDY, tmp_path))
+    assert page["fresh_seeds"]["registered"].tolist() == [False]
+    assert "24 is not" in sections.seeds_text(page)
+
+
+def test_f23_is_combined_over_repeats():
+    """F2.3 per repeat, combined: inconclusive below three repeats, the verdict where three agree."""
+    from servelab.studies.common.runs import combine
+    from servelab.studies.s08_simulator import verdicts
+
+    def table(after: float) -> pd.DataFrame:
+        rows = [dict(model="m", gpu_source="Study 2", cost_model=c, subset="validation", error_pct=e)
+                for c, e in (("gpu_only", 30.0), ("gpu+overheads", after))]  # fmt: skip
+        return pd.DataFrame(rows)
+
+    one = verdicts.f23_finding(table(5.0), "x")
+    assert one.verdict == "changes"
+    assert combine([[one]])[0].verdict == "inconclusive"
+    assert combine([[one]] * 3)[0].verdict == "changes"
+    bad = verdicts.f23_finding(table(15.0), "x")  # a raw error above the goal flips that repeat to "fails"
+    assert bad.verdict == "fails" and combine([[one], [one], [bad]])[0].verdict == "inconclusive"
