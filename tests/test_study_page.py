@@ -22,7 +22,7 @@ from servelab.studies.common.page import (
     verdict_table,
 )
 from servelab.studies.common.rerun import rerun_section
-from servelab_book.reproduce import papermill_command, parameters_source, render_reproduce, rerun_markdown
+from servelab_book.reproduce import papermill_command, parameters_source, render_reproduce
 from servelab_book.studies import STUDIES as BOOK_STUDIES
 from servelab_book.studies import study_by_slug
 
@@ -79,7 +79,6 @@ def test_rerun_section_shows_the_replay_the_gpu_jobs_and_the_parameters_cell():
     assert "make gpu-plan" in md and "scripts/gpu_run.sh 02_gpu_costs:all:0" in md
     assert "papermill --cwd notebooks notebooks/02_gpu_costs.ipynb out.ipynb -p profile full" in md
     assert f"```python\n{parameters_source(NOTEBOOKS / '02_gpu_costs.ipynb')}\n```" in md
-    assert rerun_markdown("02_gpu_costs") == md  # the transitional name for unconverted pages: the same section
     with pytest.raises(FileNotFoundError):
         rerun_section("99_nothing")
     with pytest.raises(ParameterError, match="slug"):

@@ -34,14 +34,3 @@ def render_all_published(evidence: dict[str, StudyEvidence]) -> str:
             ours = ("not measured", why)
         out.append(f"### Study {s.number}: {md_text(s.title)}\n\n{published_section(s.slug, ours, 'H200')}")
     return "\n".join(out)
-
-
-# ---- transitional: for study modules not yet converted to report.published_value (issue 26) ------------------------
-# Their old pages import these; the book never calls them. Delete both once no module under lib/servelab imports
-# servelab_book (tests/test_architecture.py then passes).
-
-
-def render_published(study: str, root=None) -> str:
-    """The old per-study call: the published table with this book's column "not measured" (use
-    ``studies.common.published.published_section`` with ``report.published_value(runs)`` instead)."""
-    return published_section(study, None, "H200")

@@ -14,7 +14,7 @@ from servelab.studies.common.markdown import md_text
 from servelab.studies.common.rerun import parameters_source
 from servelab_book.studies import NOTEBOOKS_DIR, STUDIES, Study, page_title
 
-__all__ = ["papermill_command", "parameters_source", "render_reproduce", "rerun_markdown"]  # parameters_source: rerun's
+__all__ = ["papermill_command", "parameters_source", "render_reproduce"]  # parameters_source: rerun's
 
 WORKFLOW = """Measuring and reporting are apart. A GPU run only **measures**: each study's measuring path
 (`lib/servelab/studies/s<NN_name>/measure.py`) writes raw tidy CSVs and a `run.json` to
@@ -62,8 +62,3 @@ def render_reproduce(notebooks_dir: Path = NOTEBOOKS_DIR) -> str:
         out.append("Parameters, from the notebook's `parameters` cell (pass any with `-p name value`):\n")
         out.append(f"```python\n{parameters_source(nb)}\n```\n")
     return "\n".join(out)
-
-
-def rerun_markdown(slug: str, notebooks_dir: Path = NOTEBOOKS_DIR) -> str:
-    """Transitional, for study modules not yet converted (issue 26): ``studies.common.rerun.rerun_section``."""
-    return rerun.rerun_section(slug, notebooks_dir)
