@@ -260,7 +260,7 @@ def test_book_findings_keep_each_reports_findings_in_claim_order():
     assert set(book_findings(unmeasured)["verdict"]) == {"inconclusive"}
 
 
-def test_only_the_book_device_counts_and_an_unconverted_study_reads_inconclusive(tmp_path):
+def test_only_the_book_device_counts_and_an_unconverted_study_reads_inconclusive(tmp_path, monkeypatch):
     """A CPU smoke run never becomes an H200 value; a study without both doors reads inconclusive, with why."""
     run = tmp_path / "cpu" / "02_gpu_costs" / "runs" / ("a" * 64) / "all" / "r0"
     run.mkdir(parents=True)
@@ -272,9 +272,10 @@ def test_only_the_book_device_counts_and_an_unconverted_study_reads_inconclusive
     from servelab.studies.common.runs import study_runs
 
     assert study_runs("02_gpu_costs", tmp_path, device="cpu").measured  # the run is there, on another device
-    unconverted = next(
-        s.slug for s in STUDIES if not (REPO_ROOT / f"lib/servelab/studies/s{s.slug}/measure.py").exists()
-    )
+    import servelab_book.findings as book_findings_module
+
+    unconverted = "06_hf_assisted"  # every study has both doors now: pretend one lacks them
+    monkeypatch.setattr(book_findings_module, "converted", lambda slug: slug != unconverted)
     ev = study_evidence(unconverted, tmp_path, "h200")
     assert ev.why == NOT_CONVERTED and not ev.reported
     assert {f.verdict for f in ev.findings} == {"inconclusive"}

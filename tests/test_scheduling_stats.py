@@ -50,8 +50,7 @@ def test_committed_run_gains_the_statistic_and_the_old_rule_reads_its_verdict():
     ok_r = r[r["status"] == "ok"]
     assert (ok_r["max_itl_p99_ms"] <= ok_r["max_itl_ms"] + 1e-9).all()
     assert (ok_r["stall_requests"] == ok_r["completed"]).all()
-    folder = rep.runs[0].dir
-    old = OLD_RULES["f11_single_max"](folder)
+    old = OLD_RULES["f11_single_max"](rep)
     committed = rep.table("findings").set_index("id").loc["F1.1", "verdict"]
     assert old.verdict == committed and "70.01%" in old.detail  # the single-maximum rule is the run's committed rule
     new = verdicts.f11(s, 512)

@@ -10,18 +10,18 @@ from __future__ import annotations
 
 from servelab.studies.common.markdown import md_text
 from servelab.studies.common.published import load_published, published_section
-from servelab_book.findings import StudyEvidence
+from servelab_book.findings import SIMULATOR, StudyEvidence  # the simulator: not a study, its own comparison
 from servelab_book.studies import STUDIES
-
 
 def render_all_published(evidence: dict[str, StudyEvidence]) -> str:
     """One table per study that has a published comparison, its H200 value from ``evidence[slug].published``."""
     pub = load_published()
     out = []
-    for s in STUDIES:
-        if not (pub["study"] == s.slug).any():
+    pages = [(s.slug, f"Study {s.number}: {s.title}") for s in STUDIES] + [(SIMULATOR, "The simulator")]
+    for slug, heading in pages:
+        if not (pub["study"] == slug).any():
             continue
-        ev = evidence.get(s.slug)
+        ev = evidence.get(slug)
         ours = ev.published if ev is not None else None
         if ours is None and ev is not None:
             why = ev.why or (
@@ -32,5 +32,5 @@ def render_all_published(evidence: dict[str, StudyEvidence]) -> str:
                 else "its report gives no value for it"
             )
             ours = ("not measured", why)
-        out.append(f"### Study {s.number}: {md_text(s.title)}\n\n{published_section(s.slug, ours, 'H200')}")
+        out.append(f"### {md_text(heading)}\n\n{published_section(slug, ours, 'H200')}")
     return "\n".join(out)

@@ -241,7 +241,12 @@ def f23_any_context(rep: RunSet) -> OldVerdict:
 def f42_max_min_variation(rep: RunSet) -> OldVerdict:
     """F4.2 before 43da3c2/4d96cb4: flat means max/min variation ≤ 10% over the contexts (not the fitted trend)."""
 
-    s = _table(rep, "decode_variation")
+    try:
+        s = _table(rep, "decode_variation")  # written by runs before the measure/report split
+    except KeyError:  # since then derived at render time from the raw decode steps, as Study 4's report does
+        from servelab.studies.s04_kv_cache.derived import variation_summary
+
+        s = variation_summary(_table(rep, "decode_steps"))
     flat = s["variation_pct"] <= 10.0
     near = s["pct_of_floor_at_max_context"] >= 50.0
     if not flat.any():

@@ -204,8 +204,20 @@ def fit_view(cost_fit: pd.DataFrame) -> pd.DataFrame:
 
 
 def heldout_view(heldout: pd.DataFrame) -> pd.DataFrame:
-    cols = {"heldout_median_abs_pct": "median |error| (%)", "heldout_max_abs_pct": "max |error| (%)"}
-    return _short(heldout).rename(columns=cols).round(1)
+    """Per model and mode, one row: the step model's held-out median |error| (%) in each phase (max in brackets)."""
+    if heldout.empty:
+        return heldout
+    h = _short(heldout).assign(
+        cell=lambda d: (
+            d.heldout_median_abs_pct.round(1).astype(str)
+            + " ("
+            + d.heldout_max_abs_pct.round(0).astype(int).astype(str)
+            + ")"
+        )
+    )
+    out = h.pivot_table(index=["model", "mode"], columns="phase", values="cell", aggfunc="first", sort=False)
+    out.columns = [f"{c}: median |error| % (max)" for c in out.columns]
+    return out.reset_index()
 
 
 def published(r: Study2Page) -> str:

@@ -329,11 +329,16 @@ def alpha_view(r: Study6Page) -> pd.DataFrame:
 
 
 def coverage_view(r: Study6Page) -> pd.DataFrame:
-    """Prompts measured per method, pair and output length (0: not measured at that length)."""
+    """Per method and output length, the prompts measured at its least-measured pair (0: some pair not measured
+    there), and how many pairs it ran: the rule's "prompts per point" at a glance (per pair: coverage.csv)."""
     c = r.coverage.drop(columns=["n_repeats"], errors="ignore")
+    if c.empty:
+        return c
     counts = [k for k in c.columns if k not in ("method", "pair")]
     c = c.astype({k: int for k in counts})
-    return c.rename(columns={k: f"{k} tok" for k in c.columns if k not in ("method", "pair")})
+    g = c.groupby("method", sort=False)
+    out = g[counts].min().join(g["pair"].nunique().rename("pairs")).reset_index()
+    return out.rename(columns={k: f"{k} tok" for k in counts})
 
 
 def engine_view(r: Study6Page) -> pd.DataFrame:
