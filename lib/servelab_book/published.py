@@ -13,6 +13,7 @@ from servelab.studies.common.published import load_published, published_section
 from servelab_book.findings import SIMULATOR, StudyEvidence  # the simulator: not a study, its own comparison
 from servelab_book.studies import STUDIES
 
+
 def render_all_published(evidence: dict[str, StudyEvidence]) -> str:
     """One table per study that has a published comparison, its H200 value from ``evidence[slug].published``."""
     pub = load_published()
