@@ -20,10 +20,12 @@ from pathlib import Path
 import pytest
 
 from servelab.studies.common.markdown import TABLE_CLASS
-from servelab_book.check import EXECUTED_DOCS, LANDING, RUN_NOTE
+from servelab_book.check import EXECUTED_DOCS, LANDING
 from servelab_book.seed_claims import load_seed_claims
 from servelab_book.studies import STUDIES
 
+# the evidence banner every rendered page opens with (studies.common.page.evidence_banner)
+BANNER = "//main//p[contains(., 'Measured on') or contains(., 'No run of this study')]"
 HTML = os.environ.get("SERVELAB_BOOK_HTML")
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 ARTIFACTS = Path(__file__).resolve().parents[1] / "_artifacts"
@@ -169,26 +171,27 @@ def test_study_page_screenshot(site, browser):
     save_full_page(browser, ARTIFACTS / "study_full.png")
 
 
-def test_executed_pages_show_their_run_commit_near_the_top(site, browser):
-    """Every executed page shows the note with its run's commit (a banner where its code changed since) on its
-    first screen; a screenshot of the first one's top is kept."""
+def test_rendered_pages_show_their_evidence_banner_near_the_top(site, browser):
+    """Every rendered page shows what its data is (device, repeats, fingerprint, commit; stale or not measured) on
+    its first screen; a screenshot of the first one's top is kept."""
     root, base = site
-    executed = [d for d in EXECUTED_DOCS if (root / "_sources" / f"{d}.ipynb").exists()]
+    rendered = [d for d in EXECUTED_DOCS if (root / "_sources" / f"{d}.ipynb").exists()]
+    assert rendered, "no rendered page in the built book"
     problems = []
-    for i, docname in enumerate(executed):
+    for i, docname in enumerate(rendered):
         open_page(browser, f"{base}/{docname}.html")
-        notes = browser.find_elements("css selector", RUN_NOTE)
+        notes = browser.find_elements("xpath", BANNER)
         if not notes:
-            problems.append(f"{docname}: no run note")
+            problems.append(f"{docname}: no evidence banner")
             continue
-        if "commit" not in notes[0].text:
-            problems.append(f"{docname}: the run note names no commit: {notes[0].text[:80]!r}")
+        if "Measured on" in notes[0].text and "commit" not in notes[0].text:
+            problems.append(f"{docname}: the banner names no commit: {notes[0].text[:80]!r}")
         top = browser.execute_script("return arguments[0].getBoundingClientRect().top", notes[0])
         if top > 1.5 * browser.execute_script("return window.innerHeight"):
-            problems.append(f"{docname}: the run note starts at {top:.0f}px, below the first screen and a half")
+            problems.append(f"{docname}: the banner starts at {top:.0f}px, below the first screen and a half")
         if i == 0:
             ARTIFACTS.mkdir(exist_ok=True)
-            assert browser.save_screenshot(str(ARTIFACTS / "run_note.png"))
+            assert browser.save_screenshot(str(ARTIFACTS / "banner.png"))
     assert not problems, "\n".join(problems)
 
 

@@ -63,7 +63,8 @@ def evidence_banner(runs) -> str:
     )
     if runs.current:
         return line + " The measuring code is today's.\n"
-    files = ", ".join(f"`{f}`" for f in runs.changed[:12]) + (" …" if len(runs.changed) > 12 else "")
+    more = len(runs.changed) - 12
+    files = ", ".join(f"`{f}`" for f in runs.changed[:12]) + (f" and {more} more" if more > 0 else "")
     return (
         f":::{{admonition}} Stale: measured by older code\n:class: warning\n{line} Since then these measuring files "
         f"changed: {files or 'unknown'}. The verdicts are today's rules applied to that data; `make gpu-plan` lists "
