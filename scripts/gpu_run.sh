@@ -28,7 +28,8 @@ export PYTHONPATH=/tmp/site:$PWD/lib
 { date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv;
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"; } >>"$log" 2>&1
 stamp=$(mktemp); sleep 1
-python3 -m servelab.studies.common.campaign run "$@" 2>&1 | tee -a "$log" | grep -E '^job ' >"$OUT/summary.txt"
+# the whole run stops before the device call's 10-minute limit, so that the runs already written are still packed
+timeout -s TERM "${GPU_RUN_LIMIT_S:-540}" python3 -m servelab.studies.common.campaign run "$@" 2>&1 | tee -a "$log" | grep -E '^job ' >"$OUT/summary.txt"
 rc=${PIPESTATUS[0]}
 # every run folder written by these jobs (complete or not: an incomplete one shows where a job stopped)
 find data/results -path '*/runs/*/r*' -maxdepth 7 -type d -newer "$stamp" | sort >"$OUT/runs.txt"
