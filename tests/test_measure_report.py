@@ -133,6 +133,36 @@ def test_combine_needs_three_agreeing_repeats():
     assert missing.verdict == "inconclusive" and missing.repeat_verdicts == "holds;missing;holds"
 
 
+def test_a_claim_is_judged_only_by_repeats_that_measured_the_parts_its_rule_reads(tmp_path):
+    today = fingerprint("servelab.studies.s03_speculative.measure")
+    for rep in range(3):
+        _run(tmp_path, "03_speculative", today.digest, "costs", rep, steps=pd.DataFrame({"v": [rep]}))
+    _run(tmp_path, "03_speculative", today.digest, "real", 0, steps=pd.DataFrame({"v": [9]}))
+    runs = study_runs("03_speculative", tmp_path)
+
+    def rule(rep):  # a rule that reads its part's absence as a result: what ``needs`` keeps out
+        return [
+            _finding("F3.1", "fails" if not rep.has_parts(["real"]) else "holds", 1.0),
+            _finding("F3.3", "holds", 2.0),
+        ]
+
+    f31, f33 = runs.combined(rule, needs={"F3.1": ("real",), "F3.3": ("costs",)})
+    assert f33.verdict == "holds" and f33.repeats == 3
+    assert f31.verdict == "inconclusive" and f31.repeat_verdicts == "holds;missing;missing"
+    assert "fails" not in f31.repeat_verdicts
+    only_costs = study_runs("03_speculative", tmp_path).part("costs")
+    (f31,) = only_costs.combined(lambda rep: [_finding("F3.1", "fails", 1.0)], needs={"F3.1": ("real",)})
+    assert f31.verdict == "inconclusive" and f31.repeats == 0 and f31.measured_value == "not measured"
+    assert "real" in f31.note and f31.claim != "c"  # the seed's claim text, not the rule's
+
+
+def test_a_run_of_every_part_has_every_part(tmp_path):
+    today = fingerprint(MEASURING)
+    _run(tmp_path, "02_gpu_costs", today.digest, "all", 0, steps=pd.DataFrame({"v": [1]}))
+    runs = study_runs("02_gpu_costs", tmp_path)
+    assert runs.has_parts(["anything"]) and runs.has_parts([])
+
+
 def test_pool_repeats_takes_each_points_median():
     df = pd.DataFrame({"repeat": [0, 1, 2, 0], "part": "all", "k": ["a", "a", "a", "b"], "ms": [1.0, 5.0, 3.0, 7.0]})
     out = pool_repeats(df, ["k"])

@@ -26,6 +26,7 @@ from servelab.paths import REPO_ROOT
 from servelab.spec import leviathan
 from servelab.studies.common.markdown import list_table, md_text
 from servelab.studies.s03_speculative import report
+from servelab.studies.s03_speculative.measure import CONTROLLED_PARTS
 from servelab.studies.s03_speculative.verdicts import SEED_TARGET_OVER_DRAFT
 from servelab_book.controlled_figure import figure_svg
 from servelab_book.engine_bench import bench_provenance, find_bench
@@ -48,6 +49,20 @@ class ControlledRun:
     raw: pd.DataFrame | None
     run: dict
     tested_on: str = ""  # the report's ``shapes_tested_on``
+    parts: dict[str, tuple[dict, ...]] = field(default_factory=dict)  # controlled part -> each repeat's run.json
+
+    @property
+    def commits(self) -> list[str]:
+        """The short commits the sweep's runs measured at, in order (one, where a single run or commit made it)."""
+        metas = [m for ms in self.parts.values() for m in ms] or [self.run]
+        return sorted({str(m.get("git_commit") or m.get("commit") or "unknown")[:7] for m in metas})
+
+    def part_of(self, target: str, batch: int) -> str | None:
+        """The part of the campaign that measures ``target`` at ``batch`` (None in a run of one part for all)."""
+        for part, (name, batches) in CONTROLLED_PARTS.items():
+            if name == target and (batches is None or batch in batches):
+                return part
+        return None
 
     @property
     def params(self) -> dict:
@@ -88,10 +103,14 @@ def study3_report(root: Path | None = None, device: str = BOOK_DEVICE):
         return f"its report failed: {type(e).__name__}: {e}"
 
 
+def _controlled_parts(runs) -> list[str]:
+    """The runs' controlled parts: "controlled" in the legacy layout, else the ``controlled_*`` parts measured."""
+    return [p for p in runs.parts if p == "controlled"] + [p for p in runs.parts if p.startswith("controlled_")]
+
+
 def _controlled_meta(runs) -> dict:
-    """The ``run.json`` of the runs' controlled part ("controlled" in the legacy layout, else the first
-    ``controlled_*`` part); the first run's where none is named so."""
-    parts = [p for p in runs.parts if p == "controlled"] + [p for p in runs.parts if p.startswith("controlled_")]
+    """The ``run.json`` of the runs' first controlled part; the first run's where none is named so."""
+    parts = _controlled_parts(runs)
     return dict(runs.part(parts[0]).meta) if parts else dict(runs.meta)
 
 
@@ -110,6 +129,7 @@ def find_controlled(root: Path | None = None, device: str = BOOK_DEVICE) -> Cont
         raw if len(raw) else None,
         _controlled_meta(page.runs),
         str(getattr(page, "shapes_tested_on", "") or ""),
+        {p: tuple(r.meta for r in page.runs.part(p).runs) for p in _controlled_parts(page.runs)},
     )
 
 
@@ -182,18 +202,38 @@ def pays_table(table: pd.DataFrame, pays: pd.DataFrame, gammas) -> pd.DataFrame:
     return pays.assign(ratio=1 / pays.c, predicted_alpha=[predicted_break_even(c, gammas) for c in pays.c])
 
 
+def not_yet(run: ControlledRun) -> list[str]:
+    """The pairs and batches whose part of the campaign has no run at this fingerprint yet (``make gpu-plan``)."""
+    out = []
+    for d_spec, t_spec in run.params.get("controlled_pairs", []):
+        d, tg = d_spec.removeprefix("config:"), t_spec.removeprefix("config:")
+        by_part: dict[str, list[int]] = {}
+        for b in run.params.get("batches", []):
+            if _waits(run, tg, b):
+                by_part.setdefault(str(run.part_of(tg, b)), []).append(b)
+        out += [f"{pair_label(d, tg)} at batch {', '.join(map(str, bs))} (part {p})" for p, bs in by_part.items()]
+    return out
+
+
+def _waits(run: ControlledRun, target: str, batch: int) -> bool:
+    part = run.part_of(target, batch)
+    return bool(run.parts) and "controlled" not in run.parts and part is not None and part not in run.parts
+
+
 def left_out(run: ControlledRun) -> list[str]:
-    """What the time budget left out: pairs never loaded, batches with no point, batches with some points."""
+    """What a run's time budget left out: pairs never loaded, batches with no point, batches with some points
+    (pairs and batches whose part has not run yet are ``not_yet``'s, not the budget's)."""
     P, t = run.params, run.table
     per_batch = len(P.get("alphas", [])) * len(P.get("controlled_gammas", []))
     out = []
     for d_spec, t_spec in P.get("controlled_pairs", []):
         d, tg = d_spec.removeprefix("config:"), t_spec.removeprefix("config:")
         have = t[(t.target == tg) & (t.draft == d)]
-        if have.empty:
+        batches = [b for b in P.get("batches", []) if not _waits(run, tg, b)]
+        if have.empty and batches:
             out.append(f"{pair_label(d, tg)}: not reached (no batch size)")
             continue
-        for b in P.get("batches", []):
+        for b in batches:
             n = int((have.batch == b).sum())
             if n == 0:
                 out.append(f"{pair_label(d, tg)} at batch {b}: no point")
@@ -235,16 +275,33 @@ def render_setup(run: ControlledRun, models_dir: Path = MODELS_DIR) -> str:
         f"{P.get('controlled_repeats')} repeats per point (speedup: median, spread: min–max), {P.get('dtype')}.",
         "",
         f"Run on one {md_text(dev.get('name', 'unknown device'))} (PyTorch {md_text(dev.get('torch', '?'))}, CUDA "
-        f"{md_text(dev.get('cuda', '?'))}) at commit `{md_text(run.run.get('git_commit', 'unknown'))}`, finished "
-        f"{md_text(_when(run.run))}: {len(run.table)} points in a time budget of "
-        f"{P.get('controlled_budget_s')} s (the sweep took {run.run.get('wall_s', math.nan):.0f} s with the loads).",
+        f"{md_text(dev.get('cuda', '?'))}) at commit {', '.join(f'`{md_text(c)}`' for c in run.commits)}: "
+        f"{len(run.table)} points, each run in a time budget of {P.get('controlled_budget_s')} s. "
+        + _runs_sentence(run),
     ]
     if run.tested_on:
         lines += ["", f"Tested on: {md_text(run.tested_on)}."]
     gaps = left_out(run)
     if gaps:
         lines += ["", "The budget stopped the sweep before:", "", *[f"- {md_text(g)};" for g in gaps]]
+    waiting = not_yet(run)
+    if waiting:
+        lines += ["", "Not measured yet (their part has no run at this fingerprint; `make gpu-plan` lists it):", ""]
+        lines += [f"- {md_text(w)};" for w in waiting]
     return "\n".join(lines) + "\n"
+
+
+def _runs_sentence(run: ControlledRun) -> str:
+    """Which parts ran, how many repeats each, and how long a run took with its loads."""
+    if not run.parts:
+        return f"The sweep took {run.run.get('wall_s', math.nan):.0f} s with the loads, finished {_when(run.run)}."
+    said = []
+    for part, metas in run.parts.items():
+        secs = [float(m["duration_s"]) for m in metas if m.get("duration_s") is not None]
+        span = f"{min(secs):.0f}" if len(secs) == 1 else f"{min(secs or [0]):.0f}–{max(secs or [0]):.0f}"
+        took = f", {span} s a run with the loads" if secs else ""
+        said.append(f"{part} ({len(metas)} repeat{'s' if len(metas) != 1 else ''}{took})")
+    return f"Each part of the sweep ran in a fresh process per repeat: {'; '.join(said)}."
 
 
 def _vocab_note(draft: str, target: str, models_dir: Path) -> str:
@@ -342,12 +399,12 @@ def render_cost(table: pd.DataFrame, engine: EngineDecode | None, run: Controlle
     if engine is None:
         return text + "The engine's benchmark has not run on the H200, so there is no engine decode to compare.\n"
     b1 = cost[cost.batch == 1]
-    commit = run.run.get("git_commit", "") if run is not None else ""
+    commit = ", ".join(run.commits) if run is not None else ""
     text += (
         f"The target step is one plain decode step of the whole batch (batch × 1000 / tokens_per_s_plain); the draft "
         f"step is c × that, its device time inside the loop. The engine column is the engine benchmark's "
-        f"`{ENGINE_METRIC}` for `{md_text(engine.model.removeprefix('config:'))}`, measured at a later commit "
-        f"(`{md_text(engine.commit)}`; this sweep ran at `{md_text(commit)}`), in the engine's default "
+        f"`{ENGINE_METRIC}` for `{md_text(engine.model.removeprefix('config:'))}`, measured at commit "
+        f"`{md_text(engine.commit)}` (this sweep ran at `{md_text(commit)}`), in the engine's default "
         "configuration (CUDA graphs). "
         f"At batch 1 the draft step in the loop took {_span(b1.draft_over_engine, '.1f')}× the engine's own decode "
         "of that shape: that gap is what the loop costs around the draft's forward.\n"

@@ -16,6 +16,8 @@ from dataclasses import asdict, dataclass
 
 from servelab.measure.results import VERDICTS
 
+NOT_MEASURED = "not measured"  # measured_value of a claim with no data
+
 
 def _headline(fid: str, value) -> float | None:
     """The headline as a float: None, "" (an empty findings.csv cell) and NaN (nothing measured) are None; text that
@@ -45,7 +47,7 @@ class Finding:
     verdict: str  # holds / changes / fails, or inconclusive where repeats disagree
     note: str  # why: the rule applied to the numbers
     tested_on: str = ""  # the models (shapes, random or trained weights) the verdict was measured on
-    repeats: int = 1  # independent runs (fresh processes, new seeds) the verdict rests on
+    repeats: int = 1  # independent runs (fresh processes, new seeds) the verdict rests on; 0: not measured
     repeat_verdicts: str = ""  # the verdict of each repeat, ";"-joined: "holds;holds;changes"
     spread: str = ""  # the interval of the headline (else measured_value) over the repeats, "low–high"
     headline: float | None = None  # the one number the verdict is decided on, in headline_unit; None: not measured
@@ -54,8 +56,8 @@ class Finding:
     def __post_init__(self):
         if self.verdict not in VERDICTS:
             raise ValueError(f"{self.id}: verdict must be one of {VERDICTS}, got {self.verdict!r}")
-        if not isinstance(self.repeats, int) or self.repeats < 1:
-            raise ValueError(f"{self.id}: repeats must be a positive int, got {self.repeats!r}")
+        if not isinstance(self.repeats, int) or self.repeats < (0 if self.measured_value == NOT_MEASURED else 1):
+            raise ValueError(f"{self.id}: repeats must be a positive int (0: not measured), got {self.repeats!r}")
         object.__setattr__(self, "measured_value", str(self.measured_value).strip())
         object.__setattr__(self, "headline", _headline(self.id, self.headline))
         if self.headline is not None and not str(self.headline_unit).strip():
@@ -78,10 +80,11 @@ def not_measured(study: str, why: str = "no run of this study on the book's devi
             id=r.id,
             claim=r.claim,
             seed_value=r.rtx2070_value,
-            measured_value="not measured",
+            measured_value=NOT_MEASURED,
             unit="",
             verdict="inconclusive",
             note=f"Not measured: {why}",
+            repeats=0,
         )
         for r in seed[seed["study"] == study].itertuples()
     ]

@@ -15,7 +15,7 @@ into the finding a page shows (``studies.common.repeats``): the median and inter
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -24,11 +24,12 @@ import pandas as pd
 
 from servelab.measure.fingerprint import Fingerprint, fingerprint
 from servelab.measure.results import RUNS, results_root
-from servelab.studies.common.findings import Finding
+from servelab.studies.common.findings import Finding, not_measured
 from servelab.studies.common.repeats import INCONCLUSIVE, MIN_REPEATS, combine_repeats
 
 BOOK_DEVICE = "h200"  # the book's runs: device folders whose slug contains it
 MISSING = "missing"  # a repeat that judged no such claim, in repeat_verdicts
+ALL_PARTS = "all"  # the part of a run that measured every part (a study without parts, or a legacy run)
 
 
 def measuring_module(study: str) -> str:
@@ -46,7 +47,7 @@ class Run:
 
     @property
     def part(self) -> str:
-        return str(self.meta.get("part", "all"))
+        return str(self.meta.get("part", ALL_PARTS))
 
     @property
     def repeat(self) -> int:
@@ -200,12 +201,43 @@ class RunSet:
     def params(self) -> dict:
         return self.meta.get("params") or {}
 
+    def has_parts(self, parts: Iterable[str]) -> bool:
+        """Every one of ``parts`` was measured in these runs (a run of part "all" measured every part)."""
+        have = set(self.parts)
+        return ALL_PARTS in have or set(parts) <= have
+
     def combined(
-        self, findings: Callable[[RunSet], Sequence[Finding]], min_repeats: int = MIN_REPEATS
+        self,
+        findings: Callable[[RunSet], Sequence[Finding]],
+        min_repeats: int = MIN_REPEATS,
+        needs: Mapping[str, Sequence[str]] | None = None,
     ) -> list[Finding]:
         """Each repeat's findings (``findings(one_repeat)``, the study's verdict rules applied to that repeat's data)
-        combined over the repeats by ``combine``; [] when nothing was measured."""
-        return combine([list(findings(rep)) for rep in self.per_repeat()], min_repeats=min_repeats)
+        combined over the repeats by ``combine``; [] when nothing was measured.
+
+        ``needs`` maps a claim to the parts its rule reads. A repeat whose runs lack one of them does not judge that
+        claim (a rule run on absent data would read its absence as a result), so the claim rests on fewer repeats;
+        a claim no repeat could judge reads **inconclusive**, not measured, naming the parts it waits for."""
+        needs = needs or {}
+        order: list[str] = []
+        per_repeat = []
+        for rep in self.per_repeat():
+            fs = list(findings(rep))
+            order += [f.id for f in fs if f.id not in order]
+            per_repeat.append([f for f in fs if rep.has_parts(needs.get(f.id, ()))])
+        got = {f.id: f for f in combine(per_repeat, min_repeats=min_repeats)}
+        if len(got) < len(order):
+            for f in not_measured(self.study):
+                if f.id in order and f.id not in got:
+                    waits = ", ".join(p for p in needs.get(f.id, ()) if p not in self.parts)
+                    got[f.id] = replace(
+                        f,
+                        note=f"Not measured: its part{'s' if ',' in waits else ''} {waits} has no run at this "
+                        f"fingerprint yet (make gpu-plan lists the jobs)",
+                        repeats=0,
+                        repeat_verdicts=";".join(MISSING for _ in per_repeat),
+                    )
+        return [got[i] for i in order if i in got]
 
 
 def pool_repeats(df: pd.DataFrame, keys: Sequence[str], drop: Sequence[str] = ("repeat", "part")) -> pd.DataFrame:

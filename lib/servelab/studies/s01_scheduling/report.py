@@ -23,9 +23,12 @@ from servelab.studies.common.runs import RunSet, pool_repeats
 from servelab.studies.common.tested_on import model_name
 from servelab.studies.s01_scheduling import verdicts
 from servelab.studies.s01_scheduling.capacity import capacity_table
+from servelab.studies.s01_scheduling.measure import PARTS
 from servelab.studies.s01_scheduling.stall import p99_of_max_itl
 
 STUDY = "01_scheduling"
+# every claim compares settings measured in different parts: a repeat judges them once all its parts ran
+NEEDS = {fid: tuple(PARTS) for fid in ("F1.1", "F1.2", "F1.3")}
 KEYS = ["model", "scheduler", "budget", "rate_fraction", "sweep"]  # one load point
 RAW_POINT = [
     "rate",
@@ -278,7 +281,8 @@ def report(runs: RunSet) -> Study1Page:
         req = metrics[metrics["repeat"] == k] if "repeat" in metrics else metrics
         by_repeat[k] = summary_table(pts.reset_index(drop=True), req)
     findings = runs.combined(
-        lambda rep: verdicts.findings(by_repeat[rep.repeats[0]], _reference_budget(rep), rep.params.get("dtype"))
+        lambda rep: verdicts.findings(by_repeat[rep.repeats[0]], _reference_budget(rep), rep.params.get("dtype")),
+        needs=NEEDS,
     )
     summaries = [s.assign(repeat=k) for k, s in by_repeat.items() if not s.empty]
     caps = [capacity_of(s).assign(repeat=k) for k, s in by_repeat.items() if not s.empty]

@@ -24,6 +24,8 @@ from servelab.studies.s03_speculative import tables, verdicts
 from servelab.studies.s03_speculative.measured_alpha import study6_alpha
 
 STUDY = "03_speculative"
+# the parts each claim's rule reads: F3.1 and F3.2 the trained pairs' speculative runs, F3.3 the seed shapes' step costs
+NEEDS = {"F3.1": ("real",), "F3.2": ("real",), "F3.3": ("costs",)}
 SEED_PAIR = ("qwen2-0.5b", "qwen2-1.5b")  # the seed's (draft, target), at its shapes
 GOAL_SPEEDUP = 2.0  # issue 21: at α = 0.8, batch 1, best γ, the 8B-shape target with the 0.5B-shape draft
 GOAL_WITHIN_PCT = 15.0  # … within this of Leviathan's prediction
@@ -229,7 +231,7 @@ def report(runs: RunSet) -> Study3Page:
     def of(rep: RunSet) -> Derived:
         return derived[rep.repeats[0]]
 
-    findings = runs.combined(lambda rep: repeat_findings(rep, of(rep)))
+    findings = runs.combined(lambda rep: repeat_findings(rep, of(rep)), needs=NEEDS)
     ratios = _pooled(runs, lambda r: of(r).ratios, RATIO_KEYS)
     speed = _pooled(runs, lambda r: of(r).speed, SPEED_KEYS)
     controlled = _pooled(runs, lambda r: of(r).controlled, CONTROLLED_KEYS)

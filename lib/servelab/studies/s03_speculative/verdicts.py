@@ -231,8 +231,15 @@ def f33(
         )
     else:
         verdict = "changes"
+        far = np.isfinite(eager) and eager < FAR_BELOW * param
+        # name the condition that failed: the eager ratio itself, or no mode reaching further than it
+        why = (
+            "far below the parameter ratio as on the RTX 2070, but no mode reaches 1.25× further"
+            if far
+            else "not far below the parameter ratio"
+        )
         note = (
-            f"Eager HF's ratio is {eager:.2f}× here, not far below the parameter ratio; "
+            f"Eager HF's ratio is {eager:.2f}× here, {why}; "
             f"{best_mode} reaches {r.loc[best_mode, 'target_over_draft']:.2f}× (break-even α ≈ {need:.2f}, γ={g})"
         )
     if seed_shapes:

@@ -16,9 +16,12 @@ from servelab.studies.common.page import finding_sentence, takeaway_list
 from servelab.studies.common.published import published_section
 from servelab.studies.common.runs import RunSet, pool_repeats
 from servelab.studies.s06_hf_assisted import analysis, verdicts
+from servelab.studies.s06_hf_assisted.measure import PARTS
 from servelab.studies.s06_hf_assisted.runs import Pair
 
 STUDY = "06_hf_assisted"
+# both claims read the speedups of every prompt, which the parts split between them
+NEEDS = {fid: tuple(PARTS) for fid in ("F6.1", "F6.2")}
 SIZE_COLUMNS = ["model", "params", "layers", "weight_bytes"]
 METHOD_LABELS = {
     "assisted": "assistant_model",
@@ -175,7 +178,7 @@ def report(runs: RunSet) -> Study6Page:
     """The page's record from ``runs`` (nothing measured: every claim inconclusive, every table empty)."""
     if not runs.measured:
         return Study6Page(runs, not_measured(STUDY))
-    findings = runs.combined(repeat_findings)
+    findings = runs.combined(repeat_findings, needs=NEEDS)
     per = [derive(rep) for rep in runs.per_repeat()]
     raw_runs = [rep.table("runs") for rep in runs.per_repeat()]
     raw_times = [rep.table("times") for rep in runs.per_repeat()]
