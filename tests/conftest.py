@@ -6,6 +6,9 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# every test computes its reports afresh: a test that patches a report must see its patch, never a kept record
+# (tests/test_report_cache.py turns the cache on where it is the subject)
+os.environ["SERVELAB_REPORT_CACHE"] = "0"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 
 import pytest  # noqa: E402

@@ -94,11 +94,13 @@ def study3_report(root: Path | None = None, device: str = BOOK_DEVICE):
     if not converted(STUDY) or not hasattr(report, "report"):
         return NOT_CONVERTED
     from servelab.studies.common.quiet import quiet_run
+    from servelab.studies.common.report_cache import cached
     from servelab.studies.common.runs import study_runs
 
     try:
         with quiet_run():
-            return report.report(study_runs(STUDY, Path(root or default_results_root()), device=device))
+            runs = study_runs(STUDY, Path(root or default_results_root()), device=device)
+            return cached(STUDY, runs, lambda: report.report(runs))
     except Exception as e:  # noqa: BLE001 - the page says so; the book builds
         return f"its report failed: {type(e).__name__}: {e}"
 

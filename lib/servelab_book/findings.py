@@ -111,6 +111,7 @@ def study_evidence(slug: str, root: Path | None = None, device: str = BOOK_DEVIC
     if not converted(slug):
         return _fallback(slug, NOT_CONVERTED)
     from servelab.studies.common.quiet import quiet_run
+    from servelab.studies.common.report_cache import cached
     from servelab.studies.common.runs import study_runs
     from servelab.studies.common.study import door
 
@@ -118,9 +119,9 @@ def study_evidence(slug: str, root: Path | None = None, device: str = BOOK_DEVIC
         with quiet_run():
             runs = study_runs(slug, Path(root) if root else None, device=device)
             mod = door(slug, "report")
-            page = mod.report(runs)
+            page = cached(slug, runs, lambda: mod.report(runs))  # the page's render computed it: read it back
             has_pub = hasattr(mod, "published_value")
-            pub = mod.published_value(runs) if has_pub else None
+            pub = cached(f"{slug}.published", runs, lambda: mod.published_value(runs)) if has_pub else None
     except Exception as e:  # noqa: BLE001 - one study's broken report must not take the whole book down
         where = traceback.extract_tb(e.__traceback__)[-1]
         at = f"{Path(where.filename).name}:{where.lineno}"

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from servelab.studies.common.params import REPLAY, overrides_from
 from servelab.studies.common.quiet import quiet_run
+from servelab.studies.common.report_cache import cached
 from servelab.studies.common.runs import RunSet, study_runs
 from servelab.studies.common.style import use_book_style
 
@@ -57,6 +58,7 @@ def page(study: str, profile: str, namespace: Mapping | None = None, *, root: Pa
     with quiet_run():
         if profile == REPLAY:
             runs = study_runs(study, root)
+            return cached(study, runs, lambda: door(study, "report").report(runs))
         else:
             params = door(study, "params")
             overrides = overrides_from(namespace or {}, params.DEFAULTS)
