@@ -144,3 +144,17 @@ def test_the_book_shows_the_fourth_badge_with_the_spread():
     assert "; 1 are inconclusive (too few repeats, or repeats that disagree)" in summary  # the thin one
     assert "; 1 are not measured yet (inconclusive)" in summary  # no data is inconclusive, never "fails"
     assert "1 rest on data measured by older code (stale)" in summary
+
+
+def test_the_text_of_a_claim_is_the_median_repeats():
+    from servelab.studies.common.findings import Finding
+    from servelab.studies.common.repeats import combine_repeats
+
+    def f(text, h):
+        return Finding(
+            id="F3.3", claim="c", seed_value="1", measured_value=text, unit="×", verdict="holds", note=f"n {text}",
+            headline=h, headline_unit="× ratio",
+        )  # fmt: skip
+
+    got = combine_repeats([f("eager 1.22×", 0.39), f("eager 0.67×", 0.21), f("eager 1.37×", 0.44)])
+    assert got.headline == 0.39 and got.measured_value == "eager 1.22×" and got.note.startswith("n eager 1.22×")

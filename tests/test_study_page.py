@@ -59,10 +59,41 @@ def test_verdict_table_has_one_row_per_finding_with_pipes_escaped():
     assert lines[3].endswith("| — | 3.1–5.2 | µs/token | 1 | **changes** | — |")  # nothing typed where nothing is known
     # over repeats: the median with its interval, how many repeats, and what each said where they disagree
     assert lines[4].endswith(
-        "| 3.1–5.2 (2.9–5.5) | µs/token | 3 | **inconclusive** (changes, holds, holds) | "
+        "| 3.1–5.2 (repeats: 2.9–5.5) | µs/token | 3 | **inconclusive** (changes, holds, holds) | "
         "qwen2-0.5b (architecture-exact, random weights) |"
     )
     assert md_cell("a\nb|c") == "a b\\|c"
+    # a spread of the headline, in another unit than the value's, names its unit
+    ratio = _finding(
+        spread="0.21–0.44", headline=0.39, headline_unit="× the parameter ratio: eager over it (far < 0.5)"
+    )
+    assert "(repeats: 0.21–0.44 × the parameter ratio) | µs/token |" in verdict_table([ratio])
+
+
+def test_a_claim_not_measured_says_why_in_its_takeaway():
+    from servelab.studies.common.findings import not_measured
+
+    f = not_measured("03_speculative", "its part real has no run at this fingerprint yet")[0]
+    assert f.repeats == 0 and finding_sentence(f).endswith(
+        ": not measured (its part real has no run at this fingerprint yet)."
+    )
+
+
+def test_the_banner_names_the_parts_not_measured_yet(tmp_path):
+    import json
+
+    from servelab.measure.fingerprint import fingerprint
+    from servelab.studies.common.page import evidence_banner
+    from servelab.studies.common.runs import study_runs
+
+    fp = fingerprint("servelab.studies.s03_speculative.measure").digest
+    for rep in range(3):
+        d = tmp_path / "nvidia-h200" / "03_speculative" / "runs" / fp[:12] / "costs" / f"r{rep}"
+        d.mkdir(parents=True)
+        meta = dict(part="costs", repeat_index=rep, fingerprint=fp, complete=True, device={"name": "NVIDIA H200"})
+        (d / "run.json").write_text(json.dumps(meta))
+    text = evidence_banner(study_runs("03_speculative", tmp_path))
+    assert "Parts measured: costs ×3." in text and "Not measured yet: real, lookup, controlled_qwen2" in text
 
 
 def test_takeaways_give_the_unit_only_to_a_bare_number():

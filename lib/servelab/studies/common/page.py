@@ -10,7 +10,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterable, Mapping
 
-from servelab.studies.common.findings import Finding
+from servelab.studies.common.findings import NOT_MEASURED, Finding
 
 SEED_DEVICE = "RTX 2070"  # the seed's GPU: every seed value in shared/seed-studies.md was measured on it
 
@@ -35,14 +35,43 @@ def verdict_table(findings: Iterable[Finding], device: str = "this run") -> str:
     rows = [head, "|---|---|---|---|---|---|---|"]
     for f in findings:
         value = md_cell(f.measured_value)
-        if f.spread:
-            value += f" ({md_cell(f.spread)})"
+        if f.spread:  # the spread is the headline's: name its unit where it is not the value's
+            unit = headline_unit_short(f)
+            value += f" (repeats: {md_cell(f.spread)}{' ' + md_cell(unit) if unit and unit != f.unit else ''})"
         said = f" ({md_cell(f.repeat_verdicts.replace(';', ', '))})" if f.verdict == "inconclusive" else ""
         rows.append(
             f"| **{f.id}** {md_cell(f.claim)} | {md_cell(f.seed_value) or '—'} | {value} | "
             f"{md_cell(f.unit)} | {f.repeats} | **{f.verdict}**{said} | {md_cell(f.tested_on) or '—'} |"
         )
     return "\n".join(rows) + "\n"
+
+
+def headline_unit_short(f: Finding) -> str:
+    """The headline's unit without its explanation: "× the parameter ratio: eager HF's ..." -> "× the parameter
+    ratio"."""
+    return f.headline_unit.split(":")[0].split(" (")[0].strip()
+
+
+def parts_line(runs) -> str:
+    """Where a study measures in parts and some part has fewer repeats than another, or none yet: which parts ran
+    how many times, and which wait for the GPU ("" where every part has the same repeats)."""
+    from servelab.studies.common.campaign import parts_of
+    from servelab.studies.common.runs import ALL_PARTS
+
+    try:
+        planned = list(parts_of(runs.study))
+    except Exception:  # noqa: BLE001 - a study without a measuring module: nothing to compare with
+        return ""
+    have = {p: len(runs.part(p).repeats) for p in runs.parts}
+    if ALL_PARTS in have or len(planned) < 2:
+        return ""
+    counts = [have.get(p, 0) for p in planned]
+    if len(set(counts)) == 1:
+        return ""
+    ran = ", ".join(f"{md_cell(p)} ×{have[p]}" for p in planned if have.get(p))
+    waiting = ", ".join(md_cell(p) for p in planned if not have.get(p))
+    line = f" Parts measured: {ran}."
+    return line + (f" Not measured yet: {waiting} (`make gpu-plan` lists the jobs)." if waiting else "")
 
 
 def evidence_banner(runs) -> str:
@@ -62,7 +91,7 @@ def evidence_banner(runs) -> str:
         f"({len(runs.runs)} run{'s' if len(runs.runs) != 1 else ''}, {fp}, commit {', '.join(commits)})."
     )
     if runs.current:
-        return line + " The measuring code is today's.\n"
+        return line + " The measuring code is today's." + parts_line(runs) + "\n"
     more = len(runs.changed) - 12
     files = ", ".join(f"`{f}`" for f in runs.changed[:12]) + (f" and {more} more" if more > 0 else "")
     return (
@@ -104,7 +133,10 @@ def finding_sentence(f: Finding) -> str:
     value = f.measured_value
     bare = value[:1].isdigit() and value[-1:].isdigit()
     unit = f" {f.unit}" if bare and f.unit else ""
-    return f"**{f.id} {f.verdict}.** {f.claim[:1].upper()}{f.claim[1:]}: {value}{unit}."
+    why = ""
+    if value == NOT_MEASURED and f.note.startswith("Not measured: "):  # say why, where nothing stands for it
+        why = f" ({f.note.removeprefix('Not measured: ').rstrip('.')})"
+    return f"**{f.id} {f.verdict}.** {f.claim[:1].upper()}{f.claim[1:]}: {value}{unit}{why}."
 
 
 def finding_notes(findings: Iterable[Finding]) -> str:

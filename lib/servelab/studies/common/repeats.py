@@ -122,16 +122,25 @@ def _numbers(findings: Sequence[Finding], values: Sequence[float] | None) -> tup
     )
 
 
+def _median_repeat(findings: Sequence[Finding], spread: MedianInterval | None, source: str) -> Finding:
+    """The repeat whose headline is nearest the median of the headlines (the first of a tie): its text and reasoning
+    stand for the claim, so that the numbers a reader sees agree with the median beside them. The first repeat
+    where the numbers are not headlines."""
+    if spread is None or source != "headline":
+        return findings[0]
+    return min(findings, key=lambda f: abs(f.headline - spread.median))
+
+
 def _measured(findings: Sequence[Finding], spread: MedianInterval | None, source: str) -> str:
     """The combined ``measured_value``: the median of the numbers where they are ``values`` or the measured values;
-    where they are headlines, the measured values' own median if they are numbers, else the shared text, else the
-    last repeat's text."""
+    where they are headlines, the measured values' own median if they are numbers, else the median repeat's
+    text (``_median_repeat``)."""
     if spread is not None and source != "headline":
         return _fmt(spread.median)
     nums = _measured_numbers(findings)
     if nums is not None:
         return _fmt(statistics.median(nums))
-    return findings[-1].measured_value
+    return _median_repeat(findings, spread, source).measured_value
 
 
 def combine_repeats(
@@ -141,15 +150,15 @@ def combine_repeats(
 
     The median and interval are of ``values`` where given (one number per repeat), else of the repeats' headlines
     where every repeat has one, else of the measured values; the combined ``headline`` is that median (None where
-    the numbers were the measured values). The note keeps the first repeat's reasoning and adds the median, the
-    interval and its kind; for an inconclusive claim it names which repeats said what.
+    the numbers were the measured values). The text and note are the median repeat's (``_median_repeat``), with
+    the median, the interval and its kind added; for an inconclusive claim the note names which repeats said what.
     """
     _check(findings, min_repeats)
-    first = findings[0]
     verdicts = [f.verdict for f in findings]
     verdict = combined_verdict(verdicts)
     nums, source = _numbers(findings, values)
     spread = median_interval(nums) if nums is not None else None
+    first = _median_repeat(findings, spread, source)
     headline = spread is not None and source != "measured"
     unit = (first.headline_unit or first.unit) if headline else first.unit
     said = f"the {len(findings)} repeats say {'; '.join(verdicts)}" if verdict == INCONCLUSIVE else ""
