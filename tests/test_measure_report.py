@@ -194,3 +194,30 @@ def test_fingerprint_record_round_trips():
     fp = fingerprint(MEASURING)
     assert Fingerprint(fp.module, fp.digest, fp.files).changed_since(fp.files) == []
     assert isinstance(RunSet("x").changed, list)
+
+
+def test_the_plan_holds_back_a_fresh_simulator_run_while_the_model_differs_from_its_freeze(monkeypatch, tmp_path):
+    from servelab.studies.s08_simulator import measure as sim_measure
+
+    def check(changed):
+        return lambda: {"matches_freeze": not changed, "changed_files": changed}
+
+    monkeypatch.setattr(sim_measure, "freeze_check", check(["lib/servelab/sim/cost_model.py"]))
+    jobs = campaign.missing_jobs("08_simulator", 3, tmp_path)
+    fresh = [j for j in jobs if j.part.startswith("fresh_")]
+    assert fresh and all("freeze again" in j.held and "cost_model.py" in j.held for j in fresh)
+    assert all(not j.held for j in jobs if j.part == "speed")
+    text = campaign.plan_text(campaign.pack([j for j in jobs if not j.held]), held=fresh)
+    assert "Held back, 6 jobs" in text and "08_simulator:fresh_qwen2-0.5b:0" in text.split("Held back")[1]
+    monkeypatch.setattr(sim_measure, "freeze_check", check([]))
+    assert not any(j.held for j in campaign.missing_jobs("08_simulator", 3, tmp_path))
+
+
+def test_the_plan_marks_the_jobs_that_read_smollm2(tmp_path):
+    for study, parts in campaign.SMOLLM2_PARTS.items():
+        assert set(parts) <= set(campaign.parts_of(study))  # the marks name parts that exist
+    jobs = campaign.missing_jobs("03_speculative", 1, tmp_path)
+    assert {j.part for j in jobs if j.smollm2} == {"real", "lookup"}
+    assert "real:0" in campaign.plan_text(campaign.pack(jobs)) and "SmolLM2: the jobs so marked" in campaign.plan_text(
+        campaign.pack(jobs)
+    )

@@ -43,6 +43,9 @@ ORDER = (
     "05_attention",
     "07_prefix_cache",
 )
+# the parts that read SmolLM2-135M-Instruct's GGUF, which travels to the GPU machine in parts (scripts/gpu_run.sh):
+# the plan marks them, so that a GPU session stages the weights in the call before
+SMOLLM2_PARTS = {"03_speculative": ("real", "lookup"), "06_hf_assisted": ("p0", "p1", "p2")}
 MAX_MINUTES = 9.0  # a GPU run: the device allows 10 minutes a command; one is kept for start-up and packing
 START_MIN = 0.5  # a fresh process: Python, torch and CUDA start, before the measuring path's own clock starts
 
@@ -54,10 +57,26 @@ class Job:
     repeat: int
     minutes: float  # expected, on the H200
     basis: str  # where the estimate comes from: "recorded (n runs)" or "guess"
+    held: str = ""  # why the job must wait (a precondition not met); "" when it can run now
 
     @property
     def name(self) -> str:
         return f"{self.study}:{self.part}:{self.repeat}"
+
+    @property
+    def smollm2(self) -> bool:
+        return self.part in SMOLLM2_PARTS.get(self.study, ())
+
+
+def held_back(study: str, part: str) -> str:
+    """Why a job cannot give valid data yet ("" where it can). A fresh held-out run of the simulator tests the
+    frozen cost model only while the model's code is the freeze's: after a change, freeze again first."""
+    if study == "08_simulator" and part.startswith("fresh_"):
+        check = importlib.import_module(measuring_module(study)).freeze_check()
+        if not check["matches_freeze"]:
+            files = ", ".join(check["changed_files"]) or "no freeze recorded"
+            return f"the simulator's cost-model code differs from its freeze ({files}): freeze again first"
+    return ""
 
 
 def parse_job(text: str) -> tuple[str, str, int]:
@@ -91,7 +110,8 @@ def missing_jobs(study: str, repeats: int = MIN_REPEATS, root: Path | None = Non
             minutes, basis = statistics.median(durations) / 60 + START_MIN, f"recorded ({len(durations)} runs)"
         else:
             minutes, basis = guess + START_MIN, "guess"
-        jobs += [Job(study, part, r, round(minutes, 1), basis) for r in range(repeats) if (part, r) not in have]
+        held = held_back(study, part)
+        jobs += [Job(study, part, r, round(minutes, 1), basis, held) for r in range(repeats) if (part, r) not in have]
     return jobs
 
 
@@ -113,17 +133,32 @@ def pack(jobs: list[Job], max_minutes: float = MAX_MINUTES) -> list[list[Job]]:
     return [sorted(b, key=lambda j: (order.get(j.study, 99), j.part, j.repeat)) for b in bins]
 
 
-def plan_text(bins: list[list[Job]], max_minutes: float = MAX_MINUTES) -> str:
+def plan_text(bins: list[list[Job]], max_minutes: float = MAX_MINUTES, held: list[Job] = ()) -> str:
+    """The plan as `make gpu-plan` prints it; ``held``: the jobs that must wait, listed after the runs with why."""
+    wait = _held_text(held)
     if not bins:
-        return "GPU plan: nothing to measure; every study has its repeats at today's fingerprints.\n"
+        return "GPU plan: nothing to measure now; every study has its repeats at today's fingerprints.\n" + wait
     total = sum(j.minutes for b in bins for j in b)
     lines = [
         f"GPU plan: {sum(len(b) for b in bins)} jobs, {total:.1f} min in {len(bins)} GPU runs of <= {max_minutes} min"
     ]
     for i, b in enumerate(bins, 1):
         lines.append(f"\nGPU run {i}: {sum(j.minutes for j in b):.1f} min")
-        lines += [f"  {j.name:<34} {j.minutes:5.1f} min  ({j.basis})" for j in b]
+        lines += [f"  {j.name:<34} {j.minutes:5.1f} min  ({j.basis}){'  SmolLM2' if j.smollm2 else ''}" for j in b]
         lines.append("  scripts/gpu_run.sh " + " ".join(j.name for j in b))
+    if any(j.smollm2 for b in bins for j in b):
+        lines.append(
+            "\nSmolLM2: the jobs so marked read its GGUF; stage .models/smollm2/p0 in the call before (CONTRIBUTING)."
+        )
+    return "\n".join(lines) + "\n" + wait
+
+
+def _held_text(held: list[Job]) -> str:
+    if not held:
+        return ""
+    lines = [f"\nHeld back, {len(held)} jobs ({sum(j.minutes for j in held):.1f} min) that must wait:"]
+    for why in dict.fromkeys(j.held for j in held):
+        lines.append(f"  {', '.join(j.name for j in held if j.held == why)}: {why}")
     return "\n".join(lines) + "\n"
 
 
@@ -193,10 +228,11 @@ def main(argv: list[str] | None = None) -> int:
                 raise ParameterError("--repeats must be >= 1 and --max-minutes > 0")
             studies = a.studies or campaign_studies()
             jobs = [job for s in studies for job in missing_jobs(s, a.repeats, a.results or results_root())]
+            ready, held = [j for j in jobs if not j.held], [j for j in jobs if j.held]
             if a.jobs_only:
-                print(" ".join(j.name for b in pack(jobs, a.max_minutes) for j in b))
+                print(" ".join(j.name for b in pack(ready, a.max_minutes) for j in b))
             else:
-                print(plan_text(pack(jobs, a.max_minutes), a.max_minutes), end="")
+                print(plan_text(pack(ready, a.max_minutes), a.max_minutes, held), end="")
             return 0
         if a.cmd == "run":
             return 1 if run_jobs(a.jobs, limit_s=a.limit, profile=a.profile) else 0
