@@ -19,7 +19,7 @@ def test_measure_closure_has_no_reporting_module():
     bad = [f for f in files if any(w in f for w in ("plots", "report", "verdicts", "page", "sections", "takeaways"))]
     bad += [f for f in files if "servelab_book" in f or "studies/common/runs" in f or "studies/common/study" in f]
     assert bad == []
-    assert "lib/servelab/studies/s08_simulator/freeze.py" in files  # the code hash it records
+    assert "lib/servelab/studies/s08_simulator/freeze_record.py" in files  # the code hash it records
 
 
 def test_report_on_nothing_is_not_measured():

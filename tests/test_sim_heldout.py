@@ -17,7 +17,7 @@ from servelab.errors import ParameterError
 from servelab.loadgen.metrics import records_for_csv
 from servelab.sim import StepCostModel, simulate
 from servelab.sim.cost_model import CostModel
-from servelab.studies.s08_simulator import freeze, heldout, ledger
+from servelab.studies.s08_simulator import freeze, freeze_record, heldout, ledger
 from servelab.studies.s08_simulator.study1_runs import server_limits, sim_kwargs_for
 
 GPU = CostModel(
@@ -37,8 +37,12 @@ def _utc(offset_s: float = 0.0) -> str:
     return (dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=offset_s)).isoformat(timespec="seconds")
 
 
-def write_study1(results, seed: int, fractions: list[float], started_utc: str, n: int = 40) -> None:
-    """A Study 1 result the simulator made with ``TRUTH``: each policy at ``40 · fraction`` req/s."""
+def write_study1(
+    results, seed: int, fractions: list[float], started_utc: str, n: int = 40, *, run_folder: bool = False
+) -> None:
+    """A Study 1 result the simulator made with ``TRUTH``: each policy at ``40 · fraction`` req/s; ``run_folder``:
+    in the layout the studies' runs have (``<device>/<study>/runs/<fp>/<part>/r<k>/``, as the freeze reads Study
+    1), else in the flat one a fresh papermill run writes."""
     reqs, steps = [], []
     for sched, budget in POLICIES:
         for i, frac in enumerate(fractions):
@@ -58,11 +62,15 @@ def write_study1(results, seed: int, fractions: list[float], started_utc: str, n
             reqs.append(rec.assign(target_output_tokens=t["output_tokens"].to_numpy()))
             steps.append(run.steps.drop(columns="replica").assign(**tag))
     d = results / "test-dev" / "01_scheduling"
+    if run_folder:
+        d = d / "runs" / "legacy" / "all" / "r0"
     d.mkdir(parents=True)
     records_for_csv(pd.concat(reqs, ignore_index=True)).to_csv(d / "requests.csv", index=False)
     pd.concat(steps, ignore_index=True).to_csv(d / "steps.csv", index=False)
     params = {"seed": seed, "rate_fractions": sorted(fractions), **LIMITS}
     run_json = {"git_commit": f"commit{seed}", "started_utc": started_utc, "params": params}
+    if run_folder:
+        run_json |= {"complete": True, "part": "all", "repeat_index": 0, "fingerprint": "legacy"}
     (d / "run.json").write_text(json.dumps(run_json))
 
 
@@ -72,7 +80,7 @@ def frozen(tmp_path_factory):
     base = tmp_path_factory.mktemp("heldout")
     (base / "repo").mkdir()
     (base / "repo" / CODE[0]).write_text("STEP_MS = 1.0\n")
-    write_study1(base / "results", seed=0, fractions=[0.3, 0.7, 1.2], started_utc=_utc(-3600))
+    write_study1(base / "results", seed=0, fractions=[0.3, 0.7, 1.2], started_utc=_utc(-3600), run_folder=True)
     rec = freeze.freeze(root=base / "validation", results=base / "results", repo=base / "repo", files=CODE)
     return base, rec
 
@@ -116,7 +124,7 @@ def test_freeze_records_code_inputs_models_and_the_used_runs(frozen):
 
 def test_fresh_run_is_evaluated_once_and_recorded(tree):
     t, rec = tree
-    row = heldout.register("fresh_run_1", **kw(t))
+    (row,) = heldout.register("fresh_run_1", **kw(t))
     assert row["event"] == "registered" and row["code_sha256"] == rec["code"]["sha256"]
     write_study1(heldout.run_root("fresh_run_1", t / "validation"), seed=23, fractions=[0.5, 0.9], started_utc=_utc(60))
     row = heldout.report_once("fresh_run_1", **kw(t))
@@ -268,10 +276,19 @@ def test_committed_freeze_and_spec_are_whole():
     freeze and a new fresh run are needed.)"""
     from servelab.studies.s01_scheduling.params import study_params
 
-    rec = freeze.load_freeze()
-    assert set(rec["code"]["files"]) == set(freeze.MODEL_FILES)
-    assert set(freeze.frozen_models(rec)) == set(rec["models"])
+    rec = freeze_record.load_freeze()
+    assert set(rec["code"]["files"]) == set(freeze_record.MODEL_FILES)
+    assert set(freeze_record.frozen_models(rec)) == set(rec["models"])
     spec = heldout.load_spec("fresh_run_1")
     p = study_params("full", **spec)
     assert p["seed"] == spec["seed"] and p["budget_sweep"] == []
-    heldout._check_fresh(spec, ledger.read(freeze.VALIDATION_DIR / freeze.LEDGER_FILE), "fresh_run_1")
+    heldout._check_fresh(spec, ledger.read(freeze_record.VALIDATION_DIR / freeze_record.LEDGER_FILE), "fresh_run_1")
+
+
+def test_a_campaigns_repeats_register_one_seed_each_and_none_used_before(tree):
+    t, _ = tree
+    rows = heldout.register("fresh_run_1", **kw(t), repeats=3)
+    assert [r["seed"] for r in rows] == [23, 24, 25] and {r["event"] for r in rows} == {"registered"}
+    write_spec(t, "near_dev", -2, [0.55])  # seeds -2, -1, 0: the last is the development runs'
+    with pytest.raises(ParameterError, match="seed 0 was used"):
+        heldout.register("near_dev", **kw(t), repeats=3)

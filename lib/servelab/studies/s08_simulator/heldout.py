@@ -27,24 +27,24 @@ import yaml
 
 from servelab.errors import ParameterError
 from servelab.loadgen.metrics import summarize
-from servelab.measure.results import git_commit, results_root
+from servelab.measure.results import git_commit
 from servelab.paths import REPO_ROOT
 from servelab.studies.common.page import md_cell
-from servelab.studies.s08_simulator import freeze, ledger, study1_runs, validation
+from servelab.studies.s08_simulator import freeze_record, ledger, sources, study1_runs, validation
 
 CHECKED_KEYS = ("seed", "rate_fractions")  # what makes a run fresh, compared between the spec and the run
 
 
-def spec_path(run_id: str, root: Path = freeze.VALIDATION_DIR) -> Path:
+def spec_path(run_id: str, root: Path = freeze_record.VALIDATION_DIR) -> Path:
     return Path(root) / f"{run_id}.yaml"
 
 
-def run_root(run_id: str, root: Path = freeze.VALIDATION_DIR) -> Path:
+def run_root(run_id: str, root: Path = freeze_record.VALIDATION_DIR) -> Path:
     """The results root the fresh run writes to (``SERVELAB_RESULTS``): ``<root>/runs/<run_id>``."""
     return Path(root) / "runs" / run_id
 
 
-def load_spec(run_id: str, root: Path = freeze.VALIDATION_DIR) -> dict:
+def load_spec(run_id: str, root: Path = freeze_record.VALIDATION_DIR) -> dict:
     """The papermill parameters of a fresh run; it must set an integer seed and a list of rate fractions."""
     path = spec_path(run_id, root)
     if not path.is_file():
@@ -64,13 +64,16 @@ def _floats(cell: str) -> set[float]:
     return {float(x) for x in str(cell).split(";") if x.strip()}
 
 
-def _check_fresh(spec: dict, book: pd.DataFrame, run_id: str) -> None:
-    """A seed no used run had, and rate fractions none of them had (calibration or held-out)."""
+def _check_fresh(spec: dict, book: pd.DataFrame, run_id: str, repeats: int = 1) -> None:
+    """Seeds no used run had (the spec's and the ``repeats`` - 1 after it), and rate fractions none of them had
+    (calibration or held-out)."""
     used = book[book["event"].isin(ledger.USED)]
     seeds = {int(s) for s in used["seed"] if str(s).strip()}
     fractions = set().union(*map(_floats, used["rate_fractions"])) if len(used) else set()
-    if spec["seed"] in seeds:
-        raise ParameterError(f"fresh run {run_id!r}: seed {spec['seed']} was used before (used seeds {sorted(seeds)})")
+    again = sorted(seeds & {spec["seed"] + k for k in range(repeats)})
+    if again:
+        said = f"seed {again[0]} was" if len(again) == 1 else f"seeds {', '.join(map(str, again))} were"
+        raise ParameterError(f"fresh run {run_id!r}: {said} used before (used seeds {sorted(seeds)})")
     reused = sorted(fractions & {float(x) for x in spec["rate_fractions"]})
     if reused:
         raise ParameterError(f"fresh run {run_id!r}: rate fractions {reused} were used before ({sorted(fractions)})")
@@ -78,8 +81,8 @@ def _check_fresh(spec: dict, book: pd.DataFrame, run_id: str) -> None:
 
 def _current_freeze(root: Path, repo: Path) -> dict:
     """The freeze, refused where the cost-model code here differs from it."""
-    rec = freeze.load_freeze(root)
-    changed = freeze.changed_files(rec, repo)
+    rec = freeze_record.load_freeze(root)
+    changed = freeze_record.changed_files(rec, repo)
     if changed:
         raise ParameterError(
             f"the cost-model code changed since the freeze of {rec['frozen_utc']} ({', '.join(changed)}): its error "
@@ -89,28 +92,37 @@ def _current_freeze(root: Path, repo: Path) -> dict:
     return rec
 
 
-def register(run_id: str, *, root: Path = freeze.VALIDATION_DIR, repo: Path = REPO_ROOT) -> dict:
-    """Record the fresh run's spec in the ledger, after the freeze and before the run; the ledger row."""
+def register(
+    run_id: str, *, root: Path = freeze_record.VALIDATION_DIR, repo: Path = REPO_ROOT, repeats: int = 1
+) -> list[dict]:
+    """Record the fresh run's spec in the ledger, after the freeze and before the run: one row per seed its
+    ``repeats`` repeats will run with (the campaign's repeat k runs the spec's seed + k); the ledger rows."""
     root = Path(root)
     rec = _current_freeze(root, repo)
     spec = load_spec(run_id, root)
-    book = ledger.read(root / freeze.LEDGER_FILE)
+    book = ledger.read(root / freeze_record.LEDGER_FILE)
     if len(ledger.used(book, run_id=run_id)):
         raise ParameterError(f"fresh run {run_id!r} was already used: draw another (a new spec, a new seed)")
-    _check_fresh(spec, book, run_id)
-    row = {
-        "run_id": run_id,
-        "event": "registered",
-        "utc": freeze.utc_now(),
-        "commit": git_commit(),
-        "freeze_sha256": ledger.file_sha256(root / freeze.FREEZE_FILE),
-        "code_sha256": rec["code"]["sha256"],
-        "seed": spec["seed"],
-        "rate_fractions": [float(x) for x in spec["rate_fractions"]],
-        "note": f"spec sha256 {ledger.file_sha256(spec_path(run_id, root))}",
-    }
-    ledger.append(root / freeze.LEDGER_FILE, row)
-    return row
+    if repeats < 1:
+        raise ParameterError(f"repeats must be >= 1, got {repeats}")
+    _check_fresh(spec, book, run_id, repeats)
+    rows = []
+    for k in range(repeats):
+        row = {
+            "run_id": run_id,
+            "event": "registered",
+            "utc": freeze_record.utc_now(),
+            "commit": git_commit(),
+            "freeze_sha256": ledger.file_sha256(root / freeze_record.FREEZE_FILE),
+            "code_sha256": rec["code"]["sha256"],
+            "seed": spec["seed"] + k,
+            "rate_fractions": [float(x) for x in spec["rate_fractions"]],
+            "note": f"spec sha256 {ledger.file_sha256(spec_path(run_id, root))}"
+            + (f"; the campaign's repeat {k} (spec seed + {k})" if repeats > 1 else ""),
+        }
+        ledger.append(root / freeze_record.LEDGER_FILE, row)
+        rows.append(row)
+    return rows
 
 
 def _utc(s: str) -> _dt.datetime:
@@ -126,7 +138,7 @@ def _registration(book: pd.DataFrame, run_id: str, rec: dict, root: Path) -> pd.
     if not len(reg):
         raise ParameterError(f"fresh run {run_id!r} was never registered (heldout register {run_id}, before the run)")
     last = reg.iloc[-1]
-    if last["freeze_sha256"] != ledger.file_sha256(root / freeze.FREEZE_FILE):
+    if last["freeze_sha256"] != ledger.file_sha256(root / freeze_record.FREEZE_FILE):
         raise ParameterError(
             f"fresh run {run_id!r} was registered under an earlier freeze, not the one of {rec['frozen_utc']}: "
             "draw a new fresh run"
@@ -173,14 +185,14 @@ def evaluate(requests: pd.DataFrame, params: dict, models: dict) -> pd.DataFrame
     return pd.DataFrame(rows)
 
 
-def report_once(run_id: str, *, root: Path = freeze.VALIDATION_DIR, repo: Path = REPO_ROOT) -> dict:
+def report_once(run_id: str, *, root: Path = freeze_record.VALIDATION_DIR, repo: Path = REPO_ROOT) -> dict:
     """Evaluate the frozen model on fresh run ``run_id`` once (see the module's docstring for what is refused).
 
     Writes ``runs/<run_id>/heldout_report.csv`` (run × metric) and the ledger's ``reported`` row; returns that row
     with ``median_abs_error_pct`` (median |error| over every run and metric, %) as a float."""
     root = Path(root)
     rec = _current_freeze(root, repo)
-    book = ledger.read(root / freeze.LEDGER_FILE)
+    book = ledger.read(root / freeze_record.LEDGER_FILE)
     if len(ledger.used(book, run_id=run_id)):
         raise ParameterError(f"fresh run {run_id!r} was already used for a report: measure on another fresh run")
     spec = load_spec(run_id, root)
@@ -189,14 +201,14 @@ def report_once(run_id: str, *, root: Path = freeze.VALIDATION_DIR, repo: Path =
     sha = ledger.file_sha256(requests_csv)
     if len(ledger.used(book, data_sha256=sha)):
         raise ParameterError(f"the data of {run_id!r} was already used (as {ledger.used(book, data_sha256=sha)})")
-    table = evaluate(requests, params, freeze.frozen_models(rec, root))
+    table = evaluate(requests, params, freeze_record.frozen_models(rec, root))
     err = float(table["error_pct"].abs().median())
     table.to_csv(run_root(run_id, root) / "heldout_report.csv", index=False)
     drift = run.get("git_commit", "") != rec["calibration"]["study1_commit"]
     row = {
         "run_id": run_id,
         "event": "reported",
-        "utc": freeze.utc_now(),
+        "utc": freeze_record.utc_now(),
         "commit": git_commit(),
         "freeze_sha256": reg["freeze_sha256"],
         "code_sha256": rec["code"]["sha256"],
@@ -208,7 +220,7 @@ def report_once(run_id: str, *, root: Path = freeze.VALIDATION_DIR, repo: Path =
         "note": f"run at {run.get('git_commit', '')[:12]}"
         + (f"; the calibration runs at {rec['calibration']['study1_commit'][:12]}" if drift else ""),
     }
-    ledger.append(root / freeze.LEDGER_FILE, row)
+    ledger.append(root / freeze_record.LEDGER_FILE, row)
     return row
 
 
@@ -217,8 +229,8 @@ def _page_runs(book: pd.DataFrame, study1_slug: str | None) -> str:
     """What the page's own validation runs are, by the hash of the Study 1 data it replayed."""
     if study1_slug is None:
         return "The validation runs above are CPU stand-ins made by this run, not in the ledger."
-    csv = results_root() / study1_slug / study1_runs.STUDY1 / "requests.csv"
-    hit = ledger.used(book, data_sha256=ledger.file_sha256(csv)) if csv.is_file() else book.iloc[0:0]
+    sha = sources.study1_requests_sha256(None)  # the repeat the page replays: Study 1's first
+    hit = ledger.used(book, data_sha256=sha) if sha else book.iloc[0:0]
     if len(hit):
         return (
             f"The validation runs above were never fitted to, but they are ledger run `{hit['run_id'].iat[0]}`: the "
@@ -230,22 +242,22 @@ def _page_runs(book: pd.DataFrame, study1_slug: str | None) -> str:
     )
 
 
-def section(root: Path = freeze.VALIDATION_DIR, repo: Path = REPO_ROOT, study1_slug: str | None = None) -> str:
+def section(root: Path = freeze_record.VALIDATION_DIR, repo: Path = REPO_ROOT, study1_slug: str | None = None) -> str:
     """Markdown for notebook 08's held-out section: the freeze, whether this code matches it, what the page's
     validation runs are (``study1_slug``: the device slug of the Study 1 runs it replayed, None for stand-ins),
     and each run of the ledger as fresh or used, with its error; every number from ``sim_freeze.json`` and
     ``ledger.csv``."""
     root = Path(root)
-    book = ledger.read(root / freeze.LEDGER_FILE)
+    book = ledger.read(root / freeze_record.LEDGER_FILE)
     head = f"**Held-out runs.** {_page_runs(book, study1_slug)} "
     try:
-        rec = freeze.load_freeze(root)
+        rec = freeze_record.load_freeze(root)
     except ParameterError:
         return head + (
             "The cost model has not been frozen (`python -m servelab.studies.s08_simulator.freeze`): no error on "
             "this page is on a fresh run."
         )
-    changed = freeze.changed_files(rec, repo)
+    changed = freeze_record.changed_files(rec, repo)
     code = (
         "the code here matches it"
         if not changed
@@ -283,18 +295,22 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m servelab.studies.s08_simulator.heldout", description=__doc__)
     ap.add_argument("action", choices=("register", "report", "status"))
     ap.add_argument("run_id", nargs="?", help="a spec's name: data/validation/<run_id>.yaml")
-    ap.add_argument("--root", type=Path, default=freeze.VALIDATION_DIR, help="where the freeze and the ledger live")
+    ap.add_argument("--repeats", type=int, default=1, help="register: the seeds of this many repeats (seed + k)")
+    ap.add_argument(
+        "--root", type=Path, default=freeze_record.VALIDATION_DIR, help="where the freeze and the ledger live"
+    )
     a = ap.parse_args(argv)
     if a.action != "status" and not a.run_id:
         ap.error(f"{a.action} needs a run_id")
     try:
         if a.action == "register":
-            print(register(a.run_id, root=a.root))
+            for row in register(a.run_id, root=a.root, repeats=a.repeats):
+                print(row)
         elif a.action == "report":
             row = report_once(a.run_id, root=a.root)
             print(f"{a.run_id}: median |error| {row['median_abs_error_pct']:.2f} % over {row['runs']} runs (once)")
         else:
-            print(ledger.status(ledger.read(a.root / freeze.LEDGER_FILE)).to_string(index=False))
+            print(ledger.status(ledger.read(a.root / freeze_record.LEDGER_FILE)).to_string(index=False))
     except ParameterError as e:
         ap.exit(2, f"error: {e}\n")
     return 0

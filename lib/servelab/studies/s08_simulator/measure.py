@@ -28,7 +28,7 @@ from servelab.errors import ParameterError
 from servelab.measure import Roofline, device_record, measure_ceilings
 from servelab.measure.results import StudyResults
 from servelab.studies.common.quiet import quiet_run
-from servelab.studies.s08_simulator import freeze, speed
+from servelab.studies.s08_simulator import freeze_record, speed
 
 STUDY = "08_simulator"
 FRESH_MODELS = {"fresh_qwen2-0.5b": "config:qwen2-0.5b", "fresh_llama-3-8b": "config:llama-3-8b"}
@@ -36,7 +36,7 @@ FRESH_MODELS = {"fresh_qwen2-0.5b": "config:qwen2-0.5b", "fresh_llama-3-8b": "co
 PARTS = {"fresh_qwen2-0.5b": 5.0, "fresh_llama-3-8b": 7.0, "speed": 1.5}
 
 
-def fresh_spec(run_id: str, root: Path = freeze.VALIDATION_DIR) -> dict:
+def fresh_spec(run_id: str, root: Path = freeze_record.VALIDATION_DIR) -> dict:
     """The registered fresh run's spec (notebook 01's parameters): an integer seed and a list of rate fractions."""
     path = Path(root) / f"{run_id}.yaml"
     if not path.is_file():
@@ -50,24 +50,24 @@ def fresh_spec(run_id: str, root: Path = freeze.VALIDATION_DIR) -> dict:
     return spec
 
 
-def freeze_check(root: Path = freeze.VALIDATION_DIR) -> dict:
+def freeze_check(root: Path = freeze_record.VALIDATION_DIR) -> dict:
     """The cost-model code's hash now against the freeze's: a fresh run tests the frozen model only if they match."""
     try:
-        rec = freeze.load_freeze(root)
+        rec = freeze_record.load_freeze(root)
     except ParameterError:
         rec = None
-    code = freeze.code_hashes()
-    now = freeze.combined_sha256(code)
+    code = freeze_record.code_hashes()
+    now = freeze_record.combined_sha256(code)
     return {
         "code_sha256": now,
         "frozen_code_sha256": rec["code"]["sha256"] if rec else None,
         "frozen_utc": rec["frozen_utc"] if rec else None,
         "matches_freeze": bool(rec) and now == rec["code"]["sha256"],
-        "changed_files": freeze.changed_files(rec) if rec else sorted(code),
+        "changed_files": freeze_record.changed_files(rec) if rec else sorted(code),
     }
 
 
-def seed_record(P: dict, root: Path = freeze.VALIDATION_DIR) -> dict:
+def seed_record(P: dict, root: Path = freeze_record.VALIDATION_DIR) -> dict:
     """Which registered spec and seed a fresh run used: the spec's seed moved by this run's ``seed`` (repeat r of a
     campaign: + r), so only a run with ``P["seed"] == 0`` runs the seed the ledger registered for that spec."""
     path = Path(root) / f"{P['fresh_run']}.yaml"
@@ -128,8 +128,8 @@ def _speed(res: StudyResults, P: dict) -> None:
     from servelab.studies.s01_scheduling.sweep import workload_lengths
     from servelab.studies.s08_simulator.study1_runs import server_limits, sim_kwargs_for
 
-    rec = freeze.load_freeze()
-    models = freeze.frozen_models(rec)
+    rec = freeze_record.load_freeze()
+    models = freeze_record.frozen_models(rec)
     P1 = study_params("full")  # the server's limits and request lengths the simulator runs on
     model = next(m for m in P1["models"] if m in models)
     sched = sim_kwargs_for(server_limits({**P1, "step_graphs": True}))({"scheduler": "chunked_prefill", "budget": None})

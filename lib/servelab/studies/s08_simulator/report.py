@@ -29,7 +29,7 @@ from servelab.studies.common.runs import RunSet
 from servelab.studies.s08_simulator import (
     ablation,
     context_reads,
-    freeze,
+    freeze_record,
     heldout,
     prefix_routing,
     sources,
@@ -48,7 +48,7 @@ FRESH = "fresh"  # the measuring path's held-out parts: fresh_<model short name>
 # the page's simulations (the measuring run does not size them: they are recomputed at every render, on a CPU)
 SETTINGS = dict(
     capacity_model="config:qwen2-0.5b",
-    **freeze.FIT,
+    **freeze_record.FIT,
     capacity_routers=list(ROUTERS),
     capacity_rate_multiples=[1, 2, 4, 8],
     capacity_duration_s=10.0,
@@ -299,8 +299,8 @@ def fresh_error(runs: RunSet) -> dict:
     if not frames:
         return {}
     try:
-        rec = freeze.load_freeze()
-        models = freeze.frozen_models(rec)
+        rec = freeze_record.load_freeze()
+        models = freeze_record.frozen_models(rec)
     except Exception as e:  # noqa: BLE001 - no freeze here: say so
         return {"error": f"no frozen cost model ({e})"}
     tables, checks = [], []
@@ -326,9 +326,9 @@ def fresh_error(runs: RunSet) -> dict:
     }
 
 
-def registered_seeds(root=freeze.VALIDATION_DIR) -> dict[str, list[int]]:
+def registered_seeds(root=freeze_record.VALIDATION_DIR) -> dict[str, list[int]]:
     """The seeds ``data/validation/ledger.csv`` registered, by fresh run (its ``registered`` rows)."""
-    book = ledger_mod.read(Path(root) / freeze.LEDGER_FILE)
+    book = ledger_mod.read(Path(root) / freeze_record.LEDGER_FILE)
     reg = book[book["event"] == "registered"]
     out: dict[str, list[int]] = {}
     for run_id, seed in zip(reg["run_id"], reg["seed"], strict=True):
@@ -337,7 +337,7 @@ def registered_seeds(root=freeze.VALIDATION_DIR) -> dict[str, list[int]]:
     return out
 
 
-def fresh_seeds(runs: RunSet, root=freeze.VALIDATION_DIR) -> pd.DataFrame:
+def fresh_seeds(runs: RunSet, root=freeze_record.VALIDATION_DIR) -> pd.DataFrame:
     """One row per measured fresh run (part, repeat): the ledger's spec and the seed it ran with (its
     ``fresh_seed.json``, else its ``fresh_params.json``), and whether the ledger registered that seed for that spec.
     Where no fresh run was measured: the seeds a campaign's first three repeats would use (spec seed + repeat)."""

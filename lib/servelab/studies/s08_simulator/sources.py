@@ -11,6 +11,7 @@ Runs of the old flat layout (the legacy run of each study) are read alike: the r
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from servelab.sim.cost_fit import fit_all
 from servelab.sim.cost_model import StepCostModel
 from servelab.studies.common.runs import RunSet, pool_repeats, study_runs
 from servelab.studies.s08_simulator.context_reads import with_context_reads
+from servelab.studies.s08_simulator.ledger import file_sha256
 from servelab.studies.s08_simulator.study7_runs import Study7Runs
 
 STUDY1, STUDY2, STUDY7 = "01_scheduling", "02_gpu_costs", "07_prefix_cache"
@@ -88,6 +90,20 @@ def study1_repeat(runs: RunSet, index: int) -> Study1 | None:
         len(runs.repeats),
         runs.fingerprint == "legacy",
     )
+
+
+def study1_requests_sha256(root: Path | None, index: int | None = None) -> str | None:
+    """Repeat ``index`` (default: the first) of Study 1's request records as one hash, the ledger's name for that
+    data: its one file's SHA-256 where it has one (so that a run's data keeps its hash in any layout), else the hash
+    of its files' hashes in order; None where it has none."""
+    runs = runs_of(STUDY1, root)
+    if not runs.measured:
+        return None
+    rep = runs.repeat(runs.repeats[0] if index is None else index)
+    shas = [file_sha256(r.dir / "requests.csv") for r in rep.runs if (r.dir / "requests.csv").is_file()]
+    if not shas:
+        return None
+    return shas[0] if len(shas) == 1 else hashlib.sha256("".join(shas).encode()).hexdigest()
 
 
 def study2_steps(root: Path | None) -> pd.DataFrame | None:

@@ -6,15 +6,14 @@
   in-process on the CPU, driven by Poisson traces on the wall clock (``engine_replay``), in the same format;
 - ``server_limits``: the limits the real server ran with, as ``simulate`` keyword arguments;
 - ``requested_outputs``: the output lengths a run *asked* for (the records only hold what arrived before the
-  run's deadline), regenerated from the run's seed and checked against the records;
-- ``gpu_cost_model``: Study 2's fitted cost model for a model, first mode found.
+  run's deadline), regenerated from the run's seed and checked against the records.
+
+Study 2's cost models are fitted from its runs where the page reads them (``sources.gpu_cost_model``).
 """
 
 from __future__ import annotations
 
 import json
-import warnings
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -24,13 +23,9 @@ from servelab.engine.step_graphs import step_graph_sizes
 from servelab.errors import ParameterError
 from servelab.loadgen.workload import Trace
 from servelab.measure.results import results_root
-from servelab.paths import REPO_ROOT
-from servelab.sim.cost_model import StepCostModel
 from servelab.sim.simulator import DEFAULT_NUM_BLOCKS
-from servelab.studies.s08_simulator.context_reads import with_context_reads
 
 STUDY1 = "01_scheduling"
-STUDY2 = "02_gpu_costs"
 
 
 def _study_dir(study: str, root: Path | None = None) -> Path | None:
@@ -216,38 +211,3 @@ def requested_outputs_for(params: dict):
         return None
 
     return outputs_for
-
-
-def study2_dirs() -> Iterator[Path]:
-    """Study 2's result folders in the order they are looked up: the results root, then the repository's
-    committed H200 data."""
-    for root in (results_root(), REPO_ROOT / "data" / "results"):
-        d = _study_dir(STUDY2, root)
-        if d is not None:
-            yield d
-
-
-def study2_steps() -> pd.DataFrame | None:
-    """Study 2's timed steps (``steps.csv``) where ``gpu_cost_model`` looks first, or None."""
-    d = next((d for d in study2_dirs() if (d / "steps.csv").exists()), None)
-    return pd.read_csv(d / "steps.csv") if d is not None else None
-
-
-def gpu_cost_model(model: str, modes: list[str], *, context_reads: bool = True) -> tuple[StepCostModel, str] | None:
-    """Study 2's cost model of ``model`` in the first of ``modes`` that exists (results root first, then the
-    repository's committed H200 data); ``(model, mode)`` or None. Where Study 2 also timed chunks after cached
-    context (its ``steps.csv``), the model prices the context they read
-    (``servelab.studies.s08_simulator.context_reads``) unless ``context_reads=False``."""
-    stem = model.replace(":", "_").replace("/", "_")
-    for mode in modes:
-        for d in study2_dirs():
-            path = d / f"cost_model_{stem}_{mode}.json"
-            if path.exists():
-                try:
-                    base = StepCostModel.load(path)
-                except ParameterError as e:  # a file of another form: say so, try the next mode
-                    warnings.warn(f"skipping {path}: {e}", stacklevel=2)
-                    continue
-                steps = pd.read_csv(d / "steps.csv") if context_reads and (d / "steps.csv").exists() else None
-                return with_context_reads(base, steps, model, mode)[0], mode
-    return None
