@@ -327,9 +327,13 @@ def fresh_error(runs: RunSet) -> dict:
 
 
 def registered_seeds(root=freeze_record.VALIDATION_DIR) -> dict[str, list[int]]:
-    """The seeds ``data/validation/ledger.csv`` registered, by fresh run (its ``registered`` rows)."""
-    book = ledger_mod.read(Path(root) / freeze_record.LEDGER_FILE)
-    reg = book[book["event"] == "registered"]
+    """The seeds ``data/validation/ledger.csv`` registered under the current freeze, by fresh run (its
+    ``registered`` rows; a freeze again voids the registrations made before it)."""
+    root = Path(root)
+    book = ledger_mod.read(root / freeze_record.LEDGER_FILE)
+    freeze_file = root / freeze_record.FREEZE_FILE
+    current = ledger_mod.file_sha256(freeze_file) if freeze_file.is_file() else None
+    reg = book[(book["event"] == "registered") & (book["freeze_sha256"] == current)]
     out: dict[str, list[int]] = {}
     for run_id, seed in zip(reg["run_id"], reg["seed"], strict=True):
         if str(seed).strip().lstrip("-").isdigit():
