@@ -3,9 +3,9 @@
 It checks that every study has exactly one page source, runs every study's reporting path over its committed runs
 (``findings.all_evidence``: today's rules on the data, in worker processes), then writes the generated includes under
 ``book/_generated/`` (findings table with each claim's evidence, findings by study, against published results, rule
-changes, the seed's claims per study, the runs' hardware and ceilings, how to reproduce, the engine's benchmark)
-and copies MathJax into ``book/_static/mathjax/``. The output depends only on the repository's files, so two runs on
-the same commit write the same bytes.
+changes, the seed's claims per study, the runs' hardware and ceilings, how to reproduce, the engine's benchmark and
+step budget) and copies MathJax into ``book/_static/mathjax/``. The output depends only on the repository's files, so
+two runs on the same commit write the same bytes.
 """
 
 from __future__ import annotations
@@ -29,6 +29,9 @@ from servelab_book.engine_prose import (
     render_mixed,
     render_offline,
 )
+from servelab_book.engine_step_budget import FIGURE as STEP_BUDGET_FIGURE
+from servelab_book.engine_step_budget import INCLUDE as STEP_BUDGET_INCLUDE
+from servelab_book.engine_step_budget import find_step_budget, step_budget_page
 from servelab_book.engine_tables import render_code_status, render_decode_comparison, render_exactness
 from servelab_book.findings import BOOK_DEVICE, all_evidence, book_findings, book_runs
 from servelab_book.findings_table import (
@@ -164,6 +167,8 @@ def prepare(
         "engine_exactness_trained.md": render_exactness_trained(bench),
         "scheduling_step_costs.md": render_step_costs(find_steps(results_root, device)),
     }
+    budget_page = step_budget_page(find_step_budget(results_root, device))
+    files[STEP_BUDGET_INCLUDE] = budget_page.markdown
     files.update({f"claims/{s.slug}.md": render_seed_claims(seed, s.slug) for s in STUDIES})
     files["published.md"] = render_all_published(evidence)
     files["rule_changes.md"] = render_rule_changes(load_registry(rules_file), table, results, device)
@@ -173,6 +178,10 @@ def prepare(
         write_if_changed(generated_dir / name, HEADER + text, report)
     if spec_page.svg is not None:  # an SVG file: no markdown header before its XML declaration
         write_if_changed(generated_dir / CONTROLLED_FIGURE, spec_page.svg, report)
+    if budget_page.svg is not None:
+        write_if_changed(generated_dir / STEP_BUDGET_FIGURE, budget_page.svg, report)
+    elif (generated_dir / STEP_BUDGET_FIGURE).exists():  # a figure of a step budget no longer in the results
+        (generated_dir / STEP_BUDGET_FIGURE).unlink()
     stale = generated_dir / "page_runs.json"  # the git-commit staleness notes of old: superseded by fingerprints
     if stale.exists():
         stale.unlink()
