@@ -100,8 +100,10 @@ def collect(*args: str, prelude: str = "", autoload_plugins: bool = True) -> tup
         text=True,
         timeout=600,
     )
-    items = dict(json.loads(line[5:]) for line in out.stdout.splitlines() if line.startswith("ITEM "))
-    return out.returncode, {k: set(v) for k, v in items.items()}, out.stdout[-3000:] + out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    items = dict(json.loads(line[5:]) for line in lines if line.startswith("ITEM "))
+    log = "\n".join(line for line in lines if not line.startswith("ITEM "))[-3000:] + out.stderr[-3000:]
+    return out.returncode, {k: set(v) for k, v in items.items()}, log
 
 
 def matches(pattern: str, nodeid: str) -> bool:
