@@ -10,7 +10,8 @@ BUILD := _build
 REPEATS ?= 3
 
 
-.PHONY: venv lint pages book test test-lib test-pages test-notebooks test-book browser gpu-plan reproduce clean
+.PHONY: venv lint pages book test test-lib test-pages test-notebooks test-book browser gpu-plan reproduce clean \
+	gpu-test-quick gpu-test
 
 venv: $(STAMP)
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
@@ -55,6 +56,27 @@ test-pages: $(STAMP)
 # Every study notebook in the smoke profile (profile="auto" picks it without CUDA), writing to scratch.
 test-notebooks: $(STAMP)
 	SERVELAB_RESULTS=$$(mktemp -d) $(PY) -m pytest -q --nbval-lax -p no:cacheprovider notebooks || [ $$? -eq 5 ]
+
+# The GPU tests in two tiers (README, "GPU tests in two tiers"), on a CUDA device: gpu-test-quick runs the tests
+# marked gpu_quick (token-exactness of every captured path at cheap shapes; meant to take under 3 minutes on the
+# H200), gpu-test every test marked gpu (the quick ones too). Neither needs the venv: GPU_PY is the venv's python
+# where there is one, else python3 (the H200 machine's has torch and pytest). Only the files that mark tests gpu
+# are collected: the rest of tests/ imports packages that machine lacks (tests/test_gpu_tiers.py checks both).
+# --durations: every phase of 0.5 s or more, slowest first, so each run records where the time went.
+GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
+GPU_TEST_FILES = $(shell grep -l 'pytest\.mark\.gpu' tests/test_*.py)
+GPU_PYTEST = PYTHONPATH=lib$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY) -m pytest -q -p no:cacheprovider --durations=0 \
+	--durations-min=0.5
+NEEDS_CUDA = $(GPU_PY) -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' \
+	|| { echo "$@: no CUDA device here (the tests would all skip)" >&2; exit 1; }
+
+gpu-test-quick:
+	@$(NEEDS_CUDA)
+	$(GPU_PYTEST) -m gpu_quick $(GPU_TEST_FILES)
+
+gpu-test:
+	@$(NEEDS_CUDA)
+	$(GPU_PYTEST) -m gpu $(GPU_TEST_FILES)
 
 # Check the built book, then open every page in headless Chromium (screenshots: tests/_artifacts/).
 test-book: book browser

@@ -31,3 +31,19 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test marked ``gpu`` needs a CUDA device: without one it is skipped. The marker (pyproject.toml) is what
+    names the GPU tests as a set: ``-m gpu`` selects all of them (``make gpu-test``), ``-m gpu_quick`` the quick tier
+    (``make gpu-test-quick``); tests/test_gpu_tiers.py checks the tiers."""
+    gpu = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if not gpu:
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (marked gpu)")
+    for item in gpu:
+        item.add_marker(skip)

@@ -237,7 +237,7 @@ def test_compile_defaults_to_auto_and_bad_switches_are_refused(llama):
             EngineConfig(**bad)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: counts the host's waits for the GPU")
+@pytest.mark.gpu  # counts the host's waits for the GPU
 def test_steady_decode_steps_never_synchronise_but_to_read_tokens():
     """On a GPU, a decode step's host work (scheduling, inputs, launch, reading the step before) calls nothing
     that synchronises the device: ``torch.cuda.set_sync_debug_mode("error")`` would raise."""
@@ -347,9 +347,8 @@ def test_multi_step_abort_between_groups_gives_back_its_row_and_blocks(offline):
     assert not leaks and not engine.runner.tables.row_of and engine.block_manager.num_used_blocks == 0
 
 
-@pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs CUDA: multi-step groups through captured decode graphs"
-)
+@pytest.mark.gpu  # multi-step groups through captured decode graphs
+@pytest.mark.gpu_quick
 def test_multi_step_groups_in_captured_graphs_give_back_rows_and_match_single_steps():
     """The H200 setting of the failure: captured decode graphs and whole-step graphs, async scheduling on, many more
     requests than ``max_num_seqs``; float32, so ``decode_steps=8`` gives the single-step loop's tokens exactly."""

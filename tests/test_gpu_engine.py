@@ -4,7 +4,12 @@ In float32 the engine with decode graphs and whole-step graphs (ragged Triton at
 greedy tokens, under chunked prefill and with the prefix cache, as the CPU tests require of the eager path;
 also at head_dim 80 (padded inside the kernels), and with split-KV decode over a long context, in the decode
 kernel and in the ragged kernel of a captured mixed step.
+
+Every test here is marked ``gpu``; those marked ``gpu_quick`` too are the quick tier (``make gpu-test-quick``): one
+cheap case of each captured path, at shapes whose Triton kernels and compiled blocks other quick tests build anyway.
 """
+
+import gc
 
 import pytest
 import torch
@@ -12,10 +17,15 @@ import torch
 from servelab.engine import Engine, EngineConfig, SamplingParams
 from servelab.models import load_model
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+pytestmark = pytest.mark.gpu
 
 STEPS = 10
 GREEDY = SamplingParams(max_tokens=STEPS, ignore_eos=True)
+FAMILIES = ("tiny-qwen2", "tiny-llama", "tiny-gpt2", "tiny-llama-hd80")
+POLICIES = (("chunked_prefill", 64), ("chunked_prefill", 160), ("eager_cont_batch", 512))
+# the quick tier's cases of the family test: decode graphs and whole-step graphs (chunked prefill, mixed steps) in
+# every family at budget 64, and long tiles after cached context once (budget 160)
+QUICK_FAMILY_CASES = {("chunked_prefill", 64, f) for f in FAMILIES} | {("chunked_prefill", 160, "tiny-llama")}
 
 
 def hf_greedy(hf, prompts):
@@ -35,24 +45,87 @@ def hf_greedy(hf, prompts):
     return refs
 
 
-@pytest.mark.parametrize("family", ["tiny-qwen2", "tiny-llama", "tiny-gpt2", "tiny-llama-hd80"])
+def family_config(policy: str, budget: int) -> dict:
+    return dict(block_size=4, num_blocks=512, max_num_seqs=4, max_num_batched_tokens=budget, scheduler=policy)
+
+
+def engine_is_idle(engine) -> bool:
+    """Nothing queued, running or in flight; every block-table row and KV block given back."""
+    return (
+        not engine.has_unfinished()
+        and not engine.leaked()
+        and not engine.runner.tables.row_of
+        and engine.block_manager.num_used_blocks == 0
+    )
+
+
+def step_counts(engine) -> dict:
+    st = engine.stats()
+    return {k: st[k] for k in ("graph_steps", "step_graph_steps", "eager_steps")}
+
+
+def ran_since(engine, before: dict) -> dict:
+    """Steps of each kind the engine ran since ``before`` (its counters cover its whole life)."""
+    return {k: v - before[k] for k, v in step_counts(engine).items()}
+
+
+@pytest.fixture(scope="module")
+def shared_engine():
+    """``shared_engine(family, **config)``: a float32 ``(hf, engine)`` built once for this module per family and
+    config, so a second test with the same ones skips the build (the compile check, every decode-graph and
+    whole-step-graph capture). The quick split-KV case runs on the hd80 family test's engine this way.
+
+    Why sharing is safe here: the tests that take an engine from this fixture only call ``generate`` on it, which
+    runs every request to the end, and they sample greedily (no random state). What one leaves for the next is
+    what a serving engine leaves between two batches of requests (the benchmark reuses its engines the same way):
+    free KV blocks whose stale bytes are written before they are read, block-table rows given back, nothing in
+    flight, and no prefix cache (no test asks for one here). An engine that is not idle (a test failed mid-run) is
+    never handed out again: it is built anew. Step counters span the engine's life, so tests read differences
+    (``ran_since``). The engines are freed at the module's end."""
+    built = {}
+
+    def get(family: str, **config):
+        key = (family, tuple(sorted(config.items())))
+        if key not in built or not engine_is_idle(built[key][1]):
+            built.pop(key, None)
+            hf = load_model(f"config:{family}", dtype="float32", device="cuda").model
+            built[key] = hf, Engine.from_hf(hf, EngineConfig(**config))
+        return built[key]
+
+    yield get
+    built.clear()
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
 @pytest.mark.parametrize(
-    "policy,budget", [("chunked_prefill", 64), ("chunked_prefill", 160), ("eager_cont_batch", 512)]
+    "policy,budget,family",
+    [
+        pytest.param(
+            policy,
+            budget,
+            family,
+            marks=[pytest.mark.gpu_quick] if (policy, budget, family) in QUICK_FAMILY_CASES else [],
+            id=f"{policy}-{budget}-{family}",
+        )
+        for policy, budget in POLICIES
+        for family in FAMILIES
+    ],
 )
-def test_captured_steps_give_hf_greedy_tokens_in_float32(family, policy, budget):
+def test_captured_steps_give_hf_greedy_tokens_in_float32(shared_engine, policy, budget, family):
     """Budgets of 160 and 512 put runs of 128 tokens or more (long tiles) in the steps, after cached context too."""
-    hf = load_model(f"config:{family}", dtype="float32", device="cuda").model
+    hf, engine = shared_engine(family, **family_config(policy, budget))
     g = torch.Generator().manual_seed(11)
     prompts = [torch.randint(3, hf.config.vocab_size, (n,), generator=g).tolist() for n in (6, 19, 33, 2, 45, 300)]
-    engine = Engine.from_hf(
-        hf, EngineConfig(block_size=4, num_blocks=512, max_num_seqs=4, max_num_batched_tokens=budget, scheduler=policy)
-    )
     assert engine.step_graphs_status.startswith("on"), engine.step_graphs_status
+    before = step_counts(engine)
     assert engine.generate(prompts, GREEDY) == hf_greedy(hf, prompts)
-    st = engine.stats()
-    assert st["step_graph_steps"] > 0 and st["eager_steps"] == 0, st
+    ran = ran_since(engine, before)
+    # the last prompt's final decodes run alone: decode-only steps, in decode graphs
+    assert ran["step_graph_steps"] > 0 and ran["graph_steps"] > 0 and ran["eager_steps"] == 0, ran
 
 
+@pytest.mark.gpu_quick
 def test_captured_steps_with_prefix_hits_match_the_uncached_engine():
     hf = load_model("config:tiny-llama", dtype="float32", device="cuda").model
     g = torch.Generator().manual_seed(3)
@@ -88,15 +161,32 @@ def test_compiled_split_kv_decode_matches_gather_at_long_contexts(head_dim, dtyp
     torch.testing.assert_close(got, ref, rtol=tol, atol=tol)
 
 
-def test_captured_split_kv_decodes_give_hf_greedy_tokens_over_a_long_prompt():
+@pytest.mark.parametrize(
+    "config",
+    [
+        # quick: the hd80 family test's engine (block size 4, budget 64), shared: no build, no new kernel tuning
+        pytest.param(family_config("chunked_prefill", 64), marks=pytest.mark.gpu_quick, id="block4-budget64"),
+        # full: block size 16 (a decode-kernel tuning of its own at head_dim 80) and the default budget (8192: every
+        # whole-step graph size up to it captured); 87 s on the H200 (data/results/nvidia-h200/engine/gpu_tests.log)
+        pytest.param(dict(block_size=16, num_blocks=256, max_num_seqs=4), id="block16-default-budget"),
+    ],
+)
+def test_captured_split_kv_decodes_give_hf_greedy_tokens_over_a_long_prompt(shared_engine, config):
     """A 700-token prompt outgrows the short decode-graph width, so its decodes replay the full-width graph,
     whose kernel splits each context (batch 1)."""
-    hf = load_model("config:tiny-llama-hd80", dtype="float32", device="cuda").model
+    from servelab.kernels.split_kv import decode_splits
+    from servelab.kernels.triton_decode import sm_count
+
+    hf, engine = shared_engine("tiny-llama-hd80", **config)
     g = torch.Generator().manual_seed(7)
     prompts = [torch.randint(3, hf.config.vocab_size, (700,), generator=g).tolist()]
-    engine = Engine.from_hf(hf, EngineConfig(block_size=16, num_blocks=256, max_num_seqs=4))
     assert engine.num_graphs > 0
+    widths, bs = engine.runner.graphs.block_widths, engine.config.block_size
+    assert widths[0] * bs < len(prompts[0]) <= widths[-1] * bs, widths  # the decodes need the full width...
+    assert decode_splits(1, hf.config.num_key_value_heads, widths[-1] * bs, sm_count("cuda")) > 1  # ...which splits
+    before = step_counts(engine)
     assert engine.generate(prompts, GREEDY) == hf_greedy(hf, prompts)
+    assert ran_since(engine, before)["graph_steps"] > 0
 
 
 @pytest.mark.parametrize("head_dim,dtype", [(64, torch.float32), (80, torch.float32), (64, torch.bfloat16)])
@@ -129,6 +219,7 @@ def test_compiled_split_ragged_tiles_match_the_reference_at_long_contexts(head_d
     assert (rt.split_counters == 0).all()
 
 
+@pytest.mark.gpu_quick
 def test_captured_mixed_steps_with_a_long_context_split_and_give_hf_greedy_tokens(monkeypatch):
     """A 1,500-token prompt prefilled beside short requests, then decoded while a fifth request's prompt is
     prefilled: its chunks after 512+ cached keys and its decode inside a mixed step run as split tiles, in captured

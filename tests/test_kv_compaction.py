@@ -96,7 +96,7 @@ def test_bad_arguments():
         compact(pool, bm, stream=object())
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.gpu
 @pytest.mark.parametrize("method", ["gather_scatter", "gather_scatter_wide", "block_loop"])
 def test_compaction_on_a_side_stream_preserves_kv_on_cuda(method):
     bm, cpu_pool = fragmented()

@@ -313,7 +313,7 @@ def test_compaction_sweep_skips_points_with_nothing_to_move():
     assert (df["status"] == "skipped: no block to move").all()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.gpu
 def test_overlap_rig_on_cuda_times_all_four_conditions():
     a = torch.randn(1 << 20, device="cuda")
     b = torch.empty_like(a)

@@ -163,10 +163,8 @@ def test_kernel_is_the_pytorch_path_and_the_engine_gives_hf_tokens_under_the_int
 
 # ---- on a CUDA device (the H200 runs these) --------------------------------------------------------------------
 
-cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
-
-@cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_compiled_kernel_matches_the_pytorch_path(shape, dtype):
@@ -180,8 +178,13 @@ def test_compiled_kernel_matches_the_pytorch_path(shape, dtype):
     assert torch.equal(pool.kv, ref_pool.kv)
 
 
-@cuda
-@pytest.mark.parametrize("family", ["tiny-qwen2", "tiny-llama", "tiny-llama-hd80"])
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "family",
+    # quick: the padded head (80 in 128 lanes, RoPE halves of 40), at the hd80 family test's block size, whose
+    # kernels the quick tier builds anyway
+    ["tiny-qwen2", "tiny-llama", pytest.param("tiny-llama-hd80", marks=pytest.mark.gpu_quick)],
+)
 def test_captured_steps_with_the_fused_kernel_give_hf_greedy_tokens_in_float32(family):
     from tests.test_gpu_engine import GREEDY, hf_greedy
 
@@ -199,7 +202,7 @@ def test_captured_steps_with_the_fused_kernel_give_hf_greedy_tokens_in_float32(f
     assert st["graph_steps"] > 0 and st["step_graph_steps"] > 0 and st["eager_steps"] == 0, st
 
 
-@cuda
+@pytest.mark.gpu
 def test_compiled_bf16_engine_with_the_fused_kernel_agrees_with_the_default_engine():
     """bf16, compile on (the benchmark's configuration): the fused engine's greedy tokens are the default's
     on most steps (bf16 near-ties may flip a token, and everything after it)."""
