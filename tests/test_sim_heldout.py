@@ -292,3 +292,17 @@ def test_a_campaigns_repeats_register_one_seed_each_and_none_used_before(tree):
     write_spec(t, "near_dev", -2, [0.55])  # seeds -2, -1, 0: the last is the development runs'
     with pytest.raises(ParameterError, match="seed 0 was used"):
         heldout.register("near_dev", **kw(t), repeats=3)
+
+
+def test_the_ledger_status_voids_registrations_of_an_earlier_freeze_and_ranges_repeat_seeds():
+    book = pd.DataFrame(
+        [
+            dict(run_id="a", event="registered", utc="t0", freeze_sha256="old", seed=23, rate_fractions="0.5",
+                 runs="", median_abs_error_pct="", note=""),
+            *[dict(run_id="b", event="registered", utc="t1", freeze_sha256="new", seed=s, rate_fractions="0.6",
+                   runs="", median_abs_error_pct="", note="") for s in (41, 42, 43)],
+        ]
+    )  # fmt: skip
+    st = ledger.status(book, "new").set_index("run_id")
+    assert st.loc["a", "status"].startswith("void") and st.loc["b", "status"].startswith("fresh")
+    assert st.loc["b", "seed"] == "41–43" and st.loc["a", "seed"] == 23

@@ -271,7 +271,7 @@ def section(root: Path = freeze_record.VALIDATION_DIR, repo: Path = REPO_ROOT, s
         f"held-out runs was {h['median_abs_error_pct']:.1f} %. Only a fresh run, drawn after the freeze and "
         f"evaluated once, measures held-out error:\n\n"
     )
-    st = ledger.status(book)
+    st = ledger.status(book, ledger.file_sha256(root / freeze_record.FREEZE_FILE))  # a voided registration says so
     if not len(st):
         return text + "No run is in the ledger yet.\n"
     cols = "| Run | Status | Since | Seed | Rate fractions | Runs | Median \\|error\\| % |\n" + "|---" * 7 + "|\n"

@@ -97,9 +97,11 @@ def used(ledger: pd.DataFrame, run_id: str | None = None, data_sha256: str | Non
     return u[hit]
 
 
-def status(ledger: pd.DataFrame) -> pd.DataFrame:
+def status(ledger: pd.DataFrame, freeze_sha256: str | None = None) -> pd.DataFrame:
     """One row per run: its latest event and what it says (``used during development``, ``fresh: registered``,
-    ``used: reported once``), with the error where one was reported."""
+    ``used: reported once``), with the error where one was reported. ``freeze_sha256``: the current freeze's hash;
+    a registration under another freeze reads ``void`` (freezing again voids it). The seeds of a run registered
+    for several repeats read as their range."""
     rows = []
     for run_id, g in ledger.groupby("run_id", sort=False):
         last = g.iloc[-1]
@@ -111,12 +113,20 @@ def status(ledger: pd.DataFrame) -> pd.DataFrame:
             "registered": "fresh (registered, not yet evaluated)",
             "reported": "used (evaluated once)",
         }[last["event"]]
+        seed = last["seed"]
+        if last["event"] == "registered":
+            reg = g[(g["event"] == "registered") & (g["freeze_sha256"] == last["freeze_sha256"])]
+            seeds = sorted({int(x) for x in reg["seed"] if str(x).strip().lstrip("-").isdigit()})
+            if len(seeds) > 1:
+                seed = f"{seeds[0]}–{seeds[-1]}"
+            if freeze_sha256 is not None and last["freeze_sha256"] != freeze_sha256:
+                state = "void (registered under an earlier freeze; never run)"
         rows.append(
             {
                 "run_id": run_id,
                 "status": state,
                 "since_utc": last["utc"],
-                "seed": last["seed"],
+                "seed": seed,
                 "rate_fractions": last["rate_fractions"],
                 "runs": last["runs"],
                 "median_abs_error_pct": last["median_abs_error_pct"],
