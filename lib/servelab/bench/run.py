@@ -30,12 +30,12 @@ against HF, same weights).
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
 import pandas as pd
 
+from servelab.bench.cli_args import bench_parser
 from servelab.bench.plan import BenchPlan, make_plan
 from servelab.errors import ParameterError
 
@@ -58,17 +58,10 @@ def run_bench(plan: BenchPlan, *, write: bool = True, progress: bool = True, log
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(
-        prog="python -m servelab.bench",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--model", default="config:qwen2-0.5b", help="any spec the model loader accepts")
+    p = bench_parser("python -m servelab.bench", __doc__)
     p.add_argument("--mfu-model", default="config:qwen2-1.5b", help="model for the prefill-MFU row")
     p.add_argument("--e2e-model", default=None, help="model for the e2e_ms_per_token_b1 row (default: --model)")
     p.add_argument("--mfu-tokens", type=int, default=4096)
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if present)")
     p.add_argument("--num-requests", type=int, default=None, help="offline workload size (default 256)")
     p.add_argument("--min-len", type=int, default=100)
     p.add_argument("--max-len", type=int, default=1024)

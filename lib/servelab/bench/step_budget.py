@@ -23,7 +23,6 @@ kind; ``--time-budget`` skips the kinds that would start after it.
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import gc
 import json
@@ -34,6 +33,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from servelab.bench.cli_args import bench_parser
 from servelab.bench.step_budget_kind import StepKind, failed_rows, measure_kind
 from servelab.errors import ParameterError
 
@@ -165,15 +165,8 @@ def run_budget(plan: BudgetPlan, out: Path | None = None, log=print) -> pd.DataF
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(
-        prog="python -m servelab.bench.step_budget",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--model", default="config:qwen2-0.5b", help="any spec the model loader accepts")
+    p = bench_parser("python -m servelab.bench.step_budget", __doc__)
     p.add_argument("--out", type=Path, default=None, help="folder for the CSV (default <results>/<device>/engine)")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda if present)")
     p.add_argument("--repeats", type=int, default=None, help="timed calls per step (default 30 on CUDA, 5 on a CPU)")
     p.add_argument("--profiled-calls", type=int, default=None, help="calls profiled per step (default 5; 2 on a CPU)")
     p.add_argument("--seed", type=int, default=0)
