@@ -69,14 +69,10 @@ class Job:
 
 
 def held_back(study: str, part: str) -> str:
-    """Why a job cannot give valid data yet ("" where it can). A fresh held-out run of the simulator tests the
-    frozen cost model only while the model's code is the freeze's: after a change, freeze again first."""
-    if study == "08_simulator" and part.startswith("fresh_"):
-        check = importlib.import_module(measuring_module(study)).freeze_check()
-        if not check["matches_freeze"]:
-            files = ", ".join(check["changed_files"]) or "no freeze recorded"
-            return f"the simulator's cost-model code differs from its freeze ({files}): freeze again first"
-    return ""
+    """Why a job cannot give valid data yet ("" where it can): the study's measuring module says, where it has
+    preconditions (``measure.held_back(part)``; the simulator's fresh runs wait for a freeze of today's code)."""
+    check = getattr(importlib.import_module(measuring_module(study)), "held_back", None)
+    return check(part) if check else ""
 
 
 def parse_job(text: str) -> tuple[str, str, int]:

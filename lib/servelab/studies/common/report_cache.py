@@ -12,6 +12,7 @@ recomputing would. ``SERVELAB_REPORT_CACHE=0`` turns it off.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import pickle
@@ -36,6 +37,17 @@ def _files(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts) if root.is_dir() else []
 
 
+@functools.cache
+def _code_digest() -> str:
+    """Every ``lib/servelab`` source file, hashed once per process: a process that builds the book reads many
+    records (each report and its published value), and the code does not change under it."""
+    h = hashlib.sha256()
+    for path in _files(LIB / "servelab"):
+        if path.suffix == ".py":
+            h.update(str(path.relative_to(LIB)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
 def state_key(name: str, runs: RunSet) -> str:
     """The key of the record ``name`` over ``runs``: the runs chosen, the code, every data file, the versions."""
     import pandas as pd
@@ -44,9 +56,7 @@ def state_key(name: str, runs: RunSet) -> str:
     h = hashlib.sha256(f"{name}\0{results_root.resolve()}\0{sys.version}\0{pd.__version__}\0".encode())
     for r in runs.runs:
         h.update(f"{r.dir}\0".encode())
-    for path in _files(LIB / "servelab"):
-        if path.suffix == ".py":
-            h.update(str(path.relative_to(LIB)).encode() + b"\0" + path.read_bytes())
+    h.update(_code_digest().encode())
     for root in (Path(results_root), DATA_DIR / "seed", DATA_DIR / "models"):
         for path in _files(root):
             st = path.stat()

@@ -67,6 +67,18 @@ def freeze_check(root: Path = freeze_record.VALIDATION_DIR) -> dict:
     }
 
 
+def held_back(part: str) -> str:
+    """Why a job of ``part`` cannot give valid data yet, "" where it can (``campaign`` asks every measuring module
+    that has this): a fresh held-out run tests the frozen cost model only while the model's code is the freeze's."""
+    if not part.startswith("fresh_"):
+        return ""
+    check = freeze_check()
+    if check["matches_freeze"]:
+        return ""
+    files = ", ".join(check["changed_files"]) or "no freeze recorded"
+    return f"the simulator's cost-model code differs from its freeze ({files}): freeze again first"
+
+
 def seed_record(P: dict, root: Path = freeze_record.VALIDATION_DIR) -> dict:
     """Which registered spec and seed a fresh run used: the spec's seed moved by this run's ``seed`` (repeat r of a
     campaign: + r), so only a run with ``P["seed"] == 0`` runs the seed the ledger registered for that spec."""
