@@ -156,6 +156,41 @@ def test_a_claim_is_judged_only_by_repeats_that_measured_the_parts_its_rule_read
     assert "real" in f31.note and f31.claim != "c"  # the seed's claim text, not the rule's
 
 
+def test_a_claim_not_measured_names_what_it_waits_for(tmp_path):
+    today = fingerprint("servelab.studies.s03_speculative.measure")
+    _run(tmp_path, "03_speculative", today.digest, "costs", 0, steps=pd.DataFrame({"v": [0]}))
+    _run(tmp_path, "03_speculative", today.digest, "real", 1, steps=pd.DataFrame({"v": [1]}))
+    runs = study_runs("03_speculative", tmp_path)
+
+    def rule(rep):
+        return [_finding("F3.1", "holds", 1.0)]
+
+    (split,) = runs.combined(rule, needs={"F3.1": ("costs", "real")})
+    assert split.repeats == 0 and "no repeat at this fingerprint has all of its parts" in split.note
+    (two,) = runs.combined(rule, needs={"F3.1": ("costs", "lookup", "controlled_gpt2")})
+    assert "its parts lookup, controlled_gpt2 have no run" in two.note
+    (one,) = runs.combined(rule, needs={"F3.1": ("costs", "lookup")})
+    assert "its part lookup has no run" in one.note
+
+
+def test_complete_takes_whole_repeats_else_the_last_fingerprint_that_has_one(tmp_path):
+    today = fingerprint("servelab.studies.s03_speculative.measure")
+    old, older = "a" * 40, "b" * 40
+    _run(tmp_path, "03_speculative", older, "all", 0, written="2026-11-01", steps=pd.DataFrame({"v": [7]}))
+    _run(tmp_path, "03_speculative", old, "costs", 0, written="2026-11-20", steps=pd.DataFrame({"v": [8]}))
+    _run(tmp_path, "03_speculative", today.digest, "costs", 0, steps=pd.DataFrame({"v": [0]}))
+    _run(tmp_path, "03_speculative", today.digest, "real", 1, steps=pd.DataFrame({"v": [1]}))
+    runs = study_runs("03_speculative", tmp_path)
+    # today's runs split the two parts over two repeats; the newer older fingerprint has only one part
+    whole = runs.complete(["costs", "real"])
+    assert not whole.current and whole.fingerprint == older and whole.table("steps")["v"].tolist() == [7]
+    assert runs.complete(["costs"]).current and runs.complete(["costs"]).repeats == [0]
+    _run(tmp_path, "03_speculative", today.digest, "real", 0, steps=pd.DataFrame({"v": [2]}))
+    now = study_runs("03_speculative", tmp_path).complete(["costs", "real"])
+    assert now.current and now.repeats == [0] and sorted(now.table("steps")["v"]) == [0, 2]
+    assert study_runs("03_speculative", tmp_path).complete(["lookup"]).fingerprint == older  # "all" has it
+
+
 def test_a_run_of_every_part_has_every_part(tmp_path):
     today = fingerprint(MEASURING)
     _run(tmp_path, "02_gpu_costs", today.digest, "all", 0, steps=pd.DataFrame({"v": [1]}))

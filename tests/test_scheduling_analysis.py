@@ -289,6 +289,9 @@ def test_figures_draw_from_sweep_shaped_frames():
     ]
     assert all(f.axes for f in figs)
     assert figs[4].axes[0].get_xlabel() == "" and "tokens" in figs[4].axes[0].get_ylabel()
+    # a rate no part has measured yet (a study measured part by part): a figure that says so, not a crash
+    for fig in (plots.latency_cdfs(rm, "config:m", 0.7, "dev"), plots.timeline(st, "config:m", 0.7, "dev")):
+        assert any("measured yet" in t.get_text() for ax in fig.axes for t in ax.texts)
     plt.close("all")
 
 

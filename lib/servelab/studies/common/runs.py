@@ -206,6 +206,31 @@ class RunSet:
         have = set(self.parts)
         return ALL_PARTS in have or set(parts) <= have
 
+    def complete(self, parts: Iterable[str]) -> RunSet:
+        """The repeats of these runs that measured every one of ``parts``. Where none did (a study still measured
+        part by part), the complete repeats of the most recently written older fingerprint that has one (then
+        ``current`` is False and ``changed`` says why); an empty set where no fingerprint has a complete repeat.
+        A reader that needs a whole study (the simulator's replay of Study 1) takes this, not a half-measured one."""
+        parts = tuple(parts)
+
+        def whole(rs: RunSet) -> RunSet:
+            return replace(rs, runs=tuple(r for r in rs.runs if rs.repeat(r.repeat).has_parts(parts)))
+
+        got = whole(self)
+        if got.measured:
+            return got
+        by_fp: dict[str, list[Run]] = {}
+        for r in self.older:
+            by_fp.setdefault(r.fingerprint, []).append(r)
+        latest = sorted(by_fp.values(), key=lambda rs: max(str(r.meta.get("written_utc", "")) for r in rs))
+        for rs in reversed(latest):
+            ordered = tuple(sorted(rs, key=lambda r: (r.repeat, r.part)))
+            rest = tuple(r for r in self.runs + self.older if r.fingerprint != ordered[0].fingerprint)
+            got = whole(replace(self, runs=ordered, older=rest))
+            if got.measured:
+                return got
+        return replace(self, runs=())
+
     def combined(
         self,
         findings: Callable[[RunSet], Sequence[Finding]],
@@ -229,11 +254,16 @@ class RunSet:
         if len(got) < len(order):
             for f in not_measured(self.study):
                 if f.id in order and f.id not in got:
-                    waits = ", ".join(p for p in needs.get(f.id, ()) if p not in self.parts)
+                    waits = [p for p in needs.get(f.id, ()) if p not in self.parts]
+                    if len(waits) > 1:
+                        why = f"its parts {', '.join(waits)} have no run at this fingerprint yet"
+                    elif waits:
+                        why = f"its part {waits[0]} has no run at this fingerprint yet"
+                    else:  # every part ran, but in different repeats
+                        why = "no repeat at this fingerprint has all of its parts yet"
                     got[f.id] = replace(
                         f,
-                        note=f"Not measured: its part{'s' if ',' in waits else ''} {waits} has no run at this "
-                        f"fingerprint yet (make gpu-plan lists the jobs)",
+                        note=f"Not measured: {why} (make gpu-plan lists the jobs)",
                         repeats=0,
                         repeat_verdicts=";".join(MISSING for _ in per_repeat),
                     )

@@ -62,14 +62,20 @@ def latency_cdfs(req_metrics: pd.DataFrame, model: str, rate_fraction: float, de
         & req_metrics["ok"]
         & (req_metrics["model"] == model)
     ]
+    if d.empty:  # a part that did not run this rate (yet): say so rather than draw empty axes
+        fig, ax = plt.subplots(figsize=(8.0, 1.2))
+        msg = f"{short(model)}: no run at {rate_fraction:g}× capacity measured yet"
+        ax.text(0.5, 0.5, msg, ha="center", va="center")
+        ax.set_axis_off()
+        return fig
     fig, (a0, a1) = plt.subplots(1, 2, figsize=(8.0, 3.4))
-    for name in _settings_order(d) if len(d) else []:
+    for name in _settings_order(d):
         g = d[d["setting"] == name]
         a0.plot(*_quantile_curve(g["ttft_ms"]), label=name)
         gaps = np.concatenate([np.asarray(x, dtype=float) for x in g["itl"]]) if len(g) else []
         a1.plot(*_quantile_curve(gaps), label=name)
     _seed_stalls(a1)
-    rate = d["rate"].iloc[0] if len(d) else float("nan")
+    rate = d["rate"].iloc[0]
     a0.set(xscale="log", xlabel="time to first token (ms)", ylabel="fraction of requests")
     a1.set(xscale="log", xlabel="inter-token latency (ms)", ylabel="fraction of token gaps")
     a0.set_title(f"TTFT at {rate:.2f} req/s", fontsize=10)
@@ -247,9 +253,12 @@ def timeline(steps: pd.DataFrame, model: str, rate_fraction: float, device: str,
     run's longest step, with each step's duration."""
     d = steps[(steps["model"] == model) & (steps["sweep"] == "rate") & (steps["rate_fraction"] == rate_fraction)]
     order = _settings_order(d) if len(d) else []
-    fig, axes = plt.subplots(len(order), 1, figsize=(8.0, 2.3 * max(1, len(order))), squeeze=False)
+    fig, axes = plt.subplots(max(1, len(order)), 1, figsize=(8.0, 2.3 * max(1, len(order))), squeeze=False)
     d = d.assign(setting=setting(d["scheduler"], d["budget"]))
-    for ax, name in zip(axes[:, 0], order, strict=False):  # no setting: one empty panel
+    if not order:  # a part that did not run this rate (yet): one panel that says so, not a missing figure
+        axes[0, 0].text(0.5, 0.5, f"no run at {rate_fraction:g}× capacity measured yet", ha="center", va="center")
+        axes[0, 0].set_axis_off()
+    for ax, name in zip(axes[:, 0], order, strict=False):
         g = d[d["setting"] == name]
         lo, hi = stall_window(g, span_s)
         w = g[(g["start_s"] >= lo) & (g["start_s"] <= hi)]

@@ -37,7 +37,7 @@ from servelab.studies.s08_simulator.freeze_record import (
 def _calibration_inputs(results: Path | None, s1: sources.Study1, repo: Path) -> dict[str, str]:
     """SHA-256 of every file the fit read: the Study 1 repeat's request records, step logs and ``run.json``s, and
     Study 2's step logs (its cost models are fitted from them, as the page fits them)."""
-    s1runs = sources.runs_of(sources.STUDY1, results).repeat(s1.repeat)
+    s1runs = sources.study1_runs(results).repeat(s1.repeat)
     files = [r.dir / n for r in s1runs.runs for n in ("requests.csv", "steps.csv", "run.json")]
     files += [r.dir / "steps.csv" for r in sources.runs_of(sources.STUDY2, results).runs]
     return {_rel(f, repo): ledger.file_sha256(f) for f in files if f.is_file()}
@@ -104,7 +104,7 @@ def freeze(
     code = code_hashes(files, repo)
     table, fitted, s1 = _fit(results, every, cost_modes)
     params, slug = s1.params, s1.slug
-    s1runs = sources.runs_of(sources.STUDY1, results).repeat(s1.repeat)
+    s1runs = sources.study1_runs(results).repeat(s1.repeat)
     (root / "frozen").mkdir(parents=True, exist_ok=True)
     models = {}
     for m, cms in sorted(fitted.items()):

@@ -148,6 +148,13 @@ def _real_runs(r: Study8Page, s1runs: RunSet) -> sources.Study1 | None:
     r.deadline_s = (p["window_s"] + p["drain_s"]) if {"window_s", "drain_s"} <= set(p) else None
     if s1.repeats > 1:
         r.notes.append(f"Study 1 has {s1.repeats} repeats; the simulator replays repeat {s1.repeat}.")
+    today = sources.runs_of(sources.STUDY1, s1runs.device_dir)
+    if today.current and not s1runs.current:
+        r.notes.append(
+            f"Study 1 at today's fingerprint has no repeat with every part yet ({', '.join(today.parts)} measured): "
+            f"the simulator replays Study 1's last whole run ({'the legacy run' if s1.legacy else 'fingerprint '}"
+            f"{'' if s1.legacy else s1runs.fingerprint}, commit {s1.commit[:7]})."
+        )
     r.tables["_runs"] = (
         s1.requests.groupby(["model", "scheduler", "budget", "rate"], dropna=False)
         .size()
@@ -493,7 +500,7 @@ def report(runs: RunSet) -> Study8Page:
     r.fresh = fresh_error(runs)
     r.tables["fresh_seeds"] = fresh_seeds(runs)
     _speed(r)
-    s1runs = sources.runs_of(sources.STUDY1, root)
+    s1runs = sources.study1_runs(root)
     s1 = _real_runs(r, s1runs)
     if s1 is not None:
         steps2 = sources.study2_steps(root)

@@ -1,7 +1,7 @@
 """The reporting path's inputs from the other studies' runs (``common.runs.study_runs``), read from files only.
 
-- ``study1``: Study 1's requests and steps of one repeat and its parameters (the runs the simulator is calibrated
-  on and validated against);
+- ``study1``: Study 1's requests and steps of one whole repeat and its parameters (the runs the simulator is
+  calibrated on and validated against; ``study1_runs`` says which);
 - ``study2_steps`` and ``gpu_cost_model``: Study 2's timed steps (every point's median over repeats) and the cost
   model fitted from them at render time (``servelab.sim.cost_fit.fit_all``), priced for context reads;
 - ``study7``: Study 7's server runs and single-prompt timings (the replay nothing was fitted to).
@@ -59,10 +59,19 @@ class Study1:
     legacy: bool
 
 
+def study1_runs(root: Path | None) -> RunSet:
+    """Study 1's runs the simulator replays: its repeats that measured every part (``RunSet.complete``). While
+    today's Study 1 is still measured part by part, that is the last fingerprint with a whole repeat (the legacy
+    run): a calibration on one part (one model, one policy) would be a different simulator, not a newer one."""
+    from servelab.studies.s01_scheduling.measure import PARTS
+
+    return runs_of(STUDY1, root).complete(PARTS)
+
+
 def study1(root: Path | None) -> Study1 | None:
-    """Study 1's first repeat: its request records and step log (every part of it) and its parameters; None
-    where it has no request records or no step log."""
-    runs = runs_of(STUDY1, root)
+    """Study 1's first whole repeat (``study1_runs``): its request records and step log (every part of it) and its
+    parameters; None where it has no request records or no step log."""
+    runs = study1_runs(root)
     if not runs.measured:
         return None
     return study1_repeat(runs, runs.repeats[0])
@@ -96,7 +105,7 @@ def study1_requests_sha256(root: Path | None, index: int | None = None) -> str |
     """Repeat ``index`` (default: the first) of Study 1's request records as one hash, the ledger's name for that
     data: its one file's SHA-256 where it has one (so that a run's data keeps its hash in any layout), else the hash
     of its files' hashes in order; None where it has none."""
-    runs = runs_of(STUDY1, root)
+    runs = study1_runs(root)
     if not runs.measured:
         return None
     rep = runs.repeat(runs.repeats[0] if index is None else index)
