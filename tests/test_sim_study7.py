@@ -7,6 +7,7 @@ import pandas as pd
 import pytest
 
 from servelab.errors import ParameterError
+from servelab.measure.fingerprint import fingerprint
 from servelab.sim import StepCostModel, simulate
 from servelab.sim.cost_model import CostModel
 from servelab.studies.s08_simulator import prefix_routing, study7_runs
@@ -95,21 +96,23 @@ def test_step_cost_sensitivity_grows_with_cost():
     assert s["prefill_share"].iloc[-1] > s["prefill_share"].iloc[0] > 0
 
 
-def test_load_study7(tmp_path, monkeypatch):
-    monkeypatch.setenv("SERVELAB_RESULTS", str(tmp_path))
-    assert study7_runs.load_study7(tmp_path) is None
-    d = tmp_path / "nvidia-h200" / "07_prefix_cache"
-    d.mkdir(parents=True)
-    (d / "run.json").write_text(
-        json.dumps({"params": {k: v for k, v in PARAMS.items() if k != "step_graphs"}, "device": {"kind": "cuda"}})
-    )
-    _real_summary().to_csv(d / "serving_summary.csv", index=False)
-    runs = study7_runs.load_study7(tmp_path)
-    assert runs.slug == "nvidia-h200" and runs.params["step_graphs"] is True and len(runs.summary) == 4
+def test_study7_replays_the_first_repeat_whose_server_runs_all_completed(tmp_path):
+    assert study7_runs.study7(tmp_path) is None
+    fp = fingerprint("servelab.studies.s07_prefix_cache.measure").digest
+    for rep, status in ((0, "skipped: time budget"), (1, "ok"), (2, "ok")):
+        d = tmp_path / "nvidia-h200" / "07_prefix_cache" / "runs" / fp[:12] / "all" / f"r{rep}"
+        d.mkdir(parents=True)
+        meta = {"params": {k: v for k, v in PARAMS.items() if k != "step_graphs"}, "fingerprint": fp,
+                "part": "all", "repeat_index": rep, "complete": True,
+                "device": {"kind": "cuda", "slug": "nvidia-h200"}, "git_commit": f"{rep}" * 40}  # fmt: skip
+        (d / "run.json").write_text(json.dumps(meta))
+        summary = _real_summary()
+        summary.loc[summary.index[-1], "status"] = status  # repeat 0's time budget skipped one server run
+        summary.to_csv(d / "serving_summary.csv", index=False)
+    runs = study7_runs.study7(tmp_path)
+    assert runs.repeat == 1 and runs.commit == "1" * 7 and len(runs.summary) == 4
+    assert runs.slug == "nvidia-h200" and runs.params["step_graphs"] is True and "repeat" not in runs.summary
     assert runs.prefix_length.empty and runs.requests is None
-    bad = _real_summary().assign(status="error: x")
-    bad.to_csv(d / "serving_summary.csv", index=False)
-    assert study7_runs.load_study7(tmp_path) is None  # runs that did not complete are not replayed
 
 
 def test_prefix_affinity_keeps_hitting_when_no_replica_holds_every_prefix():

@@ -1,7 +1,7 @@
 """The simulator page's reporting path: everything it shows, computed from files at every book build (``report``).
 
 Inputs: Study 1's request records and step log (``sources.study1``), Study 2's timed steps, from which the GPU cost
-models are fitted here (``sources.study2_steps``), Study 7's server runs (``sources.study7``), and this study's own
+models are fitted here (``sources.study2_steps``), Study 7's server runs (``study7_runs.study7``), and this study's own
 runs (``measure.py``): the fresh held-out run of the real server, drawn after the cost model was frozen, and the
 simulator's speed timed on the measuring host. From them: the calibration and the validation on Study 1's runs,
 the GPU terms' ablation, the context reads, the Study 7 replay and the fresh run's held-out error beside it, the
@@ -247,7 +247,7 @@ def _context_check(r: Study8Page, s1: sources.Study1, gpu: dict, steps2, fits) -
 
 
 def _study7_check(r: Study8Page, root) -> None:
-    study7 = sources.study7(root)
+    study7 = study7_runs.study7(root)
     if study7 is None:
         r.notes.append("No completed Study 7 server runs under this results root: no prefix-cache check.")
         return

@@ -4,7 +4,6 @@
   calibrated on and validated against; ``study1_runs`` says which);
 - ``study2_steps`` and ``gpu_cost_model``: Study 2's timed steps (every point's median over repeats) and the cost
   model fitted from them at render time (``servelab.sim.cost_fit.fit_all``), priced for context reads;
-- ``study7``: Study 7's server runs and single-prompt timings (the replay nothing was fitted to).
 
 Runs of the old flat layout (the legacy run of each study) are read alike: the raw tables keep their names.
 """
@@ -22,7 +21,6 @@ from servelab.sim.cost_model import StepCostModel
 from servelab.studies.common.runs import RunSet, pool_repeats, study_runs
 from servelab.studies.s08_simulator.context_reads import with_context_reads
 from servelab.studies.s08_simulator.ledger import file_sha256
-from servelab.studies.s08_simulator.study7_runs import Study7Runs
 
 STUDY1, STUDY2, STUDY7 = "01_scheduling", "02_gpu_costs", "07_prefix_cache"
 # what identifies one timed step of Study 2 (its report's keys): the median over repeats is the value fitted
@@ -144,28 +142,3 @@ def gpu_cost_model(
         base = StepCostModel(gpu=cm, source=f"Study 2: cost_model_{stem}_{mode} (fitted from its steps)")
         return (with_context_reads(base, steps, model, mode)[0] if context_reads else base), mode
     return None
-
-
-def study7(root: Path | None) -> Study7Runs | None:
-    """Study 7's first repeat with server runs that all completed, or None."""
-    runs = runs_of(STUDY7, root)
-    if not runs.measured:
-        return None
-    rep = runs.repeat(runs.repeats[0])
-    summary = rep.table("serving_summary")
-    if summary.empty or "status" not in summary or not (summary["status"] == "ok").all():
-        return None
-    drop = ["part", "repeat"]
-    summary = summary.drop(columns=[c for c in drop if c in summary.columns])
-    sweep = rep.table("prefix_length")
-    sweep = sweep.drop(columns=[c for c in drop if c in sweep.columns])
-    requests = rep.table("serving_requests")
-    requests = requests.drop(columns=[c for c in drop if c in requests.columns]) if not requests.empty else None
-    return Study7Runs(
-        summary,
-        sweep,
-        _with_graphs(rep.meta),
-        _slug(rep),
-        str(rep.meta.get("git_commit", ""))[:7],
-        requests,
-    )

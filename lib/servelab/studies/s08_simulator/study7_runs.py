@@ -27,7 +27,6 @@ from servelab.models.loader import CONFIG_DIR
 from servelab.sim.cost_model import StepCostModel
 from servelab.sim.simulator import simulate
 from servelab.studies.s07_prefix_cache.serving import prefix_trace
-from servelab.studies.s08_simulator.study1_runs import _study_dir
 from servelab.studies.s08_simulator.validation import compare
 
 STUDY7 = "07_prefix_cache"
@@ -42,22 +41,35 @@ class Study7Runs:
     slug: str  # the device's
     commit: str = ""  # the commit that ran
     requests: pd.DataFrame | None = None  # serving_requests.csv: one row per request of each server run
+    repeat: int = 0  # the repeat of Study 7 replayed
 
 
-def load_study7(root: Path | None = None) -> Study7Runs | None:
-    """Study 7's latest run with server runs that all completed, or None."""
-    d = _study_dir(STUDY7, root)
-    if d is None or not (d / "serving_summary.csv").exists():
-        return None
-    summary = pd.read_csv(d / "serving_summary.csv")
-    if summary.empty or not (summary["status"] == "ok").all():
-        return None
-    run = json.loads((d / "run.json").read_text())
-    params = run.get("params", {})
-    params.setdefault("step_graphs", run.get("device", {}).get("kind") == "cuda")
-    sweep = pd.read_csv(d / "prefix_length.csv") if (d / "prefix_length.csv").exists() else pd.DataFrame()
-    requests = pd.read_csv(d / "serving_requests.csv") if (d / "serving_requests.csv").exists() else None
-    return Study7Runs(summary, sweep, params, d.parent.name, str(run.get("git_commit", ""))[:7], requests)
+def study7(root: Path | None = None) -> Study7Runs | None:
+    """Study 7's first repeat whose server runs all completed (a repeat whose time budget skipped a server run is
+    passed over: the replay compares every load and caching setting), or None."""
+    from servelab.studies.common.runs import study_runs
+
+    runs = study_runs(STUDY7, root)
+    for index in runs.repeats:
+        rep = runs.repeat(index)
+        summary = rep.table("serving_summary")
+        if summary.empty or "status" not in summary or not (summary["status"] == "ok").all():
+            continue
+        drop = ["part", "repeat"]
+        requests = rep.table("serving_requests")
+        params = dict(rep.params)
+        # the server replays captured step graphs on CUDA unless told otherwise (``serve --step-graphs``, default on)
+        params.setdefault("step_graphs", rep.device.get("kind") == "cuda")
+        return Study7Runs(
+            summary.drop(columns=[c for c in drop if c in summary.columns]),
+            rep.table("prefix_length").drop(columns=drop, errors="ignore"),
+            params,
+            str(rep.device.get("slug") or (rep.runs[0].dir.parents[4].name if rep.runs else "")),
+            str(rep.meta.get("git_commit", ""))[:7],
+            requests.drop(columns=[c for c in drop if c in requests.columns]) if not requests.empty else None,
+            repeat=index,
+        )
+    return None
 
 
 def prefill_check(sweep: pd.DataFrame, params: dict, costs: dict[str, StepCostModel]) -> pd.DataFrame:

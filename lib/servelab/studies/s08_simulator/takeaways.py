@@ -166,7 +166,10 @@ def study7_setup(r) -> str:
         if engine_in_process(s7.params)
         else "in a process of its own"
     )
-    return f"Study 7's run at {s7.commit or 'an unrecorded commit'}: the engine {where}; {len(s7.summary)} server runs."
+    return (
+        f"Study 7's repeat {s7.repeat} (the first whose server runs all completed), run at "
+        f"{s7.commit or 'an unrecorded commit'}: the engine {where}; {len(s7.summary)} server runs."
+    )
 
 
 def _unit(metric: str) -> str:
