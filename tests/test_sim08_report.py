@@ -97,7 +97,7 @@ def test_fresh_run_error_and_seeds_come_from_the_raw_csv(tmp_path):
     d = _fresh_run(tmp_path, req, seed=47)
     page = report.report(study_runs(STUDY, tmp_path))
     err = page.fresh["median_abs_error_pct"]
-    assert page.fresh["runs"] == 1 and err >= 0
+    assert page.fresh["runs"] == 1 and err >= 0 and page.fresh["per_repeat"] == {47: err}
     seeds = page["fresh_seeds"]
     assert seeds[["fresh_run", "seed", "registered"]].values.tolist() == [["fresh_run_4", 47, True]]
     assert "47 is registered in the ledger" in sections.seeds_text(page)

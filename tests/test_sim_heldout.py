@@ -306,3 +306,61 @@ def test_the_ledger_status_voids_registrations_of_an_earlier_freeze_and_ranges_r
     st = ledger.status(book, "new").set_index("run_id")
     assert st.loc["a", "status"].startswith("void") and st.loc["b", "status"].startswith("fresh")
     assert st.loc["b", "seed"] == "41–43" and st.loc["a", "seed"] == 23
+
+
+def write_campaign_repeat(t, rec, k: int, seed: int, *, code: str | None = None, started_utc: str | None = None):
+    """Repeat ``k`` of the simulator's fresh part as the campaign writes it (``08_simulator/runs/<fp>/fresh_m/r<k>``):
+    the Study 1 records of a fresh run with ``seed``, its parameters, seed record and freeze check."""
+    scratch = t / f"scratch{k}"
+    shutil.rmtree(scratch, ignore_errors=True)
+    write_study1(scratch, seed=seed, fractions=[0.5, 0.9], started_utc=_utc())
+    d = t / "results" / "test-dev" / "08_simulator" / "runs" / "abcabcabcabc" / "fresh_m" / f"r{k}"
+    d.mkdir(parents=True)
+    shutil.copy(scratch / "test-dev" / "01_scheduling" / "requests.csv", d / "fresh_requests.csv")
+    params = {"seed": seed, "rate_fractions": [0.5, 0.9], **LIMITS}
+    (d / "fresh_params.json").write_text(json.dumps(params))
+    (d / "fresh_seed.json").write_text(json.dumps({"fresh_run": "fresh_run_1", "seed": seed}))
+    (d / "freeze_check.json").write_text(json.dumps({"code_sha256": code or rec["code"]["sha256"]}))
+    meta = {"fingerprint": "abcabcabcabc", "part": "fresh_m", "repeat_index": k, "complete": True,
+            "started_utc": started_utc or _utc(), "git_commit": f"c{k}" * 20}  # fmt: skip
+    (d / "run.json").write_text(json.dumps(meta))
+
+
+def test_the_campaigns_repeats_are_each_evaluated_once(tree):
+    from servelab.studies.common.runs import study_runs
+
+    t, rec = tree
+    heldout.register("fresh_run_1", repeats=2, **kw(t))
+    for k in range(2):
+        write_campaign_repeat(t, rec, k, 23 + k)
+    runs = study_runs("08_simulator", t / "results", device="test-dev")
+    rows = heldout.report_campaign("fresh_run_1", runs, **kw(t))
+    assert [r["seed"] for r in rows] == [23, 24] and all(r["runs"] == 4 for r in rows)
+    assert all(0 < r["median_abs_error_pct"] < 15 for r in rows)
+    assert heldout.report_campaign("fresh_run_1", runs, **kw(t)) == []  # once: nothing is evaluated again
+    book = ledger.read(t / "validation" / "ledger.csv")
+    (st,) = heldout.status(book)[lambda d: d["run_id"] == "fresh_run_1"].itertuples()
+    assert st.seed == "23–24" and st.runs == "8" and "each of 2 repeats" in st.status
+    errs = sorted(r["median_abs_error_pct"] for r in rows)
+    assert float(st.median_abs_error_pct) == pytest.approx(sum(errs) / 2, rel=1e-3)
+
+
+def test_a_campaign_repeat_that_is_not_fresh_is_refused(tree):
+    from servelab.studies.common.runs import study_runs
+
+    t, rec = tree
+    heldout.register("fresh_run_1", **kw(t))  # seed 23 only
+    write_campaign_repeat(t, rec, 0, 23, code="0" * 64)
+    runs = study_runs("08_simulator", t / "results", device="test-dev")
+    with pytest.raises(ParameterError, match="other than the frozen code"):
+        heldout.report_campaign("fresh_run_1", runs, **kw(t))
+    shutil.rmtree(t / "results" / "test-dev" / "08_simulator")
+    write_campaign_repeat(t, rec, 0, 23, started_utc=_utc(-7200))
+    runs = study_runs("08_simulator", t / "results", device="test-dev")
+    with pytest.raises(ParameterError, match="before its registration"):
+        heldout.report_campaign("fresh_run_1", runs, **kw(t))
+    shutil.rmtree(t / "results" / "test-dev" / "08_simulator")
+    write_campaign_repeat(t, rec, 1, 24)
+    runs = study_runs("08_simulator", t / "results", device="test-dev")
+    with pytest.raises(ParameterError, match="not registered"):
+        heldout.report_campaign("fresh_run_1", runs, **kw(t))

@@ -12,14 +12,20 @@ The protocol (issue 23, item 4):
    when the run was already used (by id, or its data under another name), when the run does not match its spec,
    or when it started before its registration. An improvement after that is measured on another fresh run.
 
-Command line: ``python -m servelab.studies.s08_simulator.heldout {register,report,status} [RUN_ID]``.
+The campaign runs a fresh run as the simulator's ``fresh_*`` parts, one seed per repeat (``register --repeats``);
+``report_campaign`` evaluates each repeat once as step 4 does and records one ``reported`` row per seed.
+
+Command line: ``python -m servelab.studies.s08_simulator.heldout {register,report,status} [RUN_ID]`` (``report``
+takes the campaign's parts where ``runs/<run_id>/`` does not exist).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import hashlib
 import json
+import statistics
 from pathlib import Path
 
 import pandas as pd
@@ -224,6 +230,136 @@ def report_once(run_id: str, *, root: Path = freeze_record.VALIDATION_DIR, repo:
     return row
 
 
+# ---- the campaign's fresh runs (the simulator's ``fresh_*`` parts) ----------------------------------------------
+FRESH = "fresh_"
+
+
+def campaign_repeats(runs) -> list[dict]:
+    """The fresh runs the simulator's measuring path wrote (``runs``: its ``RunSet``), one per repeat: the spec and
+    seed it ran with, its own freeze check, when it started, its request records (every ``fresh_*`` part of that
+    repeat) and their hash, and its Study 1 parameters."""
+    out = []
+    for rep in runs.per_repeat() if runs.measured else []:
+        fresh = [r for r in rep.runs if r.part.startswith(FRESH)]
+        frames, shas = [], []
+        for r in fresh:
+            if not r.has("fresh_requests.csv"):
+                continue
+            req = r.table("fresh_requests", keep_default_na=False, na_values=[""])
+            if "error" in req.columns:
+                req["error"] = req["error"].fillna("")
+            frames.append(req)
+            shas.append(ledger.file_sha256(r.dir / "fresh_requests.csv"))
+        if not frames:
+            continue
+        seed = fresh[0].json("fresh_seed") or {}
+        out.append(
+            {
+                "repeat": rep.repeats[0],
+                "parts": [r.part for r in fresh],
+                "fresh_run": seed.get("fresh_run"),
+                "seed": seed.get("seed"),
+                "checks": [r.json("freeze_check") or {} for r in fresh],
+                "started_utc": min(str(r.meta.get("started_utc", "")) for r in fresh),
+                "requests": pd.concat(frames, ignore_index=True),
+                "params": fresh[0].json("fresh_params") or {},
+                "data_sha256": shas[0] if len(shas) == 1 else hashlib.sha256("".join(shas).encode()).hexdigest(),
+                "commit": str(fresh[0].meta.get("git_commit", "")),
+            }
+        )
+    return out
+
+
+def _check_repeat(run_id: str, c: dict, at: pd.DataFrame, rec: dict, spec: dict, book: pd.DataFrame) -> None:
+    """One campaign repeat of a fresh run, refused unless fresh: its seed's registration (``at``) came before it,
+    it ran the frozen code and its spec's rate fractions, and its data was never used."""
+    what = f"{run_id!r} repeat {c['repeat']} (seed {c['seed']})"
+    if not len(at):
+        raise ParameterError(f"{what} was not registered")
+    if _utc(c["started_utc"] or "1970-01-01T00:00:00+00:00") < _utc(at["utc"].iat[0]):
+        raise ParameterError(f"{what} started before its registration")
+    if not all(ch.get("code_sha256") == rec["code"]["sha256"] for ch in c["checks"]):
+        raise ParameterError(f"{what} ran cost-model code other than the frozen code")
+    if not _same_floats(c["params"].get("rate_fractions"), spec["rate_fractions"]):
+        raise ParameterError(f"{what}: its rate fractions are not its spec's")
+    if len(ledger.used(book, data_sha256=c["data_sha256"])):
+        raise ParameterError(f"the data of {what} was already used")
+
+
+def report_campaign(
+    run_id: str, runs=None, *, root: Path = freeze_record.VALIDATION_DIR, repo: Path = REPO_ROOT
+) -> list[dict]:
+    """Evaluate each repeat of fresh run ``run_id`` that the campaign measured (``runs``: the simulator's
+    ``RunSet``, by default the book's) once on the frozen models, and record it: one ``reported`` row per seed not
+    reported before; the rows written. Refused as ``report_once`` refuses, per repeat: code that differs from the
+    freeze (here, or in the run's own freeze check), a seed not registered for ``run_id`` under this freeze, a run
+    that started before its registration, a seed or data already used."""
+    from servelab.studies.common.runs import study_runs
+
+    root = Path(root)
+    rec = _current_freeze(root, repo)
+    book = ledger.read(root / freeze_record.LEDGER_FILE)
+    freeze_sha = ledger.file_sha256(root / freeze_record.FREEZE_FILE)
+    reg = book[(book["run_id"] == run_id) & (book["event"] == "registered") & (book["freeze_sha256"] == freeze_sha)]
+    if not len(reg):
+        raise ParameterError(f"fresh run {run_id!r} is not registered under the freeze of {rec['frozen_utc']}")
+    spec = load_spec(run_id, root)
+    if not (reg["note"].str.startswith(f"spec sha256 {ledger.file_sha256(spec_path(run_id, root))}")).all():
+        raise ParameterError(f"{spec_path(run_id, root)} changed after its registration: draw a new fresh run")
+    runs = runs if runs is not None else study_runs("08_simulator")
+    mine = [c for c in campaign_repeats(runs) if c["fresh_run"] == run_id]
+    if not mine:
+        raise ParameterError(f"no fresh part of the simulator's runs ran {run_id!r}")
+    used = book[book["event"].isin(ledger.USED)]
+    models = freeze_record.frozen_models(rec, root)
+    rows = []
+    for c in mine:
+        seed = int(c["seed"])
+        if len(used[(used["run_id"] == run_id) & (used["seed"] == str(seed))]):
+            continue  # evaluated once already: the ledger holds its number
+        _check_repeat(run_id, c, reg[reg["seed"] == str(seed)], rec, spec, book)
+        req = c["requests"][c["requests"]["model"].isin(models)]
+        table = evaluate(req, c["params"], models)
+        row = {
+            "run_id": run_id,
+            "event": "reported",
+            "utc": freeze_record.utc_now(),
+            "commit": git_commit(),
+            "freeze_sha256": freeze_sha,
+            "code_sha256": rec["code"]["sha256"],
+            "data_sha256": c["data_sha256"],
+            "seed": seed,
+            "rate_fractions": [float(x) for x in spec["rate_fractions"]],
+            "runs": len(table.drop_duplicates(subset=validation.RUN_KEYS)),
+            "median_abs_error_pct": float(table["error_pct"].abs().median()),
+            "note": f"the campaign's repeat {c['repeat']} ({', '.join(c['parts'])}), run at {c['commit'][:12]}",
+        }
+        ledger.append(root / freeze_record.LEDGER_FILE, row)
+        rows.append(row)
+    return rows
+
+
+def status(book: pd.DataFrame, freeze_sha256: str | None = None) -> pd.DataFrame:
+    """``ledger.status``, with a campaign's fresh run (one ``reported`` row per repeat's seed) as one row: its seeds'
+    range, its runs summed, the median of its repeats' errors and each repeat's in the note."""
+    st = ledger.status(book, freeze_sha256)
+    for i, run_id in enumerate(st["run_id"] if len(st) else []):
+        each = book[(book["run_id"] == run_id) & (book["event"] == "reported")]
+        if len(each) < 2:
+            continue
+        seeds = sorted(int(x) for x in each["seed"])
+        errs = [float(x) for x in each["median_abs_error_pct"]]
+        st.loc[st.index[i], ["status", "seed", "runs", "median_abs_error_pct", "note"]] = [
+            f"used (each of {len(each)} repeats evaluated once)",
+            f"{seeds[0]}–{seeds[-1]}",
+            str(sum(int(x) for x in each["runs"])),
+            f"{statistics.median(errs):.4g}",
+            "median of the repeats' errors: "
+            + ", ".join(f"seed {sd} {e:.1f} %" for sd, e in zip(each["seed"], errs, strict=True)),
+        ]
+    return st
+
+
 # ---- the page ------------------------------------------------------------------------------------------------
 def _page_runs(book: pd.DataFrame, study1_slug: str | None) -> str:
     """What the page's own validation runs are, by the hash of the Study 1 data it replayed."""
@@ -271,7 +407,7 @@ def section(root: Path = freeze_record.VALIDATION_DIR, repo: Path = REPO_ROOT, s
         f"held-out runs was {h['median_abs_error_pct']:.1f} %. Only a fresh run, drawn after the freeze and "
         f"evaluated once, measures held-out error:\n\n"
     )
-    st = ledger.status(book, ledger.file_sha256(root / freeze_record.FREEZE_FILE))  # a voided registration says so
+    st = status(book, ledger.file_sha256(root / freeze_record.FREEZE_FILE))  # a voided registration says so
     if not len(st):
         return text + "No run is in the ledger yet.\n"
     cols = "| Run | Status | Since | Seed | Rate fractions | Runs | Median \\|error\\| % |\n" + "|---" * 7 + "|\n"
@@ -306,11 +442,15 @@ def main(argv=None) -> int:
         if a.action == "register":
             for row in register(a.run_id, root=a.root, repeats=a.repeats):
                 print(row)
+        elif a.action == "report" and not run_root(a.run_id, a.root).exists():  # the campaign's fresh parts
+            for row in report_campaign(a.run_id, root=a.root):
+                print(f"{a.run_id} seed {row['seed']}: median |error| {row['median_abs_error_pct']:.2f} % over "
+                      f"{row['runs']} runs (once)")  # fmt: skip
         elif a.action == "report":
             row = report_once(a.run_id, root=a.root)
             print(f"{a.run_id}: median |error| {row['median_abs_error_pct']:.2f} % over {row['runs']} runs (once)")
         else:
-            print(ledger.status(ledger.read(a.root / freeze_record.LEDGER_FILE)).to_string(index=False))
+            print(status(ledger.read(a.root / freeze_record.LEDGER_FILE)).to_string(index=False))
     except ParameterError as e:
         ap.exit(2, f"error: {e}\n")
     return 0

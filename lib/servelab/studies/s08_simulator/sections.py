@@ -112,10 +112,18 @@ def heldout_text(r) -> str:
             else "The cost-model code at that run differed from the freeze: this error describes the frozen model, "
             "not the code that ran, and a new freeze with a new fresh run is needed."
         )
+        per = f["per_repeat"]
+        each = (
+            f" (median over {len(per)} repeats; by seed: "
+            + ", ".join(f"{seed} {err:.1f} %" for seed, err in per.items())
+            + ")"
+            if len(per) > 1
+            else ""
+        )
         head = (
-            f"**Fresh held-out run.** Replayed once on the frozen cost models (frozen {str(f['frozen_utc'])[:10]}, "
+            f"**Fresh held-out run.** Replayed on the frozen cost models (frozen {str(f['frozen_utc'])[:10]}, "
             f"no refit), the median |error| over six serving metrics of its {f['runs']} runs is "
-            f"**{f['median_abs_error_pct']:.1f} %**. {code}"
+            f"**{f['median_abs_error_pct']:.1f} %**{each}. {code}"
         )
     seeds = seeds_text(r)
     return (
