@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 # the scheduling policies' names (servelab.engine.policies.POLICIES, which imports the engine; a test keeps
 # the two equal)
 POLICY_NAMES = ("chunked_prefill", "eager_cont_batch", "fcfs")
+# the data-parallel router's policies (servelab.sim.routers.ROUTERS; a test keeps the two equal)
+ROUTER_NAMES = ("round_robin", "least_outstanding", "prefix_affinity")
 
 
 def int_list(text: str) -> tuple[int, ...]:
@@ -334,6 +336,20 @@ def build_parser(prog: str = "python -m servelab.server") -> argparse.ArgumentPa
         default=None,
         choices=["critical", "error", "warning", "info", "debug", "trace"],
         help="uvicorn's log level (default: --log-level)",
+    )
+    g = p.add_argument_group("data parallel (servelab.cluster)")
+    g.add_argument(
+        "--data-parallel-size",
+        "-dp",
+        type=positive_int,
+        default=1,
+        help="replicas, one engine each (on GPU i mod #GPUs), behind a router on --port",
+    )
+    g.add_argument(
+        "--router",
+        default="least_outstanding",
+        choices=ROUTER_NAMES,
+        help="which replica serves each request (the simulator's routers)",
     )
     add_vllm_flags(p)
     return p

@@ -47,6 +47,10 @@ def main(argv=None, prog: str = "python -m servelab.server") -> int:
     if busy is not None:
         log.error("%s (is another server running there? pick another --port)", busy)
         return 1
+    if args.data_parallel_size > 1:
+        from servelab.cluster.serve import serve_data_parallel
+
+        return serve_data_parallel(args, list(sys.argv[1:] if argv is None else argv), log)
     return serve(args, log)
 
 
