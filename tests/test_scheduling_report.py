@@ -146,7 +146,7 @@ def test_legacy_run_reads_from_raw_requests():
     requests.csv, not read from its findings.csv."""
     from servelab.paths import DATA_DIR
 
-    runs = study_runs(STUDY, DATA_DIR / "results", device="h200")
+    runs = study_runs(STUDY, DATA_DIR / "results", device="h200").at("legacy")
     rep = runs.repeat(runs.repeats[0])
     s = report.repeat_summary(rep)
     from servelab.studies.s01_scheduling import verdicts

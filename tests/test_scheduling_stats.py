@@ -34,9 +34,9 @@ def test_p99_of_max_itl_and_its_interval():
 
 
 def _legacy() -> RunSet:
-    """The committed H200 run (runs/legacy/all/r0), read as the page reads it."""
-    runs = study_runs("01_scheduling", DATA_DIR / "results", device="h200")
-    assert runs.measured and runs.fingerprint == "legacy"
+    """The committed H200 run (runs/legacy/all/r0), read as the page reads a run."""
+    runs = study_runs("01_scheduling", DATA_DIR / "results", device="h200").at("legacy")
+    assert runs.measured and runs.fingerprint == "legacy" and runs.parts == ["all"]
     return runs.repeat(runs.repeats[0])
 
 

@@ -401,12 +401,12 @@ def render_cost(table: pd.DataFrame, engine: EngineDecode | None, run: Controlle
     if engine is None:
         return text + "The engine's benchmark has not run on the H200, so there is no engine decode to compare.\n"
     b1 = cost[cost.batch == 1]
-    commit = ", ".join(run.commits) if run is not None else ""
+    commit = ", ".join(f"`{md_text(c)}`" for c in run.commits) if run is not None else "an unrecorded commit"
     text += (
         f"The target step is one plain decode step of the whole batch (batch × 1000 / tokens_per_s_plain); the draft "
         f"step is c × that, its device time inside the loop. The engine column is the engine benchmark's "
         f"`{ENGINE_METRIC}` for `{md_text(engine.model.removeprefix('config:'))}`, measured at commit "
-        f"`{md_text(engine.commit)}` (this sweep ran at `{md_text(commit)}`), in the engine's default "
+        f"`{md_text(engine.commit)}` (this sweep ran at {commit}), in the engine's default "
         "configuration (CUDA graphs). "
         f"At batch 1 the draft step in the loop took {_span(b1.draft_over_engine, '.1f')}× the engine's own decode "
         "of that shape: that gap is what the loop costs around the draft's forward.\n"

@@ -141,7 +141,11 @@ def old_verdict(rule: Rule, change: RuleChange, runs: RunSet) -> OldVerdict:
     if not runs.measured:
         return OldVerdict("inconclusive", "not measured: no run of this study on the book's device")
     fn = OLD_RULES[change.old_verdict]
-    each = [fn(rep) for rep in runs.per_repeat()]
+    needs = _needs(rule)
+    each = [fn(rep) for rep in runs.per_repeat() if rep.has_parts(needs)]
+    if not each:  # the study is still measured part by part: no repeat holds what the rule reads
+        waits = ", ".join(p for p in needs if p not in runs.parts) or "all of its parts in one repeat"
+        return OldVerdict("inconclusive", f"not measured: it waits for {waits} (make gpu-plan lists the jobs)")
     said = [v.verdict for v in each]
     detail = " | ".join(v.detail for v in each)
     if len(set(said)) > 1:
@@ -154,6 +158,17 @@ def old_verdict(rule: Rule, change: RuleChange, runs: RunSet) -> OldVerdict:
             f"a verdict needs {MIN_REPEATS}",
         )
     return OldVerdict(said[0], detail)
+
+
+def _needs(rule: Rule) -> tuple[str, ...]:
+    """The parts a repeat must hold for the claim's rule to read it: the study report's ``NEEDS`` (as
+    ``RunSet.combined`` takes them), none where it declares none."""
+    import importlib
+
+    from servelab.studies.common.runs import measuring_module
+
+    report = importlib.import_module(measuring_module(rule.study).rsplit(".", 1)[0] + ".report")
+    return tuple(getattr(report, "NEEDS", {}).get(rule.id, ()))
 
 
 def _register(fn: Callable[[RunSet], OldVerdict]) -> Callable[[RunSet], OldVerdict]:
@@ -169,11 +184,22 @@ def _combine(per_model: dict[str, str]) -> str:
     return next(iter(set(per_model.values()))) if len(set(per_model.values())) == 1 else "changes"
 
 
+def _study1_summary(rep: RunSet):
+    """Study 1's per-point summary: the legacy run's ``summary.csv`` as it was written then; a run of the parts
+    layout keeps raw tables only, so its summary is computed as the page computes it."""
+    try:
+        return _table(rep, "summary")
+    except KeyError:
+        from servelab.studies.s01_scheduling.report import repeat_summary
+
+        return repeat_summary(rep)
+
+
 def _study1_pairs_unfiltered(rep: RunSet):
     """Study 1's pairing before 4296c78: every ok rate-sweep rate measured with both policies, served or not."""
 
     budget = rep.params["reference_budget"]
-    s = _table(rep, "summary")
+    s = _study1_summary(rep)
     s = s[(s["status"] == "ok") & (s["sweep"] == "rate")]
     cols = ["max_itl_ms", "delivered_tok_s"]
     e = s[s["scheduler"] == "eager_cont_batch"].set_index(["model", "rate_fraction"])[cols]
@@ -369,7 +395,7 @@ def _study1_served_max_pairs(rep: RunSet):
     (model, rate_fraction): the pairing of 4296c78 before the p99 of per-request maximum ITL."""
 
     budget = rep.params["reference_budget"]
-    s = _table(rep, "summary")
+    s = _study1_summary(rep)
     s = s[(s["status"] == "ok") & (s["sweep"] == "rate") & s["max_itl_ms"].notna() & (s["cut"] <= 0.5 * s["requests"])]
     key, cols = ["model", "rate_fraction"], ["max_itl_ms", "delivered_tok_s"]
     e = s[s["scheduler"] == "eager_cont_batch"].set_index(key)[cols]

@@ -206,6 +206,12 @@ class RunSet:
         have = set(self.parts)
         return ALL_PARTS in have or set(parts) <= have
 
+    def at(self, fingerprint: str) -> RunSet:
+        """The runs of one fingerprint, among these and the older ones (e.g. ``"legacy"``: the first H200 run)."""
+        every = self.runs + self.older
+        keep = tuple(sorted((r for r in every if r.fingerprint == fingerprint), key=lambda r: (r.repeat, r.part)))
+        return replace(self, runs=keep, older=tuple(r for r in every if r.fingerprint != fingerprint))
+
     def complete(self, parts: Iterable[str]) -> RunSet:
         """The repeats of these runs that measured every one of ``parts``. Where none did (a study still measured
         part by part), the complete repeats of the most recently written older fingerprint that has one (then
