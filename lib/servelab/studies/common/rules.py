@@ -190,7 +190,7 @@ def _study1_summary(rep: RunSet):
     try:
         return _table(rep, "summary")
     except KeyError:
-        from servelab.studies.s01_scheduling.report import repeat_summary
+        from servelab.studies.s01_scheduling.summary import repeat_summary
 
         return repeat_summary(rep)
 
