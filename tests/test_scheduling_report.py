@@ -100,9 +100,9 @@ def _records(rate, n, gap_ms, stall_ms, seed):
     return pd.DataFrame(rows)
 
 
-def _write_runs(root, chunked_stall_ms: float, repeats: int = 3):
+def _write_runs(root, chunked_stall_ms: float, repeats: int = 3, part: str = "all"):
     for r in range(repeats):
-        d = root / "cpu-test" / STUDY / "runs" / "abc123abc123" / "all" / f"r{r}"
+        d = root / "cpu-test" / STUDY / "runs" / "abc123abc123" / part / f"r{r}"
         d.mkdir(parents=True)
         reqs, pts = [], []
         for sched, budget, stall in (("eager_cont_batch", 8192, 100.0), ("chunked_prefill", 512, chunked_stall_ms)):
@@ -116,7 +116,7 @@ def _write_runs(root, chunked_stall_ms: float, repeats: int = 3):
                 )  # fmt: skip
         pd.concat(reqs).to_csv(d / "requests.csv", index=False)
         pd.DataFrame(pts).to_csv(d / "points.csv", index=False)
-        meta = {"complete": True, "fingerprint": "abc123abc123", "part": "all", "repeat_index": r, "seed": r,
+        meta = {"complete": True, "fingerprint": "abc123abc123", "part": part, "repeat_index": r, "seed": r,
                 "params": {"reference_budget": 512, "dtype": "float32", "rate_fractions": [0.3, 0.7]},
                 "git_commit": "x", "written_utc": "2026"}  # fmt: skip
         (d / "run.json").write_text(json.dumps(meta))
@@ -133,6 +133,14 @@ def test_report_applies_the_rule_to_raw_requests_and_a_changed_csv_changes_it(tm
     _write_runs(shutil_root, chunked_stall_ms=99.0)  # almost no cut
     f11b = next(f for f in report.report(study_runs(STUDY, shutil_root)).findings if f.id == "F1.1")
     assert f11b.verdict == "fails"
+
+
+def test_the_capacity_takeaway_names_the_parts_it_rests_on_while_some_wait(tmp_path):
+    _write_runs(tmp_path / "one", chunked_stall_ms=60.0, repeats=1, part="llama-fcfs-high")
+    text = report.takeaways(report.report(study_runs(STUDY, tmp_path / "one")))
+    assert "From the parts measured so far (llama-fcfs-high), not yet qwen-eager-chunked512" in text
+    _write_runs(tmp_path / "whole", chunked_stall_ms=60.0, repeats=1)
+    assert "measured so far" not in report.takeaways(report.report(study_runs(STUDY, tmp_path / "whole")))
 
 
 def test_one_repeat_is_inconclusive_but_keeps_its_verdict(tmp_path):

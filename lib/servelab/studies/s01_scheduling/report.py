@@ -176,8 +176,13 @@ def capacity_sentences(capacity: pd.DataFrame) -> list[str]:
 
 
 def takeaways(r: Study1Page) -> str:
-    """One sentence per claim, then the capacity at the SLO per model."""
-    return takeaway_list([finding_sentence(f) for f in r.findings] + [" ".join(capacity_sentences(r.capacity))])
+    """One sentence per claim, then the capacity at the SLO per model (said to rest on the parts measured so far,
+    while some wait: a capacity bracket needs every rate of a setting, and FCFS on the 8B shape is split by rate)."""
+    cap = " ".join(capacity_sentences(r.capacity))
+    waits = [p for p in PARTS if p not in r.runs.parts] if r.runs.measured and not r.runs.has_parts(PARTS) else []
+    if cap and waits:
+        cap = f"From the parts measured so far ({', '.join(r.runs.parts)}), not yet {', '.join(waits)}: {cap}"
+    return takeaway_list([finding_sentence(f) for f in r.findings] + [cap])
 
 
 def probe_lines(probes: pd.DataFrame) -> str:
