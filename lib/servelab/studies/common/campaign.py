@@ -68,6 +68,30 @@ class Job:
         return self.part in SMOLLM2_PARTS.get(self.study, ())
 
 
+# the studies whose measuring path starts the OpenAI server (uvicorn + FastAPI), which the GPU machine's image lacks:
+# they travel as wheels (.whl/); without them every server fails to start and the run holds only errors
+SERVER_STUDIES = ("01_scheduling", "07_prefix_cache", "08_simulator")
+SERVER_MODULES = ("uvicorn", "fastapi")
+
+
+def missing_here(study: str, part: str) -> str:
+    """What this machine lacks for the job to measure anything ("" when nothing): checked before a job starts, so
+    that a job which could only record failures (a server that cannot start, weights that are not there) is not run
+    and leaves no run that looks complete."""
+    if study in SERVER_STUDIES:
+        absent = [m for m in SERVER_MODULES if importlib.util.find_spec(m) is None]
+        if absent:
+            return f"{', '.join(absent)} not installed (carry .whl/; scripts/gpu_run.sh installs it)"
+    if part in SMOLLM2_PARTS.get(study, ()):
+        from servelab.models.loader import smollm2_gguf
+
+        try:
+            smollm2_gguf()
+        except Exception as e:  # ModelLoadError: the package or its GGUF is missing
+            return f"SmolLM2's GGUF not installed ({e}); stage .models/smollm2's parts (scripts/gpu_run.sh)"
+    return ""
+
+
 def held_back(study: str, part: str) -> str:
     """Why a job cannot give valid data yet ("" where it can): the study's measuring module says, where it has
     preconditions (``measure.held_back(part)``; the simulator's fresh runs wait for a freeze of today's code)."""
@@ -178,6 +202,11 @@ def run_jobs(names: list[str], *, limit_s: float | None = None, profile: str = "
         if guess is None:
             raise ParameterError(f"{study} has no part {part!r}; its parts: {sorted(parts_of(study))}")
         limit = limit_s or (guess * 2 + 2) * 60
+        lacking = missing_here(study, part)
+        if lacking:
+            failed += 1
+            print(f"job {name} rc=3 0s not run: {lacking}", flush=True)
+            continue
         t0 = time.monotonic()
         cmd = [
             sys.executable,
