@@ -56,6 +56,7 @@ timeout -s TERM "${GPU_RUN_LIMIT_S:-540}" python3 -m servelab.studies.common.cam
 rc=${PIPESTATUS[0]}
 # every run folder written by these jobs (complete or not: an incomplete one shows where a job stopped)
 find data/results -path '*/runs/*/r*' -maxdepth 7 -type d -newer "$stamp" | sort >"$OUT/runs.txt"
+xargs -r -a "$OUT/runs.txt" scripts/compress_runs.sh  # Study 1's large tables travel and stay compressed
 tar czf "$OUT/results.tgz" -T "$OUT/runs.txt" 2>>"$log"
 tail -40 "$log" | grep -E "Error|error|Traceback" >>"$OUT/summary.txt" || true
 cat "$OUT/summary.txt"

