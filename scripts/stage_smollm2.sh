@@ -25,7 +25,7 @@ size=$(stat -c %s "$out/gguf.xz")
 k=0 at=0 n=$first
 while [ "$at" -lt "$size" ]; do
   mkdir -p "$out/p$k"
-  tail -c +$((at + 1)) "$out/gguf.xz" | head -c "$n" >"$out/p$k/part"
+  dd if="$out/gguf.xz" of="$out/p$k/part" bs=1M iflag=skip_bytes,count_bytes skip="$at" count="$n" status=none
   at=$((at + n)) k=$((k + 1)) n=$rest
 done
 rm "$out/gguf.xz"
