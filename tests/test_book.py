@@ -17,6 +17,7 @@ from servelab.studies.common.findings import Finding, not_measured
 from servelab.studies.common.markdown import TABLE_CLASS, format_value, md_text
 from servelab.studies.common.page import verdict_table
 from servelab_book.__main__ import main
+from servelab_book.beyond_one_gpu import INCLUDES as BEYOND_INCLUDES
 from servelab_book.claim_links import claim_target, findings_anchor
 from servelab_book.controlled import INCLUDES as CONTROLLED_INCLUDES
 from servelab_book.findings import (
@@ -476,6 +477,7 @@ def test_prepare_writes_deterministic_includes(tmp_path, studies_dir):
         ]
         + [f"claims/{s.slug}.md" for s in STUDIES]
         + list(CONTROLLED_INCLUDES)
+        + list(BEYOND_INCLUDES)
     )
     assert first.measured_pages == ["05_attention"] and first.counts["holds"] == 1 and not first.warnings
     snapshot = {p: p.read_bytes() for p in gen.rglob("*.md")}

@@ -40,6 +40,7 @@ BOOK_PAGES = (
     "book/engine",
     "book/simulator",
     "book/bibliography",
+    "book/beyond_one_gpu",
 )
 LANDING = "book/intro.html"
 FINDINGS = "book/findings.html"

@@ -17,6 +17,7 @@ from pathlib import Path
 from servelab.measure.results import results_root as default_results_root
 from servelab.paths import REPO_ROOT
 from servelab.studies.common.rules import REGISTRY, load_registry
+from servelab_book.beyond_one_gpu import beyond_page
 from servelab_book.controlled import FIGURE as CONTROLLED_FIGURE
 from servelab_book.controlled import controlled_page
 from servelab_book.engine_bench import find_bench, render_engine_bench
@@ -174,6 +175,7 @@ def prepare(
     files["rule_changes.md"] = render_rule_changes(load_registry(rules_file), table, results, device)
     spec_page = controlled_page(results_root, device)
     files.update(spec_page.markdown)
+    files.update(beyond_page(results_root, device))
     for name, text in files.items():
         write_if_changed(generated_dir / name, HEADER + text, report)
     if spec_page.svg is not None:  # an SVG file: no markdown header before its XML declaration

@@ -12,6 +12,7 @@ taken at render time: the speed is the measuring run's.
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from servelab.studies.s08_simulator import (
     freeze_record,
     heldout,
     prefix_routing,
+    replica_capacity,
     sources,
     study1_runs,
     study7_runs,
@@ -67,6 +69,8 @@ SETTINGS = dict(
     affinity_pool_fractions=[0.33, 2.0],
     affinity_rate_multiples=[1, 2, 4],
     affinity_requests=240,
+    replica_refine=2,  # each (router, N) capacity bracket to a factor of 2^(1/4) ...
+    replica_requests=400,  # ... over Poisson traces of this many requests per replica
     rate_search_refine=1,  # the rate one replica sustains, to a factor of 2^(1/2): the rates' unit, not a claim
 )
 
@@ -411,6 +415,17 @@ def _capacity(r: Study8Page) -> None:
     )
     r.tables["capacity_needed"] = needed.assign(single_replica_rate=one)
     r.tables["capacity_tried"] = tried.drop(columns=[c for c in tried.columns if "wall" in c])
+    # the other way round, as a cluster run on N GPUs will measure it: the rate N replicas sustain (Beyond one GPU)
+    # each N gets the same requests per replica, so that no N is judged on a shorter burst than another
+    per_n = {**P, "capacity_duration_s": math.inf}
+
+    def trace_for(rate: float, n: int):
+        return _capacity_trace({**per_n, "capacity_max_requests": P["replica_requests"] * n}, lengths, rate)
+
+    table, tried_n = replica_capacity.replica_capacity(
+        trace_for, P["capacity_routers"], one=one, refine=P["replica_refine"], **kw
+    )
+    r.tables["replica_capacity"], r.tables["replica_capacity_tried"] = table, tried_n
     r.cap = dict(cost=cost, lengths=lengths, slo=slo, one=one, sched=sched)
 
 
