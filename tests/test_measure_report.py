@@ -321,3 +321,17 @@ def test_the_tracked_tree_leaves_room_for_a_device_call(tmp_path):
     files = [REPO_ROOT / n for n in names.decode().split("\0") if n]
     size = sum(f.stat().st_size for f in files if f.is_file())
     assert size < 32 * 2**20, f"the tracked tree is {size / 1e6:.1f} MB: compress large raw tables"
+
+
+def test_a_part_never_run_is_guessed_from_how_its_studys_recorded_parts_compared(tmp_path):
+    today = fingerprint("servelab.studies.s03_speculative.measure")
+    guesses = campaign.parts_of("03_speculative")
+    _run(tmp_path, "03_speculative", today.digest, "costs", 0, steps=pd.DataFrame({"v": [1]}))  # 60 s
+    jobs = {j.name: j for j in campaign.missing_jobs("03_speculative", 1, tmp_path)}
+    scale = 1.0 / guesses["costs"]  # 1 recorded minute against its guess
+    real = jobs["03_speculative:real:0"]
+    assert real.minutes == round(guesses["real"] * scale + campaign.START_MIN, 1) and real.basis.startswith("guess x")
+    assert "03_speculative:costs:0" not in jobs
+    # no job that needs SmolLM2 in the first run, which carries the first part of its weights
+    bins = campaign.pack(list(jobs.values()))
+    assert not any(j.smollm2 for j in bins[0]) and any(j.smollm2 for b in bins[1:] for j in b)
