@@ -144,6 +144,59 @@ def default_slo(cost: StepCostModel, mean_prompt_tokens: float, mean_output_toke
     return 10 * prefill, 5 * decode
 
 
+def rate_bracket(
+    make_trace: Callable[[float], object],
+    *,
+    cost: StepCostModel,
+    slo_ttft_ms: float,
+    slo_tpot_ms: float,
+    start: float = 1.0,
+    replicas: int = 1,
+    router: str = "round_robin",
+    steps: int = 14,
+    refine: int = 3,
+    down: bool = True,
+    record: Callable[[float, bool, dict, object], None] | None = None,
+    **sim_kwargs,
+) -> tuple[float, float]:
+    """``(met, missed)``: the highest request rate (req/s) found within the SLO on ``replicas`` replicas behind
+    ``router`` and the lowest found outside it, within a factor 2^(1/2^refine) of each other: doubling from
+    ``start`` while it meets (or, with ``down``, halving while it misses), ``steps`` times at most, then bisection
+    in log space. ``met`` is NaN when nothing tried met, ``missed`` inf when nothing tried missed (then no
+    bisection). ``record(rate, met, summary, run)`` sees every simulated point."""
+
+    def ok(rate: float) -> bool:
+        run = simulate(make_trace(rate), cost=cost, replicas=replicas, router=router, token_times=False, **sim_kwargs)
+        s = run.summary(slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms)
+        met = meets_slo(s, slo_ttft_ms, slo_tpot_ms)
+        if record is not None:
+            record(rate, met, s, run)
+        return met
+
+    lo, hi, rate = float("nan"), float("inf"), start
+    if ok(rate):
+        lo = rate
+        for _ in range(steps):
+            rate *= 2
+            if not ok(rate):
+                hi = rate
+                break
+            lo = rate
+    else:
+        hi = rate
+        for _ in range(steps if down else 0):
+            rate /= 2
+            if ok(rate):
+                lo = rate
+                break
+            hi = rate
+    if np.isfinite(lo) and np.isfinite(hi):
+        for _ in range(refine):
+            mid = (lo * hi) ** 0.5
+            lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo, hi
+
+
 def single_replica_rate(
     make_trace: Callable[[float], object],
     *,
@@ -157,22 +210,8 @@ def single_replica_rate(
 ) -> float:
     """The highest request rate (req/s) one replica serves within the SLO, to a factor 2^(1/2^refine):
     doubling from ``start``, then bisection in log space. NaN when even ``start`` fails."""
-
-    def ok(rate):
-        s = simulate(make_trace(rate), cost=cost, replicas=1, token_times=False, **sim_kwargs).summary()
-        return meets_slo(s, slo_ttft_ms, slo_tpot_ms)
-
-    if not ok(start):
-        return float("nan")
-    lo = start
-    for _ in range(doublings):
-        if not ok(lo * 2):
-            break
-        lo *= 2
-    else:
-        return lo
-    hi = lo * 2
-    for _ in range(refine):
-        mid = (lo * hi) ** 0.5
-        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
-    return lo
+    met, _ = rate_bracket(
+        make_trace, cost=cost, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms, start=start, steps=doublings,
+        refine=refine, down=False, **sim_kwargs,
+    )  # fmt: skip
+    return met

@@ -16,8 +16,7 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from servelab.sim.capacity import meets_slo
-from servelab.sim.simulator import simulate
+from servelab.sim.capacity import rate_bracket
 
 REPLICAS = (1, 2, 4)  # the replica counts of the page: what a 4-GPU machine can run
 SINGLE = "(one replica)"  # the router column of N = 1, where routing cannot matter
@@ -28,54 +27,26 @@ def bracket(
     *,
     replicas: int,
     router: str,
-    cost,
-    slo_ttft_ms: float,
-    slo_tpot_ms: float,
     start: float,
     refine: int = 3,
     steps: int = 12,
-    **sim_kwargs,
+    **search,
 ) -> tuple[float, float, list[dict]]:
-    """``(met, missed, tried)``: the highest rate (req/s) found within the SLO and the lowest found outside it,
-    within a factor 2^(1/2^refine) of each other; ``met`` is NaN when even ``start``/2^steps misses, ``missed``
-    inf when ``start``·2^steps still meets."""
+    """``(met, missed, tried)``: ``capacity.rate_bracket`` on ``replicas`` replicas behind ``router``, from
+    ``start``, halving where ``start`` misses; ``tried`` holds every simulated point."""
     tried: list[dict] = []
 
-    def ok(rate: float) -> bool:
-        run = simulate(
-            make_trace(rate, replicas), cost=cost, replicas=replicas, router=router, token_times=False, **sim_kwargs
-        )
-        s = run.summary(slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms)
-        met = meets_slo(s, slo_ttft_ms, slo_tpot_ms)
+    def record(rate: float, met: bool, s: dict, run) -> None:
         tried.append(
             dict(router=router, replicas=replicas, rate=rate, met=met, ttft_p99_ms=s["ttft_p99_ms"],
                  tpot_p99_ms=s["tpot_p99_ms"], requests=len(run.records))
         )  # fmt: skip
-        return met
 
-    lo, hi = math.nan, math.inf
-    rate = start
-    if ok(rate):
-        lo = rate
-        for _ in range(steps):
-            rate *= 2
-            if not ok(rate):
-                hi = rate
-                break
-            lo = rate
-    else:
-        hi = rate
-        for _ in range(steps):
-            rate /= 2
-            if ok(rate):
-                lo = rate
-                break
-            hi = rate
-    if math.isfinite(lo) and math.isfinite(hi):
-        for _ in range(refine):
-            mid = math.sqrt(lo * hi)
-            lo, hi = (mid, hi) if ok(mid) else (lo, mid)
-    return lo, hi, tried
+    met, missed = rate_bracket(
+        lambda rate: make_trace(rate, replicas), replicas=replicas, router=router, start=start, steps=steps,
+        refine=refine, record=record, **search,
+    )  # fmt: skip
+    return met, missed, tried
 
 
 def replica_capacity(
