@@ -140,7 +140,7 @@ def test_the_committed_legacy_run_reads_inconclusive_by_todays_rules():
     root = DATA_DIR / "results"
     if not (root / "nvidia-h200" / STUDY / "runs" / "legacy").is_dir():
         pytest.skip("no committed legacy run")
-    page = report.report(study_runs(STUDY, root))
+    page = report.report(study_runs(STUDY, root).at("legacy"))
     assert page.legacy and _verdicts(page) == {"F6.1": "inconclusive", "F6.2": "inconclusive"}
     assert all("at most 3 prompts per point, below the 8" in f.note for f in page.findings)
     assert "target-124m" in page.tested_on and "draft-6m" in page.tested_on

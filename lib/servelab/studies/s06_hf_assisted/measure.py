@@ -29,7 +29,7 @@ from servelab.studies.s06_hf_assisted.params import REPORT_RESERVE_S, pairs_for
 STUDY = "06_hf_assisted"
 # minutes on the H200 per part, a first guess before a run records its own: the drafts' distillation when not cached
 # (~1 min of the target's answers, 60 s per draft), then 3 prompts × every method to 512 tokens in wall_budget_s
-PARTS = {"p0": 7.0, "p1": 6.5, "p2": 6.5}
+PARTS = {"p0": 8.5, "p1": 7.5, "p2": 7.5}
 PROMPT_PARTS = {"p0": (0, 3), "p1": (3, 6), "p2": (6, 9)}  # [first, last) prompt of each part's sweep
 ALPHA_PARTS = ("all", "p0")  # the parts that measure α on held-out prompts and the seed's shapes' costs
 

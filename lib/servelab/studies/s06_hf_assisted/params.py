@@ -18,7 +18,9 @@ from servelab.studies.s06_hf_assisted.runs import Pair
 # the part before its clock starts. Every prompt runs every method to max_new_tokens (short_new_tokens =
 # max_new_tokens), so each output length has all 9 prompts unless the budget cut a run (the page lists what did not
 # run); a verdict needs 8 (verdicts.MIN_PROMPTS). HF generate runs without cuDNN attention (hf_sdpa, see
-# attention_backend.py).
+# attention_backend.py). The budget: on the H200 (2026-12-04, p0 r0) a prompt's every method to 512 tokens took 54-63
+# s of generation, and 200 s let p0 time 2 of its 3 prompts (its α and seed costs took ~57 s), so that three parts
+# would have given 6 prompts, under the 8 a verdict needs; 280 s holds three prompts in every part, p0 included.
 DEFAULTS = {
     "full": dict(
         target=None,
@@ -35,7 +37,7 @@ DEFAULTS = {
         cost_tokens=64,
         seed_cost_pairs=["distilgpt2>gpt2-medium", "gpt2>gpt2-medium", "qwen2-0.5b>qwen2-1.5b"],
         prompt_lookup_num_tokens=10,
-        wall_budget_s=200,
+        wall_budget_s=280,
         budget_s=None,
         own=True,
         own_gamma=4,
