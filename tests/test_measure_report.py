@@ -332,6 +332,11 @@ def test_a_part_never_run_is_guessed_from_how_its_studys_recorded_parts_compared
     real = jobs["03_speculative:real:0"]
     assert real.minutes == round(guesses["real"] * scale + campaign.START_MIN, 1) and real.basis.startswith("guess x")
     assert "03_speculative:costs:0" not in jobs
+    # a part measured by older code only: the longer of that record and today's guess (the change may lengthen it)
+    _run(tmp_path, "03_speculative", "old" * 8, "lookup", 0, steps=pd.DataFrame({"v": [1]}))  # 60 s, older code
+    lookup = {j.name: j for j in campaign.missing_jobs("03_speculative", 1, tmp_path)}["03_speculative:lookup:0"]
+    assert lookup.minutes == round(max(1.0, guesses["lookup"]) + campaign.START_MIN, 1)
+    assert lookup.basis.startswith("the longer of older code's record")
     # no job that needs SmolLM2 in the first run, which carries the first part of its weights
     bins = campaign.pack(list(jobs.values()))
     assert not any(j.smollm2 for j in bins[0]) and any(j.smollm2 for b in bins[1:] for j in b)
