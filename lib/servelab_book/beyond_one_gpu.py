@@ -17,7 +17,7 @@ import pandas as pd
 from servelab.measure.results import results_root as default_results_root
 from servelab.studies.common.markdown import list_table, md_text
 from servelab.studies.s08_simulator.replica_capacity import SINGLE
-from servelab_book.findings import BOOK_DEVICE
+from servelab_book.findings import BOOK_DEVICE, study_page
 
 STUDY = "08_simulator"
 MULTI_GPU = "09_beyond_one_gpu"  # where a multi-GPU run's data goes: data/results/<device>/09_beyond_one_gpu/runs/
@@ -48,18 +48,8 @@ def status_md(root: Path | None = None) -> str:
 
 
 def study8_report(root: Path | None = None, device: str = BOOK_DEVICE):
-    """The simulator's page record over its runs on ``device`` (cached like every report), or why there is none."""
-    from servelab.studies.common.quiet import quiet_run
-    from servelab.studies.common.report_cache import cached
-    from servelab.studies.common.runs import study_runs
-    from servelab.studies.s08_simulator import report
-
-    try:
-        with quiet_run():
-            runs = study_runs(STUDY, Path(root or default_results_root()), device=device)
-            return cached(STUDY, runs, lambda: report.report(runs))
-    except Exception as e:  # noqa: BLE001 - the page says so; the book builds
-        return f"the simulator's report failed: {type(e).__name__}: {e}"
+    """The simulator's page record over its runs on ``device``, or why there is none (str)."""
+    return study_page(STUDY, root, device)
 
 
 def _cell(row) -> str:
@@ -90,7 +80,7 @@ def _md_table(t: pd.DataFrame) -> str:
 
 def capacity_md(page) -> str:
     if isinstance(page, str):
-        return f"No prediction: {page}.\n"
+        return f"No prediction: the simulator's page: {page}.\n"
     table = page.tables.get("replica_capacity", pd.DataFrame())
     if table.empty or not page.cap:
         return "No prediction: the simulator's report replayed no model with Study 2's costs against Study 1's runs.\n"

@@ -21,7 +21,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from servelab.measure.results import results_root as default_results_root
 from servelab.paths import REPO_ROOT
 from servelab.spec import leviathan
 from servelab.studies.common.markdown import list_table, md_text
@@ -87,22 +86,10 @@ class PageFiles:
 
 
 def study3_report(root: Path | None = None, device: str = BOOK_DEVICE):
-    """Study 3's page record over its runs on ``device`` (``report.report(study_runs(...))``), or the reason there
-    is none (str): its reporting path not converted yet, or its report failed."""
-    from servelab_book.findings import NOT_CONVERTED, converted
+    """Study 3's page record over its runs on ``device``, or the reason there is none (str)."""
+    from servelab_book.findings import study_page
 
-    if not converted(STUDY) or not hasattr(report, "report"):
-        return NOT_CONVERTED
-    from servelab.studies.common.quiet import quiet_run
-    from servelab.studies.common.report_cache import cached
-    from servelab.studies.common.runs import study_runs
-
-    try:
-        with quiet_run():
-            runs = study_runs(STUDY, Path(root or default_results_root()), device=device)
-            return cached(STUDY, runs, lambda: report.report(runs))
-    except Exception as e:  # noqa: BLE001 - the page says so; the book builds
-        return f"its report failed: {type(e).__name__}: {e}"
+    return study_page(STUDY, root, device)
 
 
 def _controlled_parts(runs) -> list[str]:

@@ -106,6 +106,26 @@ def _evidence_of(page) -> tuple[Finding, ...]:
     return tuple(keep.values())
 
 
+def study_page(slug: str, root: Path | None = None, device: str = BOOK_DEVICE):
+    """``slug``'s page record over its committed runs on ``device`` (``report.report(runs)``, read back from the
+    report cache where the page's render computed it), or why there is none (str): its reporting path not converted
+    yet, or its report failed. For the book's pages beside the studies (controlled acceptance, beyond one GPU)."""
+    if not converted(slug):
+        return NOT_CONVERTED
+    from servelab.studies.common.quiet import quiet_run
+    from servelab.studies.common.report_cache import cached
+    from servelab.studies.common.runs import study_runs
+    from servelab.studies.common.study import door
+
+    try:
+        with quiet_run():
+            runs = study_runs(slug, Path(root or results_root()), device=device)
+            mod = door(slug, "report")
+            return cached(slug, runs, lambda: mod.report(runs))
+    except Exception as e:  # noqa: BLE001 - the page says so; the book builds
+        return f"its report failed: {type(e).__name__}: {e}"
+
+
 def study_evidence(slug: str, root: Path | None = None, device: str = BOOK_DEVICE) -> StudyEvidence:
     """Run ``slug``'s report over its committed runs on ``device``; a not-measured fallback where it cannot."""
     if not converted(slug):
