@@ -6,23 +6,13 @@ import math
 from types import SimpleNamespace
 
 import pandas as pd
+from sim_fixtures import COST
 
 from servelab.loadgen.lengths import UniformLengths
 from servelab.loadgen.workload import Trace
-from servelab.sim import StepCostModel
-from servelab.sim.cost_model import CostModel
 from servelab.studies.s08_simulator.replica_capacity import SINGLE, bracket, replica_capacity
 from servelab_book import beyond_one_gpu
 
-COST = StepCostModel(
-    gpu=CostModel(
-        "m",
-        "test",
-        {"intercept_ms": 3.0, "ms_per_token": 0.01, "ms_per_attn_pair": 0.0},
-        {"intercept_ms": 2.0, "ms_per_seq": 0.02, "ms_per_ctx_token": 0.0},
-        {},
-    )
-)
 LENGTHS = UniformLengths(50, 150, 10, 30)
 SLO = dict(slo_ttft_ms=60.0, slo_tpot_ms=6.0)
 

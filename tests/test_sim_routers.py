@@ -3,25 +3,15 @@
 import numpy as np
 import pandas as pd
 import pytest
+from sim_fixtures import COST
 
 from servelab.errors import ParameterError
 from servelab.loadgen.lengths import UniformLengths
 from servelab.loadgen.workload import Trace
-from servelab.sim import StepCostModel, make_router, simulate
+from servelab.sim import make_router, simulate
 from servelab.sim.capacity import meets_slo, replicas_needed, single_replica_rate
-from servelab.sim.cost_model import CostModel
 from servelab.sim.prefix_workload import with_shared_prefixes
 from servelab.sim.routers import prefix_keys
-
-COST = StepCostModel(
-    gpu=CostModel(
-        "m",
-        "test",
-        {"intercept_ms": 3.0, "ms_per_token": 0.01, "ms_per_attn_pair": 0.0},
-        {"intercept_ms": 2.0, "ms_per_seq": 0.02, "ms_per_ctx_token": 0.0},
-        {},
-    )
-)
 
 
 class Rep:
