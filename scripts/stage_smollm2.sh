@@ -7,7 +7,8 @@
 # committed). xz takes the GGUF to 90 MB; the parts are sized to what the tree leaves: p0 beside .whl/ in the first
 # call, the others (the last with SHA256, the hash of the GGUF itself) one per call after it, back to back while the
 # machine stays warm. scripts/gpu_run.sh joins the parts staged in /tmp/stage, unpacks the xz stream, and installs
-# the file once its hash matches. Re-run this after committing runs: the parts fit the tree they were cut for.
+# the file once its hash matches. Re-run this after committing runs: the parts fit the tree they were cut for (the
+# xz stream is kept in .models/, so a re-cut takes a second).
 set -euo pipefail
 limit=$((64 * 1024 * 1024))
 margin=1000000  # what may be added to the tree between cutting the parts and the calls (a note, a test)
@@ -19,8 +20,13 @@ first=$((limit - tree - untracked - whl - margin - 100))  # 100: .models/smollm2
 rest=$((limit - tree - untracked - margin - 100))
 [ "$first" -gt 1000000 ] || { echo "stage_smollm2: the tree ($tree bytes) leaves no room for a part" >&2; exit 1; }
 out=.models/smollm2
+packed=.models/smollm2.gguf.xz  # kept: re-cutting the parts for a grown tree takes a second, packing 80 s
+sha=$(sha256sum "$gguf" | cut -d' ' -f1)
+if [ ! -f "$packed" ] || [ "$(cat "$packed.sha256" 2>/dev/null)" != "$sha" ]; then
+  xz -T0 -9 -c "$gguf" >"$packed.tmp" && mv "$packed.tmp" "$packed" && echo "$sha" >"$packed.sha256"
+fi
 rm -rf "$out" && mkdir -p "$out"
-xz -T0 -9 -c "$gguf" >"$out/gguf.xz"
+cp "$packed" "$out/gguf.xz"
 size=$(stat -c %s "$out/gguf.xz")
 k=0 at=0 n=$first
 while [ "$at" -lt "$size" ]; do
@@ -29,6 +35,6 @@ while [ "$at" -lt "$size" ]; do
   at=$((at + n)) k=$((k + 1)) n=$rest
 done
 rm "$out/gguf.xz"
-sha256sum "$gguf" | cut -d' ' -f1 >"$out/SHA256"
+echo "$sha" >"$out/SHA256"
 echo "tree $tree B + untracked $untracked B + .whl $whl B: $k parts (p0 with .whl, p$((k - 1)) with SHA256)"
 ls -l "$out"/p*/part
