@@ -164,3 +164,26 @@ def test_legacy_run_reads_from_raw_requests():
     assert len(q) == 2 and abs(100 * np.median(q["stall_cut_p99"]) - 69.66) < 0.01
     f11 = next(f for f in report.repeat_findings(rep) if f.id == "F1.1")
     assert "qwen2-0.5b: holds" in f11.note
+
+
+def test_the_published_row_names_the_best_setting_as_the_prose_does_and_the_baseline_once():
+    from servelab.studies.s01_scheduling.report import published_value_from
+
+    row = dict(slo_itl_ms=20.0, lowest_rate=7.8, highest_rate=62.3, rates=4.0, n_repeats=3, bound="within sweep")
+    cap = pd.DataFrame(
+        [
+            dict(model="config:qwen2-0.5b", scheduler="chunked_prefill", budget=512, capacity_req_s=7.8,
+                 first_miss_rate=15.6, **row),
+            dict(model="config:qwen2-0.5b", scheduler="eager_cont_batch", budget=8192, capacity_req_s=15.6,
+                 first_miss_rate=36.3, **row),
+            dict(model="config:llama-3-8b", scheduler="chunked_prefill", budget=2048, capacity_req_s=6.0,
+                 first_miss_rate=7.0, **row),
+            dict(model="config:llama-3-8b", scheduler="eager_cont_batch", budget=8192, capacity_req_s=3.0,
+                 first_miss_rate=6.0, **row),
+        ]
+    )  # fmt: skip
+    text, _ = published_value_from(cap)
+    assert text.startswith("qwen2-0.5b: best EagerContBatch itself, 15.6 req/s (missed at 36.3)")
+    assert "llama-3-8b: best ChunkedPrefill@2048 6 req/s (missed at 7), EagerContBatch 3 req/s" in text
+    tied, _ = published_value_from(cap.assign(capacity_req_s=[7.8, 7.8, 6.0, 3.0]))
+    assert "best ChunkedPrefill@512 = EagerContBatch (tied)" in tied
