@@ -12,7 +12,9 @@ replicated. Where a model has fewer KV heads than ranks (GQA), each rank keeps t
 - ``TPLlamaModel``: ``LlamaModel`` whose block output function all-reduces, whatever ``compile_blocks`` and the
   fused RoPE write do to the block functions;
 - ``shard_model``: a rank's ``TPLlamaModel`` holding its slices of a full model's weights;
-- ``generate``: spawn N processes (gloo on CPUs, NCCL on GPUs, NVLink multicast off), generate, rank 0's tokens.
+- ``generate``: spawn N processes (gloo on CPUs, NCCL on GPUs, NVLink multicast off), generate, rank 0's tokens;
+  with ``repeats``, ``timed``'s TTFT and decode time per token at batch 1 instead (the Beyond-one-GPU page's TP
+  table, once a machine of several GPUs runs it: ``python -m servelab.engine.tensor_parallel``).
 
 Checked on CPUs only (``tests/test_tensor_parallel.py``: TP = 2 gives TP = 1's greedy tokens, float32, gloo); no
 machine of several GPUs has been lent, so the NCCL path, and an all-reduce inside captured CUDA graphs, has never
@@ -155,14 +157,48 @@ def _rank(rank: int, world: int, port: int, job: dict, out) -> None:
         engine = Engine(shard_model(full, rank, world), EngineConfig(**job["engine"]))
         del full
         params = SamplingParams(max_tokens=job["max_tokens"], temperature=0.0, ignore_eos=True)
-        tokens = engine.generate(job["prompts"], params)
+        result = timed(engine, job["prompts"], job["max_tokens"], job["repeats"]) if job.get("repeats") else None
+        if result is None:
+            result = engine.generate(job["prompts"], params)
         if rank == 0:
-            out.put(("ok", tokens))
+            out.put(("ok", result))
     except Exception as e:  # noqa: BLE001 - the parent reports it
         out.put(("error", f"rank {rank}: {type(e).__name__}: {e}"))
         raise
     finally:
         dist.destroy_process_group()
+
+
+def _sync(engine) -> None:
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize(engine.device)
+
+
+def timed(engine, prompts: list[list[int]], max_tokens: int, repeats: int) -> list[dict]:
+    """Per prompt, alone (batch 1): the median wall time of its first token (prefill and one step) and of each
+    later token, over ``repeats`` runs after one warm-up; every rank runs it in lockstep, so the collectives are
+    inside the times. Wall clock around whole generations, synchronized: the all-reduces block the host anyway."""
+    import statistics
+    import time
+
+    from servelab.engine import SamplingParams
+
+    def run(prompt, n: int) -> float:
+        _sync(engine)
+        t0 = time.perf_counter()
+        engine.generate([prompt], SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
+        _sync(engine)
+        return time.perf_counter() - t0
+
+    rows = []
+    for i, prompt in enumerate(prompts):
+        run(prompt, max_tokens)  # first use: kernels, graphs, allocator
+        first = statistics.median(run(prompt, 1) for _ in range(repeats))
+        whole = statistics.median(run(prompt, max_tokens) for _ in range(repeats))
+        per_token = (whole - first) * 1e3 / max(1, max_tokens - 1)
+        rows.append(dict(prompt=i, prompt_tokens=len(prompt), new_tokens=max_tokens, ttft_ms=first * 1e3,
+                         decode_ms_per_token=per_token, repeats=repeats))  # fmt: skip
+    return rows
 
 
 def generate(
@@ -177,16 +213,18 @@ def generate(
     max_positions: int = 512,
     engine: dict | None = None,
     timeout_s: float = 600.0,
-) -> list[list[int]]:
+    repeats: int = 0,
+):
     """Greedy tokens of ``prompts`` from ``spec`` split over ``world`` processes (CPUs: gloo; ``device="cuda"``:
-    one GPU each, NCCL); rank 0's, which every rank shares."""
+    one GPU each, NCCL); rank 0's, which every rank shares. With ``repeats`` > 0, instead of the tokens, rank 0's
+    ``timed`` rows: each prompt's time to first token and decode time per token at batch 1 under this split."""
     import torch.multiprocessing as mp
 
     if device == "cuda" and torch.cuda.device_count() < world:
         raise ParameterError(f"tensor parallel size {world} needs {world} GPUs; {torch.cuda.device_count()} visible")
     engine = engine or {"num_blocks": 64, "cuda_graphs": device == "cuda"}
     job = dict(spec=spec, prompts=prompts, max_tokens=max_tokens, dtype=dtype, device=device, seed=seed,
-               max_positions=max_positions, engine=engine)  # fmt: skip
+               max_positions=max_positions, engine=engine, repeats=repeats)  # fmt: skip
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = free_port()
@@ -203,3 +241,37 @@ def generate(
     if status != "ok":
         raise RuntimeError(f"tensor parallel generation failed: {result}")
     return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m servelab.engine.tensor_parallel --spec config:llama-3-8b --sizes 1 2 4 --out tp.csv``: TTFT and
+    decode ms per token at batch 1 per TP size, one CSV row per (size, prompt)."""
+    import argparse
+
+    import pandas as pd
+
+    ap = argparse.ArgumentParser(prog="python -m servelab.engine.tensor_parallel", description=main.__doc__)
+    ap.add_argument("--spec", default="config:llama-3-8b")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--prompt-tokens", type=int, nargs="+", default=[128, 2048])
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    prompts = [[(7 * i + 3) % 1000 + 10 for i in range(n)] for n in a.prompt_tokens]
+    positions = max(a.prompt_tokens) + a.new_tokens + 16
+    engine = {"num_blocks": positions // 16 + 8, "cuda_graphs": a.device == "cuda"}  # one sequence at a time
+    frames = []
+    for world in a.sizes:
+        rows = generate(a.spec, prompts, world=world, max_tokens=a.new_tokens, dtype=a.dtype, device=a.device,
+                        max_positions=positions, engine=engine, repeats=a.repeats)  # fmt: skip
+        frames.append(pd.DataFrame(rows).assign(spec=a.spec, tp=world, device=a.device, dtype=a.dtype))
+    pd.concat(frames, ignore_index=True).to_csv(a.out, index=False)
+    print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
