@@ -24,6 +24,13 @@ def meets_slo(summary: dict, slo_ttft_ms: float, slo_tpot_ms: float) -> bool:
     return summary["failed"] == 0 and summary["ttft_p99_ms"] <= slo_ttft_ms and not summary["tpot_p99_ms"] > slo_tpot_ms
 
 
+def simulate_point(trace, *, cost, replicas: int, router: str, slo_ttft_ms: float, slo_tpot_ms: float, **sim_kwargs):
+    """One simulated point of a capacity search: ``(met, summary, run)`` of ``trace`` on ``replicas`` replicas."""
+    run = simulate(trace, cost=cost, replicas=replicas, router=router, token_times=False, **sim_kwargs)
+    s = run.summary(slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms)
+    return meets_slo(s, slo_ttft_ms, slo_tpot_ms), s, run
+
+
 class _RouterSearch:
     """One router's search: ``fewest(rate, ...)`` simulates as few points as it can; each goes to ``tried``."""
 
@@ -36,11 +43,11 @@ class _RouterSearch:
     def ok(self, rate: float, n: int) -> bool:
         """Whether ``n`` replicas meet the SLO at ``rate`` (simulated once per point)."""
         if (rate, n) not in self.cache:
-            run = simulate(
-                self.traces[rate], cost=self.cost, replicas=n, router=self.router, token_times=False, **self.kw
-            )
-            s = run.summary(slo_ttft_ms=self.slo_ttft_ms, slo_tpot_ms=self.slo_tpot_ms)
-            self.cache[(rate, n)] = meets_slo(s, self.slo_ttft_ms, self.slo_tpot_ms)
+            met, s, run = simulate_point(
+                self.traces[rate], cost=self.cost, replicas=n, router=self.router, slo_ttft_ms=self.slo_ttft_ms,
+                slo_tpot_ms=self.slo_tpot_ms, **self.kw,
+            )  # fmt: skip
+            self.cache[(rate, n)] = met
             self.tried.append(
                 {
                     "router": self.router,
@@ -166,9 +173,10 @@ def rate_bracket(
     bisection). ``record(rate, met, summary, run)`` sees every simulated point."""
 
     def ok(rate: float) -> bool:
-        run = simulate(make_trace(rate), cost=cost, replicas=replicas, router=router, token_times=False, **sim_kwargs)
-        s = run.summary(slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms)
-        met = meets_slo(s, slo_ttft_ms, slo_tpot_ms)
+        met, s, run = simulate_point(
+            make_trace(rate), cost=cost, replicas=replicas, router=router, slo_ttft_ms=slo_ttft_ms,
+            slo_tpot_ms=slo_tpot_ms, **sim_kwargs,
+        )  # fmt: skip
         if record is not None:
             record(rate, met, s, run)
         return met
