@@ -364,3 +364,23 @@ def test_a_campaign_repeat_that_is_not_fresh_is_refused(tree):
     runs = study_runs("08_simulator", t / "results", device="test-dev")
     with pytest.raises(ParameterError, match="not registered"):
         heldout.report_campaign("fresh_run_1", runs, **kw(t))
+
+
+def test_a_campaign_repeat_committed_in_xz_reads_and_hashes_as_its_plain_copy(tree):
+    """The fresh runs' tables are committed in xz (scripts/compress_runs.sh): the report must read the same records
+    and give the same data hash, or the used-data check would miss a repeat reported from the other form."""
+    import lzma
+
+    from servelab.studies.common.runs import study_runs
+
+    t, rec = tree
+    write_campaign_repeat(t, rec, 0, 23)
+    (plain,) = heldout.campaign_repeats(study_runs("08_simulator", t / "results", device="test-dev"))
+    csv = next((t / "results").rglob("fresh_requests.csv"))
+    with lzma.open(csv.with_name("fresh_requests.csv.xz"), "wb") as f:
+        f.write(csv.read_bytes())
+    csv.unlink()
+    (packed,) = heldout.campaign_repeats(study_runs("08_simulator", t / "results", device="test-dev"))
+    assert packed["data_sha256"] == plain["data_sha256"]
+    pd.testing.assert_frame_equal(packed["requests"], plain["requests"])
+    assert len(plain["requests"]) > 0

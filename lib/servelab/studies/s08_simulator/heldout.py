@@ -25,6 +25,7 @@ import argparse
 import datetime as _dt
 import hashlib
 import json
+import lzma
 import statistics
 from pathlib import Path
 
@@ -234,6 +235,19 @@ def report_once(run_id: str, *, root: Path = freeze_record.VALIDATION_DIR, repo:
 FRESH = "fresh_"
 
 
+def _content_sha256(path: Path) -> str:
+    """SHA-256 of a table's content: the plain file's bytes, or what its ``.xz`` copy unpacks to. A fresh run's
+    request records are committed in xz (scripts/compress_runs.sh) but were hashed plain when first reported, and a
+    used-data check must see the same data under either form."""
+    if path.suffix != ".xz":
+        return ledger.file_sha256(path)
+    h = hashlib.sha256()
+    with lzma.open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def campaign_repeats(runs) -> list[dict]:
     """The fresh runs the simulator's measuring path wrote (``runs``: its ``RunSet``), one per repeat: the spec and
     seed it ran with, its own freeze check, when it started, its request records (every ``fresh_*`` part of that
@@ -249,7 +263,7 @@ def campaign_repeats(runs) -> list[dict]:
             if "error" in req.columns:
                 req["error"] = req["error"].fillna("")
             frames.append(req)
-            shas.append(ledger.file_sha256(r.dir / "fresh_requests.csv"))
+            shas.append(_content_sha256(r.file("fresh_requests.csv")))
         if not frames:
             continue
         seed = fresh[0].json("fresh_seed") or {}
