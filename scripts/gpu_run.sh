@@ -15,7 +15,8 @@ if [ -n "${SERVELAB_SNAPSHOT:-}" ]; then
   here=$PWD; cd "$SERVELAB_SNAPSHOT" || exit 1
   [ -d "$here/.whl" ] && [ ! -e .whl ] && ln -s "$here/.whl" .whl
 fi
-[ $# -gt 0 ] || { echo "usage: scripts/gpu_run.sh STUDY:PART:REPEAT ... (see make gpu-plan)" >&2; exit 2; }
+# no jobs: a staging call, which only carries a part of SmolLM2's weights to /tmp/stage (make gpu-plan says when)
+[ $# -gt 0 ] || [ -d .models/smollm2 ] || { echo "usage: scripts/gpu_run.sh STUDY:PART:REPEAT ... (see make gpu-plan)" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 log=$OUT/run.log
 [ -f .revision ] && export SERVELAB_REVISION=$(cat .revision)  # the copy's own .git, if any, may be stale
@@ -50,9 +51,16 @@ shutil.copyfileobj(lzma.open(i) if i.peek(6)[:6] == b"\xfd7zXZ\x00" else i, sys.
 stage_smollm2 >>"$log" 2>&1
 { date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv;
   python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"; } >>"$log" 2>&1
+if [ $# -eq 0 ]; then
+  echo "staging call: $(ls /tmp/stage 2>/dev/null | tr '\n' ' ')" | tee "$OUT/summary.txt"; exit 0
+fi
 stamp=$(mktemp); sleep 1
 # the whole run stops before the device call's 10-minute limit, so that the runs already written are still packed
-timeout -s TERM "${GPU_RUN_LIMIT_S:-540}" python3 -m servelab.studies.common.campaign run "$@" 2>&1 | tee -a "$log" | grep -E '^job ' >"$OUT/summary.txt"
+# (packing takes seconds; the call's wheel install and start about 15 s), and a job expected to run past that limit
+# is not started (campaign run_jobs), since it could only be cut
+limit=${GPU_RUN_LIMIT_S:-$((575 - SECONDS))}  # SECONDS: this script's own time so far (wheels, staging)
+export SERVELAB_RUN_DEADLINE=$(($(date +%s) + limit))
+timeout -s TERM "$limit" python3 -m servelab.studies.common.campaign run "$@" 2>&1 | tee -a "$log" | grep -E '^job ' >"$OUT/summary.txt"
 rc=${PIPESTATUS[0]}
 # every run folder written by these jobs (complete or not: an incomplete one shows where a job stopped)
 find data/results -path '*/runs/*/r*' -maxdepth 7 -type d -newer "$stamp" | sort >"$OUT/runs.txt"

@@ -278,6 +278,52 @@ def test_a_job_whose_machine_lacks_what_it_needs_is_not_run(monkeypatch, capsys)
     assert out.startswith("job 01_scheduling:llama-fcfs-high:0 rc=3")
 
 
+def test_smollm2s_weights_take_more_calls_as_the_tree_grows(tmp_path):
+    from servelab.studies.common import carry
+
+    # no stream or wheels in tmp_path: the recorded sizes (90.4 MB in xz, 3.3 MB of wheels)
+    assert carry.smollm2_parts(18_000_000, tmp_path) == 2  # the tree of 2026-12-04's morning
+    assert carry.smollm2_parts(26_000_000, tmp_path) == 3  # and its afternoon: the parts are about 37-40 MB
+    assert carry.smollm2_parts(40_000_000, tmp_path) == 4
+    with pytest.raises(ValueError, match="leaves no room"):
+        carry.smollm2_parts(63_000_000, tmp_path)
+
+
+def _job(study, part, rep, minutes):
+    return campaign.Job(study, part, rep, minutes, "guess")
+
+
+def test_sessions_put_smollm2_runs_after_the_calls_that_carry_its_parts():
+    plain = [_job("01_scheduling", "llama-eager", r, 4.0) for r in range(6)]
+    smol = [_job("06_hf_assisted", f"p{p}", 0, 9.0) for p in range(3)]
+    bins = campaign.pack(plain + smol)
+    laid = campaign.sessions(bins, parts=3)
+    assert sorted(j.name for s in laid for r in s for j in r) == sorted(j.name for j in plain + smol)
+    for session in laid:
+        assert sum(campaign.run_minutes(r) for r in session) <= campaign.SESSION_MINUTES
+        first_smol = min((i for i, r in enumerate(session) if any(j.smollm2 for j in r)), default=None)
+        assert first_smol is None or first_smol >= 2  # p0 and p1 come first, the hash with the third call
+    # once no other job is left to ride with a part, a session stages with calls that run nothing
+    assert any(r == [] for s in laid for r in s)
+    text = campaign.plan_text(bins, parts=3)
+    assert "staging call (no jobs); carry .models/smollm2/p1 .revision" in text
+    assert "carry .models/smollm2/p2 .models/smollm2/SHA256 .revision\n    06_hf_assisted:p" in text
+    assert "carry .whl .models/smollm2/p0 .revision" in text
+    # a session with no SmolLM2 job carries no part
+    only = campaign.plan_text(campaign.pack(plain), parts=3)
+    assert "smollm2" not in only and "Session 1" in only
+
+
+def test_a_job_expected_past_the_calls_limit_is_not_started(capsys, monkeypatch):
+    import time
+
+    started = []
+    monkeypatch.setattr(campaign.subprocess, "run", lambda *a, **k: started.append(a))
+    failed = campaign.run_jobs(["02_gpu_costs:all:0"], deadline=time.time() + 5)
+    assert failed == 1 and not started
+    assert "rc=4 0s not started" in capsys.readouterr().out
+
+
 def test_a_smollm2_job_is_not_run_without_its_gguf(monkeypatch):
     from servelab.models import loader
 

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from servelab.errors import ParameterError
 from servelab.measure.results import results_root
+from servelab.studies.common import carry
 from servelab.studies.common.repeats import MIN_REPEATS
 from servelab.studies.common.runs import measuring_module, study_runs
 
@@ -47,6 +48,9 @@ ORDER = (
 # the plan marks them, so that a GPU session stages the weights in the call before
 SMOLLM2_PARTS = {"03_speculative": ("real", "lookup"), "06_hf_assisted": ("p0", "p1", "p2")}
 MAX_MINUTES = 9.0  # a GPU run: the device allows 10 minutes a command; one is kept for start-up and packing
+# a session's device time (30 min), less the machine's start and each call's transfer; and a staging call's
+SESSION_MINUTES = 28.0
+STAGE_CALL_MIN = 0.5
 START_MIN = 0.5  # a fresh process: Python, torch and CUDA start, before the measuring path's own clock starts
 
 
@@ -119,11 +123,11 @@ def parts_of(study: str) -> dict[str, float]:
     return {str(k): float(v) for k, v in parts.items()}
 
 
-def missing_jobs(study: str, repeats: int = MIN_REPEATS, root: Path | None = None) -> list[Job]:
-    """Every (part, repeat) of ``study`` with no complete run at today's fingerprint on the book's device."""
+def estimates(study: str, root: Path | None = None) -> dict[str, tuple[float, str]]:
+    """Each part's expected minutes on the H200 and where that comes from: the median recorded ``duration_s`` at
+    today's fingerprint (plus ``START_MIN``); for a part measured by older code only, the longer of that record and
+    its guess; else its guess, scaled by how the study's recorded parts compared with theirs."""
     runs = study_runs(study, root)
-    have = {(r.part, r.repeat) for r in runs.runs} if runs.current else set()
-    jobs = []
     guesses = parts_of(study)
     recorded, older = {}, {}  # part -> (median minutes, runs): at today's fingerprint, at older ones
     for part in guesses:
@@ -134,37 +138,37 @@ def missing_jobs(study: str, repeats: int = MIN_REPEATS, root: Path | None = Non
     # a part never run is guessed from the guesses of its study's parts that did run, scaled by how those compared
     # (Study 1's guesses ran 0.45-0.95 of their time on the H200): a guess twice too long packs half as many jobs
     scale = statistics.median(m / guesses[p] for p, (m, _) in recorded.items()) if recorded else 1.0
+    out = {}
     for part, guess in guesses.items():
         if part in recorded:
             minutes, n = recorded[part]
-            minutes, basis = minutes + START_MIN, f"recorded ({n} runs)"
+            out[part] = (minutes + START_MIN, f"recorded ({n} runs)")
         elif part in older:
-            # measured by older code only: the change may have lengthened it (Study 6's budget did), so the
-            # longer of that record and today's guess
+            # measured by older code only: the change may have lengthened it (Study 6's budget did)
             minutes, n = older[part]
-            minutes, basis = max(minutes, guess) + START_MIN, f"the longer of older code's record ({n} runs) and guess"
+            out[part] = (max(minutes, guess) + START_MIN, f"the longer of older code's record ({n} runs) and guess")
         elif recorded:
-            minutes, basis = guess * scale + START_MIN, f"guess x {scale:.2f} (the study's recorded parts)"
+            out[part] = (guess * scale + START_MIN, f"guess x {scale:.2f} (the study's recorded parts)")
         else:
-            minutes, basis = guess + START_MIN, "guess"
+            out[part] = (guess + START_MIN, "guess")
+    return out
+
+
+def missing_jobs(study: str, repeats: int = MIN_REPEATS, root: Path | None = None) -> list[Job]:
+    """Every (part, repeat) of ``study`` with no complete run at today's fingerprint on the book's device."""
+    runs = study_runs(study, root)
+    have = {(r.part, r.repeat) for r in runs.runs} if runs.current else set()
+    jobs = []
+    for part, (minutes, basis) in estimates(study, root).items():
         held = held_back(study, part)
         jobs += [Job(study, part, r, round(minutes, 1), basis, held) for r in range(repeats) if (part, r) not in have]
     return jobs
 
 
-def pack(jobs: list[Job], max_minutes: float = MAX_MINUTES) -> list[list[Job]]:
-    """First-fit decreasing into GPU runs of at most ``max_minutes``; a job larger than that is refused (split the
-    study into parts that fit)."""
-    big = [j.name for j in jobs if j.minutes > max_minutes]
-    if big:
-        raise ParameterError(f"jobs longer than a GPU run ({max_minutes} min): {big}; split them into parts")
+def _ffd(jobs: list[Job], max_minutes: float) -> list[list[Job]]:
     bins: list[list[Job]] = []
-    # the jobs without SmolLM2 first, and none that needs it in the first run: its weights ride along in parts with
-    # the first call (scripts/stage_smollm2.sh) and are whole from the second on
-    plain = sorted((j for j in jobs if not j.smollm2), key=lambda j: -j.minutes)
-    smol = sorted((j for j in jobs if j.smollm2), key=lambda j: -j.minutes)
-    for job in plain + smol:
-        for b in bins[1 if job.smollm2 and plain else 0 :]:
+    for job in sorted(jobs, key=lambda j: -j.minutes):
+        for b in bins:
             if sum(j.minutes for j in b) + job.minutes <= max_minutes:
                 b.append(job)
                 break
@@ -174,25 +178,87 @@ def pack(jobs: list[Job], max_minutes: float = MAX_MINUTES) -> list[list[Job]]:
     return [sorted(b, key=lambda j: (order.get(j.study, 99), j.part, j.repeat)) for b in bins]
 
 
-def plan_text(bins: list[list[Job]], max_minutes: float = MAX_MINUTES, held: list[Job] = ()) -> str:
-    """The plan as `make gpu-plan` prints it; ``held``: the jobs that must wait, listed after the runs with why."""
+def pack(jobs: list[Job], max_minutes: float = MAX_MINUTES) -> list[list[Job]]:
+    """First-fit decreasing into GPU runs of at most ``max_minutes``, the jobs that read SmolLM2 in runs of their
+    own (they wait for its weights, `sessions`); a job larger than a run is refused (split the study into parts
+    that fit)."""
+    big = [j.name for j in jobs if j.minutes > max_minutes]
+    if big:
+        raise ParameterError(f"jobs longer than a GPU run ({max_minutes} min): {big}; split them into parts")
+    return _ffd([j for j in jobs if not j.smollm2], max_minutes) + _ffd([j for j in jobs if j.smollm2], max_minutes)
+
+
+def run_minutes(run: list[Job]) -> float:
+    """A GPU run's expected device minutes; a run of no jobs is a staging call, which carries a part only."""
+    return sum(j.minutes for j in run) if run else STAGE_CALL_MIN
+
+
+def sessions(bins: list[list[Job]], parts: int, session_minutes: float = SESSION_MINUTES) -> list[list[list[Job]]]:
+    """The runs laid out over sessions of ``session_minutes`` of device time each, since a session's machine is
+    fresh: the first ``parts`` - 1 calls of a session carry SmolLM2's parts (with runs that do not read it, or,
+    when none is left, as staging calls that run nothing), and its SmolLM2 runs come after them."""
+    plain = [b for b in bins if not any(j.smollm2 for j in b)]
+    smol = [b for b in bins if any(j.smollm2 for j in b)]
+    out: list[list[list[Job]]] = []
+    while plain or smol:
+        session: list[list[Job]] = []
+        if smol:
+            session += [plain.pop(0) if plain else [] for _ in range(parts - 1)]
+        used = sum(run_minutes(r) for r in session)
+        for queue in (smol, plain) if session or not plain else (plain, smol):
+            for b in list(queue):
+                if used + run_minutes(b) <= session_minutes or not session:
+                    session.append(b)
+                    used += run_minutes(b)
+                    queue.remove(b)
+        out.append(session)
+    return out
+
+
+def _carry(session: list[list[Job]], i: int, parts: int) -> str:
+    """What call ``i`` of a session names in ``carry``."""
+    names = [".whl"] if i == 0 else []
+    if any(j.smollm2 for r in session for j in r) and i < parts:
+        names.append(f".models/smollm2/p{i}")
+        if i == parts - 1:
+            names.append(".models/smollm2/SHA256")
+    return " ".join([*names, ".revision"])
+
+
+def plan_text(
+    bins: list[list[Job]], max_minutes: float = MAX_MINUTES, held: list[Job] = (), parts: int | None = None
+) -> str:
+    """The plan as `make gpu-plan` prints it, session by session, each call with what it carries; ``held``: the
+    jobs that must wait, listed after the runs with why; ``parts``: the calls SmolLM2's weights take (default: at
+    this checkout's tree, `carry.smollm2_parts`)."""
     wait = _held_text(held)
     if not bins:
         return "GPU plan: nothing to measure now; every study has its repeats at today's fingerprints.\n" + wait
+    smol = any(j.smollm2 for b in bins for j in b)
+    parts = (carry.smollm2_parts() if smol else 1) if parts is None else parts
+    laid = sessions(bins, parts)
     total = sum(j.minutes for b in bins for j in b)
     lines = [
-        f"GPU plan: {sum(len(b) for b in bins)} jobs, {total:.1f} min in {len(bins)} GPU runs of <= {max_minutes} min"
+        f"GPU plan: {sum(len(b) for b in bins)} jobs, {total:.1f} min in {len(bins)} GPU runs of <= {max_minutes}"
+        f" min, over {len(laid)} sessions of {SESSION_MINUTES:.0f} min device time"
     ]
-    for i, b in enumerate(bins, 1):
-        lines.append(f"\nGPU run {i}: {sum(j.minutes for j in b):.1f} min")
-        lines += [f"  {j.name:<34} {j.minutes:5.1f} min  ({j.basis}){'  SmolLM2' if j.smollm2 else ''}" for j in b]
-        lines.append("  scripts/gpu_run.sh " + " ".join(j.name for j in b))
-    if any(j.smollm2 for b in bins for j in b):
+    if smol:
         lines.append(
-            "\nSmolLM2: the jobs so marked read its GGUF, which rides along in parts (scripts/stage_smollm2.sh): carry"
-            " .whl and .models/smollm2/p0 with the first call, the other parts and SHA256 with the next ones,"
-            " back to back (CONTRIBUTING)."
+            f"SmolLM2: the jobs so marked read its GGUF, which takes {parts} calls to carry at this tree"
+            " (scripts/stage_smollm2.sh cuts the parts after the last commit): a session's calls carry them in"
+            " order, back to back (the machine goes back after 30 s idle), and its SmolLM2 runs come after them."
         )
+    k = 0
+    for n, session in enumerate(laid, 1):
+        lines.append(f"\nSession {n}: {sum(run_minutes(r) for r in session):.1f} min")
+        for i, b in enumerate(session):
+            k += bool(b)
+            head = f"GPU run {k}: {run_minutes(b):.1f} min" if b else "staging call (no jobs)"
+            lines.append(f"  {head}; carry {_carry(session, i, parts)}")
+            lines += [
+                f"    {j.name:<34} {j.minutes:5.1f} min  ({j.basis}){'  SmolLM2' if j.smollm2 else ''}" for j in b
+            ]
+            lines.append("    scripts/gpu_run.sh " + " ".join(j.name for j in b))
     return "\n".join(lines) + "\n" + wait
 
 
@@ -215,9 +281,16 @@ def run_job(study: str, part: str, repeat: int, profile: str = "full") -> Path:
     return door(study, "measure").measure(P)
 
 
-def run_jobs(names: list[str], *, limit_s: float | None = None, profile: str = "full") -> int:
+def run_jobs(
+    names: list[str], *, limit_s: float | None = None, profile: str = "full", deadline: float | None = None
+) -> int:
     """Each job in a fresh process, in order, each cut at ``limit_s`` seconds (default: its expected time × 2 + 2
-    min); returns the number that failed. A job cut off leaves an incomplete folder, which no page reads."""
+    min); returns the number that failed. A job cut off leaves an incomplete folder, which no page reads.
+    ``deadline`` (a ``time.time()``; default ``$SERVELAB_RUN_DEADLINE``, which gpu_run.sh sets where the call's
+    limit cuts the run): a job expected to run past it is not started (rc=4), since it would only be cut, and the
+    device time it took would buy nothing (a 2026-12-04 call lost 167 s so)."""
+    if deadline is None and os.environ.get("SERVELAB_RUN_DEADLINE"):
+        deadline = float(os.environ["SERVELAB_RUN_DEADLINE"])
     failed = 0
     for name in names:
         study, part, rep = parse_job(name)
@@ -225,6 +298,16 @@ def run_jobs(names: list[str], *, limit_s: float | None = None, profile: str = "
         if guess is None:
             raise ParameterError(f"{study} has no part {part!r}; its parts: {sorted(parts_of(study))}")
         limit = limit_s or (guess * 2 + 2) * 60
+        if deadline is not None:
+            expected = estimates(study).get(part, (guess, ""))[0] * 60
+            if time.time() + expected > deadline:
+                failed += 1
+                print(
+                    f"job {name} rc=4 0s not started: expected {expected:.0f} s, {deadline - time.time():.0f} s left"
+                    " before the call's limit",
+                    flush=True,
+                )
+                continue
         lacking = missing_here(study, part)
         if lacking:
             failed += 1
