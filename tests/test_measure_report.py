@@ -303,9 +303,11 @@ def test_sessions_put_smollm2_runs_after_the_calls_that_carry_its_parts():
         assert sum(campaign.run_minutes(r) for r in session) <= campaign.SESSION_MINUTES
         first_smol = min((i for i, r in enumerate(session) if any(j.smollm2 for j in r)), default=None)
         assert first_smol is None or first_smol >= 2  # p0 and p1 come first, the hash with the third call
-    # once no other job is left to ride with a part, a session stages with calls that run nothing
-    assert any(r == [] for s in laid for r in s)
+    # SmolLM2's runs go first, after staging calls that run nothing (the tree only grows, and the parts with it)
+    assert laid[0][:2] == [[], []] and all(any(j.smollm2 for j in r) for r in laid[0][2:5])
+    assert not any(j.smollm2 for s in laid[1:] for r in s for j in r)
     text = campaign.plan_text(bins, parts=3)
+    assert "staging call (no jobs); carry .whl .models/smollm2/p0 .revision" in text
     assert "staging call (no jobs); carry .models/smollm2/p1 .revision" in text
     assert "carry .models/smollm2/p2 .models/smollm2/SHA256 .revision\n    06_hf_assisted:p" in text
     assert "carry .whl .models/smollm2/p0 .revision" in text

@@ -185,7 +185,9 @@ def pack(jobs: list[Job], max_minutes: float = MAX_MINUTES) -> list[list[Job]]:
     big = [j.name for j in jobs if j.minutes > max_minutes]
     if big:
         raise ParameterError(f"jobs longer than a GPU run ({max_minutes} min): {big}; split them into parts")
-    return _ffd([j for j in jobs if not j.smollm2], max_minutes) + _ffd([j for j in jobs if j.smollm2], max_minutes)
+    # SmolLM2's runs repeat by repeat (every part of repeat 0 first): a whole repeat shows on its page soonest
+    smol = sorted(_ffd([j for j in jobs if j.smollm2], max_minutes), key=lambda b: min((j.repeat, j.part) for j in b))
+    return _ffd([j for j in jobs if not j.smollm2], max_minutes) + smol
 
 
 def run_minutes(run: list[Job]) -> float:
@@ -194,20 +196,20 @@ def run_minutes(run: list[Job]) -> float:
 
 
 def sessions(bins: list[list[Job]], parts: int, session_minutes: float = SESSION_MINUTES) -> list[list[list[Job]]]:
-    """The runs laid out over sessions of ``session_minutes`` of device time each, since a session's machine is
-    fresh: the first ``parts`` - 1 calls of a session carry SmolLM2's parts (with runs that do not read it, or,
-    when none is left, as staging calls that run nothing), and its SmolLM2 runs come after them."""
+    """The runs laid out over sessions of ``session_minutes`` of device time each (a session's machine starts
+    bare). While runs that read SmolLM2 remain, a session opens with ``parts`` - 1 staging calls, which carry the
+    first parts of its weights and run nothing, then takes those runs, then others where time is left. SmolLM2's
+    runs go first, because every run committed grows the tree that each call carries beside a part, and with it
+    the number of parts; a staging call costs about half a minute."""
     plain = [b for b in bins if not any(j.smollm2 for j in b)]
     smol = [b for b in bins if any(j.smollm2 for j in b)]
     out: list[list[list[Job]]] = []
     while plain or smol:
-        session: list[list[Job]] = []
-        if smol:
-            session += [plain.pop(0) if plain else [] for _ in range(parts - 1)]
+        session: list[list[Job]] = [[] for _ in range(parts - 1)] if smol else []
         used = sum(run_minutes(r) for r in session)
-        for queue in (smol, plain) if session or not plain else (plain, smol):
+        for queue in (smol, plain):
             for b in list(queue):
-                if used + run_minutes(b) <= session_minutes or not session:
+                if used + run_minutes(b) <= session_minutes or not any(session):
                     session.append(b)
                     used += run_minutes(b)
                     queue.remove(b)
@@ -216,7 +218,8 @@ def sessions(bins: list[list[Job]], parts: int, session_minutes: float = SESSION
 
 
 def _carry(session: list[list[Job]], i: int, parts: int) -> str:
-    """What call ``i`` of a session names in ``carry``."""
+    """What call ``i`` of a session names in ``carry``: the wheels with the first (they stay installed in /tmp/site
+    while the machine is warm), and where the session runs SmolLM2, part ``i`` until the last, with the hash."""
     names = [".whl"] if i == 0 else []
     if any(j.smollm2 for r in session for j in r) and i < parts:
         names.append(f".models/smollm2/p{i}")
@@ -258,7 +261,7 @@ def plan_text(
             lines += [
                 f"    {j.name:<34} {j.minutes:5.1f} min  ({j.basis}){'  SmolLM2' if j.smollm2 else ''}" for j in b
             ]
-            lines.append("    scripts/gpu_run.sh " + " ".join(j.name for j in b))
+            lines.append("    scripts/gpu_run.sh " + (" ".join(j.name for j in b) if b else "  # stages the part only"))
     return "\n".join(lines) + "\n" + wait
 
 
