@@ -10,7 +10,7 @@ BUILD := _build
 REPEATS ?= 3
 
 
-.PHONY: venv lint pages book test test-lib test-pages test-notebooks test-book browser gpu-plan reproduce clean \
+.PHONY: venv lint pages book test test-lib test-pages test-notebooks test-book browser gpu-plan prune-runs reproduce clean \
 	gpu-test-quick gpu-test
 
 venv: $(STAMP)
@@ -36,6 +36,11 @@ book: pages
 # (run each with scripts/gpu_run.sh on the GPU machine).
 gpu-plan: $(STAMP)
 	@$(PY) -m servelab.studies.common.campaign plan --repeats $(REPEATS)
+
+# Take out of the tree the runs at older fingerprints that a study's complete repeats at today's supersede (git
+# history keeps them): every GPU call carries the tree within 64 MiB. Lists them; APPLY=1 removes them.
+prune-runs: $(STAMP)
+	@$(PY) -m servelab.studies.common.prune $(if $(APPLY),--apply,)
 
 # ruff: lint and format, configured in pyproject.toml; any finding fails.
 lint: $(STAMP)

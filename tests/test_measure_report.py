@@ -355,20 +355,19 @@ def test_a_run_reads_its_tables_compressed_as_it_reads_them_plain(tmp_path):
 
 
 def test_the_tracked_tree_leaves_room_for_a_device_call(tmp_path):
-    # every GPU call carries the tracked tree within 64 MiB, beside .whl (3.3 MB) and a part of SmolLM2's weights
-    # (90 MB in xz; scripts/stage_smollm2.sh sizes the parts to what the tree leaves): at 18 MB (2026-12-04) two
-    # calls back to back carry them; past 32 MiB, four, which a machine that goes back after 30 s idle makes
-    # fragile: compress the raw tables that grew (scripts/compress_runs.sh)
-    import subprocess
+    # every GPU call carries the tracked tree within 64 MiB, beside .whl (3.3 MB) or a part of SmolLM2's weights
+    # (90 MB in xz; scripts/stage_smollm2.sh cuts the parts to what the tree leaves): 2 parts at 18 MB, 3 at 26 MB
+    # (2026-12-04), 5 at 47 MB. Each part but the last is a staging call at the start of a session; past five
+    # parts they take more of a session's 30 minutes, and the calls, back to back, grow fragile (a machine goes
+    # back after 30 s idle): take superseded runs out (python -m servelab.studies.common.prune --apply) or
+    # compress the raw tables that grew (scripts/compress_runs.sh)
+    from servelab.studies.common import carry
 
-    from servelab.paths import REPO_ROOT
-
-    if not (REPO_ROOT / ".git").exists():
+    size = carry.tree_bytes()
+    if size is None:
         pytest.skip("not a git checkout")
-    names = subprocess.run(["git", "ls-files", "-z"], cwd=REPO_ROOT, capture_output=True, check=True).stdout
-    files = [REPO_ROOT / n for n in names.decode().split("\0") if n]
-    size = sum(f.stat().st_size for f in files if f.is_file())
-    assert size < 32 * 2**20, f"the tracked tree is {size / 1e6:.1f} MB: compress large raw tables"
+    parts = carry.smollm2_parts(size, tmp_path)  # tmp_path: the recorded sizes of the stream and the wheels
+    assert parts <= 5, f"the tracked tree is {size / 1e6:.1f} MB: SmolLM2 would take {parts} calls; prune or compress"
 
 
 def test_a_part_never_run_is_guessed_from_how_its_studys_recorded_parts_compared(tmp_path):
@@ -388,3 +387,21 @@ def test_a_part_never_run_is_guessed_from_how_its_studys_recorded_parts_compared
     # no job that needs SmolLM2 in the first run, which carries the first part of its weights
     bins = campaign.pack(list(jobs.values()))
     assert not any(j.smollm2 for j in bins[0]) and any(j.smollm2 for b in bins[1:] for j in b)
+
+
+def test_older_runs_are_pruned_only_once_todays_repeats_are_complete_and_never_pinned_ones(tmp_path):
+    from servelab.studies.common import prune
+
+    today = fingerprint(MEASURING).digest
+    old = _run(tmp_path, "02_gpu_costs", "old" * 8, "all", 0, steps=pd.DataFrame({"v": [1]})).parents[1]
+    pinned = _run(tmp_path, "02_gpu_costs", "pin" * 8, "all", 0, steps=pd.DataFrame({"v": [1]})).parents[1]
+    _run(tmp_path, "02_gpu_costs", "legacy", "all", 0, steps=pd.DataFrame({"v": [1]}))
+    pins = tmp_path / "validation"
+    pins.mkdir()
+    (pins / "freeze.json").write_text('{"runs": ["data/results/nvidia-h200/02_gpu_costs/runs/pinpinpinpin/all/r0"]}')
+    for rep in range(2):
+        _run(tmp_path, "02_gpu_costs", today, "all", rep, steps=pd.DataFrame({"v": [1]}))
+    assert prune.superseded(tmp_path, pins, ["02_gpu_costs"]) == []  # two repeats: the older runs may be needed
+    _run(tmp_path, "02_gpu_costs", today, "all", 2, steps=pd.DataFrame({"v": [1]}))
+    assert prune.superseded(tmp_path, pins, ["02_gpu_costs"]) == [old]
+    assert pinned.is_dir()
