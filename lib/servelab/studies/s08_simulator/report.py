@@ -31,6 +31,7 @@ from servelab.studies.s08_simulator import (
     ablation,
     context_reads,
     freeze_record,
+    fresh_drift,
     heldout,
     prefix_routing,
     replica_capacity,
@@ -304,13 +305,14 @@ def fresh_error(runs: RunSet) -> dict:
         models = freeze_record.frozen_models(rec)
     except Exception as e:  # noqa: BLE001 - no freeze here: say so
         return {"error": f"no frozen cost model ({e})"}
-    tables, checks = [], []
+    tables, checks, commits = [], [], []
     for c in reps:
         req = c["requests"][c["requests"]["model"].isin(models)]
         if req.empty:
             continue
         tables.append(heldout.evaluate(req, c["params"], models).assign(repeat=c["repeat"], seed=c["seed"]))
         checks += c["checks"]
+        commits.append(c["commit"])
     if not tables:
         return {}
     table = pd.concat(tables, ignore_index=True)
@@ -326,6 +328,9 @@ def fresh_error(runs: RunSet) -> dict:
         "frozen_code": frozen,
         "measured_code": measured,
         "frozen_utc": rec.get("frozen_utc", ""),
+        # the server the frozen terms were fitted to against the fresh runs' (its decode first)
+        "drift": (drift := fresh_drift.drift(table, rec)),
+        "drift_text": fresh_drift.text(drift, (rec.get("calibration") or {}).get("study1_commit", ""), commits),
     }
 
 

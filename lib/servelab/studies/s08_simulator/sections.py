@@ -124,6 +124,7 @@ def heldout_text(r) -> str:
             f"**Fresh held-out run.** Replayed on the frozen cost models (frozen {str(f['frozen_utc'])[:10]}, "
             f"no refit), the median |error| over six serving metrics of its {f['runs']} runs is "
             f"**{f['median_abs_error_pct']:.1f} %**{each}. {code}"
+            + (f" {f['drift_text']}" if f.get("drift_text") else "")
         )
     seeds = seeds_text(r)
     return (

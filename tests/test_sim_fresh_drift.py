@@ -1,0 +1,33 @@
+"""The fresh held-out run's page says when the server it measured is not the one the frozen model was fitted to."""
+
+import pandas as pd
+
+from servelab.studies.s08_simulator import freeze_record, fresh_drift
+
+
+def _table(real_ms: float, sim_ms: float) -> pd.DataFrame:
+    rows = [{"model": "config:qwen2-0.5b", "metric": "p50 ITL", "real": real_ms, "sim": sim_ms, "error_pct": 0.0}] * 3
+    return pd.DataFrame(rows + [{"model": "config:qwen2-0.5b", "metric": "p99 TTFT", "real": 9.0, "sim": 9.0}])
+
+
+def test_the_calibration_runs_itl_is_read_from_the_frozen_runs_requests():
+    rec = freeze_record.load_freeze()
+    cal = fresh_drift.calibration_metric(rec)
+    # the committed freeze's Study 1 run (1b233dd): a qwen2-0.5b decode of 4-7 ms, an 8B one of 10-16 ms
+    assert set(cal.index) == {"config:qwen2-0.5b", "config:llama-3-8b"}
+    assert 3.0 < cal["config:qwen2-0.5b"] < 8.0 and 9.0 < cal["config:llama-3-8b"] < 17.0
+    assert fresh_drift.calibration_metric({"calibration": {"study1": []}}).empty
+
+
+def test_a_server_that_changed_under_the_frozen_model_is_named(monkeypatch):
+    monkeypatch.setattr(fresh_drift, "calibration_metric", lambda *a, **k: pd.Series({"config:qwen2-0.5b": 6.0}))
+    moved = fresh_drift.drift(_table(1.6, 6.1), {})
+    assert moved["changed"].tolist() == [True] and round(float(moved["ratio"].iat[0]), 2) == 0.27
+    text = fresh_drift.text(moved, "1b233dd8", ["50ec9603", "50ec9603"])
+    assert "6.0 ms in the calibration runs, 1.6 ms real and 6.1 ms simulated" in text
+    assert "at 1b233dd against the fresh runs at 50ec960" in text and "frozen on another server" in text
+    same = fresh_drift.drift(_table(5.5, 6.1), {})
+    assert same["changed"].tolist() == [False] and "another server" not in fresh_drift.text(same, "1b233dd8", [])
+    # no calibration runs to compare with: nothing said
+    monkeypatch.setattr(fresh_drift, "calibration_metric", lambda *a, **k: pd.Series(dtype=float))
+    assert fresh_drift.text(fresh_drift.drift(_table(1.6, 6.1), {}), "x", []) == ""
