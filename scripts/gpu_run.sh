@@ -49,11 +49,11 @@ shutil.copyfileobj(lzma.open(i) if i.peek(6)[:6] == b"\xfd7zXZ\x00" else i, sys.
   fi
 }
 stage_smollm2 >>"$log" 2>&1
-{ date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv;
-  python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"; } >>"$log" 2>&1
 if [ $# -eq 0 ]; then
   echo "staging call: $(ls /tmp/stage 2>/dev/null | tr '\n' ' ')" | tee "$OUT/summary.txt"; exit 0
 fi
+{ date -u; nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv;
+  python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"; } >>"$log" 2>&1
 stamp=$(mktemp); sleep 1
 # the whole run stops before the device call's 10-minute limit, so that the runs already written are still packed
 # (packing takes seconds; the call's wheel install and start about 15 s), and a job expected to run past that limit
