@@ -52,11 +52,32 @@ def _page(table, tried):
     )  # fmt: skip
 
 
-def test_the_page_says_when_nothing_ran_on_several_gpus_and_when_runs_it_cannot_read_are_there(tmp_path):
-    assert "Not measured on more than one GPU" in beyond_one_gpu.status_md(tmp_path)
-    run = tmp_path / "nvidia-h200-x4" / beyond_one_gpu.MULTI_GPU / "runs" / "abc" / "dp4" / "r0"
+def _measured_run(root, model: str, slo_ttft_ms: float):
+    run = root / "nvidia-h200-x4" / beyond_one_gpu.MULTI_GPU / "runs" / "abc" / "replicas" / "r0"
     run.mkdir(parents=True)
-    (run / "run.json").write_text(json.dumps({"complete": True}))
-    text = beyond_one_gpu.status_md(tmp_path)
-    assert "1 run folders" in text and "nvidia-h200-x4" in text and "no measured table" in text
+    meta = {"complete": True, "git_commit": "f" * 40, "repeat_index": 0, "device": {"name": "NVIDIA H200", "gpus": 4},
+            "params": {"model": model, "slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": 6.0, "requests_per_replica": 200,
+                       "lengths_source": "uniform"}}  # fmt: skip
+    (run / "run.json").write_text(json.dumps(meta))
+    pd.DataFrame(
+        {"router": [SINGLE, "round_robin"], "replicas": [1, 2], "met_req_s": [10.0, 16.0],
+         "missed_req_s": [12.0, 20.0], "scaling": [1.0, 0.8]}
+    ).to_csv(run / "capacity.csv", index=False)  # fmt: skip
+    return run
+
+
+def test_the_page_says_when_nothing_ran_on_several_gpus_and_sets_a_run_beside_the_prediction(tmp_path):
+    assert "Not measured on more than one GPU" in beyond_one_gpu.status_md(tmp_path)
+    pred = pd.DataFrame(
+        {"router": [SINGLE, "round_robin"], "replicas": [1, 2], "met_req_s": [12.0, 20.0], "missed_req_s": [14.0, 24.0],
+         "scaling": [1.0, 0.83]}
+    )  # fmt: skip
+    page = _page(pred, pd.DataFrame({"requests": [1]}))
+    _measured_run(tmp_path, str(COST.gpu.model), 60.0)
+    text = beyond_one_gpu.status_md(tmp_path, page)
+    assert "**Measured** on 4× NVIDIA H200 at fffffff (nvidia-h200-x4, repeat 0)" in text and "list-table" in text
+    assert "N = 1 (one replica): 10.0 measured, 12.0 simulated (+20 %)" in text and "Median |error| **22 %**" in text
+    other = tmp_path / "other"
+    _measured_run(other, str(COST.gpu.model), 500.0)  # another SLO: no error against this prediction
+    assert "no error is computed" in beyond_one_gpu.status_md(other, page)
     assert beyond_one_gpu.capacity_md("the simulator's report failed: X").startswith("No prediction")

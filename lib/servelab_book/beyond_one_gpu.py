@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -30,7 +31,7 @@ def multi_gpu_runs(root: Path | None = None) -> list[Path]:
     return sorted(p.parent for p in root.glob(f"*/{MULTI_GPU}/runs/*/*/r*/run.json"))
 
 
-def status_md(root: Path | None = None) -> str:
+def status_md(root: Path | None = None, page=None) -> str:
     runs = multi_gpu_runs(root)
     if not runs:
         return (
@@ -39,12 +40,50 @@ def status_md(root: Path | None = None) -> str:
             "session of this project so far was lent a machine of one H200. What follows is the simulator's "
             "prediction alone, and what has been built and tested on CPUs.\n:::\n"
         )
-    devices = sorted({p.parts[-6] for p in runs})
-    return (
-        ":::{admonition} Runs of several GPUs are present, not yet read\n:class: warning\n"
-        f"{len(runs)} run folders under `{MULTI_GPU}/` ({', '.join(devices)}); this page has no reporting path for "
-        "them yet, so no measured table is shown.\n:::\n"
-    )
+    return "\n".join(measured_md(run, page) for run in runs)
+
+
+def measured_md(run: Path, page=None) -> str:
+    """One run of ``servelab.cluster.capacity_run``: its capacity per router and N, measured, and beside it the
+    simulator's prediction where the run used the prediction's model and SLO (``page``: the simulator's record)."""
+    meta = json.loads((run / "run.json").read_text())
+    P, dev = meta.get("params", {}), meta.get("device", {})
+    cap = pd.read_csv(run / "capacity.csv")
+    lines = [
+        f"**Measured** on {dev.get('gpus', '?')}× {dev.get('name', '?')} at {str(meta.get('git_commit', ''))[:7]} "
+        f"({run.parts[-6]}, repeat {meta.get('repeat_index', 0)}): {P.get('model')}, SLO p99 TTFT ≤ "
+        f"{P.get('slo_ttft_ms', math.nan):.0f} ms and p99 TPOT ≤ {P.get('slo_tpot_ms', math.nan):.1f} ms, "
+        f"{P.get('requests_per_replica')} requests per replica per point, lengths {P.get('lengths_source', '?')}.",
+        "",
+        _md_table(capacity_table(cap)),
+        "",
+    ]
+    pred = None if page is None or isinstance(page, str) else page.tables.get("replica_capacity")
+    if pred is not None and not pred.empty and page.cap:
+        slo_t, slo_p = page.cap["slo"]
+        same = (
+            str(P.get("model")) == str(page.cap["cost"].gpu.model)
+            and math.isclose(float(P.get("slo_ttft_ms", math.nan)), slo_t, rel_tol=0.01)
+            and math.isclose(float(P.get("slo_tpot_ms", math.nan)), slo_p, rel_tol=0.01)
+        )
+        if not same:
+            lines.append(
+                "The prediction above was made for another model or SLO "
+                f"({page.cap['cost'].gpu.model}, {slo_t:.0f} / {slo_p:.1f} ms): no error is computed."
+            )
+        else:
+            both = cap.merge(pred, on=["router", "replicas"], suffixes=("", "_sim"))
+            both["error_pct"] = 100.0 * (both["met_req_s_sim"] - both["met_req_s"]) / both["met_req_s"]
+            each = "; ".join(
+                f"N = {r.replicas} {r.router}: {r.met_req_s:.1f} measured, {r.met_req_s_sim:.1f} simulated "
+                f"({r.error_pct:+.0f} %)"
+                for r in both.itertuples()
+            )
+            err = both["error_pct"].abs().median()
+            lines.append(
+                f"Against the prediction (the highest rate within the SLO): {each}. Median |error| **{err:.0f} %**."
+            )
+    return "\n".join(lines) + "\n"
 
 
 def study8_report(root: Path | None = None, device: str = BOOK_DEVICE):
@@ -115,4 +154,5 @@ def capacity_md(page) -> str:
 
 def beyond_page(root: Path | None = None, device: str = BOOK_DEVICE) -> dict[str, str]:
     """The page's includes by file name."""
-    return {"beyond_status.md": status_md(root), "beyond_capacity.md": capacity_md(study8_report(root, device))}
+    page = study8_report(root, device)
+    return {"beyond_status.md": status_md(root, page), "beyond_capacity.md": capacity_md(page)}

@@ -181,6 +181,15 @@ def rate_bracket(
             record(rate, met, s, run)
         return met
 
+    return bracket_search(ok, start=start, steps=steps, refine=refine, down=down)
+
+
+def bracket_search(
+    ok: Callable[[float], bool], *, start: float, steps: int = 14, refine: int = 3, down: bool = True
+) -> tuple[float, float]:
+    """``(met, missed)`` of any point that meets an SLO or not (``ok(rate)``: simulated, or measured on a real
+    server): doubling from ``start`` while it meets (with ``down``, halving while it misses), ``steps`` times at
+    most, then ``refine`` bisections in log space. NaN / inf where nothing tried met / missed."""
     lo, hi, rate = float("nan"), float("inf"), start
     if ok(rate):
         lo = rate
