@@ -144,3 +144,15 @@ def test_the_committed_legacy_run_reads_inconclusive_by_todays_rules():
     assert page.legacy and _verdicts(page) == {"F6.1": "inconclusive", "F6.2": "inconclusive"}
     assert all("at most 3 prompts per point, below the 8" in f.note for f in page.findings)
     assert "target-124m" in page.tested_on and "draft-6m" in page.tested_on
+
+
+def test_the_output_against_plain_greedy_is_shown_per_method_and_pair():
+    page = report.report(RunSet(STUDY))
+    assert report.match_view(page).startswith("No run recorded")
+    page.match_rates = pd.DataFrame(
+        {"method": ["assisted", "own"], "pair": ["d → T", "d → T"], "runs": [3.0, 2.0],
+         "exact_match_rate": [1 / 3, 0.5], "matching_prefix_mean": [0.09, 0.5]}
+    )  # fmt: skip
+    v = report.match_view(page)
+    assert v["equal to plain (% of runs)"].tolist() == [33.3, 50.0] and v["runs"].tolist() == [3, 2]
+    assert v["tokens before the first difference (mean %)"].tolist() == [9.0, 50.0]

@@ -344,6 +344,20 @@ def coverage_view(r: Study6Page) -> pd.DataFrame:
     return out.rename(columns={k: f"{k} tok" for k in counts})
 
 
+def match_view(r: Study6Page) -> pd.DataFrame | str:
+    """Per method and pair: the share of runs whose tokens equal plain greedy ``generate``'s, and the mean share of
+    tokens made before the first difference (percent; median over repeats)."""
+    m = r.match_rates
+    if m.empty:
+        return "No run recorded its output against plain greedy."
+    out = m.assign(
+        exact=100 * m["exact_match_rate"], prefix=100 * m["matching_prefix_mean"], runs=m["runs"].astype(int)
+    )
+    cols = {"method": "method", "pair": "pair", "runs": "runs", "exact": "equal to plain (% of runs)",
+            "prefix": "tokens before the first difference (mean %)"}  # fmt: skip
+    return out[list(cols)].rename(columns=cols).round(1).reset_index(drop=True)
+
+
 def engine_view(r: Study6Page) -> pd.DataFrame:
     d = r.own_vs_engine
     if d.empty:
