@@ -31,3 +31,19 @@ def test_a_server_that_changed_under_the_frozen_model_is_named(monkeypatch):
     # no calibration runs to compare with: nothing said
     monkeypatch.setattr(fresh_drift, "calibration_metric", lambda *a, **k: pd.Series(dtype=float))
     assert fresh_drift.text(fresh_drift.drift(_table(1.6, 6.1), {}), "x", []) == ""
+
+
+def test_the_f23_note_names_a_changed_server_beside_the_fresh_error(monkeypatch):
+    from servelab.studies.common.findings import Finding
+    from servelab.studies.s08_simulator import report
+
+    monkeypatch.setattr(fresh_drift, "calibration_metric", lambda *a, **k: pd.Series({"config:qwen2-0.5b": 6.0}))
+    f = Finding(
+        id="F2.3", claim="c", seed_value="holds", measured_value="6.6", unit="%", verdict="inconclusive", note="n"
+    )
+    fresh = {"median_abs_error_pct": 66.8, "runs": 26, "per_repeat": {47: 67.7, 48: 66.0}}
+    moved = report._with_fresh(f, {**fresh, "drift": fresh_drift.drift(_table(1.6, 6.1), {})})
+    assert "66.8 % over 26 runs in 2 repeats (the server changed" in moved.note
+    assert "qwen2-0.5b p50 ITL 6.0 → 1.6 ms" in moved.note
+    same = report._with_fresh(f, {**fresh, "drift": fresh_drift.drift(_table(5.5, 6.1), {})})
+    assert same.note.endswith("in 2 repeats")

@@ -130,8 +130,20 @@ def _with_fresh(f: Finding, fresh: dict) -> Finding:
     return replace(
         f,
         note=f.note + f"; on the fresh held-out runs (drawn after the freeze): {fresh['median_abs_error_pct']:.1f} % "
-        f"over {fresh['runs']} runs in {len(fresh['per_repeat'])} repeats",
+        f"over {fresh['runs']} runs in {len(fresh['per_repeat'])} repeats" + _drift_clause(fresh.get("drift")),
     )
+
+
+def _drift_clause(drift) -> str:
+    """Where the fresh runs' server differs from the one the freeze was fitted to, say so beside their error."""
+    if drift is None or drift.empty or not drift["changed"].fillna(False).any():
+        return ""
+    moved = drift[drift["changed"].fillna(False)]
+    each = ", ".join(
+        f"{r.model.removeprefix('config:')} p50 ITL {r.calibration:.1f} → {r.fresh_real:.1f} ms"
+        for r in moved.itertuples()
+    )
+    return f" (the server changed since the freeze's calibration runs: {each}; see the held-out section)"
 
 
 def f23_finding(page_or_runs) -> Finding:
