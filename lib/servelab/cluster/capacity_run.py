@@ -127,19 +127,14 @@ def sweep(
 
 
 def _device() -> dict:
-    try:
-        import torch
+    """The machine's device record (``measure.device``), with how many GPUs the replicas spread over, and its
+    results folder's name: the record's slug, ``-xN`` for N GPUs."""
+    from servelab.cluster.serve import gpus
+    from servelab.measure.device import device_record
 
-        if torch.cuda.is_available():
-            return {"name": torch.cuda.get_device_name(0), "gpus": torch.cuda.device_count(), "kind": "cuda"}
-    except ImportError:
-        pass
-    return {"name": "cpu", "gpus": 0, "kind": "cpu"}
-
-
-def _slug(device: dict) -> str:
-    name = device["name"].lower().replace("nvidia ", "nvidia-").replace(" ", "-")
-    return f"{name}-x{device['gpus']}" if device["gpus"] > 1 else name
+    rec = device_record()
+    n = len(gpus(rec.kind))
+    return {**rec.as_dict(), "gpus": n, "folder": f"{rec.slug}-x{n}" if n > 1 else rec.slug}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -172,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         lengths = lengths_from_args(a)
         device = _device()
         fp = fingerprint("servelab.cluster.capacity_run").digest
-        out = a.out or results_root() / _slug(device) / STUDY / "runs" / fp[:12] / PART / f"r{a.repeat}"
+        out = a.out or results_root() / device["folder"] / STUDY / "runs" / fp[:12] / PART / f"r{a.repeat}"
         out.mkdir(parents=True, exist_ok=True)
         started = time.time()
 

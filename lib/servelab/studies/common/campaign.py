@@ -123,11 +123,12 @@ def parts_of(study: str) -> dict[str, float]:
     return {str(k): float(v) for k, v in parts.items()}
 
 
-def estimates(study: str, root: Path | None = None) -> dict[str, tuple[float, str]]:
+def estimates(study: str, root: Path | None = None, runs=None) -> dict[str, tuple[float, str]]:
     """Each part's expected minutes on the H200 and where that comes from: the median recorded ``duration_s`` at
     today's fingerprint (plus ``START_MIN``); for a part measured by older code only, the longer of that record and
-    its guess; else its guess, scaled by how the study's recorded parts compared with theirs."""
-    runs = study_runs(study, root)
+    its guess; else its guess, scaled by how the study's recorded parts compared with theirs. ``runs``: the
+    study's ``RunSet``, where the caller has read it already."""
+    runs = study_runs(study, root) if runs is None else runs
     guesses = parts_of(study)
     recorded, older = {}, {}  # part -> (median minutes, runs): at today's fingerprint, at older ones
     for part in guesses:
@@ -159,7 +160,7 @@ def missing_jobs(study: str, repeats: int = MIN_REPEATS, root: Path | None = Non
     runs = study_runs(study, root)
     have = {(r.part, r.repeat) for r in runs.runs} if runs.current else set()
     jobs = []
-    for part, (minutes, basis) in estimates(study, root).items():
+    for part, (minutes, basis) in estimates(study, root, runs).items():
         held = held_back(study, part)
         jobs += [Job(study, part, r, round(minutes, 1), basis, held) for r in range(repeats) if (part, r) not in have]
     return jobs
