@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run GPU jobs from `make gpu-plan` on the GPU machine, then pack the runs they wrote into $OUT/results.tgz.
 #
-#   scripts/gpu_run.sh JOB [JOB ...]          # JOB = STUDY:PART:REPEAT, e.g. 02_gpu_costs:all:0
+#   scripts/gpu_run.sh JOB [JOB ...]          # JOB = STUDY:PART:REPEAT, e.g. 02_gpu_costs:all:0 or engine:bench:0
 #
 # Each job is one part of one repeat of one study, measured in a fresh process by its measuring path
 # (python -m servelab.studies.common.campaign run), written to data/results/<device>/<study>/runs/<fp>/<part>/r<k>/.
@@ -64,6 +64,8 @@ timeout -s TERM "$limit" python3 -m servelab.studies.common.campaign run "$@" 2>
 rc=${PIPESTATUS[0]}
 # every run folder written by these jobs (complete or not: an incomplete one shows where a job stopped)
 find data/results -path '*/runs/*/r*' -maxdepth 7 -type d -newer "$stamp" | sort >"$OUT/runs.txt"
+# and the engine page's files these jobs rewrote (engine:bench:0, engine:step_budget:0: one flat folder, no runs/)
+find data/results -path '*/engine/*' -maxdepth 4 -type f -newer "$stamp" | sort >>"$OUT/runs.txt"
 xargs -r -a "$OUT/runs.txt" scripts/compress_runs.sh  # Study 1's large tables travel and stay compressed
 tar czf "$OUT/results.tgz" -T "$OUT/runs.txt" 2>>"$log"
 tail -40 "$log" | grep -E "Error|error|Traceback" >>"$OUT/summary.txt" || true

@@ -78,7 +78,8 @@ def test_without_a_measurement_the_page_says_so_and_gives_the_command(tmp_path):
     page = step_budget_page(find_step_budget(tmp_path))
     assert page.svg is None
     assert page.markdown == (
-        f"The step budget has not been measured on the H200 yet: `{COMMAND}` on the H200 measures it.\n"
+        f"The step budget has not been measured on the H200 yet: `{COMMAND}` on the H200 measures it "
+        "(`make gpu-plan` lists it as `engine:step_budget:0`).\n"
     )
     assert not re.search(r"\d+\.\d+ ?ms", page.markdown)  # no typed numbers
 

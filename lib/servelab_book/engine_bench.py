@@ -45,6 +45,8 @@ class BenchProvenance:
 
     commit: str  # the measured tree's commit, first 12 hex digits ("" if unrecorded)
     when: str  # written_utc (else started_utc) of the run, "" if unrecorded
+    fingerprint: str = ""  # its measuring path's (servelab.bench.jobs.stamp); "" for runs before it was recorded
+    fingerprint_files: dict | None = None
 
 
 def bench_provenance(bench_csv: Path | None) -> BenchProvenance | None:
@@ -60,7 +62,10 @@ def bench_provenance(bench_csv: Path | None) -> BenchProvenance | None:
     except ValueError:
         return None
     return BenchProvenance(
-        commit=str(run.get("git_commit") or "")[:12], when=str(run.get("written_utc") or run.get("started_utc") or "")
+        commit=str(run.get("git_commit") or "")[:12],
+        when=str(run.get("written_utc") or run.get("started_utc") or ""),
+        fingerprint=str(run.get("fingerprint") or ""),
+        fingerprint_files=run.get("fingerprint_files") if isinstance(run.get("fingerprint_files"), dict) else None,
     )
 
 

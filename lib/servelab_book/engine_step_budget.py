@@ -17,6 +17,7 @@ import pandas as pd
 from servelab.bench.kernel_classes import CLASSES, LABELS
 from servelab.measure.results import results_root
 from servelab.studies.common.markdown import format_value, md_text
+from servelab_book.engine_freshness import freshness
 from servelab_book.engine_step_budget_figure import figure_svg
 from servelab_book.engine_tables import frame_table
 from servelab_book.findings import BOOK_DEVICE
@@ -129,7 +130,8 @@ def step_budget_page(csv: Path | None) -> BudgetPage:
     """The include (and figure) of the step budget in ``csv``, or the sentence saying it has not been measured."""
     if csv is None:
         return BudgetPage(
-            f"The step budget has not been measured on the H200 yet: `{COMMAND}` on the H200 measures it.\n"
+            f"The step budget has not been measured on the H200 yet: `{COMMAND}` on the H200 measures it "
+            "(`make gpu-plan` lists it as `engine:step_budget:0`).\n"
         )
     budget = pd.read_csv(csv)
     ok = budget[budget.status == "ok"] if "status" in budget.columns else budget
@@ -144,5 +146,7 @@ def step_budget_page(csv: Path | None) -> BudgetPage:
         return BudgetPage(f"{_source(csv, side)}: no step kind was measured.{not_run}\n")
     labels = {r.step: step_label(r) for r in ok.groupby("step", sort=False).first().reset_index().itertuples()}
     device_name = (side.get("device") or {}).get("name", "the H200")
-    text = f"{_source(csv, side)}:\n\n" + figure_block(ok, labels) + "\n" + budget_table(ok, labels) + not_run
+    fresh = freshness("step_budget", side, "The step budget")
+    text = f"{_source(csv, side)}:\n\n" + (fresh + "\n" if fresh else "")
+    text += figure_block(ok, labels) + "\n" + budget_table(ok, labels) + not_run
     return BudgetPage(text.rstrip("\n") + "\n", figure_svg(ok, labels, device_name))

@@ -16,6 +16,7 @@ import pandas as pd
 from servelab.paths import REPO_ROOT
 from servelab.studies.common.markdown import list_table, md_text
 from servelab_book.engine_bench import bench_provenance
+from servelab_book.engine_freshness import freshness
 
 ENGINE_CODE = ("lib/servelab/engine", "lib/servelab/models", "lib/servelab/kernels", "lib/servelab/kv")
 
@@ -92,10 +93,14 @@ def engine_code_changed_since(commit: str, repo: Path = REPO_ROOT) -> bool | Non
 
 
 def render_code_status(bench_csv: Path | None) -> str:
-    """One sentence: is the benchmarked engine the engine in this checkout?"""
+    """One sentence: is the benchmarked engine the engine in this checkout? By the benchmark's fingerprint where
+    its run recorded one (as the studies' pages judge theirs), else by git over the engine's folders."""
     prov = bench_provenance(bench_csv)
     if prov is None:
         return ""
+    if prov.fingerprint:
+        return freshness("bench", {"git_commit": prov.commit, "fingerprint": prov.fingerprint,
+                                   "fingerprint_files": prov.fingerprint_files}, "The benchmark")  # fmt: skip
     commit = prov.commit
     changed = engine_code_changed_since(commit) if commit else None
     if changed is None:
@@ -107,6 +112,6 @@ def render_code_status(bench_csv: Path | None) -> str:
         return (
             f"The engine's code (`engine/`, `models/`, `kernels/`, `kv/`) has changed since commit "
             f"`{md_text(commit)}`, where the benchmark ran: the tables describe that commit's engine until the "
-            "benchmark is run again.\n"
+            "benchmark runs again (`make gpu-plan` lists it as `engine:bench:0`).\n"
         )
     return f"The engine's code is unchanged since commit `{md_text(commit)}`, where the benchmark ran.\n"

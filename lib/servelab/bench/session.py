@@ -85,6 +85,10 @@ class BenchSession:
         self.free()
         tables = self.flush()
         if self.results is not None:
-            self.results.finish(wall_s=wall_s)
+            from servelab.bench.jobs import stamp
+
+            # the fingerprint of what measured it, as a study's run.json has: `make gpu-plan` lists the benchmark
+            # again once the engine's code moves (servelab.bench.jobs)
+            self.results.finish(wall_s=wall_s, **stamp("servelab.bench.run"))
             self.log(f"wrote {', '.join(self.results.files)} under {self.results.dir}")
         return tables

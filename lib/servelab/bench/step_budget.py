@@ -114,6 +114,7 @@ def versions() -> dict:
 
 
 def write_sidecar(out: Path, session: BudgetSession, started: str, t0: float, complete: bool) -> Path:
+    from servelab.bench.jobs import stamp
     from servelab.measure.results import git_commit
 
     side = {
@@ -129,6 +130,7 @@ def write_sidecar(out: Path, session: BudgetSession, started: str, t0: float, co
         "params": asdict(session.plan) | {"kinds": [k.name for k in session.plan.kinds]},
         "files": [CSV],
         "complete": complete,
+        **stamp("servelab.bench.step_budget"),  # `make gpu-plan` lists the job again once this moves
     }
     path = out / SIDECAR
     path.write_text(json.dumps(side, indent=2, default=str) + "\n")

@@ -4,14 +4,16 @@
     python -m servelab.studies.common.campaign run JOB [JOB ...]       # on the GPU machine (scripts/gpu_run.sh)
     python -m servelab.studies.common.campaign job STUDY PART REPEAT    # one job, in this process
 
-A **job** is one part of one repeat of one study, ``STUDY:PART:REPEAT`` (``02_gpu_costs:all:0``). The plan lists
+A **job** is one part of one repeat of one study, ``STUDY:PART:REPEAT`` (``02_gpu_costs:all:0``), or one of the engine
+page's two runs, ``engine:bench:0`` and ``engine:step_budget:0`` (``servelab.bench.jobs``). The plan lists
 every (study, part, repeat) with no complete run at the study's fingerprint today (``measure.fingerprint``), gives
 each its expected minutes (the median recorded ``duration_s`` of that part's earlier runs, any fingerprint, plus
 ``START_MIN`` for a fresh process; else the part's guess in ``measure.PARTS``) and packs them, largest first, into
 GPU runs of at most ``--max-minutes``. Runs from different GPU runs merge by themselves: each job writes its own
 folder, ``runs/<fingerprint>/<part>/r<repeat>/``.
 
-Repeat ``r`` runs with the study's default seed + ``r``: fresh processes, new seeds, new traces.
+Repeat ``r`` runs with the study's default seed + ``r``: fresh processes, new seeds, new traces. The engine's jobs run
+once at each fingerprint of their own measuring path, after the studies.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from servelab.bench import jobs as engine_jobs
 from servelab.errors import ParameterError
 from servelab.measure.results import results_root
 from servelab.studies.common import carry
@@ -46,7 +49,11 @@ ORDER = (
 )
 # the parts that read SmolLM2-135M-Instruct's GGUF, which travels to the GPU machine in parts (scripts/gpu_run.sh):
 # the plan marks them, so that a GPU session stages the weights in the call before
-SMOLLM2_PARTS = {"03_speculative": ("real", "lookup"), "06_hf_assisted": ("p0", "p1", "p2")}
+SMOLLM2_PARTS = {
+    "03_speculative": ("real", "lookup"),
+    "06_hf_assisted": ("p0", "p1", "p2"),
+    "engine": ("bench",),  # its exactness row on trained weights (bench.plan); without them the row is left out
+}
 MAX_MINUTES = 9.0  # a GPU run: the device allows 10 minutes a command; one is kept for start-up and packing
 # a session's device time (30 min), less the machine's start and each call's transfer; and a staging call's
 SESSION_MINUTES = 28.0
@@ -153,6 +160,12 @@ def estimates(study: str, root: Path | None = None, runs=None) -> dict[str, tupl
         else:
             out[part] = (guess + START_MIN, "guess")
     return out
+
+
+def missing_engine_jobs(root: Path | None = None) -> list[Job]:
+    """The engine page's runs with none complete at their measuring path's fingerprint today (``bench.jobs``)."""
+    todo = engine_jobs.missing(Path(root or results_root()), START_MIN)
+    return [Job(engine_jobs.STUDY, part, 0, round(minutes, 1), basis) for part, minutes, basis in todo]
 
 
 def missing_jobs(study: str, repeats: int = MIN_REPEATS, root: Path | None = None) -> list[Job]:
@@ -298,12 +311,19 @@ def run_jobs(
     failed = 0
     for name in names:
         study, part, rep = parse_job(name)
-        guess = parts_of(study).get(part)
+        engine = study == engine_jobs.STUDY
+        guess = engine_jobs.JOBS[part].guess_min if engine and part in engine_jobs.JOBS else None
+        guess = guess if engine else parts_of(study).get(part)
         if guess is None:
-            raise ParameterError(f"{study} has no part {part!r}; its parts: {sorted(parts_of(study))}")
+            known = sorted(engine_jobs.JOBS) if engine else sorted(parts_of(study))
+            raise ParameterError(f"{study} has no part {part!r}; its parts: {known}")
         limit = limit_s or (guess * 2 + 2) * 60
         if deadline is not None:
-            expected = estimates(study).get(part, (guess, ""))[0] * 60
+            if engine:
+                expected = next((m for p, m, _ in engine_jobs.missing(results_root(), START_MIN) if p == part), guess)
+                expected *= 60
+            else:
+                expected = estimates(study).get(part, (guess, ""))[0] * 60
             if time.time() + expected > deadline:
                 failed += 1
                 print(
@@ -329,6 +349,8 @@ def run_jobs(
             "--profile",
             profile,
         ]
+        if engine:
+            cmd = engine_jobs.JOBS[part].command()
         try:
             rc = subprocess.run(cmd, timeout=limit, env=os.environ.copy()).returncode
         except subprocess.TimeoutExpired:
@@ -346,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-minutes", type=float, default=MAX_MINUTES)
     p.add_argument("--results", type=Path, default=None)
     p.add_argument("--jobs-only", action="store_true", help="print only the job names, one line")
-    p.add_argument("studies", nargs="*", help="only these studies (default: all)")
+    p.add_argument("studies", nargs="*", help="only these studies, engine among them (default: all)")
     r = sub.add_parser("run", help="run jobs, each in a fresh process")
     r.add_argument("jobs", nargs="+")
     r.add_argument("--limit", type=float, default=None, help="seconds per job (default: from its expected time)")
@@ -361,8 +383,10 @@ def main(argv: list[str] | None = None) -> int:
         if a.cmd == "plan":
             if a.repeats < 1 or not math.isfinite(a.max_minutes) or a.max_minutes <= 0:
                 raise ParameterError("--repeats must be >= 1 and --max-minutes > 0")
-            studies = a.studies or campaign_studies()
-            jobs = [job for s in studies for job in missing_jobs(s, a.repeats, a.results or results_root())]
+            studies = a.studies or [*campaign_studies(), engine_jobs.STUDY]
+            root = a.results or results_root()
+            jobs = [job for s in studies if s != engine_jobs.STUDY for job in missing_jobs(s, a.repeats, root)]
+            jobs += missing_engine_jobs(root) if engine_jobs.STUDY in studies else []
             ready, held = [j for j in jobs if not j.held], [j for j in jobs if j.held]
             if a.jobs_only:
                 print(" ".join(j.name for b in pack(ready, a.max_minutes) for j in b))
