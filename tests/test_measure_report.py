@@ -1,6 +1,8 @@
 """The measure/report split's machinery: fingerprints, run folders, run sets, combined verdicts, the GPU plan."""
 
 import json
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
@@ -289,6 +291,19 @@ def test_smollm2s_weights_take_more_calls_as_the_tree_grows(tmp_path):
     assert carry.smollm2_parts(40_000_000, tmp_path) == 4
     with pytest.raises(ValueError, match="leaves no room"):
         carry.smollm2_parts(63_000_000, tmp_path)
+    # stage_smollm2.sh cuts the parts by the sizes this module prints it: one arithmetic for the plan and the script
+    first, rest = carry.part_sizes(26_000_000, 3_300_000)
+    assert first == carry.CALL_LIMIT - 26_000_000 - 3_300_000 - carry.MARGIN - carry.SMALL_FILES
+    assert rest == first + 3_300_000  # the later parts ride without the wheels
+    from servelab.paths import REPO_ROOT
+
+    out = subprocess.run(
+        [sys.executable, "-m", "servelab.studies.common.carry", "sizes"], capture_output=True, text=True, cwd=REPO_ROOT
+    )
+    if out.returncode == 0:  # a git checkout
+        first, rest, tree, wheels = map(int, out.stdout.split())
+        assert (first, rest) == carry.part_sizes(tree, wheels)
+    assert "servelab.studies.common.carry sizes" in (REPO_ROOT / "scripts" / "stage_smollm2.sh").read_text()
 
 
 def _job(study, part, rep, minutes):
