@@ -168,9 +168,10 @@ def missing_engine_jobs(root: Path | None = None) -> list[Job]:
     return [Job(engine_jobs.STUDY, part, 0, round(minutes, 1), basis) for part, minutes, basis in todo]
 
 
-def missing_jobs(study: str, repeats: int = MIN_REPEATS, root: Path | None = None) -> list[Job]:
-    """Every (part, repeat) of ``study`` with no complete run at today's fingerprint on the book's device."""
-    runs = study_runs(study, root)
+def missing_jobs(study: str, repeats: int = MIN_REPEATS, root: Path | None = None, runs=None) -> list[Job]:
+    """Every (part, repeat) of ``study`` with no complete run at today's fingerprint on the book's device. ``runs``:
+    the study's ``RunSet``, where the caller has read it already."""
+    runs = study_runs(study, root) if runs is None else runs
     have = {(r.part, r.repeat) for r in runs.runs} if runs.current else set()
     jobs = []
     for part, (minutes, basis) in estimates(study, root, runs).items():

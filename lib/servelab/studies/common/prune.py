@@ -36,7 +36,7 @@ def superseded(root: Path | None = None, pins: Path = DATA_DIR / "validation", s
     out: list[Path] = []
     for study in studies or campaign_studies():
         runs = study_runs(study, root)
-        if not runs.current or missing_jobs(study, MIN_REPEATS, root):
+        if not runs.current or missing_jobs(study, MIN_REPEATS, root, runs):
             continue
         folders = {r.dir.parents[1] for r in runs.older}
         for folder in sorted(folders):
