@@ -74,6 +74,18 @@ def parts_line(runs) -> str:
     return line + (f" Not measured yet: {waiting} (`make gpu-plan` lists the jobs)." if waiting else "")
 
 
+def complete_repeats(runs) -> int:
+    """The repeats in which every planned part of the study ran (all of them where the study has no parts): a
+    repeat begun part by part is not yet one."""
+    from servelab.studies.common.campaign import parts_of
+
+    try:
+        planned = list(parts_of(runs.study))
+    except Exception:  # noqa: BLE001 - a study without a measuring module: every repeat counts
+        return len(runs.repeats)
+    return sum(1 for rep in runs.per_repeat() if rep.has_parts(planned))
+
+
 def evidence_banner(runs) -> str:
     """The page's first line about its data (a ``common.runs.RunSet``): what it was measured on, how many repeats at
     which fingerprint, and whether that is today's measuring code; where it is not, an admonition naming the
@@ -84,10 +96,11 @@ def evidence_banner(runs) -> str:
             "every verdict below reads inconclusive. `make gpu-plan` lists the GPU jobs that measure it.\n:::\n"
         )
     commits = sorted({r.commit[:7] for r in runs.runs if r.commit})
-    n = len(runs.repeats)
+    n, begun = complete_repeats(runs), len(runs.repeats)
     fp = "runs from before fingerprints" if runs.fingerprint == "legacy" else f"fingerprint `{runs.fingerprint[:12]}`"
+    partly = f", {begun - n} more begun" if begun > n else ""
     line = (
-        f"Measured on {md_cell(runs.device_name)}: {n} repeat{'s' if n != 1 else ''} "
+        f"Measured on {md_cell(runs.device_name)}: {n} complete repeat{'s' if n != 1 else ''}{partly} "
         f"({len(runs.runs)} run{'s' if len(runs.runs) != 1 else ''}, {fp}, commit {', '.join(commits)})."
     )
     if runs.current:

@@ -153,6 +153,17 @@ def _pool(frames: list[pd.DataFrame], keys: list[str]) -> pd.DataFrame:
     return pool_repeats(pd.concat(frames, ignore_index=True), keys) if frames else pd.DataFrame()
 
 
+def _pool_speedups(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """The speedups' medians over repeats, with ``prompts`` the fewest any repeat had at that point (not their median:
+    a point counts in a repeat's verdict only over ``min_prompts`` prompts of that repeat)."""
+    keys = ["method", "pair", "target", "draft", "length"]
+    pooled = _pool(frames, keys)
+    if pooled.empty or "prompts" not in pooled:
+        return pooled
+    least = pd.concat([f for f in frames if not f.empty]).groupby(keys, dropna=False)["prompts"].min().astype(int)
+    return pooled.drop(columns="prompts").merge(least.reset_index(), on=keys, how="left")
+
+
 def real_alpha(runs: RunSet) -> pd.DataFrame:
     """α per real draft → target with its bootstrap 95% interval over held-out prompts (every repeat's prompts
     together): the columns ``s03_speculative.measured_alpha`` expects (pair, alpha, ci_low, ci_high, prompts, …).
@@ -179,9 +190,12 @@ def report(runs: RunSet) -> Study6Page:
     if not runs.measured:
         return Study6Page(runs, not_measured(STUDY))
     findings = runs.combined(repeat_findings, needs=NEEDS)
-    per = [derive(rep) for rep in runs.per_repeat()]
-    raw_runs = [rep.table("runs") for rep in runs.per_repeat()]
-    raw_times = [rep.table("times") for rep in runs.per_repeat()]
+    # the views pool whole repeats where there are any: a repeat begun part by part times fewer prompts, and a
+    # median over repeats of different prompt sets would describe neither
+    reps = [rep for rep in runs.per_repeat() if rep.has_parts(PARTS)] or runs.per_repeat()
+    per = [derive(rep) for rep in reps]
+    raw_runs = [rep.table("runs") for rep in reps]
+    raw_times = [rep.table("times") for rep in reps]
     lengths = lengths_of(runs, runs.table("times"))
     cover = [
         analysis.coverage(r.assign(draft=r["draft"].fillna("")), t, lengths)
@@ -191,7 +205,7 @@ def report(runs: RunSet) -> Study6Page:
     return Study6Page(
         runs,
         findings,
-        speedups=_pool([d.speedups for d in per], ["method", "pair", "target", "draft", "length"]),
+        speedups=_pool_speedups([d.speedups for d in per]),
         pairs=_pool([d.pairs for d in per], ["pair", "draft", "target", "length"]),
         costs=_pool([d.costs for d in per], ["model"]),
         seed_costs=_pool([d.seed_costs for d in per], ["pair"]),
@@ -257,10 +271,11 @@ def speed_sentence(speedups: pd.DataFrame, method: str) -> str:
         return ""
     top = d[d["length"] == d["length"].max()]
     best = top.loc[top["speedup_median"].idxmax()]
-    n = int(best["prompts"])
+    n, k = int(best["prompts"]), int(best.get("n_repeats", 1) or 1)
+    over = f" in each of {k} repeats, then the median over repeats" if k > 1 else ""
     return (
         f"{METHOD_LABELS.get(method, method)}: best {best['pair']} at {int(best['length'])} tokens, "
-        f"{best['speedup_median']:.2f}× the plain baseline (median of {n} prompt{'s' if n != 1 else ''})."
+        f"{best['speedup_median']:.2f}× the plain baseline (median of {n} prompt{'s' if n != 1 else ''}{over})."
     )
 
 
