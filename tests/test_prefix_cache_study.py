@@ -281,3 +281,15 @@ def test_server_runs_with_the_engine_in_a_process_of_its_own(tmp_path):
     on = summ.set_index("caching").loc["on"]
     assert on["hit_rate_engine"] > 0 and on["hit_rate_metrics"] == pytest.approx(on["hit_rate_engine"])
     assert len(req) == 16 and req["ok"].all()
+
+
+def test_f71s_note_never_calls_a_negative_intercept_a_cost():
+    def costs(fixed):
+        return pd.DataFrame(
+            {"mode": ["uncached", "cached"], "fixed": [fixed, 1.0], "slope": [0.0073, 0.0005], "r2": [0.99, 0.9]}
+        )
+
+    neg = verdicts.f71(speedup_table({512: 1.4}), costs(-0.6)).note
+    assert "every request pays" not in neg and "no positive fixed term" in neg and "-0.6 ms" in neg
+    pos = verdicts.f71(speedup_table({512: 1.4}), costs(2.0)).note
+    assert "against a fixed 2.0 ms that every request pays" in pos

@@ -122,7 +122,11 @@ def test_the_book_shows_the_fourth_badge_with_the_spread():
     badge = _badge(INCONCLUSIVE, "holds;holds;changes")
     assert badge == "{bdg-info}`inconclusive` (holds, holds, changes)"
     assert _badge("holds", "holds;holds;holds") == "{bdg-success}`holds`"
-    assert h200_value("1.0034", "×", "0.97–1.05", "3") == "1 × (0.97–1.05 over 3 repeats)"
+    assert h200_value("1.0034", "×", "0.97–1.05", "3") == "1 × (repeats: 0.97–1.05, 3 repeats)"
+    # a worded value carries its units; the interval is of the headline, in its own unit
+    assert h200_value("1.42× at 512 tokens", "× TTFT", "1.4–1.5", 3, "× (median)") == (
+        "1.42× at 512 tokens (repeats: 1.4–1.5 ×, 3 repeats)"
+    )
     assert h200_value("5.33", "×") == "5.33 ×"
     table = pd.DataFrame(
         {

@@ -34,3 +34,22 @@ def test_study6_alpha_is_read_with_its_intervals(tmp_path):
 def test_a_table_without_intervals_is_not_used(tmp_path):
     _run(tmp_path, pd.DataFrame({"pair": ["a → b"], "alpha": [0.5]}))
     assert study6_alpha(tmp_path) is None
+
+
+def test_todays_study6_runs_give_the_alpha_its_own_page_shows():
+    """Study 6's runs since SmolLM2 keep per-prompt agreement (alpha_hits.csv), not real_alpha.csv: Study 3 reads α
+    through Study 6's report, so both pages show the same numbers (a reader saw "not measured" on one and α on the
+    other)."""
+    from servelab.paths import REPO_ROOT
+    from servelab.studies.common.runs import study_runs
+    from servelab.studies.s06_hf_assisted.report import real_alpha
+
+    committed = REPO_ROOT / "data" / "results"
+    runs = study_runs("06_hf_assisted", committed)
+    if not runs.measured or runs.table("alpha_hits").empty:
+        import pytest
+
+        pytest.skip("no committed Study 6 run with per-prompt agreement")
+    got = study6_alpha(committed)
+    assert got is not None and got.alpha.tolist() == real_alpha(runs).alpha.tolist()
+    assert "not measured" not in measured_alpha_note(got, "H200")

@@ -196,6 +196,7 @@ SHOWN_COLUMNS = [
     "repeats",
     "repeat_verdicts",
     "spread",
+    "headline_unit",  # the unit of the interval in spread (the headline's, which may differ from the value's)
     "study",
     "source",  # the study whose report judged it (08_simulator for F2.3)
     "freshness",
@@ -208,7 +209,7 @@ SHOWN_COLUMNS = [
 
 def _row(f: Finding, study: str, ev: StudyEvidence) -> dict:
     return {
-        **{k: getattr(f, k) for k in SHOWN_COLUMNS[:11]},
+        **{k: getattr(f, k) for k in SHOWN_COLUMNS[:12]},
         "study": study,
         "source": ev.slug,
         "freshness": ev.freshness,

@@ -95,6 +95,10 @@ def tested_kinds(tested_on: str) -> str:
     kinds = []
     if "random weights" in text:
         kinds.append("random weights")
+    if "random n(0, 1)" in text or "random inputs" in text:
+        kinds.append("random inputs")
+    if "simulator" in text:
+        kinds.append("policy simulator")
     if "smollm2" in text:
         kinds.append("SmolLM2-135M")
     if "toy" in text or ("trained" in text and "smollm2" not in text):
@@ -115,13 +119,18 @@ def evidence_text(row) -> str:
     return "; ".join(parts)
 
 
-def h200_value(measured, unit: str, spread="", repeats=1) -> str:
-    """The H200 column: the value and unit, and for a claim measured over repeats the interval and their count
-    ("5.33 × (5.1–8.1 over 3 repeats)")."""
-    shown = f"{format_value(measured)} {unit}".strip()
+def h200_value(measured, unit: str, spread="", repeats=1, headline_unit: str = "") -> str:
+    """The H200 column: the value, its unit where the value is a bare number (a worded value carries its own), and
+    for a claim measured over repeats the interval of its headline statistic with that statistic's unit and the
+    repeats' count ("5.33 × (repeats: 5.1–8.1 ×, 3 repeats)"). The interval is of the headline, which need not be
+    the value shown (F4.2 shows a range over contexts; its headline is the largest fitted trend)."""
+    text = format_value(measured)
+    bare = text[:1].isdigit() and text[-1:].isdigit()
+    shown = f"{text} {unit}".strip() if bare else text
     spread, n = _text(spread).strip(), _repeats(repeats)
     if spread and n > 1:
-        shown += f" ({format_value(spread)} over {n} repeats)"
+        hu = _text(headline_unit).split(":")[0].split(" (")[0].strip()
+        shown += f" (repeats: {format_value(spread)}{' ' + hu if hu else ''}, {n} repeats)"
     return shown
 
 
@@ -165,7 +174,9 @@ def findings_table(seed: pd.DataFrame, findings: pd.DataFrame, pages: list[Study
             row.update(
                 h200_value=NOT_MEASURED
                 if nothing
-                else h200_value(f["measured_value"], unit, f.get("spread", ""), f.get("repeats", 1)),
+                else h200_value(
+                    f["measured_value"], unit, f.get("spread", ""), f.get("repeats", 1), f.get("headline_unit", "")
+                ),
                 repeats=0 if nothing else _repeats(f.get("repeats", 1)),
                 repeat_verdicts=_text(f.get("repeat_verdicts", "")),
                 spread=_text(f.get("spread", "")),

@@ -1,7 +1,8 @@
 """The α that real trained drafts reach, read from Study 6's runs on the book's device, for Study 3's curves.
 
 Study 6 measures α on the real target (SmolLM2-135M-Instruct) with its distilled drafts, self-drafts and prompt
-lookup (``s03_speculative.real_acceptance``) and writes ``real_alpha.csv`` in its run folders. Study 3's controlled
+lookup (``s03_speculative.real_acceptance``): older runs wrote ``real_alpha.csv``, today's keep the per-prompt
+agreement, from which its report computes the same table (``s06_hf_assisted.report.real_alpha``). Study 3's controlled
 curves are read at those α: where a draft of that quality would land at the seed's shapes. Read at render time
 through ``study_runs("06_hf_assisted")``; where Study 6's runs hold no such table, the page says "not measured".
 """
@@ -30,12 +31,17 @@ def study6_alpha(root: Path | None = None) -> pd.DataFrame | None:
         table = rep.table(FILE)
         if not table.empty and not set(REAL_ALPHA_COLUMNS) - set(table.columns):
             return table[[c for c in table.columns if c not in ("part", "repeat")]]
-    return None
+    # Study 6's runs since its move to SmolLM2 keep the per-prompt agreement (alpha_hits.csv) and compute α with its
+    # interval in their report, as its own page shows it: read it the same way, so the two pages agree
+    from servelab.studies.s06_hf_assisted.report import real_alpha
+
+    table = real_alpha(runs)
+    return None if table.empty or set(REAL_ALPHA_COLUMNS) - set(table.columns) else table
 
 
 def measured_alpha_note(real_alpha: pd.DataFrame | None, device_name: str) -> str:
     """The line under the curves: which measured α they show, or that none was measured on this device yet."""
     if real_alpha is None or real_alpha.empty:
-        return f"*Study 6's α of trained drafts: not measured on the {device_name} (no `{FILE}` in its runs).*"
+        return f"*Study 6's α of trained drafts: not measured on the {device_name} (no α in its runs).*"
     parts = "; ".join(f"{r.pair} {r.alpha:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}]" for r in real_alpha.itertuples())
     return f"*Grey bands: α measured by Study 6 on the {device_name} (95% bootstrap interval): {parts}.*"

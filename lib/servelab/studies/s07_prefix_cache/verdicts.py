@@ -54,11 +54,16 @@ def _prefill_cost_note(costs: pd.DataFrame | None) -> str:
     def line(f, what):
         return f"{f.fixed:.1f} ms {'+' if f.slope >= 0 else '−'} {abs(f.slope) * 1e3:.2f} µs per {what}"
 
+    # a negative intercept is the line's, not a cost: no request pays less than nothing
+    fixed = (
+        f", against a fixed {u.fixed:.1f} ms that every request pays"
+        if u.fixed > 0
+        else f"; the uncached line has no positive fixed term (its intercept, {u.fixed:.1f} ms, is the fit's)"
+    )
     return (
         f". Fitted over the sweep: uncached TTFT ≈ {line(u, 'prompt token')} (r² {u.r2:.2f}); cached ≈ "
         f"{line(k, 'cached token')} (r² {k.r2:.2f}): "
-        f"at {SEED_PREFIX} tokens the cache can save about {save:.1f} ms of prefill, against a fixed "
-        f"{u.fixed:.1f} ms that every request pays"
+        f"at {SEED_PREFIX} tokens the cache can save about {save:.1f} ms of prefill{fixed}"
     )
 
 
