@@ -94,8 +94,8 @@ def test_the_banner_names_the_parts_not_measured_yet(tmp_path):
         (d / "run.json").write_text(json.dumps(meta))
     text = evidence_banner(study_runs("03_speculative", tmp_path))
     assert "Parts measured: costs ×3." in text and "Not measured yet: real, lookup, controlled_qwen2" in text
-    # three repeats begun, none of them whole: the banner does not call them three repeats
-    assert "0 complete repeats, 3 more begun (3 runs" in text
+    # three repeats begun, none of them whole: the banner says so
+    assert "3 repeats; 0 with every part, and each verdict counts the repeats holding the parts it reads (3" in text
 
 
 def test_takeaways_give_the_unit_only_to_a_bare_number():

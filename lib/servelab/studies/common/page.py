@@ -98,9 +98,11 @@ def evidence_banner(runs) -> str:
     commits = sorted({r.commit[:7] for r in runs.runs if r.commit})
     n, begun = complete_repeats(runs), len(runs.repeats)
     fp = "runs from before fingerprints" if runs.fingerprint == "legacy" else f"fingerprint `{runs.fingerprint[:12]}`"
-    partly = f", {begun - n} more begun" if begun > n else ""
+    # a repeat measured part by part is whole only once every part ran; each verdict counts the repeats that hold
+    # the parts its rule reads (its own Repeats column), so the two numbers can differ
+    whole = f"; {n} with every part, and each verdict counts the repeats holding the parts it reads" * (begun > n)
     line = (
-        f"Measured on {md_cell(runs.device_name)}: {n} complete repeat{'s' if n != 1 else ''}{partly} "
+        f"Measured on {md_cell(runs.device_name)}: {begun} repeat{'s' if begun != 1 else ''}{whole} "
         f"({len(runs.runs)} run{'s' if len(runs.runs) != 1 else ''}, {fp}, commit {', '.join(commits)})."
     )
     if runs.current:
