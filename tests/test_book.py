@@ -472,7 +472,6 @@ def test_prepare_writes_deterministic_includes(tmp_path, studies_dir):
             "engine_e2e.md",
             "engine_exactness_trained.md",
             "engine_step_budget.md",
-            "scheduling_step_costs.md",
             "rule_changes.md",
             "published.md",
         ]

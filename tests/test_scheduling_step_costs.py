@@ -40,3 +40,14 @@ def test_medians_and_ratio_to_the_decode_step():
 def test_missing_columns_are_named():
     with pytest.raises(ValueError, match="prefill_tokens"):
         step_costs(pd.DataFrame({"model": ["a"], "start_s": [0.0], "end_s": [1.0], "decode_tokens": [1]}))
+
+
+def test_study1s_page_shows_each_settings_step_costs():
+    from servelab.studies.s01_scheduling.report import step_cost_view
+
+    steps = log([("config:qwen2-0.5b", 0, 2, 0, 8), ("config:qwen2-0.5b", 1, 20, 500, 8)])
+    steps = pd.concat([steps.assign(scheduler="chunked_prefill", budget=512), steps.assign(scheduler="fcfs", budget=0)])
+    view = step_cost_view(steps)
+    assert list(view["setting"].unique()) == ["chunked_prefill@512", "fcfs"] and view["model"].iloc[0] == "qwen2-0.5b"
+    assert view.set_index(["setting", "step kind"]).loc[("fcfs", "mixed"), "× decode-only step"] == "10.0"
+    assert step_cost_view(pd.DataFrame()).empty

@@ -50,7 +50,6 @@ from servelab_book.rule_changes import render_rule_changes
 from servelab_book.runs_table import render_runs_table
 from servelab_book.seed_claims import SEED_CLAIMS_CSV, load_seed_claims
 from servelab_book.seed_claims_page import render_seed_claims
-from servelab_book.step_costs_table import find_steps, render_step_costs
 from servelab_book.studies import BOOK_DIR, NOTEBOOKS_DIR, STUDIES, STUDIES_DIR, study_pages
 
 GENERATED_DIR = BOOK_DIR / "_generated"
@@ -166,7 +165,6 @@ def prepare(
         "engine_mixed.md": render_mixed(bench),
         "engine_e2e.md": render_e2e(bench),
         "engine_exactness_trained.md": render_exactness_trained(bench),
-        "scheduling_step_costs.md": render_step_costs(find_steps(results_root, device)),
     }
     budget_page = step_budget_page(find_step_budget(results_root, device))
     files[STEP_BUDGET_INCLUDE] = budget_page.markdown

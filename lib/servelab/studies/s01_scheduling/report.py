@@ -20,6 +20,7 @@ from servelab.studies.common.tested_on import model_name
 from servelab.studies.s01_scheduling import verdicts
 from servelab.studies.s01_scheduling.capacity import capacity_table
 from servelab.studies.s01_scheduling.measure import PARTS
+from servelab.studies.s01_scheduling.step_costs import step_costs
 from servelab.studies.s01_scheduling.summary import KEYS, points_table, repeat_summary, request_table, summary_table
 
 STUDY = "01_scheduling"
@@ -222,6 +223,26 @@ def capacity_view(capacity: pd.DataFrame) -> pd.DataFrame:
             "rates": "rates measured",
         }
     ).round(2)
+
+
+def step_cost_view(steps: pd.DataFrame) -> pd.DataFrame:
+    """What each kind of engine step cost in the first repeat's runs (``step_costs``), per model and setting: the
+    evidence under the stalls, from the step log every server wrote."""
+    if steps.empty:
+        return pd.DataFrame()
+    t = step_costs(steps, by=("model", "scheduler", "budget"))
+    return pd.DataFrame(
+        {
+            "model": t["model"].map(model_name),
+            "setting": [_name(s, b) for s, b in zip(t["scheduler"], t["budget"], strict=True)],
+            "step kind": t["kind"].astype(str),
+            "steps": t["steps"].astype(int),
+            "median tokens": t["median_tokens"].map(lambda v: f"{v:,.0f}"),
+            "median ms": t["median_ms"].map(lambda v: f"{v:.2f}"),
+            "p90 ms": t["p90_ms"].map(lambda v: f"{v:.2f}"),
+            "× decode-only step": t["x_decode_step"].map(lambda v: f"{v:.1f}"),
+        }
+    )
 
 
 def run_view(summary: pd.DataFrame, rate_fraction: float | None) -> pd.DataFrame:
