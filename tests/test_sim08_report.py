@@ -136,3 +136,16 @@ def test_f23_is_combined_over_repeats():
     assert combine([[one]] * 3)[0].verdict == "changes"
     bad = verdicts.f23_finding(table(15.0), "x")  # a raw error above the goal flips that repeat to "fails"
     assert bad.verdict == "fails" and combine([[one], [one], [bad]])[0].verdict == "inconclusive"
+
+
+def test_the_replicas_needed_search_gives_every_rate_the_same_time_span():
+    """A fixed request count gave 8x one replica's rate an eighth of the time, too short for queues to build: the
+    page then said 4 replicas serve 8x one replica's load. Each rate's trace now spans the same time."""
+    from servelab.loadgen.lengths import ShareGPTLike
+    from servelab.studies.s08_simulator.report import SETTINGS, _rate_trace
+
+    lengths = ShareGPTLike(prompt_scale=0.1, output_scale=0.1, prompt_max=64, output_max=16)
+    one = 32.0
+    spans = {m: _rate_trace(SETTINGS, lengths, one, one * m) for m in (1, 8)}
+    assert len(spans[8]) > 6 * len(spans[1])  # about 8x the requests
+    assert 0.7 < spans[8].duration_s / spans[1].duration_s < 1.3

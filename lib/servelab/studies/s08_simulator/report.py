@@ -404,6 +404,15 @@ def _capacity_trace(P: dict, lengths, rate: float):
     return with_shared_prefixes(t, groups=P["prefix_groups"], prefix_tokens=P["prefix_tokens"], seed=P["seed"])
 
 
+def _rate_trace(P: dict, lengths, one: float, rate: float):
+    """The trace of ``rate`` for the replicas-needed search: it spans the time one replica's does, its requests
+    growing with the rate. A fixed request count gave 8× the rate an eighth of the time, too short for queues to
+    build, and the search then found fewer replicas than linear scaling (4 for 8× one replica's rate)."""
+    return _capacity_trace(
+        {**P, "capacity_max_requests": P["capacity_max_requests"] * max(1.0, rate / one)}, lengths, rate
+    )
+
+
 def _capacity(r: Study8Page) -> None:
     from servelab.studies.s01_scheduling.sweep import workload_lengths
 
@@ -422,7 +431,7 @@ def _capacity(r: Study8Page) -> None:
         r.notes.append("One replica misses the SLO even at 1 req/s; the capacity rates are multiples of 1 req/s.")
         one = 1.0
     needed, tried = capacity.replicas_needed(
-        make_trace,
+        functools.partial(_rate_trace, P, lengths, one),
         [one * m for m in P["capacity_rate_multiples"]],
         P["capacity_routers"],
         max_replicas=P["max_replicas"],
