@@ -209,3 +209,11 @@ def test_rerun_recipe_shows_the_command_the_parameters_cell_and_the_values_used(
         rerun_recipe("notebooks/07_prefix_cache.ipynb", {})
     assert "# more" in md and "`seed=0`" in md
     assert parameters_source(REPO_ROOT / "notebooks" / "07_prefix_cache.ipynb") in md
+
+
+def test_prose_quotes_the_seed_from_its_claims_file():
+    from servelab.studies.common.findings import seed_value
+    from servelab.studies.s01_scheduling.verdicts import _seed_cut
+
+    assert seed_value("F5.1") == "7.64×" and seed_value("F5.2") == "25× vs 2.4×"
+    assert _seed_cut("F1.1") == "58.6 ms → 34.1 ms (a 42% cut)"  # the cut computed from the seed's two numbers

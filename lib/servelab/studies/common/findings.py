@@ -11,6 +11,7 @@ repeats. A claim that measured nothing has none (None; an empty cell in findings
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass
 
@@ -65,6 +66,21 @@ class Finding:
 
     def row(self) -> dict:
         return asdict(self)
+
+
+@functools.cache
+def _seed_claims():
+    import pandas as pd
+
+    from servelab.paths import DATA_DIR
+
+    return pd.read_csv(DATA_DIR / "seed" / "claims.csv", dtype=str, keep_default_na=False).set_index("id")
+
+
+def seed_value(claim: str) -> str:
+    """The RTX 2070's value of seed claim ``claim`` ("7.64×"), as ``data/seed/claims.csv`` states it: prose that
+    quotes the seed reads it here, never types it."""
+    return str(_seed_claims().loc[claim, "rtx2070_value"])
 
 
 def not_measured(study: str, why: str = "no run of this study on the book's device") -> list[Finding]:

@@ -14,6 +14,7 @@ SEED_PREFILL_US_PER_TOKEN = (30.0, 70.0)  # F2.1, RTX 2070
 SEED_DECODE_US_PER_TOKEN = (5300.0, 10800.0)  # F2.2, RTX 2070, single request
 LONG_PROMPT = 4096  # "long sequences": prompts of at least this many tokens
 LAUNCH_BOUND_PCT = 20.0  # below this % of the roofline floor a step is not bandwidth-bound
+HOLD_RATIO = (0.5, 2.0)  # F2.3: the seed's default costs hold where its prefill cost is within this factor of ours
 FLAT_PCT = 10.0  # "constant with prefix length": max/min - 1 within this
 
 
@@ -142,7 +143,9 @@ def f22_decode(steps: pd.DataFrame, mode: str = "hf_eager", dtype: str | None = 
         measured_value=f"{us.min():.0f}–{us.max():.0f}",
         note=note,
         headline=float(flo),
-        headline_unit=f"% of the memory floor, {fastest_mode}'s slowest point (bandwidth-bound from 20%)",
+        headline_unit=(
+            f"% of the memory floor, {fastest_mode}'s slowest point (bandwidth-bound from {LAUNCH_BOUND_PCT:g}%)"
+        ),
         tested_on=tested_on(
             d["model"], dtype=dtype, setting=f"batch 1, {contexts}; modes {', '.join(d['mode'].unique())}"
         ),
@@ -184,7 +187,7 @@ def f23_sim_defaults(
         )
     seed_mid = sum(SEED_PREFILL_US_PER_TOKEN) / 2
     ratio = seed_mid / pre.median()
-    holds = 0.5 <= ratio <= 2.0
+    holds = HOLD_RATIO[0] <= ratio <= HOLD_RATIO[1]
     note = (
         f"amortized on the H200: prefill {pre.median():.1f} µs/token, decode {dec.median():.1f} µs/token at batch "
         f"{amortized_batch} and context {context} ({mode}); the RTX 2070's prefill cost is {ratio:.0f}× the H200's, "
@@ -198,7 +201,9 @@ def f23_sim_defaults(
         measured_value=f"{pre.median():.1f} / {dec.median():.1f}",
         note=note,
         headline=float(ratio),
-        headline_unit="× the RTX 2070's prefill cost over the H200's (holds within 0.5–2×)",
+        headline_unit=(
+            f"× the RTX 2070's prefill cost over the H200's (holds within {HOLD_RATIO[0]:g}–{HOLD_RATIO[1]:g}×)"
+        ),
         tested_on=tested_on(
             models,
             dtype=dtype,

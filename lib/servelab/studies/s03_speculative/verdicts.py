@@ -21,6 +21,7 @@ SEED_PARAM_RATIO = 3.1  # F3.3: Qwen2-1.5B / Qwen2-0.5B parameters, as the seed 
 PREDICTION_HOLDS_PCT = 20.0  # F3.2: median |prediction error| within this: the model predicts the speedup
 PREDICTION_TREND_PCT = 50.0  # beyond this it fails; between, it "changes" (right direction, wrong size)
 FAR_BELOW = 0.5  # F3.3: a ratio under half the parameter ratio counts as "far below" it
+FURTHER = 1.25  # a mode must reach this many times eager HF's ratio to count as reaching further
 
 CLAIMS = {
     "F3.1": "acceptance rate, speedup and KV-sync overhead of Qwen2-0.5B drafting for Qwen2-1.5B",
@@ -223,7 +224,7 @@ def f33(
     g, _ = leviathan.best_gamma(0.8, c_best, max_gamma)
     need = leviathan.break_even_alpha(c_best, g)
     eager = float(r.loc["hf_eager", "target_over_draft"]) if "hf_eager" in r.index else float("nan")
-    if np.isfinite(eager) and eager < FAR_BELOW * param and r.target_over_draft.max() > 1.25 * eager:
+    if np.isfinite(eager) and eager < FAR_BELOW * param and r.target_over_draft.max() > FURTHER * eager:
         verdict = "holds"
         note = (
             f"Eager HF is far below the parameter ratio, as on the RTX 2070; {best_mode} reaches "
@@ -234,7 +235,7 @@ def f33(
         far = np.isfinite(eager) and eager < FAR_BELOW * param
         # name the condition that failed: the eager ratio itself, or no mode reaching further than it
         why = (
-            "far below the parameter ratio as on the RTX 2070, but no mode reaches 1.25× further"
+            f"far below the parameter ratio as on the RTX 2070, but no mode reaches {FURTHER:g}× further"
             if far
             else "not far below the parameter ratio"
         )

@@ -13,7 +13,7 @@ import pandas as pd
 
 from servelab.measure.ceilings import Ceilings
 from servelab.measure.roofline import Roofline
-from servelab.studies.common.findings import Finding, not_measured
+from servelab.studies.common.findings import Finding, not_measured, seed_value
 from servelab.studies.common.page import finding_sentence, takeaway_list
 from servelab.studies.common.published import published_section
 from servelab.studies.common.runs import RunSet, pool_repeats
@@ -192,7 +192,8 @@ def speedup_sentence(r: Study5Page) -> str:
     best = tables.best_point(r.prefill, "pct_of_floor")
     return (
         f"At {SEED_COMPARISON_LENGTH:,} tokens SDPA's default is {at['speedup'].min():.1f}–{at['speedup'].max():.1f}× "
-        f"faster than naive attention across the {len(at)} configurations (the RTX 2070: 7.64×). The closest any "
+        f"faster than naive attention across the {len(at)} configurations (the RTX 2070: {seed_value('F5.1')}). "
+        f"The closest any "
         f"kernel comes to the roofline floor is {best['pct_of_floor']:.0f}% ({best['variant']}, {best['arch']} "
         f"heads, D={int(best['head_dim'])}, {int(best['q_len']):,} tokens): {best['achieved_tflop_s']:,.3g} TFLOP/s "
         f"against the {r.ceilings.matmul_tflop_s:,.3g} TFLOP/s matmul ceiling."
@@ -223,7 +224,8 @@ def memory_sentence(r: Study5Page) -> str:
     return (
         f"From {int(g0['short'].min()):,} to {int(g0['long'].min()):,} tokens, naive attention's peak memory grows "
         f"{gv.min()['naive']:.0f}–{gv.max()['naive']:.0f}× and SDPA's default {gv.min()['sdpa_default']:.1f}–"
-        f"{gv.max()['sdpa_default']:.1f}× (Q/K/V included; the RTX 2070: 25× and 2.4×). Fitted exponents: naive "
+        f"{gv.max()['sdpa_default']:.1f}× (Q/K/V included; the RTX 2070: {seed_value('F5.2')}). "
+        "Fitted exponents: naive "
         f"{e[e['variant'].eq('naive')]['exponent'].median():.2f}, SDPA default "
         f"{e[e['variant'].eq('sdpa_default')]['exponent'].median():.2f}{_naive_oom_clause(r)}."
     )
