@@ -217,3 +217,12 @@ def test_prose_quotes_the_seed_from_its_claims_file():
 
     assert seed_value("F5.1") == "7.64×" and seed_value("F5.2") == "25× vs 2.4×"
     assert _seed_cut("F1.1") == "58.6 ms → 34.1 ms (a 42% cut)"  # the cut computed from the seed's two numbers
+
+
+def test_study2s_fit_table_has_readers_headers():
+    from servelab.studies.s02_gpu_costs.report import fit_label
+
+    assert fit_label("step_heldout_mixed_median_abs_pct") == "step model held-out, mixed: median |error| %"
+    assert fit_label("prefill_median_abs_pct") == "prefill fit: median |error| %"
+    assert fit_label("step_fit_max_abs_pct") == "step model fit: max |error| %"
+    assert fit_label("step_rows") == "step model rows" and fit_label("model") == "model"

@@ -211,7 +211,25 @@ def kernel_view(kernel_profile: pd.DataFrame) -> pd.DataFrame:
 def fit_view(cost_fit: pd.DataFrame) -> pd.DataFrame:
     """Per model and mode: the fitted rows and the fits' errors (the coefficients are cost_fit's other columns)."""
     keep = [c for c in cost_fit.columns if c in ("model", "mode") or "pct" in c or c.endswith("rows")]
-    return _short(cost_fit[keep]).round(1)
+    out = _short(cost_fit[keep]).round(1)
+    errors = [c for c in out.columns if c.endswith("_pct")]
+    out[errors] = out[errors].astype(object).where(out[errors].notna(), "—")  # no such step in that mode
+    return out.rename(columns=fit_label)
+
+
+def fit_label(column: str) -> str:
+    """cost_fit's column as a header: "step_heldout_mixed_median_abs_pct" -> "step model held-out, mixed: median
+    |error| %", "prefill_median_abs_pct" -> "prefill fit: median |error| %"."""
+    if column.endswith("_rows"):
+        return f"{column.removesuffix('_rows').replace('step', 'step model')} rows"
+    if not column.endswith("_abs_pct"):
+        return column
+    words = column.removesuffix("_abs_pct").split("_")
+    subject, stat, middle = words[0], words[-1], words[1:-1]
+    kind = "held-out" if "heldout" in middle else "fit"
+    phase = [w for w in middle if w not in ("heldout", "fit")]
+    name = "step model" if subject == "step" else subject
+    return f"{name} {kind}{', ' + phase[0] if phase else ''}: {stat} |error| %"
 
 
 def heldout_view(heldout: pd.DataFrame) -> pd.DataFrame:

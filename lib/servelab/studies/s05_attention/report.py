@@ -331,9 +331,22 @@ def spread_view(r: Study5Page) -> pd.DataFrame:
 
 
 def recommendations_view(r: Study5Page) -> pd.DataFrame:
-    cols = ["regime", "recommended", "backend", "slowdown_vs_best_per_shape", "runner_up", "runner_up_slowdown",
-            "naive_slowdown"]  # fmt: skip
-    return r.recommendations[cols].round(2) if not r.recommendations.empty else r.recommendations
+    cols = {
+        "regime": "regime",
+        "recommended": "recommended",
+        "backend": "SDPA backend",
+        "slowdown_vs_best_per_shape": "slowdown vs the best per shape (×)",
+        "runner_up": "runner-up",
+        "runner_up_slowdown": "runner-up's slowdown (×)",
+        "naive_slowdown": "naive attention's slowdown (×)",
+    }
+    if r.recommendations.empty:
+        return r.recommendations
+    out = r.recommendations[list(cols)].round(2)
+    out["backend"] = out["backend"].replace("", "—")
+    # a masked regime has no naive variant to compare with
+    out["naive_slowdown"] = out["naive_slowdown"].astype(object).where(out["naive_slowdown"].notna(), "not run")
+    return out.rename(columns=cols)
 
 
 def gqa_view(r: Study5Page) -> pd.DataFrame:
