@@ -226,23 +226,21 @@ def capacity_view(capacity: pd.DataFrame) -> pd.DataFrame:
 
 
 def step_cost_view(steps: pd.DataFrame) -> pd.DataFrame:
-    """What each kind of engine step cost in the first repeat's runs (``step_costs``), per model and setting: the
-    evidence under the stalls, from the step log every server wrote."""
+    """What each kind of engine step cost in the first repeat's runs (``step_costs``), one row per model and setting:
+    the median ms of its decode-only, mixed and prefill-only steps, the last two also as multiples of the decode-only
+    step, with each kind's count and median tokens; the evidence under the stalls, from every server's step log."""
     if steps.empty:
         return pd.DataFrame()
     t = step_costs(steps, by=("model", "scheduler", "budget"))
-    return pd.DataFrame(
-        {
-            "model": t["model"].map(model_name),
-            "setting": [_name(s, b) for s, b in zip(t["scheduler"], t["budget"], strict=True)],
-            "step kind": t["kind"].astype(str),
-            "steps": t["steps"].astype(int),
-            "median tokens": t["median_tokens"].map(lambda v: f"{v:,.0f}"),
-            "median ms": t["median_ms"].map(lambda v: f"{v:.2f}"),
-            "p90 ms": t["p90_ms"].map(lambda v: f"{v:.2f}"),
-            "× decode-only step": t["x_decode_step"].map(lambda v: f"{v:.1f}"),
-        }
-    )
+    rows = []
+    for (model, sched, budget), g in t.groupby(["model", "scheduler", "budget"], sort=False):
+        row = {"model": model_name(model), "setting": _name(sched, budget)}
+        for kind, k in g.set_index("kind").iterrows():
+            times = f" ({k.x_decode_step:.1f}×)" if kind != "decode only" else ""
+            row[f"{kind}: steps, median tokens"] = f"{int(k.steps):,}, {k.median_tokens:,.0f}"
+            row[f"{kind}: median ms"] = f"{k.median_ms:.2f}{times}"
+        rows.append(row)
+    return pd.DataFrame(rows).fillna("—")
 
 
 def run_view(summary: pd.DataFrame, rate_fraction: float | None) -> pd.DataFrame:
