@@ -84,3 +84,16 @@ def test_legacy_runs_are_read_and_recomputed():
     assert page.runs.measured and set(page.runs.parts) >= {"all", "controlled"}
     assert len(page.controlled) > 100 and len(page.speedup) > 10  # recomputed from raw rows, not findings.csv
     assert all(f.verdict == "inconclusive" for f in page.findings)  # one repeat
+
+
+def test_the_pays_table_says_where_no_alpha_pays():
+    import pandas as pd
+
+    from servelab.studies.s03_speculative.report import pays_view
+
+    pays = pd.DataFrame(
+        {"draft": ["d", "d"], "target": ["t", "t"], "batch": [1, 32], "alpha_pays": [0.6, float("nan")],
+         "alpha_max": [0.9, 0.9], "best_speedup": [1.5, 0.8], "c": [0.3, 0.6]}
+    )  # fmt: skip
+    shown = pays_view(pays)["pays above α"].tolist()
+    assert shown == [0.6, "not up to 0.90"]

@@ -428,7 +428,16 @@ def pays_view(pays: pd.DataFrame) -> pd.DataFrame:
         "best_speedup": "best speedup (×)",
         "c": "c in the loop",
     }
-    return _round(pays.head(12), cols, 3) if len(pays) else pd.DataFrame()
+    if not len(pays):
+        return pd.DataFrame()
+    out = _round(pays.head(12), cols, 3)
+    if "alpha_max" in pays:  # no α up to the sweep's highest pays: say so, as the verdicts' notes do
+        never = pays.head(12)["alpha_pays"].isna().to_numpy()
+        top = pays.head(12)["alpha_max"].round(2).to_numpy()
+        shown = out["pays above α"].astype(object)
+        shown[never] = [f"not up to {a:.2f}" for a in top[never]]
+        out["pays above α"] = shown
+    return out
 
 
 def alpha_view(real_alpha: pd.DataFrame) -> pd.DataFrame:

@@ -299,4 +299,10 @@ def serving_view(r: Study7Page) -> pd.DataFrame:
     s = r["serving_summary"]
     if s.empty:
         return s
-    return s[[c for c in SERVING_COLUMNS if c in s]].rename(columns=SERVING_COLUMNS).round(3)
+    out = s[[c for c in SERVING_COLUMNS if c in s]].rename(columns=SERVING_COLUMNS).round(3)
+    # with caching off there is no hit to count: say so instead of NaN
+    hits = [c for c in out.columns if c.startswith("hit rate")]
+    off = out["caching"].eq("off") if "caching" in out else pd.Series(False, index=out.index)
+    for c in hits:
+        out[c] = out[c].astype(object).where(~(off & out[c].isna()), "— (off)")
+    return out
