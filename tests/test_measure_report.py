@@ -254,7 +254,12 @@ def test_the_plan_marks_the_jobs_that_read_smollm2(tmp_path):
     from servelab.bench import jobs as engine_jobs
 
     for study, parts in campaign.SMOLLM2_PARTS.items():  # the marks name parts that exist
+        if study == campaign.WARM_STUDY:
+            assert parts == (campaign.WARM_PART,)
+            continue
         assert set(parts) <= set(engine_jobs.JOBS if study == engine_jobs.STUDY else campaign.parts_of(study))
+    for study, parts in campaign.DRAFT_PARTS.items():  # a part that loads the warm-up's drafts reads SmolLM2 too
+        assert set(parts) <= set(campaign.SMOLLM2_PARTS[study]) and set(parts) <= set(campaign.parts_of(study))
     jobs = campaign.missing_jobs("03_speculative", 1, tmp_path)
     assert {j.part for j in jobs if j.smollm2} == {"real", "lookup"}
     assert "real:0" in campaign.plan_text(campaign.pack(jobs)) and "SmolLM2: the jobs so marked" in campaign.plan_text(
@@ -312,7 +317,7 @@ def _job(study, part, rep, minutes):
 
 def test_sessions_put_smollm2_runs_after_the_calls_that_carry_its_parts():
     plain = [_job("01_scheduling", "llama-eager", r, 4.0) for r in range(6)]
-    smol = [_job("06_hf_assisted", f"p{p}", 0, 9.0) for p in range(3)]
+    smol = [_job("03_speculative", "real", 0, 9.0), _job("03_speculative", "lookup", 0, 9.0), _job("engine", "bench", 0, 9.0)]
     bins = campaign.pack(plain + smol)
     laid = campaign.sessions(bins, parts=3)
     assert sorted(j.name for s in laid for r in s for j in r) == sorted(j.name for j in plain + smol)
@@ -326,11 +331,60 @@ def test_sessions_put_smollm2_runs_after_the_calls_that_carry_its_parts():
     text = campaign.plan_text(bins, parts=3)
     assert "staging call (no jobs); carry .whl .models/smollm2/p0 .revision" in text
     assert "staging call (no jobs); carry .models/smollm2/p1 .revision" in text
-    assert "carry .models/smollm2/p2 .models/smollm2/SHA256 .revision\n    06_hf_assisted:p" in text
+    assert "carry .models/smollm2/p2 .models/smollm2/SHA256 .revision\n    engine:bench:0" in text
+    assert "drafts" not in text  # no job here loads the distilled drafts: no warm-up
     assert "carry .whl .models/smollm2/p0 .revision" in text
     # a session with no SmolLM2 job carries no part
     only = campaign.plan_text(campaign.pack(plain), parts=3)
     assert "smollm2" not in only and "Session 1" in only
+
+
+def test_a_session_warms_the_drafts_cache_before_its_first_job_that_loads_them(tmp_path, monkeypatch):
+    # 2026-12-04: Study 6's p0 distilled its drafts (~5 min) and then measured (~5 min) in one call, past its 575 s,
+    # and was cut; a warm-up job now distils them once a session, and the parts that load them are planned so
+    warm = campaign.WARM_JOB
+    smol = [_job("06_hf_assisted", "p0", r, 5.0) for r in range(1, 3)]
+    plain = [_job("03_speculative", "controlled_llama8b", r, 3.5) for r in range(3)]
+    laid = campaign.sessions(campaign.pack(smol + plain), parts=3)
+    runs = [r for r in laid[0] if r]
+    assert runs[0][0] == warm and all(j.drafts for r in runs[1:3] for j in r if j.smollm2)
+    assert sum(j == warm for s in laid for r in s for j in r) == 1  # one warm-up in the one session with drafts
+    assert all(sum(campaign.run_minutes(r) for r in s) <= campaign.SESSION_MINUTES for s in laid)
+    assert all(campaign.run_minutes(r) <= campaign.MAX_MINUTES for s in laid for r in s)
+    # drafts jobs over two sessions: each session starts its own warm-up (its machine starts bare)
+    many = [_job("06_hf_assisted", f"p{p}", r, 8.0) for p in range(3) for r in range(2)]
+    laid = campaign.sessions(campaign.pack(many), parts=3)
+    for session in laid:
+        first = next(j for r in session for j in r)
+        assert first == warm
+    text = campaign.plan_text(campaign.pack(smol), parts=3)
+    assert "and 1 warm-up" in text and "scripts/gpu_run.sh drafts:smollm2:0" in text and "  drafts" in text
+    # the runner knows the warm-up, refuses it without SmolLM2's weights, and starts its module
+    from servelab.models import loader
+
+    started = []
+    monkeypatch.setattr(campaign.subprocess, "run", lambda cmd, **k: started.append(cmd) or _Done())
+    monkeypatch.setattr(loader, "smollm2_gguf", lambda: tmp_path)
+    assert campaign.run_jobs(["drafts:smollm2:0"]) == 0
+    assert started[0][-3:] == ["-m", "servelab.studies.common.warm_drafts", "full"]
+    with pytest.raises(ParameterError, match="drafts:smollm2:0"):
+        campaign.run_jobs(["drafts:other:0"])
+
+
+class _Done:
+    returncode = 0
+
+
+def test_a_draft_parts_recorded_time_counts_its_drafts_as_cached(tmp_path):
+    import json
+
+    today = fingerprint("servelab.studies.s06_hf_assisted.measure")
+    d = _run(tmp_path, "06_hf_assisted", today.digest, "p0", 0, steps=pd.DataFrame({"v": [1]}))  # 60 s recorded
+    (d / "timings.json").write_text(json.dumps({"models_s": 40.0, "study_s": 15.0}))
+    jobs = {j.name: j for j in campaign.missing_jobs("06_hf_assisted", 2, tmp_path)}
+    p0 = jobs["06_hf_assisted:p0:1"]
+    assert p0.minutes == round((60 - (40 - campaign.CACHED_DRAFTS_S)) / 60 + campaign.START_MIN, 1)
+    assert p0.drafts and p0.smollm2
 
 
 def test_a_job_expected_past_the_calls_limit_is_not_started(capsys, monkeypatch):

@@ -4,8 +4,10 @@
     python -m servelab.studies.common.campaign run JOB [JOB ...]       # on the GPU machine (scripts/gpu_run.sh)
     python -m servelab.studies.common.campaign job STUDY PART REPEAT    # one job, in this process
 
-A **job** is one part of one repeat of one study, ``STUDY:PART:REPEAT`` (``02_gpu_costs:all:0``), or one of the engine
-page's two runs, ``engine:bench:0`` and ``engine:step_budget:0`` (``servelab.bench.jobs``). The plan lists
+A **job** is one part of one repeat of one study, ``STUDY:PART:REPEAT`` (``02_gpu_costs:all:0``), one of the engine
+page's two runs, ``engine:bench:0`` and ``engine:step_budget:0`` (``servelab.bench.jobs``), or the warm-up
+``drafts:smollm2:0`` (``warm_drafts``), which a session runs before the jobs that read SmolLM2's distilled drafts
+(``DRAFT_PARTS``) and which writes no data. The plan lists
 every (study, part, repeat) with no complete run at the study's fingerprint today (``measure.fingerprint``), gives
 each its expected minutes (the median recorded ``duration_s`` of that part's earlier runs, any fingerprint, plus
 ``START_MIN`` for a fresh process; else the part's guess in ``measure.PARTS``) and packs them, largest first, into
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import math
 import os
 import statistics
@@ -32,7 +35,7 @@ from pathlib import Path
 from servelab.bench import jobs as engine_jobs
 from servelab.errors import ParameterError
 from servelab.measure.results import results_root
-from servelab.studies.common import carry
+from servelab.studies.common import carry, warm_drafts
 from servelab.studies.common.repeats import MIN_REPEATS
 from servelab.studies.common.runs import measuring_module, study_runs
 
@@ -53,7 +56,13 @@ SMOLLM2_PARTS = {
     "03_speculative": ("real", "lookup"),
     "06_hf_assisted": ("p0", "p1", "p2"),
     "engine": ("bench",),  # its exactness row on trained weights (bench.plan); without them the row is left out
+    "drafts": ("smollm2",),  # the warm-up distils from SmolLM2
 }
+# the parts that load SmolLM2's distilled drafts from the machine's cache, which the warm-up job fills once a session
+# (warm_drafts). Study 3's ``real`` distils its own, with the repeat's seed in the recipe, so no warm-up serves it
+DRAFT_PARTS = {"06_hf_assisted": ("p0", "p1", "p2")}
+WARM_STUDY, WARM_PART = "drafts", "smollm2"
+CACHED_DRAFTS_S = 15.0  # loading the cached drafts, which a draft part's recorded time keeps in place of distilling
 MAX_MINUTES = 9.0  # a GPU run: the device allows 10 minutes a command; one is kept for start-up and packing
 # a session's device time (30 min), less the machine's start and each call's transfer; and a staging call's
 SESSION_MINUTES = 28.0
@@ -77,6 +86,18 @@ class Job:
     @property
     def smollm2(self) -> bool:
         return self.part in SMOLLM2_PARTS.get(self.study, ())
+
+    @property
+    def drafts(self) -> bool:
+        """It loads the distilled drafts that a warm-up job left in the machine's cache."""
+        return self.part in DRAFT_PARTS.get(self.study, ())
+
+    @property
+    def warm_up(self) -> bool:
+        return (self.study, self.part) == (WARM_STUDY, WARM_PART)
+
+
+WARM_JOB = Job(WARM_STUDY, WARM_PART, 0, warm_drafts.GUESS_MIN, "bounded by the distillation recipe")
 
 
 # the studies whose measuring path starts the OpenAI server (uvicorn + FastAPI), which the GPU machine's image lacks:
@@ -140,7 +161,7 @@ def estimates(study: str, root: Path | None = None, runs=None) -> dict[str, tupl
     recorded, older = {}, {}  # part -> (median minutes, runs): at today's fingerprint, at older ones
     for part in guesses:
         for into, among in ((recorded, runs.runs if runs.current else ()), (older, (*runs.runs, *runs.older))):
-            durations = [r.duration_s for r in among if r.part == part and r.duration_s]
+            durations = [_recorded_s(r, study) for r in among if r.part == part and r.duration_s]
             if durations:
                 into[part] = (statistics.median(durations) / 60, len(durations))
     # a part never run is guessed from the guesses of its study's parts that did run, scaled by how those compared
@@ -162,6 +183,19 @@ def estimates(study: str, root: Path | None = None, runs=None) -> dict[str, tupl
     return out
 
 
+def _recorded_s(run, study: str) -> float:
+    """A run's recorded seconds; for a part that reads the distilled drafts, as if it had found them cached (a
+    session's warm-up distils them, ``WARM_JOB``): the first such run of a session distilled them itself, and its
+    ``models_s`` (timings.json) says for how long."""
+    if run.part not in DRAFT_PARTS.get(study, ()):
+        return run.duration_s
+    try:
+        models_s = float(json.loads((run.dir / "timings.json").read_text())["models_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return run.duration_s
+    return run.duration_s - max(0.0, models_s - CACHED_DRAFTS_S)
+
+
 def missing_engine_jobs(root: Path | None = None) -> list[Job]:
     """The engine page's runs with none complete at their measuring path's fingerprint today (``bench.jobs``)."""
     todo = engine_jobs.missing(Path(root or results_root()), START_MIN)
@@ -180,8 +214,10 @@ def missing_jobs(study: str, repeats: int = MIN_REPEATS, root: Path | None = Non
     return jobs
 
 
-def _ffd(jobs: list[Job], max_minutes: float) -> list[list[Job]]:
-    bins: list[list[Job]] = []
+def _ffd(jobs: list[Job], max_minutes: float, bins: list[list[Job]] | None = None) -> list[list[Job]]:
+    """First-fit decreasing of ``jobs`` into ``bins`` (given ones first, then new ones), each run's jobs in ``ORDER``
+    with the warm-up first."""
+    bins = [list(b) for b in bins or []]
     for job in sorted(jobs, key=lambda j: -j.minutes):
         for b in bins:
             if sum(j.minutes for j in b) + job.minutes <= max_minutes:
@@ -190,19 +226,28 @@ def _ffd(jobs: list[Job], max_minutes: float) -> list[list[Job]]:
         else:
             bins.append([job])
     order = {s: i for i, s in enumerate(ORDER)}
-    return [sorted(b, key=lambda j: (order.get(j.study, 99), j.part, j.repeat)) for b in bins]
+    return [sorted(b, key=lambda j: (not j.warm_up, order.get(j.study, 99), j.part, j.repeat)) for b in bins]
 
 
 def pack(jobs: list[Job], max_minutes: float = MAX_MINUTES) -> list[list[Job]]:
-    """First-fit decreasing into GPU runs of at most ``max_minutes``, the jobs that read SmolLM2 in runs of their
-    own (they wait for its weights, `sessions`); a job larger than a run is refused (split the study into parts
-    that fit)."""
+    """First-fit decreasing into GPU runs of at most ``max_minutes``: the jobs that read SmolLM2 first, with the
+    drafts' warm-up where any loads them (``WARM_JOB``), then the others, into the room those runs leave and then
+    into runs of their own; a job larger than a run is refused (split the study into parts that fit). The runs
+    with SmolLM2's jobs come last (`sessions` takes them first in a session, after the calls that stage its
+    weights), the warm-up's first."""
     big = [j.name for j in jobs if j.minutes > max_minutes]
     if big:
         raise ParameterError(f"jobs longer than a GPU run ({max_minutes} min): {big}; split them into parts")
+    smol_jobs = [j for j in jobs if j.smollm2]
+    if any(j.drafts for j in smol_jobs) and not any(j.warm_up for j in smol_jobs):
+        smol_jobs.insert(0, WARM_JOB)
     # SmolLM2's runs repeat by repeat (every part of repeat 0 first): a whole repeat shows on its page soonest
-    smol = sorted(_ffd([j for j in jobs if j.smollm2], max_minutes), key=lambda b: min((j.repeat, j.part) for j in b))
-    return _ffd([j for j in jobs if not j.smollm2], max_minutes) + smol
+    smol = sorted(
+        _ffd(smol_jobs, max_minutes),
+        key=lambda b: (not any(j.warm_up for j in b), min((j.repeat, j.part) for j in b if j.smollm2)),
+    )
+    both = _ffd([j for j in jobs if not j.smollm2], max_minutes, smol)
+    return both[len(smol) :] + both[: len(smol)]
 
 
 def run_minutes(run: list[Job]) -> float:
@@ -210,24 +255,35 @@ def run_minutes(run: list[Job]) -> float:
     return sum(j.minutes for j in run) if run else STAGE_CALL_MIN
 
 
-def sessions(bins: list[list[Job]], parts: int, session_minutes: float = SESSION_MINUTES) -> list[list[list[Job]]]:
+def sessions(
+    bins: list[list[Job]], parts: int, session_minutes: float = SESSION_MINUTES, max_minutes: float = MAX_MINUTES
+) -> list[list[list[Job]]]:
     """The runs laid out over sessions of ``session_minutes`` of device time each (a session's machine starts
     bare). While runs that read SmolLM2 remain, a session opens with ``parts`` - 1 staging calls, which carry the
     first parts of its weights and run nothing, then takes those runs, then others where time is left. SmolLM2's
     runs go first, because every run committed grows the tree that each call carries beside a part, and with it
-    the number of parts; a staging call costs about half a minute."""
+    the number of parts; a staging call costs about half a minute. A session's first run that reads the distilled
+    drafts starts with the warm-up job (``WARM_JOB``), in that run where it fits, else in a run of its own before it:
+    the drafts' cache lives on the machine, which each session gets bare."""
     plain = [b for b in bins if not any(j.smollm2 for j in b)]
     smol = [b for b in bins if any(j.smollm2 for j in b)]
     out: list[list[list[Job]]] = []
     while plain or smol:
         session: list[list[Job]] = [[] for _ in range(parts - 1)] if smol else []
         used = sum(run_minutes(r) for r in session)
+        warm = False
         for queue in (smol, plain):
             for b in list(queue):
-                if used + run_minutes(b) <= session_minutes or not any(session):
-                    session.append(b)
-                    used += run_minutes(b)
+                runs = [b]
+                if not warm and any(j.drafts for j in b):
+                    fits = run_minutes(b) + WARM_JOB.minutes <= max_minutes
+                    runs = [[WARM_JOB, *b]] if fits else [[WARM_JOB], b]
+                cost = sum(run_minutes(r) for r in runs)
+                if used + cost <= session_minutes or not any(session):
+                    session += runs
+                    used += cost
                     queue.remove(b)
+                    warm = warm or any(j.warm_up for r in runs for j in r)
         out.append(session)
     return out
 
@@ -254,17 +310,25 @@ def plan_text(
         return "GPU plan: nothing to measure now; every study has its repeats at today's fingerprints.\n" + wait
     smol = any(j.smollm2 for b in bins for j in b)
     parts = (carry.smollm2_parts() if smol else 1) if parts is None else parts
-    laid = sessions(bins, parts)
-    total = sum(j.minutes for b in bins for j in b)
+    laid = sessions(bins, parts, max_minutes=max_minutes)
+    runs = [r for s in laid for r in s if r]
+    total = sum(j.minutes for r in runs for j in r)
+    warm = sum(j.warm_up for r in runs for j in r)
     lines = [
-        f"GPU plan: {sum(len(b) for b in bins)} jobs, {total:.1f} min in {len(bins)} GPU runs of <= {max_minutes}"
-        f" min, over {len(laid)} sessions of {SESSION_MINUTES:.0f} min device time"
+        f"GPU plan: {sum(not j.warm_up for b in bins for j in b)} jobs{f' and {warm} warm-up' if warm else ''}, {total:.1f} min in"
+        f" {len(runs)} GPU runs of <= {max_minutes} min, over {len(laid)} sessions of {SESSION_MINUTES:.0f} min"
+        " device time"
     ]
     if smol:
         lines.append(
             f"SmolLM2: the jobs so marked read its GGUF, which takes {parts} calls to carry at this tree"
             " (scripts/stage_smollm2.sh cuts the parts after the last commit): a session's calls carry them in"
             " order, back to back (the machine goes back after 30 s idle), and its SmolLM2 runs come after them."
+        )
+    if warm:
+        lines.append(
+            f"Drafts: {WARM_JOB.name} distils SmolLM2's drafts into the machine's cache (writes no data), where the"
+            " jobs so marked load them; it runs before them in each session, since a session's machine starts bare."
         )
     k = 0
     for n, session in enumerate(laid, 1):
@@ -274,7 +338,9 @@ def plan_text(
             head = f"GPU run {k}: {run_minutes(b):.1f} min" if b else "staging call (no jobs)"
             lines.append(f"  {head}; carry {_carry(session, i, parts)}")
             lines += [
-                f"    {j.name:<34} {j.minutes:5.1f} min  ({j.basis}){'  SmolLM2' if j.smollm2 else ''}" for j in b
+                f"    {j.name:<34} {j.minutes:5.1f} min  ({j.basis}){'  SmolLM2' if j.smollm2 else ''}"
+                f"{'  drafts' if j.drafts else ''}"
+                for j in b
             ]
             lines.append("    scripts/gpu_run.sh " + (" ".join(j.name for j in b) if b else "  # stages the part only"))
     return "\n".join(lines) + "\n" + wait
@@ -299,6 +365,27 @@ def run_job(study: str, part: str, repeat: int, profile: str = "full") -> Path:
     return door(study, "measure").measure(P)
 
 
+def _resolve(study: str, part: str, rep: int, profile: str) -> tuple[float, float, list[str]]:
+    """A job's guessed and expected minutes and the command that runs it in a fresh process, by its kind: the
+    drafts' warm-up, one of the engine page's runs, or a part of a study's repeat."""
+    if study == WARM_STUDY:
+        if part != WARM_PART:
+            raise ParameterError(f"the warm-up job is {WARM_JOB.name}, got {study}:{part}:{rep}")
+        module = warm_drafts.__name__
+        return WARM_JOB.minutes, WARM_JOB.minutes, [sys.executable, "-m", module, profile]
+    if study == engine_jobs.STUDY:
+        if part not in engine_jobs.JOBS:
+            raise ParameterError(f"{study} has no part {part!r}; its parts: {sorted(engine_jobs.JOBS)}")
+        guess = engine_jobs.JOBS[part].guess_min
+        expected = next((m for p, m, _ in engine_jobs.missing(results_root(), START_MIN) if p == part), guess)
+        return guess, expected, engine_jobs.JOBS[part].command()
+    guess = parts_of(study).get(part)
+    if guess is None:
+        raise ParameterError(f"{study} has no part {part!r}; its parts: {sorted(parts_of(study))}")
+    cmd = [sys.executable, "-m", "servelab.studies.common.campaign", "job", study, part, str(rep), "--profile", profile]
+    return guess, estimates(study).get(part, (guess, ""))[0], cmd
+
+
 def run_jobs(
     names: list[str], *, limit_s: float | None = None, profile: str = "full", deadline: float | None = None
 ) -> int:
@@ -312,46 +399,22 @@ def run_jobs(
     failed = 0
     for name in names:
         study, part, rep = parse_job(name)
-        engine = study == engine_jobs.STUDY
-        guess = engine_jobs.JOBS[part].guess_min if engine and part in engine_jobs.JOBS else None
-        guess = guess if engine else parts_of(study).get(part)
-        if guess is None:
-            known = sorted(engine_jobs.JOBS) if engine else sorted(parts_of(study))
-            raise ParameterError(f"{study} has no part {part!r}; its parts: {known}")
+        guess, expected, cmd = _resolve(study, part, rep, profile)
         limit = limit_s or (guess * 2 + 2) * 60
-        if deadline is not None:
-            if engine:
-                expected = next((m for p, m, _ in engine_jobs.missing(results_root(), START_MIN) if p == part), guess)
-                expected *= 60
-            else:
-                expected = estimates(study).get(part, (guess, ""))[0] * 60
-            if time.time() + expected > deadline:
-                failed += 1
-                print(
-                    f"job {name} rc=4 0s not started: expected {expected:.0f} s, {deadline - time.time():.0f} s left"
-                    " before the call's limit",
-                    flush=True,
-                )
-                continue
+        if deadline is not None and time.time() + expected * 60 > deadline:
+            failed += 1
+            print(
+                f"job {name} rc=4 0s not started: expected {expected * 60:.0f} s, {deadline - time.time():.0f} s left"
+                " before the call's limit",
+                flush=True,
+            )
+            continue
         lacking = missing_here(study, part)
         if lacking:
             failed += 1
             print(f"job {name} rc=3 0s not run: {lacking}", flush=True)
             continue
         t0 = time.monotonic()
-        cmd = [
-            sys.executable,
-            "-m",
-            "servelab.studies.common.campaign",
-            "job",
-            study,
-            part,
-            str(rep),
-            "--profile",
-            profile,
-        ]
-        if engine:
-            cmd = engine_jobs.JOBS[part].command()
         try:
             rc = subprocess.run(cmd, timeout=limit, env=os.environ.copy()).returncode
         except subprocess.TimeoutExpired:
