@@ -317,7 +317,7 @@ def _job(study, part, rep, minutes):
 
 def test_sessions_put_smollm2_runs_after_the_calls_that_carry_its_parts():
     plain = [_job("01_scheduling", "llama-eager", r, 4.0) for r in range(6)]
-    smol = [_job("03_speculative", "real", 0, 9.0), _job("03_speculative", "lookup", 0, 9.0), _job("engine", "bench", 0, 9.0)]
+    smol = [_job("03_speculative", p, 0, 9.0) for p in ("real", "lookup")] + [_job("engine", "bench", 0, 9.0)]
     bins = campaign.pack(plain + smol)
     laid = campaign.sessions(bins, parts=3)
     assert sorted(j.name for s in laid for r in s for j in r) == sorted(j.name for j in plain + smol)

@@ -315,9 +315,9 @@ def plan_text(
     total = sum(j.minutes for r in runs for j in r)
     warm = sum(j.warm_up for r in runs for j in r)
     lines = [
-        f"GPU plan: {sum(not j.warm_up for b in bins for j in b)} jobs{f' and {warm} warm-up' if warm else ''}, {total:.1f} min in"
-        f" {len(runs)} GPU runs of <= {max_minutes} min, over {len(laid)} sessions of {SESSION_MINUTES:.0f} min"
-        " device time"
+        f"GPU plan: {sum(not j.warm_up for b in bins for j in b)} jobs{f' and {warm} warm-up' if warm else ''},"
+        f" {total:.1f} min in {len(runs)} GPU runs of <= {max_minutes} min, over {len(laid)} sessions of"
+        f" {SESSION_MINUTES:.0f} min device time"
     ]
     if smol:
         lines.append(
