@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from servelab.studies.common.findings import Finding, not_measured
-from servelab.studies.common.page import finding_sentence, takeaway_list
+from servelab.studies.common.page import finding_sentence, takeaway_list, whole_numbers
 from servelab.studies.common.published import published_section
 from servelab.studies.common.runs import RunSet, pool_repeats
 from servelab.studies.common.tested_on import model_name
@@ -296,7 +296,7 @@ def bpt_view(bpt: pd.DataFrame) -> pd.DataFrame:
         "exact": "exact",
     }
     v = bpt[[c for c in cols if c in bpt]].assign(model=bpt["model"].map(model_name))
-    return v.rename(columns=cols).round(0)
+    return whole_numbers(v.rename(columns=cols).round(0))
 
 
 def capacity_view(summary: pd.DataFrame) -> pd.DataFrame:
@@ -306,7 +306,7 @@ def capacity_view(summary: pd.DataFrame) -> pd.DataFrame:
         "fragmentation_pct": "fragmentation (%)",
         "budget_used_pct": "budget used (%)",
     }
-    return summary.rename(columns=cols).round(1)
+    return whole_numbers(summary.rename(columns=cols).round(1))
 
 
 def variation_view(var: pd.DataFrame) -> pd.DataFrame:
@@ -326,10 +326,11 @@ def compaction_view(comp: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     t = ok.pivot_table(index="method", columns="block_size", values="gb_s", aggfunc="median").round(0)
     t.columns = [f"{c}-token blocks (GB/s)" for c in t.columns]
-    return t
+    return whole_numbers(t.rename_axis("mover").reset_index())
 
 
 def overlap_view(runs: pd.DataFrame) -> pd.DataFrame:
     """Median milliseconds of each part, per decode batch and condition (every round of every repeat)."""
-    g = runs.groupby(["decode_batch", "condition"])[["compaction_ms", "decode_ms", "total_ms"]].median()
-    return g.rename(columns=lambda c: c.replace("_ms", " (ms)")).round(3)
+    g = runs.groupby(["decode_batch", "condition"])[["compaction_ms", "decode_ms", "total_ms"]].median().reset_index()
+    g = g.rename(columns={"decode_batch": "decode batch"}).rename(columns=lambda c: c.replace("_ms", " (ms)"))
+    return g.round(3)  # one header row: the reader's table, not a two-level index
