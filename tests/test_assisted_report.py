@@ -156,3 +156,17 @@ def test_the_output_against_plain_greedy_is_shown_per_method_and_pair():
     v = report.match_view(page)
     assert v["equal to plain (% of runs)"].tolist() == [33.3, 50.0] and v["runs"].tolist() == [3, 2]
     assert v["tokens before the first difference (mean %)"].tolist() == [9.0, 50.0]
+
+
+def test_the_coverage_view_counts_each_length_over_the_pairs_measured_there():
+    # a draft's own plain runs stop at the cost length: a minimum over every pair read 0 plain prompts at 512
+    # tokens beside the target's 9
+    from types import SimpleNamespace
+
+    cov = pd.DataFrame(
+        {"method": ["plain", "plain", "own_plain"], "pair": ["t", "d", "t"], "64": [9.0, 9.0, 0.0],
+         "512": [9.0, 0.0, 8.0], "n_repeats": [1, 1, 1]}
+    )  # fmt: skip
+    out = report.coverage_view(SimpleNamespace(coverage=cov)).set_index("method")
+    assert out.loc["plain", "512 tok"] == 9 and out.loc["plain", "pairs"] == 2
+    assert out.loc["own_plain", "64 tok"] == 0 and out.loc["own_plain", "512 tok"] == 8

@@ -347,15 +347,18 @@ def alpha_view(r: Study6Page) -> pd.DataFrame:
 
 
 def coverage_view(r: Study6Page) -> pd.DataFrame:
-    """Per method and output length, the prompts measured at its least-measured pair (0: some pair not measured
-    there), and how many pairs it ran: the rule's "prompts per point" at a glance (per pair: coverage.csv)."""
+    """Per method and output length, the prompts measured at its least-measured pair among those measured at that
+    length (0: none was), and how many pairs it ran: the rule's "prompts per point" at a glance (per pair:
+    coverage.csv). A draft's own plain runs stop at the cost length (they give its decode cost), so a minimum over
+    every pair read 0 plain prompts at 512 tokens beside the target's 9."""
     c = r.coverage.drop(columns=["n_repeats"], errors="ignore")
     if c.empty:
         return c
     counts = [k for k in c.columns if k not in ("method", "pair")]
     c = c.astype({k: int for k in counts})
     g = c.groupby("method", sort=False)
-    out = g[counts].min().join(g["pair"].nunique().rename("pairs")).reset_index()
+    least = g[counts].agg(lambda v: int(v[v > 0].min()) if (v > 0).any() else 0)
+    out = least.join(g["pair"].nunique().rename("pairs")).reset_index()
     return out.rename(columns={k: f"{k} tok" for k in counts})
 
 
