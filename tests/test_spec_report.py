@@ -112,12 +112,3 @@ def test_where_a_pair_pays_agrees_with_its_best_speedup_on_the_committed_runs():
     assert ((pays.best_speedup > 1) == pays.alpha_pays.notna()).all(), pays
     shown = report.pays_view(pays)
     assert shown["prompts" if "prompts" in shown else "batch"].dtype.kind == "i"  # counts read as integers
-
-
-def test_whole_numbers_turns_only_whole_float_columns_into_integers():
-    from servelab.studies.common.page import whole_numbers
-
-    df = pd.DataFrame({"n": [32.0, 48.0], "x": [0.5, 2.0], "gap": [1.0, float("nan")], "s": ["a", "b"]})
-    out = whole_numbers(df)
-    assert out.n.dtype.kind == "i" and out.x.dtype.kind == "f" and out.gap.dtype.kind == "f"
-    assert df.n.dtype.kind == "f"  # the caller's frame is left as it was

@@ -45,3 +45,26 @@ def test_book_style_sets_svg_output_and_readable_type():
         assert Figure not in formatters["image/png"].type_printers
     finally:
         InteractiveShell.clear_instance()
+
+
+def test_whole_numbers_turns_only_whole_float_columns_into_integers():
+    import pandas as pd
+
+    df = pd.DataFrame({"n": [32.0, 48.0], "x": [0.5, 2.0], "gap": [1.0, float("nan")], "s": ["a", "b"]})
+    out = style.whole_numbers(df)
+    assert out.n.dtype.kind == "i" and out.x.dtype.kind == "f" and out.gap.dtype.kind == "f"
+    assert df.n.dtype.kind == "f"  # the caller's frame is left as it was
+
+
+def test_a_book_table_has_one_header_row_unless_its_columns_have_two_levels():
+    import pandas as pd
+
+    long = pd.DataFrame({"variant": ["a", "a", "b"], "len": [1.0, 2.0, 1.0], "ms": [0.5, 0.7, 0.9]})
+    pivot = long.pivot_table(index="variant", columns="len", values="ms")  # index and columns both named
+    shown = style.book_table(pivot)
+    assert list(shown.columns) == ["variant", 1.0, 2.0] and shown.columns.name is None
+    assert "<tr" in shown._repr_html_() and shown._repr_html_().split("</thead>")[0].count("<tr") == 1
+    two = long.pivot_table(index="variant", columns=["len"], values=["ms"])  # two column levels: kept
+    assert style.book_table(two).columns.nlevels == 2
+    clash = long.set_index("len").rename(columns={"variant": "len"})  # an index level named as a column
+    assert style.book_table(clash).index.name == "len"

@@ -122,19 +122,6 @@ def takeaway_list(sentences: Iterable[str]) -> str:
     return "".join(f"- {s}\n" for s in items)
 
 
-def whole_numbers(df):
-    """``df`` with each float column whose values are all whole numbers (no missing value) as integers: a count or a
-    byte size reads "1209", not "1209.0" (pandas keeps a column float once any step made it so, a median or a round)."""
-    import numpy as np
-
-    out = df.copy()
-    for col in out.columns:
-        v = out[col]
-        if v.dtype.kind == "f" and len(v) and v.notna().all() and np.isfinite(v).all() and (v == v.round()).all():
-            out[col] = v.astype("int64")
-    return out
-
-
 def show(*items) -> None:
     """Display markdown strings, tables and figures in order (the book renders markdown as MyST); empty strings and
     None are skipped, and a figure is closed once shown so that Jupyter does not show it a second time."""

@@ -114,9 +114,52 @@ def palette(names: Iterable[str]) -> dict[str, str]:
     return {n: color(n) for n in names}
 
 
+def whole_numbers(df):
+    """``df`` with each float column whose values are all whole numbers (no missing value) as integers: a count or a
+    byte size reads "1209", not "1209.0" (pandas keeps a column float once any step made it so, a median or a round)."""
+    import numpy as np
+
+    out = df.copy()
+    for col in out.columns:
+        v = out[col]
+        if v.dtype.kind == "f" and len(v) and v.notna().all() and np.isfinite(v).all() and (v == v.round()).all():
+            out[col] = v.astype("int64")
+    return out
+
+
+def book_table(df):
+    """A table as the book shows it: one header row where the columns have one level (a pivot's index becomes its
+    first columns, and the columns' name, which pandas prints as a header row of its own, goes), and whole-number
+    columns as integers. A table whose columns have two levels keeps them: there the levels carry meaning."""
+    out = df.copy()
+    if out.columns.nlevels == 1:
+        named = [n for n in out.index.names if n is not None]
+        if named and not set(named) & set(out.columns):  # an index level named as a column stays the index
+            out = out.reset_index()
+        out.columns.name = None
+    return whole_numbers(out)
+
+
+def _show_tables_as_the_book_does() -> None:
+    """Every DataFrame a page displays, through ``book_table``: the notebooks display tables both through ``show``
+    and with IPython's ``display``, and the rule is one for all of them."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    ip = get_ipython()
+    if ip is None:
+        return
+    import pandas as pd
+
+    formatters = ip.display_formatter.formatters
+    formatters["text/html"].for_type(pd.DataFrame, lambda df: book_table(df)._repr_html_())
+    formatters["text/plain"].for_type(pd.DataFrame, lambda df, p, cycle: p.text(repr(book_table(df))))
+
+
 def use_book_style(formats: tuple[str, ...] = FIGURE_FORMATS) -> None:
     """Set the book's matplotlib defaults, the inline backend's output format (SVG; "retina" for a 2× PNG), and
-    tables shown whole."""
+    tables shown whole, with one header row and whole numbers as integers (``book_table``)."""
     import os
 
     import matplotlib as mpl
@@ -126,6 +169,7 @@ def use_book_style(formats: tuple[str, ...] = FIGURE_FORMATS) -> None:
     # a table's cells reach the reader whole: pandas cuts text at 50 characters by default, and a capacity that read
     # "1.56 req/s (median; the repeats bracket it dif..." hid what the repeats did
     pd.set_option("display.max_colwidth", None)
+    _show_tables_as_the_book_does()
     os.environ.setdefault("SOURCE_DATE_EPOCH", "0")  # the SVG's date: none that changes between renders
     try:
         from matplotlib_inline.backend_inline import set_matplotlib_formats

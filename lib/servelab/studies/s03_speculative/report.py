@@ -16,9 +16,10 @@ import numpy as np
 import pandas as pd
 
 from servelab.studies.common.findings import Finding, not_measured
-from servelab.studies.common.page import finding_sentence, takeaway_list, whole_numbers
+from servelab.studies.common.page import finding_sentence, takeaway_list
 from servelab.studies.common.published import published_section
 from servelab.studies.common.runs import RunSet, pool_repeats
+from servelab.studies.common.style import whole_numbers
 from servelab.studies.common.tested_on import tested_on as models_tested_on
 from servelab.studies.s03_speculative import tables, verdicts
 from servelab.studies.s03_speculative.measured_alpha import study6_alpha

@@ -15,9 +15,10 @@ import numpy as np
 import pandas as pd
 
 from servelab.studies.common.findings import Finding, not_measured
-from servelab.studies.common.page import finding_sentence, takeaway_list, whole_numbers
+from servelab.studies.common.page import finding_sentence, takeaway_list
 from servelab.studies.common.published import published_section
 from servelab.studies.common.runs import RunSet, pool_repeats
+from servelab.studies.common.style import whole_numbers
 from servelab.studies.common.tested_on import model_name
 from servelab.studies.s04_kv_cache import verdicts
 from servelab.studies.s04_kv_cache.derived import mover_ratio, overlap_summary, variation_summary

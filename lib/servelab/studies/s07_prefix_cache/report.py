@@ -274,7 +274,9 @@ def multi_turn_view(r: Study7Page) -> pd.DataFrame:
     ts = r["multi_turn_speedup"]
     if ts.empty:
         return ts
-    return ts.pivot_table(index=["turn", "prompt_tokens"], columns="metric", values="speedup").round(2)
+    t = ts.pivot_table(index=["turn", "prompt_tokens"], columns="metric", values="speedup").round(2)
+    t = t.rename(columns=lambda m: f"{'TTFT' if m == 'ttft' else m} speedup (×)").reset_index()
+    return t.rename(columns={"prompt_tokens": "prompt (tokens)"})
 
 
 def batch_sharing_view(r: Study7Page) -> pd.DataFrame:
