@@ -375,6 +375,30 @@ class _Done:
     returncode = 0
 
 
+def test_a_drafts_part_without_a_warm_up_is_expected_to_distil_first(tmp_path, monkeypatch, capsys):
+    import json
+    import time
+
+    from servelab.studies.common import warm_drafts
+
+    monkeypatch.setenv("SERVELAB_TRAINED", str(tmp_path))
+    assert not warm_drafts.warmed("full")
+    started = []
+    monkeypatch.setattr(campaign.subprocess, "run", lambda cmd, **k: started.append(cmd) or _Done())
+    monkeypatch.setattr(campaign, "estimates", lambda study, *a, **k: {"p0": (5.0, "recorded")})
+    # 8 minutes left: p0 alone (5 min) fits, p0 after distilling (5 + 5.5 min) does not
+    failed = campaign.run_jobs(["06_hf_assisted:p0:1"], deadline=time.time() + 8 * 60)
+    assert failed == 1 and not started and "rc=4" in capsys.readouterr().out
+    drafts = tmp_path / "d2"
+    drafts.mkdir()
+    marker = tmp_path / "smollm2-distill" / "warm-full.json"
+    marker.parent.mkdir()
+    marker.write_text(json.dumps({"drafts": {"smollm2-draft-2L": str(drafts)}}))
+    assert warm_drafts.warmed("full")
+    monkeypatch.setattr(campaign, "missing_here", lambda *a: "")
+    assert campaign.run_jobs(["06_hf_assisted:p0:1"], deadline=time.time() + 8 * 60) == 0 and started
+
+
 def test_a_draft_parts_recorded_time_counts_its_drafts_as_cached(tmp_path):
     import json
 

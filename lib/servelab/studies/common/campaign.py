@@ -383,7 +383,10 @@ def _resolve(study: str, part: str, rep: int, profile: str) -> tuple[float, floa
     if guess is None:
         raise ParameterError(f"{study} has no part {part!r}; its parts: {sorted(parts_of(study))}")
     cmd = [sys.executable, "-m", "servelab.studies.common.campaign", "job", study, part, str(rep), "--profile", profile]
-    return guess, estimates(study).get(part, (guess, ""))[0], cmd
+    expected = estimates(study).get(part, (guess, ""))[0]
+    if part in DRAFT_PARTS.get(study, ()) and not warm_drafts.warmed(profile):
+        expected += WARM_JOB.minutes  # no warm-up ran on this machine: the part distils its drafts first
+    return guess, expected, cmd
 
 
 def run_jobs(

@@ -13,12 +13,30 @@ its drafts' training (``distill.csv``, ``distill_loss.csv``) from the cache's ma
 
 from __future__ import annotations
 
+import json
 import sys
 import time
+from pathlib import Path
 
 # the most a warm-up takes: a minute of generations, then two drafts capped at 120 s each (drafts.distill.RECIPES),
 # loading the target and a fresh process's start around them
 GUESS_MIN = 5.5
+
+
+def _marker(profile: str) -> Path:
+    from servelab.studies.common.drafts.distill import default_cache_dir
+
+    return default_cache_dir() / "smollm2-distill" / f"warm-{profile}.json"
+
+
+def warmed(profile: str = "full") -> bool:
+    """Whether a warm-up left the profile's drafts in this machine's cache (the runner then expects a draft part
+    to load them in seconds; else to distil them first, and so to take the warm-up's minutes more)."""
+    try:
+        drafts = json.loads(_marker(profile).read_text())["drafts"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return bool(drafts) and all(Path(d).is_dir() for d in drafts.values())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     dd = distill_drafts(SMOLLM2, profile, device=device, progress=False)
     state = "found in the cache" if dd.cached else "distilled"
+    _marker(profile).write_text(json.dumps({"drafts": {k: str(v) for k, v in dd.drafts.items()}}))
     print(f"drafts {', '.join(dd.drafts)} {state} in {time.monotonic() - t0:.0f} s", flush=True)
     return 0
 
