@@ -187,3 +187,12 @@ def test_the_published_row_names_the_best_setting_as_the_prose_does_and_the_base
     assert "llama-3-8b: best ChunkedPrefill@2048 6 req/s (missed at 7), EagerContBatch 3 req/s" in text
     tied, _ = published_value_from(cap.assign(capacity_req_s=[7.8, 7.8, 6.0, 3.0]))
     assert "best ChunkedPrefill@512 = EagerContBatch (tied)" in tied
+
+
+def test_a_model_with_no_run_at_the_middle_rate_gets_a_line_not_a_figure():
+    steps = pd.DataFrame({"model": ["config:qwen2-0.5b"] * 2, "sweep": ["rate", "budget"], "rate_fraction": [0.7, 0.4]})
+    assert report.at_rate(steps, "config:qwen2-0.5b", 0.7)
+    assert not report.at_rate(steps, "config:qwen2-0.5b", 0.4)  # the budget sweep's point is not the rate sweep's
+    assert not report.at_rate(steps, "config:llama-3-8b", 0.7) and not report.at_rate(pd.DataFrame(), "x", 0.7)
+    line = report.not_at_rate("config:llama-3-8b", 0.7)
+    assert "llama-3-8b" in line and "0.7×" in line and "make gpu-plan" in line

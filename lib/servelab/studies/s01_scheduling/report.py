@@ -243,6 +243,23 @@ def step_cost_view(steps: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows).fillna("—")
 
 
+def at_rate(table: pd.DataFrame, model: str, rate_fraction: float | None) -> bool:
+    """Whether ``table`` (requests or steps) holds the rate sweep's point at ``rate_fraction`` for ``model``."""
+    if table.empty or rate_fraction is None or not {"model", "sweep", "rate_fraction"} <= set(table.columns):
+        return False
+    return bool(
+        ((table["model"] == model) & (table["sweep"] == "rate") & (table["rate_fraction"] == rate_fraction)).any()
+    )
+
+
+def not_at_rate(model: str, rate_fraction: float | None) -> str:
+    """The line that stands for a figure of a model with no run at the middle rate yet."""
+    return (
+        f"*{model_name(model)}: no run at the middle rate ({rate_fraction:g}× the probe's capacity estimate) yet;"
+        " `make gpu-plan` lists the jobs that measure it.*"
+    )
+
+
 def run_view(summary: pd.DataFrame, rate_fraction: float | None) -> pd.DataFrame:
     """Every setting's latencies and throughput at one rate fraction (median over repeats)."""
     if summary.empty or "max_itl_p99_ms" not in summary or rate_fraction is None:
