@@ -140,7 +140,11 @@ def f22_decode(steps: pd.DataFrame, mode: str = "hf_eager", dtype: str | None = 
     return _finding(
         "F2.2",
         verdict=verdict,
-        measured_value=f"{us.min():.0f}–{us.max():.0f}",
+        # the seed's mode's time per token beside the fastest mode's share of the floor, which the rule reads
+        measured_value=(
+            f"{us.min():,.0f}–{us.max():,.0f} µs/token in {mode} (the seed's mode); {fastest_mode}: "
+            f"{flo:.1f}–{fhi:.1f}% of the memory floor"
+        ),
         note=note,
         headline=float(flo),
         headline_unit=(
