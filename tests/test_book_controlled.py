@@ -73,7 +73,7 @@ def test_goal_numbers_and_verdict_follow_the_csv(files, table):
     best = s.loc[s.speedup.idxmax()]
     met = best.speedup >= 2.0 and abs(best.predicted_speedup - best.speedup) / best.predicted_speedup <= 0.15
     assert f"best γ = {int(best.gamma)}: **{best.speedup:.2f}×**" in text
-    assert f"(repeats {best.speedup_low:.2f}–{best.speedup_high:.2f}×)" in text
+    assert f"(its timed rounds {best.speedup_low:.2f}–{best.speedup_high:.2f}×)" in text
     assert f"**{best.predicted_speedup:.2f}×** predicted" in text
     assert f"c = {best.c:.3f}" in text
     assert ("**met**" in text) == met

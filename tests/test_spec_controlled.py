@@ -140,3 +140,13 @@ def test_tiny_sweep_end_to_end():
     t = tables.controlled_table(raw)
     assert len(t) == 1 and t.agreement.iloc[0] == 1.0 and t.host_syncs_per_round.iloc[0] == 1
     assert t.tokens_per_s_plain.iloc[0] > 0 and t.c.iloc[0] > 0
+
+
+def test_the_goal_sentence_says_which_side_of_the_prediction_the_speedup_lies():
+    # 2026-12-04: a speedup 4% above its prediction read "(-4% below it)", and the spread of one run's timed rounds
+    # read as "repeats"
+    g = dict(draft="d", target="llama-3-8b", gamma=8, speedup=1.88, speedup_low=1.62, speedup_high=1.98,
+             predicted=1.80, c=0.176, gap_pct=-4.4, verify_over_step=1.1, loop_overhead_pct=7.0, met=False)  # fmt: skip
+    text = report.goal_sentence(g)
+    assert "4% above it" in text and "below" not in text and "its timed rounds 1.62–1.98" in text
+    assert "6% below it" in report.goal_sentence(g | dict(speedup=1.69, gap_pct=6.1))

@@ -337,7 +337,7 @@ def render_goal(table: pd.DataFrame, gammas) -> str:
     within = "within" if abs(goal["gap_pct"]) <= report.GOAL_WITHIN_PCT else "outside"
     text = (
         f"`{md_text(goal['draft'])}` → `{md_text(goal['target'])}` at α = {report.GOAL_ALPHA:g}, batch 1, best "
-        f"γ = {goal['gamma']}: **{goal['speedup']:.2f}×** (repeats {goal['speedup_low']:.2f}–"
+        f"γ = {goal['gamma']}: **{goal['speedup']:.2f}×** (its timed rounds {goal['speedup_low']:.2f}–"
         f"{goal['speedup_high']:.2f}×), against **{goal['predicted']:.2f}×** predicted by Leviathan's formula from "
         f"the c = {goal['c']:.3f} measured in the same loop: {abs(goal['gap_pct']):.1f}% {side} the prediction, "
         f"{within} the {report.GOAL_WITHIN_PCT:g}% allowed. The goal (≥ {report.GOAL_SPEEDUP:g}× within "

@@ -349,10 +349,11 @@ def goal_sentence(goal: dict | None) -> str:
     if goal is None:
         return "The 8B-shape point (α = 0.8, batch 1) was not measured."
     verdict = "meets" if goal["met"] else "misses"
+    side = "below" if goal["gap_pct"] >= 0 else "above"  # gap_pct: how far the measured speedup falls short
     return (
         f"{goal['draft']} → {goal['target']} at α = {GOAL_ALPHA}, batch 1, best γ = {goal['gamma']}: "
-        f"{goal['speedup']:.2f}× (repeats {goal['speedup_low']:.2f}–{goal['speedup_high']:.2f}) against "
-        f"{goal['predicted']:.2f}× predicted from c = {goal['c']:.3f} ({goal['gap_pct']:+.0f}% below it); it "
+        f"{goal['speedup']:.2f}× (its timed rounds {goal['speedup_low']:.2f}–{goal['speedup_high']:.2f}) against "
+        f"{goal['predicted']:.2f}× predicted from c = {goal['c']:.3f} ({abs(goal['gap_pct']):.0f}% {side} it); it "
         f"{verdict} the goal of ≥ {GOAL_SPEEDUP}× within {GOAL_WITHIN_PCT:.0f}%. The verify step cost "
         f"{goal['verify_over_step']:.2f} plain steps (the formula takes 1), and {goal['loop_overhead_pct']:.0f}% "
         "of the wall time lay outside the draft and verify phases."
