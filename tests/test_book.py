@@ -648,3 +648,19 @@ def test_study_2s_page_and_the_books_findings_agree():
     assert f["id"].tolist() == ["F2.1", "F2.2", "F2.3"]
     assert f["verdict"].tolist() == [x.verdict for x in ev.findings]
     assert set(f["freshness"]) == {ev.freshness}
+
+
+def test_a_studys_ceilings_come_from_the_first_of_its_runs_that_measured_them(tmp_path):
+    # Study 3's first run is a controlled sweep, which measures no ceiling: the hardware table read "?" for it
+    from types import SimpleNamespace
+
+    from servelab_book.findings import _with_ceilings
+
+    def run(ceilings):
+        return SimpleNamespace(meta={"started_utc": "x", "ceilings": ceilings})
+
+    runs = SimpleNamespace(runs=[run({}), run({"copy_gb_s": 4270.0}), run({"copy_gb_s": 1.0})])
+    runs.meta = runs.runs[0].meta
+    meta = _with_ceilings(runs)
+    assert meta["ceilings"] == {"copy_gb_s": 4270.0} and meta["started_utc"] == "x"
+    assert runs.runs[0].meta["ceilings"] == {}  # the run's own record is left as it was

@@ -156,11 +156,20 @@ def study_evidence(slug: str, root: Path | None = None, device: str = BOOK_DEVIC
         changed=tuple(runs.changed),
         repeats=len(runs.repeats),
         device_name=runs.device_name if runs.measured else "",
-        meta=dict(runs.meta),
+        meta=_with_ceilings(runs),
         published=pub,
         has_published=has_pub,
         evidence=_evidence_of(page),
     )
+
+
+def _with_ceilings(runs) -> dict:
+    """The first run's ``run.json``, its ceilings those of the first run that measured them: a study's parts that
+    measure nothing against a ceiling leave them out (Study 3's controlled sweeps), and its first run may be one."""
+    meta = dict(runs.meta)
+    if not meta.get("ceilings"):
+        meta["ceilings"] = next((r.meta["ceilings"] for r in runs.runs if r.meta.get("ceilings")), {})
+    return meta
 
 
 BOOK_SLUGS = tuple(s.slug for s in STUDIES) + (SIMULATOR,)

@@ -1,6 +1,7 @@
 """The methodology page's hardware table: the device, versions and ceilings of each study's H200 runs.
 
-The ceilings (copy bandwidth, matmul rate) are the ones each study measured in its own first run; they are read from
+The ceilings (copy bandwidth, matmul rate) are the ones each study measured in the first of its runs that measured
+them (a part that judges nothing against a ceiling skips them); they are read from
 the ``run.json`` of the runs its report read (``findings.book_runs``), never typed. Each row also says how many
 repeats the study's data holds and whether today's measuring code measured it (fresh) or older code (stale).
 """
