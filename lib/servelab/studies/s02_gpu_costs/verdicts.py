@@ -27,7 +27,7 @@ CLAIMS = {  # id: (the seed's claim, the seed's value, the unit)
     "F2.1": ("prefill converges to 30–70 µs/token at long sequences", "30–70", "µs/token"),
     "F2.2": (
         "decode is memory-bandwidth-bound: constant with prefix length, 5,300–10,800 µs/token for a single request",
-        "5300–10800",
+        "5,300–10,800",
         "µs/token",
     ),
     "F2.3": (
