@@ -1,5 +1,6 @@
 """The GPU session's warm-up job ``drafts:smollm2:0``: distil SmolLM2's drafts into the machine's cache once, so that
-the jobs which read them (Study 6's parts, Study 3's ``real``) load them in seconds.
+the jobs which read them (Study 6's parts; Study 3's ``real`` distils its own, with the repeat's seed in the recipe)
+load them in seconds.
 
     python -m servelab.studies.common.warm_drafts       # on the GPU machine, before a session's draft-reading jobs
 

@@ -19,7 +19,6 @@ from servelab.studies.common.findings import Finding, not_measured
 from servelab.studies.common.page import finding_sentence, takeaway_list
 from servelab.studies.common.published import published_section
 from servelab.studies.common.runs import RunSet, pool_repeats
-from servelab.studies.common.style import whole_numbers
 from servelab.studies.common.tested_on import tested_on as models_tested_on
 from servelab.studies.s03_speculative import tables, verdicts
 from servelab.studies.s03_speculative.measured_alpha import study6_alpha
@@ -383,7 +382,7 @@ def takeaways(r: Study3Page) -> str:
 
 def _round(df: pd.DataFrame, cols: dict, nd: int = 3) -> pd.DataFrame:
     keep = [c for c in cols if c in df.columns]
-    return whole_numbers(df[keep].rename(columns=cols).round(nd).reset_index(drop=True))
+    return df[keep].rename(columns=cols).round(nd).reset_index(drop=True)
 
 
 def speedup_view(speed: pd.DataFrame) -> pd.DataFrame:

@@ -18,7 +18,6 @@ from servelab.studies.common.findings import Finding, not_measured
 from servelab.studies.common.page import finding_sentence, takeaway_list
 from servelab.studies.common.published import published_section
 from servelab.studies.common.runs import RunSet, pool_repeats
-from servelab.studies.common.style import whole_numbers
 from servelab.studies.common.tested_on import model_name
 from servelab.studies.s04_kv_cache import verdicts
 from servelab.studies.s04_kv_cache.derived import mover_ratio, overlap_summary, variation_summary
@@ -297,7 +296,7 @@ def bpt_view(bpt: pd.DataFrame) -> pd.DataFrame:
         "exact": "exact",
     }
     v = bpt[[c for c in cols if c in bpt]].assign(model=bpt["model"].map(model_name))
-    return whole_numbers(v.rename(columns=cols).round(0))
+    return v.rename(columns=cols).round(0)
 
 
 def capacity_view(summary: pd.DataFrame) -> pd.DataFrame:
@@ -307,7 +306,7 @@ def capacity_view(summary: pd.DataFrame) -> pd.DataFrame:
         "fragmentation_pct": "fragmentation (%)",
         "budget_used_pct": "budget used (%)",
     }
-    return whole_numbers(summary.rename(columns=cols).round(1))
+    return summary.rename(columns=cols).round(1)
 
 
 def variation_view(var: pd.DataFrame) -> pd.DataFrame:
@@ -327,7 +326,7 @@ def compaction_view(comp: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame()
     t = ok.pivot_table(index="method", columns="block_size", values="gb_s", aggfunc="median").round(0)
     t.columns = [f"{c}-token blocks (GB/s)" for c in t.columns]
-    return whole_numbers(t.rename_axis("mover").reset_index())
+    return t.rename_axis("mover").reset_index()
 
 
 def overlap_view(runs: pd.DataFrame) -> pd.DataFrame:

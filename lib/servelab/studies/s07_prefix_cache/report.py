@@ -126,13 +126,17 @@ def complete(findings: list[Finding]) -> list[Finding]:
 SPEEDUP_KEYS = {"prefix_length_speedup": ["prefix_tokens"], "multi_turn_speedup": ["metric", "turn"]}
 
 
-def _speedups_over_repeats(runs: RunSet) -> dict[str, pd.DataFrame]:
+def _per_repeat(runs: RunSet) -> dict[int, dict[str, pd.DataFrame]]:
+    """Each repeat's derived tables, by repeat index: the verdicts and the pooled speedup tables both read them."""
+    return {rep.repeats[0]: derived(_raw(rep, pooled=False)) for rep in runs.per_repeat()}
+
+
+def _speedups_over_repeats(per: dict[int, dict[str, pd.DataFrame]]) -> dict[str, pd.DataFrame]:
     frames: dict[str, list[pd.DataFrame]] = {name: [] for name in SPEEDUP_KEYS}
-    for rep in runs.per_repeat():
-        d = derived(_raw(rep, pooled=False))
+    for k, d in per.items():
         for name in SPEEDUP_KEYS:
             if name in d and not d[name].empty:
-                frames[name].append(d[name].assign(repeat=rep.repeats[0]))
+                frames[name].append(d[name].assign(repeat=k))
     return {
         name: pool_repeats(pd.concat(fs, ignore_index=True), SPEEDUP_KEYS[name]).drop(columns="n_repeats")
         for name, fs in frames.items()
@@ -144,9 +148,10 @@ def report(runs: RunSet) -> Study7Page:
     """The page's record from ``runs`` (nothing measured: every claim inconclusive, every table empty)."""
     if not runs.measured:
         return Study7Page(runs, not_measured(STUDY))
-    findings = complete(runs.combined(repeat_findings))
+    per = _per_repeat(runs)
+    findings = complete(runs.combined(lambda rep: judge(per[rep.repeats[0]], rep.params)))
     tables = derived(_raw(runs, pooled=True))
-    tables.update(_speedups_over_repeats(runs))
+    tables.update(_speedups_over_repeats(per))
     req = runs.part(runs.parts[0]).repeat(runs.repeats[0]).table("serving_requests")  # one repeat's requests
     if not req.empty:
         tables["serving_requests"] = req
@@ -156,7 +161,7 @@ def report(runs: RunSet) -> Study7Page:
 
 def published_value(runs: RunSet) -> tuple[str, str] | None:
     """The largest prefill speedup from a cached prefix (median over repeats); None if not measured."""
-    s = _speedups_over_repeats(runs).get("prefix_length_speedup", pd.DataFrame())
+    s = _speedups_over_repeats(_per_repeat(runs)).get("prefix_length_speedup", pd.DataFrame())
     if s.empty:
         return None
     best = s.loc[s["speedup"].idxmax()]
