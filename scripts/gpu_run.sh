@@ -26,13 +26,6 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     || { echo "wheel install failed" | tee -a "$log"; exit 1; }
 fi
 export PYTHONPATH=/tmp/site:$PWD/lib
-# the server's and the GGUF loader's imports, checked before any job: a server that cannot start writes an error row
-# per point and no measurement (2026-12-04: fastapi 0.165 without opentelemetry-api), which only costs device time
-if [ $# -gt 0 ]; then
-  python3 -c "import servelab.server.app, gguf, accelerate" >>"$log" 2>&1 \
-    || { echo "preflight: the server or the GGUF loader cannot be imported (see run.log): no job run" | tee "$OUT/summary.txt";
-         tail -5 "$log"; exit 3; }
-fi
 # SmolLM2's GGUF (98 MB) is over one call's 64 MiB carry: its parts (scripts/stage_smollm2.sh: an xz stream in two)
 # ride along with job calls (carry .models/smollm2/p0 in one, the other parts and SHA256 in the next) and wait in
 # /tmp/stage, which lives while the machine is warm; once the hash travels, the staged parts are joined (p0, p1, ...,

@@ -270,21 +270,23 @@ def test_the_plan_marks_the_jobs_that_read_smollm2(tmp_path):
 def test_a_job_whose_machine_lacks_what_it_needs_is_not_run(monkeypatch, capsys):
     # 2026-12-04: on a fresh GPU machine without the wheels, four Study 1 jobs ran anyway and wrote runs marked
     # complete that held nothing but "server did not start"; the runner now refuses such a job before it starts
-    import importlib.util
-
-    real_find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == "uvicorn" else real_find_spec(n, *a))
+    # and later that day, with the wheels but one short: fastapi was there and found, and could not be imported
+    # (its app needs opentelemetry-api). A module that is None in sys.modules fails to import in the same way
+    monkeypatch.setitem(sys.modules, "uvicorn", None)
 
     def no_process(*a, **k):
         raise AssertionError("a job that lacks its prerequisites must not start")
 
     monkeypatch.setattr(campaign.subprocess, "run", no_process)
-    assert "uvicorn not installed" in campaign.missing_here("01_scheduling", "llama-fcfs-high")
+    assert "uvicorn (ModuleNotFoundError" in campaign.missing_here("01_scheduling", "llama-fcfs-high")
     assert campaign.missing_here("02_gpu_costs", "all") == ""  # no server there
     assert campaign.run_jobs(["01_scheduling:llama-fcfs-high:0", "07_prefix_cache:all:1"]) == 2
     out = capsys.readouterr().out
-    assert out.count("not run: uvicorn not installed") == 2
+    assert out.count("not run: uvicorn (ModuleNotFoundError") == 2
     assert out.startswith("job 01_scheduling:llama-fcfs-high:0 rc=3")
+    monkeypatch.undo()
+    monkeypatch.setitem(sys.modules, "fastapi.applications", None)
+    assert "fastapi.applications (ModuleNotFoundError" in campaign.missing_here("08_simulator", "fresh_qwen2-0.5b")
 
 
 def test_smollm2s_weights_take_more_calls_as_the_tree_grows(tmp_path):

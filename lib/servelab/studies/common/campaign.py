@@ -103,7 +103,9 @@ WARM_JOB = Job(WARM_STUDY, WARM_PART, 0, warm_drafts.GUESS_MIN, "bounded by the 
 # the studies whose measuring path starts the OpenAI server (uvicorn + FastAPI), which the GPU machine's image lacks:
 # they travel as wheels (.whl/); without them every server fails to start and the run holds only errors
 SERVER_STUDIES = ("01_scheduling", "07_prefix_cache", "08_simulator")
-SERVER_MODULES = ("uvicorn", "fastapi")
+# imported, not only found: fastapi 0.165's app imports opentelemetry-api, and on 2026-12-04 a fastapi carried without
+# it was found, failed at the server's start, and Study 1's run recorded an error row per point
+SERVER_MODULES = ("uvicorn", "fastapi.applications")
 
 
 def missing_here(study: str, part: str) -> str:
@@ -111,9 +113,9 @@ def missing_here(study: str, part: str) -> str:
     that a job which could only record failures (a server that cannot start, weights that are not there) is not run
     and leaves no run that looks complete."""
     if study in SERVER_STUDIES:
-        absent = [m for m in SERVER_MODULES if importlib.util.find_spec(m) is None]
+        absent = [f"{m} ({e})" for m in SERVER_MODULES if (e := _import_error(m))]
         if absent:
-            return f"{', '.join(absent)} not installed (carry .whl/; scripts/gpu_run.sh installs it)"
+            return f"{', '.join(absent)} cannot be imported (carry .whl/, made by scripts/gpu_wheels.sh)"
     if part in SMOLLM2_PARTS.get(study, ()):
         from servelab.models.loader import smollm2_gguf
 
@@ -121,6 +123,15 @@ def missing_here(study: str, part: str) -> str:
             smollm2_gguf()
         except Exception as e:  # ModelLoadError: the package or its GGUF is missing
             return f"SmolLM2's GGUF not installed ({e}); stage .models/smollm2's parts (scripts/gpu_run.sh)"
+    return ""
+
+
+def _import_error(module: str) -> str:
+    """Why ``module`` cannot be imported here ("" when it can)."""
+    try:
+        importlib.import_module(module)
+    except Exception as e:  # ImportError, or whatever a half-installed package raises while it imports
+        return f"{type(e).__name__}: {e}"
     return ""
 
 
