@@ -51,7 +51,15 @@ class MedianInterval:
             if self.is_min_max
             else f"{self.coverage:.0%} order-statistic interval for the median"
         )
-        return f"median {_fmt(self.median)}{u}, {_fmt(self.low)}–{_fmt(self.high)}{u} over {self.n} repeats ({kind})"
+        return f"median {_fmt(self.median)}{u}, {self.range_text()}{u} over {self.n} repeats ({kind})"
+
+    def range_text(self) -> str:
+        """The interval as the tables print it: "5.1–8.1"; "-1 to -0.5" where a bound is negative (an en dash
+        between minus signs reads as a subtraction); "all 2" where every repeat measured the same."""
+        low, high = _fmt(self.low), _fmt(self.high)
+        if low == high:
+            return f"all {low}"
+        return f"{low} to {high}" if min(self.low, self.high) < 0 else f"{low}–{high}"
 
 
 def _fmt(x: float) -> str:
@@ -171,7 +179,7 @@ def combine_repeats(
         note=note,
         repeats=len(findings),
         repeat_verdicts=";".join(verdicts),
-        spread=f"{_fmt(spread.low)}–{_fmt(spread.high)}" if spread else "",
+        spread=spread.range_text() if spread else "",
         headline=spread.median if headline else None,
         headline_unit=unit if headline else "",
     )
