@@ -68,3 +68,13 @@ def test_a_book_table_has_one_header_row_unless_its_columns_have_two_levels():
     assert style.book_table(two).columns.nlevels == 2
     clash = long.set_index("len").rename(columns={"variant": "len"})  # an index level named as a column
     assert style.book_table(clash).index.name == "len"
+
+
+def test_a_book_table_shows_no_row_numbers_but_keeps_a_labelling_index():
+    import pandas as pd
+
+    df = pd.DataFrame({"draft": ["2L", "6L", "self"], "alpha": [0.4, 0.38, 0.05]})
+    body = style.book_html(df[df.alpha > 0.1]).split("<tbody>")[1]  # a filter leaves 0, 1: still row numbers
+    assert "<th" not in body and body.count("<tr") == 2 and "<td>2L</td>" in body
+    labelled = style.book_html(df.set_index("draft").rename_axis(None)).split("<tbody>")[1]  # labels, unnamed
+    assert "<th>2L</th>" in labelled

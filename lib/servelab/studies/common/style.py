@@ -140,6 +140,16 @@ def book_table(df):
     return whole_numbers(out)
 
 
+def book_html(df) -> str:
+    """``book_table``'s HTML, without the row numbers pandas prints for an unnamed integer index (0, 1, 2, ...,
+    or what a filter left of them): they label nothing, and a reader takes the first column for data."""
+    out = book_table(df)
+    numbered = out.index.nlevels == 1 and out.index.name is None and out.index.dtype.kind in "iu"
+    if not numbered:
+        return out._repr_html_()
+    return out.to_html(index=False, border=1, notebook=True)
+
+
 def _show_tables_as_the_book_does() -> None:
     """Every DataFrame a page displays, through ``book_table``: the notebooks display tables both through ``show``
     and with IPython's ``display``, and the rule is one for all of them."""
@@ -153,7 +163,7 @@ def _show_tables_as_the_book_does() -> None:
     import pandas as pd
 
     formatters = ip.display_formatter.formatters
-    formatters["text/html"].for_type(pd.DataFrame, lambda df: book_table(df)._repr_html_())
+    formatters["text/html"].for_type(pd.DataFrame, book_html)
     formatters["text/plain"].for_type(pd.DataFrame, lambda df, p, cycle: p.text(repr(book_table(df))))
 
 
