@@ -78,3 +78,5 @@ def test_a_book_table_shows_no_row_numbers_but_keeps_a_labelling_index():
     assert "<th" not in body and body.count("<tr") == 2 and "<td>2L</td>" in body
     labelled = style.book_html(df.set_index("draft").rename_axis(None)).split("<tbody>")[1]  # labels, unnamed
     assert "<th>2L</th>" in labelled
+    gap = style.book_html(pd.DataFrame({"ms": [1.5, float("nan")]})).split("<tbody>")[1]
+    assert "NaN" not in gap and f"<td>{style.MISSING_CELL}</td>" in gap

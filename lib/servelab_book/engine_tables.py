@@ -22,9 +22,11 @@ ENGINE_CODE = ("lib/servelab/engine", "lib/servelab/models", "lib/servelab/kerne
 
 
 def frame_table(df: pd.DataFrame, css: str) -> str:
-    """A DataFrame of formatted values as the book's list-table (empty cells shown as —)."""
+    """A DataFrame of formatted values as the book's list-table (empty and missing cells shown as —)."""
     return list_table(
-        [md_text(c) for c in df.columns], [[md_text(v) or "—" for v in r] for r in df.itertuples(index=False)], css=css
+        [md_text(c) for c in df.columns],
+        [[(md_text(v) if pd.notna(v) else "") or "—" for v in r] for r in df.itertuples(index=False)],
+        css=css,
     )
 
 
@@ -37,7 +39,8 @@ def render_decode_comparison(bench_csv: Path | None) -> str:
     d = d[d["status"] == "ok"]
     d["point"] = "batch " + d["batch"].astype(str) + ", context " + d["context"].astype(str)
     d["cell"] = d.apply(lambda r: f"{r.median_ms:.2f} ms ({r.pct_of_floor:.1f}%)", axis=1)
-    table = d.pivot(index="impl", columns="point", values="cell").reset_index()
+    # the benchmark times some variants at some points only (the fused RoPE kernel not at 16K)
+    table = d.pivot(index="impl", columns="point", values="cell").fillna("not timed").reset_index()
     floors = d.groupby("point")["floor_ms"].first()
     floor_row = {"impl": "memory floor (weights + KV at the measured copy ceiling)"}
     floor_row.update({p: f"{v:.3f} ms" for p, v in floors.items()})

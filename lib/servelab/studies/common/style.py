@@ -140,14 +140,16 @@ def book_table(df):
     return whole_numbers(out)
 
 
+MISSING_CELL = "—"  # a cell with no value (a point not run, a column that does not apply), where pandas prints NaN
+
+
 def book_html(df) -> str:
     """``book_table``'s HTML, without the row numbers pandas prints for an unnamed integer index (0, 1, 2, ...,
-    or what a filter left of them): they label nothing, and a reader takes the first column for data."""
+    or what a filter left of them): they label nothing, and a reader takes the first column for data. A missing
+    value reads as a dash, not NaN."""
     out = book_table(df)
     numbered = out.index.nlevels == 1 and out.index.name is None and out.index.dtype.kind in "iu"
-    if not numbered:
-        return out._repr_html_()
-    return out.to_html(index=False, border=1, notebook=True)
+    return out.to_html(index=not numbered, border=1, notebook=True, na_rep=MISSING_CELL)
 
 
 def _show_tables_as_the_book_does() -> None:
