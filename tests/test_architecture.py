@@ -63,6 +63,19 @@ def test_the_system_never_imports_a_study():
     assert not offenders, "\n".join(offenders)
 
 
+def test_no_study_imports_another_studys_page():
+    """A study may read another's data through that study's modules, never through its ``report`` (the other page
+    whole): Study 3's α bands read Study 6's ``alpha``, not its report."""
+    offenders = sorted(
+        f"{m} imports {t}"
+        for m, targets in GRAPH.items()
+        if m.startswith("servelab.studies.s")
+        for t in targets
+        if t.startswith("servelab.studies.s") and t.endswith(".report") and t.split(".")[2] != m.split(".")[2]
+    )
+    assert not offenders, "\n".join(offenders)
+
+
 def _cycle(graph: dict[str, set[str]]) -> list[str]:
     """One cycle of imports (``a, b, ..., a``), or [] when there is none (the standard library's topological sort)."""
     try:

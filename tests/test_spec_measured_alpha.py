@@ -42,7 +42,7 @@ def test_todays_study6_runs_give_the_alpha_its_own_page_shows():
     other)."""
     from servelab.paths import REPO_ROOT
     from servelab.studies.common.runs import study_runs
-    from servelab.studies.s06_hf_assisted.report import real_alpha
+    from servelab.studies.s06_hf_assisted.alpha import real_alpha
 
     committed = REPO_ROOT / "data" / "results"
     runs = study_runs("06_hf_assisted", committed)

@@ -2,7 +2,7 @@
 
 Study 6 measures α on the real target (SmolLM2-135M-Instruct) with its distilled drafts, self-drafts and prompt
 lookup (``s03_speculative.real_acceptance``): older runs wrote ``real_alpha.csv``, today's keep the per-prompt
-agreement, from which its report computes the same table (``s06_hf_assisted.report.real_alpha``). Study 3's controlled
+agreement, from which its report computes the same table (``s06_hf_assisted.alpha.real_alpha``). Study 3's controlled
 curves are read at those α: where a draft of that quality would land at the seed's shapes. Read at render time
 through ``study_runs("06_hf_assisted")``; where Study 6's runs hold no such table, the page says "not measured".
 """
@@ -33,7 +33,7 @@ def study6_alpha(root: Path | None = None) -> pd.DataFrame | None:
             return table[[c for c in table.columns if c not in ("part", "repeat")]]
     # Study 6's runs since its move to SmolLM2 keep the per-prompt agreement (alpha_hits.csv) and compute α with its
     # interval in their report, as its own page shows it: read it the same way, so the two pages agree
-    from servelab.studies.s06_hf_assisted.report import real_alpha
+    from servelab.studies.s06_hf_assisted.alpha import real_alpha
 
     table = real_alpha(runs)
     return None if table.empty or set(REAL_ALPHA_COLUMNS) - set(table.columns) else table
