@@ -205,6 +205,12 @@ def test_rerun_recipe_shows_the_command_the_parameters_cell_and_the_values_used(
     assert command in render_reproduce(NOTEBOOKS)  # the methodology page's section shows the same command
     simulator = rerun_recipe("08_simulator", {}, out="book/simulator.ipynb")
     assert "papermill --cwd notebooks notebooks/08_simulator.ipynb book/simulator.ipynb -p profile full" in simulator
+    # the simulator page's re-run section wrote its replay into book/studies/, where the book has no such page
+    from servelab.studies.common.rerun import rerun_section
+
+    section = rerun_section("08_simulator")
+    assert "notebooks/08_simulator.ipynb book/simulator.ipynb -p profile replay" in section
+    assert "book/studies/08_simulator" not in section
     with pytest.raises(ParameterError, match="slug"):
         rerun_recipe("notebooks/07_prefix_cache.ipynb", {})
     assert "# more" in md and "`seed=0`" in md

@@ -20,6 +20,7 @@ from pathlib import Path
 import nbformat
 
 from servelab.paths import REPO_ROOT
+from servelab.studies.common.rerun import page_path
 from servelab_book.studies import STUDIES
 
 REPLAY = {"profile": "replay"}
@@ -32,8 +33,8 @@ class PageSource:
 
 
 PAGE_SOURCES: tuple[PageSource, ...] = tuple(
-    PageSource(f"notebooks/{s.slug}.ipynb", f"book/studies/{s.slug}.ipynb") for s in STUDIES
-) + (PageSource("notebooks/08_simulator.ipynb", "book/simulator.ipynb"),)
+    PageSource(f"notebooks/{slug}.ipynb", page_path(slug)) for slug in (*(s.slug for s in STUDIES), "08_simulator")
+)
 
 
 def clean(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:

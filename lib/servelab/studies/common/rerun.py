@@ -11,13 +11,22 @@ from pathlib import Path
 
 from servelab.errors import ParameterError
 
+# the pages that sit outside book/studies/: the simulator's stands beside Study 1 in the book's contents, not among the
+# seed's seven studies (the book's renderer, servelab_book.render, writes every page to page_path)
+PAGES_ELSEWHERE = {"08_simulator": "book/simulator.ipynb"}
+
+
+def page_path(slug: str) -> str:
+    """Where the book keeps the rendered page of ``notebooks/<slug>.ipynb``, from the repository root."""
+    return PAGES_ELSEWHERE.get(slug, f"book/studies/{slug}.ipynb")
+
 
 def papermill_command(slug: str, *, out: str | None = None, profile: str = "full") -> str:
     """The one-line command that re-executes ``notebooks/<slug>.ipynb`` into ``out`` (default: the book's page,
-    ``book/studies/<slug>.ipynb``), run from the repository root."""
+    ``page_path(slug)``), run from the repository root."""
     if not slug or "/" in slug or slug.endswith(".ipynb"):
         raise ParameterError(f"a notebook's slug is its name without folder or suffix (01_scheduling), got {slug!r}")
-    out = out or f"book/studies/{slug}.ipynb"
+    out = out or page_path(slug)
     return f"papermill --cwd notebooks notebooks/{slug}.ipynb {out} -p profile {profile}"
 
 
