@@ -5,7 +5,9 @@ CSVs). Each repeat's verdicts come from its own steps; tables and figures show e
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pandas as pd
 
@@ -36,6 +38,7 @@ class Study2Page:
     cost_fit: pd.DataFrame = field(default_factory=pd.DataFrame)
     heldout: pd.DataFrame = field(default_factory=pd.DataFrame)
     predicted: pd.DataFrame = field(default_factory=pd.DataFrame)
+    bench_decode: pd.DataFrame = field(default_factory=pd.DataFrame)  # the engine benchmark's default decode steps
 
     @property
     def device(self) -> str:
@@ -57,6 +60,44 @@ def server_steps(steps: pd.DataFrame) -> pd.DataFrame:
         & steps["mode"].isin(["engine", "engine_eager"])
         & ((steps.phase == "mixed") | ((steps.phase == "prefill") & (steps.context > 0)))
     ]
+
+
+def bench_decode(device_dir: Path | None) -> pd.DataFrame:
+    """The engine benchmark's decode steps in its default configuration in ``device_dir`` (``<device>/engine/
+    decode.csv``, the engine page's), with the model its ``run.json`` names; empty where it has not run there."""
+    folder = None if device_dir is None else Path(device_dir) / "engine"
+    if folder is None or not (folder / "decode.csv").is_file():
+        return pd.DataFrame()
+    try:
+        model = json.loads((folder / "run.json").read_text())["params"]["model"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return pd.DataFrame()
+    d = pd.read_csv(folder / "decode.csv")
+    d = d[(d["impl"] == "engine_default") & (d["status"] == "ok")]
+    return d.assign(model=model)[["model", "batch", "context", "median_ms", "note"]]
+
+
+def compiled_sentence(steps: pd.DataFrame, bench: pd.DataFrame) -> str:
+    """Study 2 times the engine as ``servelab.bench.step`` builds it, in CUDA graphs but without torch.compile; the
+    engine's default, which the servers of Studies 1 and 7 run, compiles its blocks. The same decode steps from the
+    engine benchmark, where it ran on this device, say how far apart the two are; empty where no step matches."""
+    if bench.empty or "status" not in steps:
+        return ""
+    ours = steps[(steps.status == "ok") & (steps["mode"] == "engine") & (steps.phase == "decode")]
+    both = ours.merge(bench, on=["model", "batch", "context"], suffixes=("", "_bench"))
+    if both.empty:
+        return ""
+    pairs = "; ".join(
+        f"batch {r.batch}, context {r.context:,}: {r.median_ms:.2f} ms here, {r.median_ms_bench:.2f} ms there"
+        for r in both.sort_values(["batch", "context"]).itertuples()
+    )
+    return (
+        "This study's `engine` mode is the engine's step in CUDA graphs without `torch.compile` "
+        "(`servelab.bench.step.step_engine_config`); the engine's default configuration, which Studies 1 and 7 serve "
+        f"with, also compiles its blocks. The engine page's benchmark times the same decode steps of "
+        f"{model_name(both.model.iloc[0])} in that default: {pairs}. The simulator's GPU cost models taken from this "
+        "study are fitted to these uncompiled steps."
+    )
 
 
 def repeat_findings(rep: RunSet) -> list[Finding]:
@@ -96,6 +137,7 @@ def report(runs: RunSet) -> Study2Page:
         fit_summary,
         heldout_table(predicted) if not predicted.empty else pd.DataFrame(),
         predicted,
+        bench_decode(runs.runs[0].dir.parents[4]),  # <device>/<study>/runs/<fingerprint>/<part>/r<k>
     )
 
 
@@ -139,7 +181,7 @@ def takeaways(r: Study2Page) -> str:
     return takeaway_list(
         [finding_sentence(f) for f in r.findings]
         + [F23_ELSEWHERE if any(f.id == "F2.3" for f in r.findings) else ""]
-        + [launch_sentence(r.overhead), step_model_sentence(r.cost_fit)]
+        + [launch_sentence(r.overhead), compiled_sentence(r.steps, r.bench_decode), step_model_sentence(r.cost_fit)]
     )
 
 
