@@ -79,6 +79,16 @@ def test_an_interval_reads_unambiguously_when_its_bounds_are_equal_or_negative()
     assert combine_repeats([rep(v, "holds") for v in (1.0, 3.0, 2.0)]).spread == "1–3"
 
 
+def test_the_note_gives_the_interval_in_its_unit_and_the_rule_apart():
+    # F7.1's note read "median 1.421 × TTFT speedup at a 512-token prefix (holds within ±25% of 2.41)" under a
+    # verdict of changes, as if the value held
+    unit = "× TTFT speedup at a 512-token prefix (holds within ±25% of 2.41)"
+    f = combine_repeats([rep(v, "changes", headline=v, headline_unit=unit) for v in (1.42, 1.41, 1.55)])
+    assert "median 1.42 × TTFT speedup at a 512-token prefix, 1.41–1.55 × TTFT speedup" in f.note
+    assert "; the rule: holds within ±25% of 2.41" in f.note and "prefix (holds" not in f.note
+    assert f.headline_unit == unit  # the tables shorten it themselves
+
+
 def test_disagreeing_repeats_are_inconclusive_and_say_who_said_what():
     f = combine_repeats([rep(1.05, "changes"), rep(0.97, "holds"), rep(0.99, "holds")])
     assert f.verdict == INCONCLUSIVE and f.repeat_verdicts == "changes;holds;holds"

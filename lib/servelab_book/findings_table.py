@@ -17,6 +17,7 @@ import re
 import pandas as pd
 
 from servelab.studies.common.markdown import format_value, list_table, md_text
+from servelab.studies.common.repeats import split_unit
 from servelab_book.claim_links import claim_target
 from servelab_book.studies import STUDIES, StudyPage
 
@@ -129,7 +130,7 @@ def h200_value(measured, unit: str, spread="", repeats=1, headline_unit: str = "
     shown = f"{text} {unit}".strip() if bare else text
     spread, n = _text(spread).strip(), _repeats(repeats)
     if spread and n > 1:
-        hu = _text(headline_unit).split(":")[0].split(" (")[0].strip()
+        hu = split_unit(_text(headline_unit))[0]
         shown += f" (repeats: {format_value(spread)}{' ' + hu if hu else ''}, {n} repeats)"
     return shown
 

@@ -49,7 +49,9 @@ def verdict_table(findings: Iterable[Finding], device: str = "this run") -> str:
 def headline_unit_short(f: Finding) -> str:
     """The headline's unit without its explanation: "× the parameter ratio: eager HF's ..." -> "× the parameter
     ratio"."""
-    return f.headline_unit.split(":")[0].split(" (")[0].strip()
+    from servelab.studies.common.repeats import split_unit
+
+    return split_unit(f.headline_unit)[0]
 
 
 def parts_line(runs) -> str:

@@ -151,6 +151,18 @@ def _measured(findings: Sequence[Finding], spread: MedianInterval | None, source
     return _median_repeat(findings, spread, source).measured_value
 
 
+def split_unit(unit: str) -> tuple[str, str]:
+    """A headline's unit and what follows it, the rule or an explanation: "× TTFT speedup at a 512-token prefix
+    (holds within ±25% of 2.41)" -> ("× TTFT speedup at a 512-token prefix", "holds within ±25% of 2.41"); "×
+    the parameter ratio: eager HF's ..." -> ("× the parameter ratio", "eager HF's ...")."""
+    head, colon, tail = unit.partition(":")
+    short, paren, rule = head.partition(" (")
+    if paren:
+        rule = rule[:-1] if rule.endswith(")") and not colon else rule
+        tail = f"{rule}{colon}{tail}"
+    return short.strip(), tail.strip()
+
+
 def combine_repeats(
     findings: Sequence[Finding], *, values: Sequence[float] | None = None, min_repeats: int = MIN_REPEATS
 ) -> Finding:
@@ -170,7 +182,11 @@ def combine_repeats(
     headline = spread is not None and source != "measured"
     unit = (first.headline_unit or first.unit) if headline else first.unit
     said = f"the {len(findings)} repeats say {'; '.join(verdicts)}" if verdict == INCONCLUSIVE else ""
-    parts = [p for p in (spread.describe(unit) if spread else "", said) if p]
+    # the interval in the unit alone: "median 1.42 × TTFT speedup (holds within ±25% of 2.41)" beside a verdict of
+    # changes read as if the value held; the rule follows, named as such
+    short, rule = split_unit(unit)
+    described = spread.describe(short) + (f"; the rule: {rule}" if rule else "") if spread else ""
+    parts = [p for p in (described, said) if p]
     note = first.note + (f" [{'; '.join(parts)}]" if parts else "")
     return replace(
         first,
