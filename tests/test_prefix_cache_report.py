@@ -86,3 +86,27 @@ def test_the_speedup_tables_show_the_statistic_the_headlines_take():
     f71 = next(f for f in r.findings if f.id == "F7.1")
     at = r["prefix_length_speedup"].set_index("prefix_tokens").loc[512, "speedup"]
     assert f"{at:.2f}×" == f"{f71.headline:.2f}×"
+
+
+def test_a_server_run_one_repeat_skipped_is_pooled_over_the_repeats_that_ran_it(tmp_path):
+    # the H200's repeat 0 skipped its burst runs (time budget): the pooled row took that repeat's status, "skipped",
+    # with n_repeats 3 beside the medians of the other two, and the page said only "Some server runs did not complete"
+    def skip_burst(name, df):
+        if name == "serving_summary" and skip_burst.calls == 0:
+            burst = df["load"].eq("burst")
+            df.loc[burst, "status"] = "skipped: time budget"
+            df.loc[burst, [c for c in df.columns if c.endswith("_ms")]] = float("nan")
+        skip_burst.calls += name == "serving_summary"
+        return df
+
+    skip_burst.calls = 0
+    r = report.report(study_runs(STUDY, write_runs(tmp_path, STUDY, RAW, edit=skip_burst)))
+    s = r["serving_summary"].set_index(["load", "caching"])
+    assert list(s.index) == [("poisson", "off"), ("poisson", "on"), ("burst", "off"), ("burst", "on")]
+    assert (s["status"] == "ok").all() and s.loc[("burst", "on"), "n_repeats"] == 2
+    assert s.loc[("poisson", "on"), "n_repeats"] == 3 and "burst:" in report.serving_sentence(r)
+    gaps = report.serving_gaps(r)
+    assert "burst, caching off: 2 of 3 repeats ran it (repeat 0: skipped: time budget)" in gaps
+    assert "poisson" not in gaps and "repeats" in report.serving_view(r).columns
+    every = report.report(study_runs(STUDY, write_runs(tmp_path / "all", STUDY, RAW)))
+    assert report.serving_gaps(every) == ""

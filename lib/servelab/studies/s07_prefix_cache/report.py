@@ -39,6 +39,7 @@ SERVING_COLUMNS = {
     "hit_rate_engine": "hit rate (engine)",
     "hit_rate_metrics": "hit rate (/metrics)",
     "ideal_hit_rate": "ideal hit rate",
+    "n_repeats": "repeats",
 }
 
 
@@ -90,8 +91,43 @@ def _raw(runs: RunSet, pooled: bool) -> dict[str, pd.DataFrame]:
         df = runs.table(name)
         if df.empty:
             continue
-        out[name] = pool_repeats(df, keys) if pooled else df.drop(columns=["repeat", "part"], errors="ignore")
+        if not pooled:
+            out[name] = df.drop(columns=["repeat", "part"], errors="ignore")
+        elif name == "serving_summary":
+            out[name] = pool_served(df, keys)
+        else:
+            out[name] = pool_repeats(df, keys)
     return out
+
+
+def pool_served(summary: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
+    """The server runs' summary over repeats, each (load, caching) over the repeats that ran it: repeat 0 skipped its
+    burst runs (time budget), and pooling every repeat gave those rows its status, "skipped", beside the medians of
+    the two repeats that ran, with n_repeats 3. A setting no repeat ran keeps its first status."""
+    if "status" not in summary:
+        return pool_repeats(summary, keys)
+    ran = summary["status"].eq("ok")
+    done = pool_repeats(summary[ran], keys)
+    idx = pd.MultiIndex.from_frame(done[keys]) if len(done) else pd.MultiIndex.from_tuples([], names=keys)
+    never = summary[~ran & ~pd.MultiIndex.from_frame(summary[keys]).isin(idx)]
+    pooled = pd.concat([done, pool_repeats(never, keys)], ignore_index=True) if len(never) else done
+    order = summary[keys].drop_duplicates()  # the measuring order: poisson, then burst
+    return order.merge(pooled, on=keys, how="left")
+
+
+def serving_gaps(r: Study7Page) -> str:
+    """Which server runs some repeats did not complete, and why: the summary's numbers rest on the others."""
+    raw = r.runs.table("serving_summary") if r.runs.measured else pd.DataFrame()
+    if raw.empty or "status" not in raw:
+        return ""
+    lines = []
+    for (load, caching), g in raw.groupby(["load", "caching"], sort=False):
+        bad = g[g["status"] != "ok"]
+        if len(bad):
+            why = "; ".join(f"repeat {int(b.repeat)}: {b.status}" for b in bad.itertuples())
+            lines.append(f"{load}, caching {caching}: {len(g) - len(bad)} of {len(g)} repeats ran it ({why})")
+    return ("Server runs not completed in every repeat (the table's medians are over the repeats that ran them): "
+            + "; ".join(lines) + ".") if lines else ""  # fmt: skip
 
 
 def judge(t: dict[str, pd.DataFrame], P: dict) -> list[Finding]:
