@@ -107,6 +107,16 @@ def test_run_set_prefers_todays_fingerprint_and_ignores_incomplete_runs(tmp_path
     assert len(runs.older) == 1
 
 
+def test_a_run_set_knows_its_results_root_and_device_folder(tmp_path):
+    d = _run(tmp_path, "02_gpu_costs", fingerprint(MEASURING).digest, "all", 0, steps=pd.DataFrame({"v": [1]}))
+    meta = json.loads((d / "run.json").read_text())
+    (d / "run.json").write_text(json.dumps(dict(meta, device={})))  # a run that recorded no device name
+    runs = study_runs("02_gpu_costs", tmp_path)
+    assert runs.results_root == tmp_path and runs.device_folder == tmp_path / "nvidia-h200"
+    assert runs.device_name == "nvidia-h200"  # it read "results"-like: the root's own folder name
+    assert RunSet("02_gpu_costs").device_folder is None and RunSet("02_gpu_costs").device_name == "this device"
+
+
 def test_a_stale_run_set_names_the_measuring_files_that_changed(tmp_path):
     today = fingerprint(MEASURING)
     files = dict(today.files)

@@ -52,7 +52,7 @@ def state_key(name: str, runs: RunSet) -> str:
     """The key of the record ``name`` over ``runs``: the runs chosen, the code, every data file, the versions."""
     import pandas as pd
 
-    results_root = Path(runs.device_dir or results_root_default())
+    results_root = Path(runs.results_root or results_root_default())
     h = hashlib.sha256(f"{name}\0{results_root.resolve()}\0{sys.version}\0{pd.__version__}\0".encode())
     for r in runs.runs:
         h.update(f"{r.dir}\0".encode())

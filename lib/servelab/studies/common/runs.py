@@ -115,7 +115,8 @@ class RunSet:
     study: str
     runs: tuple[Run, ...] = ()
     today: Fingerprint | None = None  # the measuring path's fingerprint now; None where it has no measuring module
-    device_dir: Path | None = None
+    # the results root the runs were found under (data/results), where other studies' runs are read beside them
+    results_root: Path | None = None
     older: tuple[Run, ...] = field(default=(), repr=False)  # runs of other fingerprints (their durations plan jobs)
 
     @property
@@ -192,8 +193,16 @@ class RunSet:
         return self.meta.get("device") or {}
 
     @property
+    def device_folder(self) -> Path | None:
+        """``<results>/<device>/``, the folder the runs lie under (``<device>/<study>/runs/<fp>/<part>/r<k>``)."""
+        parents = self.runs[0].dir.parents if self.runs else ()
+        return parents[4] if len(parents) > 4 else None
+
+    @property
     def device_name(self) -> str:
-        return str(self.device.get("name") or (self.device_dir.name if self.device_dir else "this device"))
+        # the device folder's slug where the runs recorded no name (it read "results", the root's folder, before)
+        folder = self.device_folder.name if self.device_folder else ""
+        return str(self.device.get("name") or folder or "this device")
 
     @property
     def ceilings(self) -> dict:

@@ -137,7 +137,7 @@ def report(runs: RunSet) -> Study2Page:
         fit_summary,
         heldout_table(predicted) if not predicted.empty else pd.DataFrame(),
         predicted,
-        bench_decode(runs.runs[0].dir.parents[4]),  # <device>/<study>/runs/<fingerprint>/<part>/r<k>
+        bench_decode(runs.device_folder),
     )
 
 

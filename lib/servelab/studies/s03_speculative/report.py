@@ -246,7 +246,7 @@ def pays_grid(speed: pd.DataFrame, ratios: pd.DataFrame, pair: tuple[str, str]):
 
 def report(runs: RunSet) -> Study3Page:
     """The page's record from ``runs`` (nothing measured: every claim inconclusive, every table empty)."""
-    s6 = study6_alpha(runs.device_dir)
+    s6 = study6_alpha(runs.results_root)
     if not runs.measured:
         return Study3Page(runs, not_measured(STUDY), study6_alpha=s6)
     derived = {rep.repeats[0]: Derived.of(rep) for rep in runs.per_repeat()}

@@ -165,7 +165,7 @@ def _real_runs(r: Study8Page, s1runs: RunSet) -> sources.Study1 | None:
     r.deadline_s = (p["window_s"] + p["drain_s"]) if {"window_s", "drain_s"} <= set(p) else None
     if s1.repeats > 1:
         r.notes.append(f"Study 1 has {s1.repeats} repeats; the simulator replays repeat {s1.repeat}.")
-    today = sources.runs_of(sources.STUDY1, s1runs.device_dir)
+    today = sources.runs_of(sources.STUDY1, s1runs.results_root)
     if today.current and not s1runs.current:
         r.notes.append(
             f"Study 1 at today's fingerprint has no repeat with every part yet ({', '.join(today.parts)} measured): "
@@ -528,7 +528,7 @@ def report(runs: RunSet) -> Study8Page:
     """The page's record from this study's runs and, under the same results root, Studies 1, 2 and 7's runs."""
     if not runs.measured:
         return Study8Page(runs, [f23_not_measured("no run of the simulator's study on the book's device")])
-    root = runs.device_dir
+    root = runs.results_root
     r = Study8Page(runs, [])
     r.fresh = fresh_error(runs)
     r.tables["fresh_seeds"] = fresh_seeds(runs)
