@@ -73,7 +73,8 @@ def test_three_repeats_give_the_median_and_the_min_max_said_as_such():
 
 def test_an_interval_reads_unambiguously_when_its_bounds_are_equal_or_negative():
     # the book printed "-1–-1" (F6.2's ρ, equal in every repeat) and "2–2" (F7.3's break-even count)
-    assert combine_repeats([rep(2, "changes") for _ in range(3)]).spread == "all 2"
+    same = combine_repeats([rep(2, "changes") for _ in range(3)])
+    assert same.spread == "all 2" and "2 × in each of the 3 repeats" in same.note and "min–max" not in same.note
     rho = combine_repeats([rep(v, "changes") for v in (-1.0, -0.5, -0.7)])
     assert rho.spread == "-1 to -0.5" and "-1 to -0.5 × over 3 repeats" in rho.note
     assert combine_repeats([rep(v, "holds") for v in (1.0, 3.0, 2.0)]).spread == "1–3"

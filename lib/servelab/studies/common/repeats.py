@@ -51,6 +51,8 @@ class MedianInterval:
             if self.is_min_max
             else f"{self.coverage:.0%} order-statistic interval for the median"
         )
+        if _fmt(self.low) == _fmt(self.high):  # no interval to speak of: "100 % in each of the 3 repeats"
+            return f"{_fmt(self.median)}{u} in each of the {self.n} repeats"
         return f"median {_fmt(self.median)}{u}, {self.range_text()}{u} over {self.n} repeats ({kind})"
 
     def range_text(self) -> str:

@@ -201,7 +201,7 @@ def f43(comp: pd.DataFrame, copy_gb_s: float, model: str = "", dtype: str | None
         tested_on=tested_on([model], dtype=dtype, setting=f"KV pools of {pools} MiB, {blocks}-token blocks"),
         headline=float(hi),
         headline_unit=f"GB/s, the best compaction measured (holds within {SEED_COMPACTION_GB_S[0] / 2:g}–"
-        f"{SEED_COMPACTION_GB_S[1] * 2:g})",
+        f"{SEED_COMPACTION_GB_S[1] * 2:g} GB/s)",
     )
 
 
