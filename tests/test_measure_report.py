@@ -117,6 +117,19 @@ def test_a_run_set_knows_its_results_root_and_device_folder(tmp_path):
     assert RunSet("02_gpu_costs").device_folder is None and RunSet("02_gpu_costs").device_name == "this device"
 
 
+def test_a_run_that_measured_nothing_is_left_out_and_its_job_planned_again(tmp_path):
+    # 2026-12-04: Study 1's servers did not start on the H200; its run, marked complete, held an error row per point
+    today = fingerprint(MEASURING).digest
+    ok = pd.DataFrame({"status": ["ok", "skipped: time budget"], "ms": [1.0, None]})
+    failed = pd.DataFrame({"status": ["error: server did not start"] * 3, "ms": [None] * 3})
+    _run(tmp_path, "02_gpu_costs", today, "all", 0, steps=ok)
+    _run(tmp_path, "02_gpu_costs", today, "all", 1, steps=failed, servers=failed[["status"]])
+    _run(tmp_path, "02_gpu_costs", today, "all", 2, steps=ok, notes=pd.DataFrame({"x": [1]}))
+    runs = study_runs("02_gpu_costs", tmp_path)
+    assert runs.repeats == [0, 2]
+    assert [j.name for j in campaign.missing_jobs("02_gpu_costs", root=tmp_path)] == ["02_gpu_costs:all:1"]
+
+
 def test_a_stale_run_set_names_the_measuring_files_that_changed(tmp_path):
     today = fingerprint(MEASURING)
     files = dict(today.files)

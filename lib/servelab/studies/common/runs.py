@@ -93,13 +93,32 @@ class Run:
 
 
 def read_run(folder: Path) -> Run | None:
-    """The run in ``folder``, or None when it has no ``run.json`` or never finished (``complete`` unset)."""
+    """The run in ``folder``, or None when it has no ``run.json``, never finished (``complete`` unset) or measured
+    nothing (``measured_nothing``)."""
     side = Path(folder) / "run.json"
     try:
         meta = json.loads(side.read_text())
     except (OSError, ValueError):
         return None
-    return Run(Path(folder), meta) if meta.get("complete") else None
+    return Run(Path(folder), meta) if meta.get("complete") and not measured_nothing(folder) else None
+
+
+def measured_nothing(folder: Path) -> str:
+    """Why the run in ``folder`` holds no measurement ("" where it holds one): it has tables with a ``status``
+    column (points, steps, timed runs) and not one of their rows is ``ok``. On 2026-12-04 Study 1's servers did not
+    start on the H200, and its run, marked complete, held an error row per point: read as a repeat, it would have
+    stood for that part and repeat on the page and in the plan. Left out, the plan lists its job again."""
+    tables = []
+    for path in sorted(Path(folder).glob("*.csv")):
+        try:
+            status = pd.read_csv(path, usecols=lambda c: c == "status")
+        except (OSError, ValueError):  # unreadable or empty: not a table of outcomes
+            continue
+        if "status" in status and len(status):
+            tables.append((path.name, status["status"].astype(str)))
+    if not tables or any(col.eq("ok").any() for _, col in tables):
+        return ""
+    return f"no row of {', '.join(name for name, _ in tables)} is ok (the first says {tables[0][1].iloc[0]!r})"
 
 
 def all_runs(study_dir: Path) -> list[Run]:
