@@ -223,6 +223,18 @@ def test_a_run_of_every_part_has_every_part(tmp_path):
     assert runs.has_parts(["anything"]) and runs.has_parts([])
 
 
+def test_pool_repeats_pools_a_point_over_the_repeats_that_ran_it():
+    status = ["ok", "skipped", "ok", "ok", "ok", "ok"]
+    df = pd.DataFrame(
+        {"repeat": [0, 0, 1, 1, 2, 2], "k": ["a", "b"] * 3, "status": status, "ms": [1, None, 2, 4, 3, 6]}
+    )
+    out = pool_repeats(df, ["k"]).set_index("k")
+    assert list(out.index) == ["a", "b"] and (out["status"] == "ok").all()
+    assert out["n_repeats"].to_dict() == {"a": 3, "b": 2} and out.loc["b", "ms"] == 5.0
+    never = pool_repeats(df.assign(status=["ok", "oom"] * 3), ["k"]).set_index("k")  # no repeat ran b: kept as is
+    assert never.loc["b", "status"] == "oom" and never.loc["b", "n_repeats"] == 3
+
+
 def test_pool_repeats_takes_each_points_median():
     df = pd.DataFrame({"repeat": [0, 1, 2, 0], "part": "all", "k": ["a", "a", "a", "b"], "ms": [1.0, 5.0, 3.0, 7.0]})
     out = pool_repeats(df, ["k"])

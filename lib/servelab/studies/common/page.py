@@ -11,6 +11,7 @@ import warnings
 from collections.abc import Iterable, Mapping
 
 from servelab.studies.common.findings import NOT_MEASURED, Finding
+from servelab.studies.common.repeats import split_unit
 
 SEED_DEVICE = "RTX 2070"  # the seed's GPU: every seed value in shared/seed-studies.md was measured on it
 
@@ -49,8 +50,6 @@ def verdict_table(findings: Iterable[Finding], device: str = "this run") -> str:
 def headline_unit_short(f: Finding) -> str:
     """The headline's unit without its explanation: "× the parameter ratio: eager HF's ..." -> "× the parameter
     ratio"."""
-    from servelab.studies.common.repeats import split_unit
-
     return split_unit(f.headline_unit)[0]
 
 

@@ -318,6 +318,8 @@ def pool_repeats(df: pd.DataFrame, keys: Sequence[str], drop: Sequence[str] = ("
     figures' and tables' value), other columns from the first repeat, and ``n_repeats`` (how many had that row)."""
     if df.empty or "repeat" not in df:
         return df
+    keys = [k for k in keys if k in df.columns]
+    df = _over_the_repeats_that_ran(df, keys)
     d = df.drop(columns=[c for c in drop if c in df.columns and c not in keys])
     keys = [k for k in keys if k in d.columns]
     num = [c for c in d.columns if c not in keys and pd.api.types.is_numeric_dtype(d[c])]
@@ -328,6 +330,22 @@ def pool_repeats(df: pd.DataFrame, keys: Sequence[str], drop: Sequence[str] = ("
         out = out.join(g[other].first())
     out["n_repeats"] = df.groupby(keys, sort=False, dropna=False)["repeat"].nunique()
     return out.reset_index()[[*keys, *[c for c in d.columns if c not in keys], "n_repeats"]]
+
+
+def _over_the_repeats_that_ran(df: pd.DataFrame, keys: Sequence[str]) -> pd.DataFrame:
+    """Where a table records each row's outcome (``status``), a point that some repeats ran ("ok") is pooled over
+    those alone: Study 7's repeat 0 skipped its burst runs (time budget), and pooling every repeat gave the point
+    that repeat's status, "skipped", beside the medians of the two that ran, with n_repeats 3. A point no repeat
+    ran keeps every row, and the first one's status. The points keep their order of first appearance."""
+    if "status" not in df or not keys:
+        return df
+    ok = df["status"].astype(str).eq("ok")
+    ran = ok.groupby([df[k] for k in keys], sort=False, dropna=False).transform("any")
+    if ok.eq(ran).all():  # nothing to drop: every row ran, or its whole point did not
+        return df
+    order = df[keys].drop_duplicates()
+    kept = df[ok | ~ran]
+    return order.merge(kept, on=list(keys), how="left")
 
 
 def combine(per_repeat: Sequence[Sequence[Finding]], *, min_repeats: int = MIN_REPEATS) -> list[Finding]:

@@ -91,28 +91,8 @@ def _raw(runs: RunSet, pooled: bool) -> dict[str, pd.DataFrame]:
         df = runs.table(name)
         if df.empty:
             continue
-        if not pooled:
-            out[name] = df.drop(columns=["repeat", "part"], errors="ignore")
-        elif name == "serving_summary":
-            out[name] = pool_served(df, keys)
-        else:
-            out[name] = pool_repeats(df, keys)
+        out[name] = pool_repeats(df, keys) if pooled else df.drop(columns=["repeat", "part"], errors="ignore")
     return out
-
-
-def pool_served(summary: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
-    """The server runs' summary over repeats, each (load, caching) over the repeats that ran it: repeat 0 skipped its
-    burst runs (time budget), and pooling every repeat gave those rows its status, "skipped", beside the medians of
-    the two repeats that ran, with n_repeats 3. A setting no repeat ran keeps its first status."""
-    if "status" not in summary:
-        return pool_repeats(summary, keys)
-    ran = summary["status"].eq("ok")
-    done = pool_repeats(summary[ran], keys)
-    idx = pd.MultiIndex.from_frame(done[keys]) if len(done) else pd.MultiIndex.from_tuples([], names=keys)
-    never = summary[~ran & ~pd.MultiIndex.from_frame(summary[keys]).isin(idx)]
-    pooled = pd.concat([done, pool_repeats(never, keys)], ignore_index=True) if len(never) else done
-    order = summary[keys].drop_duplicates()  # the measuring order: poisson, then burst
-    return order.merge(pooled, on=keys, how="left")
 
 
 def serving_gaps(r: Study7Page) -> str:
