@@ -372,7 +372,7 @@ def test_findings_table_joins_seed_h200_and_pages(studies_dir):
     row = table.set_index("id").loc["F5.1"]
     # a measured claim shows its value, the interval over its repeats, and its evidence
     shown = (row.rtx2070_value, row.h200_value, row.verdict)
-    assert shown == ("7.64×", "23.1 × (repeats: 20.1–25.3, 3 repeats)", "changes")
+    assert shown == ("7.64×", "23.1 × (3 repeats: 20.1–25.3)", "changes")
     assert (row.repeats, row.freshness, row.tested_on) == (3, "fresh", TESTED)
     assert row.link == "project:/book/studies/05_attention.ipynb#findings"
     unmeasured = table.set_index("id").loc["F4.1"]  # an unconverted study's claim: inconclusive, with the reason

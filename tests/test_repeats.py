@@ -40,7 +40,7 @@ def test_the_headline_is_the_median_and_interval_where_every_repeat_has_one():
     reps = [rep(text, "holds", headline=h, headline_unit="% cut") for h in (70.0, 55.0, 62.0)]
     f = combine_repeats(reps)
     assert f.headline == 62.0 and f.headline_unit == "% cut" and f.spread == "55–70"
-    assert f.measured_value == text and "median 62 % cut, 55–70 % cut over 3 repeats" in f.note
+    assert f.measured_value == text and "median 62 % cut, 55–70 % over 3 repeats" in f.note
     numbers = combine_repeats([rep(v, "holds", headline=2 * v, headline_unit="%") for v in (1.0, 3.0, 2.0)])
     assert numbers.measured_value == "2" and numbers.headline == 4.0 and numbers.spread == "2–6"
     partial = combine_repeats(
@@ -85,9 +85,20 @@ def test_the_note_gives_the_interval_in_its_unit_and_the_rule_apart():
     # verdict of changes, as if the value held
     unit = "× TTFT speedup at a 512-token prefix (holds within ±25% of 2.41)"
     f = combine_repeats([rep(v, "changes", headline=v, headline_unit=unit) for v in (1.42, 1.41, 1.55)])
-    assert "median 1.42 × TTFT speedup at a 512-token prefix, 1.41–1.55 × TTFT speedup" in f.note
+    assert "median 1.42 × TTFT speedup at a 512-token prefix, 1.41–1.55 × over 3 repeats" in f.note
     assert "; the rule: holds within ±25% of 2.41" in f.note and "prefix (holds" not in f.note
     assert f.headline_unit == unit  # the tables shorten it themselves
+
+
+def test_a_unit_that_says_what_the_number_is_gives_its_qualifier_once():
+    # F2.1 read "median 6.534 µs/token, prefill at ≥ 4096 tokens, median over 2 models, 6.29–6.595 µs/token,
+    # prefill at ≥ 4096 tokens, median over 2 models over 3 repeats"
+    unit = "µs/token, prefill at ≥ 4096 tokens, median over 2 models"
+    f = combine_repeats([rep(v, "changes", headline=v, headline_unit=unit) for v in (6.29, 6.534, 6.595)])
+    said = "median 6.534 µs/token (prefill at ≥ 4096 tokens, median over 2 models), 6.29–6.595 µs/token over 3 repeats"
+    assert said in f.note and f.note.count("median over 2 models") == 1
+    same = combine_repeats([rep(2, "changes", headline=2, headline_unit=unit) for _ in range(3)])
+    assert "2 µs/token (prefill at ≥ 4096 tokens, median over 2 models) in each of the 3 repeats" in same.note
 
 
 def test_disagreeing_repeats_are_inconclusive_and_say_who_said_what():
@@ -141,10 +152,10 @@ def test_the_book_shows_the_fourth_badge_with_the_spread():
     badge = _badge(INCONCLUSIVE, "holds;holds;changes")
     assert badge == "{bdg-info}`inconclusive` (holds, holds, changes)"
     assert _badge("holds", "holds;holds;holds") == "{bdg-success}`holds`"
-    assert h200_value("1.0034", "×", "0.97–1.05", "3") == "1 × (repeats: 0.97–1.05, 3 repeats)"
+    assert h200_value("1.0034", "×", "0.97–1.05", "3") == "1 × (3 repeats: 0.97–1.05)"
     # a worded value carries its units; the interval is of the headline, in its own unit
     assert h200_value("1.42× at 512 tokens", "× TTFT", "1.4–1.5", 3, "× (median)") == (
-        "1.42× at 512 tokens (repeats: 1.4–1.5 ×, 3 repeats)"
+        "1.42× at 512 tokens (3 repeats: 1.4–1.5 ×)"
     )
     assert h200_value("5.33", "×") == "5.33 ×"
     table = pd.DataFrame(

@@ -122,16 +122,17 @@ def evidence_text(row) -> str:
 
 def h200_value(measured, unit: str, spread="", repeats=1, headline_unit: str = "") -> str:
     """The H200 column: the value, its unit where the value is a bare number (a worded value carries its own), and
-    for a claim measured over repeats the interval of its headline statistic with that statistic's unit and the
-    repeats' count ("5.33 × (repeats: 5.1–8.1 ×, 3 repeats)"). The interval is of the headline, which need not be
-    the value shown (F4.2 shows a range over contexts; its headline is the largest fitted trend)."""
+    for a claim measured over repeats the repeats' count and the interval of its headline statistic with that
+    statistic's unit ("5.33 × (3 repeats: 5.1–8.1 ×)"; the count came last, where a unit with commas of its own
+    ran into it). The interval is of the headline, which need not be the value shown (F4.2 shows a range over
+    contexts; its headline is the largest fitted trend)."""
     text = format_value(measured)
     bare = text[:1].isdigit() and text[-1:].isdigit()
     shown = f"{text} {unit}".strip() if bare else text
     spread, n = _text(spread).strip(), _repeats(repeats)
     if spread and n > 1:
         hu = split_unit(_text(headline_unit))[0]
-        shown += f" (repeats: {format_value(spread)}{' ' + hu if hu else ''}, {n} repeats)"
+        shown += f" ({n} repeats: {format_value(spread)}{' ' + hu if hu else ''})"
     return shown
 
 

@@ -44,16 +44,23 @@ class MedianInterval:
         return self.coverage < COVERAGE
 
     def describe(self, unit: str = "") -> str:
-        """How the note says it: "median 5.33 ×, 5.1–8.1 × over 3 repeats (min–max: a 75% interval for the median)"."""
-        u = f" {unit}" if unit else ""
+        """How the note says it: "median 5.33 ×, 5.1–8.1 × over 3 repeats (min–max: a 75% interval for the median)".
+        The unit is given whole once, after the median, and by its symbol alone after the interval ("median 1.1 ×
+        speedup of the best configuration, 1.07–1.15 × over 3 repeats"); a qualifier after a comma goes in
+        parentheses ("median 6.5 µs/token (prefill at ≥ 4096 tokens, median over 2 models), 6.3–6.6 µs/token"):
+        written whole twice, a long unit's commas ran into the interval's."""
+        head, comma, qualifier = unit.partition(", ")
+        u = f" {head}" if head else ""
+        said = f" ({qualifier})" if comma else ""
+        symbol = f" {head.split()[0]}" if head.strip() else ""
         kind = (
             f"min–max: a {self.coverage:.0%} interval for the median"
             if self.is_min_max
             else f"{self.coverage:.0%} order-statistic interval for the median"
         )
         if _fmt(self.low) == _fmt(self.high):  # no interval to speak of: "100 % in each of the 3 repeats"
-            return f"{_fmt(self.median)}{u} in each of the {self.n} repeats"
-        return f"median {_fmt(self.median)}{u}, {self.range_text()}{u} over {self.n} repeats ({kind})"
+            return f"{_fmt(self.median)}{u}{said} in each of the {self.n} repeats"
+        return f"median {_fmt(self.median)}{u}{said}, {self.range_text()}{symbol} over {self.n} repeats ({kind})"
 
     def range_text(self) -> str:
         """The interval as the tables print it: "5.1–8.1"; "-1 to -0.5" where a bound is negative (an en dash
