@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -156,6 +157,20 @@ def test_combine_needs_three_agreeing_repeats():
     assert thin.verdict == "inconclusive"
     missing = combine([[_finding("F1.1", "holds", 1.0)], [], [_finding("F1.1", "holds", 1.0)]])[0]
     assert missing.verdict == "inconclusive" and missing.repeat_verdicts == "holds;missing;holds"
+
+
+def test_a_repeat_too_thin_for_its_rule_leaves_the_others_number_standing():
+    def worded(verdict, headline):  # a rule whose measured value is text, as F6.2's "ρ_c = -1.00, ρ_length = -0.70"
+        f = _finding("F6.2", verdict, headline)
+        return replace(f, measured_value=f"ρ = {headline}" if headline is not None else "not measured")
+
+    got = combine([[worded("changes", -1.0)], [worded("changes", -0.5)], [worded("inconclusive", None)]])[0]
+    assert got.verdict == "inconclusive" and got.repeat_verdicts == "changes;changes;inconclusive"
+    assert got.measured_value != "not measured" and got.headline == -0.75 and got.repeats == 2
+    assert got.spread == "-1 to -0.5" and "repeat 3: its data was too thin" in got.note
+    assert "over the 2 repeats that measured it" in got.note
+    none = combine([[worded("inconclusive", None)] for _ in range(3)])[0]
+    assert none.verdict == "inconclusive" and none.measured_value == "not measured" and none.spread == ""
 
 
 def test_a_claim_is_judged_only_by_repeats_that_measured_the_parts_its_rule_reads(tmp_path):

@@ -348,6 +348,28 @@ def _over_the_repeats_that_ran(df: pd.DataFrame, keys: Sequence[str]) -> pd.Data
     return order.merge(kept, on=list(keys), how="left")
 
 
+def _merge(present: Sequence[Finding], said: Sequence[str]) -> Finding:
+    """One finding from the repeats that judged a claim, for its number and text (``combine`` sets the verdict).
+
+    A repeat too thin for its rule has no headline, so the others' do not combine with it: the number is then the
+    median over the repeats that have one, and ``repeats`` counts those (F6.2 read "not measured" where 2 of 3
+    repeats had measured ρ = -1.00 and the third ran one pair short). Where even those do not combine, the last
+    repeat's text stands, with no spread."""
+    if len(present) == 1:  # one repeat has no spread to show: it is its own finding
+        return present[0]
+    try:
+        return combine_repeats(present, min_repeats=1)
+    except ValueError:
+        pass
+    numbered = [f for f in present if f.headline is not None]
+    if numbered and len(numbered) < len(present):
+        try:
+            return numbered[0] if len(numbered) == 1 else combine_repeats(numbered, min_repeats=1)
+        except ValueError:
+            pass
+    return replace(present[-1], repeats=len(present), repeat_verdicts=";".join(said), spread="")
+
+
 def combine(per_repeat: Sequence[Sequence[Finding]], *, min_repeats: int = MIN_REPEATS) -> list[Finding]:
     """One finding per claim from each repeat's findings (claims in first-seen order).
 
@@ -367,13 +389,15 @@ def combine(per_repeat: Sequence[Sequence[Finding]], *, min_repeats: int = MIN_R
     for fid in order:
         present = [f for f in by_id[fid] if f is not None]
         said = [f.verdict if f is not None else MISSING for f in by_id[fid]]
-        try:  # one repeat has no spread to show: it is its own finding
-            merged = present[0] if len(present) == 1 else combine_repeats(present, min_repeats=1)
-        except ValueError:  # headlines and measured values that do not combine into one number: keep the last's text
-            merged = replace(present[-1], repeats=len(present), repeat_verdicts=";".join(said), spread="")
+        merged = _merge(present, said)
         verdict, why = merged.verdict, ""
         if INCONCLUSIVE in said:
-            verdict, why = INCONCLUSIVE, "a repeat's data was too thin for its rule"
+            thin = [str(i + 1) for i, v in enumerate(said) if v == INCONCLUSIVE]
+            verdict = INCONCLUSIVE
+            why = f"repeat {', '.join(thin)}: its data was too thin for its rule"
+            if merged.repeats < len(present):
+                n = merged.repeats
+                why += f"; the value is over the {n} repeat{'s' if n != 1 else ''} that measured it"
         if len(present) < min_repeats:
             verdict = INCONCLUSIVE
             why = f"rests on {len(present)} repeat{'s' if len(present) != 1 else ''}; a verdict needs {min_repeats}"
