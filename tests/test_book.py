@@ -472,6 +472,7 @@ def test_prepare_writes_deterministic_includes(tmp_path, studies_dir):
             "engine_e2e.md",
             "engine_exactness_trained.md",
             "engine_step_budget.md",
+            "engine_step_reading.md",
             "rule_changes.md",
             "published.md",
         ]
