@@ -473,6 +473,7 @@ def test_prepare_writes_deterministic_includes(tmp_path, studies_dir):
             "engine_exactness_trained.md",
             "engine_step_budget.md",
             "engine_step_reading.md",
+            "engine_switches.md",
             "rule_changes.md",
             "published.md",
         ]

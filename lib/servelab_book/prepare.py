@@ -35,6 +35,8 @@ from servelab_book.engine_step_budget import INCLUDE as STEP_BUDGET_INCLUDE
 from servelab_book.engine_step_budget import find_step_budget, step_budget_page
 from servelab_book.engine_step_reading import INCLUDE as STEP_READING_INCLUDE
 from servelab_book.engine_step_reading import render_step_reading
+from servelab_book.engine_switches import INCLUDE as SWITCHES_INCLUDE
+from servelab_book.engine_switches import render_switches
 from servelab_book.engine_tables import render_code_status, render_decode_comparison, render_exactness
 from servelab_book.findings import BOOK_DEVICE, all_evidence, book_findings, book_runs
 from servelab_book.findings_table import (
@@ -172,6 +174,7 @@ def prepare(
     budget_page = step_budget_page(budget_csv)
     files[STEP_BUDGET_INCLUDE] = budget_page.markdown
     files[STEP_READING_INCLUDE] = render_step_reading(bench, budget_csv)
+    files[SWITCHES_INCLUDE] = render_switches(bench)
     files.update({f"claims/{s.slug}.md": render_seed_claims(seed, s.slug) for s in STUDIES})
     files["published.md"] = render_all_published(evidence)
     files["rule_changes.md"] = render_rule_changes(load_registry(rules_file), table, results, device)

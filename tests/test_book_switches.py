@@ -1,0 +1,61 @@
+"""The engine page's switches: each switch row against its default's row, better or worse by the unit's
+direction, and a warning where the compile check ran the switch eagerly against a compiled default."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from servelab_book.engine_switches import compile_off, default_of, render_switches, setting_of
+
+DEFAULT_NOTE = "engine default configuration (backend triton, graphs=1, compile on (max |logit diff| vs eager 0.066))"
+FUSED_NOTE = (
+    "not the default: fused_rope_kv_write=True, otherwise the default (backend triton, graphs=1, compile off: "
+    "compiled logits differ from eager by 4.51 (scale 3.22), fused RoPE + KV write, kernel KEYS=128)"
+)
+
+STEPS_NOTE = "decode_steps=8 (not the default)"
+
+
+def _bench(tmp_path, rows):
+    path = tmp_path / "bench.csv"
+    cols = dict(roofline_bound="", pct_of_roofline="", goal="", meets_goal="")
+    pd.DataFrame([cols | r for r in rows]).to_csv(path, index=False)
+    return path
+
+
+def test_a_switch_row_names_its_setting_and_finds_its_default_by_name():
+    assert setting_of(FUSED_NOTE) == "fused_rope_kv_write=True"
+    assert setting_of("256 requests; decode_steps=8 (not the default): 30,778 tok/s") == "decode_steps=8"
+    assert setting_of(DEFAULT_NOTE) is None
+    metrics = ["decode_ms_b1_ctx128", "decode_ms_b1_ctx128_fused_rope_kv", "decode_ms_b1_ctx1", "offline_tok_s"]
+    assert default_of("decode_ms_b1_ctx128_fused_rope_kv", metrics) == "decode_ms_b1_ctx128"
+    assert default_of("offline_tok_s_decode_steps8", metrics) == "offline_tok_s"
+    assert default_of("decode_ms_b1_ctx128", metrics) is None
+    assert compile_off(FUSED_NOTE) == "compiled logits differ from eager by 4.51"
+    assert compile_off(DEFAULT_NOTE) is None
+
+
+def test_each_switch_is_read_against_its_default_in_its_units_direction(tmp_path):
+    bench = _bench(
+        tmp_path,
+        [
+            dict(metric="decode_ms_b1_ctx128", value=0.96, unit="ms", note=DEFAULT_NOTE),
+            dict(metric="decode_ms_b1_ctx128_fused_rope_kv", value=1.52, unit="ms", note=FUSED_NOTE),
+            dict(metric="offline_tok_s", value=37000, unit="tok/s", note="default: 37,000 tok/s"),
+            dict(metric="offline_tok_s_decode_steps8", value=40000, unit="tok/s", note=STEPS_NOTE),
+            dict(metric="offline_tok_s_budget512", value=29000, unit="tok/s", note="max_num_batched_tokens=512"),
+        ],
+    )
+    text = render_switches(bench)
+    bullets = [line for line in text.splitlines() if line.startswith("- ")]
+    assert len(bullets) == 2 and "1 measures worse than the default" in text  # the budget row is no switch
+    fused = next(b for b in bullets if "fused_rope_kv_write" in b)
+    assert "1.58× the default: worse" in fused and "ran uncompiled" in fused and "by 4.51" in fused
+    steps = next(b for b in bullets if "decode_steps=8" in b)
+    assert "1.08× the default: better" in steps and "uncompiled" not in steps
+
+
+def test_without_switch_rows_there_is_no_include_text(tmp_path):
+    bench = _bench(tmp_path, [dict(metric="decode_ms_b1_ctx128", value=0.96, unit="ms", note=DEFAULT_NOTE)])
+    assert render_switches(bench) == ""
+    assert render_switches(None) == ""
