@@ -303,16 +303,18 @@ def test_floors_take_the_slower_of_compute_and_memory():
 # ---- step kinds and the run ------------------------------------------------------------------------------------
 
 
-def test_the_gpu_step_kinds_are_the_issues():
+def test_the_gpu_step_kinds_are_the_issues_and_the_servers():
     assert [k.name for k in GPU_KINDS] == [
         "decode_b1_ctx128",
         "decode_b64_ctx512",
         "decode_b1_ctx16384",
         "mixed_d63_ctx512_chunk512",
+        "mixed_d3_ctx2432_chunk512",  # Study 1's server: decodes of its contexts beside a chunk
+        "mixed_d24_ctx2304_chunk512",
         "prefill_b1_4096",
     ]
-    assert [k.kind for k in GPU_KINDS] == ["decode", "decode", "decode", "mixed", "prefill"]
-    assert [k.tokens for k in GPU_KINDS] == [1, 64, 1, 575, 4096]
+    assert [k.kind for k in GPU_KINDS] == ["decode", "decode", "decode", "mixed", "mixed", "mixed", "prefill"]
+    assert [k.tokens for k in GPU_KINDS] == [1, 64, 1, 575, 515, 536, 4096]
     assert [k.kind for k in CPU_KINDS] == [k.kind for k in GPU_KINDS]
 
 

@@ -4,7 +4,8 @@
     python -m servelab.bench.step_budget --model config:tiny-qwen2 --device cpu --dtype float32 --out /tmp/sb
 
 Step kinds (``GPU_KINDS``): decode at batch 1 / context 128, at batch 64 / context 512 and at batch 1 / context
-16384; a mixed step (63 decodes at context 512 and a 512-token chunk, the benchmark's ``mixed_step``); a
+16384; a mixed step (63 decodes at context 512 and a 512-token chunk, the benchmark's ``mixed_step``), and two with
+the decode contexts of Study 1's server (3 and 24 decodes at about 2,400 keys beside a 512-token chunk); a
 4096-token prefill. For each, ``step_budget_kind.measure_kind`` builds the engine's default configuration for the
 step, times it, profiles it with ``torch.profiler`` and splits its kernels into classes (GEMM, attention, norm and
 elementwise, sampling, copies, other) beside each class's floor at the ceilings measured in the same run.
@@ -16,9 +17,9 @@ ceilings, parameters, ``complete`` once every kind ran or was skipped). Not ``ru
 sidecar sits in the same folder.
 
 ``--device cpu`` is for the tests: the step kinds shrink (``CPU_KINDS``), and with no GPU the "kernels" are the
-outermost aten operators, so its numbers say nothing about a GPU. On an H200 the run should take about three
-minutes (an estimate: it has not run there yet), most of it building, compiling and capturing one engine per step
-kind; ``--time-budget`` skips the kinds that would start after it.
+outermost aten operators, so its numbers say nothing about a GPU. On the H200 its five first kinds took 50 s
+(2026-12-05), most of it building, compiling and capturing one engine per step kind; ``--time-budget`` skips the
+kinds that would start after it.
 """
 
 from __future__ import annotations
@@ -44,6 +45,12 @@ GPU_KINDS = (
     StepKind(64, 1, 512),
     StepKind(1, 1, 16384),
     StepKind(1, 512, 0, decodes=63, decode_context=512),
+    # the mixed steps Study 1's server runs (qwen2-0.5b, chunked prefill at 512, repeat 0 at 94c0bf13c028): a first
+    # chunk beside 3 decodes of ~2,460 keys took 7.78 ms on the device (median), the same chunk alone 3.03 ms and a
+    # decode step of 2 sequences 1.30 ms; a typical one (23 decodes of ~2,340 keys) 10.95 ms, against 3.43 ms for
+    # the kind above. These two isolate what decodes of server-length contexts cost inside a mixed step
+    StepKind(1, 512, 0, decodes=3, decode_context=2432),
+    StepKind(1, 512, 0, decodes=24, decode_context=2304),
     StepKind(1, 4096, 0),
 )
 CPU_KINDS = (  # the same kinds, small enough for a tiny model on a CPU in seconds
@@ -51,6 +58,8 @@ CPU_KINDS = (  # the same kinds, small enough for a tiny model on a CPU in secon
     StepKind(4, 1, 32),
     StepKind(1, 1, 256),
     StepKind(1, 16, 0, decodes=3, decode_context=16),
+    StepKind(1, 16, 0, decodes=1, decode_context=64),
+    StepKind(1, 16, 0, decodes=4, decode_context=64),
     StepKind(1, 128, 0),
 )
 
