@@ -394,7 +394,11 @@ def combine(per_repeat: Sequence[Sequence[Finding]], *, min_repeats: int = MIN_R
         if INCONCLUSIVE in said:
             thin = [str(i + 1) for i, v in enumerate(said) if v == INCONCLUSIVE]
             verdict = INCONCLUSIVE
-            why = f"repeat {', '.join(thin)}: its data was too thin for its rule"
+            why = (
+                f"repeat {thin[0]}: its data was too thin for its rule"
+                if len(thin) == 1
+                else f"repeats {', '.join(thin)}: their data were too thin for their rule"
+            )
             if merged.repeats < len(present):
                 n = merged.repeats
                 why += f"; the value is over the {n} repeat{'s' if n != 1 else ''} that measured it"
