@@ -167,6 +167,8 @@ def render_step_reading(bench_csv: Path | None, budget_csv: Path | None) -> str:
     intro = (
         "Each goal the benchmark misses, read against the budget's step of the same kind (a separate run, so its "
         "step times differ from the benchmark's by a few percent; a class's excess is its busy time above its "
-        "floor):\n\n"
+        "floor). A goal on a rate or a ratio is read as asking that step to be shorter in the same proportion, "
+        "which holds for prefill MFU (its FLOPs are fixed) and is only a guide for the 512-token budget's "
+        "throughput, which its mixed steps set only in part:\n\n"
     )
     return intro + "\n".join(lines) + "\n"
