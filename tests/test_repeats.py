@@ -192,3 +192,20 @@ def test_the_text_of_a_claim_is_the_median_repeats():
 
     got = combine_repeats([f("eager 1.22×", 0.39), f("eager 0.67×", 0.21), f("eager 1.37×", 0.44)])
     assert got.headline == 0.39 and got.measured_value == "eager 1.22×" and got.note.startswith("n eager 1.22×")
+
+
+def test_the_evidence_cell_says_when_the_value_rests_on_fewer_repeats_than_judged_the_claim():
+    from types import SimpleNamespace
+
+    from servelab_book.findings_table import evidence_text
+
+    def row(repeats, said):
+        return SimpleNamespace(
+            h200_value="ρ = -1", freshness="fresh", repeats=repeats, repeat_verdicts=said, spread="all -1",
+            tested_on="random weights; SmolLM2-135M",
+        )  # fmt: skip
+
+    thin = evidence_text(row(2, "changes;changes;inconclusive"))  # the third repeat ran, too thin for its rule
+    assert thin.startswith("2 of 3 repeats measured it; interval all -1")
+    assert evidence_text(row(2, "fails;fails;missing")).startswith("2 repeats;")  # a missing one did not run it
+    assert evidence_text(row(3, "holds;holds;holds")).startswith("3 repeats;")

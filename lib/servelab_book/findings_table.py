@@ -18,6 +18,7 @@ import pandas as pd
 
 from servelab.studies.common.markdown import format_value, list_table, md_text
 from servelab.studies.common.repeats import split_unit
+from servelab.studies.common.runs import MISSING
 from servelab_book.claim_links import claim_target
 from servelab_book.studies import STUDIES, StudyPage
 
@@ -112,7 +113,9 @@ def evidence_text(row) -> str:
     if row.h200_value == NOT_MEASURED or row.freshness == "no data":
         return "no data"
     n = _repeats(row.repeats)
-    parts = [f"{n} repeat{'s' if n != 1 else ''}"]
+    ran = sum(v not in ("", MISSING) for v in _text(getattr(row, "repeat_verdicts", "")).split(";"))
+    # a repeat too thin for its rule ran but gave no number: the value rests on fewer repeats than judged the claim
+    parts = [f"{n} of {ran} repeats measured it" if ran > n else f"{n} repeat{'s' if n != 1 else ''}"]
     if _text(row.spread).strip():
         parts.append(f"interval {format_value(row.spread)}")
     parts.append(tested_kinds(row.tested_on))
