@@ -47,6 +47,7 @@ class BenchProvenance:
     when: str  # written_utc (else started_utc) of the run, "" if unrecorded
     fingerprint: str = ""  # its measuring path's (servelab.bench.jobs.stamp); "" for runs before it was recorded
     fingerprint_files: dict | None = None
+    params: dict | None = None  # the run's parameters (its model, the MFU rows' model, ...)
 
 
 def bench_provenance(bench_csv: Path | None) -> BenchProvenance | None:
@@ -66,6 +67,7 @@ def bench_provenance(bench_csv: Path | None) -> BenchProvenance | None:
         when=str(run.get("written_utc") or run.get("started_utc") or ""),
         fingerprint=str(run.get("fingerprint") or ""),
         fingerprint_files=run.get("fingerprint_files") if isinstance(run.get("fingerprint_files"), dict) else None,
+        params=run.get("params") if isinstance(run.get("params"), dict) else None,
     )
 
 

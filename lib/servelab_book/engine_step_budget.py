@@ -57,7 +57,7 @@ def step_label(r) -> str:
     return f"prefill of {r.new_tokens:,} tokens" + (f" × {r.batch}" if r.batch > 1 else "") + after
 
 
-def _sidecar(csv: Path) -> dict:
+def sidecar(csv: Path) -> dict:
     path = csv.parent / SIDECAR
     try:
         return json.loads(path.read_text()) if path.exists() else {}
@@ -78,7 +78,7 @@ def _source(csv: Path, side: dict) -> str:
     return text
 
 
-def _ms(v: float) -> str:
+def ms_text(v: float) -> str:
     """A time in ms to three significant figures (a sampling floor is a few ns), "—" where there is none."""
     return "—" if pd.isna(v) else format_value(str(v))
 
@@ -91,17 +91,17 @@ def budget_table(ok: pd.DataFrame, labels: dict[str, str]) -> str:
         s = ok[ok.step == step].set_index("class")
         first = s.iloc[0]
         col = {
-            "step time, CUDA events (ms)": _ms(first.step_ms),
-            "profiled, synchronised call (ms)": _ms(first.profiled_wall_ms),
+            "step time, CUDA events (ms)": ms_text(first.step_ms),
+            "profiled, synchronised call (ms)": ms_text(first.profiled_wall_ms),
             "kernels per step": f"{s.kernels.sum():.0f}",
         }
         for c in CLASSES:
-            col[f"{LABELS[c]}: busy / floor (ms)"] = f"{_ms(s.at[c, 'busy_ms'])} / {_ms(s.at[c, 'floor_ms'])}"
+            col[f"{LABELS[c]}: busy / floor (ms)"] = f"{ms_text(s.at[c, 'busy_ms'])} / {ms_text(s.at[c, 'floor_ms'])}"
         col |= {
-            "GPU idle inside the graph (ms)": _ms(first.graph_idle_ms),
-            "GPU idle, all (ms)": _ms(first.idle_gap_ms),
-            "host, no kernel running (ms)": _ms(first.host_ms),
-            "floor: sum of the classes' (ms)": _ms(first.step_floor_ms),
+            "GPU idle inside the graph (ms)": ms_text(first.graph_idle_ms),
+            "GPU idle, all (ms)": ms_text(first.idle_gap_ms),
+            "host, no kernel running (ms)": ms_text(first.host_ms),
+            "floor: sum of the classes' (ms)": ms_text(first.step_floor_ms),
         }
         columns[label] = col
     return frame_table(pd.DataFrame(columns).rename_axis("per step kind").reset_index(), "servelab-engine-step-budget")
@@ -141,7 +141,7 @@ def step_budget_page(csv: Path | None) -> BudgetPage:
         raise ValueError(f"{csv}: missing columns {missing}")
     failed = budget[budget.status != "ok"].groupby("step", sort=False).status.first()
     not_run = "".join(f"\n\nNot measured: {md_text(step)} ({md_text(why)})." for step, why in failed.items())
-    side = _sidecar(csv)
+    side = sidecar(csv)
     if ok.empty:
         return BudgetPage(f"{_source(csv, side)}: no step kind was measured.{not_run}\n")
     labels = {r.step: step_label(r) for r in ok.groupby("step", sort=False).first().reset_index().itertuples()}

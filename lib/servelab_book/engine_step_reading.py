@@ -14,7 +14,6 @@ prefill MFU row runs on the benchmark's ``mfu_model``).
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +22,9 @@ import pandas as pd
 
 from servelab.bench.kernel_classes import LABELS
 from servelab.studies.common.markdown import format_value, md_text
+from servelab_book.engine_bench import bench_provenance
 from servelab_book.engine_prose import Goal, bench_rows, code, num
+from servelab_book.engine_step_budget import ms_text, sidecar
 
 INCLUDE = "engine_step_reading.md"
 
@@ -42,10 +43,6 @@ MATCHES: tuple[tuple[re.Pattern, Callable[[re.Match, pd.Series], bool]], ...] = 
         lambda m, s: s["kind"] == "mixed" and s["new_tokens"] == int(m[1]),
     ),
 )
-
-
-def _ms(v: float) -> str:
-    return format_value(f"{v:.3g}")
 
 
 def step_of(metric: str, steps: pd.DataFrame) -> str | None:
@@ -74,8 +71,10 @@ def excesses(rows: pd.DataFrame) -> pd.DataFrame:
 
 def _class_text(r) -> str:
     ratio = r.busy_ms / r.floor_ms if r.floor_ms > 0 else float("inf")
-    floor = f"{ratio:.1f}× its floor" if ratio < 100 else f"its floor {_ms(r.floor_ms)} ms"
-    return f"{LABELS[r['class']]} +{_ms(r.excess_ms)} ms ({_ms(r.busy_ms)} ms, {floor}, {r.kernels:.0f} kernels)"
+    floor = f"{ratio:.1f}× its floor" if ratio < 100 else f"its floor {ms_text(r.floor_ms)} ms"
+    return (
+        f"{LABELS[r['class']]} +{ms_text(r.excess_ms)} ms ({ms_text(r.busy_ms)} ms, {floor}, {r.kernels:.0f} kernels)"
+    )
 
 
 def where_the_time_goes(rows: pd.DataFrame) -> str:
@@ -85,13 +84,13 @@ def where_the_time_goes(rows: pd.DataFrame) -> str:
     busy = float(first["busy_union_ms"])
     fill = busy / first["step_ms"]
     text = (
-        f"its step takes {_ms(first['step_ms'])} ms (CUDA events), and in a profiled call its kernels keep the GPU "
-        f"busy for {_ms(busy)} ms, {fill:.0%} of the step's time"
+        f"its step takes {ms_text(first['step_ms'])} ms (CUDA events), and in a profiled call its kernels keep the GPU "
+        f"busy for {ms_text(busy)} ms, {fill:.0%} of the step's time"
     )
     if fill >= 0.9:
         text += ": the time is the kernels' own, not the host's"
     else:
-        text += f"; the rest is the GPU idle ({_ms(first['graph_idle_ms'])} ms of it inside the captured graph)"
+        text += f"; the rest is the GPU idle ({ms_text(first['graph_idle_ms'])} ms of it inside the captured graph)"
     top = excesses(rows).head(4)
     return text + "; above their floors: " + "; ".join(_class_text(r) for _, r in top.iterrows())
 
@@ -102,7 +101,7 @@ def what_would_have_to_go(rows: pd.DataFrame, need_ms: float) -> str:
     total = float(ex["excess_ms"].sum())
     if need_ms > total:
         return (
-            f"more than every class's excess over its floor together ({_ms(total)} ms): the goal is below what "
+            f"more than every class's excess over its floor together ({ms_text(total)} ms): the goal is below what "
             "these kernels' floors allow at this shape"
         )
     cum = ex["excess_ms"].cumsum()
@@ -111,14 +110,7 @@ def what_would_have_to_go(rows: pd.DataFrame, need_ms: float) -> str:
     if k == 1:
         share = need_ms / float(ex["excess_ms"].iloc[0])
         return f"{share:.0%} of the {names[0]} excess alone"
-    return f"the excess of {', '.join(names[:-1])} and {names[-1]} together ({_ms(float(cum.iloc[k - 1]))} ms)"
-
-
-def _params(path: Path) -> dict:
-    try:
-        return (json.loads(path.read_text()).get("params") or {}) if path.exists() else {}
-    except ValueError:
-        return {}
+    return f"the excess of {', '.join(names[:-1])} and {names[-1]} together ({ms_text(float(cum.iloc[k - 1]))} ms)"
 
 
 def row_model(metric: str, bench_params: dict) -> str:
@@ -132,8 +124,9 @@ def render_step_reading(bench_csv: Path | None, budget_csv: Path | None) -> str:
     rows = bench_rows(bench_csv)
     if not rows or budget_csv is None or not Path(budget_csv).exists():
         return ""
-    bench_params = _params(Path(bench_csv).parent / "run.json")
-    budget_model = str(_params(Path(budget_csv).parent / "step_budget.run.json").get("model") or "")
+    prov = bench_provenance(Path(bench_csv))
+    bench_params = (prov.params if prov is not None else None) or {}
+    budget_model = str((sidecar(Path(budget_csv)).get("params") or {}).get("model") or "")
     budget = pd.read_csv(budget_csv)
     ok = budget[budget["status"] == "ok"] if "status" in budget.columns else budget
     if ok.empty:
@@ -160,7 +153,7 @@ def render_step_reading(bench_csv: Path | None, budget_csv: Path | None) -> str:
         )
         lines.append(
             f"- {head}{on}: {md_text(where_the_time_goes(s))}. The goal needs the step {cut:.0%} shorter, "
-            f"{_ms(need)} ms: {md_text(what_would_have_to_go(s, need))}."
+            f"{ms_text(need)} ms: {md_text(what_would_have_to_go(s, need))}."
         )
     if not lines:
         return ""
