@@ -196,3 +196,16 @@ def test_a_model_with_no_run_at_the_middle_rate_gets_a_line_not_a_figure():
     assert not report.at_rate(steps, "config:llama-3-8b", 0.7) and not report.at_rate(pd.DataFrame(), "x", 0.7)
     line = report.not_at_rate("config:llama-3-8b", 0.7)
     assert "llama-3-8b" in line and "0.7×" in line and "make gpu-plan" in line
+
+
+def test_each_claim_waits_only_for_the_parts_holding_the_settings_its_rule_reads():
+    """F1.1 and F1.2 pair EagerContBatch with ChunkedPrefill at the reference budget, so a repeat judges them once
+    those parts ran, whether or not FCFS or the budget sweep did; F1.3 ranks every rate-sweep setting of both models
+    (FCFS's three rate parts on the 8B shape included), and no claim waits for the budget sweep."""
+    from servelab.studies.s01_scheduling.measure import PARTS
+    from servelab.studies.s01_scheduling.report import NEEDS, parts_holding
+
+    assert NEEDS["F1.1"] == NEEDS["F1.2"] == ("qwen-eager-chunked512", "llama-eager", "llama-chunked512")
+    assert parts_holding("fcfs") == ("qwen-fcfs-chunked2048", "llama-fcfs-low", "llama-fcfs-mid", "llama-fcfs-high")
+    budget = {"llama-budget-small", "llama-budget-large"}
+    assert set(NEEDS["F1.3"]) == set(PARTS) - budget

@@ -19,13 +19,36 @@ from servelab.studies.common.runs import RunSet, pool_repeats
 from servelab.studies.common.tested_on import model_name
 from servelab.studies.s01_scheduling import verdicts
 from servelab.studies.s01_scheduling.capacity import capacity_table
-from servelab.studies.s01_scheduling.measure import PARTS
+from servelab.studies.s01_scheduling.measure import PART_SELECTORS, PARTS
+from servelab.studies.s01_scheduling.params import DEFAULTS
 from servelab.studies.s01_scheduling.step_costs import step_costs
 from servelab.studies.s01_scheduling.summary import KEYS, points_table, repeat_summary, request_table, summary_table
 
 STUDY = "01_scheduling"
-# every claim compares settings measured in different parts: a repeat judges them once all its parts ran
-NEEDS = {fid: tuple(PARTS) for fid in ("F1.1", "F1.2", "F1.3")}
+
+
+def parts_holding(*settings: str) -> tuple[str, ...]:
+    """The full profile's parts that measure any of ``settings`` (a selector without its model: "fcfs",
+    "chunked_prefill@512"; FCFS on the 8B shape is split by rate, so "fcfs" takes each of its rate parts)."""
+    return tuple(
+        part for part, selectors in PART_SELECTORS.items() if any(sel.split("/")[1] in settings for sel in selectors)
+    )
+
+
+# Every claim compares settings measured in different parts, so a repeat judges it once the parts holding the
+# settings its rule reads all ran: F1.1 and F1.2 pair EagerContBatch with ChunkedPrefill at the reference budget
+# (``verdicts.paired``); F1.3 ranks every policy setting of the rate sweep. The budget sweep's parts enter no claim.
+REFERENCE_BUDGET = DEFAULTS["full"]["reference_budget"]
+_PAIRED = parts_holding("eager_cont_batch", f"chunked_prefill@{REFERENCE_BUDGET}")
+_RATE_SWEEP = parts_holding(
+    *{
+        sel.split("/")[1]
+        for sels in PART_SELECTORS.values()
+        for sel in sels
+        if not sel.split("/")[1].startswith("budget@")
+    }
+)
+NEEDS = {"F1.1": _PAIRED, "F1.2": _PAIRED, "F1.3": _RATE_SWEEP}
 
 
 @dataclass
