@@ -209,3 +209,12 @@ def test_each_claim_waits_only_for_the_parts_holding_the_settings_its_rule_reads
     assert parts_holding("fcfs") == ("qwen-fcfs-chunked2048", "llama-fcfs-low", "llama-fcfs-mid", "llama-fcfs-high")
     budget = {"llama-budget-small", "llama-budget-large"}
     assert set(NEEDS["F1.3"]) == set(PARTS) - budget
+
+
+def test_the_paired_parts_alone_judge_f11_and_f12_while_f13_waits_for_the_rest(tmp_path):
+    for part in report.NEEDS["F1.1"]:
+        _write_runs(tmp_path, chunked_stall_ms=60.0, part=part)
+    got = {f.id: f for f in report.report(study_runs(STUDY, tmp_path)).findings}
+    assert got["F1.1"].verdict == "holds" and got["F1.1"].repeats == 3
+    assert got["F1.2"].repeats == 3
+    assert got["F1.3"].repeats == 0 and "llama-fcfs-mid" in got["F1.3"].note
