@@ -552,3 +552,23 @@ def test_older_runs_are_pruned_only_once_todays_repeats_are_complete_and_never_p
     _run(tmp_path, "02_gpu_costs", today, "all", 2, steps=pd.DataFrame({"v": [1]}))
     assert prune.superseded(tmp_path, pins, ["02_gpu_costs"]) == [old]
     assert pinned.is_dir()
+
+
+def test_the_plan_packs_the_jobs_that_complete_a_seed_claim_first():
+    """Study 1's F1.1 and F1.2 wait for llama-eager alone, F1.3 for four parts, and no claim reads the budget sweep,
+    the simulator or the engine's bench: llama-eager's repeats take the first runs, the budget sweep's and the
+    simulator's the last, whatever their sizes."""
+    jobs = [_job("08_simulator", "fresh_llama-3-8b", r, 4.5) for r in range(3)]
+    jobs += [_job("01_scheduling", "llama-budget-small", 2, 3.7), _job("engine", "step_budget", 0, 1.5)]
+    jobs += [_job("01_scheduling", p, r, 4.3) for p in ("llama-chunked2048", "llama-eager") for r in range(3)]
+    tiers = campaign.claim_tiers(jobs)
+    assert [sorted({j.part for j in t}) for t in tiers] == [
+        ["llama-eager"],
+        ["llama-chunked2048"],
+        ["fresh_llama-3-8b", "llama-budget-small", "step_budget"],
+    ]
+    runs = campaign.pack(jobs)
+    assert {j.part for j in runs[0]} == {"llama-eager"}
+    assert all(j.part != "fresh_llama-3-8b" for r in runs[:3] for j in r)
+    assert campaign.claim_needs("08_simulator") == {} and campaign.claim_needs("engine") == {}
+    assert set(campaign.claim_needs("02_gpu_costs")) >= {"F2.1"}

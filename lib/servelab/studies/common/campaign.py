@@ -242,10 +242,10 @@ def _ffd(jobs: list[Job], max_minutes: float, bins: list[list[Job]] | None = Non
 
 def pack(jobs: list[Job], max_minutes: float = MAX_MINUTES) -> list[list[Job]]:
     """First-fit decreasing into GPU runs of at most ``max_minutes``: the jobs that read SmolLM2 first, with the
-    drafts' warm-up where any loads them (``WARM_JOB``), then the others, into the room those runs leave and then
-    into runs of their own; a job larger than a run is refused (split the study into parts that fit). The runs
-    with SmolLM2's jobs come last (`sessions` takes them first in a session, after the calls that stage its
-    weights), the warm-up's first."""
+    drafts' warm-up where any loads them (``WARM_JOB``), then the others, tier by tier (``claim_tiers``: the jobs
+    that complete a seed claim soonest first), into the room those runs leave and then into runs of their own; a
+    job larger than a run is refused (split the study into parts that fit). The runs with SmolLM2's jobs come last
+    (`sessions` takes them first in a session, after the calls that stage its weights), the warm-up's first."""
     big = [j.name for j in jobs if j.minutes > max_minutes]
     if big:
         raise ParameterError(f"jobs longer than a GPU run ({max_minutes} min): {big}; split them into parts")
@@ -257,8 +257,44 @@ def pack(jobs: list[Job], max_minutes: float = MAX_MINUTES) -> list[list[Job]]:
         _ffd(smol_jobs, max_minutes),
         key=lambda b: (not any(j.warm_up for j in b), min((j.repeat, j.part) for j in b if j.smollm2)),
     )
-    both = _ffd([j for j in jobs if not j.smollm2], max_minutes, smol)
+    both = smol
+    for tier in claim_tiers([j for j in jobs if not j.smollm2]):
+        both = _ffd(tier, max_minutes, both)
     return both[len(smol) :] + both[: len(smol)]
+
+
+def claim_needs(study: str) -> dict[str, tuple[str, ...]]:
+    """The parts each of ``study``'s seed claims reads (its report's ``NEEDS``; a study of one part reads it for
+    every claim); {} for a study without seed claims (the simulator, the engine's bench)."""
+    import importlib
+
+    if not study[:2].isdigit() or study == "08_simulator":
+        return {}
+    report = importlib.import_module(f"servelab.studies.s{study}.report")
+    needs = getattr(report, "NEEDS", None)
+    if needs is None:
+        from servelab.studies.common.findings import not_measured
+
+        parts = tuple(parts_of(study))
+        return {f.id: parts for f in not_measured(study, "")}
+    return dict(needs)
+
+
+def claim_tiers(jobs: list[Job]) -> list[list[Job]]:
+    """``jobs`` in tiers, the first packed first: a job's tier is the fewest missing jobs among the seed claims that
+    read its part (a claim whose last jobs these are is judged soonest, so the book's verdicts come before the
+    parts that no claim reads); jobs that no claim reads come last."""
+    rank: dict[Job, float] = {}
+    for study in dict.fromkeys(j.study for j in jobs):
+        mine = [j for j in jobs if j.study == study]
+        for parts in claim_needs(study).values():
+            waiting = [j for j in mine if j.part in parts]
+            for j in waiting:
+                rank[j] = min(rank.get(j, math.inf), len(waiting))
+    tiers: dict[float, list[Job]] = {}
+    for j in jobs:
+        tiers.setdefault(rank.get(j, math.inf), []).append(j)
+    return [tiers[k] for k in sorted(tiers)]
 
 
 def run_minutes(run: list[Job]) -> float:
