@@ -41,8 +41,10 @@ def test_policy_names_match_the_engine():
 @pytest.mark.parametrize(
     "argv, why",
     [
-        (["--tensor-parallel-size", "2"], "only 1 is supported"),
-        (["-tp", "4"], "only 1 is supported"),
+        (["--pipeline-parallel-size", "2"], "only 1 is supported"),
+        (["-tp", "0"], "must be a positive integer"),
+        (["-tp", "2", "--speculative-config", '{"method": "ngram"}'], "speculative decoding runs on one device"),
+        (["-tp", "2", "--data-parallel-size", "2"], "replicas run on one device each"),
         (["--kv-cache-dtype", "fp8"], "only 'auto' is supported"),
         (["--dtype", "int8"], "invalid choice"),
     ],

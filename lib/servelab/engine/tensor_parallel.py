@@ -25,7 +25,6 @@ engine's own files, and so every study's measuring fingerprint, which waits unti
 from __future__ import annotations
 
 import copy
-import os
 import socket
 
 import torch
@@ -55,9 +54,18 @@ def attention_outputs_tp(h, attn, o_w, norm_w, eps: float, gate_up_w, down_w):
 class TPLlamaModel(LlamaModel):
     """One rank's shard; its config is ``shard_config``'s. The all-reduce stays outside ``torch.compile``."""
 
-    def __init__(self, config, **kw):
+    def __init__(self, config, *, world: int = 1, **kw):
         super().__init__(config, **kw)
+        self.tp_world = world  # the engine checks it against EngineConfig.tensor_parallel_size
         self.block_fns = (self._pre_fn(), attention_outputs_tp)
+
+    @staticmethod
+    def smallest_over_ranks(n: int) -> int:
+        """The smallest ``n`` of any rank (the engine's KV pool: each rank sizes it from its own free memory, and a
+        rank that could hold more would schedule otherwise)."""
+        t = torch.tensor([n], dtype=torch.long, device="cuda" if dist.get_backend() == "nccl" else "cpu")
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)
+        return int(t.item())
 
     def set_fused_rope_kv_write(self, on: bool) -> None:
         super().set_fused_rope_kv_write(on)
@@ -107,7 +115,7 @@ def shard_model(full: LlamaModel, rank: int, world: int) -> TPLlamaModel:
     k0, i0 = kv_head * hd, rank * inter
     p = next(full.parameters())
     with torch.device(p.device):
-        model = TPLlamaModel(shard_config(full.config, world), max_positions=full.max_positions)
+        model = TPLlamaModel(shard_config(full.config, world), world=world, max_positions=full.max_positions)
     model.to(p.dtype)
     model.embed.weight.copy_(full.embed.weight)
     model.norm.weight.copy_(full.norm.weight)
@@ -133,40 +141,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _rank(rank: int, world: int, port: int, job: dict, out) -> None:
-    """One rank: join the group, load the full model, keep its shard, run the engine, rank 0 reports."""
-    os.environ.update(NO_MULTICAST)
-    from servelab.engine import Engine, EngineConfig, SamplingParams
-    from servelab.models import load_model
-    from servelab.models.native import native_from_hf
-
-    cuda = job["device"] == "cuda"
-    device = f"cuda:{rank}" if cuda else "cpu"
-    if cuda:
-        torch.cuda.set_device(rank)
-    else:
-        torch.set_num_threads(job.get("threads", 1))
-    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)  # fmt: skip
-    try:
-        lm = load_model(job["spec"], dtype=job["dtype"], device=device, seed=job["seed"], load_tokenizer=False)
-        full = native_from_hf(lm.model, max_positions=job["max_positions"])
-        del lm
-        engine = Engine(shard_model(full, rank, world), EngineConfig(**job["engine"]))
-        del full
-        params = SamplingParams(max_tokens=job["max_tokens"], temperature=0.0, ignore_eos=True)
-        result = timed(engine, job["prompts"], job["max_tokens"], job["repeats"]) if job.get("repeats") else None
-        if result is None:
-            result = engine.generate(job["prompts"], params)
-        if rank == 0:
-            out.put(("ok", result))
-    except Exception as e:  # noqa: BLE001 - the parent reports it
-        out.put(("error", f"rank {rank}: {type(e).__name__}: {e}"))
-        raise
-    finally:
-        dist.destroy_process_group()
 
 
 def _sync(engine) -> None:
@@ -215,32 +189,22 @@ def generate(
     timeout_s: float = 600.0,
     repeats: int = 0,
 ):
-    """Greedy tokens of ``prompts`` from ``spec`` split over ``world`` processes (CPUs: gloo; ``device="cuda"``:
-    one GPU each, NCCL); rank 0's, which every rank shares. With ``repeats`` > 0, instead of the tokens, rank 0's
-    ``timed`` rows: each prompt's time to first token and decode time per token at batch 1 under this split."""
-    import torch.multiprocessing as mp
+    """Greedy tokens of ``prompts`` from ``spec`` split over ``world`` processes (``EngineConfig.
+    tensor_parallel_size``: CPUs over gloo; ``device="cuda"``, one GPU each over NCCL). With ``repeats`` > 0, instead
+    of the tokens, ``timed``'s rows: each prompt's time to first token and decode time per token at batch 1."""
+    from servelab.engine import Engine, EngineConfig, SamplingParams
 
-    if device == "cuda" and torch.cuda.device_count() < world:
-        raise ParameterError(f"tensor parallel size {world} needs {world} GPUs; {torch.cuda.device_count()} visible")
-    engine = engine or {"num_blocks": 64, "cuda_graphs": device == "cuda"}
-    job = dict(spec=spec, prompts=prompts, max_tokens=max_tokens, dtype=dtype, device=device, seed=seed,
-               max_positions=max_positions, engine=engine, repeats=repeats)  # fmt: skip
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_rank, args=(r, world, port, job, out)) for r in range(world)]
-    for p in procs:
-        p.start()
+    settings = engine or {"num_blocks": 64, "cuda_graphs": device == "cuda"}
+    cfg = EngineConfig(**settings, max_model_len=max_positions, tensor_parallel_size=world)
+    kw = {"timeout_s": timeout_s} if world > 1 else {}
+    e = Engine.from_spec(spec, dtype=dtype, device=device, config=cfg, seed=seed, **kw)
     try:
-        status, result = out.get(timeout=timeout_s)
+        if repeats:
+            return timed(e, prompts, max_tokens, repeats)
+        return e.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
     finally:
-        for p in procs:
-            p.join(timeout=60)
-            if p.is_alive():
-                p.kill()
-    if status != "ok":
-        raise RuntimeError(f"tensor parallel generation failed: {result}")
-    return result
+        if hasattr(e, "close"):
+            e.close()
 
 
 def main(argv: list[str] | None = None) -> int:

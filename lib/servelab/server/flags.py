@@ -210,6 +210,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         scheduler=args.scheduler,
         prefix_caching=getattr(args, "prefix_caching", False),
         prefix_eviction=getattr(args, "prefix_eviction", "lru"),
+        tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),
     )
 
 

@@ -26,7 +26,7 @@ def add_vllm_flags(p: argparse.ArgumentParser) -> None:
         "-tp",
         type=int,
         default=1,
-        help="1 only: the engine runs on one device (a larger value is refused)",
+        help="processes (one device each) the model's heads and MLP are split over (tensor parallelism); 1: one device",
     )
     g.add_argument(
         "--pipeline-parallel-size",
@@ -62,11 +62,18 @@ def add_vllm_flags(p: argparse.ArgumentParser) -> None:
 
 def check_vllm_flags(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """``parser.error`` (exit 2, before the model loads) for a value this server cannot honour."""
-    if args.tensor_parallel_size != 1 or args.pipeline_parallel_size != 1:
+    if args.pipeline_parallel_size != 1:
         parser.error(
-            f"--tensor-parallel-size {args.tensor_parallel_size} --pipeline-parallel-size "
-            f"{args.pipeline_parallel_size}: the servelab engine runs a model on one device; only 1 is supported"
+            f"--pipeline-parallel-size {args.pipeline_parallel_size}: the servelab engine splits a model by tensor "
+            "parallelism only (--tensor-parallel-size); only 1 is supported"
         )
+    tp = args.tensor_parallel_size
+    if tp < 1:
+        parser.error(f"--tensor-parallel-size must be a positive integer, got {tp}")
+    if tp > 1 and (getattr(args, "draft_model", None) or getattr(args, "speculative_config", None)):
+        parser.error(f"--tensor-parallel-size {tp}: speculative decoding runs on one device here; use 1")
+    if tp > 1 and getattr(args, "data_parallel_size", 1) > 1:
+        parser.error(f"--tensor-parallel-size {tp} with --data-parallel-size: replicas run on one device each here")
     if args.kv_cache_dtype != "auto":
         parser.error(
             f"--kv-cache-dtype {args.kv_cache_dtype}: the KV cache is kept in the model's dtype here; only "
