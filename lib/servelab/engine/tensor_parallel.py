@@ -2,24 +2,23 @@
 block's attention heads and of its MLP's columns (Megatron-LM's split), with one all-reduce after the attention's
 output projection and one after the MLP's down projection.
 
-Each rank runs a whole engine over its shard: its scheduler, its KV pool (its own heads only), its sampler. Every
-rank is given the same requests; since the all-reduced hidden states, and so the logits, are the same on every
-rank, every scheduler and every sampler makes the same choice in lockstep, and no tokens need to travel between
-ranks (greedy decoding; seeded sampling draws the same numbers everywhere). Embedding, norms and the LM head are
-replicated. Where a model has fewer KV heads than ranks (GQA), each rank keeps the one KV head its query heads read.
+Each rank runs a whole engine over its shard: its scheduler, its KV pool (its own heads only), its sampler; the
+driver of ``tp_engine`` gives every rank the same requests, in the same order. Since the all-reduced hidden states,
+and so the logits, are the same on every rank, every scheduler and every sampler makes the same choice in lockstep,
+and no tokens need to travel between ranks. Embedding, norms and the LM head are replicated. Where a model has
+fewer KV heads than ranks (GQA), each rank keeps the one KV head its query heads read.
 
 - ``shard_config``: the config of one rank's shard (heads, KV heads and MLP width divided; head_dim kept);
 - ``TPLlamaModel``: ``LlamaModel`` whose block output function all-reduces, whatever ``compile_blocks`` and the
   fused RoPE write do to the block functions;
 - ``shard_model``: a rank's ``TPLlamaModel`` holding its slices of a full model's weights;
-- ``generate``: spawn N processes (gloo on CPUs, NCCL on GPUs, NVLink multicast off), generate, rank 0's tokens;
-  with ``repeats``, ``timed``'s TTFT and decode time per token at batch 1 instead (the Beyond-one-GPU page's TP
-  table, once a machine of several GPUs runs it: ``python -m servelab.engine.tensor_parallel``).
+- ``generate``: a split engine's greedy tokens (``EngineConfig.tensor_parallel_size``); with ``repeats``,
+  ``timed``'s TTFT and decode time per token at batch 1 instead (the Beyond-one-GPU page's TP table, once a machine
+  of several GPUs runs it: ``python -m servelab.engine.tensor_parallel``).
 
-Checked on CPUs only (``tests/test_tensor_parallel.py``: TP = 2 gives TP = 1's greedy tokens, float32, gloo); no
-machine of several GPUs has been lent, so the NCCL path, and an all-reduce inside captured CUDA graphs, has never
-run. Not yet an ``EngineConfig`` setting nor a ``servelab serve`` flag (issue 31): wiring it in changes the
-engine's own files, and so every study's measuring fingerprint, which waits until the evidence campaign is done.
+Checked on CPUs only (``tests/test_tensor_parallel.py``, ``tests/test_tp_engine.py``: TP = 2 gives TP = 1's greedy
+tokens, float32, gloo); no machine of several GPUs has been lent, so the NCCL path, and an all-reduce inside
+captured CUDA graphs, has never run.
 """
 
 from __future__ import annotations
