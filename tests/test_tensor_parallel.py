@@ -4,7 +4,7 @@ processes over gloo; and the split itself, checked in one process where no colle
 import pytest
 import torch
 
-from servelab.engine import Engine, EngineConfig, SamplingParams
+from servelab.engine import Engine, EngineConfig, SamplingParams, tp_engine
 from servelab.engine import tensor_parallel as tp
 from servelab.errors import ParameterError
 from servelab.models import load_model
@@ -47,7 +47,7 @@ def test_a_split_that_does_not_divide_is_refused():
 def test_tp2_on_two_cpu_processes_gives_tp1s_greedy_tokens(spec):
     one = Engine(_full(spec), EngineConfig(num_blocks=64, cuda_graphs=False))
     want = one.generate(PROMPTS, SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True))
-    got = tp.generate(spec, PROMPTS, world=2, max_tokens=12, timeout_s=300)
+    got = tp_engine.generate(spec, PROMPTS, world=2, max_tokens=12, timeout_s=300)
     assert got == want
 
 
@@ -59,7 +59,7 @@ def test_the_tp_timing_runs_every_size_and_writes_a_row_per_size_and_prompt(tmp_
     out = tmp_path / "tp.csv"
     argv = ["--spec", "config:tiny-llama", "--sizes", "1", "2", "--prompt-tokens", "8", "24", "--new-tokens", "8",
             "--repeats", "2", "--dtype", "float32", "--device", "cpu", "--out", str(out)]  # fmt: skip
-    assert tp.main(argv) == 0
+    assert tp_engine.main(argv) == 0
     t = pd.read_csv(out)
     assert sorted(zip(t["tp"], t["prompt_tokens"], strict=True)) == [(1, 8), (1, 24), (2, 8), (2, 24)]
     assert (t["ttft_ms"] > 0).all() and (t["decode_ms_per_token"] > 0).all() and (t["new_tokens"] == 8).all()

@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from servelab.engine import Engine, EngineConfig, SamplingParams
+from servelab.engine.tp_engine import engine_from_spec
 from servelab.errors import ParameterError
 
 PROMPTS = [[5, 9, 2, 7, 11, 3, 8], [4, 4, 6], list(range(1, 40))]
@@ -21,7 +22,7 @@ CONFIG = dict(num_blocks=64, max_model_len=256, max_num_seqs=8, max_num_batched_
 
 def _engine(world: int, spec: str = "config:tiny-llama", **kw):
     extra = {"timeout_s": 60} if world > 1 else {}
-    return Engine.from_spec(
+    return engine_from_spec(
         spec, dtype="float32", device="cpu", config=EngineConfig(**CONFIG, **kw, tensor_parallel_size=world), **extra
     )
 
@@ -86,7 +87,7 @@ def test_settings_that_cannot_split_are_refused():
     from servelab.models.native import native_from_hf
 
     lm = load_model("config:tiny-llama", dtype="float32", device="cpu", seed=0, load_tokenizer=False)
-    with pytest.raises(ParameterError, match="build a split engine with Engine.from_spec"):
+    with pytest.raises(ParameterError, match="build a split engine with tp_engine.engine_from_spec"):
         Engine(native_from_hf(lm.model, max_positions=256), EngineConfig(**CONFIG, tensor_parallel_size=2))
     with pytest.raises(ParameterError, match="must divide the attention heads"):
         _engine(3)  # 4 heads

@@ -104,7 +104,7 @@ class Engine:
         if getattr(model, "tp_world", 1) != cfg.tensor_parallel_size:
             raise ParameterError(
                 f"tensor_parallel_size={cfg.tensor_parallel_size}, but the model is split over "
-                f"{getattr(model, 'tp_world', 1)} processes: build a split engine with Engine.from_spec"
+                f"{getattr(model, 'tp_world', 1)} processes: build a split engine with tp_engine.engine_from_spec"
             )
         self.model = model
         p = next(model.parameters())
@@ -248,14 +248,10 @@ class Engine:
     def from_spec(
         cls, spec: str, *, dtype="bfloat16", device=None, config: EngineConfig | None = None, seed: int = 0, **kw
     ) -> Engine:
-        """Load ``spec`` with the model loader (``config:<name>``, a directory or a hub id) and build an engine; with
-        ``tensor_parallel_size`` > 1, one split over that many processes (``tp_engine``)."""
+        """Load ``spec`` with the model loader (``config:<name>``, a directory or a hub id) and build an engine (on
+        one device: ``tp_engine.engine_from_spec`` splits one over several)."""
         from servelab.models import load_model
 
-        if config is not None and config.tensor_parallel_size > 1:
-            from servelab.engine.tp_engine import TensorParallelEngine
-
-            return TensorParallelEngine.launch(spec, dtype=dtype, device=device, config=config, seed=seed, **kw)
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         lm = load_model(spec, dtype=dtype, device=device, seed=seed, load_tokenizer=False)
         engine = cls.from_hf(lm.model, config, **kw)

@@ -1,41 +1,41 @@
 """An engine whose model is split over N processes (``EngineConfig.tensor_parallel_size``; ``servelab serve
---tensor-parallel-size N``), built by ``Engine.from_spec``.
+--tensor-parallel-size N``), built by ``engine_from_spec``; ``generate`` and ``timed`` run one (``python -m
+servelab.engine.tp_engine``: the Beyond-one-GPU page's TP table).
 
 The driver is an ``Engine`` over rank 0's shard (``tensor_parallel.shard_model``) in the caller's process; ranks
-1..N-1 are worker processes, each an ``Engine`` over its own shard. Every call that changes an engine's state (a
-request added or aborted, a step, a synchronisation, the prefix cache's settings) goes to every worker, in order,
-before the driver makes it. Each rank then holds the same requests and its scheduler makes the same choices, its
-steps launch the same collectives (the all-reduces inside the blocks), and since the all-reduced logits are the same
-on every rank, so are the sampled tokens: no token travels between ranks, and only the driver's are returned. This is
-vLLM's and SGLang's split of the model; where they run one scheduler and send its decisions, here every rank runs
-the same scheduler on the same inputs (their choices depend on nothing else: ``Engine.add_request`` takes the
-driver's arrival time, and ``Engine._build_kv_cache`` agrees on the smallest pool of any rank).
+1..N-1 are worker processes (``tp_worker``), each an ``Engine`` over its own shard. Every call that changes an
+engine's state (a request added or aborted, a step, a synchronisation, the prefix cache's settings) goes to every
+worker, in order, before the driver makes it. Each rank then holds the same requests and its scheduler makes the same
+choices, its steps launch the same collectives (the all-reduces inside the blocks), and since the all-reduced logits
+are the same on every rank, so are the sampled tokens: no token travels between ranks, and only the driver's are
+returned. This is vLLM's and SGLang's split of the model; where they run one scheduler and send its decisions, here
+every rank runs the same scheduler on the same inputs (their choices depend on nothing else: ``Engine.add_request``
+takes the driver's arrival time, and ``Engine._build_kv_cache`` agrees on the smallest pool of any rank).
 
 Random draws are the one input a rank could make differently: a request sampled without a seed is given one by the
 driver (from the process's torch generator, which ``servelab serve --seed`` seeds), so every rank draws it from the
-same generator. Such a request then samples from its own generator, which costs a little more than the batch's
-shared draw.
+same generator. Such a request then samples from its own generator, which costs a little more than the batch's shared
+draw.
 
 Workers are started with ``subprocess``, not ``multiprocessing``: the server's engine process is a daemon, and a
 daemon may not have children of its own. Each connects back to the driver over a local, authenticated
 ``multiprocessing.connection``. A worker that fails says so there; a driver that goes away closes it, and the worker
 exits. A collective that waits for a dead rank ends after ``timeout_s`` (the process group's timeout).
 
-On CPUs the backend is gloo (``tests/test_tp_engine.py``); on GPUs NCCL, one GPU per rank, with NVLink multicast
-off in every process (``tensor_parallel.NO_MULTICAST``). No machine of several GPUs has been lent, so the NCCL path,
+On CPUs the backend is gloo (``tests/test_tp_engine.py``); on GPUs NCCL, one GPU per rank, with NVLink multicast off
+in every process (``tensor_parallel.NO_MULTICAST``). No machine of several GPUs has been lent, so the NCCL path,
 captured all-reduces included, has never run.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime
 import os
 import subprocess
 import sys
 import time
-from multiprocessing.connection import Client, Listener
+from multiprocessing.connection import Listener
 
 import torch
 import torch.distributed as dist
@@ -50,7 +50,7 @@ ADDRESS_ENV = "SERVELAB_TP_DRIVER"  # host:port:authkey-hex of the driver's list
 DEFAULT_TIMEOUT_S = 600.0  # a collective's wait for the slowest rank (an 8B model loads in seconds to a minute)
 
 
-def _join_group(rank: int, world: int, port: int, device: str, timeout_s: float) -> torch.device:
+def join_group(rank: int, world: int, port: int, device: str, timeout_s: float) -> torch.device:
     os.environ.update(NO_MULTICAST)
     cuda = device.startswith("cuda")
     if cuda:
@@ -65,7 +65,7 @@ def _join_group(rank: int, world: int, port: int, device: str, timeout_s: float)
     return torch.device(f"cuda:{rank}" if cuda else "cpu")
 
 
-def _shard(job: dict, rank: int, device: torch.device):
+def shard_for(job: dict, rank: int, device: torch.device):
     """Rank ``rank``'s shard of ``job["spec"]``: every rank loads the whole model (same seed, same weights) and
     keeps its slices."""
     from servelab.models import load_model
@@ -115,7 +115,7 @@ class TensorParallelEngine(Engine):
         host, port = listener.address
         env = {**os.environ, **NO_MULTICAST, ADDRESS_ENV: f"{host}:{port}:{authkey.hex()}"}
         procs = [
-            subprocess.Popen([sys.executable, "-m", "servelab.engine.tp_engine", str(rank)], env=env)
+            subprocess.Popen([sys.executable, "-m", "servelab.engine.tp_worker", str(rank)], env=env)
             for rank in range(1, world)
         ]
         workers = []
@@ -125,8 +125,8 @@ class TensorParallelEngine(Engine):
             workers.sort(key=lambda c: c.recv())  # each says its rank first
             for conn in workers:
                 conn.send(job)
-            dev = _join_group(0, world, job["port"], device, timeout_s)
-            engine = cls(_shard(job, 0, dev), config, workers=workers, procs=procs, **kw)
+            dev = join_group(0, world, job["port"], device, timeout_s)
+            engine = cls(shard_for(job, 0, dev), config, workers=workers, procs=procs, **kw)
             for rank, conn in enumerate(workers, start=1):
                 _expect(conn, rank, "ready", timeout_s)
         except BaseException:
@@ -230,71 +230,105 @@ def _stop(workers: list, procs: list) -> None:
             p.wait()
 
 
-class _Rank:
-    """A worker's engine and its copies of the driver's sequences, making each state change the driver sends."""
-
-    def __init__(self, engine: Engine, conn):
-        self.engine, self.conn = engine, conn
-        self.seqs: dict[int, Sequence] = {}  # the driver's sequence id -> this rank's copy
-
-    def add(self, key: int, prompt: list[int], params: SamplingParams, arrival_s: float) -> None:
-        self.seqs[key] = self.engine.add_request(prompt, params, arrival_s=arrival_s)
-
-    def abort(self, key: int) -> None:
-        self.engine.abort(self.seqs.pop(key))
-
-    def step(self) -> None:
-        self.engine.step()
-        self._forget_finished()
-
-    def synchronize(self) -> None:
-        self.engine.synchronize()
-        self._forget_finished()
-
-    def call(self, name: str, args: tuple) -> None:
-        getattr(self.engine, name)(*args)
-
-    def outputs(self) -> None:
-        self.conn.send(("outputs", {k: list(s.output_token_ids) for k, s in self.seqs.items()}))
-
-    def _forget_finished(self) -> None:
-        for key in [k for k, s in self.seqs.items() if s.is_finished]:
-            del self.seqs[key]
+def engine_from_spec(spec: str, *, config: EngineConfig | None = None, **kw) -> Engine:
+    """``Engine.from_spec``, split over ``config.tensor_parallel_size`` processes where that is more than 1."""
+    if config is not None and config.tensor_parallel_size > 1:
+        return TensorParallelEngine.launch(spec, config=config, **kw)
+    kw.pop("timeout_s", None)
+    return Engine.from_spec(spec, config=config, **kw)
 
 
-def serve_rank(rank: int, conn) -> None:
-    """A worker: build this rank's engine, then make each state change the driver sends, in order, until it says
-    stop or goes away."""
-    conn.send(rank)
-    job = conn.recv()
+def _sync(engine) -> None:
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize(engine.device)
+
+
+def timed(engine, prompts: list[list[int]], max_tokens: int, repeats: int) -> list[dict]:
+    """Per prompt, alone (batch 1): the median wall time of its first token (prefill and one step) and of each
+    later token, over ``repeats`` runs after one warm-up; every rank runs it in lockstep, so the collectives are
+    inside the times. Wall clock around whole generations, synchronized: the all-reduces block the host anyway."""
+    import statistics
+    import time
+
+    from servelab.engine import SamplingParams
+
+    def run(prompt, n: int) -> float:
+        _sync(engine)
+        t0 = time.perf_counter()
+        engine.generate([prompt], SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
+        _sync(engine)
+        return time.perf_counter() - t0
+
+    rows = []
+    for i, prompt in enumerate(prompts):
+        run(prompt, max_tokens)  # first use: kernels, graphs, allocator
+        first = statistics.median(run(prompt, 1) for _ in range(repeats))
+        whole = statistics.median(run(prompt, max_tokens) for _ in range(repeats))
+        per_token = (whole - first) * 1e3 / max(1, max_tokens - 1)
+        rows.append(dict(prompt=i, prompt_tokens=len(prompt), new_tokens=max_tokens, ttft_ms=first * 1e3,
+                         decode_ms_per_token=per_token, repeats=repeats))  # fmt: skip
+    return rows
+
+
+def generate(
+    spec: str,
+    prompts: list[list[int]],
+    *,
+    world: int,
+    max_tokens: int = 16,
+    dtype: str = "float32",
+    device: str = "cpu",
+    seed: int = 0,
+    max_positions: int = 512,
+    engine: dict | None = None,
+    timeout_s: float = 600.0,
+    repeats: int = 0,
+):
+    """Greedy tokens of ``prompts`` from ``spec`` split over ``world`` processes (``EngineConfig.
+    tensor_parallel_size``: CPUs over gloo; ``device="cuda"``, one GPU each over NCCL). With ``repeats`` > 0, instead
+    of the tokens, ``timed``'s rows: each prompt's time to first token and decode time per token at batch 1."""
+    from servelab.engine import SamplingParams
+
+    settings = engine or {"num_blocks": 64, "cuda_graphs": device == "cuda"}
+    cfg = EngineConfig(**settings, max_model_len=max_positions, tensor_parallel_size=world)
+    kw = {"timeout_s": timeout_s} if world > 1 else {}
+    e = engine_from_spec(spec, dtype=dtype, device=device, config=cfg, seed=seed, **kw)
     try:
-        if not job["device"].startswith("cuda"):
-            torch.set_num_threads(job["threads"])
-        dev = _join_group(rank, job["config"].tensor_parallel_size, job["port"], job["device"], job["timeout_s"])
-        me = _Rank(Engine(_shard(job, rank, dev), job["config"], **job["engine_kw"]), conn)
-        conn.send(("ready",))
-        while True:
-            try:
-                op, *args = conn.recv()
-            except EOFError:  # the driver went away
-                return
-            if op == "stop":
-                return
-            getattr(me, op)(*args)
-    except Exception as e:  # noqa: BLE001 - the driver reports it
-        with contextlib.suppress(OSError):
-            conn.send(("error", f"{type(e).__name__}: {e}"))
-        raise
+        if repeats:
+            return timed(e, prompts, max_tokens, repeats)
+        return e.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
     finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        if hasattr(e, "close"):
+            e.close()
 
 
 def main(argv: list[str] | None = None) -> int:
-    rank = int((argv or sys.argv[1:])[0])
-    host, port, key = os.environ[ADDRESS_ENV].rsplit(":", 2)
-    with Client((host, int(port)), authkey=bytes.fromhex(key)) as conn:
-        serve_rank(rank, conn)
+    """``python -m servelab.engine.tp_engine --spec config:llama-3-8b --sizes 1 2 4 --out tp.csv``: TTFT and
+    decode ms per token at batch 1 per TP size, one CSV row per (size, prompt)."""
+    import argparse
+
+    import pandas as pd
+
+    ap = argparse.ArgumentParser(prog="python -m servelab.engine.tp_engine", description=main.__doc__)
+    ap.add_argument("--spec", default="config:llama-3-8b")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--prompt-tokens", type=int, nargs="+", default=[128, 2048])
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args(argv)
+    prompts = [[(7 * i + 3) % 1000 + 10 for i in range(n)] for n in a.prompt_tokens]
+    positions = max(a.prompt_tokens) + a.new_tokens + 16
+    engine = {"num_blocks": positions // 16 + 8, "cuda_graphs": a.device == "cuda"}  # one sequence at a time
+    frames = []
+    for world in a.sizes:
+        rows = generate(a.spec, prompts, world=world, max_tokens=a.new_tokens, dtype=a.dtype, device=a.device,
+                        max_positions=positions, engine=engine, repeats=a.repeats)  # fmt: skip
+        frames.append(pd.DataFrame(rows).assign(spec=a.spec, tp=world, device=a.device, dtype=a.dtype))
+    pd.concat(frames, ignore_index=True).to_csv(a.out, index=False)
+    print(f"wrote {a.out}")
     return 0
 
 

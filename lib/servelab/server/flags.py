@@ -229,7 +229,7 @@ def engine_from_args(args: argparse.Namespace) -> Engine:
     generator that unseeded requests sample from then starts from ``--seed``."""
     import torch
 
-    from servelab.engine import Engine
+    from servelab.engine.tp_engine import engine_from_spec
 
     device, dtype = resolve_device_dtype(args)
     spec, draft = speculation_from_args(args), None
@@ -247,7 +247,7 @@ def engine_from_args(args: argparse.Namespace) -> Engine:
             cuda_graphs=args.cuda_graphs,
             seed=args.seed + 1,
         )  # config: drafts get their own random weights, not the target's
-    engine = Engine.from_spec(
+    engine = engine_from_spec(
         args.model, dtype=dtype, device=device, config=engine_config_from_args(args), seed=args.seed
     )
     if draft is not None:
