@@ -1,7 +1,7 @@
-"""A tensor parallel engine (``EngineConfig.tensor_parallel_size``, issue 31) on two CPU processes over gloo, float32:
-requests that arrive and leave mid-run give one process's greedy tokens, every rank samples what the driver samples,
-bad input is refused before any rank sees it, a rank that dies ends the engine with an error instead of a hang, and
-``servelab serve --tensor-parallel-size 2`` answers."""
+"""A tensor parallel engine (``tp_engine.engine_from_spec(..., tensor_parallel_size=2)``, issue 31) on two CPU
+processes over gloo, float32: requests that arrive and leave mid-run give one process's greedy tokens, every rank
+samples what the driver samples, bad input is refused before any rank sees it, a rank that dies ends the engine with
+an error instead of a hang, and ``servelab serve --tensor-parallel-size 2`` answers."""
 
 import os
 import subprocess
@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from servelab.engine import Engine, EngineConfig, SamplingParams
+from servelab.engine import EngineConfig, SamplingParams
 from servelab.engine.tp_engine import engine_from_spec
 from servelab.errors import ParameterError
 
@@ -23,7 +23,7 @@ CONFIG = dict(num_blocks=64, max_model_len=256, max_num_seqs=8, max_num_batched_
 def _engine(world: int, spec: str = "config:tiny-llama", **kw):
     extra = {"timeout_s": 60} if world > 1 else {}
     return engine_from_spec(
-        spec, dtype="float32", device="cpu", config=EngineConfig(**CONFIG, **kw, tensor_parallel_size=world), **extra
+        spec, dtype="float32", device="cpu", config=EngineConfig(**CONFIG, **kw), tensor_parallel_size=world, **extra
     )
 
 
@@ -81,14 +81,9 @@ def test_bad_input_is_refused_before_any_rank_sees_it(tp2):
 
 
 def test_settings_that_cannot_split_are_refused():
-    with pytest.raises(ParameterError, match="tensor_parallel_size must be a positive integer"):
-        EngineConfig(tensor_parallel_size=0)
-    from servelab.models import load_model
-    from servelab.models.native import native_from_hf
-
-    lm = load_model("config:tiny-llama", dtype="float32", device="cpu", seed=0, load_tokenizer=False)
-    with pytest.raises(ParameterError, match="build a split engine with tp_engine.engine_from_spec"):
-        Engine(native_from_hf(lm.model, max_positions=256), EngineConfig(**CONFIG, tensor_parallel_size=2))
+    for bad in (0, 1.5, True):
+        with pytest.raises(ParameterError, match="tensor_parallel_size must be a positive integer"):
+            engine_from_spec("config:tiny-llama", device="cpu", tensor_parallel_size=bad)
     with pytest.raises(ParameterError, match="must divide the attention heads"):
         _engine(3)  # 4 heads
 

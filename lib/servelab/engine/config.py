@@ -41,9 +41,6 @@ class EngineConfig:
     # default: exact under the interpreter and compiled for sm90 on a CPU, but its cross-program merge has not run on
     # a GPU yet (tests/test_gpu_engine.py and scripts/bench_ragged_split.py are the checks to run first)
     ragged_split_kv: bool = False
-    # processes the model is split over, one device each (tensor parallelism, engine/tp_engine.py): Engine.from_spec
-    # starts the others; vLLM's --tensor-parallel-size
-    tensor_parallel_size: int = 1
 
     def __post_init__(self):
         self._check_sizes()
@@ -64,7 +61,7 @@ class EngineConfig:
         policy_class(self.scheduler)  # a ParameterError naming the known policies
 
     def _check_sizes(self) -> None:
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "decode_steps", "tensor_parallel_size"):
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "decode_steps"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ParameterError(f"{name} must be a positive integer, got {v!r}")

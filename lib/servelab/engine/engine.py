@@ -101,11 +101,6 @@ class Engine:
         graph_progress=None,
     ):
         self.config = cfg = config or EngineConfig()
-        if getattr(model, "tp_world", 1) != cfg.tensor_parallel_size:
-            raise ParameterError(
-                f"tensor_parallel_size={cfg.tensor_parallel_size}, but the model is split over "
-                f"{getattr(model, 'tp_world', 1)} processes: build a split engine with tp_engine.engine_from_spec"
-            )
         self.model = model
         p = next(model.parameters())
         self.device, self.dtype = p.device, p.dtype
@@ -164,8 +159,7 @@ class Engine:
             num_blocks = self.memory_plan.num_blocks
         else:
             num_blocks = CPU_DEFAULT_BLOCKS
-        agree = getattr(self.model, "smallest_over_ranks", None)  # a split model's ranks schedule alike
-        self.num_blocks = num_blocks = agree(num_blocks) if agree is not None else num_blocks
+        self.num_blocks = num_blocks
         # one extra block that no sequence owns: padding rows of a CUDA graph write there
         self.pool = KVPool.for_model(self.model.shape, num_blocks + 1, cfg.block_size, self.dtype, self.device)
         self.pool.kv.zero_()  # masked-out keys still enter P·V as 0·value: never let that be 0·NaN
@@ -241,15 +235,21 @@ class Engine:
     @classmethod
     def from_hf(cls, hf_model, config: EngineConfig | None = None, **kw) -> Engine:
         """An engine running the project's model code with ``hf_model``'s weights (same dtype and device)."""
+        from servelab.models.native import native_from_hf
+
         cfg = config or EngineConfig()
-        return cls(native_model(hf_model, cfg), cfg, **kw)
+        positions = _max_positions(hf_model.config)
+        if cfg.max_model_len is not None and cfg.max_model_len > positions:
+            raise ParameterError(f"max_model_len={cfg.max_model_len} exceeds the model's {positions} positions")
+        limit = cfg.max_model_len or min(4096, positions)
+        model = native_from_hf(hf_model, max_positions=limit)
+        return cls(model, cfg, **kw)
 
     @classmethod
     def from_spec(
         cls, spec: str, *, dtype="bfloat16", device=None, config: EngineConfig | None = None, seed: int = 0, **kw
     ) -> Engine:
-        """Load ``spec`` with the model loader (``config:<name>``, a directory or a hub id) and build an engine (on
-        one device: ``tp_engine.engine_from_spec`` splits one over several)."""
+        """Load ``spec`` with the model loader (``config:<name>``, a directory or a hub id) and build an engine."""
         from servelab.models import load_model
 
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -546,14 +546,3 @@ def _record(batch: ScheduledBatch, start_s: float, end_s: float, num_waiting: in
 
 def _max_positions(config) -> int:
     return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 4096)
-
-
-def native_model(hf_model, cfg: EngineConfig):
-    """The project's model code holding ``hf_model``'s weights, with positions for ``cfg.max_model_len`` (default:
-    the model's, at most 4096)."""
-    from servelab.models.native import native_from_hf
-
-    positions = _max_positions(hf_model.config)
-    if cfg.max_model_len is not None and cfg.max_model_len > positions:
-        raise ParameterError(f"max_model_len={cfg.max_model_len} exceeds the model's {positions} positions")
-    return native_from_hf(hf_model, max_positions=cfg.max_model_len or min(4096, positions))

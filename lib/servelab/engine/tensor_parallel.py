@@ -52,9 +52,8 @@ def attention_outputs_tp(h, attn, o_w, norm_w, eps: float, gate_up_w, down_w):
 class TPLlamaModel(LlamaModel):
     """One rank's shard; its config is ``shard_config``'s. The all-reduce stays outside ``torch.compile``."""
 
-    def __init__(self, config, *, world: int = 1, **kw):
+    def __init__(self, config, **kw):
         super().__init__(config, **kw)
-        self.tp_world = world  # the engine checks it against EngineConfig.tensor_parallel_size
         self.block_fns = (self._pre_fn(), attention_outputs_tp)
 
     @staticmethod
@@ -113,7 +112,7 @@ def shard_model(full: LlamaModel, rank: int, world: int) -> TPLlamaModel:
     k0, i0 = kv_head * hd, rank * inter
     p = next(full.parameters())
     with torch.device(p.device):
-        model = TPLlamaModel(shard_config(full.config, world), world=world, max_positions=full.max_positions)
+        model = TPLlamaModel(shard_config(full.config, world), max_positions=full.max_positions)
     model.to(p.dtype)
     model.embed.weight.copy_(full.embed.weight)
     model.norm.weight.copy_(full.norm.weight)

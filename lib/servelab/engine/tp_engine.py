@@ -1,5 +1,5 @@
-"""An engine whose model is split over N processes (``EngineConfig.tensor_parallel_size``; ``servelab serve
---tensor-parallel-size N``), built by ``engine_from_spec``; ``generate`` and ``timed`` run one (``python -m
+"""An engine whose model is split over N processes (``engine_from_spec(..., tensor_parallel_size=N)``; ``servelab
+serve --tensor-parallel-size N``); ``generate`` and ``timed`` run one (``python -m
 servelab.engine.tp_engine``: the Beyond-one-GPU page's TP table).
 
 The driver is an ``Engine`` over rank 0's shard (``tensor_parallel.shard_model``) in the caller's process; ranks
@@ -10,7 +10,9 @@ choices, its steps launch the same collectives (the all-reduces inside the block
 are the same on every rank, so are the sampled tokens: no token travels between ranks, and only the driver's are
 returned. This is vLLM's and SGLang's split of the model; where they run one scheduler and send its decisions, here
 every rank runs the same scheduler on the same inputs (their choices depend on nothing else: ``Engine.add_request``
-takes the driver's arrival time, and ``Engine._build_kv_cache`` agrees on the smallest pool of any rank).
+takes the driver's arrival time, and every rank's KV pool has the smallest size any rank's free memory allows,
+``agreed_config``). The split is a setting beside ``EngineConfig``, not in it, as vLLM keeps its ParallelConfig apart
+from the cache's and the scheduler's: the engine itself does not change with it.
 
 Random draws are the one input a rank could make differently: a request sampled without a seed is given one by the
 driver (from the process's torch generator, which ``servelab serve --seed`` seeds), so every rank draws it from the
@@ -41,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from servelab.engine.config import EngineConfig
-from servelab.engine.engine import Engine, native_model
+from servelab.engine.engine import Engine, _max_positions, resolve_backend
 from servelab.engine.sequence import SAMPLING_EPS, SamplingParams, Sequence
 from servelab.engine.tensor_parallel import NO_MULTICAST, free_port, shard_model
 from servelab.errors import ParameterError
@@ -69,18 +71,39 @@ def shard_for(job: dict, rank: int, device: torch.device):
     """Rank ``rank``'s shard of ``job["spec"]``: every rank loads the whole model (same seed, same weights) and
     keeps its slices."""
     from servelab.models import load_model
+    from servelab.models.native import native_from_hf
 
     cfg: EngineConfig = job["config"]
     lm = load_model(job["spec"], dtype=job["dtype"], device=str(device), seed=job["seed"], load_tokenizer=False)
-    full = native_model(lm.model, cfg)
+    positions = _max_positions(lm.model.config)
+    if cfg.max_model_len is not None and cfg.max_model_len > positions:
+        raise ParameterError(f"max_model_len={cfg.max_model_len} exceeds the model's {positions} positions")
+    full = native_from_hf(lm.model, max_positions=cfg.max_model_len or min(4096, positions))
     del lm
-    return shard_model(full, rank, cfg.tensor_parallel_size)
+    return shard_model(full, rank, job["world"])
+
+
+def agreed_config(shard, cfg: EngineConfig) -> EngineConfig:
+    """``cfg`` with the KV pool every rank can hold: on a GPU each rank sizes it from its own free memory (as
+    ``Engine`` does), and the ranks take the smallest, since a rank that could hold more would schedule otherwise.
+    The sizing runs a forward pass, with its all-reduces, on every rank alike."""
+    device = next(shard.parameters()).device
+    if cfg.num_blocks is not None or device.type != "cuda":
+        return cfg  # a given size, or the CPU default: the same on every rank
+    from servelab.engine.memory import plan_gpu_memory
+
+    backend = resolve_backend(cfg.attention_backend, device)
+    for block in shard.layers:
+        block.attn.backend = backend
+    plan = plan_gpu_memory(shard, cfg, Engine._max_model_len(shard, cfg), backend)
+    return dataclasses.replace(cfg, num_blocks=shard.smallest_over_ranks(plan.num_blocks))
 
 
 class TensorParallelEngine(Engine):
     """The driver: rank 0's engine, which sends every state change to the workers before making it."""
 
-    def __init__(self, model, config: EngineConfig, *, workers: list, procs: list, **kw):
+    def __init__(self, model, config: EngineConfig, *, world: int, workers: list, procs: list, **kw):
+        self.tensor_parallel_size = world
         self._workers, self._procs = workers, procs
         super().__init__(model, config, **kw)
 
@@ -89,16 +112,17 @@ class TensorParallelEngine(Engine):
         cls,
         spec: str,
         *,
+        world: int,
         dtype="bfloat16",
         device=None,
-        config: EngineConfig,
+        config: EngineConfig | None = None,
         seed: int = 0,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         threads: int | None = None,
         **kw,
     ) -> TensorParallelEngine:
         """Start the workers, join the process group, and build every rank's engine over its shard."""
-        world = config.tensor_parallel_size
+        config = config or EngineConfig()
         device = str(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if device.startswith("cuda") and torch.cuda.device_count() < world:
             raise ParameterError(
@@ -108,7 +132,7 @@ class TensorParallelEngine(Engine):
             raise ParameterError("this process already belongs to a process group: one tensor parallel engine each")
         threads = threads or max(1, (os.cpu_count() or 1) // world)
         engine_kw = {k: v for k, v in kw.items() if k != "graph_progress"}  # the workers' engines draw no bars
-        job = dict(spec=spec, dtype=dtype, device=device, seed=seed, config=config, port=free_port(),
+        job = dict(spec=spec, dtype=dtype, device=device, seed=seed, config=config, world=world, port=free_port(),
                    timeout_s=timeout_s, threads=threads, engine_kw=engine_kw)  # fmt: skip
         authkey = os.urandom(16)
         listener = Listener(("127.0.0.1", 0), authkey=authkey)
@@ -126,7 +150,8 @@ class TensorParallelEngine(Engine):
             for conn in workers:
                 conn.send(job)
             dev = join_group(0, world, job["port"], device, timeout_s)
-            engine = cls(shard_for(job, 0, dev), config, workers=workers, procs=procs, **kw)
+            shard = shard_for(job, 0, dev)
+            engine = cls(shard, agreed_config(shard, config), world=world, workers=workers, procs=procs, **kw)
             for rank, conn in enumerate(workers, start=1):
                 _expect(conn, rank, "ready", timeout_s)
         except BaseException:
@@ -188,7 +213,7 @@ class TensorParallelEngine(Engine):
         super().set_prefix_caching(enabled, eviction)
 
     def stats(self) -> dict:
-        return {**super().stats(), "tensor_parallel_size": self.config.tensor_parallel_size}
+        return {**super().stats(), "tensor_parallel_size": self.tensor_parallel_size}
 
     def close(self) -> None:
         """Stop the workers and leave the process group (also when the driver is collected)."""
@@ -230,10 +255,13 @@ def _stop(workers: list, procs: list) -> None:
             p.wait()
 
 
-def engine_from_spec(spec: str, *, config: EngineConfig | None = None, **kw) -> Engine:
-    """``Engine.from_spec``, split over ``config.tensor_parallel_size`` processes where that is more than 1."""
-    if config is not None and config.tensor_parallel_size > 1:
-        return TensorParallelEngine.launch(spec, config=config, **kw)
+def engine_from_spec(spec: str, *, config: EngineConfig | None = None, tensor_parallel_size: int = 1, **kw) -> Engine:
+    """``Engine.from_spec``, split over ``tensor_parallel_size`` processes where that is more than 1."""
+    tp = tensor_parallel_size
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise ParameterError(f"tensor_parallel_size must be a positive integer, got {tp!r}")
+    if tp > 1:
+        return TensorParallelEngine.launch(spec, world=tp, config=config, **kw)
     kw.pop("timeout_s", None)
     return Engine.from_spec(spec, config=config, **kw)
 
@@ -284,15 +312,15 @@ def generate(
     timeout_s: float = 600.0,
     repeats: int = 0,
 ):
-    """Greedy tokens of ``prompts`` from ``spec`` split over ``world`` processes (``EngineConfig.
-    tensor_parallel_size``: CPUs over gloo; ``device="cuda"``, one GPU each over NCCL). With ``repeats`` > 0, instead
+    """Greedy tokens of ``prompts`` from ``spec`` split over ``world`` processes (CPUs over gloo; ``device="cuda"``,
+    one GPU each over NCCL). With ``repeats`` > 0, instead
     of the tokens, ``timed``'s rows: each prompt's time to first token and decode time per token at batch 1."""
     from servelab.engine import SamplingParams
 
     settings = engine or {"num_blocks": 64, "cuda_graphs": device == "cuda"}
-    cfg = EngineConfig(**settings, max_model_len=max_positions, tensor_parallel_size=world)
+    cfg = EngineConfig(**settings, max_model_len=max_positions)
     kw = {"timeout_s": timeout_s} if world > 1 else {}
-    e = engine_from_spec(spec, dtype=dtype, device=device, config=cfg, seed=seed, **kw)
+    e = engine_from_spec(spec, dtype=dtype, device=device, config=cfg, seed=seed, tensor_parallel_size=world, **kw)
     try:
         if repeats:
             return timed(e, prompts, max_tokens, repeats)

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from servelab.engine.engine import Engine
 from servelab.engine.sequence import SamplingParams, Sequence
-from servelab.engine.tp_engine import ADDRESS_ENV, join_group, shard_for
+from servelab.engine.tp_engine import ADDRESS_ENV, agreed_config, join_group, shard_for
 
 
 class _Rank:
@@ -57,8 +57,9 @@ def serve_rank(rank: int, conn) -> None:
     try:
         if not job["device"].startswith("cuda"):
             torch.set_num_threads(job["threads"])
-        dev = join_group(rank, job["config"].tensor_parallel_size, job["port"], job["device"], job["timeout_s"])
-        me = _Rank(Engine(shard_for(job, rank, dev), job["config"], **job["engine_kw"]), conn)
+        dev = join_group(rank, job["world"], job["port"], job["device"], job["timeout_s"])
+        shard = shard_for(job, rank, dev)
+        me = _Rank(Engine(shard, agreed_config(shard, job["config"]), **job["engine_kw"]), conn)
         conn.send(("ready",))
         while True:
             try:

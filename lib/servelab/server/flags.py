@@ -210,7 +210,6 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         scheduler=args.scheduler,
         prefix_caching=getattr(args, "prefix_caching", False),
         prefix_eviction=getattr(args, "prefix_eviction", "lru"),
-        tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),
     )
 
 
@@ -248,7 +247,12 @@ def engine_from_args(args: argparse.Namespace) -> Engine:
             seed=args.seed + 1,
         )  # config: drafts get their own random weights, not the target's
     engine = engine_from_spec(
-        args.model, dtype=dtype, device=device, config=engine_config_from_args(args), seed=args.seed
+        args.model,
+        dtype=dtype,
+        device=device,
+        config=engine_config_from_args(args),
+        seed=args.seed,
+        tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),
     )
     if draft is not None:
         from servelab.spec.serving import SpeculativeEngine
