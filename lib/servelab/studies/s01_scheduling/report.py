@@ -40,14 +40,8 @@ def parts_holding(*settings: str) -> tuple[str, ...]:
 # (``verdicts.paired``); F1.3 ranks every policy setting of the rate sweep. The budget sweep's parts enter no claim.
 REFERENCE_BUDGET = DEFAULTS["full"]["reference_budget"]
 _PAIRED = parts_holding("eager_cont_batch", f"chunked_prefill@{REFERENCE_BUDGET}")
-_RATE_SWEEP = parts_holding(
-    *{
-        sel.split("/")[1]
-        for sels in PART_SELECTORS.values()
-        for sel in sels
-        if not sel.split("/")[1].startswith("budget@")
-    }
-)
+_BUDGET_SWEEP = tuple(p for p, sels in PART_SELECTORS.items() if all("/budget@" in s for s in sels))
+_RATE_SWEEP = tuple(p for p in PART_SELECTORS if p not in _BUDGET_SWEEP)
 NEEDS = {"F1.1": _PAIRED, "F1.2": _PAIRED, "F1.3": _RATE_SWEEP}
 
 
