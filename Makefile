@@ -8,6 +8,8 @@ BUILD := _build
 # `make reproduce`: measure what `make gpu-plan` lists as missing (on a GPU), then render the book from it.
 # REPEATS: independent repeats per study part (fresh processes, seeds base+r).
 REPEATS ?= 3
+# GPUS: the GPUs of the machine a plan is for; the Beyond-one-GPU page's jobs that need more are held back.
+GPUS ?= 1
 
 
 .PHONY: venv lint pages book test test-lib test-pages test-notebooks test-book browser gpu-plan prune-runs reproduce clean \
@@ -35,7 +37,7 @@ book: pages
 # The GPU jobs missing at today's measurement fingerprints, with expected minutes, packed into GPU runs
 # (run each with scripts/gpu_run.sh on the GPU machine).
 gpu-plan: $(STAMP)
-	@$(PY) -m servelab.studies.common.campaign plan --repeats $(REPEATS)
+	@$(PY) -m servelab.studies.common.campaign plan --repeats $(REPEATS) --gpus $(GPUS)
 
 # Take out of the tree the runs at older fingerprints that a study's complete repeats at today's supersede (git
 # history keeps them): every GPU call carries the tree within 64 MiB. Lists them; APPLY=1 removes them.

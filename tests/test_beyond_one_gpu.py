@@ -6,8 +6,10 @@ import math
 from types import SimpleNamespace
 
 import pandas as pd
+import pytest
 from sim_fixtures import COST
 
+from servelab.errors import ParameterError
 from servelab.loadgen.lengths import UniformLengths
 from servelab.loadgen.workload import Trace
 from servelab.studies.s08_simulator.replica_capacity import SINGLE, bracket, replica_capacity
@@ -15,6 +17,7 @@ from servelab_book import beyond_one_gpu
 
 LENGTHS = UniformLengths(50, 150, 10, 30)
 SLO = dict(slo_ttft_ms=60.0, slo_tpot_ms=6.0)
+SCHED = {"scheduler": "chunked_prefill", "max_num_seqs": 64, "max_num_batched_tokens": 512, "block_size": 16}
 
 
 def _trace(rate: float, n: int):
@@ -47,7 +50,8 @@ def test_more_replicas_serve_more_and_one_replica_is_searched_once():
 
 def _page(table, tried):
     return SimpleNamespace(
-        cap={"cost": COST, "slo": (60.0, 6.0), "lengths": LENGTHS}, P={"replica_requests": 400, "replica_refine": 1},
+        cap={"cost": COST, "slo": (60.0, 6.0), "lengths": LENGTHS, "one": 8.0, "sched": SCHED},
+        P={"replica_requests": 400, "replica_refine": 1},
         device="cpu (test)", tables={"replica_capacity": table, "replica_capacity_tried": tried},
     )  # fmt: skip
 
@@ -75,9 +79,95 @@ def test_the_page_says_when_nothing_ran_on_several_gpus_and_sets_a_run_beside_th
     page = _page(pred, pd.DataFrame({"requests": [1]}))
     _measured_run(tmp_path, str(COST.gpu.model), 60.0)
     text = beyond_one_gpu.status_md(tmp_path, page)
-    assert "**Measured** on 4× NVIDIA H200 at fffffff (nvidia-h200-x4, repeat 0)" in text and "list-table" in text
+    assert "**Measured** on 4× NVIDIA H200 at fffffff (nvidia-h200-x4, repeat 0, 1 part)" in text
+    assert "list-table" in text
     assert "N = 1 (one replica): 10.0 measured, 12.0 simulated (+20 %)" in text and "Median |error| **22 %**" in text
     other = tmp_path / "other"
     _measured_run(other, str(COST.gpu.model), 500.0)  # another SLO: no error against this prediction
     assert "no error is computed" in beyond_one_gpu.status_md(other, page)
     assert beyond_one_gpu.capacity_md("the simulator's report failed: X").startswith("No prediction")
+
+
+def _tp_run(root, repeat: int, step_ms: dict, first_ms: float = 20.0, new_tokens: int = 5):
+    """A tensor parallel run whose decode step takes ``step_ms[tp]`` in every sample (two samples a call)."""
+    run = root / "nvidia-h200-x4" / beyond_one_gpu.MULTI_GPU / "runs" / "fedcba" / "tp" / f"r{repeat}"
+    run.mkdir(parents=True)
+    params = {"model": "config:llama-3-8b", "dtype": "bfloat16", "samples": 2, "new_tokens": new_tokens}
+    meta = {"complete": True, "git_commit": f"{repeat}" * 40, "repeat_index": repeat, "part": "tp",
+            "device": {"name": "NVIDIA H200", "gpus": 4}, "params": params}  # fmt: skip
+    (run / "run.json").write_text(json.dumps(meta))
+    rows = [
+        dict(tp=tp, batch=1, prompt_tokens=128, new_tokens=new_tokens, call=call, sample=k, clock="cuda_event",
+             ms=first_ms / tp + (step * (new_tokens - 1) if call == "whole" else 0.0))
+        for tp, step in step_ms.items() for k in range(2) for call in ("first", "whole")
+    ]  # fmt: skip
+    pd.DataFrame(rows).to_csv(run / "samples.csv", index=False)
+
+
+def test_tensor_parallel_runs_read_as_one_table_of_medians_over_their_repeats(tmp_path):
+    for repeat, two in enumerate((5.0, 4.0, 6.0)):  # TP = 2's decode step in each repeat; TP = 1's is 8 ms
+        _tp_run(tmp_path, repeat, {1: 8.0, 2: two})
+    text = beyond_one_gpu.status_md(tmp_path)
+    assert "Not measured" not in text and "tensor parallel, on 4× NVIDIA H200" in text and "3 repeats" in text
+    assert "CUDA events" in text and "no conclusion" not in text
+    t = beyond_one_gpu.tp_summary(beyond_one_gpu.multi_gpu_runs(tmp_path))
+    two = t[t["tp"] == 2].iloc[0]
+    assert math.isclose(two.step_ms_median, 5.0) and (two.step_ms_min, two.step_ms_max) == (4.0, 6.0)
+    assert math.isclose(two.speedup_median, 8.0 / 5.0) and math.isclose(two.speedup_max, 2.0)
+    assert math.isclose(two.first_ms_median, 10.0) and two.repeats == 3
+    assert "5.000 (4.000–6.000)" in text and "×1.60 (1.33–2.00)" in text
+
+
+def test_fewer_than_three_tensor_parallel_repeats_are_shown_and_not_concluded_on(tmp_path):
+    _tp_run(tmp_path, 0, {1: 8.0, 2: 5.0})
+    text = beyond_one_gpu.status_md(tmp_path)
+    assert "1 repeat in fresh" in text and "no conclusion is drawn" in text and "×1.60" in text
+
+
+def _part_run(root, folder: str, part: str, gpus: int, rows: dict):
+    run = root / folder / beyond_one_gpu.MULTI_GPU / "runs" / "abc" / part / "r0"
+    run.mkdir(parents=True)
+    meta = {"complete": True, "git_commit": "e" * 40, "repeat_index": 0,
+            "device": {"name": "NVIDIA H200", "gpus": gpus},
+            "params": {"model": "m", "slo_ttft_ms": 60.0, "slo_tpot_ms": 6.0, "requests_per_replica": 400}}  # fmt: skip
+    (run / "run.json").write_text(json.dumps(meta))
+    pd.DataFrame(rows).to_csv(run / "capacity.csv", index=False)
+
+
+def test_a_repeats_parts_from_machines_of_one_and_two_gpus_read_as_one_table_scaled_by_one_replica(tmp_path):
+    _part_run(tmp_path, "nvidia-h200", "n1", 1, {"router": [SINGLE], "replicas": [1], "met_req_s": [10.0],
+                                                  "missed_req_s": [12.0], "scaling": [1.0]})  # fmt: skip
+    alone = beyond_one_gpu.status_md(tmp_path)
+    assert "Not measured on more than one GPU" in alone and "beside what one GPU measured" in alone
+    assert "≥" not in alone and "10–12 req/s" in alone  # one replica alone: its own column
+    _part_run(tmp_path, "nvidia-h200-x2", "n2-round_robin", 2, {"router": ["round_robin"], "replicas": [2],
+              "met_req_s": [15.0], "missed_req_s": [18.0], "scaling": [float("nan")]})  # fmt: skip
+    text = beyond_one_gpu.status_md(tmp_path)
+    assert "Not measured" not in text and "1× NVIDIA H200, 2× NVIDIA H200" in text and "2 parts" in text
+    assert "15–18 req/s (×0.75)" in text  # scaled by the one-replica part of the same repeat
+
+
+def test_the_real_run_is_given_the_predictions_own_settings():
+    from servelab.cluster import capacity_run
+    from servelab.loadgen.lengths import ShareGPTLike, lengths_from_args
+    from servelab.server.flags import parse_args
+    from servelab.studies.s08_simulator import cluster_run
+
+    for lengths in (LENGTHS, ShareGPTLike(prompt_max=6000, output_max=512, output_scale=0.25)):
+        page = _page(pd.DataFrame(), pd.DataFrame())
+        page.cap["lengths"] = lengths
+        argv = cluster_run.replicas_argv(page, "n4-least_outstanding", 2)
+        split = argv.index("--")
+        a = capacity_run.build_parser().parse_args(argv[:split])
+        assert (a.model, a.replicas, a.routers, a.part, a.repeat) == (
+            str(COST.gpu.model), [4], ["least_outstanding"], "n4-least_outstanding", 2)  # fmt: skip
+        assert (a.slo_ttft_ms, a.slo_tpot_ms, a.start, a.requests_per_replica, a.refine) == (60.0, 6.0, 8.0, 400, 1)
+        assert lengths_from_args(a) == lengths
+        served = parse_args(argv[split + 1 :])
+        assert (served.scheduler, served.max_num_seqs, served.max_num_batched_tokens) == ("chunked_prefill", 64, 512)
+        assert served.prefix_caching is False
+    with pytest.raises(ParameterError, match="no part"):
+        cluster_run.replicas_argv(page, "n3-round_robin", 0)
+    page.cap = {}
+    with pytest.raises(ParameterError, match="no replica prediction"):
+        cluster_run.replicas_argv(page, "n1", 0)

@@ -6,7 +6,7 @@ import math
 
 import pandas as pd
 
-from servelab.cluster import capacity_run
+from servelab.cluster import capacity_run, run_record
 from servelab.loadgen.metrics import empty_records
 
 
@@ -46,7 +46,7 @@ def test_the_sweep_brackets_each_router_and_n_and_keeps_every_point():
 
 
 def test_two_replicas_on_cpus_are_measured_into_the_books_layout(tmp_path):
-    out = tmp_path / "cpu" / capacity_run.STUDY / "runs" / "abcabcabcabc" / capacity_run.PART / "r0"
+    out = tmp_path / "cpu" / run_record.STUDY / "runs" / "abcabcabcabc" / capacity_run.PART / "r0"
     rc = capacity_run.main([
         "config:tiny-llama", "--replicas", "2", "--routers", "round_robin", "--slo-ttft-ms", "1e6",
         "--slo-tpot-ms", "1e6", "--start", "2", "--requests-per-replica", "3", "--steps", "0", "--refine", "0",

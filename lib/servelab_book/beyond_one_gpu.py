@@ -1,7 +1,9 @@
 """The "Beyond one GPU" page's generated parts (``book/beyond_one_gpu.md``; issue 31).
 
 - ``beyond_status.md``: what was measured on more than one GPU, read from the results root: the runs under
-  ``<device>/09_beyond_one_gpu/`` (none until a machine of several GPUs is lent), else that nothing was;
+  ``<device>/09_beyond_one_gpu/`` (none until a machine of several GPUs is lent), else that nothing was: each
+  replicas run (``cluster.capacity_run``) beside the prediction, and the tensor parallel runs (``cluster.tp_run``)
+  as one table over their repeats;
 - ``beyond_capacity.md``: the simulator's prediction a cluster run will be set beside: the rate N = 1, 2, 4
   replicas sustain within the simulator page's SLO behind each router (``s08_simulator.replica_capacity``, computed
   by the simulator's report on the calibrated H200 cost model).
@@ -15,13 +17,14 @@ from pathlib import Path
 
 import pandas as pd
 
+from servelab.cluster import run_record
 from servelab.measure.results import results_root as default_results_root
 from servelab.studies.common.markdown import list_table, md_text
 from servelab.studies.s08_simulator.replica_capacity import SINGLE
 from servelab_book.findings import BOOK_DEVICE, study_page
 
 STUDY = "08_simulator"
-MULTI_GPU = "09_beyond_one_gpu"  # where a multi-GPU run's data goes: data/results/<device>/09_beyond_one_gpu/runs/
+MULTI_GPU = run_record.STUDY  # where a multi-GPU run's data goes: data/results/<device>/09_beyond_one_gpu/runs/
 INCLUDES = ("beyond_status.md", "beyond_capacity.md")
 
 
@@ -31,28 +34,124 @@ def multi_gpu_runs(root: Path | None = None) -> list[Path]:
     return sorted(p.parent for p in root.glob(f"*/{MULTI_GPU}/runs/*/*/r*/run.json"))
 
 
+def _part(run: Path) -> str:
+    return run.parent.name  # runs/<fingerprint>/<part>/r<k>
+
+
 def status_md(root: Path | None = None, page=None) -> str:
     runs = multi_gpu_runs(root)
-    if not runs:
-        return (
+    lines = []
+    if not any(json.loads((r / "run.json").read_text()).get("device", {}).get("gpus", 1) > 1 for r in runs):
+        lines.append(
             ":::{admonition} Not measured on more than one GPU\n:class: warning\n"
             f"No run of several GPUs is in the results (`data/results/<device>/{MULTI_GPU}/` holds none): every GPU "
             "session of this project so far was lent a machine of one H200. What follows is the simulator's "
-            "prediction alone, and what has been built and tested on CPUs.\n:::\n"
+            "prediction"
+            + (" beside what one GPU measured" if runs else " alone")
+            + ", and what has been built and tested on CPUs.\n:::\n"
         )
-    return "\n".join(measured_md(run, page) for run in runs)
+    repeats: dict[tuple[str, int], list[Path]] = {}  # a replicas repeat's parts, one (N, router) each
+    for run in runs:
+        if _part(run) != "tp":
+            repeats.setdefault((run.parts[-3], int(run.name[1:])), []).append(run)
+    lines += [measured_md(group, page) for _, group in sorted(repeats.items())]
+    tp = tp_md([run for run in runs if _part(run) == "tp"])
+    return "\n".join([*lines, tp] if tp else lines)
 
 
-def measured_md(run: Path, page=None) -> str:
-    """One run of ``servelab.cluster.capacity_run``: its capacity per router and N, measured, and beside it the
-    simulator's prediction where the run used the prediction's model and SLO (``page``: the simulator's record)."""
-    meta = json.loads((run / "run.json").read_text())
-    P, dev = meta.get("params", {}), meta.get("device", {})
-    cap = pd.read_csv(run / "capacity.csv")
+def tp_repeat(run: Path) -> pd.DataFrame:
+    """One tensor parallel run's medians per (TP, batch, prompt length): the time of the prefill and first token
+    (``first_ms``), and of a decode step (``step_ms``: each sample's ``(whole - first) / (new_tokens - 1)``)."""
+    s = pd.read_csv(run / "samples.csv")
+    keys = ["tp", "batch", "prompt_tokens", "new_tokens", "sample"]
+    wide = s.pivot_table(index=keys, columns="call", values="ms").reset_index()
+    wide["step_ms"] = (wide["whole"] - wide["first"]) / (wide["new_tokens"] - 1)
+    med = wide.groupby(["tp", "batch", "prompt_tokens"])[["first", "step_ms"]].median().reset_index()
+    return med.rename(columns={"first": "first_ms"})
+
+
+def tp_summary(runs: list[Path]) -> pd.DataFrame:
+    """Over the repeats: per (TP, batch, prompt length), the median of the repeats' medians with their range, and
+    the decode step's speed-up over TP = 1 in the same repeat (median and range)."""
+    per = []
+    for i, run in enumerate(runs):
+        t = tp_repeat(run)
+        one = t[t["tp"] == 1].set_index(["batch", "prompt_tokens"])["step_ms"]
+        key = pd.MultiIndex.from_frame(t[["batch", "prompt_tokens"]])
+        per.append(t.assign(repeat=i, speedup=one.reindex(key).to_numpy() / t["step_ms"].to_numpy()))
+    both = pd.concat(per, ignore_index=True)
+    g = both.groupby(["tp", "batch", "prompt_tokens"])
+    out = g[["first_ms", "step_ms", "speedup"]].agg(["median", "min", "max"])
+    out.columns = [f"{a}_{b}" for a, b in out.columns]
+    return out.assign(repeats=g["repeat"].nunique()).reset_index()
+
+
+def _spread(row, col: str, fmt: str) -> str:
+    med, lo, hi = (getattr(row, f"{col}_{k}") for k in ("median", "min", "max"))
+    if not math.isfinite(med):
+        return "–"
+    return f"{med:{fmt}} ({lo:{fmt}}–{hi:{fmt}})" if row.repeats > 1 else f"{med:{fmt}}"
+
+
+def tp_md(runs: list[Path]) -> str:
+    """The tensor parallel runs, grouped by machine and measuring code: per batch and prompt length, each size's
+    time to first token and decode step, and the step's speed-up over one GPU, medians over the repeats."""
+    groups: dict[tuple[str, str], list[Path]] = {}
+    for run in runs:
+        groups.setdefault((run.parts[-6], run.parts[-3]), []).append(run)
+    lines = []
+    for (folder, fp), group in groups.items():
+        metas = [json.loads((r / "run.json").read_text()) for r in group]
+        P, dev = metas[0].get("params", {}), metas[0].get("device", {})
+        t = tp_summary(group)
+        commits = ", ".join(sorted({str(m.get("git_commit", ""))[:7] for m in metas}))
+        clocks = {c for r in group for c in pd.read_csv(r / "samples.csv")["clock"]}
+        clock = "CUDA events" if clocks == {"cuda_event"} else "wall clock"
+        lines += [
+            f"**Measured**, tensor parallel, on {dev.get('gpus', '?')}× {dev.get('name', '?')} ({folder}, measuring "
+            f"code {fp}, commits {commits}): {md_text(P.get('model', '?'))} in {P.get('dtype', '?')}, "
+            f"{len(group)} repeat{'s' * (len(group) > 1)} in fresh processes, {P.get('samples', '?')} timed calls "
+            f"of each generation per repeat, {P.get('new_tokens', '?')} new tokens, greedy; "
+            f"{clock}. Each cell: the median over the repeats of each repeat's median, with the repeats' range.",
+            "",
+            list_table(
+                ["TP", "batch", "prompt tokens", "first token (ms)", "decode step (ms)", "step speed-up over TP = 1"],
+                [
+                    [
+                        str(r.tp),
+                        str(r.batch),
+                        str(r.prompt_tokens),
+                        _spread(r, "first_ms", ".2f"),
+                        _spread(r, "step_ms", ".3f"),
+                        "1" if r.tp == 1 else "×" + _spread(r, "speedup", ".2f"),
+                    ]
+                    for r in t.sort_values(["batch", "prompt_tokens", "tp"]).itertuples()
+                ],
+            ),  # fmt: skip
+            "",
+        ]
+        if len(group) < 3:
+            lines.append(f"*{len(group)} repeat{'s' * (len(group) > 1)} only: no conclusion is drawn from it.*\n")
+    return "\n".join(lines)
+
+
+def measured_md(runs: list[Path], page=None) -> str:
+    """One repeat of the real replicas' capacity (``servelab.cluster.capacity_run``, in parts of one (N, router)
+    each): its capacity per router and N, and beside it the simulator's prediction where the run used the
+    prediction's model and SLO (``page``: the simulator's record)."""
+    metas = [json.loads((run / "run.json").read_text()) for run in runs]
+    P = metas[0].get("params", {})
+    cap = pd.concat([pd.read_csv(run / "capacity.csv") for run in runs], ignore_index=True)
+    one = cap.loc[cap["replicas"] == 1, "met_req_s"]
+    cap["scaling"] = cap["met_req_s"] / (cap["replicas"] * (float(one.iloc[0]) if len(one) else math.nan))
+    machines = ", ".join(
+        sorted({f"{m.get('device', {}).get('gpus', '?')}× {m.get('device', {}).get('name', '?')}" for m in metas})
+    )
+    commits = ", ".join(sorted({str(m.get("git_commit", ""))[:7] for m in metas}))
     lines = [
-        f"**Measured** on {dev.get('gpus', '?')}× {dev.get('name', '?')} at {str(meta.get('git_commit', ''))[:7]} "
-        f"({run.parts[-6]}, repeat {meta.get('repeat_index', 0)}): {P.get('model')}, SLO p99 TTFT ≤ "
-        f"{P.get('slo_ttft_ms', math.nan):.0f} ms and p99 TPOT ≤ {P.get('slo_tpot_ms', math.nan):.1f} ms, "
+        f"**Measured** on {machines} at {commits} ({', '.join(sorted({r.parts[-6] for r in runs}))}, repeat "
+        f"{metas[0].get('repeat_index', 0)}, {len(runs)} part{'s' * (len(runs) > 1)}): {P.get('model')}, SLO p99 "
+        f"TTFT ≤ {P.get('slo_ttft_ms', math.nan):.0f} ms and p99 TPOT ≤ {P.get('slo_tpot_ms', math.nan):.1f} ms, "
         f"{P.get('requests_per_replica')} requests per replica per point, lengths {P.get('lengths_source', '?')}.",
         "",
         _md_table(capacity_table(cap)),
@@ -104,6 +203,8 @@ def capacity_table(table: pd.DataFrame) -> pd.DataFrame:
     t = table.assign(cell=[_cell(r) for r in table.itertuples()])
     one = t[t["router"] == SINGLE]
     many = t[t["router"] != SINGLE]
+    if many.empty:  # one replica only (a one-GPU machine's part)
+        return one.set_index("replicas")[["cell"]].rename(columns={"cell": SINGLE}).rename_axis(columns=None)
     out = many.pivot(index="replicas", columns="router", values="cell")
     routers = list(dict.fromkeys(many["router"]))
     if not one.empty:
@@ -148,8 +249,27 @@ def capacity_md(page) -> str:
         f"×{best['scaling'].iloc[0]:.2f} what {int(best['replicas'].iloc[0])} separate replicas would serve; "
         f"{md_text(', '.join(sorted(set(top_n['router']) - set(best['router']))) or 'no router')} "
         "falls short of it.",
+        "",
+        *_commands_md(page),
     ]
     return "\n".join(lines) + "\n"
+
+
+def _commands_md(page) -> list[str]:
+    """How a real run measures this prediction: the jobs, and the capacity run that one part makes."""
+    from servelab.studies.s08_simulator import cluster_run
+
+    part = next(p for p, (n, _) in cluster_run.PARTS.items() if n == max(n for n, _ in cluster_run.PARTS.values()))
+    argv = cluster_run.replicas_argv(page, part, 0)
+    return [
+        "The real run measures this with the prediction's own settings, one part per N and router "
+        f"(`{cluster_run.__name__}`, listed by `make gpu-plan GPUS=N` as `09_beyond_one_gpu:<part>:<repeat>`); "
+        f"the part {md_text(part)} of repeat 0 runs:",
+        "",
+        "```bash",
+        "python -m servelab.cluster.capacity_run " + " ".join(argv),
+        "```",
+    ]
 
 
 def beyond_page(root: Path | None = None, device: str = BOOK_DEVICE) -> dict[str, str]:

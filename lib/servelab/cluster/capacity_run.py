@@ -11,7 +11,7 @@ For each N (one router at N = 1, where routing cannot matter) it starts ``servel
 point one open-loop Poisson trace of N x ``--requests-per-replica`` requests, sent by the load generator. A point
 meets the SLO when every request completed and p99 TTFT and p99 TPOT are within it (``sim.capacity.meets_slo``,
 the simulator's test). It writes, under ``--out`` (default: the book's layout,
-``data/results/<device>/09_beyond_one_gpu/runs/<fingerprint>/replicas/r<repeat>/``): ``points.csv`` (every
+``data/results/<device>/09_beyond_one_gpu/runs/<fingerprint>/<--part: replicas>/r<repeat>/``): ``points.csv`` (every
 point), ``capacity.csv`` (the bracket per router and N), ``requests.csv`` (every request), and ``run.json``.
 Flags after ``--`` go to every ``servelab serve``. On CPUs (``--device cpu``) it runs for a test; its times mean
 nothing there.
@@ -20,7 +20,6 @@ nothing there.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import signal
@@ -32,18 +31,17 @@ from pathlib import Path
 
 import pandas as pd
 
+from servelab.cluster.run_record import machine_record, run_folder, write_run
 from servelab.errors import ParameterError
 from servelab.loadgen.lengths import add_length_arguments, lengths_from_args
 from servelab.loadgen.metrics import records_for_csv, summarize
 from servelab.loadgen.run import run_load
 from servelab.loadgen.workload import Trace
 from servelab.measure.fingerprint import fingerprint
-from servelab.measure.results import git_commit, results_root
 from servelab.server.launch import LIB_DIR, free_port, wait_healthy
 from servelab.sim.capacity import bracket_search, meets_slo
 from servelab.sim.routers import ROUTERS
 
-STUDY = "09_beyond_one_gpu"
 PART = "replicas"
 SINGLE = "(one replica)"  # the router column at N = 1, as the prediction's table names it
 STARTUP_S = 1800.0  # N replicas load in parallel; an 8B model with graph capture takes minutes on one GPU
@@ -126,17 +124,6 @@ def sweep(
     return capacity, pd.DataFrame(points), reqs
 
 
-def _device() -> dict:
-    """The machine's device record (``measure.device``), with how many GPUs the replicas spread over, and its
-    results folder's name: the record's slug, ``-xN`` for N GPUs."""
-    from servelab.cluster.serve import gpus
-    from servelab.measure.device import device_record
-
-    rec = device_record()
-    n = len(gpus(rec.kind))
-    return {**rec.as_dict(), "gpus": n, "folder": f"{rec.slug}-x{n}" if n > 1 else rec.slug}
-
-
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m servelab.cluster.capacity_run", description=__doc__.split("\n")[0])
     ap.add_argument("model")
@@ -152,6 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--vocab-size", type=int, default=32000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeat", type=int, default=0)
+    ap.add_argument("--part", default=PART, help="the run's folder under its fingerprint (a run in parts: one each)")
     ap.add_argument("--out", type=Path, default=None)
     add_length_arguments(ap.add_argument_group("lengths"))
     return ap
@@ -165,9 +153,9 @@ def main(argv: list[str] | None = None) -> int:
         if min(a.replicas) < 1 or a.requests_per_replica < 1 or not a.start > 0:
             raise ParameterError("--replicas and --requests-per-replica must be >= 1, --start > 0")
         lengths = lengths_from_args(a)
-        device = _device()
+        device = machine_record()
         fp = fingerprint("servelab.cluster.capacity_run").digest
-        out = a.out or results_root() / device["folder"] / STUDY / "runs" / fp[:12] / PART / f"r{a.repeat}"
+        out = a.out or run_folder(device, fp, a.part, a.repeat)
         out.mkdir(parents=True, exist_ok=True)
         started = time.time()
 
@@ -192,14 +180,10 @@ def main(argv: list[str] | None = None) -> int:
         capacity.to_csv(out / "capacity.csv", index=False)
         points.to_csv(out / "points.csv", index=False)
         requests.to_csv(out / "requests.csv", index=False)
-        meta = {
-            "study": STUDY, "part": PART, "repeat_index": a.repeat, "seed": a.seed + a.repeat, "fingerprint": fp,
-            "git_commit": git_commit(), "device": device, "duration_s": time.time() - started,
-            "params": {k: v for k, v in vars(a).items() if k != "out"} | {"serve_args": serve_args,
-                                                                        "lengths_source": lengths.source},
-            "complete": True,
-        }  # fmt: skip
-        (out / "run.json").write_text(json.dumps(meta, indent=1, default=str))
+        params = {k: v for k, v in vars(a).items() if k != "out"}
+        params |= {"serve_args": serve_args, "lengths_source": lengths.source}
+        write_run(out, part=a.part, repeat=a.repeat, seed=a.seed + a.repeat, fingerprint=fp, machine=device,
+                  started=started, params=params)  # fmt: skip
         print(capacity.to_string(index=False))
         print(out)
         return 0

@@ -1,6 +1,6 @@
 """An engine whose model is split over N processes (``engine_from_spec(..., tensor_parallel_size=N)``; ``servelab
-serve --tensor-parallel-size N``); ``generate`` and ``timed`` run one (``python -m
-servelab.engine.tp_engine``: the Beyond-one-GPU page's TP table).
+serve --tensor-parallel-size N``); ``generate`` runs one to completion. The Beyond-one-GPU page's TP table is
+timed by ``servelab.cluster.tp_run``.
 
 The driver is an ``Engine`` over rank 0's shard (``tensor_parallel.shard_model``) in the caller's process; ranks
 1..N-1 are worker processes (``tp_worker``), each an ``Engine`` over its own shard. Every call that changes an
@@ -266,38 +266,6 @@ def engine_from_spec(spec: str, *, config: EngineConfig | None = None, tensor_pa
     return Engine.from_spec(spec, config=config, **kw)
 
 
-def _sync(engine) -> None:
-    if engine.device.type == "cuda":
-        torch.cuda.synchronize(engine.device)
-
-
-def timed(engine, prompts: list[list[int]], max_tokens: int, repeats: int) -> list[dict]:
-    """Per prompt, alone (batch 1): the median wall time of its first token (prefill and one step) and of each
-    later token, over ``repeats`` runs after one warm-up; every rank runs it in lockstep, so the collectives are
-    inside the times. Wall clock around whole generations, synchronized: the all-reduces block the host anyway."""
-    import statistics
-    import time
-
-    from servelab.engine import SamplingParams
-
-    def run(prompt, n: int) -> float:
-        _sync(engine)
-        t0 = time.perf_counter()
-        engine.generate([prompt], SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True))
-        _sync(engine)
-        return time.perf_counter() - t0
-
-    rows = []
-    for i, prompt in enumerate(prompts):
-        run(prompt, max_tokens)  # first use: kernels, graphs, allocator
-        first = statistics.median(run(prompt, 1) for _ in range(repeats))
-        whole = statistics.median(run(prompt, max_tokens) for _ in range(repeats))
-        per_token = (whole - first) * 1e3 / max(1, max_tokens - 1)
-        rows.append(dict(prompt=i, prompt_tokens=len(prompt), new_tokens=max_tokens, ttft_ms=first * 1e3,
-                         decode_ms_per_token=per_token, repeats=repeats))  # fmt: skip
-    return rows
-
-
 def generate(
     spec: str,
     prompts: list[list[int]],
@@ -310,11 +278,9 @@ def generate(
     max_positions: int = 512,
     engine: dict | None = None,
     timeout_s: float = 600.0,
-    repeats: int = 0,
-):
+) -> list[list[int]]:
     """Greedy tokens of ``prompts`` from ``spec`` split over ``world`` processes (CPUs over gloo; ``device="cuda"``,
-    one GPU each over NCCL). With ``repeats`` > 0, instead
-    of the tokens, ``timed``'s rows: each prompt's time to first token and decode time per token at batch 1."""
+    one GPU each over NCCL). The page's timings are ``servelab.cluster.tp_run``'s."""
     from servelab.engine import SamplingParams
 
     settings = engine or {"num_blocks": 64, "cuda_graphs": device == "cuda"}
@@ -322,43 +288,7 @@ def generate(
     kw = {"timeout_s": timeout_s} if world > 1 else {}
     e = engine_from_spec(spec, dtype=dtype, device=device, config=cfg, seed=seed, tensor_parallel_size=world, **kw)
     try:
-        if repeats:
-            return timed(e, prompts, max_tokens, repeats)
         return e.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True))
     finally:
         if hasattr(e, "close"):
             e.close()
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m servelab.engine.tp_engine --spec config:llama-3-8b --sizes 1 2 4 --out tp.csv``: TTFT and
-    decode ms per token at batch 1 per TP size, one CSV row per (size, prompt)."""
-    import argparse
-
-    import pandas as pd
-
-    ap = argparse.ArgumentParser(prog="python -m servelab.engine.tp_engine", description=main.__doc__)
-    ap.add_argument("--spec", default="config:llama-3-8b")
-    ap.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4])
-    ap.add_argument("--prompt-tokens", type=int, nargs="+", default=[128, 2048])
-    ap.add_argument("--new-tokens", type=int, default=64)
-    ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--out", required=True)
-    a = ap.parse_args(argv)
-    prompts = [[(7 * i + 3) % 1000 + 10 for i in range(n)] for n in a.prompt_tokens]
-    positions = max(a.prompt_tokens) + a.new_tokens + 16
-    engine = {"num_blocks": positions // 16 + 8, "cuda_graphs": a.device == "cuda"}  # one sequence at a time
-    frames = []
-    for world in a.sizes:
-        rows = generate(a.spec, prompts, world=world, max_tokens=a.new_tokens, dtype=a.dtype, device=a.device,
-                        max_positions=positions, engine=engine, repeats=a.repeats)  # fmt: skip
-        frames.append(pd.DataFrame(rows).assign(spec=a.spec, tp=world, device=a.device, dtype=a.dtype))
-    pd.concat(frames, ignore_index=True).to_csv(a.out, index=False)
-    print(f"wrote {a.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

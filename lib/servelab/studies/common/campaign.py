@@ -35,7 +35,7 @@ from pathlib import Path
 from servelab.bench import jobs as engine_jobs
 from servelab.errors import ParameterError
 from servelab.measure.results import results_root
-from servelab.studies.common import carry, warm_drafts
+from servelab.studies.common import carry, multi_gpu, warm_drafts
 from servelab.studies.common.repeats import MIN_REPEATS
 from servelab.studies.common.runs import measuring_module, study_runs
 
@@ -112,7 +112,7 @@ def missing_here(study: str, part: str) -> str:
     """What this machine lacks for the job to measure anything ("" when nothing): checked before a job starts, so
     that a job which could only record failures (a server that cannot start, weights that are not there) is not run
     and leaves no run that looks complete."""
-    if study in SERVER_STUDIES:
+    if study in SERVER_STUDIES or (study == multi_gpu.STUDY and multi_gpu.JOBS[part].server):
         absent = [f"{m} ({e})" for m in SERVER_MODULES if (e := _import_error(m))]
         if absent:
             return f"{', '.join(absent)} cannot be imported (carry .whl/, made by scripts/gpu_wheels.sh)"
@@ -213,6 +213,18 @@ def missing_engine_jobs(root: Path | None = None) -> list[Job]:
     return [Job(engine_jobs.STUDY, part, 0, round(minutes, 1), basis) for part, minutes, basis in todo]
 
 
+def missing_multi_gpu_jobs(root: Path | None = None, repeats: int = MIN_REPEATS, gpus: int = 1) -> list[Job]:
+    """The "Beyond one GPU" page's jobs missing today (``multi_gpu``); one that needs more than ``gpus`` GPUs is held
+    back, with why."""
+    out = []
+    for job, rep, minutes, basis in multi_gpu.missing(Path(root or results_root()), repeats):
+        held = "" if job.gpus <= gpus else (
+            f"needs a machine of {job.gpus} GPUs (`status` lists the kinds lent; there, make gpu-plan GPUS={job.gpus})"
+        )  # fmt: skip
+        out.append(Job(multi_gpu.STUDY, job.part, rep, round(minutes + START_MIN, 1), basis, held))
+    return out
+
+
 def missing_jobs(study: str, repeats: int = MIN_REPEATS, root: Path | None = None, runs=None) -> list[Job]:
     """Every (part, repeat) of ``study`` with no complete run at today's fingerprint on the book's device. ``runs``:
     the study's ``RunSet``, where the caller has read it already."""
@@ -268,7 +280,7 @@ def claim_needs(study: str) -> dict[str, tuple[str, ...]]:
     every claim); {} for a study without seed claims (the simulator, the engine's bench)."""
     import importlib
 
-    if not study[:2].isdigit() or study == "08_simulator":
+    if not study[:2].isdigit() or study in ("08_simulator", multi_gpu.STUDY):
         return {}
     report = importlib.import_module(f"servelab.studies.s{study}.report")
     needs = getattr(report, "NEEDS", None)
@@ -283,7 +295,7 @@ def claim_needs(study: str) -> dict[str, tuple[str, ...]]:
 def claim_tiers(jobs: list[Job]) -> list[list[Job]]:
     """``jobs`` in tiers, the first packed first: a job's tier is the fewest missing jobs among the seed claims that
     read its part (a claim whose last jobs these are is judged soonest, so the book's verdicts come before the
-    parts that no claim reads); jobs that no claim reads come last."""
+    parts that no claim reads); jobs that no claim reads come next, the Beyond-one-GPU page's last."""
     rank: dict[Job, float] = {}
     for study in dict.fromkeys(j.study for j in jobs):
         mine = [j for j in jobs if j.study == study]
@@ -291,9 +303,10 @@ def claim_tiers(jobs: list[Job]) -> list[list[Job]]:
             waiting = [j for j in mine if j.part in parts]
             for j in waiting:
                 rank[j] = min(rank.get(j, math.inf), len(waiting))
-    tiers: dict[float, list[Job]] = {}
+    tiers: dict[tuple[bool, float], list[Job]] = {}
     for j in jobs:
-        tiers.setdefault(rank.get(j, math.inf), []).append(j)
+        # the Beyond-one-GPU page's jobs after every study's: the seed's studies are the book's first debt
+        tiers.setdefault((j.study == multi_gpu.STUDY, rank.get(j, math.inf)), []).append(j)
     return [tiers[k] for k in sorted(tiers)]
 
 
@@ -426,6 +439,12 @@ def _resolve(study: str, part: str, rep: int, profile: str) -> tuple[float, floa
         guess = engine_jobs.JOBS[part].guess_min
         expected = next((m for p, m, _ in engine_jobs.missing(results_root(), START_MIN) if p == part), guess)
         return guess, expected, engine_jobs.JOBS[part].command()
+    if study == multi_gpu.STUDY:
+        if part not in multi_gpu.JOBS:
+            raise ParameterError(f"{study} has no part {part!r}; its parts: {sorted(multi_gpu.JOBS)}")
+        job = multi_gpu.JOBS[part]
+        expected = multi_gpu.recorded_min(results_root(), part) or job.guess_min
+        return job.guess_min, expected + START_MIN, job.command(rep)
     guess = parts_of(study).get(part)
     if guess is None:
         raise ParameterError(f"{study} has no part {part!r}; its parts: {sorted(parts_of(study))}")
@@ -481,6 +500,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=MIN_REPEATS)
     p.add_argument("--max-minutes", type=float, default=MAX_MINUTES)
     p.add_argument("--results", type=Path, default=None)
+    p.add_argument("--gpus", type=int, default=1, help="GPUs on the machine the plan is for (the Beyond-one-GPU jobs)")
     p.add_argument("--jobs-only", action="store_true", help="print only the job names, one line")
     p.add_argument("studies", nargs="*", help="only these studies, engine among them (default: all)")
     r = sub.add_parser("run", help="run jobs, each in a fresh process")
@@ -495,12 +515,14 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     try:
         if a.cmd == "plan":
-            if a.repeats < 1 or not math.isfinite(a.max_minutes) or a.max_minutes <= 0:
-                raise ParameterError("--repeats must be >= 1 and --max-minutes > 0")
-            studies = a.studies or [*campaign_studies(), engine_jobs.STUDY]
+            if a.repeats < 1 or a.gpus < 1 or not math.isfinite(a.max_minutes) or a.max_minutes <= 0:
+                raise ParameterError("--repeats and --gpus must be >= 1 and --max-minutes > 0")
+            studies = a.studies or [*campaign_studies(), engine_jobs.STUDY, multi_gpu.STUDY]
             root = a.results or results_root()
-            jobs = [job for s in studies if s != engine_jobs.STUDY for job in missing_jobs(s, a.repeats, root)]
+            special = (engine_jobs.STUDY, multi_gpu.STUDY)
+            jobs = [job for s in studies if s not in special for job in missing_jobs(s, a.repeats, root)]
             jobs += missing_engine_jobs(root) if engine_jobs.STUDY in studies else []
+            jobs += missing_multi_gpu_jobs(root, a.repeats, a.gpus) if multi_gpu.STUDY in studies else []
             ready, held = [j for j in jobs if not j.held], [j for j in jobs if j.held]
             if a.jobs_only:
                 print(" ".join(j.name for b in pack(ready, a.max_minutes) for j in b))
