@@ -51,8 +51,9 @@ def test_more_replicas_serve_more_and_one_replica_is_searched_once():
 def _page(table, tried):
     return SimpleNamespace(
         cap={"cost": COST, "slo": (60.0, 6.0), "lengths": LENGTHS, "one": 8.0, "sched": SCHED},
-        P={"replica_requests": 400, "replica_refine": 1},
-        device="cpu (test)", tables={"replica_capacity": table, "replica_capacity_tried": tried},
+        P={"replica_requests": 400, "replica_refine": 1, "prefix_groups": 16, "prefix_tokens": 256},
+        s1_params={"max_model_len": 8192}, device="cpu (test)",
+        tables={"replica_capacity": table, "replica_capacity_tried": tried},
     )  # fmt: skip
 
 
@@ -162,10 +163,11 @@ def test_the_real_run_is_given_the_predictions_own_settings():
         assert (a.model, a.replicas, a.routers, a.part, a.repeat) == (
             str(COST.gpu.model), [4], ["least_outstanding"], "n4-least_outstanding", 2)  # fmt: skip
         assert (a.slo_ttft_ms, a.slo_tpot_ms, a.start, a.requests_per_replica, a.refine) == (60.0, 6.0, 8.0, 400, 1)
+        assert (a.prefix_groups, a.prefix_tokens) == (16, 256)
         assert lengths_from_args(a) == lengths
         served = parse_args(argv[split + 1 :])
         assert (served.scheduler, served.max_num_seqs, served.max_num_batched_tokens) == ("chunked_prefill", 64, 512)
-        assert served.prefix_caching is False
+        assert served.prefix_caching is False and served.max_model_len == 8192
     with pytest.raises(ParameterError, match="no part"):
         cluster_run.replicas_argv(page, "n3-round_robin", 0)
     page.cap = {}

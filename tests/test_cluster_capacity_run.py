@@ -51,6 +51,7 @@ def test_two_replicas_on_cpus_are_measured_into_the_books_layout(tmp_path):
         "config:tiny-llama", "--replicas", "2", "--routers", "round_robin", "--slo-ttft-ms", "1e6",
         "--slo-tpot-ms", "1e6", "--start", "2", "--requests-per-replica", "3", "--steps", "0", "--refine", "0",
         "--lengths", "fixed", "--prompt-tokens", "8", "--output-tokens", "3", "--vocab-size", "100",
+        "--prefix-groups", "2", "--prefix-tokens", "4",
         "--out", str(out), "--", "--device", "cpu", "--max-num-seqs", "4", "--log-level", "warning",
     ])  # fmt: skip
     assert rc == 0
@@ -63,3 +64,12 @@ def test_two_replicas_on_cpus_are_measured_into_the_books_layout(tmp_path):
     from servelab_book.beyond_one_gpu import multi_gpu_runs
 
     assert multi_gpu_runs(tmp_path) == [out]
+    # the page replays a real run's points on their own traces: the records a real server gave are what it reads
+    from sim_fixtures import COST
+
+    from servelab.studies.s08_simulator import cluster_replay
+
+    sched = {"scheduler": "chunked_prefill", "max_num_seqs": 4, "max_num_batched_tokens": 8192, "block_size": 16}
+    table = cluster_replay.replay_run(out, COST, sched)
+    assert set(zip(table["router"], table["replicas"], table["rate"], strict=True)) == {("round_robin", 2, 4.0)}
+    assert table.loc[table["metric"] == "p99 TTFT", ["real", "sim"]].gt(0).all(axis=None)

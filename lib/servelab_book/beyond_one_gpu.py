@@ -182,7 +182,25 @@ def measured_md(runs: list[Path], page=None) -> str:
             lines.append(
                 f"Against the prediction (the highest rate within the SLO): {each}. Median |error| **{err:.0f} %**."
             )
+            lines += ["", replay_md(runs, page)]
     return "\n".join(lines) + "\n"
+
+
+def replay_md(runs: list[Path], page) -> str:
+    """The repeat's points replayed by the simulator on their own traces (``s08_simulator.cluster_replay``)."""
+    from servelab.studies.s08_simulator import cluster_replay
+
+    try:
+        table = pd.concat([cluster_replay.replay_run(r, page.cap["cost"], page.cap["sched"]) for r in runs])
+    except Exception as e:  # noqa: BLE001 - a run without what a replay reads: the page says so, the book builds
+        return f"No replay of its points: {type(e).__name__}: {md_text(str(e))[:200]}."
+    a = cluster_replay.agreement(table)
+    errs = "; ".join(f"{m} {e:.0f} %" for m, e in a["median_abs_error_pct"].items())
+    return (
+        f"Each point replayed by the simulator on its own trace (send times, output lengths and prompts as sent; "
+        f"the same router and N): the replay gives the real SLO verdict at **{a['same_verdict']} of {a['points']}** "
+        f"points; median |error| per metric over the points, as in `sim_validation.csv`: {errs}."
+    )
 
 
 def study8_report(root: Path | None = None, device: str = BOOK_DEVICE):

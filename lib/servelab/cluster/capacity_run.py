@@ -40,6 +40,7 @@ from servelab.loadgen.workload import Trace
 from servelab.measure.fingerprint import fingerprint
 from servelab.server.launch import LIB_DIR, free_port, wait_healthy
 from servelab.sim.capacity import bracket_search, meets_slo
+from servelab.sim.prefix_workload import with_shared_prefixes
 from servelab.sim.routers import ROUTERS
 
 PART = "replicas"
@@ -124,6 +125,21 @@ def sweep(
     return capacity, pd.DataFrame(points), reqs
 
 
+def point_trace(params: dict, n: int, rate: float) -> Trace:
+    """The trace of the point at ``rate`` on ``n`` replicas, from a run's parameters (the parsed flags, or its
+    ``run.json``'s ``params``): ``n`` x ``--requests-per-replica`` Poisson arrivals with seed ``--seed`` +
+    ``--repeat``, prompts of random token ids, or with ``--prefix-groups`` G, each opening with one of G shared
+    prefixes of ``--prefix-tokens`` tokens (Zipf-popular, as the simulator's prediction draws them), so that the
+    prefix-affinity router has something to keep together. Deterministic: the page re-draws it to replay."""
+    a = argparse.Namespace(**params)
+    seed = a.seed + a.repeat
+    t = Trace.synthetic(rate=rate, lengths=lengths_from_args(a), n=n * a.requests_per_replica, seed=seed)
+    if not getattr(a, "prefix_groups", 0):
+        return t.with_prompt_ids(a.vocab_size, seed=seed)
+    return with_shared_prefixes(t, groups=a.prefix_groups, prefix_tokens=a.prefix_tokens, vocab=a.vocab_size,
+                                seed=seed, materialize=True)  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m servelab.cluster.capacity_run", description=__doc__.split("\n")[0])
     ap.add_argument("model")
@@ -137,6 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--refine", type=int, default=2, help="bisections in log space")
     ap.add_argument("--drain-s", type=float, default=30.0)
     ap.add_argument("--vocab-size", type=int, default=32000)
+    ap.add_argument("--prefix-groups", type=int, default=0, help="prompts open with one of this many shared prefixes")
+    ap.add_argument("--prefix-tokens", type=int, default=256, help="tokens of each shared prefix")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeat", type=int, default=0)
     ap.add_argument("--part", default=PART, help="the run's folder under its fingerprint (a run in parts: one each)")
@@ -152,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if min(a.replicas) < 1 or a.requests_per_replica < 1 or not a.start > 0:
             raise ParameterError("--replicas and --requests-per-replica must be >= 1, --start > 0")
+        if a.prefix_groups < 0 or a.prefix_tokens < 1:
+            raise ParameterError("--prefix-groups must be >= 0 and --prefix-tokens >= 1")
         lengths = lengths_from_args(a)
         device = machine_record()
         fp = fingerprint("servelab.cluster.capacity_run").digest
@@ -160,8 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         started = time.time()
 
         def trace(n: int, rate: float) -> Trace:
-            t = Trace.synthetic(rate=rate, lengths=lengths, n=n * a.requests_per_replica, seed=a.seed + a.repeat)
-            return t.with_prompt_ids(a.vocab_size, seed=a.seed + a.repeat)
+            return point_trace(vars(a), n, rate)
 
         def point(url: str, n: int, rate: float):
             met, s, rec = measure_point(url, trace(n, rate), model=a.model, slo_ttft_ms=a.slo_ttft_ms,

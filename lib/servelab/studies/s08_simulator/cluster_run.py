@@ -1,5 +1,6 @@
 """The real replicas' run that the simulator's replica-capacity prediction is set beside (the "Beyond one GPU" page;
-issue 31), with the prediction's own model, SLO, lengths, scheduler settings, requests per replica and starting rate.
+issue 31), with the prediction's own model, SLO, lengths, shared prompt prefixes, scheduler settings, requests per
+replica and starting rate.
 
     python -m servelab.studies.s08_simulator.cluster_run PART --repeat R
 
@@ -43,15 +44,17 @@ def lengths_argv(lengths) -> list[str]:
             str(lengths.output_max)]  # fmt: skip
 
 
-def serve_argv(sched: dict) -> list[str]:
-    """The replicas' server flags for the simulator's scheduler settings (ChunkedPrefill, no prefix cache)."""
+def serve_argv(sched: dict, max_model_len: int | None) -> list[str]:
+    """The replicas' server flags for the simulator's scheduler settings (ChunkedPrefill, no prefix cache) and the
+    context of the Study 1 server they were calibrated on (its prompts reach 6,000 tokens; the server's default
+    context, 4,096, would refuse them)."""
     flags = {"max_num_seqs": "--max-num-seqs", "max_num_batched_tokens": "--max-num-batched-tokens",
              "block_size": "--block-size", "num_blocks": "--num-blocks"}  # fmt: skip
     out = ["--scheduler", sched.get("scheduler", "chunked_prefill"), "--no-prefix-caching"]
     for key, flag in flags.items():
         if sched.get(key) is not None:
             out += [flag, str(int(sched[key]))]
-    return out
+    return out + (["--max-model-len", str(int(max_model_len))] if max_model_len else [])
 
 
 def replicas_argv(page, part: str, repeat: int) -> list[str]:
@@ -67,7 +70,9 @@ def replicas_argv(page, part: str, repeat: int) -> list[str]:
         str(c["cost"].gpu.model), "--replicas", str(n), "--routers", router, "--part", part,
         "--slo-ttft-ms", f"{c['slo'][0]:.6g}", "--slo-tpot-ms", f"{c['slo'][1]:.6g}", "--start", f"{c['one']:.6g}",
         "--requests-per-replica", str(P["replica_requests"]), "--refine", str(P["replica_refine"]),
-        "--repeat", str(repeat), *lengths_argv(c["lengths"]), "--", *serve_argv(c["sched"]),
+        "--prefix-groups", str(P["prefix_groups"]), "--prefix-tokens", str(P["prefix_tokens"]),
+        "--repeat", str(repeat), *lengths_argv(c["lengths"]), "--",
+        *serve_argv(c["sched"], (getattr(page, "s1_params", None) or {}).get("max_model_len")),
     ]  # fmt: skip
 
 
