@@ -7,6 +7,8 @@ lists them as held back until it is told the machine has enough (``--gpus N``, w
 
 A job is missing while the results root holds no complete run of it, on a machine of the book's device, at its
 measuring module's fingerprint today (its folder: ``<device>-x<GPUs>/09_beyond_one_gpu/runs/<fp[:12]>/<part>/r<R>/``).
+The book's device, because the prediction the replicas are set beside is calibrated on it: a run on H100s is shown on
+the page under its own device, and leaves the job listed.
 """
 
 from __future__ import annotations
