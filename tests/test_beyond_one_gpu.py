@@ -103,6 +103,11 @@ def _tp_run(root, repeat: int, step_ms: dict, first_ms: float = 20.0, new_tokens
         for tp, step in step_ms.items() for k in range(2) for call in ("first", "whole")
     ]  # fmt: skip
     pd.DataFrame(rows).to_csv(run / "samples.csv", index=False)
+    # greedy tokens: TP = 2 keeps TP = 1's in the first sequence and differs from token 3 on in the second
+    ids = {(1, 0): [1, 2, 3, 4], (1, 1): [5, 6, 7, 8], (2, 0): [1, 2, 3, 4], (2, 1): [5, 6, 7, 9]}
+    pd.DataFrame(
+        [dict(tp=tp, batch=1, prompt_tokens=128, sequence=i, tokens=json.dumps(t)) for (tp, i), t in ids.items()]
+    ).to_csv(run / "tokens.csv", index=False)
 
 
 def test_tensor_parallel_runs_read_as_one_table_of_medians_over_their_repeats(tmp_path):
@@ -117,6 +122,7 @@ def test_tensor_parallel_runs_read_as_one_table_of_medians_over_their_repeats(tm
     assert math.isclose(two.speedup_median, 8.0 / 5.0) and math.isclose(two.speedup_max, 2.0)
     assert math.isclose(two.first_ms_median, 10.0) and two.repeats == 3
     assert "5.000 (4.000–6.000)" in text and "×1.60 (1.33–2.00)" in text
+    assert "TP = 2: 3 of 6 sequences identical, the others first differ at token 3 (median)" in text
 
 
 def test_fewer_than_three_tensor_parallel_repeats_are_shown_and_not_concluded_on(tmp_path):

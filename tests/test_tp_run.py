@@ -20,6 +20,11 @@ def test_every_size_batch_and_length_is_timed_into_the_books_layout(tmp_path):
             for k in (0, 1)}  # fmt: skip
     assert set(zip(t["tp"], t["batch"], t["prompt_tokens"], t["call"], t["sample"], strict=True)) == want
     assert len(t) == len(want) and (t["ms"] > 0).all() and (t["clock"] == "perf_counter").all()
+    # every sequence's greedy tokens, per size: in float32 on CPUs the split gives one process's tokens
+    g = pd.read_csv(out / "tokens.csv")
+    assert len(g) == 2 * (1 + 2) * 2 and all(len(json.loads(x)) == 4 for x in g["tokens"])
+    one, two = (g[g["tp"] == n].set_index(["batch", "prompt_tokens", "sequence"])["tokens"] for n in (1, 2))
+    assert one.sort_index().equals(two.sort_index())
     meta = json.loads((out / "run.json").read_text())
     assert meta["complete"] and meta["part"] == "tp" and meta["repeat_index"] == 1 and meta["seed"] == 1
     assert meta["params"]["sizes"] == [1, 2] and meta["device"]["kind"] == "cpu" and len(meta["fingerprint"]) > 12

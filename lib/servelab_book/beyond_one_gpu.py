@@ -86,6 +86,48 @@ def tp_summary(runs: list[Path]) -> pd.DataFrame:
     return out.assign(repeats=g["repeat"].nunique()).reset_index()
 
 
+def tp_tokens(runs: list[Path]) -> pd.DataFrame:
+    """Per size above one, over the repeats: how many sequences kept one GPU's greedy tokens (the same prompts in
+    the same repeat), and where the others first differed (the median index of the first differing token)."""
+    rows = []
+    for run in runs:
+        path = run / "tokens.csv"
+        if not path.exists():
+            continue
+        t = pd.read_csv(path)
+        t["ids"] = [json.loads(x) for x in t["tokens"]]
+        one = t[t["tp"] == 1].set_index(["batch", "prompt_tokens", "sequence"])["ids"]
+        for r in t[t["tp"] > 1].itertuples():
+            ref = one.get((r.batch, r.prompt_tokens, r.sequence))
+            if ref is None:
+                continue
+            first = next((i for i, (a, b) in enumerate(zip(ref, r.ids, strict=False)) if a != b), None)
+            if first is None and len(ref) != len(r.ids):
+                first = min(len(ref), len(r.ids))
+            rows.append({"tp": r.tp, "same": first is None, "first_diff": first})
+    if not rows:
+        return pd.DataFrame(columns=["tp", "sequences", "same", "first_diff_median"])
+    d = pd.DataFrame(rows)
+    g = d.groupby("tp")
+    return pd.DataFrame({"sequences": g.size(), "same": g["same"].sum(),
+                         "first_diff_median": g["first_diff"].median()}).reset_index()  # fmt: skip
+
+
+def _tokens_md(runs: list[Path], dtype: str) -> str:
+    t = tp_tokens(runs)
+    if t.empty:
+        return ""
+    each = "; ".join(
+        f"TP = {r.tp}: {int(r.same)} of {int(r.sequences)} sequences identical"
+        + (f", the others first differ at token {r.first_diff_median:.0f} (median)" if r.same < r.sequences else "")
+        for r in t.itertuples()
+    )
+    return (
+        f"Greedy tokens against one GPU's on the same prompts ({dtype}; a split adds its partial sums in another order "
+        f"than one GPU's GEMMs, so where two logits are close the argmax can change): {each}.\n"
+    )
+
+
 def _spread(row, col: str, fmt: str) -> str:
     med, lo, hi = (getattr(row, f"{col}_{k}") for k in ("median", "min", "max"))
     if not math.isfinite(med):
@@ -130,6 +172,9 @@ def tp_md(runs: list[Path]) -> str:
             ),  # fmt: skip
             "",
         ]
+        tokens = _tokens_md(group, str(P.get("dtype", "?")))
+        if tokens:
+            lines.append(tokens)
         if len(group) < 3:
             lines.append(f"*{len(group)} repeat{'s' * (len(group) > 1)} only: no conclusion is drawn from it.*\n")
     return "\n".join(lines)

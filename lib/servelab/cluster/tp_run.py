@@ -15,13 +15,15 @@ the host agree on where a call ends. On CPUs the clock is ``perf_counter``, and 
 
 It writes, under ``--out`` (default: the book's layout,
 ``data/results/<device>-x<GPUs>/09_beyond_one_gpu/runs/<fingerprint>/tp/r<repeat>/``): ``samples.csv`` (one row per
-timed call) and ``run.json``, the device record with clocks at the start and the end. Repeat ``r`` draws its prompts
-with seed ``--seed`` + ``r``.
+timed call), ``tokens.csv`` (each sequence's greedy tokens, from the warm-up of the longer generation) and
+``run.json``, the device record with clocks at the start and the end. Repeat ``r`` draws its prompts with seed
+``--seed`` + ``r``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -66,14 +68,16 @@ class Clock:
 
 
 def measure_size(engine, *, world: int, batches: list[int], prompt_tokens: list[int], new_tokens: int,
-                 samples: int, seed: int) -> list[dict]:  # fmt: skip
-    """One size's rows: per (batch, prompt length), a warm-up of each generation, then ``samples`` timed calls of
-    each, interleaved (first, whole, first, whole, ...), so that a drift of clocks or temperature reaches both."""
+                 samples: int, seed: int) -> tuple[list[dict], list[dict]]:  # fmt: skip
+    """One size's timing rows and token rows: per (batch, prompt length), a warm-up of each generation, then
+    ``samples`` timed calls of each, interleaved (first, whole, first, whole, ...), so that a drift of clocks or
+    temperature reaches both; the warm-up's greedy tokens are kept, one row per sequence, so that the page can say
+    whether a split changed them (its all-reduces add in another order than one GPU's GEMMs)."""
     from servelab.engine import SamplingParams
 
     clock = Clock(engine.device)
     vocab = engine.model.shape.vocab
-    rows = []
+    rows, outputs = [], []
     for batch in batches:
         for tokens in prompt_tokens:
             prompts = prompts_for(batch, tokens, vocab, seed)
@@ -82,13 +86,15 @@ def measure_size(engine, *, world: int, batches: list[int], prompt_tokens: list[
                 "whole": SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True),
             }
             for params in calls.values():
-                engine.generate(prompts, params)  # first use of these shapes: kernels, graphs, allocator
+                got = engine.generate(prompts, params)  # first use of these shapes: kernels, graphs, allocator
+            outputs += [dict(tp=world, batch=batch, prompt_tokens=tokens, sequence=i, tokens=json.dumps(ids))
+                        for i, ids in enumerate(got)]  # fmt: skip
             for k in range(samples):
                 for call, params in calls.items():
                     ms = clock(lambda p=params, x=prompts: engine.generate(x, p))
                     rows.append(dict(tp=world, batch=batch, prompt_tokens=tokens, new_tokens=new_tokens, call=call,
                                      sample=k, ms=ms, clock=clock.name))  # fmt: skip
-    return rows
+    return rows, outputs
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -132,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         # every batch at its longest prompt fits at once, so no size is timed with preemptions
         cfg = EngineConfig(num_blocks=max(a.batches) * (positions // BLOCK + 1) + 8, max_num_seqs=max(a.batches),
                            max_model_len=positions, cuda_graphs=a.device.startswith("cuda"))  # fmt: skip
-        rows = []
+        rows, outputs = [], []
         for world in a.sizes:
             kw = {"timeout_s": a.timeout_s} if world > 1 else {}
             t0 = time.time()
@@ -140,14 +146,16 @@ def main(argv: list[str] | None = None) -> int:
                                       tensor_parallel_size=world, **kw)  # fmt: skip
             try:
                 load_s = time.time() - t0
-                got = measure_size(engine, world=world, batches=a.batches, prompt_tokens=a.prompt_tokens,
+                got, greedy = measure_size(engine, world=world, batches=a.batches, prompt_tokens=a.prompt_tokens,
                                    new_tokens=a.new_tokens, samples=a.samples, seed=a.seed + a.repeat)  # fmt: skip
                 rows += [r | {"load_s": load_s} for r in got]
+                outputs += greedy
             finally:
                 if hasattr(engine, "close"):
                     engine.close()
             print(f"TP = {world}: {len(got)} calls timed, loaded in {load_s:.0f} s", flush=True)
         pd.DataFrame(rows).to_csv(out / "samples.csv", index=False)
+        pd.DataFrame(outputs).to_csv(out / "tokens.csv", index=False)
         params = {k: v for k, v in vars(a).items() if k != "out"}
         write_run(out, part=PART, repeat=a.repeat, seed=a.seed + a.repeat, fingerprint=fp, machine=device,
                   started=started, params=params)  # fmt: skip
