@@ -411,7 +411,12 @@ def _held_text(held: list[Job]) -> str:
         return ""
     lines = [f"\nHeld back, {len(held)} jobs ({sum(j.minutes for j in held):.1f} min) that must wait:"]
     for why in dict.fromkeys(j.held for j in held):
-        lines.append(f"  {', '.join(j.name for j in held if j.held == why)}: {why}")
+        parts: dict[str, list[int]] = {}  # a part's repeats on one name: study:part:0,1,2
+        for j in held:
+            if j.held == why:
+                parts.setdefault(f"{j.study}:{j.part}", []).append(j.repeat)
+        names = ", ".join(f"{p}:{','.join(map(str, reps))}" for p, reps in parts.items())
+        lines.append(f"  {names}: {why}")
     return "\n".join(lines) + "\n"
 
 
