@@ -23,6 +23,7 @@ timed call), ``tokens.csv`` (each sequence's greedy tokens, from the warm-up of 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import time
@@ -153,6 +154,11 @@ def main(argv: list[str] | None = None) -> int:
             finally:
                 if hasattr(engine, "close"):
                     engine.close()
+                # the next size's rank 0 runs in this process, on the same GPU: this size's weights and KV pool go
+                del engine
+                gc.collect()
+                if torch.cuda.is_available():
+                    torch.cuda.empty_cache()
             print(f"TP = {world}: {len(got)} calls timed, loaded in {load_s:.0f} s", flush=True)
         pd.DataFrame(rows).to_csv(out / "samples.csv", index=False)
         pd.DataFrame(outputs).to_csv(out / "tokens.csv", index=False)
