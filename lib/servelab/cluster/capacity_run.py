@@ -12,7 +12,8 @@ point one open-loop Poisson trace of N x ``--requests-per-replica`` requests, se
 meets the SLO when every request completed and p99 TTFT and p99 TPOT are within it (``sim.capacity.meets_slo``,
 the simulator's test). It writes, under ``--out`` (default: the book's layout,
 ``data/results/<device>/09_beyond_one_gpu/runs/<fingerprint>/<--part: replicas>/r<repeat>/``): ``points.csv`` (every
-point), ``capacity.csv`` (the bracket per router and N), ``requests.csv`` (every request), and ``run.json``.
+point, with the load generator's summary of it), ``capacity.csv`` (the bracket per router and N), ``requests.csv``
+(every request, without its tokens' times: ``compact``), and ``run.json``.
 Flags after ``--`` go to every ``servelab serve``. On CPUs (``--device cpu``) it runs for a test; its times mean
 nothing there.
 """
@@ -121,8 +122,15 @@ def sweep(
         single = float(one.iloc[0]) if len(one) else math.nan
         capacity["per_replica_req_s"] = capacity["met_req_s"] / capacity["replicas"]
         capacity["scaling"] = capacity["met_req_s"] / (capacity["replicas"] * single)
-    reqs = pd.concat([records_for_csv(r) for r in requests], ignore_index=True) if requests else pd.DataFrame()
+    reqs = pd.concat([compact(r) for r in requests], ignore_index=True) if requests else pd.DataFrame()
     return capacity, pd.DataFrame(points), reqs
+
+
+def compact(records: pd.DataFrame) -> pd.DataFrame:
+    """A point's records for ``requests.csv`` without each token's time (an empty list): ``points.csv`` holds what
+    they give, the ITL percentiles and the largest stall summarised from every token at measuring time. Kept, they
+    are ~1 KB a request, ~8 MB a part at N = 4, in the tree that every GPU call carries (within 64 MiB)."""
+    return records_for_csv(records).assign(token_times_s="[]")
 
 
 def point_trace(params: dict, n: int, rate: float) -> Trace:
