@@ -89,9 +89,9 @@ def test_the_page_says_when_nothing_ran_on_several_gpus_and_sets_a_run_beside_th
     assert beyond_one_gpu.capacity_md("the simulator's report failed: X").startswith("No prediction")
 
 
-def _tp_run(root, repeat: int, step_ms: dict, first_ms: float = 20.0, new_tokens: int = 5):
+def _tp_run(root, repeat: int, step_ms: dict, first_ms: float = 20.0, new_tokens: int = 5, part: str = "tp"):
     """A tensor parallel run whose decode step takes ``step_ms[tp]`` in every sample (two samples a call)."""
-    run = root / "nvidia-h200-x4" / beyond_one_gpu.MULTI_GPU / "runs" / "fedcba" / "tp" / f"r{repeat}"
+    run = root / "nvidia-h200-x4" / beyond_one_gpu.MULTI_GPU / "runs" / "fedcba" / part / f"r{repeat}"
     run.mkdir(parents=True)
     params = {"model": "config:llama-3-8b", "dtype": "bfloat16", "samples": 2, "new_tokens": new_tokens}
     meta = {"complete": True, "git_commit": f"{repeat}" * 40, "repeat_index": repeat, "part": "tp",
@@ -106,8 +106,9 @@ def _tp_run(root, repeat: int, step_ms: dict, first_ms: float = 20.0, new_tokens
     # greedy tokens: TP = 2 keeps TP = 1's in the first sequence and differs from token 3 on in the second
     ids = {(1, 0): [1, 2, 3, 4], (1, 1): [5, 6, 7, 8], (2, 0): [1, 2, 3, 4], (2, 1): [5, 6, 7, 9]}
     pd.DataFrame(
-        [dict(tp=tp, batch=1, prompt_tokens=128, sequence=i, tokens=json.dumps(t)) for (tp, i), t in ids.items()]
-    ).to_csv(run / "tokens.csv", index=False)
+        [dict(tp=tp, batch=1, prompt_tokens=128, sequence=i, tokens=json.dumps(t)) for (tp, i), t in ids.items()
+         if tp in step_ms]
+    ).to_csv(run / "tokens.csv", index=False)  # fmt: skip
 
 
 def test_tensor_parallel_runs_read_as_one_table_of_medians_over_their_repeats(tmp_path):
@@ -179,3 +180,16 @@ def test_the_real_run_is_given_the_predictions_own_settings():
     page.cap = {}
     with pytest.raises(ParameterError, match="no replica prediction"):
         cluster_run.replicas_argv(page, "n1", 0)
+
+
+def test_a_repeat_in_parts_of_one_size_each_reads_as_one_run_of_every_size(tmp_path):
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    for repeat, two in enumerate((5.0, 4.0, 6.0)):
+        _tp_run(whole, repeat, {1: 8.0, 2: two})
+        _tp_run(parts, repeat, {1: 8.0}, part="tp1")
+        _tp_run(parts, repeat, {2: two}, part="tp2")
+    one = beyond_one_gpu.tp_summary(beyond_one_gpu.multi_gpu_runs(whole))
+    split = beyond_one_gpu.tp_summary(beyond_one_gpu.multi_gpu_runs(parts))
+    assert split.equals(one) and (split["repeats"] == 3).all()
+    text = beyond_one_gpu.status_md(parts)
+    assert "3 repeats in fresh" in text and "×1.60 (1.33–2.00)" in text and "3 of 6 sequences identical" in text

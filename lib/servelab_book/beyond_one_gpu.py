@@ -52,17 +52,30 @@ def status_md(root: Path | None = None, page=None) -> str:
         )
     repeats: dict[tuple[str, int], list[Path]] = {}  # a replicas repeat's parts, one (N, router) each
     for run in runs:
-        if _part(run) != "tp":
+        if not _part(run).startswith("tp"):
             repeats.setdefault((run.parts[-3], int(run.name[1:])), []).append(run)
     lines += [measured_md(group, page) for _, group in sorted(repeats.items())]
-    tp = tp_md([run for run in runs if _part(run) == "tp"])
+    tp = tp_md([run for run in runs if _part(run).startswith("tp")])
     return "\n".join([*lines, tp] if tp else lines)
 
 
-def tp_repeat(run: Path) -> pd.DataFrame:
-    """One tensor parallel run's medians per (TP, batch, prompt length): the time of the prefill and first token
+def _repeats(runs: list[Path]) -> list[list[Path]]:
+    """The runs by repeat (``r<k>``): a repeat's parts, one size each (``tp1``, ``tp2``, ``tp4``), or one run of
+    every size."""
+    by: dict[str, list[Path]] = {}
+    for run in runs:
+        by.setdefault(run.name, []).append(run)
+    return [by[k] for k in sorted(by)]
+
+
+def _read(parts: list[Path], name: str) -> pd.DataFrame:
+    return pd.concat([pd.read_csv(p / name) for p in parts if (p / name).exists()], ignore_index=True)
+
+
+def tp_repeat(parts: list[Path]) -> pd.DataFrame:
+    """One tensor parallel repeat's medians per (TP, batch, prompt length): the time of the prefill and first token
     (``first_ms``), and of a decode step (``step_ms``: each sample's ``(whole - first) / (new_tokens - 1)``)."""
-    s = pd.read_csv(run / "samples.csv")
+    s = _read(parts, "samples.csv")
     keys = ["tp", "batch", "prompt_tokens", "new_tokens", "sample"]
     wide = s.pivot_table(index=keys, columns="call", values="ms").reset_index()
     wide["step_ms"] = (wide["whole"] - wide["first"]) / (wide["new_tokens"] - 1)
@@ -74,8 +87,8 @@ def tp_summary(runs: list[Path]) -> pd.DataFrame:
     """Over the repeats: per (TP, batch, prompt length), the median of the repeats' medians with their range, and
     the decode step's speed-up over TP = 1 in the same repeat (median and range)."""
     per = []
-    for i, run in enumerate(runs):
-        t = tp_repeat(run)
+    for i, parts in enumerate(_repeats(runs)):
+        t = tp_repeat(parts)
         one = t[t["tp"] == 1].set_index(["batch", "prompt_tokens"])["step_ms"]
         key = pd.MultiIndex.from_frame(t[["batch", "prompt_tokens"]])
         per.append(t.assign(repeat=i, speedup=one.reindex(key).to_numpy() / t["step_ms"].to_numpy()))
@@ -90,11 +103,10 @@ def tp_tokens(runs: list[Path]) -> pd.DataFrame:
     """Per size above one, over the repeats: how many sequences kept one GPU's greedy tokens (the same prompts in
     the same repeat), and where the others first differed (the median index of the first differing token)."""
     rows = []
-    for run in runs:
-        path = run / "tokens.csv"
-        if not path.exists():
+    for parts in _repeats(runs):
+        t = _read(parts, "tokens.csv") if any((p / "tokens.csv").exists() for p in parts) else pd.DataFrame()
+        if t.empty:
             continue
-        t = pd.read_csv(path)
         t["ids"] = [json.loads(x) for x in t["tokens"]]
         one = t[t["tp"] == 1].set_index(["batch", "prompt_tokens", "sequence"])["ids"]
         for r in t[t["tp"] > 1].itertuples():
@@ -149,10 +161,11 @@ def tp_md(runs: list[Path]) -> str:
         commits = ", ".join(sorted({str(m.get("git_commit", ""))[:7] for m in metas}))
         clocks = {c for r in group for c in pd.read_csv(r / "samples.csv")["clock"]}
         clock = "CUDA events" if clocks == {"cuda_event"} else "wall clock"
+        n = len(_repeats(group))
         lines += [
             f"**Measured**, tensor parallel, on {dev.get('gpus', '?')}× {dev.get('name', '?')} ({folder}, measuring "
             f"code {fp}, commits {commits}): {md_text(P.get('model', '?'))} in {P.get('dtype', '?')}, "
-            f"{len(group)} repeat{'s' * (len(group) > 1)} in fresh processes, {P.get('samples', '?')} timed calls "
+            f"{n} repeat{'s' * (n > 1)} in fresh processes, {P.get('samples', '?')} timed calls "
             f"of each generation per repeat, {P.get('new_tokens', '?')} new tokens, greedy; "
             f"{clock}. Each cell: the median over the repeats of each repeat's median, with the repeats' range.",
             "",
@@ -175,8 +188,8 @@ def tp_md(runs: list[Path]) -> str:
         tokens = _tokens_md(group, str(P.get("dtype", "?")))
         if tokens:
             lines.append(tokens)
-        if len(group) < 3:
-            lines.append(f"*{len(group)} repeat{'s' * (len(group) > 1)} only: no conclusion is drawn from it.*\n")
+        if n < 3:
+            lines.append(f"*{n} repeat{'s' * (n > 1)} only: no conclusion is drawn from it.*\n")
     return "\n".join(lines)
 
 

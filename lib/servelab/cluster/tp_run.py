@@ -110,6 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeat", type=int, default=0)
+    ap.add_argument("--part", default=PART, help="the run's folder under its fingerprint (one size a part: tp1, ...)")
     ap.add_argument("--timeout-s", type=float, default=900.0, help="a rank's wait for the slowest to load or step")
     ap.add_argument("--out", type=Path, default=None)
     return ap
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         device = machine_record()
         check(a, device["gpus"])
         fp = fingerprint("servelab.cluster.tp_run").digest
-        out = a.out or run_folder(device, fp, PART, a.repeat)
+        out = a.out or run_folder(device, fp, a.part, a.repeat)
         out.mkdir(parents=True, exist_ok=True)
         started = time.time()
         positions = max(a.prompt_tokens) + a.new_tokens + BLOCK
@@ -163,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         pd.DataFrame(rows).to_csv(out / "samples.csv", index=False)
         pd.DataFrame(outputs).to_csv(out / "tokens.csv", index=False)
         params = {k: v for k, v in vars(a).items() if k != "out"}
-        write_run(out, part=PART, repeat=a.repeat, seed=a.seed + a.repeat, fingerprint=fp, machine=device,
+        write_run(out, part=a.part, repeat=a.repeat, seed=a.seed + a.repeat, fingerprint=fp, machine=device,
                   started=started, params=params)  # fmt: skip
         print(out)
         return 0

@@ -1,7 +1,8 @@
 """The GPU jobs of the "Beyond one GPU" page (issue 31), which need a machine of several GPUs: `make gpu-plan`
 lists them as held back until it is told the machine has enough (``--gpus N``, where ``status`` lends such a kind).
 
-- ``09_beyond_one_gpu:tp:R``: the tensor parallel timings, TP = 1, 2, 4 on the 8B shape (``servelab.cluster.tp_run``);
+- ``09_beyond_one_gpu:tp<N>:R``: the tensor parallel timings on the 8B shape, one size a part, TP = 1, 2, 4
+  (``servelab.cluster.tp_run``);
 - ``09_beyond_one_gpu:n1:R``, ``...:n2-<router>:R``, ``...:n4-<router>:R``: the real replicas' capacity, one part per
   (N, router), with the simulator's prediction's settings (``studies.s08_simulator.cluster_run``).
 
@@ -36,14 +37,21 @@ class MultiGpuJob:
     server: bool  # it starts the OpenAI server (whose wheels the GPU machine lacks unless carried)
 
     def command(self, repeat: int) -> list[str]:
-        if self.part == "tp":
-            return [sys.executable, "-m", self.module, "--repeat", str(repeat)]
+        if self.part in TP_SIZES:
+            size = str(TP_SIZES[self.part])
+            return [sys.executable, "-m", self.module, "--sizes", size, "--part", self.part, "--repeat", str(repeat)]
         return [sys.executable, "-m", cluster_run.__name__, self.part, "--repeat", str(repeat)]
 
 
+# the tensor parallel timings one size a part: an 8B engine's load, compile and graph capture take a minute or two
+# per size, three in one run could pass a GPU run's 9 minutes. Every part needs the machine of the largest split,
+# since the page compares the sizes of one repeat on one machine
+TP_SIZES = {"tp1": 1, "tp2": 2, "tp4": 4}
 JOBS = {
-    # three 8B engines one after another (loads, graph capture) and 2 batches x 2 lengths x 2 generations x 6 calls
-    "tp": MultiGpuJob("tp", 4, "servelab.cluster.tp_run", 6.0, server=False),
+    **{
+        part: MultiGpuJob(part, max(TP_SIZES.values()), "servelab.cluster.tp_run", 3.0, server=False)
+        for part in TP_SIZES
+    },  # fmt: skip
     **{
         part: MultiGpuJob(
             part, cluster_run.gpus_needed(part), "servelab.cluster.capacity_run", cluster_run.GUESS_MIN, server=True
