@@ -97,7 +97,7 @@ browser:
 
 # Measure, on a GPU, every job `make gpu-plan` lists (each a fresh process), then render the book from the data.
 reproduce: $(STAMP)
-	$(PY) -m servelab.studies.common.campaign run $$($(PY) -m servelab.studies.common.campaign plan --jobs-only --repeats $(REPEATS))
+	$(PY) -m servelab.studies.common.campaign run $$($(PY) -m servelab.studies.common.campaign plan --jobs-only --repeats $(REPEATS) --gpus $(GPUS))
 	$(MAKE) book
 
 clean:
