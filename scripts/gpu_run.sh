@@ -18,6 +18,18 @@ fi
 # no jobs: a staging call, which only carries a part of SmolLM2's weights to /tmp/stage (make gpu-plan says when)
 [ $# -gt 0 ] || [ -d .models/smollm2 ] || { echo "usage: scripts/gpu_run.sh STUDY:PART:REPEAT ... (see make gpu-plan)" >&2; exit 2; }
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+# The book's runs count on its device alone (runs.BOOK_DEVICE): on another GPU (the device tool lends H100s too) a
+# job's minutes would buy a run no page reads, so it is refused at once, before any wheel is installed.
+# SERVELAB_ANY_GPU=1 runs it there anyway (its runs go to that device's own folder).
+BOOK_GPU=H200
+if [ $# -gt 0 ] && [ -z "${SERVELAB_ANY_GPU:-}" ]; then
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  case "$gpu" in
+    *"$BOOK_GPU"*) ;;
+    *) echo "refused: this GPU is '${gpu:-none found}', not the book's $BOOK_GPU; its runs would count for no page" \
+         "(SERVELAB_ANY_GPU=1 runs them anyway)" | tee "$OUT/summary.txt"; exit 3 ;;
+  esac
+fi
 log=$OUT/run.log
 [ -f .revision ] && export SERVELAB_REVISION=$(cat .revision)  # the copy's own .git, if any, may be stale
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false MPLBACKEND=Agg
