@@ -221,16 +221,21 @@ def test_compiled_split_ragged_tiles_match_the_reference_at_long_contexts(head_d
 
 @pytest.mark.gpu_quick
 def test_captured_mixed_steps_with_a_long_context_split_and_give_hf_greedy_tokens(monkeypatch):
-    """A 1,100-token prompt prefilled in 512-token chunks beside short requests, then decoded while a fifth
-    request's prompt is prefilled. Its last chunk, 76 tokens after 1,024 cached keys, is short enough for packed
-    tiles (a run of 128+ tokens takes long tiles, which never split), so its tiles split, as its decodes do later,
-    in captured whole-step graphs. (At 1,500 tokens every chunk was 476-512 tokens long, no chunk could split, and
-    the test failed on the H200 and the H100 alike.)"""
+    """A 1,100-token prompt prefilled in 512-token chunks beside short requests, its last chunk beside a 450-token
+    prompt's first 411 tokens, then decoded while that prompt's last 39 are prefilled, in captured whole-step graphs.
+    Its last chunk, 76 tokens after 1,024 cached keys, is short enough for packed tiles (a run of 128+ tokens takes
+    long tiles, which never split), so its tiles split; so do its first decode's, which sits in a mixed step (a
+    decode-only step replays the decode graphs, which the whole-step planner never sees).
+
+    The lengths were checked by replaying the scheduler and the tile planner on a CPU, which also reproduces what
+    the H100 showed for the earlier lengths: at (1500, 6, 19, 33, 45) every chunk was 476-512 tokens, so no chunk
+    split (the H200 failed 2 of 2 so); at (1100, 6, 19, 33, 45) every prompt finished in one step and the long
+    prompt decoded in decode-only steps, so no decode split in a mixed step."""
     import servelab.engine.step_graphs as sg
 
     hf = load_model("config:tiny-llama", dtype="float32", device="cuda").model
     g = torch.Generator().manual_seed(13)
-    prompts = [torch.randint(3, hf.config.vocab_size, (n,), generator=g).tolist() for n in (1100, 6, 19, 33, 45)]
+    prompts = [torch.randint(3, hf.config.vocab_size, (n,), generator=g).tolist() for n in (1100, 6, 19, 450, 45)]
     engine = Engine.from_hf(
         hf,
         EngineConfig(
