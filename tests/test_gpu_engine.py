@@ -26,6 +26,12 @@ POLICIES = (("chunked_prefill", 64), ("chunked_prefill", 160), ("eager_cont_batc
 # the quick tier's cases of the family test: decode graphs and whole-step graphs (chunked prefill, mixed steps) in
 # every family at budget 64, and long tiles after cached context once (budget 160)
 QUICK_FAMILY_CASES = {("chunked_prefill", 64, f) for f in FAMILIES} | {("chunked_prefill", 160, "tiny-llama")}
+# the long-context split test's prompts and engine (tests/test_split_plan_replay.py checks on a CPU that they give a
+# split chunk and a split decode inside whole-step graphs)
+SPLIT_PROMPTS = (1100, 6, 19, 450, 45)
+SPLIT_CONFIG = dict(
+    block_size=16, num_blocks=512, max_num_seqs=4, max_num_batched_tokens=512, scheduler="chunked_prefill"
+)
 
 
 def hf_greedy(hf, prompts):
@@ -227,7 +233,8 @@ def test_captured_mixed_steps_with_a_long_context_split_and_give_hf_greedy_token
     long tiles, which never split), so its tiles split; so do its first decode's, which sits in a mixed step (a
     decode-only step replays the decode graphs, which the whole-step planner never sees).
 
-    The lengths were checked by replaying the scheduler and the tile planner on a CPU, which also reproduces what
+    The lengths are checked by replaying the scheduler and the tile planner on a CPU (test_split_plan_replay.py),
+    which also reproduces what
     the H100 showed for the earlier lengths: at (1500, 6, 19, 33, 45) every chunk was 476-512 tokens, so no chunk
     split (the H200 failed 2 of 2 so); at (1100, 6, 19, 33, 45) every prompt finished in one step and the long
     prompt decoded in decode-only steps, so no decode split in a mixed step."""
@@ -235,18 +242,8 @@ def test_captured_mixed_steps_with_a_long_context_split_and_give_hf_greedy_token
 
     hf = load_model("config:tiny-llama", dtype="float32", device="cuda").model
     g = torch.Generator().manual_seed(13)
-    prompts = [torch.randint(3, hf.config.vocab_size, (n,), generator=g).tolist() for n in (1100, 6, 19, 450, 45)]
-    engine = Engine.from_hf(
-        hf,
-        EngineConfig(
-            block_size=16,
-            num_blocks=512,
-            max_num_seqs=4,
-            max_num_batched_tokens=512,
-            scheduler="chunked_prefill",
-            ragged_split_kv=True,
-        ),
-    )
+    prompts = [torch.randint(3, hf.config.vocab_size, (n,), generator=g).tolist() for n in SPLIT_PROMPTS]
+    engine = Engine.from_hf(hf, EngineConfig(**SPLIT_CONFIG, ragged_split_kv=True))
     assert engine.step_graphs_status.startswith("on"), engine.step_graphs_status
     assert engine.runner.step_graphs.split_columns > 1
     planned, plan = [], sg.plan_splits
