@@ -379,6 +379,10 @@ def plan_text(
         f" {total:.1f} min in {len(runs)} GPU runs of <= {max_minutes} min, over {len(laid)} sessions of"
         f" {SESSION_MINUTES:.0f} min device time"
     ]
+    lines.append(
+        "Each call refuses at once on a GPU other than the H200 (scripts/gpu_run.sh exits 3; the device tool lends"
+        " H100s too): append `|| [ $? -ne 3 ] || make gpu-test-quick` to spend such a machine on the exactness tests."
+    )
     if smol:
         lines.append(
             f"SmolLM2: the jobs so marked read its GGUF, which takes {parts} calls to carry at this tree"
