@@ -234,10 +234,9 @@ def test_captured_mixed_steps_with_a_long_context_split_and_give_hf_greedy_token
     decode-only step replays the decode graphs, which the whole-step planner never sees).
 
     The lengths are checked by replaying the scheduler and the tile planner on a CPU (test_split_plan_replay.py),
-    which also reproduces what
-    the H100 showed for the earlier lengths: at (1500, 6, 19, 33, 45) every chunk was 476-512 tokens, so no chunk
-    split (the H200 failed 2 of 2 so); at (1100, 6, 19, 33, 45) every prompt finished in one step and the long
-    prompt decoded in decode-only steps, so no decode split in a mixed step."""
+    which also reproduces what the H100 showed for the earlier lengths: at (1500, 6, 19, 33, 45) every chunk was
+    476-512 tokens, so no chunk split (the H200 failed 2 of 2 so); at (1100, 6, 19, 33, 45) every prompt finished
+    in one step and the long prompt decoded in decode-only steps, so no decode split in a mixed step."""
     import servelab.engine.step_graphs as sg
 
     hf = load_model("config:tiny-llama", dtype="float32", device="cuda").model
