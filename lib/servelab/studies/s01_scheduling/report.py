@@ -19,6 +19,7 @@ from servelab.studies.common.runs import RunSet, pool_repeats
 from servelab.studies.common.tested_on import model_name
 from servelab.studies.s01_scheduling import verdicts
 from servelab.studies.s01_scheduling.capacity import capacity_table
+from servelab.studies.s01_scheduling.host_stalls import HOST_STALL_MS, host_stalls
 from servelab.studies.s01_scheduling.measure import PART_SELECTORS, PARTS
 from servelab.studies.s01_scheduling.params import DEFAULTS
 from servelab.studies.s01_scheduling.step_costs import step_costs
@@ -56,6 +57,8 @@ class Study1Page:
     probes: pd.DataFrame = field(default_factory=pd.DataFrame)
     skipped: pd.DataFrame = field(default_factory=pd.DataFrame)  # points a run did not measure, and why
     P: dict = field(default_factory=dict)
+    # steps of every repeat held up on the host (``host_stalls``), with their point's worst stall in that repeat
+    stalls: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def device(self) -> str:
@@ -116,6 +119,7 @@ def report(runs: RunSet) -> Study1Page:
     capacity = pd.concat(caps, ignore_index=True) if caps else pd.DataFrame()
     first = runs.repeat(runs.repeats[0])
     per_req = metrics[metrics["repeat"] == runs.repeats[0]] if "repeat" in metrics else metrics
+    stalls = with_point_stall(host_stalls(runs.table("steps")), summary)
     return Study1Page(
         runs,
         findings,
@@ -126,6 +130,46 @@ def report(runs: RunSet) -> Study1Page:
         first.table("probes"),
         skipped_points(points),
         dict(runs.params),
+        stalls,
+    )
+
+
+def with_point_stall(stalls: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
+    """``stalls`` with ``point_stall_ms``: the worst stall (the p99 of per-request maximum ITL) of the point each
+    step belongs to, in the same repeat (``summary``: every repeat's points, with a ``repeat`` column)."""
+    if stalls.empty or summary.empty or "max_itl_p99_ms" not in summary:
+        return stalls
+    keys = [k for k in ("repeat", "model", "scheduler", "budget", "rate_fraction", "sweep") if k in stalls.columns]
+    point = summary[[*keys, "max_itl_p99_ms"]].drop_duplicates(keys)
+    return stalls.merge(point.rename(columns={"max_itl_p99_ms": "point_stall_ms"}), on=keys, how="left")
+
+
+def host_stall_lines(stalls: pd.DataFrame) -> str:
+    """One line per step held up on the host (``host_stalls``), with its point's worst stall in that repeat, or
+    that there was none."""
+    if stalls.empty:
+        return f"No step of any repeat spent {HOST_STALL_MS:.0f} ms or more on the host."
+    lines = []
+    for _, r in stalls.iterrows():
+        point = r.get("point_stall_ms")
+        sets = (
+            f"; that point's worst stall (p99 of per-request max ITL) in this repeat is {point:.1f} ms"
+            if pd.notna(point)
+            else ""
+        )
+        kind = r["kind"].replace(" ", "-")
+        lines.append(
+            f"repeat {r['repeat']}: {model_name(r['model'])}, {_name(r['scheduler'], r['budget'])}, {r['sweep']} sweep"
+            f" at rate fraction {r['rate_fraction']:g}: a {kind} step ({r['prefill_tokens']:.0f} prefill and "
+            f"{r['decode_tokens']:.0f} decode tokens) took {r['step_ms']:.0f} ms, {r['host_ms']:.0f} ms of it on the "
+            f"host, where that setting's {kind} steps usually spend {r['usual_host_ms']:.2f} ms{sets}"
+        )
+    return (
+        f"{len(stalls)} step{'s' if len(stalls) != 1 else ''} of the step logs spent {HOST_STALL_MS:.0f} ms or more "
+        "on the host, at least ten times what that setting's steps of the same kind usually spend there "
+        "(`host_stalls`). No scheduling decision takes that long: such a step waited on a one-off host event "
+        "(a kernel compiled on first use, an allocation, a collection), and every decode in it waited too.\n\n"
+        + takeaway_list(lines)
     )
 
 
@@ -200,7 +244,23 @@ def takeaways(r: Study1Page) -> str:
     waits = [p for p in PARTS if p not in r.runs.parts] if r.runs.measured and not r.runs.has_parts(PARTS) else []
     if cap and waits:
         cap = f"From the parts measured so far ({', '.join(r.runs.parts)}), not yet {', '.join(waits)}: {cap}"
-    return takeaway_list([finding_sentence(f) for f in r.findings] + [cap])
+    return takeaway_list([finding_sentence(f) for f in r.findings] + [cap, stall_takeaway(r.stalls)])
+
+
+def stall_takeaway(stalls: pd.DataFrame) -> str:
+    """The sentence that one-off host stalls are in the step logs and how many set their point's worst stall (a
+    step within 5% of it), or "" where there are none."""
+    if stalls.empty:
+        return ""
+    sets = 0
+    if "point_stall_ms" in stalls:
+        sets = int(((stalls["step_ms"] - stalls["point_stall_ms"]).abs() <= 0.05 * stalls["point_stall_ms"]).sum())
+    n = len(stalls)
+    return (
+        f"{n} engine step{'s' if n != 1 else ''} waited {HOST_STALL_MS:.0f} ms or more on the host, not on the "
+        f"policy's work; {sets} of them set{'s its' if sets == 1 else ' their'} point's worst stall in that "
+        "repeat (listed under *Steps held up on the host*)."
+    )
 
 
 def probe_lines(probes: pd.DataFrame) -> str:
