@@ -54,3 +54,12 @@ def test_the_lines_name_the_step_and_whether_it_set_its_points_worst_stall():
     elsewhere = with_point_stall(host_stalls(_steps([(0, 5, 0.5, 1.3)] * 20 + [(0, 5, 300.0, 301.0)])),
                                  summary.assign(max_itl_p99_ms=40.0))  # fmt: skip
     assert "0 of them set their point's worst stall" in stall_takeaway(elsewhere)
+
+
+def test_a_log_that_times_the_collector_says_how_much_of_the_stall_was_collection():
+    steps = _steps([(0, 5, 0.5, 1.3)] * 20 + [(507, 5, 1.0, 20.0)] * 20 + [(507, 5, 531.0, 538.0)])
+    steps["gc_ms"] = 0.0
+    steps.loc[steps.index[-1], "gc_ms"] = 512.0
+    text = host_stall_lines(host_stalls(steps))
+    assert "531 ms of it on the host (512 ms of it in Python's garbage collector)" in text
+    assert "garbage collector)" not in host_stall_lines(host_stalls(steps.drop(columns="gc_ms")))

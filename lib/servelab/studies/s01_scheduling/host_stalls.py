@@ -28,7 +28,8 @@ def _kind(prefill: pd.Series, decode: pd.Series) -> pd.Series:
 def host_stalls(steps: pd.DataFrame) -> pd.DataFrame:
     """The steps of ``steps`` (every repeat's step logs) held up on the host: ``host_ms`` ≥ ``HOST_STALL_MS`` and ≥
     ``TIMES_USUAL`` × the median ``host_ms`` of the steps of the same kind in the same run of the same setting.
-    Columns: the group's keys, ``kind``, ``step_ms``, ``host_ms``, ``usual_host_ms``, the step's tokens."""
+    Columns: the group's keys, ``kind``, ``step_ms``, ``host_ms``, ``usual_host_ms``, the step's tokens, and
+    ``gc_ms`` (the collector's share of ``host_ms``) where the log has it."""
     need = {"host_ms", "start_s", "end_s", "prefill_tokens", "decode_tokens"}
     if steps.empty or not need <= set(steps.columns):
         return pd.DataFrame()
@@ -38,4 +39,5 @@ def host_stalls(steps: pd.DataFrame) -> pd.DataFrame:
     s["usual_host_ms"] = s.groupby([*keys, "kind"], dropna=False)["host_ms"].transform("median")
     hit = s[(s["host_ms"] >= HOST_STALL_MS) & (s["host_ms"] >= TIMES_USUAL * s["usual_host_ms"])]
     cols = [*keys, "kind", "step_ms", "host_ms", "usual_host_ms", "prefill_tokens", "decode_tokens"]
+    cols += ["gc_ms"] if "gc_ms" in s.columns else []  # step logs since the engine timed its collector
     return hit[cols].reset_index(drop=True)

@@ -158,11 +158,13 @@ def host_stall_lines(stalls: pd.DataFrame) -> str:
             else ""
         )
         kind = r["kind"].replace(" ", "-")
+        gc_ms = r.get("gc_ms")
+        collector = f" ({gc_ms:.0f} ms of it in Python's garbage collector)" if pd.notna(gc_ms) else ""
         lines.append(
             f"repeat {r['repeat']}: {model_name(r['model'])}, {_name(r['scheduler'], r['budget'])}, {r['sweep']} sweep"
             f" at rate fraction {r['rate_fraction']:g}: a {kind} step ({r['prefill_tokens']:.0f} prefill and "
             f"{r['decode_tokens']:.0f} decode tokens) took {r['step_ms']:.0f} ms, {r['host_ms']:.0f} ms of it on the "
-            f"host, where that setting's {kind} steps usually spend {r['usual_host_ms']:.2f} ms{sets}"
+            f"host{collector}, where that setting's {kind} steps usually spend {r['usual_host_ms']:.2f} ms{sets}"
         )
     return (
         f"{len(stalls)} step{'s' if len(stalls) != 1 else ''} of the step logs spent {HOST_STALL_MS:.0f} ms or more "
