@@ -8,7 +8,7 @@ point's median over repeats).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
@@ -113,6 +113,7 @@ def report(runs: RunSet) -> Study1Page:
         lambda rep: verdicts.findings(by_repeat[rep.repeats[0]], _reference_budget(rep), rep.params.get("dtype")),
         needs=NEEDS,
     )
+    findings = with_models_over_repeats(findings, runs, by_repeat)
     summaries = [s.assign(repeat=k) for k, s in by_repeat.items() if not s.empty]
     caps = [capacity_of(s).assign(repeat=k) for k, s in by_repeat.items() if not s.empty]
     summary = pd.concat(summaries, ignore_index=True) if summaries else pd.DataFrame()
@@ -132,6 +133,22 @@ def report(runs: RunSet) -> Study1Page:
         dict(runs.params),
         stalls,
     )
+
+
+def with_models_over_repeats(findings: list[Finding], runs: RunSet, by_repeat: dict) -> list[Finding]:
+    """F1.1 and F1.2 are judged per model, then over the models; their notes gain each model's verdict in every
+    repeat that judged them (``verdicts.models_over_repeats``), so a model whose repeats disagree under a claim
+    whose repeats agree is in plain sight."""
+    out = []
+    for f in findings:
+        reps = [rep.repeats[0] for rep in runs.per_repeat() if rep.has_parts(NEEDS.get(f.id, ()))]
+        if f.id in ("F1.1", "F1.2") and f.repeats > 1:
+            budgets = {rep.repeats[0]: _reference_budget(rep) for rep in runs.per_repeat()}
+            per = [verdicts.model_verdicts(by_repeat[k], budgets[k])[f.id] for k in reps]
+            sentence = verdicts.models_over_repeats(per)
+            f = replace(f, note=f"{f.note}. {sentence}" if sentence else f.note)
+        out.append(f)
+    return out
 
 
 def with_point_stall(stalls: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:

@@ -154,6 +154,61 @@ def near_cut_thresholds(model: str, cuts: pd.Series, thresholds) -> str:
     )
 
 
+def _f11_verdict(cut: float) -> str:
+    return "fails" if cut <= NO_CUT else "holds" if CUT_HOLDS[0] <= cut <= CUT_HOLDS[1] else "changes"
+
+
+def _f12_verdict(cut: float, ratio: float) -> str:
+    return "fails" if cut <= NO_CUT else "changes" if ratio > THROUGHPUT_GAIN else "holds"
+
+
+def model_verdicts(summary: pd.DataFrame, reference_budget: int) -> dict[str, dict[str, str]]:
+    """F1.1's and F1.2's verdict per model on one repeat's summary, by the same rules as ``f11`` and ``f12``:
+    ``{"F1.1": {"llama-3-8b": "changes", ...}, "F1.2": {...}}`` (empty where no rate was paired)."""
+    j = paired(summary, reference_budget).dropna(subset=["stall_cut_p99"])
+    out: dict[str, dict[str, str]] = {"F1.1": {}, "F1.2": {}}
+    for model, g in j.groupby("model", sort=False):
+        cut = float(np.median(g["stall_cut_p99"]))
+        ratio = float(g.loc[g["rate_fraction"].idxmax(), "throughput_ratio"])
+        out["F1.1"][short(model)] = _f11_verdict(cut)
+        out["F1.2"][short(model)] = _f12_verdict(cut, ratio)
+    return out
+
+
+def possible_verdicts(per_model: dict[str, set[str]]) -> set[str]:
+    """Every verdict ``combine`` could give over the models, where each model may read any of its set: one
+    verdict means the claim's verdict does not depend on which of its repeats a model's part is taken from."""
+    import itertools
+
+    models = list(per_model)
+    return {combine(dict(zip(models, pick, strict=True))) for pick in itertools.product(*per_model.values())}
+
+
+def models_over_repeats(by_repeat: list[dict[str, str]]) -> str:
+    """The sentence on one claim's per-model verdicts across repeats (``model_verdicts`` of each repeat, in run
+    order): each model's verdict in every repeat, and, where a model's repeats disagree, whether the claim's
+    verdict depends on it (``possible_verdicts``)."""
+    models = list(dict.fromkeys(m for rep in by_repeat for m in rep))
+    if not models or len(by_repeat) < 2:
+        return ""
+    seen = {m: [rep.get(m, "missing") for rep in by_repeat] for m in models}
+    parts = [f"{m} {said[0]} in each" if len(set(said)) == 1 else f"{m} {', '.join(said)}" for m, said in seen.items()]
+    split = [m for m, said in seen.items() if len(set(said) - {"missing"}) > 1]
+    text = f"Per model over the {len(by_repeat)} repeats: {'; '.join(parts)}"
+    if split:
+        sets = {m: set(said) - {"missing"} for m, said in seen.items()}
+        outcomes = possible_verdicts(sets)
+        names = " and ".join(split)
+        if len(outcomes) == 1:
+            text += (
+                f". {names}'s repeats disagree, so that part is inconclusive; the claim reads "
+                f"{next(iter(outcomes))} whichever of them stands"
+            )
+        else:
+            text += f". {names}'s repeats disagree, and the claim could read {' or '.join(sorted(outcomes))} by them"
+    return text
+
+
 def f11(summary: pd.DataFrame, reference_budget: int, dtype: str | None = None) -> Finding:
     j = paired(summary, reference_budget).dropna(subset=["stall_cut_p99"])
     if j.empty:
@@ -162,7 +217,7 @@ def f11(summary: pd.DataFrame, reference_budget: int, dtype: str | None = None) 
     for model, g in j.groupby("model", sort=False):
         cut = float(np.median(g["stall_cut_p99"]))
         cuts.append(100 * cut)
-        per[short(model)] = "fails" if cut <= NO_CUT else "holds" if CUT_HOLDS[0] <= cut <= CUT_HOLDS[1] else "changes"
+        per[short(model)] = _f11_verdict(cut)
         near.append(near_cut_thresholds(short(model), g["stall_cut_p99"], (NO_CUT, *CUT_HOLDS)))
         worst = g.loc[g[f"{STALL}_eager"].idxmax()]
         parts.append(
@@ -198,7 +253,7 @@ def f12(summary: pd.DataFrame, reference_budget: int, dtype: str | None = None) 
         top = g.loc[g["rate_fraction"].idxmax()]
         ratio = float(top["throughput_ratio"])
         ratios.append(ratio)
-        per[short(model)] = "fails" if cut <= NO_CUT else "changes" if ratio > THROUGHPUT_GAIN else "holds"
+        per[short(model)] = _f12_verdict(cut, ratio)
         parts.append(
             f"{short(model)}: throughput ×{ratio:.2f} at {top['rate_eager']:.2f} req/s "
             f"({top['delivered_tok_s_chunked']:,.0f} vs {top['delivered_tok_s_eager']:,.0f} tok/s), "
