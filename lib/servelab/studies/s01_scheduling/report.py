@@ -59,6 +59,8 @@ class Study1Page:
     P: dict = field(default_factory=dict)
     # steps of every repeat held up on the host (``host_stalls``), with their point's worst stall in that repeat
     stalls: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # points of every repeat whose trace ran past the run's deadline (``summary.offered``), one row each
+    late: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def device(self) -> str:
@@ -121,6 +123,7 @@ def report(runs: RunSet) -> Study1Page:
     first = runs.repeat(runs.repeats[0])
     per_req = metrics[metrics["repeat"] == runs.repeats[0]] if "repeat" in metrics else metrics
     stalls = with_point_stall(host_stalls(runs.table("steps")), summary)
+    late = summary[summary["not_offered"].fillna(0) > 0] if "not_offered" in summary else summary.iloc[0:0]
     return Study1Page(
         runs,
         findings,
@@ -132,6 +135,7 @@ def report(runs: RunSet) -> Study1Page:
         skipped_points(points),
         dict(runs.params),
         stalls,
+        late.reset_index(drop=True),
     )
 
 
@@ -198,8 +202,10 @@ def pool_capacity(capacity: pd.DataFrame) -> pd.DataFrame:
         return capacity
     keys = ["model", "scheduler", "budget"]
     out = pool_repeats(capacity, keys)
-    bounds = capacity.groupby(keys, sort=False)["bound"].agg(lambda b: b.iloc[0] if b.nunique() == 1 else "differs")
-    return out.drop(columns=["bound"]).merge(bounds.reset_index(), on=keys)
+    g = capacity.groupby(keys, sort=False)
+    bounds = g["bound"].agg(lambda b: b.iloc[0] if b.nunique() == 1 else "differs")
+    spread = g["capacity_req_s"].agg(["min", "max"]).rename(columns={"min": "capacity_lo", "max": "capacity_hi"})
+    return out.drop(columns=["bound"]).merge(bounds.reset_index(), on=keys).merge(spread.reset_index(), on=keys)
 
 
 def per_request(requests: pd.DataFrame) -> pd.DataFrame:
@@ -232,6 +238,12 @@ def capacity_text(r) -> str:
         return f"at least {r['capacity_req_s']:.3g} req/s (the highest rate measured)"
     if r["bound"] == "differs":
         return f"{r['capacity_req_s']:.3g} req/s (median; the repeats bracket it differently)"
+    lo, hi = r.get("capacity_lo"), r.get("capacity_hi")
+    if pd.notna(lo) and pd.notna(hi) and lo != hi:  # each repeat bracketed it, not all at the same rates
+        return (
+            f"{r['capacity_req_s']:.3g} req/s (the median of the repeats' {lo:.3g}–{hi:.3g} req/s, each bracketed; "
+            f"median first miss {r['first_miss_rate']:.3g})"
+        )
     return f"{r['capacity_req_s']:.3g} req/s (missed at {r['first_miss_rate']:.3g})"
 
 
@@ -401,6 +413,26 @@ def shortfall_lines(summary: pd.DataFrame) -> str:
         for _, r in s.iterrows()
     ]
     return f"{len(s)} of {len(ok)} measured points fell short of their `min_requests`:\n\n" + takeaway_list(lines)
+
+
+def not_offered_lines(late: pd.DataFrame) -> str:
+    """The points whose trace ran past the run's deadline (``summary.offered``): how many requests each left out,
+    or "" where none did."""
+    if late.empty:
+        return ""
+    n = int(late["not_offered"].sum())
+    lines = [
+        f"repeat {r['repeat']}: {model_name(r['model'])}, {_setting(r)}, {r['sweep']} sweep at {r['rate']:.2f} req/s: "
+        f"{r['not_offered']:.0f} of {r['requests'] + r['not_offered']:.0f}"
+        for _, r in late.iterrows()
+    ]
+    return (
+        f"{n} requests of {len(late)} points' traces arrived after their run's deadline (the window plus the drain): "
+        "a point replays as many arrivals as its window should hold, and Poisson arrivals can run past it. The load "
+        "generator never sent them and recorded them as cut with no token; they were never offered, so each point "
+        "leaves them out (`summary.offered`). Counted as cut, they made points miss the SLO where every request that "
+        "was sent met it.\n\n" + takeaway_list(lines)
+    )
 
 
 def skipped_lines(skipped: pd.DataFrame) -> str:
