@@ -13,16 +13,11 @@ from __future__ import annotations
 
 import pandas as pd
 
+from servelab.studies.s01_scheduling.step_costs import step_kind
+
 HOST_STALL_MS = 100.0  # a step's scheduling and launch take ~1 ms; 100 ms of it is no scheduling decision
 TIMES_USUAL = 10.0  # and at least this many times the median host time of the setting's steps of its kind
 GROUP = ("repeat", "part", "model", "scheduler", "budget", "rate_fraction", "sweep")
-
-
-def _kind(prefill: pd.Series, decode: pd.Series) -> pd.Series:
-    kind = pd.Series("mixed", index=prefill.index)
-    kind[prefill == 0] = "decode only"
-    kind[(prefill > 0) & (decode == 0)] = "prefill only"
-    return kind
 
 
 def host_stalls(steps: pd.DataFrame) -> pd.DataFrame:
@@ -34,7 +29,8 @@ def host_stalls(steps: pd.DataFrame) -> pd.DataFrame:
     if steps.empty or not need <= set(steps.columns):
         return pd.DataFrame()
     keys = [k for k in GROUP if k in steps.columns]
-    s = steps.assign(kind=_kind(steps["prefill_tokens"], steps["decode_tokens"]))
+    kinds = [step_kind(p, d) for p, d in zip(steps["prefill_tokens"], steps["decode_tokens"], strict=True)]
+    s = steps.assign(kind=kinds)
     s["step_ms"] = (s["end_s"] - s["start_s"]) * 1e3
     s["usual_host_ms"] = s.groupby([*keys, "kind"], dropna=False)["host_ms"].transform("median")
     hit = s[(s["host_ms"] >= HOST_STALL_MS) & (s["host_ms"] >= TIMES_USUAL * s["usual_host_ms"])]
