@@ -218,3 +218,13 @@ def test_the_paired_parts_alone_judge_f11_and_f12_while_f13_waits_for_the_rest(t
     assert got["F1.1"].verdict == "holds" and got["F1.1"].repeats == 3
     assert got["F1.2"].repeats == 3
     assert got["F1.3"].repeats == 0 and "llama-fcfs-mid" in got["F1.3"].note
+
+
+def test_the_takeaways_give_each_models_verdict_over_the_repeats(tmp_path):
+    _write_runs(tmp_path, chunked_stall_ms=60.0)
+    r = report.report(study_runs(STUDY, tmp_path))
+    assert r.per_model["F1.1"] == "Per model over the 3 repeats: qwen2-0.5b holds in each"
+    assert "stall cut 40%. Per model over the 3 repeats: qwen2-0.5b holds in each." in report.takeaways(r)
+    # one repeat has nothing to compare across repeats: no sentence
+    _write_runs(tmp_path / "single", chunked_stall_ms=60.0, repeats=1)
+    assert report.report(study_runs(STUDY, tmp_path / "single")).per_model == {}

@@ -61,6 +61,8 @@ class Study1Page:
     stalls: pd.DataFrame = field(default_factory=pd.DataFrame)
     # points of every repeat whose trace ran past the run's deadline (``summary.offered``), one row each
     late: pd.DataFrame = field(default_factory=pd.DataFrame)
+    # F1.1's and F1.2's verdict per model in every repeat, as a sentence (``verdicts.models_over_repeats``)
+    per_model: dict = field(default_factory=dict)
 
     @property
     def device(self) -> str:
@@ -115,7 +117,7 @@ def report(runs: RunSet) -> Study1Page:
         lambda rep: verdicts.findings(by_repeat[rep.repeats[0]], _reference_budget(rep), rep.params.get("dtype")),
         needs=NEEDS,
     )
-    findings = with_models_over_repeats(findings, runs, by_repeat)
+    findings, per_model = with_models_over_repeats(findings, runs, by_repeat)
     summaries = [s.assign(repeat=k) for k, s in by_repeat.items() if not s.empty]
     caps = [capacity_of(s).assign(repeat=k) for k, s in by_repeat.items() if not s.empty]
     summary = pd.concat(summaries, ignore_index=True) if summaries else pd.DataFrame()
@@ -136,14 +138,17 @@ def report(runs: RunSet) -> Study1Page:
         dict(runs.params),
         stalls,
         late.reset_index(drop=True),
+        per_model,
     )
 
 
-def with_models_over_repeats(findings: list[Finding], runs: RunSet, by_repeat: dict) -> list[Finding]:
+def with_models_over_repeats(
+    findings: list[Finding], runs: RunSet, by_repeat: dict
+) -> tuple[list[Finding], dict[str, str]]:
     """F1.1 and F1.2 are judged per model, then over the models; their notes gain each model's verdict in every
     repeat that judged them (``verdicts.models_over_repeats``), so a model whose repeats disagree under a claim
-    whose repeats agree is in plain sight."""
-    out = []
+    whose repeats agree is in plain sight. Also returns those sentences by claim, for the page's takeaways."""
+    out, said = [], {}
     for f in findings:
         reps = [rep.repeats[0] for rep in runs.per_repeat() if rep.has_parts(NEEDS.get(f.id, ()))]
         if f.id in ("F1.1", "F1.2") and f.repeats > 1:
@@ -151,8 +156,10 @@ def with_models_over_repeats(findings: list[Finding], runs: RunSet, by_repeat: d
             per = [verdicts.model_verdicts(by_repeat[k], budgets[k])[f.id] for k in reps]
             sentence = verdicts.models_over_repeats(per)
             f = replace(f, note=f"{f.note}. {sentence}" if sentence else f.note)
+            if sentence:
+                said[f.id] = sentence
         out.append(f)
-    return out
+    return out, said
 
 
 def with_point_stall(stalls: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
@@ -275,7 +282,10 @@ def takeaways(r: Study1Page) -> str:
     waits = [p for p in PARTS if p not in r.runs.parts] if r.runs.measured and not r.runs.has_parts(PARTS) else []
     if cap and waits:
         cap = f"From the parts measured so far ({', '.join(r.runs.parts)}), not yet {', '.join(waits)}: {cap}"
-    return takeaway_list([finding_sentence(f) for f in r.findings] + [cap, stall_takeaway(r.stalls)])
+    claims = [
+        finding_sentence(f) + (f" {r.per_model[f.id]}." if f.id in r.per_model else "") for f in r.findings
+    ]  # fmt: skip
+    return takeaway_list([*claims, cap, stall_takeaway(r.stalls)])
 
 
 def stall_takeaway(stalls: pd.DataFrame) -> str:
