@@ -14,10 +14,11 @@ from __future__ import annotations
 import pandas as pd
 
 from servelab.studies.s01_scheduling.step_costs import step_kind
+from servelab.studies.s01_scheduling.summary import KEYS
 
 HOST_STALL_MS = 100.0  # a step's scheduling and launch take ~1 ms; 100 ms of it is no scheduling decision
 TIMES_USUAL = 10.0  # and at least this many times the median host time of the setting's steps of its kind
-GROUP = ("repeat", "part", "model", "scheduler", "budget", "rate_fraction", "sweep")
+GROUP = ("repeat", "part", *KEYS)  # one run of one load point
 
 
 def host_stalls(steps: pd.DataFrame) -> pd.DataFrame:

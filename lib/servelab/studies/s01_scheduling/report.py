@@ -148,16 +148,14 @@ def with_models_over_repeats(
     """F1.1 and F1.2 are judged per model, then over the models; their notes gain each model's verdict in every
     repeat that judged them (``verdicts.models_over_repeats``), so a model whose repeats disagree under a claim
     whose repeats agree is in plain sight. Also returns those sentences by claim, for the page's takeaways."""
+    judged = [rep for rep in runs.per_repeat() if rep.has_parts(_PAIRED)]  # F1.1 and F1.2 read the same parts
+    per_repeat = [verdicts.model_verdicts(by_repeat[rep.repeats[0]], _reference_budget(rep)) for rep in judged]
     out, said = [], {}
     for f in findings:
-        reps = [rep.repeats[0] for rep in runs.per_repeat() if rep.has_parts(NEEDS.get(f.id, ()))]
-        if f.id in ("F1.1", "F1.2") and f.repeats > 1:
-            budgets = {rep.repeats[0]: _reference_budget(rep) for rep in runs.per_repeat()}
-            per = [verdicts.model_verdicts(by_repeat[k], budgets[k])[f.id] for k in reps]
-            sentence = verdicts.models_over_repeats(per)
-            f = replace(f, note=f"{f.note}. {sentence}" if sentence else f.note)
-            if sentence:
-                said[f.id] = sentence
+        sentence = verdicts.models_over_repeats([p[f.id] for p in per_repeat]) if f.id in ("F1.1", "F1.2") else ""
+        if sentence and f.repeats > 1:
+            f = replace(f, note=f"{f.note}. {sentence}")
+            said[f.id] = sentence
         out.append(f)
     return out, said
 
@@ -167,7 +165,7 @@ def with_point_stall(stalls: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFram
     step belongs to, in the same repeat (``summary``: every repeat's points, with a ``repeat`` column)."""
     if stalls.empty or summary.empty or "max_itl_p99_ms" not in summary:
         return stalls
-    keys = [k for k in ("repeat", "model", "scheduler", "budget", "rate_fraction", "sweep") if k in stalls.columns]
+    keys = [k for k in ("repeat", *KEYS) if k in stalls.columns]
     point = summary[[*keys, "max_itl_p99_ms"]].drop_duplicates(keys)
     return stalls.merge(point.rename(columns={"max_itl_p99_ms": "point_stall_ms"}), on=keys, how="left")
 
