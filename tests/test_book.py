@@ -389,7 +389,7 @@ def test_findings_table_joins_seed_h200_and_pages(studies_dir):
         "stale": 0,
     }
     assert render_summary(table).startswith(
-        "Of the seed's 22 claims, 3 have H200 data: 1 hold, 1 change and 1 fail; "
+        "Of the seed's 22 claims, 3 have H200 data: 1 holds, 1 changes and 1 fails; "
         "19 are not measured yet (inconclusive)."
     )
     md = render_landing_table(table)

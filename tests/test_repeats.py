@@ -174,10 +174,10 @@ def test_the_book_shows_the_fourth_badge_with_the_spread():
         "stale": 1,
     }
     summary = render_summary(table)
-    assert "2 have H200 data: 1 hold, 0 change and 0 fail" in summary
-    assert "; 1 are inconclusive (too few repeats, or repeats that disagree)" in summary  # the thin one
-    assert "; 1 are not measured yet (inconclusive)" in summary  # no data is inconclusive, never "fails"
-    assert "1 rest on data measured by older code (stale)" in summary
+    assert "2 have H200 data: 1 holds, 0 change and 0 fail" in summary
+    assert "; 1 is inconclusive (too few repeats, or repeats that disagree)" in summary  # the thin one
+    assert "; 1 is not measured yet (inconclusive)" in summary  # no data is inconclusive, never "fails"
+    assert "1 rests on data measured by older code (stale)" in summary
 
 
 def test_the_text_of_a_claim_is_the_median_repeats():

@@ -231,13 +231,31 @@ def render_summary(table: pd.DataFrame) -> str:
         )
     thin = c[INCONCLUSIVE] - c[NOT_MEASURED]
     return (
-        f"Of the seed's {len(table)} claims, {measured} have H200 data: "
-        f"{c['holds']} hold, {c['changes']} change and {c['fails']} fail"
-        + (f"; {thin} are inconclusive (too few repeats, or repeats that disagree)" if thin else "")
-        + (f"; {c[NOT_MEASURED]} are not measured yet (inconclusive)" if c[NOT_MEASURED] else "")
-        + (f". {c['stale']} rest on data measured by older code (stale)" if c["stale"] else "")
+        f"Of the seed's {len(table)} claims, {measured} {_verb(measured, 'has', 'have')} H200 data: "
+        f"{c['holds']} {_verb(c['holds'], 'holds', 'hold')}, {c['changes']} {_verb(c['changes'], 'changes', 'change')} "
+        f"and {c['fails']} {_verb(c['fails'], 'fails', 'fail')}"
+        + (
+            f"; {thin} {_verb(thin, 'is', 'are')} inconclusive (too few repeats, or repeats that disagree)"
+            if thin
+            else ""
+        )
+        + (
+            f"; {c[NOT_MEASURED]} {_verb(c[NOT_MEASURED], 'is', 'are')} not measured yet (inconclusive)"
+            if c[NOT_MEASURED]
+            else ""
+        )
+        + (
+            f". {c['stale']} {_verb(c['stale'], 'rests', 'rest')} on data measured by older code (stale)"
+            if c["stale"]
+            else ""
+        )
         + ".\n"
     )
+
+
+def _verb(count: int, one: str, many: str) -> str:
+    """The verb that agrees with a count of claims ("1 is", "3 are")."""
+    return one if count == 1 else many
 
 
 def _badge(verdict: str, repeat_verdicts: str = "") -> str:
