@@ -28,10 +28,10 @@ import pandas as pd
 
 from servelab.measure.results import results_root
 from servelab.studies.common.findings import Finding, not_measured
+from servelab.studies.common.runs import BOOK_DEVICE  # the book's device: one definition, the studies' pages'
 from servelab_book.seed_claims import claim_sort_key
 from servelab_book.studies import STUDIES
 
-BOOK_DEVICE = "h200"
 SIMULATOR = "08_simulator"
 # Claims whose verdict comes from a later, better-placed study's report than their own: F2.3 asks whether costs
 # measured in isolation predict a server under load, which only the simulator's validation against the real server
