@@ -26,7 +26,24 @@ def test_a_claim_whose_verdict_turns_on_a_disagreeing_model():
 
 def test_models_that_agree_across_repeats_need_no_caveat_and_one_repeat_says_nothing():
     text = models_over_repeats([{"a": "holds", "b": "changes"}] * 3)
-    assert text == "Per model over the 3 repeats: a holds in each; b changes in each"
+    # the models differ from each other (not across repeats): the rule that joins them is told, and nothing more
+    assert (
+        text == "Per model over the 3 repeats: a holds in each; b changes in each "
+        "(where the models differ, the claim reads changes)"
+    )
+    assert (
+        models_over_repeats([{"a": "holds", "b": "holds"}] * 3)
+        == "Per model over the 3 repeats: a holds in each; b holds in each"
+    )
     assert models_over_repeats([{"a": "holds"}]) == ""
     # a model missing from a repeat is named so, and is not a disagreement
     assert "disagree" not in models_over_repeats([{"a": "holds"}, {"a": "holds", "b": "fails"}])
+
+
+def test_a_repeats_reason_tells_the_rule_that_joins_models_that_differ():
+    from servelab.studies.s01_scheduling.verdicts import _where, combine
+
+    differ = {"llama": "holds", "qwen": "fails"}
+    assert combine(differ) == "changes"
+    assert _where(differ) == "llama: holds; qwen: fails (where the models differ, the claim reads changes)"
+    assert _where({"llama": "holds", "qwen": "holds"}) == "llama: holds; qwen: holds"

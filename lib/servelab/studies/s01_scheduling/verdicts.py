@@ -119,13 +119,21 @@ def over_models(n: int) -> str:
     return f"; median over {n} models" if n > 1 else ""
 
 
+# a claim that reads one way on one model size and another way on the other did not carry over as the seed stated it
+DISAGREE = "changes"
+COMBINE_RULE = f"where the models differ, the claim reads {DISAGREE}"
+
+
 def combine(per_model: dict[str, str]) -> str:
     verdicts = set(per_model.values())
-    return verdicts.pop() if len(verdicts) == 1 else "changes"
+    return verdicts.pop() if len(verdicts) == 1 else DISAGREE
 
 
 def _where(per_model: dict[str, str]) -> str:
-    return "; ".join(f"{m}: {v}" for m, v in per_model.items())
+    """Each model's verdict, and the rule that joins them where they differ (the reader sees why "holds" on one
+    model and "fails" on the other read "changes")."""
+    said = "; ".join(f"{m}: {v}" for m, v in per_model.items())
+    return said + (f" ({COMBINE_RULE})" if len(set(per_model.values())) > 1 else "")
 
 
 def _near_text(sentences: list[str]) -> str:
@@ -195,6 +203,8 @@ def models_over_repeats(by_repeat: list[dict[str, str]]) -> str:
     parts = [f"{m} {said[0]} in each" if len(set(said)) == 1 else f"{m} {', '.join(said)}" for m, said in seen.items()]
     split = [m for m, said in seen.items() if len(set(said) - {"missing"}) > 1]
     text = f"Per model over the {len(by_repeat)} repeats: {'; '.join(parts)}"
+    if any(len(set(rep.values())) > 1 for rep in by_repeat):
+        text += f" ({COMBINE_RULE})"
     if split:
         sets = {m: set(said) - {"missing"} for m, said in seen.items()}
         outcomes = possible_verdicts(sets)
