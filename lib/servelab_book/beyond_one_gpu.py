@@ -80,15 +80,19 @@ def tp_repeat(parts: list[Path]) -> pd.DataFrame:
     wide = s.pivot_table(index=keys, columns="call", values="ms").reset_index()
     wide["step_ms"] = (wide["whole"] - wide["first"]) / (wide["new_tokens"] - 1)
     med = wide.groupby(["tp", "batch", "prompt_tokens"])[["first", "step_ms"]].median().reset_index()
-    return med.rename(columns={"first": "first_ms"})
+    med = med.rename(columns={"first": "first_ms"})
+    med.attrs["clocks"] = set(s["clock"])  # how the samples were timed, for the table's caption
+    return med
 
 
 def tp_summary(runs: list[Path]) -> pd.DataFrame:
     """Over the repeats: per (TP, batch, prompt length), the median of the repeats' medians with their range, and
-    the decode step's speed-up over TP = 1 in the same repeat (median and range)."""
-    per = []
+    the decode step's speed-up over TP = 1 in the same repeat (median and range). ``attrs["clocks"]``: the clocks
+    the samples were timed with."""
+    per, clocks = [], set()
     for i, parts in enumerate(_repeats(runs)):
         t = tp_repeat(parts)
+        clocks |= t.attrs["clocks"]
         one = t[t["tp"] == 1].set_index(["batch", "prompt_tokens"])["step_ms"]
         key = pd.MultiIndex.from_frame(t[["batch", "prompt_tokens"]])
         per.append(t.assign(repeat=i, speedup=one.reindex(key).to_numpy() / t["step_ms"].to_numpy()))
@@ -96,7 +100,9 @@ def tp_summary(runs: list[Path]) -> pd.DataFrame:
     g = both.groupby(["tp", "batch", "prompt_tokens"])
     out = g[["first_ms", "step_ms", "speedup"]].agg(["median", "min", "max"])
     out.columns = [f"{a}_{b}" for a, b in out.columns]
-    return out.assign(repeats=g["repeat"].nunique()).reset_index()
+    out = out.assign(repeats=g["repeat"].nunique()).reset_index()
+    out.attrs["clocks"] = clocks
+    return out
 
 
 def tp_tokens(runs: list[Path]) -> pd.DataFrame:
@@ -159,8 +165,7 @@ def tp_md(runs: list[Path]) -> str:
         P, dev = metas[0].get("params", {}), metas[0].get("device", {})
         t = tp_summary(group)
         commits = ", ".join(sorted({str(m.get("git_commit", ""))[:7] for m in metas}))
-        clocks = {c for r in group for c in pd.read_csv(r / "samples.csv")["clock"]}
-        clock = "CUDA events" if clocks == {"cuda_event"} else "wall clock"
+        clock = "CUDA events" if t.attrs["clocks"] == {"cuda_event"} else "wall clock"
         n = len(_repeats(group))
         lines += [
             f"**Measured**, tensor parallel, on {dev.get('gpus', '?')}× {dev.get('name', '?')} ({folder}, measuring "
