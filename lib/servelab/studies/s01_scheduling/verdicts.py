@@ -170,16 +170,22 @@ def _f12_verdict(cut: float, ratio: float) -> str:
     return "fails" if cut <= NO_CUT else "changes" if ratio > THROUGHPUT_GAIN else "holds"
 
 
+def _paired_models(j: pd.DataFrame):
+    """Per model of the paired rates ``j``: (its short name, its rows, the median stall cut over its rates, its row at
+    the most loaded rate): the numbers F1.1's and F1.2's rules take, computed in one place for ``f11``, ``f12`` and
+    ``model_verdicts``."""
+    for model, g in j.groupby("model", sort=False):
+        yield short(model), g, float(np.median(g["stall_cut_p99"])), g.loc[g["rate_fraction"].idxmax()]
+
+
 def model_verdicts(summary: pd.DataFrame, reference_budget: int) -> dict[str, dict[str, str]]:
     """F1.1's and F1.2's verdict per model on one repeat's summary, by the same rules as ``f11`` and ``f12``:
     ``{"F1.1": {"llama-3-8b": "changes", ...}, "F1.2": {...}}`` (empty where no rate was paired)."""
     j = paired(summary, reference_budget).dropna(subset=["stall_cut_p99"])
     out: dict[str, dict[str, str]] = {"F1.1": {}, "F1.2": {}}
-    for model, g in j.groupby("model", sort=False):
-        cut = float(np.median(g["stall_cut_p99"]))
-        ratio = float(g.loc[g["rate_fraction"].idxmax(), "throughput_ratio"])
-        out["F1.1"][short(model)] = _f11_verdict(cut)
-        out["F1.2"][short(model)] = _f12_verdict(cut, ratio)
+    for name, _, cut, top in _paired_models(j):
+        out["F1.1"][name] = _f11_verdict(cut)
+        out["F1.2"][name] = _f12_verdict(cut, float(top["throughput_ratio"]))
     return out
 
 
@@ -224,14 +230,13 @@ def f11(summary: pd.DataFrame, reference_budget: int, dtype: str | None = None) 
     if j.empty:
         return _missing("F1.1", "ms", "no rate was measured with both EagerContBatch and ChunkedPrefill")
     per, parts, near, cuts = {}, [], [], []
-    for model, g in j.groupby("model", sort=False):
-        cut = float(np.median(g["stall_cut_p99"]))
+    for name, g, cut, _ in _paired_models(j):
         cuts.append(100 * cut)
-        per[short(model)] = _f11_verdict(cut)
-        near.append(near_cut_thresholds(short(model), g["stall_cut_p99"], (NO_CUT, *CUT_HOLDS)))
+        per[name] = _f11_verdict(cut)
+        near.append(near_cut_thresholds(name, g["stall_cut_p99"], (NO_CUT, *CUT_HOLDS)))
         worst = g.loc[g[f"{STALL}_eager"].idxmax()]
         parts.append(
-            f"{short(model)}: worst stall (p99 of per-request max ITL [95% CI]) {_stall_text(worst, 'eager')} → "
+            f"{name}: worst stall (p99 of per-request max ITL [95% CI]) {_stall_text(worst, 'eager')} → "
             f"{_stall_text(worst, 'chunked')} ms (maximum {worst['max_itl_ms_eager']:.1f} → "
             f"{worst['max_itl_ms_chunked']:.1f} ms) at {worst['rate_eager']:.2f} req/s; median cut over {len(g)} "
             f"rates {cut:.0%}"
@@ -257,15 +262,13 @@ def f12(summary: pd.DataFrame, reference_budget: int, dtype: str | None = None) 
     if j.empty:
         return _missing("F1.2", "ratio", "no rate was measured with both EagerContBatch and ChunkedPrefill")
     per, parts, near, ratios = {}, [], [], []
-    for model, g in j.groupby("model", sort=False):
-        cut = float(np.median(g["stall_cut_p99"]))
-        near.append(near_cut_thresholds(short(model), g["stall_cut_p99"], (NO_CUT,)))
-        top = g.loc[g["rate_fraction"].idxmax()]
+    for name, g, cut, top in _paired_models(j):
+        near.append(near_cut_thresholds(name, g["stall_cut_p99"], (NO_CUT,)))
         ratio = float(top["throughput_ratio"])
         ratios.append(ratio)
-        per[short(model)] = _f12_verdict(cut, ratio)
+        per[name] = _f12_verdict(cut, ratio)
         parts.append(
-            f"{short(model)}: throughput ×{ratio:.2f} at {top['rate_eager']:.2f} req/s "
+            f"{name}: throughput ×{ratio:.2f} at {top['rate_eager']:.2f} req/s "
             f"({top['delivered_tok_s_chunked']:,.0f} vs {top['delivered_tok_s_eager']:,.0f} tok/s), "
             f"stall cut {cut:.0%}"
         )
