@@ -124,16 +124,19 @@ DISAGREE = "changes"
 COMBINE_RULE = f"where the models differ, the claim reads {DISAGREE}"
 
 
+def _differ(per_model: dict[str, str]) -> bool:
+    return len(set(per_model.values())) > 1
+
+
 def combine(per_model: dict[str, str]) -> str:
-    verdicts = set(per_model.values())
-    return verdicts.pop() if len(verdicts) == 1 else DISAGREE
+    return DISAGREE if _differ(per_model) else next(iter(per_model.values()))
 
 
 def _where(per_model: dict[str, str]) -> str:
     """Each model's verdict, and the rule that joins them where they differ (the reader sees why "holds" on one
     model and "fails" on the other read "changes")."""
     said = "; ".join(f"{m}: {v}" for m, v in per_model.items())
-    return said + (f" ({COMBINE_RULE})" if len(set(per_model.values())) > 1 else "")
+    return said + (f" ({COMBINE_RULE})" if _differ(per_model) else "")
 
 
 def _near_text(sentences: list[str]) -> str:
@@ -209,7 +212,7 @@ def models_over_repeats(by_repeat: list[dict[str, str]]) -> str:
     parts = [f"{m} {said[0]} in each" if len(set(said)) == 1 else f"{m} {', '.join(said)}" for m, said in seen.items()]
     split = [m for m, said in seen.items() if len(set(said) - {"missing"}) > 1]
     text = f"Per model over the {len(by_repeat)} repeats: {'; '.join(parts)}"
-    if any(len(set(rep.values())) > 1 for rep in by_repeat):
+    if any(_differ(rep) for rep in by_repeat):
         text += f" ({COMBINE_RULE})"
     if split:
         sets = {m: set(said) - {"missing"} for m, said in seen.items()}
