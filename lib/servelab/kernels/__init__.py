@@ -1,4 +1,4 @@
-"""Attention over a paged KV cache for a flat, ragged batch of tokens.
+"""Attention over a paged KV cache for a flat, ragged batch of tokens, and the decode step's fused small linears.
 
 - ``attention.py``: ``PagedAttention``, the layer the models call, which picks a kernel per step;
 - ``prefill.py``, ``context_prefill.py``, ``decode.py``: PyTorch paths (references, and the CPU's kernels);
@@ -8,4 +8,6 @@
 - ``triton_decode.py``, ``triton_ragged.py``: the Triton kernels, any head size, both with split-KV (tested under
   Triton's interpreter on a CPU); ``triton_fold.py``: the key-folding step they share.
 - ``rope_kv_write.py``: RoPE on q and k and the KV-pool write in one Triton kernel (``fused_rope_kv_write``).
+- ``small_linear.py``: a decode step's linear layers at a small batch, each one Triton launch with the residual
+  add, RMSNorm or SiLU·up fused in (not wired into the models until the evidence campaign is done).
 """

@@ -1,0 +1,201 @@
+"""A decode step's linear layers at a small batch, each one Triton launch with the work around it fused in.
+
+Why: in a batch-1 decode step of Qwen2-0.5B on the H200 (the engine page's step budget), the 121 matmul launches
+are busy 0.61 ms against a 0.23 ms memory floor, and 121 norm and elementwise launches add 0.19 ms. Per layer the
+step runs, with Inductor fusing what it can and cuBLAS doing the matmuls:
+
+    add + RMSNorm -> qkv matmul -> RoPE, KV write -> attention -> o matmul -> add + RMSNorm -> gate_up matmul
+    -> SiLU(gate)·up -> down matmul
+
+At one token a matmul is a matrix-vector product: it reads the weight once and does almost no arithmetic, so each
+launch costs its latency more than its bytes. This module folds the elementwise work into the matmul that reads
+it, so a layer's linear work is four launches instead of about nine:
+
+- ``norm_linear(h, delta, norm_w, eps, w, bias)``: the residual add, RMSNorm and ``x @ w.T (+ bias)``; returns the
+  new residual stream too (the deferred add of the last block's output, as ``models.llama`` defers it);
+- ``silu_mul_linear(gate_up, w)``: ``SiLU(gate)·up @ w.T`` from the gate_up matmul's output;
+- ``linear(x, w, bias)``: a plain one (o_proj; lm_head).
+
+One program computes ``BLOCK_N`` outputs of every row (at most ``MAX_ROWS`` rows: decode at a small batch; larger
+batches are matmuls, cuBLAS's job), walking the reduction ``BLOCK_K`` at a time with float32 accumulation. RMSNorm
+needs the whole row's sum of squares before the first product, so with it each program reads the row twice; a
+row is a few KiB and sits in L2. Every intermediate rounds to the activation dtype where the eager code rounds
+(``h + delta``; RMSNorm's normalised row before the weight multiplies, as ``layers.norm.rms_norm``; SiLU(gate)
+before ``· up``), so the result differs from the unfused chain only in the order of the sums.
+
+Not in the engine yet. Wiring it in (``models.llama``'s block functions) moves every study's measurement
+fingerprint, so it waits for the evidence campaign (issue 27) to finish; until then
+``scripts/bench_small_linear.py`` times it against the engine's chain on a GPU, and the tests check it under
+Triton's interpreter on a CPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from servelab.errors import ParameterError
+
+MAX_ROWS = 8  # rows (tokens) one launch takes; beyond it the matmul's weight reuse favours a real GEMM
+PLAIN, RMS_NORM, SILU_MUL = 0, 1, 2  # the prologue: what is computed from the input before it multiplies
+
+
+@triton.jit
+def _small_linear(
+    X,
+    D,
+    H,
+    NW,
+    W,
+    B,
+    Y,
+    M,
+    N,
+    K,
+    stride_x,
+    stride_d,
+    stride_h,
+    stride_w,
+    stride_y,
+    eps,
+    PROLOGUE: tl.constexpr,
+    HAS_DELTA: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    elem = Y.dtype.element_ty
+    rows = tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    col_ok = cols < N
+    ks = tl.arange(0, BLOCK_K)
+    if PROLOGUE == 1:  # RMSNorm: the row's mean square first, over the whole row, in float32
+        squares = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + ks
+            m2 = row_ok[:, None] & (kk < K)[None, :]
+            x = tl.load(X + rows[:, None] * stride_x + kk[None, :], mask=m2, other=0.0)
+            if HAS_DELTA:
+                d = tl.load(D + rows[:, None] * stride_d + kk[None, :], mask=m2, other=0.0)
+                x = (x.to(tl.float32) + d.to(tl.float32)).to(elem)
+            xf = x.to(tl.float32)
+            squares += tl.sum(xf * xf, axis=1)
+        inv_rms = 1.0 / tl.sqrt(squares / K + eps)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        kk = k0 + ks
+        k_ok = kk < K
+        m2 = row_ok[:, None] & k_ok[None, :]
+        if PROLOGUE == 2:  # gate_up's output is [gate | up]: SiLU(gate) rounds, then · up rounds (as eager)
+            g = tl.load(X + rows[:, None] * stride_x + kk[None, :], mask=m2, other=0.0).to(tl.float32)
+            u = tl.load(X + rows[:, None] * stride_x + K + kk[None, :], mask=m2, other=0.0)
+            a = ((g * tl.sigmoid(g)).to(elem).to(tl.float32) * u.to(tl.float32)).to(elem)
+        else:
+            a = tl.load(X + rows[:, None] * stride_x + kk[None, :], mask=m2, other=0.0)
+            if PROLOGUE == 1:
+                if HAS_DELTA:
+                    d = tl.load(D + rows[:, None] * stride_d + kk[None, :], mask=m2, other=0.0)
+                    a = (a.to(tl.float32) + d.to(tl.float32)).to(elem)
+                    if pid == 0:  # one program writes the new residual stream; the others only read it
+                        tl.store(H + rows[:, None] * stride_h + kk[None, :], a, mask=m2)
+                normed = (a.to(tl.float32) * inv_rms[:, None]).to(elem)
+                nw = tl.load(NW + kk, mask=k_ok, other=0.0)
+                a = (nw[None, :].to(tl.float32) * normed.to(tl.float32)).to(elem)
+        w = tl.load(W + cols[:, None] * stride_w + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += tl.sum(a.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :], axis=2)
+    if HAS_BIAS:
+        acc += tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    tl.store(Y + rows[:, None] * stride_y + cols[None, :], acc.to(elem), mask=row_ok[:, None] & col_ok[None, :])
+
+
+def launch(rows: int, n: int, k: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K): every row in one program; enough programs over ``n`` to fill a GPU's SMs
+    (896 outputs in blocks of 8 are 112 programs); a product tile of at most 4,096 float32 per program."""
+    block_m = triton.next_power_of_2(rows)
+    block_n = 8 if n <= 4096 else 16 if n <= 32768 else 32
+    block_k = max(16, min(triton.next_power_of_2(k), 4096 // (block_m * block_n)))
+    return block_m, block_n, block_k
+
+
+def _check(x: torch.Tensor, w: torch.Tensor, k: int, what: str) -> None:
+    if x.dim() != 2 or w.dim() != 2:
+        raise ParameterError(f"{what}: input and weight must be 2-D, got {tuple(x.shape)} and {tuple(w.shape)}")
+    if not 1 <= x.shape[0] <= MAX_ROWS:
+        raise ParameterError(f"{what}: takes 1 to {MAX_ROWS} rows (a decode at a small batch), got {x.shape[0]}")
+    if w.shape[1] != k:
+        raise ParameterError(f"{what}: weight {tuple(w.shape)} does not take {k} inputs")
+    if x.dtype != w.dtype:
+        raise ParameterError(f"{what}: input is {x.dtype}, weight {w.dtype}")
+    if x.stride(-1) != 1 or not w.is_contiguous():
+        raise ParameterError(f"{what}: the input's rows and the weight must be contiguous")
+
+
+def _run(prologue, x, w, bias=None, delta=None, h_out=None, norm_w=None, eps=0.0, k=None, blocks=None, num_warps=4):
+    m, n, k = x.shape[0], w.shape[0], k or x.shape[1]
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    bm, bn, bk = blocks or launch(m, n, k)
+    _small_linear[(triton.cdiv(n, bn),)](
+        x,
+        delta if delta is not None else x,
+        h_out if h_out is not None else x,
+        norm_w if norm_w is not None else x,
+        w,
+        bias if bias is not None else x,
+        y,
+        m,
+        n,
+        k,
+        x.stride(0),
+        delta.stride(0) if delta is not None else 0,
+        h_out.stride(0) if h_out is not None else 0,
+        w.stride(0),
+        y.stride(0),
+        eps,
+        PROLOGUE=prologue,
+        HAS_DELTA=delta is not None,
+        HAS_BIAS=bias is not None,
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_K=bk,
+        num_warps=num_warps,
+    )
+    return y
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, **launch_kw) -> torch.Tensor:
+    """``x @ w.T (+ bias)`` for ``x`` [M ≤ MAX_ROWS, K], ``w`` [N, K]."""
+    _check(x, w, x.shape[-1], "linear")
+    return _run(PLAIN, x, w, bias, **launch_kw)
+
+
+def norm_linear(
+    h: torch.Tensor,
+    delta: torch.Tensor | None,
+    norm_w: torch.Tensor,
+    eps: float,
+    w: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    **launch_kw,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``h (+ delta)`` -> (the residual stream ``h + delta``, ``rms_norm(h + delta) @ w.T (+ bias)``)."""
+    _check(h, w, h.shape[-1], "norm_linear")
+    if delta is not None and (delta.shape != h.shape or delta.dtype != h.dtype or delta.stride(-1) != 1):
+        raise ParameterError(f"norm_linear: delta {tuple(delta.shape)} {delta.dtype} does not match h {tuple(h.shape)}")
+    if norm_w.shape != (h.shape[-1],):
+        raise ParameterError(f"norm_linear: norm weight {tuple(norm_w.shape)} for rows of {h.shape[-1]}")
+    h_out = torch.empty_like(h) if delta is not None else None
+    y = _run(RMS_NORM, h, w, bias, delta=delta, h_out=h_out, norm_w=norm_w, eps=eps, **launch_kw)
+    return (h if h_out is None else h_out), y
+
+
+def silu_mul_linear(gate_up: torch.Tensor, w: torch.Tensor, **launch_kw) -> torch.Tensor:
+    """``(SiLU(gate) · up) @ w.T`` where ``gate_up`` [M, 2I] is ``[gate | up]`` and ``w`` is [N, I]."""
+    if gate_up.dim() != 2 or gate_up.shape[-1] % 2:
+        raise ParameterError(f"silu_mul_linear: gate_up must be [rows, 2·I], got {tuple(gate_up.shape)}")
+    half = gate_up.shape[-1] // 2
+    _check(gate_up, w, half, "silu_mul_linear")
+    return _run(SILU_MUL, gate_up, w, k=half, **launch_kw)

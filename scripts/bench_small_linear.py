@@ -1,0 +1,177 @@
+"""A decode step's linear work on the GPU: the engine's chain (Inductor + cuBLAS) against ``kernels.small_linear``.
+
+One "step" is ``--layers`` layers of a decoder's linear work without attention (its output is a fixed tensor):
+
+    engine: h, qkv = attention_qkv(h, delta, ...); h, delta = attention_outputs(h, attn, ...)   (models.llama)
+    fused:  h, qkv = norm_linear(h, delta, ...); o = linear(attn, o_w); h, gu = norm_linear(h, o, ...);
+            delta = silu_mul_linear(gu, down_w)
+
+each layer with weights of its own (so a step reads them from HBM, as a model's does), both captured in one CUDA
+graph and timed with CUDA events over replays (``measure.timing.time_fn``); "engine" is run eager and compiled
+as the engine compiles its blocks (``models.layers.compiled``). The floor is the step's weight bytes over the
+device-to-device copy bandwidth measured in the same run (``measure.ceilings``). Rows of one launch each
+(``--ops``) time every matrix alone, ``F.linear`` against ``small_linear.linear``.
+
+    python scripts/bench_small_linear.py --out small_linear.csv              # Qwen2-0.5B and Llama-3-8B shapes
+
+Writes one CSV row per (shape, rows, path) and the device record beside it (``<out>.device.json``); a
+development measurement for issue 29, not a book figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from servelab.kernels.small_linear import linear, norm_linear, silu_mul_linear
+from servelab.measure.ceilings import measure_ceilings
+from servelab.measure.device import device_record
+from servelab.measure.timing import time_fn
+from servelab.models.layers.compiled import compiled
+from servelab.models.llama import attention_outputs, attention_qkv
+
+# (hidden, intermediate, q_dim, kv_dim, qkv bias, layers timed)
+SHAPES = {"qwen2-0.5b": (896, 4864, 896, 128, True, 24), "llama-3-8b": (4096, 14336, 4096, 1024, False, 4)}
+EPS = 1e-6
+
+
+def layer_weights(hidden, inter, q_dim, kv_dim, bias, layers, device, dtype):
+    g = torch.Generator(device=device).manual_seed(0)
+
+    def rnd(*shape, scale=1.0):
+        return torch.randn(*shape, generator=g, device=device, dtype=dtype) * scale
+
+    return [
+        dict(
+            nw1=1 + rnd(hidden, scale=0.1),
+            qkv_w=rnd(q_dim + 2 * kv_dim, hidden, scale=hidden**-0.5),
+            qkv_b=rnd(q_dim + 2 * kv_dim, scale=0.1) if bias else None,
+            o_w=rnd(hidden, q_dim, scale=q_dim**-0.5),
+            nw2=1 + rnd(hidden, scale=0.1),
+            gu_w=rnd(2 * inter, hidden, scale=hidden**-0.5),
+            down_w=rnd(hidden, inter, scale=inter**-0.5),
+        )
+        for _ in range(layers)
+    ]
+
+
+def engine_step(layers, h, delta, attn, pre=attention_qkv, post=attention_outputs):
+    for w in layers:
+        h, qkv = pre(h, delta, w["nw1"], EPS, w["qkv_w"], w["qkv_b"])
+        h, delta = post(h, attn, w["o_w"], w["nw2"], EPS, w["gu_w"], w["down_w"])
+    return h, delta, qkv
+
+
+def fused_step(layers, h, delta, attn):
+    for w in layers:
+        h, qkv = norm_linear(h, delta, w["nw1"], EPS, w["qkv_w"], w["qkv_b"])
+        h, gate_up = norm_linear(h, linear(attn, w["o_w"]), w["nw2"], EPS, w["gu_w"])
+        delta = silu_mul_linear(gate_up, w["down_w"])
+    return h, delta, qkv
+
+
+def graph_ms(call) -> tuple[float, float, float]:
+    """Median ms (and quartiles) of one replay of ``call`` captured in a CUDA graph."""
+    call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    t = time_fn(graph.replay, warmup=10, repeats=50)
+    return t.median_ms, t.p25_ms, t.p75_ms
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30))
+
+
+def bench_shape(name, rows, device, dtype, copy_gb_s, ops):
+    hidden, inter, q_dim, kv_dim, bias, n_layers = SHAPES[name]
+    layers = layer_weights(hidden, inter, q_dim, kv_dim, bias, n_layers, device, dtype)
+    weight_bytes = sum(t.numel() * t.element_size() for w in layers for t in w.values() if t is not None)
+    floor_ms = weight_bytes / (copy_gb_s * 1e9) * 1e3
+    g = torch.Generator(device=device).manual_seed(1)
+    h, delta = (torch.randn(rows, hidden, generator=g, device=device, dtype=dtype) for _ in range(2))
+    attn = torch.randn(rows, q_dim, generator=g, device=device, dtype=dtype)
+    pre, post = compiled(attention_qkv), compiled(attention_outputs)
+    paths = {
+        "engine eager": lambda: engine_step(layers, h, delta, attn),
+        "engine compiled": lambda: engine_step(layers, h, delta, attn, pre, post),
+        "fused": lambda: fused_step(layers, h, delta, attn),
+    }
+    want = paths["engine eager"]()
+    out = []
+    for path, call in paths.items():
+        got = call()
+        med, p25, p75 = graph_ms(call)
+        out.append(
+            dict(
+                shape=name,
+                rows=rows,
+                what="layers",
+                path=path,
+                layers=n_layers,
+                ms=med,
+                p25_ms=p25,
+                p75_ms=p75,
+                floor_ms=floor_ms,
+                of_floor=floor_ms / med,
+                max_rel_err=max(rel_err(a, b) for a, b in zip(got, want, strict=True)),
+            )
+        )
+    if ops:
+        x = {"qkv_w": h, "o_w": attn, "gu_w": h, "down_w": torch.randn(rows, inter, device=device, dtype=dtype)}
+        for key, xin in x.items():
+            wts = [w[key] for w in layers]
+            bytes_ = sum(t.numel() * t.element_size() for t in wts)
+            for path, fn in (("F.linear", F.linear), ("small_linear", linear)):
+                med, p25, p75 = graph_ms(lambda fn=fn, xin=xin, wts=wts: [fn(xin, w) for w in wts])
+                out.append(
+                    dict(
+                        shape=name,
+                        rows=rows,
+                        what=key,
+                        path=path,
+                        layers=n_layers,
+                        ms=med,
+                        p25_ms=p25,
+                        p75_ms=p75,
+                        floor_ms=bytes_ / (copy_gb_s * 1e9) * 1e3,
+                        of_floor=bytes_ / (copy_gb_s * 1e9) * 1e3 / med,
+                    )
+                )
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    p.add_argument("--rows", nargs="+", type=int, default=[1, 4, 8])
+    p.add_argument("--no-ops", action="store_true", help="only the layer chains")
+    args = p.parse_args()
+    device, dtype = torch.device("cuda"), torch.bfloat16
+    record = device_record(device)
+    ceilings = measure_ceilings(device)
+    rows = []
+    for name in args.shapes:
+        for r in args.rows:
+            rows += bench_shape(name, r, device, dtype, ceilings.copy_gb_s, not args.no_ops)
+            torch.cuda.empty_cache()
+    table = pd.DataFrame(rows)
+    out = Path(args.out)
+    table.to_csv(out, index=False)
+    meta = {"device": record.close().as_dict(), "ceilings": ceilings.as_dict()}
+    out.with_suffix(".device.json").write_text(json.dumps(meta, indent=1, default=str))
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        print(record.summary())
+        print(table.round(4).to_string(index=False))
+
+
+if __name__ == "__main__":
+    main()
