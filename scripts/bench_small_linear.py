@@ -13,6 +13,7 @@ device-to-device copy bandwidth measured in the same run (``measure.ceilings``).
 (``--ops``) time every matrix alone, ``F.linear`` against ``small_linear.linear``.
 
     python scripts/bench_small_linear.py --out small_linear.csv              # Qwen2-0.5B and Llama-3-8B shapes
+    python scripts/bench_small_linear.py --out sweep.csv --sweep --rows 1   # + every launch of SWEEP
 
 Writes one CSV row per (shape, rows, path) and the device record beside it (``<out>.device.json``); a
 development measurement for issue 29, not a book figure.
@@ -67,11 +68,11 @@ def engine_step(layers, h, delta, attn, pre=attention_qkv, post=attention_output
     return h, delta, qkv
 
 
-def fused_step(layers, h, delta, attn):
+def fused_step(layers, h, delta, attn, **kw):
     for w in layers:
-        h, qkv = norm_linear(h, delta, w["nw1"], EPS, w["qkv_w"], w["qkv_b"])
-        h, gate_up = norm_linear(h, linear(attn, w["o_w"]), w["nw2"], EPS, w["gu_w"])
-        delta = silu_mul_linear(gate_up, w["down_w"])
+        h, qkv = norm_linear(h, delta, w["nw1"], EPS, w["qkv_w"], w["qkv_b"], **kw)
+        h, gate_up = norm_linear(h, linear(attn, w["o_w"], **kw), w["nw2"], EPS, w["gu_w"], **kw)
+        delta = silu_mul_linear(gate_up, w["down_w"], **kw)
     return h, delta, qkv
 
 
@@ -90,7 +91,14 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30))
 
 
-def bench_shape(name, rows, device, dtype, copy_gb_s, ops):
+SWEEP = [dict(block_n=bn, num_warps=nw) for bn in (4, 8, 16, 32) for nw in (2, 4, 8)]
+
+
+def label(kw: dict) -> str:
+    return f" (block_n {kw['block_n']}, {kw['num_warps']} warps)" if kw else ""
+
+
+def bench_shape(name, rows, device, dtype, copy_gb_s, ops, sweep):
     hidden, inter, q_dim, kv_dim, bias, n_layers = SHAPES[name]
     layers = layer_weights(hidden, inter, q_dim, kv_dim, bias, n_layers, device, dtype)
     weight_bytes = sum(t.numel() * t.element_size() for w in layers for t in w.values() if t is not None)
@@ -102,8 +110,9 @@ def bench_shape(name, rows, device, dtype, copy_gb_s, ops):
     paths = {
         "engine eager": lambda: engine_step(layers, h, delta, attn),
         "engine compiled": lambda: engine_step(layers, h, delta, attn, pre, post),
-        "fused": lambda: fused_step(layers, h, delta, attn),
     }
+    for kw in [{}] + (SWEEP if sweep else []):
+        paths["fused" + label(kw)] = lambda kw=kw: fused_step(layers, h, delta, attn, **kw)
     want = paths["engine eager"]()
     out = []
     for path, call in paths.items():
@@ -129,7 +138,11 @@ def bench_shape(name, rows, device, dtype, copy_gb_s, ops):
         for key, xin in x.items():
             wts = [w[key] for w in layers]
             bytes_ = sum(t.numel() * t.element_size() for t in wts)
-            for path, fn in (("F.linear", F.linear), ("small_linear", linear)):
+            calls = {"F.linear": F.linear} | {
+                "small_linear" + label(kw): lambda x, w, kw=kw: linear(x, w, **kw)
+                for kw in [{}] + (SWEEP if sweep else [])
+            }
+            for path, fn in calls.items():
                 med, p25, p75 = graph_ms(lambda fn=fn, xin=xin, wts=wts: [fn(xin, w) for w in wts])
                 out.append(
                     dict(
@@ -154,6 +167,7 @@ def main() -> None:
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--rows", nargs="+", type=int, default=[1, 4, 8])
     p.add_argument("--no-ops", action="store_true", help="only the layer chains")
+    p.add_argument("--sweep", action="store_true", help="also every (block_n, num_warps) of SWEEP")
     args = p.parse_args()
     device, dtype = torch.device("cuda"), torch.bfloat16
     record = device_record(device)
@@ -161,7 +175,7 @@ def main() -> None:
     rows = []
     for name in args.shapes:
         for r in args.rows:
-            rows += bench_shape(name, r, device, dtype, ceilings.copy_gb_s, not args.no_ops)
+            rows += bench_shape(name, r, device, dtype, ceilings.copy_gb_s, not args.no_ops, args.sweep)
             torch.cuda.empty_cache()
     table = pd.DataFrame(rows)
     out = Path(args.out)

@@ -112,11 +112,12 @@ def _small_linear(
     tl.store(Y + rows[:, None] * stride_y + cols[None, :], acc.to(elem), mask=row_ok[:, None] & col_ok[None, :])
 
 
-def launch(rows: int, n: int, k: int) -> tuple[int, int, int]:
+def launch(rows: int, n: int, k: int, block_n: int | None = None) -> tuple[int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K): every row in one program; enough programs over ``n`` to fill a GPU's SMs
-    (896 outputs in blocks of 8 are 112 programs); a product tile of at most 4,096 float32 per program."""
+    (896 outputs in blocks of 8 are 112 programs) unless ``block_n`` is given; a product tile of at most 4,096
+    float32 per program. A first guess: ``scripts/bench_small_linear.py --sweep`` times the others."""
     block_m = triton.next_power_of_2(rows)
-    block_n = 8 if n <= 4096 else 16 if n <= 32768 else 32
+    block_n = block_n or (8 if n <= 4096 else 16 if n <= 32768 else 32)
     block_k = max(16, min(triton.next_power_of_2(k), 4096 // (block_m * block_n)))
     return block_m, block_n, block_k
 
@@ -134,10 +135,10 @@ def _check(x: torch.Tensor, w: torch.Tensor, k: int, what: str) -> None:
         raise ParameterError(f"{what}: the input's rows and the weight must be contiguous")
 
 
-def _run(prologue, x, w, bias=None, delta=None, h_out=None, norm_w=None, eps=0.0, k=None, blocks=None, num_warps=4):
+def _run(prologue, x, w, bias=None, delta=None, h_out=None, norm_w=None, eps=0.0, k=None, block_n=None, num_warps=4):
     m, n, k = x.shape[0], w.shape[0], k or x.shape[1]
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    bm, bn, bk = blocks or launch(m, n, k)
+    bm, bn, bk = launch(m, n, k, block_n)
     _small_linear[(triton.cdiv(n, bn),)](
         x,
         delta if delta is not None else x,
@@ -167,7 +168,8 @@ def _run(prologue, x, w, bias=None, delta=None, h_out=None, norm_w=None, eps=0.0
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, **launch_kw) -> torch.Tensor:
-    """``x @ w.T (+ bias)`` for ``x`` [M ≤ MAX_ROWS, K], ``w`` [N, K]."""
+    """``x @ w.T (+ bias)`` for ``x`` [M ≤ MAX_ROWS, K], ``w`` [N, K]. ``launch_kw``, in every function here:
+    ``block_n`` (outputs per program, ``launch``'s choice by default) and ``num_warps`` (4)."""
     _check(x, w, x.shape[-1], "linear")
     return _run(PLAIN, x, w, bias, **launch_kw)
 
