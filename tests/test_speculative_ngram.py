@@ -2,7 +2,8 @@
 
 Every request's drafts are ``spec.prompt_lookup.PromptLookupProposer.lookup``'s on its own context, token for
 token, over random contexts of ragged lengths from small vocabularies (many matches, many misses), at several γ
-and n-gram ranges; a per-request limit cuts its drafts; bad arguments are refused.
+and n-gram ranges; a per-request limit cuts its drafts; bad arguments are refused. On a CUDA device (skipped
+without one) the search runs with no host synchronisation and gives the CPU's drafts.
 """
 
 import pytest
@@ -70,3 +71,17 @@ def test_bad_arguments_are_refused(kwargs, message):
     args = dict(history=torch.zeros(2, 5, dtype=torch.long), lengths=torch.tensor([5, 3])) | kwargs
     with pytest.raises(ParameterError, match=message):
         propose_ngram(**args)
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_drafts_are_found_without_a_host_sync_and_equal_the_cpus():
+    history, lengths = padded(contexts(256, 4, seed=9))
+    want = propose_ngram(history, lengths, 4)
+    cuda = (history.cuda(), lengths.cuda())
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any call that waits for the device raises
+    try:
+        drafts, counts = propose_ngram(*cuda, 4)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(drafts.cpu(), want[0]) and torch.equal(counts.cpu(), want[1])

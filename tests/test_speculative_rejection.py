@@ -5,7 +5,8 @@ Sampled rows keep the target's distribution: over tens of thousands of requests 
 vocabulary), the first emitted token follows the target's ``p_1`` (χ² goodness of fit, with a draft model and with
 a proposer that proposes with certainty), a draft is kept as often as ``Σ min(p, q)`` says, and a bonus token
 follows ``p_{k+1}``. The same χ² test rejects a verifier that keeps every draft, so it can fail. Ragged drafts,
-greedy and sampled rows in one batch, and bad shapes.
+greedy and sampled rows in one batch, and bad shapes. On a CUDA device (skipped without one) a step is verified
+with no host synchronisation (``torch.cuda.set_sync_debug_mode("error")``).
 """
 
 import numpy as np
@@ -54,7 +55,7 @@ def test_greedy_rows_are_the_targets_argmax_and_each_is_greedy_accept_alone():
     drafts[wrong] = (drafts[wrong] + 1) % vocab
     num = torch.randint(0, gamma + 1, (batch,), generator=g)
     drafts[torch.arange(gamma)[None, :] >= num[:, None]] = PLACEHOLDER  # ragged: padding past each request's drafts
-    out = verify(logits, drafts, num, [0.0] * batch)
+    out = verify(logits, drafts, num, torch.zeros(batch), all_greedy=True)
     for b in range(batch):
         k = int(num[b])
         alone = greedy_accept(logits[b, : k + 1], drafts[b, :k])
@@ -68,7 +69,7 @@ def test_greedy_rows_are_the_targets_argmax_and_each_is_greedy_accept_alone():
 def test_a_sampled_first_token_follows_the_target_and_drafts_are_kept_as_often_as_min_p_q_says():
     n = 60_000
     logits, drafts, q, g = batch_of(n)
-    out = verify(logits, drafts, torch.full((n,), 2), [1.0] * n, q, generator=g)
+    out = verify(logits, drafts, torch.full((n,), 2), torch.ones(n), draft_probs=q, generator=g)
     assert chi2_p(out.tokens[:, 0], P[0]) > ALPHA
     kept_first = (out.emitted >= 2).double().mean().item()
     expect = torch.minimum(P[0], Q[0]).sum().item()  # 1 - total variation
@@ -81,7 +82,7 @@ def test_a_proposer_without_a_distribution_keeps_the_targets_distribution_too():
     n = 40_000
     logits, _, _, g = batch_of(n)
     drafts = torch.tensor([[3, 2]]).expand(n, -1).contiguous()  # prompt lookup's certain proposal
-    out = verify(logits, drafts, torch.full((n,), 2), [1.0] * n, None, generator=g)
+    out = verify(logits, drafts, torch.full((n,), 2), torch.ones(n), generator=g)
     assert chi2_p(out.tokens[:, 0], P[0]) > ALPHA
     kept_first = (out.emitted >= 2).double().mean().item()
     assert abs(kept_first - P[0][3].item()) < 4 * (P[0][3].item() / n) ** 0.5  # kept with probability p(x)
@@ -90,7 +91,9 @@ def test_a_proposer_without_a_distribution_keeps_the_targets_distribution_too():
 def test_the_fit_rejects_a_verifier_that_keeps_every_draft():
     n = 60_000
     logits, drafts, q, g = batch_of(n)
-    always = verify(logits, drafts, torch.full((n,), 2), [1.0] * n, torch.stack(P[:2])[None].expand(n, -1, -1))
+    always = verify(
+        logits, drafts, torch.full((n,), 2), torch.ones(n), draft_probs=torch.stack(P[:2])[None].expand(n, -1, -1)
+    )
     # with q taken as p every draft is kept, so the first token follows the draft's Q, not P
     assert (always.emitted == 3).all()
     assert chi2_p(always.tokens[:, 0], P[0]) < ALPHA
@@ -99,11 +102,11 @@ def test_the_fit_rejects_a_verifier_that_keeps_every_draft():
 def test_greedy_and_sampled_rows_share_a_batch_and_ragged_rows_draw_their_bonus_at_their_own_position():
     n = 30_000
     logits, drafts, q, g = batch_of(n, seed=3)
-    temps = [0.0 if i % 2 else 1.0 for i in range(n)]
+    temps = torch.tensor([0.0 if i % 2 else 1.0 for i in range(n)])
     num = torch.tensor([i % 3 for i in range(n)])  # 0, 1 or 2 drafts
-    out = verify(logits, drafts, num, temps, q, generator=g)
-    greedy = torch.tensor([t == 0 for t in temps])
-    alone = verify(logits[greedy], drafts[greedy], num[greedy], [0.0] * int(greedy.sum()))
+    out = verify(logits, drafts, num, temps, draft_probs=q, generator=g)
+    greedy = temps == 0
+    alone = verify(logits[greedy], drafts[greedy], num[greedy], temps[greedy], all_greedy=True)
     assert torch.equal(out.tokens[greedy], alone.tokens)
     no_drafts = ~greedy & (num == 0)  # nothing to verify: the token is a plain sample of p_1
     assert (out.emitted[no_drafts] == 1).all() and chi2_p(out.tokens[no_drafts, 0], P[0]) > ALPHA
@@ -112,26 +115,45 @@ def test_greedy_and_sampled_rows_share_a_batch_and_ragged_rows_draw_their_bonus_
 
 def test_the_same_generator_seed_gives_the_same_tokens():
     logits, drafts, q, _ = batch_of(500)
-    a, b = (
-        verify(logits, drafts, torch.full((500,), 2), [0.8] * 500, q, torch.Generator().manual_seed(7)) for _ in "ab"
-    )
+    num, temps = torch.full((500,), 2), torch.full((500,), 0.8)
+    a, b = (verify(logits, drafts, num, temps, draft_probs=q, generator=torch.Generator().manual_seed(7)) for _ in "ab")
     assert torch.equal(a.tokens, b.tokens)
+
+
+LOGITS, DRAFTS, NUM, TEMPS = torch.zeros(2, 3, 5), torch.zeros(2, 2, dtype=torch.long), torch.zeros(2), torch.ones(2)
 
 
 @pytest.mark.parametrize(
     "args, message",
     [
-        ((torch.zeros(2, 3), torch.zeros(2, 2, dtype=torch.long), torch.zeros(2), [0, 0]), "batch, γ \\+ 1, vocab"),
-        ((torch.zeros(2, 3, 5), torch.zeros(2, 3, dtype=torch.long), torch.zeros(2), [0, 0]), "LongTensor \\[2, 2\\]"),
-        ((torch.zeros(2, 3, 5), torch.zeros(2, 2), torch.zeros(2), [0, 0]), "LongTensor"),
-        ((torch.zeros(2, 3, 5), torch.zeros(2, 2, dtype=torch.long), torch.zeros(3), [0, 0]), "num_drafts"),
-        ((torch.zeros(2, 3, 5), torch.zeros(2, 2, dtype=torch.long), torch.zeros(2), [0]), "1 temperatures"),
-        (
-            (torch.zeros(2, 3, 5), torch.zeros(2, 2, dtype=torch.long), torch.zeros(2), [1, 1], torch.zeros(2, 3, 5)),
-            "draft_probs",
-        ),
+        ((torch.zeros(2, 3), DRAFTS, NUM, TEMPS), "batch, γ \\+ 1, vocab"),
+        ((LOGITS, torch.zeros(2, 3, dtype=torch.long), NUM, TEMPS), "LongTensor \\[2, 2\\]"),
+        ((LOGITS, torch.zeros(2, 2), NUM, TEMPS), "LongTensor"),
+        ((LOGITS, DRAFTS, torch.zeros(3), TEMPS), "num_drafts"),
+        ((LOGITS, DRAFTS, NUM, torch.ones(1)), "temperatures must be \\[2\\]"),
+        ((LOGITS, DRAFTS, NUM, TEMPS, False, torch.zeros(2, 3, 5)), "draft_probs"),
     ],
 )
 def test_bad_shapes_are_refused(args, message):
     with pytest.raises(ParameterError, match=message):
         verify(*args)
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_a_step_is_verified_without_a_host_sync_and_greedy_rows_match_the_cpus():
+    logits, drafts, q, _ = batch_of(4096, seed=5)
+    num = torch.tensor([i % 3 for i in range(4096)])
+    temps = torch.tensor([0.0 if i % 2 else 0.7 for i in range(4096)])
+    cuda = [t.cuda() for t in (logits, drafts, num, temps, q)]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any call that waits for the device raises
+    try:
+        out = verify(*cuda[:4], draft_probs=cuda[4], generator=g)
+        greedy_only = verify(*cuda[:4], all_greedy=True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    want = verify(logits, drafts, num, temps, all_greedy=True)
+    greedy = temps == 0
+    assert torch.equal(out.tokens.cpu()[greedy], want.tokens[greedy])
+    assert torch.equal(greedy_only.tokens.cpu(), want.tokens)

@@ -16,13 +16,14 @@ cumulative product, and one ``multinomial`` draw per request over its residual, 
 the host reads the result once. The output is ``[B, γ + 1]`` token ids, the emitted tokens first and
 ``PLACEHOLDER`` after them (vLLM's layout), with the count each request emitted.
 
-Temperatures come from the host (each request's sampling parameters), so an all-greedy step never builds the
-softmax. Top-p/top-k filtering belongs to the caller's sampler: pass logits already filtered.
+Temperatures come as a tensor on the device (0 for a greedy request), with the host's word on whether every
+request is greedy (vLLM's ``SamplingMetadata.all_greedy``): the host knows each request's sampling parameters, so
+an all-greedy step never builds the softmax and nothing is read back to decide. Top-p/top-k filtering belongs to
+the caller's sampler: pass logits already filtered.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
@@ -41,13 +42,15 @@ def verify(
     target_logits: torch.Tensor,
     draft_tokens: torch.Tensor,
     num_drafts: torch.Tensor,
-    temperatures: Sequence[float],
+    temperatures: torch.Tensor,
+    all_greedy: bool = False,
     draft_probs: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
 ) -> Verified:
     """``target_logits`` [B, γ + 1, V]; ``draft_tokens`` [B, γ] (any padding past ``num_drafts``, PLACEHOLDER
     included); ``num_drafts`` [B]
-    (0 … γ); ``temperatures``: one per request, 0 for greedy; ``draft_probs`` [B, γ, V], the draft's distributions
+    (0 … γ); ``temperatures`` [B], 0 for a greedy request; ``all_greedy``: every request is (the softmax is
+    skipped); ``draft_probs`` [B, γ, V], the draft's distributions
     the tokens were drawn from (None: a proposer that proposes with certainty); ``generator`` on the device makes
     the draws reproducible."""
     batch, positions, vocab = _check(target_logits, draft_tokens, num_drafts, temperatures, draft_probs)
@@ -56,11 +59,11 @@ def verify(
     valid = torch.arange(gamma, device=device)[None, :] < num_drafts[:, None]
     best = target_logits.argmax(dim=-1)  # [B, γ + 1]
     greedy_kept = best[:, :gamma] == draft_tokens
-    if all(t <= 0 for t in temperatures):
+    if all_greedy:
         kept = _leading(greedy_kept & valid)
         return _emit(draft_tokens, kept, best[rows, kept])
-    greedy = torch.tensor([t <= 0 for t in temperatures], device=device)
-    scale = torch.tensor([t if t > 0 else 1.0 for t in temperatures], device=device, dtype=torch.float32)
+    greedy = temperatures <= 0
+    scale = torch.where(greedy, 1.0, temperatures.float())
     probs = torch.softmax(target_logits.float() / scale[:, None, None], dim=-1)
     ids = draft_tokens.clamp(min=0)[..., None]  # padding may be PLACEHOLDER; those positions are never kept
     p_x = probs[:, :gamma].gather(-1, ids)[..., 0]
@@ -109,8 +112,8 @@ def _check(target_logits, draft_tokens, num_drafts, temperatures, draft_probs) -
         )
     if num_drafts.shape != (batch,):
         raise ParameterError(f"num_drafts must be [{batch}], got {tuple(num_drafts.shape)}")
-    if len(temperatures) != batch:
-        raise ParameterError(f"{len(temperatures)} temperatures for {batch} requests")
+    if temperatures.shape != (batch,):
+        raise ParameterError(f"temperatures must be [{batch}], got {tuple(temperatures.shape)}")
     if draft_probs is not None and draft_probs.shape != (batch, positions - 1, vocab):
         raise ParameterError(f"draft_probs must be [{batch}, {positions - 1}, {vocab}], got {tuple(draft_probs.shape)}")
     return batch, positions, vocab
