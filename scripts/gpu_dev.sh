@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Development measurements on any sm90 GPU (an H100 the device tool lends when no H200 comes): nothing here is a
+# book figure, so any card answers. Each task runs under its own time limit and writes its log (and CSVs) to $OUT.
+#
+#   scripts/gpu_dev.sh TASK [TASK ...]
+#
+#   gpu-quick      make gpu-test-quick: token-exactness of every captured path (goal: under 3 min on the H200)
+#   gpu-full       the GPU tests not in the quick tier
+#   staged         the GPU tests of the code staged for after the campaign: kernels/small_linear, speculative/
+#   small-linear   scripts/bench_small_linear.py --sweep --rows 1: the fused linears against the engine's chain, every
+#                  launch (block_n x warps) at batch 1
+#   small-linear-rows  the same at 1, 4 and 8 rows, default launch
+#   decode-kernel  scripts/bench_decode_kernel.py: decode attention, one pass vs split-KV vs gather
+#
+# Use it when scripts/gpu_run.sh refuses the card (exit 3):
+#   scripts/gpu_run.sh JOBS || { rc=$?; [ $rc -ne 3 ] && exit $rc; scripts/gpu_dev.sh staged small-linear; }
+set -uo pipefail
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONPATH=$PWD/lib PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+run() {  # run TASK SECONDS COMMAND...: the command under a time limit, its output in $OUT/TASK.log
+  local task=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$@" >"$OUT/$task.log" 2>&1
+  local rc=$?
+  echo "$task: exit $rc in $((SECONDS - t0)) s (limit $limit s)" | tee -a "$OUT/summary.txt"
+  tail -25 "$OUT/$task.log"
+}
+GPU_TESTS=$(grep -l 'pytest\.mark\.gpu' tests/test_*.py)
+for task in "$@"; do
+  case "$task" in
+    gpu-quick) run "$task" 240 make gpu-test-quick ;;
+    gpu-full) run "$task" 560 python3 -m pytest -q -p no:cacheprovider --durations=15 -m "gpu and not gpu_quick" $GPU_TESTS ;;
+    staged) run "$task" 180 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_small_linear.py \
+      tests/test_speculative_rejection.py tests/test_speculative_ngram.py ;;
+    small-linear) run "$task" 420 python3 scripts/bench_small_linear.py --out "$OUT/small_linear.csv" --sweep --rows 1 ;;
+    small-linear-rows) run "$task" 240 python3 scripts/bench_small_linear.py --out "$OUT/small_linear_rows.csv" ;;
+    decode-kernel) run "$task" 180 python3 scripts/bench_decode_kernel.py ;;
+    *) echo "unknown task '$task' (see the header of $0)" | tee -a "$OUT/summary.txt"; exit 2 ;;
+  esac
+done
