@@ -10,6 +10,7 @@
   in a process of its own;
 - ``metrics.py``: the records' schema and vLLM's metrics (TTFT, TPOT, ITL, E2E, goodput), one summary for the load
   generator and the simulator; ``report.py``: that summary in vLLM ``benchmark_serving``'s layout;
+  ``compare.py``: two runs of one trace side by side (``python -m servelab.loadgen.compare``);
 - ``__main__.py``: ``python -m servelab.loadgen``.
 """
 
