@@ -9,7 +9,8 @@ step runs, with Inductor fusing what it can and cuBLAS doing the matmuls:
 
 At one token a matmul is a matrix-vector product: it reads the weight once and does almost no arithmetic, so each
 launch costs its latency more than its bytes. This module folds the elementwise work into the matmul that reads
-it, so a layer's linear work is four launches instead of about nine:
+it, so a layer's linear work is four launches, where the chain above takes seven (four matmuls, two add + RMSNorm
+and one SiLU·up; the H200 budget counts five matmul-class launches a layer, and five norm and elementwise ones):
 
 - ``norm_linear(h, delta, norm_w, eps, w, bias)``: the residual add, RMSNorm and ``x @ w.T (+ bias)``; returns the
   new residual stream too (the deferred add of the last block's output, as ``models.llama`` defers it);
