@@ -34,7 +34,8 @@ CHECK = textwrap.dedent(
     def rnd(*shape, dtype):
         return torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
 
-    for dtype, tol in ((torch.float32, 2e-6), (torch.bfloat16, 3e-2)):
+    # float32: sums of up to 1,000 products in another order than the reference's differ by about 1e-6
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
         for m, n, k in ((1, 40, 72), (3, 17, 130), (8, 64, 33), (2, 300, 1000)):
             x, d, b = rnd(m, k, dtype=dtype), rnd(m, k, dtype=dtype), rnd(n, dtype=dtype)
             w = rnd(n, k, dtype=dtype) / k**0.5
