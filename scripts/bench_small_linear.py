@@ -14,6 +14,7 @@ device-to-device copy bandwidth measured in the same run (``measure.ceilings``).
 
     python scripts/bench_small_linear.py --out small_linear.csv              # Qwen2-0.5B and Llama-3-8B shapes
     python scripts/bench_small_linear.py --out sweep.csv --sweep --rows 1   # + every launch of SWEEP
+    TRITON_INTERPRET=1 python scripts/bench_small_linear.py --smoke --out x.csv   # on a CPU: does it run? (a test)
 
 Writes one CSV row per (shape, rows, path) and the device record beside it (``<out>.device.json``); a
 development measurement for issue 29, not a book figure.
@@ -36,8 +37,9 @@ from servelab.measure.timing import time_fn
 from servelab.models.layers.compiled import compiled
 from servelab.models.llama import attention_outputs, attention_qkv
 
-# (hidden, intermediate, q_dim, kv_dim, qkv bias, layers timed)
+# (hidden, intermediate, q_dim, kv_dim, qkv bias, layers timed); "tiny" is the CPU smoke test's (``--smoke``)
 SHAPES = {"qwen2-0.5b": (896, 4864, 896, 128, True, 24), "llama-3-8b": (4096, 14336, 4096, 1024, False, 4)}
+TINY = {"tiny": (48, 80, 32, 8, True, 2)}
 EPS = 1e-6
 
 
@@ -77,14 +79,24 @@ def fused_step(layers, h, delta, attn, **kw):
 
 
 def graph_ms(call) -> tuple[float, float, float]:
-    """Median ms (and quartiles) of one replay of ``call`` captured in a CUDA graph."""
+    """Median ms (and quartiles) of one replay of ``call`` captured in a CUDA graph (on a CPU, ``--smoke``: of one
+    call, a check that the script runs and no measurement)."""
     call()
+    if not torch.cuda.is_available():
+        t = time_fn(call, warmup=0, repeats=2, device="cpu")
+        return t.median_ms, t.p25_ms, t.p75_ms
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         call()
     t = time_fn(graph.replay, warmup=10, repeats=50)
     return t.median_ms, t.p25_ms, t.p75_ms
+
+
+def timed_row(call, floor_ms: float, **labels) -> dict:
+    """``labels`` and the timing of ``call`` in a CUDA graph, against its memory floor."""
+    med, p25, p75 = graph_ms(call)
+    return labels | dict(ms=med, p25_ms=p25, p75_ms=p75, floor_ms=floor_ms, of_floor=floor_ms / med)
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -99,7 +111,7 @@ def label(kw: dict) -> str:
 
 
 def bench_shape(name, rows, device, dtype, copy_gb_s, ops, sweep):
-    hidden, inter, q_dim, kv_dim, bias, n_layers = SHAPES[name]
+    hidden, inter, q_dim, kv_dim, bias, n_layers = (SHAPES | TINY)[name]
     layers = layer_weights(hidden, inter, q_dim, kv_dim, bias, n_layers, device, dtype)
     weight_bytes = sum(t.numel() * t.element_size() for w in layers for t in w.values() if t is not None)
     floor_ms = weight_bytes / (copy_gb_s * 1e9) * 1e3
@@ -107,76 +119,63 @@ def bench_shape(name, rows, device, dtype, copy_gb_s, ops, sweep):
     h, delta = (torch.randn(rows, hidden, generator=g, device=device, dtype=dtype) for _ in range(2))
     attn = torch.randn(rows, q_dim, generator=g, device=device, dtype=dtype)
     pre, post = compiled(attention_qkv), compiled(attention_outputs)
-    paths = {
-        "engine eager": lambda: engine_step(layers, h, delta, attn),
-        "engine compiled": lambda: engine_step(layers, h, delta, attn, pre, post),
-    }
+    paths = {"engine eager": lambda: engine_step(layers, h, delta, attn)}
+    if device.type == "cuda":  # Inductor on a CPU would build C++ for minutes: the smoke test leaves it out
+        paths["engine compiled"] = lambda: engine_step(layers, h, delta, attn, pre, post)
     for kw in [{}] + (SWEEP if sweep else []):
         paths["fused" + label(kw)] = lambda kw=kw: fused_step(layers, h, delta, attn, **kw)
     want = paths["engine eager"]()
-    out = []
-    for path, call in paths.items():
-        got = call()
-        med, p25, p75 = graph_ms(call)
-        out.append(
-            dict(
-                shape=name,
-                rows=rows,
-                what="layers",
-                path=path,
-                layers=n_layers,
-                ms=med,
-                p25_ms=p25,
-                p75_ms=p75,
-                floor_ms=floor_ms,
-                of_floor=floor_ms / med,
-                max_rel_err=max(rel_err(a, b) for a, b in zip(got, want, strict=True)),
-            )
-        )
+    where = dict(shape=name, rows=rows, layers=n_layers)
+    out = [
+        timed_row(call, floor_ms, **where, what="layers", path=path)
+        | {"max_rel_err": max(rel_err(a, b) for a, b in zip(call(), want, strict=True))}
+        for path, call in paths.items()
+    ]
     if ops:
         x = {"qkv_w": h, "o_w": attn, "gu_w": h, "down_w": torch.randn(rows, inter, device=device, dtype=dtype)}
         for key, xin in x.items():
             wts = [w[key] for w in layers]
-            bytes_ = sum(t.numel() * t.element_size() for t in wts)
+            key_floor_ms = sum(t.numel() * t.element_size() for t in wts) / (copy_gb_s * 1e9) * 1e3
             calls = {"F.linear": F.linear} | {
                 "small_linear" + label(kw): lambda x, w, kw=kw: linear(x, w, **kw)
                 for kw in [{}] + (SWEEP if sweep else [])
             }
-            for path, fn in calls.items():
-                med, p25, p75 = graph_ms(lambda fn=fn, xin=xin, wts=wts: [fn(xin, w) for w in wts])
-                out.append(
-                    dict(
-                        shape=name,
-                        rows=rows,
-                        what=key,
-                        path=path,
-                        layers=n_layers,
-                        ms=med,
-                        p25_ms=p25,
-                        p75_ms=p75,
-                        floor_ms=bytes_ / (copy_gb_s * 1e9) * 1e3,
-                        of_floor=bytes_ / (copy_gb_s * 1e9) * 1e3 / med,
-                    )
+            out += [
+                timed_row(
+                    lambda fn=fn, xin=xin, wts=wts: [fn(xin, w) for w in wts],
+                    key_floor_ms,
+                    **where,
+                    what=key,
+                    path=path,
                 )
+                for path, fn in calls.items()
+            ]
     return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", required=True)
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--rows", nargs="+", type=int, default=[1, 4, 8])
     p.add_argument("--no-ops", action="store_true", help="only the layer chains")
     p.add_argument("--sweep", action="store_true", help="also every (block_n, num_warps) of SWEEP")
-    args = p.parse_args()
-    device, dtype = torch.device("cuda"), torch.bfloat16
+    p.add_argument(
+        "--smoke", action="store_true", help="on a CPU under TRITON_INTERPRET=1: the tiny shape, float32, no timing"
+    )
+    args = p.parse_args(argv)
+    if args.smoke:
+        device, dtype, args.shapes = torch.device("cpu"), torch.float32, list(TINY)
+    else:
+        device, dtype = torch.device("cuda"), torch.bfloat16
     record = device_record(device)
-    ceilings = measure_ceilings(device)
+    ceilings = measure_ceilings(device, copy_mib=8 if args.smoke else None, matmul_n=64 if args.smoke else None)
     rows = []
     for name in args.shapes:
         for r in args.rows:
             rows += bench_shape(name, r, device, dtype, ceilings.copy_gb_s, not args.no_ops, args.sweep)
-            torch.cuda.empty_cache()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
     table = pd.DataFrame(rows)
     out = Path(args.out)
     table.to_csv(out, index=False)
