@@ -24,17 +24,23 @@ VOCAB, GAMMA, NEW = 24, 4, 24
 
 @pytest.fixture(scope="module")
 def target():
+    return tiny_llama(seed=0, layers=2, vocab=VOCAB, hidden=32)
+
+
+def tiny_llama(seed: int, layers: int, vocab: int, hidden: int, init: float = 0.02):
+    """A random Hugging Face Llama (float32, CPU); ``init``: the weights' standard deviation (HF's 0.02 by default)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     cfg = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
         num_attention_heads=2,
         num_key_value_heads=1,
         max_position_embeddings=256,
+        initializer_range=init,
     )
     return LlamaForCausalLM(cfg).eval()
 
@@ -90,23 +96,6 @@ def test_speculative_rounds_give_the_targets_greedy_tokens(target):
 SMALL_VOCAB, TRIALS = 8, 40_000
 
 
-def _tiny_llama(seed: int, layers: int):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=SMALL_VOCAB,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=layers,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=64,
-        initializer_range=0.3,  # peaked enough that draft and target differ, flat enough that most pairs occur
-    )
-    return LlamaForCausalLM(cfg).eval()
-
-
 def next_logits(model, ctx: tuple, *extra: int) -> torch.Tensor:
     """The model's logits for the token after ``ctx + extra``."""
     return logits_of(model, list(ctx) + list(extra))[-1]
@@ -153,7 +142,9 @@ def joint_fit(first, second, p_first, p_second) -> float:
 
 
 def test_sampled_rounds_with_a_draft_model_keep_the_targets_joint_distribution():
-    target, draft = _tiny_llama(0, 2), _tiny_llama(1, 1)
+    # weights at 0.3: peaked enough that draft and target differ, flat enough that most pairs of tokens occur
+    target = tiny_llama(seed=0, layers=2, vocab=SMALL_VOCAB, hidden=16, init=0.3)
+    draft = tiny_llama(seed=1, layers=1, vocab=SMALL_VOCAB, hidden=16, init=0.3)
     first, second, p1, p2 = first_two_tokens(target, draft, [3, 5, 7], TRIALS, seed=0)
     assert joint_fit(first, second, p1, p2) > 1e-3
     broken = first_two_tokens(target, draft, [3, 5, 7], TRIALS, seed=0, keep_everything=True)
