@@ -49,10 +49,11 @@ def propose_ngram(
             usable = alive & ~found & (cur - 1 >= n)  # the suffix must have an earlier window before it
             suffix = ids.gather(1, (cur[:, None] - n + torch.arange(n, device=device)).clamp(min=0))  # [B, n]
             windows = ids.unfold(1, n, 1)  # [B, W - n + 1, n]: the window starting at each position
+            window_starts = starts[None, : windows.shape[1]]
             match = (windows == suffix[:, None, :]).all(dim=2)
             # a window must end before the suffix starts its last token: start s ≤ cur − n − 1
-            match &= starts[None, : windows.shape[1]] <= (cur - n - 1)[:, None]
-            latest = torch.where(match, starts[None, : windows.shape[1]], -1).max(dim=1).values
+            match &= window_starts <= (cur - n - 1)[:, None]
+            latest = torch.where(match, window_starts, -1).max(dim=1).values
             hit = usable & (latest >= 0)
             follow = ids[rows, (latest + n).clamp(min=0, max=ids.shape[1] - 1)]
             token = torch.where(hit, follow, token)
@@ -61,9 +62,8 @@ def propose_ngram(
         if limits is not None:
             alive &= limits > i
         drafts[:, i] = torch.where(alive, token, PLACEHOLDER)
-        ids[rows, cur.clamp(max=ids.shape[1] - 1)] = torch.where(
-            alive, token, ids[rows, cur.clamp(max=ids.shape[1] - 1)]
-        )
+        at = cur.clamp(max=ids.shape[1] - 1)  # a request that stopped writes its own token back
+        ids[rows, at] = torch.where(alive, token, ids[rows, at])
         cur = cur + alive.long()
     return drafts, (drafts != PLACEHOLDER).sum(dim=1)
 
