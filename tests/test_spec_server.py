@@ -136,7 +136,7 @@ def test_prompt_lookup_server_gives_the_same_greedy_completions(plain, flags):
 
 
 def test_speculative_config_json_is_read_as_vllm_reads_it():
-    from servelab.spec.speculative_config import SpeculativeConfig, speculative_config
+    from servelab.speculative.config import SpeculativeConfig, speculative_config
 
     assert speculative_config(None, 4, LOOKUP_JSON) == SpeculativeConfig("ngram", 3, None, 2, 1)
     # neither bound: vLLM's 5 and 5; one bound: both

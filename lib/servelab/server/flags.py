@@ -268,7 +268,7 @@ def engine_from_args(args: argparse.Namespace) -> Engine:
 
 def speculation_from_args(args: argparse.Namespace):
     """The flags' ``SpeculativeConfig`` (``--draft-model`` or ``--speculative-config``), or None."""
-    from servelab.spec.speculative_config import speculative_config
+    from servelab.speculative.config import speculative_config
 
     return speculative_config(
         getattr(args, "draft_model", None),

@@ -1,5 +1,5 @@
 """Speculative decoding behind the engine's interface, so the server can run it (``--draft-model``, or
-``--draft-model prompt-lookup`` / vLLM's ``--speculative-config``: see ``speculative_config``).
+``--draft-model prompt-lookup`` / vLLM's ``--speculative-config``: see ``servelab.speculative.config``).
 
 ``SpeculativeEngine`` answers what the server asks of an ``Engine`` (``add_request``, ``step``, ``abort``,
 ``has_unfinished``, ``stats``, ``on_step``, the queues and block manager for its gauges) and serves requests

@@ -1,0 +1,200 @@
+"""The draft model of the engine's speculative mode: its own weights, KV pool, block manager and runner.
+
+Each round the draft proposes up to ``k`` tokens for every speculating sequence at once (``propose``):
+
+1. one step computes what the draft has not seen of each sequence (the whole prompt in its first round; after
+   that the one or two tokens the target emitted last round) and samples draft 1 from its last position;
+2. ``k - 1`` decode steps follow, each fed the tokens the step before sampled, on the device (``patch_pending``'s
+   mechanism: the host never waits between them); on CUDA they replay the draft runner's decode graphs;
+3. the host reads the round's drafts once.
+
+The draft keeps one mirror ``Sequence`` per target sequence, keyed by the same id, that holds only its own
+progress (``num_computed_tokens``, slots); its token list is the target's, copied each round. After the target
+verifies, ``roll_back`` forgets the K/V of the drafts it rejected: the mirror keeps the positions whose tokens
+the target kept (blocks past them go back to the draft's block manager). A finished, aborted or preempted
+sequence's mirror is ``release``d.
+
+Sizing: the draft's pool has as many blocks as the target's, and a mirror never reserves more positions than its
+target sequence, so the draft cannot run out of blocks while the target has them.
+
+vLLM's draft-model proposer (``vllm/v1/spec_decode/draft_model.py``) runs the draft inside the target's runner with
+a KV cache of its own; this one is a second ``ModelRunner`` over the draft's pool, which gives it the target's
+graphs, kernels and compile check for free.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from servelab.engine.compilation import compile_with_check
+from servelab.engine.model_runner import ModelRunner, max_blocks_per_sequence
+from servelab.engine.policies import policy_class
+from servelab.engine.rollback import give_back_tail
+from servelab.engine.sampling import top_p_filter, valid_rows
+from servelab.engine.scheduler import ScheduledBatch, ScheduledSequence, Scheduler
+from servelab.engine.sequence import PENDING_TOKEN, Sequence
+from servelab.errors import ParameterError
+from servelab.kv.block_manager import BlockManager
+from servelab.kv.pool import KVPool
+from servelab.speculative.rejection import PLACEHOLDER
+
+
+class _Chained:
+    """The previous draft step as ``patch_pending`` reads it: each mirror's row of its sampled tokens."""
+
+    def __init__(self, row_of: dict[int, int], device_tokens: torch.Tensor):
+        self.row_of, self.device_tokens = row_of, device_tokens
+
+
+class Drafts:
+    """One round's proposals: ``tokens[i]`` (host) for sequence i, and where sampled requests need it, the draft's
+    distributions ``probs`` [B, γ, vocab] each token was drawn from (None when every request is greedy)."""
+
+    def __init__(self, tokens: list[list[int]], probs: torch.Tensor | None):
+        self.tokens, self.probs = tokens, probs
+
+
+class DraftModel:
+    def __init__(
+        self,
+        model,
+        *,
+        num_blocks: int,
+        block_size: int,
+        max_num_seqs: int,
+        max_model_len: int,
+        compile: bool = False,
+        cuda_graphs: bool = False,
+    ):
+        if model.max_positions < max_model_len:
+            raise ParameterError(
+                f"the draft model holds {model.max_positions} positions, under max_model_len={max_model_len}"
+            )
+        p = next(model.parameters())
+        self.model, self.device = model, p.device
+        self.pool = KVPool.for_model(model.shape, num_blocks + 1, block_size, p.dtype, p.device)
+        self.pool.kv.zero_()  # masked-out keys enter P·V as 0·value: never 0·NaN
+        self.bm = BlockManager(num_blocks, block_size)
+        # the scheduler's slot reservation (whole blocks, OutOfBlocks with nothing changed), with no queue of its own
+        self.slots: Scheduler = policy_class("chunked_prefill")(
+            self.bm, max_num_seqs=max_num_seqs, max_num_batched_tokens=max(max_num_seqs, max_model_len)
+        )
+        self.runner = ModelRunner(
+            model,
+            self.pool,
+            self.bm,
+            scratch_block=num_blocks,
+            max_num_seqs=max_num_seqs,
+            max_blocks=max_blocks_per_sequence(max_model_len, block_size),
+        )
+        self.compile_status = compile_with_check(model, self.pool, num_blocks) if compile else "off"
+        self.num_graphs = self.runner.capture_cuda_graphs(max_num_seqs) if cuda_graphs else 0
+        self.mirrors: dict[int, Sequence] = {}
+
+    # ---- a round ----------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def propose(self, seqs: list[Sequence], ks: list[int]) -> Drafts:
+        """Up to ``ks[i] >= 1`` drafts for each target sequence ``seqs[i]``, whose last token the target has not
+        computed yet. Draws follow each request's temperature and top-p (greedy: the argmax), with its seed."""
+        mirrors = [self._mirror(seq) for seq in seqs]
+        for m, seq, k in zip(mirrors, seqs, ks, strict=True):
+            n = seq.num_tokens
+            self.slots.reserve_slots(m, n + k - 1)  # positions up to n + k − 2 get the draft's K/V
+        first = ScheduledBatch(
+            [ScheduledSequence(m, m.num_computed_tokens, m.num_tokens - m.num_computed_tokens, []) for m in mirrors]
+        )
+        for it in first.items:
+            it.slots = it.seq.kv_slots[it.start : it.start + it.num_tokens]
+        logits = _in_order(*self.runner.logits(first), mirrors)
+        tokens, probs = [], []
+        token, q = self._draw(logits, mirrors)
+        tokens.append(token)
+        probs.append(q)
+        for m in mirrors:
+            m.num_computed_tokens = m.num_tokens
+        for j in range(1, max(ks)):
+            live = [i for i, k in enumerate(ks) if k > j]
+            chained = _Chained({mirrors[i].seq_id: i for i in live}, tokens[-1])
+            batch = ScheduledBatch()
+            for i in live:
+                m = mirrors[i]
+                m.output_token_ids.append(PENDING_TOKEN)  # draft j, still on the device: patched in
+                p = m.num_computed_tokens
+                batch.items.append(ScheduledSequence(m, p, 1, [m.kv_slots[p]]))
+            logits = _in_order(*self.runner.logits(batch, chained), [mirrors[i] for i in live])
+            token, q = self._draw(logits, [mirrors[i] for i in live])
+            tokens.append(_scatter(token, live, len(seqs), PLACEHOLDER))
+            probs.append(None if q is None else _scatter(q, live, len(seqs), 0.0))
+            for i in live:
+                mirrors[i].num_computed_tokens += 1
+        host = torch.stack(tokens, dim=1).tolist()  # the round's one wait for the device
+        out = [row[:k] for row, k in zip(host, ks, strict=True)]
+        if all(q is None for q in probs):
+            return Drafts(out, None)
+        vocab = logits.shape[-1]
+        stacked = torch.stack([torch.zeros(len(seqs), vocab, device=self.device) if q is None else q for q in probs], 1)
+        return Drafts(out, stacked)
+
+    def _mirror(self, seq: Sequence) -> Sequence:
+        """The draft's sequence for ``seq``: its tokens now (prompt and output), its own progress kept."""
+        m = self.mirrors.get(seq.seq_id)
+        if m is None:
+            m = self.mirrors[seq.seq_id] = Sequence(list(seq.prompt_token_ids), seq.params, seq_id=seq.seq_id)
+            m.generator = seq.generator
+        m.output_token_ids = list(seq.output_token_ids)
+        return m
+
+    def _draw(self, logits: torch.Tensor, mirrors: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One draft token per row; with any sampled request, each row's distribution too (one-hot where greedy)."""
+        greedy = logits.argmax(dim=-1)
+        sampled = [i for i, m in enumerate(mirrors) if not m.params.greedy]
+        if not sampled:
+            return greedy, None
+        probs = torch.nn.functional.one_hot(greedy, logits.shape[-1]).float()
+        for i in sampled:  # per row: each may have its own temperature, top-p and seed
+            m = mirrors[i]
+            p = torch.softmax(logits[i : i + 1].float() / m.params.temperature, dim=-1)
+            if m.params.top_p < 1:
+                p = top_p_filter(p, torch.tensor([m.params.top_p], device=p.device))
+            p = valid_rows(p, logits[i : i + 1])
+            probs[i] = p[0]
+            greedy[i] = torch.multinomial(p[0], 1, generator=m.generator)[0]
+        return greedy, probs
+
+    # ---- after the target verified ------------------------------------------------------------------
+    def roll_back(self, seq: Sequence) -> None:
+        """Keep the mirror's K/V only where the target kept the tokens. The mirror computed the target's tokens, then
+        drafts 1 … k − 1; the target computed its tokens and the drafts it kept: the shorter of the two is what
+        both agree on."""
+        m = self.mirrors.get(seq.seq_id)
+        if m is not None:
+            m.num_computed_tokens = min(m.num_computed_tokens, seq.num_computed_tokens)
+            give_back_tail(self.bm, self.runner.tables, m)
+
+    def release(self, seq_id: int) -> None:
+        """A sequence finished, was aborted or preempted: its mirror and blocks go."""
+        m = self.mirrors.pop(seq_id, None)
+        if m is not None and seq_id in self.bm:
+            self.bm.free(seq_id)
+        self.runner.release(seq_id)
+
+    def held(self) -> set[int]:
+        """Ids of the sequences the draft holds blocks or a table row for."""
+        return set(self.bm.seq_ids) | set(self.runner.tables.row_of)
+
+
+def _in_order(logits: torch.Tensor, items: list[ScheduledSequence], mirrors: list[Sequence]) -> torch.Tensor:
+    """The runner's logits rows (in its flat order: decodes, then new prompts, then chunks over a cached context)
+    rearranged to ``mirrors``' order."""
+    row = {id(it.seq): r for r, it in enumerate(items)}
+    order = [row[id(m)] for m in mirrors]
+    if order == list(range(len(order))):
+        return logits
+    return logits[torch.tensor(order, device=logits.device)]
+
+
+def _scatter(values: torch.Tensor, rows: list[int], size: int, fill) -> torch.Tensor:
+    """``values`` (a row per entry of ``rows``) at those rows of a tensor of ``size`` rows; ``fill`` elsewhere."""
+    out = values.new_full((size, *values.shape[1:]), fill)
+    out[torch.tensor(rows, device=values.device)] = values
+    return out

@@ -1,0 +1,373 @@
+"""The engine's speculative mode: running requests draft together and one target step verifies them all.
+
+    engine = SpeculativeEngine.from_spec("config:llama-3-8b", speculative=SpeculativeConfig("draft_model", 4,
+                                         model="config:qwen2-0.5b"))
+    engine.generate(prompts, SamplingParams(max_tokens=64))      # the plain engine's greedy tokens, in fewer steps
+
+A step schedules as the plain engine does (any policy; prefill chunks, preemption, prefix caching). Then every
+decoding sequence whose request asks for nothing beyond temperature, top-p and a seed drafts up to γ tokens:
+
+1. **Slots.** A sequence drafts ``k = min(γ, tokens it may still produce − 1, budget left)`` tokens, and only as many
+   as fit the blocks it holds or can get without preempting anyone: the drafts' K/V positions are reserved like any
+   other tokens', under the step's token budget (``max_num_batched_tokens``).
+2. **Proposals.** Prompt lookup (``speculative.ngram``) on the host, or the draft model's round
+   (``draft_model.DraftModel``: one host read for the round).
+3. **Verification.** The drafts become provisional tokens of their sequences, and the step runs as a chunk of
+   ``k + 1`` tokens over the cached context, with logits at every position (the plain engine keeps only the last).
+   ``speculative.rejection.verify`` keeps a prefix of each request's drafts and adds the target's token: greedy
+   requests get the target's argmax (the plain engine's tokens, token for token); sampled ones keep the target's
+   distribution (Leviathan/Chen), with the draft model's distributions as q, or q one-hot for prompt lookup.
+4. **Rollback.** The provisional tokens are replaced by what was emitted; stop tokens, EOS and ``max_tokens``
+   inside them end the request there. The sequence's computed tokens are its old ones plus the kept drafts, and
+   blocks past them go back to the block manager (``rollback.give_back_tail``), in the draft's pool too.
+
+Steps with nothing to draft (prefill-only steps, requests with logprobs or penalties) are plain steps. Every step
+is read before the next is scheduled: speculation needs the emitted tokens to draft again, so the mode runs with
+``async_scheduling`` off.
+
+Staged (issue 30): nothing measured imports this module yet. After the evidence campaign it becomes the engine's
+own mode (``EngineConfig.speculative``), the server serves it, Studies 3 and 6 measure through it, and
+``servelab.spec`` (the separate driver) is retired.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import torch
+
+from servelab.engine.config import EngineConfig
+from servelab.engine.draft_model import DraftModel, Drafts
+from servelab.engine.engine import Engine, _Launch, _record, resolve_backend
+from servelab.engine.rollback import give_back_tail
+from servelab.engine.sampling import sample_step, top_p_filter
+from servelab.engine.scheduler import ScheduledBatch, ScheduledSequence, TokenEvent
+from servelab.engine.sequence import PENDING_TOKEN, Sequence
+from servelab.engine.step_inputs import build_step_inputs
+from servelab.errors import ParameterError
+from servelab.kv.pool import KVPool
+from servelab.speculative.config import SpeculativeConfig
+from servelab.speculative.ngram import propose_ngram
+from servelab.speculative.rejection import PLACEHOLDER, Verified, verify
+from servelab.speculative.stats import SpecDecodeStats
+
+
+class SpeculativeEngine(Engine):
+    def __init__(self, model, config: EngineConfig | None = None, *, speculative: SpeculativeConfig, draft=None, **kw):
+        """``draft``: the draft model (the project's model code, e.g. from ``models.native``) when ``speculative``
+        names one; its vocabulary must be the target's."""
+        if not isinstance(speculative, SpeculativeConfig):
+            raise ParameterError(f"speculative must be a SpeculativeConfig, got {speculative!r}")
+        if (speculative.method == "draft_model") != (draft is not None):
+            raise ParameterError(f"method {speculative.method!r} needs a draft model exactly when it names one")
+        if draft is not None and draft.shape.vocab != model.shape.vocab:
+            raise ParameterError(
+                f"the draft's vocabulary ({draft.shape.vocab}) is not the target's ({model.shape.vocab})"
+            )
+        cfg = config or EngineConfig()
+        if cfg.decode_steps != 1:
+            raise ParameterError("speculative decoding runs one decode step per scheduling round (decode_steps=1)")
+        cfg = replace(cfg, async_scheduling=False)
+        if draft is not None:
+            cfg = _share_memory(model, draft, cfg)
+        self.speculative = speculative
+        self.gamma = speculative.num_speculative_tokens
+        self.spec_stats = SpecDecodeStats(self.gamma)
+        super().__init__(model, cfg, **kw)
+        self.draft = None
+        if draft is not None:
+            on_cuda = self.device.type == "cuda"
+            self.draft = DraftModel(
+                draft,
+                num_blocks=self.num_blocks,
+                block_size=cfg.block_size,
+                max_num_seqs=cfg.max_num_seqs,
+                max_model_len=self.max_model_len,
+                compile=self.compile_status.startswith("on"),
+                cuda_graphs=cfg.cuda_graphs and on_cuda,
+            )
+
+    @classmethod
+    def from_spec(cls, spec: str, *, speculative: SpeculativeConfig, dtype="bfloat16", device=None, **kw):
+        """Load the target (and the draft model ``speculative`` names) with the model loader; build the engine."""
+        draft = None
+        if speculative.method == "draft_model":
+            draft = load_draft(speculative.model, dtype=dtype, device=device, seed=kw.get("seed", 0))
+        return super().from_spec(spec, dtype=dtype, device=device, speculative=speculative, draft=draft, **kw)
+
+    # ---- a step -------------------------------------------------------------------------------------
+    def step(self) -> list[TokenEvent]:
+        t0 = time.perf_counter()
+        batch = self.scheduler.schedule()
+        for seq in batch.preempted:
+            self.runner.release(seq.seq_id)
+            if self.draft is not None:
+                self.draft.release(seq.seq_id)  # recomputed from scratch: its mirror is too
+        if not batch.items:
+            if batch.preempted or not self.has_unfinished():
+                return []
+            raise RuntimeError(
+                f"scheduler produced no work with {len(self.scheduler.waiting)} waiting and "
+                f"{len(self.scheduler.running)} running sequences"
+            )
+        plan = self._draft_budget(batch)
+        drafts = self._propose(plan)
+        proposals = [(it, d, row) for row, ((it, _), d) in enumerate(zip(plan, drafts.tokens, strict=True)) if d]
+        events = self._verify_step(batch, proposals, drafts.probs, t0) if proposals else self._plain_step(batch, t0)
+        for it, _ in plan:  # slots reserved for drafts that were not proposed (or were rejected) go back
+            if not it.seq.is_finished:
+                give_back_tail(self.block_manager, self.runner.tables, it.seq)
+        return events
+
+    def _draft_budget(self, batch: ScheduledBatch) -> list[tuple[ScheduledSequence, int]]:
+        """``(item, k)`` for each decode item that may draft ``k ≥ 1`` tokens this step, their slots reserved."""
+        if any(it.seq.needs_prompt_logprobs or not it.seq.params.plain for it in batch.items):
+            return []  # logprobs and logits processors run in plain steps
+        left = self.scheduler.max_num_batched_tokens - batch.num_tokens
+        out = []
+        for it in batch.items:
+            seq = it.seq
+            if not (it.is_decode and it.samples) or left <= 0:
+                continue
+            k = min(self.gamma, seq.params.max_tokens - len(seq.output_token_ids) - 1, left)
+            if k > 0 and not self.scheduler.reserve(seq, it.start + 1 + k):
+                k = min(k, len(seq.kv_slots) - it.start - 1)  # what its blocks hold; never preempt for a draft
+            if k > 0:
+                out.append((it, k))
+                left -= k
+        return out
+
+    def _propose(self, plan: list[tuple[ScheduledSequence, int]]) -> Drafts:
+        """Each planned item's drafts (host lists, possibly shorter than asked, or empty), in ``plan``'s order."""
+        if not plan:
+            return Drafts([], None)
+        seqs, ks = [it.seq for it, _ in plan], [k for _, k in plan]
+        if self.draft is not None:
+            return self.draft.propose(seqs, ks)
+        width = max(s.num_tokens for s in seqs)
+        history = torch.full((len(seqs), width), PLACEHOLDER, dtype=torch.long)
+        for row, s in enumerate(seqs):
+            history[row, : s.num_tokens] = torch.tensor(s.token_ids(0, s.num_tokens))
+        cfg = self.speculative
+        found, counts = propose_ngram(
+            history,
+            torch.tensor([s.num_tokens for s in seqs]),
+            self.gamma,
+            cfg.prompt_lookup_max,
+            cfg.prompt_lookup_min,
+            limits=torch.tensor(ks),
+        )
+        return Drafts([row[:c] for row, c in zip(found.tolist(), counts.tolist(), strict=True)], None)
+
+    def _plain_step(self, batch: ScheduledBatch, t0: float) -> list[TokenEvent]:
+        """The plain engine's step, read before returning (no drafts anywhere in it)."""
+        launched = self.runner.launch(batch)
+        self.steps += 1
+        self.scheduler.advance(batch)
+        self._inflight = launched
+        self._launch = _Launch(t0, (time.perf_counter() - t0) * 1e3, len(self.scheduler.waiting), False)
+        return self._land()
+
+    @torch.inference_mode()
+    def _verify_step(self, batch: ScheduledBatch, proposals: list, draft_probs, t0: float) -> list[TokenEvent]:
+        """One target step over ``batch`` with each proposing item widened to its pending token and its drafts.
+        ``proposals``: (item, drafts, row of ``draft_probs``) per item that proposed any."""
+        wide_of = {}
+        for it, d, _ in proposals:
+            seq = it.seq
+            seq.output_token_ids += d  # provisional: replaced by what the target emits
+            wide_of[id(it)] = ScheduledSequence(
+                seq, it.start, 1 + len(d), seq.kv_slots[it.start : it.start + 1 + len(d)]
+            )
+        step = ScheduledBatch([wide_of.get(id(it), it) for it in batch.items], batch.preempted)
+        wide = {id(w) for w in wide_of.values()}
+        for src, dst in self.block_manager.take_copies():  # copy-on-write of shared blocks, before any K/V is written
+            self.pool.copy_blocks([(src, dst)])
+        x = build_step_inputs(step, self.runner.tables, self.device, varlen=self.runner.varlen)
+        rows, plain, verify_rows = [], [], {}  # logits rows: every position of a widened item, the last of the rest
+        q = 0
+        for it in x.ordered_items:
+            if id(it) in wide:
+                verify_rows[id(it)] = list(range(len(rows), len(rows) + it.num_tokens))
+                rows += range(q, q + it.num_tokens)
+            elif it.samples:
+                plain.append((it, len(rows)))
+                rows.append(q + it.num_tokens - 1)
+            q += it.num_tokens
+        logits = self.model(x.input_ids, x.positions, x.meta, self.pool, _on(rows, self.device))
+        self.runner.eager_steps += 1
+        self.steps += 1
+        host_ms = (time.perf_counter() - t0) * 1e3
+        parts = []
+        if plain:
+            chosen = logits[_on([r for _, r in plain], self.device)]
+            parts.append(sample_step(chosen, [it.seq for it, _ in plain], self.runner.race)[0])
+        ordered = [(it, d, r, verify_rows[id(wide_of[id(it)])]) for it, d, r in proposals]
+        verified = self._verify(logits, ordered, draft_probs)
+        parts += [verified.tokens.flatten(), verified.emitted]
+        t_wait = time.perf_counter()
+        host = torch.cat([p.long() for p in parts]).tolist()  # the step's one read of the device
+        wait_ms = (time.perf_counter() - t_wait) * 1e3
+        plain_tokens, host = host[: len(plain)], host[len(plain) :]
+        width, n = self.gamma + 1, len(proposals)
+        emitted = host[n * width :]
+        rest = ScheduledBatch([it for it in step.items if id(it) not in wide])
+        token_of = {id(it): t for (it, _), t in zip(plain, plain_tokens, strict=True)}
+        events = self.scheduler.postprocess(rest, [token_of.get(id(it)) for it in rest.items])
+        for i, (it, d, _) in enumerate(proposals):
+            events += self._accept_verified(it.seq, it.start, len(d), host[i * width : i * width + emitted[i]])
+        self.spec_stats.observe([len(d) for _, d, _ in proposals], emitted)
+        self._release_finished(events)
+        if self.on_step is not None:
+            waiting = len(self.scheduler.waiting)
+            self.on_step(_record(step, t0, time.perf_counter(), waiting, 1, host_ms=host_ms, wait_ms=wait_ms))
+        return events
+
+    def _verify(self, logits: torch.Tensor, ordered: list, draft_probs: torch.Tensor | None) -> Verified:
+        """``rejection.verify`` over the step's proposing requests (``ordered``: item, drafts, row of ``draft_probs``,
+        logits rows): the unseeded ones in one call, each seeded sampled one with its own generator, so that its
+        tokens do not depend on the batch."""
+        n, gamma, dev = len(ordered), self.gamma, self.device
+        seqs = [it.seq for it, *_ in ordered]
+        target = logits.new_zeros((n, gamma + 1, logits.shape[-1]))
+        tokens = torch.full((n, gamma), PLACEHOLDER, dtype=torch.long)
+        for i, (_, d, _, r) in enumerate(ordered):
+            target[i, : len(r)] = logits[_on(r, dev)]
+            tokens[i, : len(d)] = torch.tensor(d)
+        target = _filter_top_p(target, seqs)
+        tokens = tokens.to(dev, non_blocking=True)
+        num = _on([len(d) for _, d, _, _ in ordered], dev)
+        temps = torch.tensor([0.0 if s.params.greedy else s.params.temperature for s in seqs]).to(
+            dev, non_blocking=True
+        )
+        q = None
+        if draft_probs is not None:
+            q = _pad_positions(draft_probs[_on([r for _, _, r, _ in ordered], dev)], gamma)
+        all_greedy = all(s.params.greedy for s in seqs)
+        seeded = [i for i, s in enumerate(seqs) if s.generator is not None and not s.params.greedy]
+        groups = [[i for i in range(n) if i not in seeded]] + [[i] for i in seeded]
+        out = Verified(torch.full((n, gamma + 1), PLACEHOLDER, dtype=torch.long, device=dev), num.new_zeros(n))
+        for group in groups:
+            if not group:
+                continue
+            g = _on(group, dev)
+            gen = seqs[group[0]].generator if group[0] in seeded else None
+            v = verify(target[g], tokens[g], num[g], temps[g], all_greedy, None if q is None else q[g], generator=gen)
+            out.tokens[g] = v.tokens
+            out.emitted[g] = v.emitted
+        return out
+
+    # ---- after the read -----------------------------------------------------------------------------
+    def _accept_verified(self, seq: Sequence, start: int, num_drafts: int, emitted: list[int]) -> list[TokenEvent]:
+        """Replace ``seq``'s provisional drafts by the ``emitted`` tokens, finishing it where one stops it; its computed
+        tokens are the pending one and the kept drafts; blocks past them go back."""
+        del seq.output_token_ids[len(seq.output_token_ids) - num_drafts :]
+        if seq.is_finished:  # aborted meanwhile: nothing lands
+            return []
+        seq.num_computed_tokens = start + len(emitted)  # the pending token and the kept drafts have K/V
+        events = []
+        for tok in emitted:
+            seq.output_token_ids.append(PENDING_TOKEN)
+            ev = self.scheduler.accept(seq, tok)
+            events.append(ev)
+            if ev.finished:
+                return events
+        bm = self.block_manager
+        if bm.prefix_cache is not None:
+            bm.cache_blocks(seq.seq_id, seq.num_computed_tokens, seq.token_ids)
+        give_back_tail(bm, self.runner.tables, seq)
+        if self.draft is not None:
+            self.draft.roll_back(seq)
+        return events
+
+    # ---- bookkeeping --------------------------------------------------------------------------------
+    def _release_finished(self, events: list[TokenEvent]) -> None:
+        super()._release_finished(events)
+        if self.draft is not None:
+            for ev in events:
+                if ev.finished:
+                    self.draft.release(ev.seq_id)
+
+    def abort(self, seq: Sequence) -> bool:
+        aborted = super().abort(seq)
+        if aborted and self.draft is not None:
+            self.draft.release(seq.seq_id)
+        return aborted
+
+    def leaked(self) -> list[int]:
+        held = set(super().leaked())
+        if self.draft is not None:
+            held |= self.draft.held() - {s.seq_id for s in self.scheduler.running}
+        return sorted(held)
+
+    def stats(self) -> dict:
+        s = self.spec_stats
+        return {
+            **super().stats(),
+            "speculative": self.speculative.method,
+            "num_speculative_tokens": self.gamma,
+            "spec_num_drafts": s.num_drafts,
+            "spec_num_draft_tokens": s.num_draft_tokens,
+            "spec_num_accepted_tokens": s.num_accepted_tokens,
+            "spec_accepted_per_position": list(s.per_position),
+        }
+
+
+def load_draft(spec: str, *, dtype="bfloat16", device=None, seed: int = 0):
+    """The draft model ``spec`` names (``config:<name>``, a directory, an installed package's model), as the
+    project's model code."""
+    from servelab.models import load_model
+    from servelab.models.native import native_from_hf
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    lm = load_model(spec, dtype=dtype, device=device, seed=seed, load_tokenizer=False)
+    model = native_from_hf(lm.model, max_positions=min(4096, _positions(lm.model.config)))
+    del lm
+    return model
+
+
+def _positions(config) -> int:
+    return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", 4096)
+
+
+def _share_memory(model, draft, cfg: EngineConfig) -> EngineConfig:
+    """On CUDA with the pool sized from free memory: the blocks the target alone would get, split between the target's
+    pool and the draft's (each holds the same number of blocks) in proportion to their bytes per block."""
+    device = next(model.parameters()).device
+    if cfg.num_blocks is not None or device.type != "cuda":
+        return cfg
+    from servelab.engine.memory import plan_gpu_memory
+
+    plan = plan_gpu_memory(
+        model, cfg, Engine._max_model_len(model, cfg), resolve_backend(cfg.attention_backend, device)
+    )
+    dtype = next(model.parameters()).dtype
+    target = KVPool.block_bytes(model.shape, cfg.block_size, dtype)
+    mine = KVPool.block_bytes(draft.shape, cfg.block_size, dtype)
+    return replace(cfg, num_blocks=max(1, plan.num_blocks * target // (target + mine)))
+
+
+def _filter_top_p(target: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """Top-p applied to each sampled request's rows of ``target`` [n, γ + 1, vocab], as logits that ``verify``'s
+    softmax at the request's temperature turns back into the filtered distribution (log p · T)."""
+    for i, s in enumerate(seqs):
+        p = s.params
+        if p.greedy or p.top_p >= 1:
+            continue
+        probs = torch.softmax(target[i].float() / p.temperature, dim=-1)
+        probs = top_p_filter(probs, torch.full((probs.shape[0],), p.top_p, device=probs.device))
+        target[i] = (probs.log() * p.temperature).to(target.dtype)
+    return target
+
+
+def _pad_positions(q: torch.Tensor, gamma: int) -> torch.Tensor:
+    """A round's draft distributions [n, k, vocab] (k ≤ γ positions run) as [n, γ, vocab], zeros past k."""
+    if q.shape[1] == gamma:
+        return q
+    return torch.cat([q, q.new_zeros((q.shape[0], gamma - q.shape[1], q.shape[2]))], dim=1)
+
+
+def _on(values: list[int], device) -> torch.Tensor:
+    """A host list of indices on ``device`` without waiting for the GPU."""
+    return torch.tensor(values, dtype=torch.long).to(device, non_blocking=True)

@@ -1,0 +1,286 @@
+"""The engine's speculative mode (``engine.speculative_engine``) on a CPU, float32.
+
+- Greedy requests get the plain engine's tokens, token for token, with prompt lookup, a twin draft (every draft
+  kept) and a random draft (nearly every draft rejected), under a small token budget, under preemption and with
+  prefix caching; stops, EOS and ``max_tokens`` that fall inside the drafts end a request there.
+- No sequence holds blocks past its tokens after a step (rejected drafts gave theirs back), in the draft's pool too;
+  nothing leaks after a run or an abort.
+- Sampled requests keep the target's distribution: over 6,000 requests with a tiny vocabulary, the joint of the
+  second and third tokens (both from a speculative step, drafted by a model far from the target) fits the target's
+  exact joint (χ²), and the same test rejects a verifier that keeps every draft.
+"""
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+from test_speculative_loop import tiny_llama
+
+from servelab.engine import Engine, EngineConfig, SamplingParams
+from servelab.engine.speculative_engine import SpeculativeEngine
+from servelab.errors import ParameterError
+from servelab.models import load_model
+from servelab.models.native import native_from_hf
+from servelab.speculative.config import SpeculativeConfig
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+NEW = 20
+GREEDY = SamplingParams(max_tokens=NEW, ignore_eos=True)
+NGRAM = SpeculativeConfig("ngram", 4, prompt_lookup_max=3, prompt_lookup_min=1)
+DRAFT = SpeculativeConfig("draft_model", 4, model="(given)")
+
+
+def varied(name: str, seed: int):
+    """A tiny family's HF model with every matrix drawn at std 0.1: at the loader's 0.02 a random tiny model emits
+    one token over and over, and any two such models agree, so no draft would ever be rejected."""
+    model = load_model(f"config:{name}").model
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+    return model
+
+
+@pytest.fixture(scope="module", params=["tiny-llama", "tiny-qwen2", "tiny-gpt2"])
+def family(request):
+    """The HF target, ragged prompts (two repeat themselves, so prompt lookup finds drafts), the plain engine's
+    greedy tokens, and two drafts: the target's twin and an unrelated random model of the same family."""
+    hf = varied(request.param, 0)
+    g = torch.Generator().manual_seed(11)
+    vocab = hf.config.vocab_size
+    motif = torch.randint(3, vocab, (12,), generator=g).tolist()
+    prompts = [motif * 3, torch.randint(3, vocab, (19,), generator=g).tolist(), motif[:5] * 4, [5, 6]]
+    plain = Engine.from_hf(hf, config()).generate(prompts, GREEDY)
+    other = varied(request.param, 5)
+    drafts = {"twin": hf, "random": other}
+    return hf, prompts, plain, drafts
+
+
+def config(**kw) -> EngineConfig:
+    return EngineConfig(**{"block_size": 4, "num_blocks": 128, "max_model_len": 256, **kw})
+
+
+def engine(hf, method: str, drafts=None, gamma: int = 4, **kw) -> SpeculativeEngine:
+    if method == "ngram":
+        return SpeculativeEngine.from_hf(hf, config(**kw), speculative=SpeculativeConfig("ngram", gamma, None, 3, 1))
+    draft = native_from_hf(drafts[method], max_positions=256)
+    return SpeculativeEngine.from_hf(
+        hf, config(**kw), speculative=SpeculativeConfig("draft_model", gamma, "(given)"), draft=draft
+    )
+
+
+@pytest.mark.parametrize("method", ["ngram", "twin", "random"])
+def test_greedy_tokens_are_the_plain_engines(family, method):
+    hf, prompts, plain, drafts = family
+    e = engine(hf, method, drafts)
+    assert e.generate(prompts, GREEDY) == plain
+    s = e.spec_stats
+    assert s.num_drafts > 0
+    if method == "twin":  # the twin proposes the target's own tokens: every draft is kept, 5 tokens a step
+        assert s.num_accepted_tokens == s.num_draft_tokens
+        assert e.steps <= 1 + -(-(NEW - 1) // 5)
+    if method == "ngram":  # the repeating prompts give drafts that the target keeps
+        assert s.num_accepted_tokens > 0
+    assert e.leaked() == []
+    assert e.block_manager.num_used_blocks == 0
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_twin_draft_keeps_every_draft_as_requests_come_and_go(family, temperature):
+    """A draft that is the target proposes what the target would emit: greedy, every draft is kept; sampled, every
+    draft is too (p/q = 1). With two running at once, a request admitted mid-run catches its draft up on a whole
+    prompt while the others catch up on their last tokens: the draft's rows must stay with their sequences."""
+    hf, prompts, _, drafts = family
+    e = engine(hf, "twin", drafts, max_num_seqs=2)
+    params = [SamplingParams(max_tokens=n, temperature=temperature, ignore_eos=True) for n in (7, 20, 12, 16)]
+    e.generate(prompts, params)
+    s = e.spec_stats
+    assert s.num_drafts > 8 and s.num_accepted_tokens == s.num_draft_tokens
+
+
+@pytest.mark.parametrize("method", ["ngram", "twin", "random"])
+def test_budget_preemption_and_prefix_caching_keep_tokens_exact(family, method):
+    hf, prompts, plain, drafts = family
+    tight = engine(hf, method, drafts, num_blocks=20, max_num_seqs=4, max_num_batched_tokens=9)
+    assert tight.generate(prompts, GREEDY) == plain
+    assert tight.scheduler.num_preemptions > 0
+    cached = engine(hf, method, drafts, prefix_caching=True)
+    assert cached.generate(prompts + prompts[:2], GREEDY) == plain + plain[:2]
+    assert cached.prefix_hit_rate > 0
+    assert tight.leaked() == [] and cached.leaked() == []
+
+
+def test_stops_and_max_tokens_inside_the_drafts_end_the_request_there(family):
+    hf, prompts, plain, drafts = family
+    out = plain[0]
+    stop = out[6]  # inside the second round of five tokens the twin proposes
+    params = [
+        SamplingParams(max_tokens=NEW, ignore_eos=True, stop_token_ids=(stop,)),
+        SamplingParams(max_tokens=7, ignore_eos=True),
+        SamplingParams(max_tokens=2, ignore_eos=True),
+        SamplingParams(max_tokens=1, ignore_eos=True),
+    ]
+    want = Engine.from_hf(hf, config()).generate(prompts, params)
+    assert want[0] == out[: out.index(stop) + 1]
+    e = engine(hf, "twin", drafts)
+    assert e.generate(prompts, params) == want
+    assert e.leaked() == []
+
+
+def test_no_sequence_keeps_blocks_past_its_tokens_after_a_step(family):
+    """Each step reserves slots for γ drafts; whatever the target rejects (all of it, with the random draft) goes back,
+    in the target's pool and the draft's."""
+    hf, prompts, _, drafts = family
+    e = engine(hf, "random", drafts)
+    for p in prompts:
+        e.add_request(p, GREEDY)
+    checked = 0
+    while e.has_unfinished():
+        e.step()
+        bs = e.block_manager.block_size
+        for seq in e.scheduler.running:
+            assert e.block_manager.num_tokens(seq.seq_id) <= -(-seq.num_tokens // bs) * bs
+            if seq.seq_id in e.draft.bm:
+                assert e.draft.bm.num_tokens(seq.seq_id) <= -(-seq.num_tokens // bs) * bs
+            checked += 1
+    assert checked > 0 and e.spec_stats.num_draft_tokens > e.spec_stats.num_accepted_tokens
+    assert e.draft.bm.num_used_blocks == 0
+
+
+def test_an_abort_frees_the_drafts_blocks_too(family):
+    hf, prompts, _, drafts = family
+    e = engine(hf, "twin", drafts)
+    seqs = [e.add_request(p, GREEDY) for p in prompts]
+    for _ in range(3):
+        e.step()
+    assert e.draft.bm.num_used_blocks > 0
+    for s in seqs:
+        e.abort(s)
+    assert e.leaked() == []
+    assert e.block_manager.num_used_blocks == 0 and e.draft.bm.num_used_blocks == 0
+
+
+def test_a_logprobs_request_runs_plain_steps_with_the_same_tokens(family):
+    hf, prompts, plain, drafts = family
+    e = engine(hf, "twin", drafts)
+    params = [SamplingParams(max_tokens=NEW, ignore_eos=True, logprobs=2)] + [GREEDY] * 3
+    assert e.generate(prompts, params) == plain
+    assert e.spec_stats.num_drafts == 0  # every step served the logprobs request
+
+
+def test_bad_configurations_are_refused_before_anything_runs():
+    hf = load_model("config:tiny-llama").model
+    small = tiny_llama(seed=0, layers=1, vocab=24, hidden=32)
+    with pytest.raises(ParameterError, match="vocabulary"):
+        SpeculativeEngine.from_hf(hf, config(), speculative=DRAFT, draft=native_from_hf(small, max_positions=256))
+    with pytest.raises(ParameterError, match="draft model"):
+        SpeculativeEngine.from_hf(hf, config(), speculative=DRAFT)
+    with pytest.raises(ParameterError, match="draft model"):
+        SpeculativeEngine.from_hf(hf, config(), speculative=NGRAM, draft=native_from_hf(hf, max_positions=256))
+    with pytest.raises(ParameterError, match="decode_steps"):
+        SpeculativeEngine.from_hf(hf, config(decode_steps=2), speculative=NGRAM)
+    with pytest.raises(ParameterError, match="positions"):
+        SpeculativeEngine.from_hf(hf, config(), speculative=DRAFT, draft=native_from_hf(hf, max_positions=64))
+
+
+# ---- sampled: the target's distribution ------------------------------------------------------------------
+VOCAB, RUNS = 6, 6000
+PROMPT = [1, 4, 2]
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """A target and a draft far from it (different seeds, sharper weights), on a 6-token vocabulary."""
+    target = tiny_llama(seed=0, layers=2, vocab=VOCAB, hidden=32, init=0.5)
+    draft = tiny_llama(seed=3, layers=1, vocab=VOCAB, hidden=32, init=0.5)
+    return target, draft
+
+
+def exact_joint(target) -> np.ndarray:
+    """P(t2, t3) = Σ_t1 p(t1 | prompt) p(t2 | …, t1) p(t3 | …, t1, t2), from the HF model at temperature 1."""
+
+    def probs(ctx):
+        with torch.no_grad():
+            return torch.softmax(target(torch.tensor([ctx])).logits[0, -1].double(), -1).numpy()
+
+    joint = np.zeros((VOCAB, VOCAB))
+    p1 = probs(PROMPT)
+    for a in range(VOCAB):
+        p2 = probs(PROMPT + [a])
+        for b in range(VOCAB):
+            joint[b] += p1[a] * p2[b] * probs(PROMPT + [a, b])
+    return joint
+
+
+def sampled_joint(target, draft) -> tuple[np.ndarray, SpeculativeEngine]:
+    """Counts of (t2, t3) over RUNS requests of 4 tokens: t1 from the prefill step, then a speculative step with
+    γ = 2 drafts emits t2 (a kept draft, or the replacement of a rejected one) and, when it kept the first draft,
+    t3 (the second draft kept, or its replacement); otherwise t3 comes from the next step, with one draft."""
+    e = SpeculativeEngine.from_hf(
+        target,
+        EngineConfig(block_size=4, num_blocks=RUNS + 64, max_model_len=64, max_num_seqs=512),
+        speculative=SpeculativeConfig("draft_model", 2, "(given)"),
+        draft=native_from_hf(draft, max_positions=64),
+    )
+    torch.manual_seed(0)
+    outs = e.generate([PROMPT] * RUNS, SamplingParams(max_tokens=4, temperature=1.0, ignore_eos=True))
+    counts = np.zeros((VOCAB, VOCAB))
+    for o in outs:
+        counts[o[1], o[2]] += 1
+    return counts, e
+
+
+def chi2_p(counts: np.ndarray, joint: np.ndarray) -> float:
+    expected = joint.ravel() * counts.sum()
+    keep = expected >= 5  # cells too rare for χ² are pooled into one
+    obs = np.append(counts.ravel()[keep], counts.ravel()[~keep].sum())
+    exp = np.append(expected[keep], expected[~keep].sum())
+    if exp[-1] == 0:
+        obs, exp = obs[:-1], exp[:-1]
+    return stats.chisquare(obs, exp).pvalue
+
+
+def test_sampled_tokens_keep_the_targets_distribution(pair):
+    target, draft = pair
+    counts, e = sampled_joint(target, draft)
+    s = e.spec_stats
+    assert 0.05 < s.acceptance_rate < 0.95  # drafts both kept and rejected: the residual draw is exercised
+    assert s.per_position[1] > 0  # second drafts were kept too
+    assert chi2_p(counts, exact_joint(target)) > 1e-3
+
+
+def test_the_same_test_rejects_a_verifier_that_keeps_every_draft(pair, monkeypatch):
+    import servelab.engine.speculative_engine as mode
+    from servelab.speculative.rejection import Verified
+
+    def keep_all(target_logits, draft_tokens, num_drafts, *args, **kw):
+        batch, gamma = draft_tokens.shape
+        rows = torch.arange(batch)
+        tokens = draft_tokens.new_full((batch, gamma + 1), -1)
+        tokens[:, :gamma] = draft_tokens
+        tokens[rows, num_drafts] = target_logits[rows, num_drafts].argmax(-1)
+        return Verified(tokens, num_drafts + 1)
+
+    monkeypatch.setattr(mode, "verify", keep_all)
+    target, draft = pair
+    counts, _ = sampled_joint(target, draft)
+    assert chi2_p(counts, exact_joint(target)) < 1e-6
+
+
+def test_a_seeded_request_gets_the_same_tokens_whatever_runs_beside_it(pair):
+    target, draft = pair
+
+    def run(n_others: int) -> list[int]:
+        e = SpeculativeEngine.from_hf(
+            target,
+            EngineConfig(block_size=4, num_blocks=256, max_model_len=64),
+            speculative=SpeculativeConfig("draft_model", 3, "(given)"),
+            draft=native_from_hf(draft, max_positions=64),
+        )
+        mine = SamplingParams(max_tokens=12, temperature=0.8, seed=7, ignore_eos=True)
+        others = SamplingParams(max_tokens=9, temperature=1.0, ignore_eos=True)
+        return e.generate([PROMPT] + [[2, 3]] * n_others, [mine] + [others] * n_others)[0]
+
+    assert run(0) == run(5)
