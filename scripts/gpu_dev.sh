@@ -11,6 +11,7 @@
 #                  launch (block_n x warps) at batch 1
 #   small-linear-rows  the same at 1, 4 and 8 rows, default launch
 #   decode-kernel  scripts/bench_decode_kernel.py: decode attention, one pass vs split-KV vs gather
+#   spec-engine    the engine's speculative mode on the device (tests/test_engine_speculation.py, CPU and GPU tests)
 #
 # Use it when scripts/gpu_run.sh refuses the card (exit 3):
 #   scripts/gpu_run.sh JOBS || { rc=$?; [ $rc -ne 3 ] && exit $rc; scripts/gpu_dev.sh staged small-linear; }
@@ -36,6 +37,7 @@ for task in "$@"; do
     small-linear) run "$task" 420 python3 scripts/bench_small_linear.py --out "$OUT/small_linear.csv" --sweep --rows 1 ;;
     small-linear-rows) run "$task" 240 python3 scripts/bench_small_linear.py --out "$OUT/small_linear_rows.csv" ;;
     decode-kernel) run "$task" 180 python3 scripts/bench_decode_kernel.py ;;
+    spec-engine) run "$task" 300 python3 -m pytest -q -p no:cacheprovider -x tests/test_engine_speculation.py ;;
     *) echo "unknown task '$task' (see the header of $0)" | tee -a "$OUT/summary.txt"; exit 2 ;;
   esac
 done

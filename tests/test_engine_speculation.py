@@ -284,3 +284,28 @@ def test_a_seeded_request_gets_the_same_tokens_whatever_runs_beside_it(pair):
         return e.generate([PROMPT] + [[2, 3]] * n_others, [mine] + [others] * n_others)[0]
 
     assert run(0) == run(5)
+
+
+# ---- on a GPU: the captured draft steps and the compiled blocks ---------------------------------------------------
+@pytest.mark.gpu
+@pytest.mark.parametrize("method", ["ngram", "twin", "random"])
+def test_on_the_gpu_speculative_steps_give_the_plain_engines_greedy_tokens(method):
+    """float32 on CUDA, graphs and compilation as the engine picks them: the draft's decode steps replay its graphs
+    with their tokens patched in on the device."""
+    hf = varied("tiny-llama", 0).cuda()
+    g = torch.Generator().manual_seed(11)
+    motif = torch.randint(3, hf.config.vocab_size, (12,), generator=g).tolist()
+    prompts = [motif * 3, torch.randint(3, hf.config.vocab_size, (19,), generator=g).tolist(), motif[:5] * 4, [5, 6]]
+    cfg = EngineConfig(block_size=16, num_blocks=256, max_model_len=256, max_num_seqs=8)
+    plain = Engine.from_hf(hf, cfg).generate(prompts, GREEDY)
+    drafts = {"twin": hf, "random": varied("tiny-llama", 5).cuda()}
+    if method == "ngram":
+        e = SpeculativeEngine.from_hf(hf, cfg, speculative=NGRAM)
+    else:
+        draft = native_from_hf(drafts[method], max_positions=256)
+        e = SpeculativeEngine.from_hf(hf, cfg, speculative=DRAFT, draft=draft)
+        assert e.draft.num_graphs > 0
+    assert e.generate(prompts, GREEDY) == plain
+    assert e.spec_stats.num_drafts > 0 and e.leaked() == []
+    if method == "twin":
+        assert e.spec_stats.num_accepted_tokens == e.spec_stats.num_draft_tokens
