@@ -1,18 +1,20 @@
-"""The server's speculative switch (``--draft-model``, ``--num-speculative-tokens``): a greedy completion with
-speculation on equals the one with it off, streamed one chunk per token; blocks are freed after each request."""
+"""The server's speculative switch (``--draft-model``, ``--num-speculative-tokens``, vLLM's ``--speculative-config``)
+builds the engine's speculative mode: a greedy completion with speculation on equals the one with it off, streamed
+one chunk per token; concurrent requests speculate in the same steps; blocks are freed after each request."""
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
 from servelab.engine import Engine
+from servelab.engine.speculative_engine import SpeculativeEngine
 from servelab.server import ServerThread
 from servelab.server.cli import engine_from_args, parse_args
 from servelab.server.engine_loop import EngineLoop
 from servelab.server.metrics import ServerMetrics
 from servelab.server.tokenizer import ByteTokenizer, special_ids
-from servelab.spec.serving import SpeculativeEngine
 
 PROMPTS = [[5, 6, 7], [10, 20, 30, 40, 50, 60, 70], [300, 301, 302, 303]]
 BASE = [
@@ -36,31 +38,35 @@ BASE = [
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: one intra-op thread
 
 
-def _completions(engine, stream=False):
+def _completions(engine, stream=False, concurrent=False):
     """Greedy completions of PROMPTS through a real server (uvicorn in a thread) on ``engine``: wrapped in an
-    EngineLoop as ``python -m servelab.server`` does, so the SpeculativeEngine is used exactly as the CLI uses it."""
-    out = []
+    EngineLoop as ``python -m servelab.server`` does, so the engine is used exactly as the CLI uses it. ``concurrent``:
+    the requests are sent at once."""
     codec = ByteTokenizer(engine.model.shape.vocab, special_ids(engine.model.config))
     loop = EngineLoop(engine, metrics=ServerMetrics("servelab"))  # as __main__ builds it for a thread backend
     with ServerThread(loop, codec) as srv, httpx.Client(base_url=srv.base_url, timeout=60) as c:
-        for p in PROMPTS:
+
+        def one(p):
             body = dict(prompt=p, max_tokens=12, temperature=0, return_token_ids=True)
             if stream:
                 r = c.post("/v1/completions", json=body | {"stream": True})
                 chunks = [json.loads(ln[6:]) for ln in r.text.split("\n\n") if ln.startswith("data: {")]
                 assert all(len(ch["choices"][0]["token_ids"]) == 1 for ch in chunks if ch["choices"])
-                out.append([ch["choices"][0]["token_ids"][0] for ch in chunks if ch["choices"]])
-            else:
-                r = c.post("/v1/completions", json=body)
-                assert r.status_code == 200, r.text
-                out.append(r.json()["choices"][0]["token_ids"])
-    return out
+                return [ch["choices"][0]["token_ids"][0] for ch in chunks if ch["choices"]]
+            r = c.post("/v1/completions", json=body)
+            assert r.status_code == 200, r.text
+            return r.json()["choices"][0]["token_ids"]
+
+        if concurrent:
+            with ThreadPoolExecutor(len(PROMPTS)) as pool:
+                return list(pool.map(one, PROMPTS))
+        return [one(p) for p in PROMPTS]
 
 
 @pytest.fixture(scope="module")
 def plain():
     engine = engine_from_args(parse_args(BASE))
-    assert isinstance(engine, Engine)
+    assert isinstance(engine, Engine) and not isinstance(engine, SpeculativeEngine)
     return _completions(engine)
 
 
@@ -68,23 +74,31 @@ def test_speculative_server_gives_the_same_greedy_completions(plain):
     engine = engine_from_args(
         parse_args(BASE + ["--draft-model", "config:tiny-llama", "--num-speculative-tokens", "3"])
     )
-    assert isinstance(engine, SpeculativeEngine)
+    assert isinstance(engine, SpeculativeEngine) and engine.gamma == 3
     assert _completions(engine) == plain
-    assert _completions(engine, stream=True) == plain  # one SSE chunk per token, even when a round emits several
+    assert _completions(engine, stream=True) == plain  # one SSE chunk per token, even when a step emits several
     stats = engine.stats()
-    assert stats["speculative"] == "on" and stats["spec_proposed_tokens"] > 0
-    assert engine.block_manager.num_used_blocks == 0 and not engine.has_unfinished()
+    assert stats["speculative"] == "draft_model" and stats["spec_num_draft_tokens"] > 0
+    assert engine.block_manager.num_used_blocks == 0 and not engine.has_unfinished() and engine.leaked() == []
 
 
-def test_twin_draft_accepts_everything_and_stays_exact(plain):
-    args = parse_args(BASE + ["--draft-model", "config:tiny-llama", "--no-warmup"])
-    engine = engine_from_args(args)
-    engine.draft_engine.model.load_state_dict(engine.target_engine.model.state_dict())  # an exact twin
-    assert _completions(engine) == plain
-    assert engine.accepted == engine.proposed > 0
+def test_concurrent_requests_speculate_in_the_same_steps(plain):
+    engine = engine_from_args(parse_args(BASE + ["--draft-model", "config:tiny-llama", "--no-warmup"]))
+    engine.draft.model.load_state_dict(engine.model.state_dict())  # a twin: it drafts at every step
+    widths = []
+    verify_step = engine._verify_step
+
+    def counted(batch, proposals, *a):
+        widths.append(len(proposals))
+        return verify_step(batch, proposals, *a)
+
+    engine._verify_step = counted
+    assert _completions(engine, concurrent=True) == plain
+    assert max(widths) == len(PROMPTS)  # one target step verified every request's drafts
+    assert engine.spec_stats.num_accepted_tokens == engine.spec_stats.num_draft_tokens > 0
 
 
-def test_speculative_engine_refuses_bad_requests_and_settings():
+def test_speculative_engine_refuses_bad_requests():
     from servelab.engine import SamplingParams
     from servelab.errors import ParameterError
 
@@ -95,24 +109,9 @@ def test_speculative_engine_refuses_bad_requests_and_settings():
         engine.add_request([10**6])
     seq = engine.add_request([1, 2, 3], SamplingParams(max_tokens=20, ignore_eos=True))
     engine.step()
+    engine.step()
     assert engine.abort(seq) and not engine.has_unfinished() and engine.block_manager.num_used_blocks == 0
-    with pytest.raises(ParameterError, match="gamma up to"):
-        engine_from_args(
-            parse_args(
-                BASE[:-6]
-                + [
-                    "--max-num-seqs",
-                    "2",
-                    "--max-num-batched-tokens",
-                    "512",
-                    "--max-model-len",
-                    "256",
-                    "--draft-model",
-                    "config:tiny-llama",
-                    "--no-warmup",
-                ]
-            )
-        )
+    assert engine.draft.bm.num_used_blocks == 0 and engine.leaked() == []
 
 
 # ---- prompt lookup (no draft model) --------------------------------------------------------------------
@@ -125,13 +124,12 @@ LOOKUP_JSON = '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_m
 )
 def test_prompt_lookup_server_gives_the_same_greedy_completions(plain, flags):
     engine = engine_from_args(parse_args(BASE + flags))
-    assert isinstance(engine, SpeculativeEngine) and engine.draft_engine is None
-    assert engine.decoder.gamma_spec == 3
+    assert isinstance(engine, SpeculativeEngine) and engine.draft is None and engine.gamma == 3
     assert _completions(engine) == plain
     stats = engine.stats()
-    assert stats["speculative_method"] == "ngram" and engine.decoder.draft is None
+    assert stats["speculative"] == "ngram"
     # the prompts repeat nothing, but the random target's answers do: lookup proposed some tokens
-    assert stats["spec_proposed_tokens"] > 0
+    assert stats["spec_num_draft_tokens"] > 0
     assert engine.block_manager.num_used_blocks == 0 and not engine.has_unfinished()
 
 

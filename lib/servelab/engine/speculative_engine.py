@@ -89,12 +89,27 @@ class SpeculativeEngine(Engine):
             )
 
     @classmethod
-    def from_spec(cls, spec: str, *, speculative: SpeculativeConfig, dtype="bfloat16", device=None, **kw):
-        """Load the target (and the draft model ``speculative`` names) with the model loader; build the engine."""
+    def from_spec(
+        cls,
+        spec: str,
+        *,
+        speculative: SpeculativeConfig,
+        dtype="bfloat16",
+        device=None,
+        seed: int = 0,
+        draft_seed: int | None = None,
+        **kw,
+    ):
+        """Load the draft model ``speculative`` names (first: the target's KV pool then sizes itself from what is
+        left), then the target, with the model loader; build the engine. ``draft_seed`` (default ``seed``): the
+        draft's random weights where its spec is a ``config:``."""
         draft = None
         if speculative.method == "draft_model":
-            draft = load_draft(speculative.model, dtype=dtype, device=device, seed=kw.get("seed", 0))
-        return super().from_spec(spec, dtype=dtype, device=device, speculative=speculative, draft=draft, **kw)
+            s = seed if draft_seed is None else draft_seed
+            draft = load_draft(speculative.model, dtype=dtype, device=device, seed=s)
+        return super().from_spec(
+            spec, dtype=dtype, device=device, seed=seed, speculative=speculative, draft=draft, **kw
+        )
 
     # ---- a step -------------------------------------------------------------------------------------
     def step(self) -> list[TokenEvent]:

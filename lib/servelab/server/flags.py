@@ -231,33 +231,28 @@ def engine_from_args(args: argparse.Namespace) -> Engine:
     from servelab.engine.tp_engine import engine_from_spec
 
     device, dtype = resolve_device_dtype(args)
-    spec, draft = speculation_from_args(args), None
-    if spec is not None and spec.method == "ngram":
-        draft = spec.proposer()
-    elif spec is not None:  # the draft first: the target's KV pool then sizes itself from what is left
-        from servelab.spec.serving import draft_engine
+    spec = speculation_from_args(args)
+    if spec is not None:  # the engine's speculative mode: requests speculate together, batched like plain ones
+        from servelab.engine.speculative_engine import SpeculativeEngine
 
-        draft = draft_engine(
-            spec.model,
+        engine = SpeculativeEngine.from_spec(
+            args.model,
+            speculative=spec,
             dtype=dtype,
             device=device,
-            max_model_len=args.max_model_len,
-            block_size=args.block_size,
-            cuda_graphs=args.cuda_graphs,
-            seed=args.seed + 1,
-        )  # config: drafts get their own random weights, not the target's
-    engine = engine_from_spec(
-        args.model,
-        dtype=dtype,
-        device=device,
-        config=engine_config_from_args(args),
-        seed=args.seed,
-        tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),
-    )
-    if draft is not None:
-        from servelab.spec.serving import SpeculativeEngine
-
-        engine = SpeculativeEngine(engine, draft, gamma=spec.num_speculative_tokens)
+            config=engine_config_from_args(args),
+            seed=args.seed,
+            draft_seed=args.seed + 1,  # config: drafts get their own random weights, not the target's
+        )
+    else:
+        engine = engine_from_spec(
+            args.model,
+            dtype=dtype,
+            device=device,
+            config=engine_config_from_args(args),
+            seed=args.seed,
+            tensor_parallel_size=getattr(args, "tensor_parallel_size", 1),
+        )
     if getattr(args, "warmup", False):
         warm_up(engine)
         if getattr(args, "prefix_caching", False) and hasattr(engine, "set_prefix_caching"):

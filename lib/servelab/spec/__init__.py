@@ -7,7 +7,8 @@
 - ``batch_lm.py`` and ``batch_decoder.py``: the greedy loop over a batch (ragged acceptance, one readback a round);
 - ``batch_lookup.py``: the same loop with prompt lookup proposing on the host (``prompt_lookup.py``), no draft model;
 - ``controlled.py``: proposals overridden to a set acceptance α; ``syncs.py``: counting host syncs;
-- ``leviathan.py``: the analytical model; ``serving.py``: the loop behind the engine's interface (the server).
+- ``leviathan.py``: the analytical model. (The server speculates through the engine's mode:
+  ``engine.speculative_engine``.)
 
 Study 3 (``servelab.studies.s03_speculative``) measures it; nothing here imports a study.
 """
