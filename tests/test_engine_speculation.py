@@ -170,6 +170,33 @@ def test_a_logprobs_request_runs_plain_steps_with_the_same_tokens(family):
     assert e.spec_stats.num_drafts == 0  # every step served the logprobs request
 
 
+@pytest.mark.parametrize("alpha", [0.0, 0.7, 1.0])
+def test_controlled_drafts_are_kept_at_the_rate_set_and_leave_tokens_exact(family, alpha):
+    """Drafts overridden to the plain engine's token with probability α (else a wrong one): the target keeps the
+    leading run of right ones, so a step that drafted γ keeps (α − α^(γ+1)) / (1 − α) on average; α = 1 keeps all,
+    α = 0 none, and the tokens are the plain engine's either way."""
+    from servelab.speculative.controlled import ControlledDrafts
+
+    hf, prompts, plain, drafts = family
+    e = engine(hf, "random", drafts)
+    many = prompts * 4
+    seqs = [e.add_request(p, GREEDY) for p in many]
+    e.override = ControlledDrafts({s.seq_id: plain[i % len(prompts)] for i, s in enumerate(seqs)}, alpha, hf.config.vocab_size, seed=1)
+    while e.has_unfinished():
+        e.step()
+    assert [s.output_token_ids for s in seqs] == plain * 4
+    s = e.spec_stats
+    if alpha == 1.0:
+        assert s.num_accepted_tokens == s.num_draft_tokens
+    elif alpha == 0.0:
+        assert s.num_accepted_tokens == 0
+    else:
+        g = e.gamma
+        full = s.per_position[0]  # steps are mostly full-γ drafts; compare the first position's rate with α
+        assert abs(full / s.num_drafts - alpha) < 0.12
+        assert s.per_position[g - 1] < s.per_position[0]
+
+
 def test_bad_configurations_are_refused_before_anything_runs():
     hf = load_model("config:tiny-llama").model
     small = tiny_llama(seed=0, layers=1, vocab=24, hidden=32)

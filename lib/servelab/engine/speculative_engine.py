@@ -74,6 +74,9 @@ class SpeculativeEngine(Engine):
         self.speculative = speculative
         self.gamma = speculative.num_speculative_tokens
         self.spec_stats = SpecDecodeStats(self.gamma)
+        # proposals rewritten after the draft ran (``speculative.controlled``: acceptance set, not learned): the
+        # step's costs stay the real ones; greedy requests only, since the draft's distributions are not rewritten
+        self.override = None
         super().__init__(model, cfg, **kw)
         self.draft = None
         if draft is not None:
@@ -128,6 +131,8 @@ class SpeculativeEngine(Engine):
             )
         plan = self._draft_budget(batch)
         drafts = self._propose(plan)
+        if self.override is not None and plan:
+            drafts = Drafts(self.override([it.seq for it, _ in plan], drafts.tokens), drafts.probs)
         proposals = [(it, d, row) for row, ((it, _), d) in enumerate(zip(plan, drafts.tokens, strict=True)) if d]
         events = self._verify_step(batch, proposals, drafts.probs, t0) if proposals else self._plain_step(batch, t0)
         for it, _ in plan:  # slots reserved for drafts that were not proposed (or were rejected) go back
