@@ -65,13 +65,21 @@ class DraftModel:
         max_model_len: int,
         compile: bool = False,
         cuda_graphs: bool = False,
+        backend: str = "gather",
+        step_graph_sizes: list[int] | None = None,
     ):
+        """``backend``: the target engine's attention backend (the draft's layers take it); ``cuda_graphs``: capture
+        the draft's decode steps, and with ``step_graph_sizes`` its catch-up steps as whole-step graphs (the ragged
+        Triton kernel: a catch-up of one or two tokens a sequence would otherwise launch every kernel of every layer
+        from Python, which costs more than the graph-replayed decode steps of the round together)."""
         if model.max_positions < max_model_len:
             raise ParameterError(
                 f"the draft model holds {model.max_positions} positions, under max_model_len={max_model_len}"
             )
         p = next(model.parameters())
         self.model, self.device = model, p.device
+        for block in model.layers:
+            block.attn.backend = backend
         self.pool = KVPool.for_model(model.shape, num_blocks + 1, block_size, p.dtype, p.device)
         self.pool.kv.zero_()  # masked-out keys enter P·V as 0·value: never 0·NaN
         self.bm = BlockManager(num_blocks, block_size)
@@ -89,6 +97,8 @@ class DraftModel:
         )
         self.compile_status = compile_with_check(model, self.pool, num_blocks) if compile else "off"
         self.num_graphs = self.runner.capture_cuda_graphs(max_num_seqs) if cuda_graphs else 0
+        if cuda_graphs and step_graph_sizes and backend != "reference":
+            self.num_graphs += self.runner.enable_step_graphs(step_graph_sizes, capture=True)
         self.mirrors: dict[int, Sequence] = {}
 
     # ---- a round ----------------------------------------------------------------------------------

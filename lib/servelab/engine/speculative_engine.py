@@ -80,7 +80,6 @@ class SpeculativeEngine(Engine):
         super().__init__(model, cfg, **kw)
         self.draft = None
         if draft is not None:
-            on_cuda = self.device.type == "cuda"
             self.draft = DraftModel(
                 draft,
                 num_blocks=self.num_blocks,
@@ -88,8 +87,17 @@ class SpeculativeEngine(Engine):
                 max_num_seqs=cfg.max_num_seqs,
                 max_model_len=self.max_model_len,
                 compile=self.compile_status.startswith("on"),
-                cuda_graphs=cfg.cuda_graphs and on_cuda,
+                cuda_graphs=cfg.cuda_graphs and self.device.type == "cuda",
+                backend=self.backend,
+                step_graph_sizes=self._catch_up_sizes() if self.num_step_graphs else None,
             )
+
+    def _catch_up_sizes(self) -> list[int]:
+        """Token buckets for the draft's catch-up steps: one or two tokens a sequence after its first round, so up to
+        two per running sequence (a first round's whole prompts run eagerly when they are larger)."""
+        from servelab.engine.step_graphs import step_graph_sizes
+
+        return step_graph_sizes(min(2 * self.config.max_num_seqs, self.config.max_num_batched_tokens))
 
     @classmethod
     def from_spec(
