@@ -12,6 +12,8 @@
 #   small-linear-rows  the same at 1, 4 and 8 rows, default launch
 #   decode-kernel  scripts/bench_decode_kernel.py: decode attention, one pass vs split-KV vs gather
 #   spec-engine    the engine's speculative mode on the device (tests/test_engine_speculation.py, CPU and GPU tests)
+#   spec-bench     scripts/bench_spec_engine.py: c, v and the speed-up at alpha 0.8, Llama-3-8B's shape with the 0.5B
+#                  draft of its vocabulary, batch 1 and 8
 #
 # Use it when scripts/gpu_run.sh refuses the card (exit 3):
 #   scripts/gpu_run.sh JOBS || { rc=$?; [ $rc -ne 3 ] && exit $rc; scripts/gpu_dev.sh staged small-linear; }
@@ -38,6 +40,7 @@ for task in "$@"; do
     small-linear-rows) run "$task" 240 python3 scripts/bench_small_linear.py --out "$OUT/small_linear_rows.csv" ;;
     decode-kernel) run "$task" 180 python3 scripts/bench_decode_kernel.py ;;
     spec-engine) run "$task" 300 python3 -m pytest -q -p no:cacheprovider -x tests/test_engine_speculation.py ;;
+    spec-bench) run "$task" 360 python3 scripts/bench_spec_engine.py --out "$OUT/spec_engine.csv" ;;
     *) echo "unknown task '$task' (see the header of $0)" | tee -a "$OUT/summary.txt"; exit 2 ;;
   esac
 done
