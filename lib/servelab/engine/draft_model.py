@@ -47,11 +47,14 @@ class _Chained:
 
 
 class Drafts:
-    """One round's proposals: ``tokens[i]`` (host) for sequence i, and where sampled requests need it, the draft's
-    distributions ``probs`` [B, γ, vocab] each token was drawn from (None when every request is greedy)."""
+    """One round's proposals for B sequences: ``tokens[i]``, sequence i's drafts on the host, and where sampled requests
+    need it, the draft's distributions ``probs`` [B, k, vocab] each token was drawn from (None when every request is
+    greedy). A draft model's round leaves its tokens on the device (``device`` [B, k], PLACEHOLDER past a sequence's
+    count): then ``tokens[i]`` holds ``PENDING_TOKEN`` placeholders, one per draft, and the verify step takes the
+    values from the device, so a step waits for the device once."""
 
-    def __init__(self, tokens: list[list[int]], probs: torch.Tensor | None):
-        self.tokens, self.probs = tokens, probs
+    def __init__(self, tokens: list[list[int]], probs: torch.Tensor | None, device: torch.Tensor | None = None):
+        self.tokens, self.probs, self.device = tokens, probs, device
 
 
 class DraftModel:
@@ -104,8 +107,8 @@ class DraftModel:
     # ---- a round ----------------------------------------------------------------------------------
     @torch.inference_mode()
     def propose(self, seqs: list[Sequence], ks: list[int]) -> Drafts:
-        """Up to ``ks[i] >= 1`` drafts for each target sequence ``seqs[i]``, whose last token the target has not
-        computed yet. Draws follow each request's temperature and top-p (greedy: the argmax), with its seed."""
+        """``ks[i] >= 1`` drafts for each target sequence ``seqs[i]``, whose last token the target has not computed yet,
+        left on the device. Draws follow each request's temperature and top-p (greedy: the argmax), with its seed."""
         mirrors = [self._mirror(seq) for seq in seqs]
         for m, seq, k in zip(mirrors, seqs, ks, strict=True):
             n = seq.num_tokens
@@ -137,13 +140,13 @@ class DraftModel:
             probs.append(None if q is None else _scatter(q, live, len(seqs), 0.0))
             for i in live:
                 mirrors[i].num_computed_tokens += 1
-        host = torch.stack(tokens, dim=1).tolist()  # the round's one wait for the device
-        out = [row[:k] for row, k in zip(host, ks, strict=True)]
-        if all(q is None for q in probs):
-            return Drafts(out, None)
-        vocab = logits.shape[-1]
-        stacked = torch.stack([torch.zeros(len(seqs), vocab, device=self.device) if q is None else q for q in probs], 1)
-        return Drafts(out, stacked)
+        pending = [[PENDING_TOKEN] * k for k in ks]  # no wait for the device: the verify step reads them there
+        stacked = None
+        if any(q is not None for q in probs):
+            vocab = logits.shape[-1]
+            zeros = torch.zeros(len(seqs), vocab, device=self.device)
+            stacked = torch.stack([zeros if q is None else q for q in probs], 1)
+        return Drafts(pending, stacked, torch.stack(tokens, dim=1))
 
     def _mirror(self, seq: Sequence) -> Sequence:
         """The draft's sequence for ``seq``: its tokens now (prompt and output), its own progress kept."""

@@ -139,10 +139,10 @@ class SpeculativeEngine(Engine):
             )
         plan = self._draft_budget(batch)
         drafts = self._propose(plan)
-        if self.override is not None and plan:
+        if self.override is not None and plan:  # host tokens replace the draft's (its costs were paid all the same)
             drafts = Drafts(self.override([it.seq for it, _ in plan], drafts.tokens), drafts.probs)
         proposals = [(it, d, row) for row, ((it, _), d) in enumerate(zip(plan, drafts.tokens, strict=True)) if d]
-        events = self._verify_step(batch, proposals, drafts.probs, t0) if proposals else self._plain_step(batch, t0)
+        events = self._verify_step(batch, proposals, drafts, t0) if proposals else self._plain_step(batch, t0)
         for it, _ in plan:  # slots reserved for drafts that were not proposed (or were rejected) go back
             if not it.seq.is_finished:
                 give_back_tail(self.block_manager, self.runner.tables, it.seq)
@@ -198,9 +198,9 @@ class SpeculativeEngine(Engine):
         return self._land()
 
     @torch.inference_mode()
-    def _verify_step(self, batch: ScheduledBatch, proposals: list, draft_probs, t0: float) -> list[TokenEvent]:
+    def _verify_step(self, batch: ScheduledBatch, proposals: list, drafts: Drafts, t0: float) -> list[TokenEvent]:
         """One target step over ``batch`` with each proposing item widened to its pending token and its drafts.
-        ``proposals``: (item, drafts, row of ``draft_probs``) per item that proposed any."""
+        ``proposals``: (item, its drafts, its row of ``drafts``) per item that proposed any."""
         wide_of = {}
         for it, d, _ in proposals:
             seq = it.seq
@@ -223,6 +223,8 @@ class SpeculativeEngine(Engine):
                 plain.append((it, len(rows)))
                 rows.append(q + it.num_tokens - 1)
             q += it.num_tokens
+        if drafts.device is not None:  # the drafts' values, still on the device, into their input positions
+            _patch_drafts(x.input_ids, x.ordered_items, wide_of, proposals, drafts.device)
         logits = self.model(x.input_ids, x.positions, x.meta, self.pool, _on(rows, self.device))
         self.runner.eager_steps += 1
         self.steps += 1
@@ -232,7 +234,7 @@ class SpeculativeEngine(Engine):
             chosen = logits[_on([r for _, r in plain], self.device)]
             parts.append(sample_step(chosen, [it.seq for it, _ in plain], self.runner.race)[0])
         ordered = [(it, d, r, verify_rows[id(wide_of[id(it)])]) for it, d, r in proposals]
-        verified = self._verify(logits, ordered, draft_probs)
+        verified = self._verify(logits, ordered, drafts)
         parts += [verified.tokens.flatten(), verified.emitted]
         t_wait = time.perf_counter()
         host = torch.cat([p.long() for p in parts]).tolist()  # the step's one read of the device
@@ -252,10 +254,10 @@ class SpeculativeEngine(Engine):
             self.on_step(_record(step, t0, time.perf_counter(), waiting, 1, host_ms=host_ms, wait_ms=wait_ms))
         return events
 
-    def _verify(self, logits: torch.Tensor, ordered: list, draft_probs: torch.Tensor | None) -> Verified:
-        """``rejection.verify`` over the step's proposing requests (``ordered``: item, drafts, row of ``draft_probs``,
-        logits rows): the unseeded ones in one call, each seeded sampled one with its own generator, so that its
-        tokens do not depend on the batch."""
+    def _verify(self, logits: torch.Tensor, ordered: list, drafts: Drafts) -> Verified:
+        """``rejection.verify`` over the step's proposing requests (``ordered``: item, its drafts, its row of
+        ``drafts``, its logits rows): the unseeded ones in one call, each seeded sampled one with its own generator, so
+        that its tokens do not depend on the batch."""
         n, gamma, dev = len(ordered), self.gamma, self.device
         seqs = [it.seq for it, *_ in ordered]
         target = logits.new_zeros((n, gamma + 1, logits.shape[-1]))
@@ -264,14 +266,17 @@ class SpeculativeEngine(Engine):
             target[i, : len(r)] = logits[_on(r, dev)]
             tokens[i, : len(d)] = torch.tensor(d)
         target = _filter_top_p(target, seqs)
-        tokens = tokens.to(dev, non_blocking=True)
+        if drafts.device is None:
+            tokens = tokens.to(dev, non_blocking=True)
+        else:  # the round's tokens (PLACEHOLDER past each count), padded to γ positions
+            tokens = _pad_positions(drafts.device[_on([r for _, _, r, _ in ordered], dev)], gamma, PLACEHOLDER)
         num = _on([len(d) for _, d, _, _ in ordered], dev)
         temps = torch.tensor([0.0 if s.params.greedy else s.params.temperature for s in seqs]).to(
             dev, non_blocking=True
         )
         q = None
-        if draft_probs is not None:
-            q = _pad_positions(draft_probs[_on([r for _, _, r, _ in ordered], dev)], gamma)
+        if drafts.probs is not None:
+            q = _pad_positions(drafts.probs[_on([r for _, _, r, _ in ordered], dev)], gamma)
         all_greedy = all(s.params.greedy for s in seqs)
         seeded = [i for i, s in enumerate(seqs) if s.generator is not None and not s.params.greedy]
         groups = [[i for i in range(n) if i not in seeded]] + [[i] for i in seeded]
@@ -389,11 +394,29 @@ def _filter_top_p(target: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     return target
 
 
-def _pad_positions(q: torch.Tensor, gamma: int) -> torch.Tensor:
-    """A round's draft distributions [n, k, vocab] (k ≤ γ positions run) as [n, γ, vocab], zeros past k."""
-    if q.shape[1] == gamma:
-        return q
-    return torch.cat([q, q.new_zeros((q.shape[0], gamma - q.shape[1], q.shape[2]))], dim=1)
+def _pad_positions(x: torch.Tensor, gamma: int, fill=0) -> torch.Tensor:
+    """A round's per-position tensor [n, k, …] (k ≤ γ positions run: draft tokens, or distributions) as [n, γ, …],
+    ``fill`` past k."""
+    if x.shape[1] == gamma:
+        return x
+    return torch.cat([x, x.new_full((x.shape[0], gamma - x.shape[1], *x.shape[2:]), fill)], dim=1)
+
+
+def _patch_drafts(ids: torch.Tensor, ordered_items, wide_of: dict, proposals: list, device_drafts: torch.Tensor):
+    """Write each widened item's drafts (``device_drafts`` row, first k entries) into the flat input ``ids`` after its
+    pending token: one index copy on the device, no wait."""
+    row_of = {id(wide_of[id(it)]): (r, len(d)) for it, d, r in proposals}
+    dst, src, q = [], [], 0
+    width = device_drafts.shape[1]
+    for it in ordered_items:
+        found = row_of.get(id(it))
+        if found is not None:
+            r, k = found
+            dst += range(q + 1, q + 1 + k)
+            src += range(r * width, r * width + k)
+        q += it.num_tokens
+    index = torch.tensor([dst, src], dtype=torch.long).to(ids.device, non_blocking=True)
+    ids.index_copy_(0, index[0], device_drafts.reshape(-1).index_select(0, index[1]))
 
 
 def _on(values: list[int], device) -> torch.Tensor:
