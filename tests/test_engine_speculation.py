@@ -317,8 +317,9 @@ def test_a_seeded_request_gets_the_same_tokens_whatever_runs_beside_it(pair):
 @pytest.mark.gpu
 @pytest.mark.parametrize("method", ["ngram", "twin", "random"])
 def test_on_the_gpu_speculative_steps_give_the_plain_engines_greedy_tokens(method):
-    """float32 on CUDA, graphs and compilation as the engine picks them: the draft's decode steps replay its graphs
-    with their tokens patched in on the device, and its catch-up steps replay whole-step graphs."""
+    """float32 on CUDA, graphs and compilation as the engine picks them: verify steps replay the target's graphs with
+    the drafts patched in on the device; the draft's decode steps replay its graphs with their tokens patched in, and
+    its catch-up steps replay whole-step graphs."""
     hf = varied("tiny-llama", 0).cuda()
     g = torch.Generator().manual_seed(11)
     motif = torch.randint(3, hf.config.vocab_size, (12,), generator=g).tolist()
@@ -334,6 +335,7 @@ def test_on_the_gpu_speculative_steps_give_the_plain_engines_greedy_tokens(metho
         assert e.draft.num_graphs > 0
     assert e.generate(prompts, GREEDY) == plain
     assert e.spec_stats.num_drafts > 0 and e.leaked() == []
+    assert e.runner.eager_steps == 0  # verify steps replayed the target's decode graphs (or whole-step graphs)
     if method != "ngram":  # the draft's catch-up steps replayed whole-step graphs, its decode steps decode graphs
         assert e.draft.runner.step_graph_steps > 0 and e.draft.runner.graph_steps > 0
     if method == "twin":

@@ -199,41 +199,37 @@ class SpeculativeEngine(Engine):
 
     @torch.inference_mode()
     def _verify_step(self, batch: ScheduledBatch, proposals: list, drafts: Drafts, t0: float) -> list[TokenEvent]:
-        """One target step over ``batch`` with each proposing item widened to its pending token and its drafts.
-        ``proposals``: (item, its drafts, its row of ``drafts``) per item that proposed any."""
-        wide_of = {}
+        """One target step over ``batch`` in which each proposing item scores its pending token and its drafts.
+        ``proposals``: (item, its drafts, its row of ``drafts``) per item that proposed any.
+
+        A proposing item runs as one single-token item per position (``_Scored``): every layer writes the whole
+        step's K/V before any attention reads the pool, so position p + j attends to the drafts before it exactly
+        as a chunk would, and a step of decodes and drafts stays a decode step, which replays a decode graph
+        (``max_num_seqs`` rows at most); a step with prefill chunks replays a whole-step graph, and a step larger
+        than every bucket runs eagerly."""
+        scored = {}  # id(item) -> its positions' items
         for it, d, _ in proposals:
             seq = it.seq
             seq.output_token_ids += d  # provisional: replaced by what the target emits
-            wide_of[id(it)] = ScheduledSequence(
-                seq, it.start, 1 + len(d), seq.kv_slots[it.start : it.start + 1 + len(d)]
-            )
-        step = ScheduledBatch([wide_of.get(id(it), it) for it in batch.items], batch.preempted)
-        wide = {id(w) for w in wide_of.values()}
+            scored[id(it)] = [_Scored(seq, p, 1, [seq.kv_slots[p]]) for p in range(it.start, it.start + 1 + len(d))]
+        items = [x for it in batch.items for x in scored.get(id(it), [it])]
+        step = ScheduledBatch(items, batch.preempted)
         for src, dst in self.block_manager.take_copies():  # copy-on-write of shared blocks, before any K/V is written
             self.pool.copy_blocks([(src, dst)])
-        x = build_step_inputs(step, self.runner.tables, self.device, varlen=self.runner.varlen)
-        rows, plain, verify_rows = [], [], {}  # logits rows: every position of a widened item, the last of the rest
-        q = 0
-        for it in x.ordered_items:
-            if id(it) in wide:
-                verify_rows[id(it)] = list(range(len(rows), len(rows) + it.num_tokens))
-                rows += range(q, q + it.num_tokens)
-            elif it.samples:
-                plain.append((it, len(rows)))
-                rows.append(q + it.num_tokens - 1)
-            q += it.num_tokens
+        patch = None
         if drafts.device is not None:  # the drafts' values, still on the device, into their input positions
-            _patch_drafts(x.input_ids, x.ordered_items, wide_of, proposals, drafts.device)
-        logits = self.model(x.input_ids, x.positions, x.meta, self.pool, _on(rows, self.device))
-        self.runner.eager_steps += 1
+            where = {id(x): (r, j - 1) for it, _, r in proposals for j, x in enumerate(scored[id(it)]) if j}
+            patch = _DraftPatch(where, drafts.device)
+        logits, order = self._scored_logits(items, patch)
         self.steps += 1
         host_ms = (time.perf_counter() - t0) * 1e3
+        row = {id(x): i for i, x in enumerate(order)}
+        plain = [(it, row[id(it)]) for it in batch.items if id(it) not in scored and it.samples]
         parts = []
         if plain:
             chosen = logits[_on([r for _, r in plain], self.device)]
             parts.append(sample_step(chosen, [it.seq for it, _ in plain], self.runner.race)[0])
-        ordered = [(it, d, r, verify_rows[id(wide_of[id(it)])]) for it, d, r in proposals]
+        ordered = [(it, d, r, [row[id(x)] for x in scored[id(it)]]) for it, d, r in proposals]
         verified = self._verify(logits, ordered, drafts)
         parts += [verified.tokens.flatten(), verified.emitted]
         t_wait = time.perf_counter()
@@ -242,7 +238,7 @@ class SpeculativeEngine(Engine):
         plain_tokens, host = host[: len(plain)], host[len(plain) :]
         width, n = self.gamma + 1, len(proposals)
         emitted = host[n * width :]
-        rest = ScheduledBatch([it for it in step.items if id(it) not in wide])
+        rest = ScheduledBatch([it for it in batch.items if id(it) not in scored])
         token_of = {id(it): t for (it, _), t in zip(plain, plain_tokens, strict=True)}
         events = self.scheduler.postprocess(rest, [token_of.get(id(it)) for it in rest.items])
         for i, (it, d, _) in enumerate(proposals):
@@ -253,6 +249,36 @@ class SpeculativeEngine(Engine):
             waiting = len(self.scheduler.waiting)
             self.on_step(_record(step, t0, time.perf_counter(), waiting, 1, host_ms=host_ms, wait_ms=wait_ms))
         return events
+
+    def _scored_logits(self, items: list[ScheduledSequence], patch) -> tuple[torch.Tensor, list[ScheduledSequence]]:
+        """``(logits, the items they belong to)`` for every item of ``items`` that samples (every ``_Scored`` one): the
+        runner's dispatch (a decode graph, a whole-step graph, else eagerly), with ``patch`` writing the drafts into
+        the token ids on the device where they are still there."""
+        r = self.runner
+        if r.graphs is not None and all(it.num_tokens == 1 for it in items):
+            rows = r.tables.rows_for(
+                [it.seq.seq_id for it in items], [it.start for it in items], [it.slots[0] for it in items]
+            )
+            ids = [it.seq.token_at(it.start) for it in items]
+            out = r.graphs.run(
+                ids, [it.start for it in items], [it.slots[0] for it in items], rows, patch and patch.on(items)
+            )
+            if out is not None:
+                r.graph_steps += 1
+                keep = [i for i, it in enumerate(items) if it.samples]
+                if len(keep) < len(items):  # a one-token prefill chunk that does not finish its prompt
+                    out = out[_on(keep, out.device)]
+                return out, [items[i] for i in keep]
+        if r.step_graphs is not None:
+            ran = r.step_graphs.run(items, patch and patch.on(items))
+            if ran is not None:
+                r.step_graph_steps += 1
+                return ran
+        r.eager_steps += 1
+        x = build_step_inputs(ScheduledBatch(items), r.tables, self.device, varlen=r.varlen)
+        if patch is not None:
+            patch.on(x.ordered_items)(x.input_ids)
+        return self.model(x.input_ids, x.positions, x.meta, self.pool, x.logits_indices), x.sampling_items
 
     def _verify(self, logits: torch.Tensor, ordered: list, drafts: Drafts) -> Verified:
         """``rejection.verify`` over the step's proposing requests (``ordered``: item, its drafts, its row of
@@ -402,21 +428,41 @@ def _pad_positions(x: torch.Tensor, gamma: int, fill=0) -> torch.Tensor:
     return torch.cat([x, x.new_full((x.shape[0], gamma - x.shape[1], *x.shape[2:]), fill)], dim=1)
 
 
-def _patch_drafts(ids: torch.Tensor, ordered_items, wide_of: dict, proposals: list, device_drafts: torch.Tensor):
-    """Write each widened item's drafts (``device_drafts`` row, first k entries) into the flat input ``ids`` after its
-    pending token: one index copy on the device, no wait."""
-    row_of = {id(wide_of[id(it)]): (r, len(d)) for it, d, r in proposals}
-    dst, src, q = [], [], 0
-    width = device_drafts.shape[1]
-    for it in ordered_items:
-        found = row_of.get(id(it))
-        if found is not None:
-            r, k = found
-            dst += range(q + 1, q + 1 + k)
-            src += range(r * width, r * width + k)
-        q += it.num_tokens
-    index = torch.tensor([dst, src], dtype=torch.long).to(ids.device, non_blocking=True)
-    ids.index_copy_(0, index[0], device_drafts.reshape(-1).index_select(0, index[1]))
+class _Scored(ScheduledSequence):
+    """One position of a proposing item (its pending token, or a draft): its logits are wanted whether or not it
+    ends the sequence's tokens."""
+
+    __slots__ = ()
+
+    @property
+    def samples(self) -> bool:
+        return True
+
+
+class _DraftPatch:
+    """Writes drafts still on the device into a step's flat token ids: ``where[id(item)] = (row, j)``, the item that
+    holds draft j of row ``row`` of ``drafts`` [B, k]."""
+
+    def __init__(self, where: dict[int, tuple[int, int]], drafts: torch.Tensor):
+        self.where, self.drafts = where, drafts
+
+    def on(self, order: list[ScheduledSequence]):
+        """The patch for ids laid out in ``order`` (one token an item where it matters: the drafts' items are
+        single-token): one index copy on the device, no wait."""
+        width = self.drafts.shape[1]
+        dst, src, q = [], [], 0
+        for it in order:
+            found = self.where.get(id(it))
+            if found is not None:
+                dst.append(q)
+                src.append(found[0] * width + found[1])
+            q += it.num_tokens
+
+        def patch(ids: torch.Tensor) -> None:
+            index = torch.tensor([dst, src], dtype=torch.long).to(ids.device, non_blocking=True)
+            ids.index_copy_(0, index[0], self.drafts.reshape(-1).index_select(0, index[1]))
+
+        return patch
 
 
 def _on(values: list[int], device) -> torch.Tensor:
