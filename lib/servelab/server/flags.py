@@ -161,8 +161,8 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
         "--draft-model",
         default=None,
         help="speculative decoding: a draft model spec sharing the target's tokenizer, or prompt-lookup (drafts "
-        "copied from the context, no draft model); requests then run one at a time, each round drafting "
-        "--num-speculative-tokens tokens",
+        "copied from the context, no draft model); running requests draft up to --num-speculative-tokens "
+        "tokens each step and one target step verifies them all, batched as in plain serving",
     )
     g.add_argument(
         "--speculative-config",
