@@ -8,7 +8,8 @@ Random weights (``config:``) cost what trained ones cost, but a random draft agr
 nothing: c and v are measured with the draft's own proposals, and the speed-up with them overridden to acceptance α
 (``speculative.controlled``: the draft still runs every step), beside Leviathan's prediction from the same run's c
 (with a verify step priced as one target step, and as measured). Each phase is timed with CUDA events around whole
-engine steps after a warm-up request; medians with the quartiles.
+engine steps after a warm-up request; medians with the quartiles. The device record (card, clocks, versions, host CPU)
+and the engines' settings land beside the CSV (``<out>.device.json``).
 Development data, not a book figure.
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import statistics
 import sys
 import time
@@ -27,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 
 from servelab.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
 from servelab.engine.speculative_engine import SpeculativeEngine, load_draft  # noqa: E402
+from servelab.measure.device import device_record  # noqa: E402
 from servelab.models import load_model  # noqa: E402
 from servelab.speculative.config import SpeculativeConfig  # noqa: E402
 from servelab.speculative.controlled import ControlledDrafts  # noqa: E402
@@ -105,6 +108,7 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
     dev = args.device
+    record = device_record(dev)
     cfg = EngineConfig(num_blocks=2048, max_model_len=1024, max_num_seqs=max(args.batch), block_size=16)
     hf = load_model(args.target, dtype="bfloat16", device=dev, load_tokenizer=False).model
     draft = load_draft(args.draft, dtype="bfloat16", device=dev, seed=1)
@@ -170,10 +174,13 @@ def main() -> None:
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         w.writerows(rows)
+    stats = {"target": plain.stats(), "draft_compile": spec.draft.compile_status, "draft_graphs": spec.draft.num_graphs}
+    meta = {"device": record.close().as_dict(), "args": vars(args), "engine": stats}
+    Path(args.out).with_suffix(".device.json").write_text(json.dumps(meta, indent=1, default=str))
+    print(record.summary())
     for r in rows:
         print(f"b{r['batch']:<3} a={r.get('alpha', ''):<4} {r['what']:<30} {r['value']:.4f}  [{r['p25']}, {r['p75']}]")
-    name = torch.cuda.get_device_name() if dev == "cuda" else "cpu"
-    print(name, plain.stats()["compile"], spec.draft.compile_status, spec.draft.num_graphs)
+    print(stats["target"]["compile"], stats["draft_compile"], stats["draft_graphs"])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,38 @@
+"""``scripts/bench_spec_engine.py`` runs through on a CPU with tiny models, so a GPU call never spends its minutes on a
+script that breaks: every quantity gets its row at each batch, c and v come out positive, the controlled runs keep
+the plain engine's tokens (no warning), and the device record lands beside the CSV."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pandas as pd
+
+from servelab.paths import REPO_ROOT
+
+
+def test_a_cpu_run_writes_every_row_and_the_device_record(tmp_path):
+    out = tmp_path / "spec_engine.csv"
+    script = REPO_ROOT / "scripts" / "bench_spec_engine.py"
+    args = ["--target", "config:tiny-llama", "--draft", "config:tiny-llama", "--device", "cpu", "--new", "10"]
+    run = subprocess.run(
+        [sys.executable, str(script), *args, "--batch", "1", "3", "--alpha", "0.5", "1.0", "--out", str(out)],
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT / "lib"), "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "warning" not in run.stdout
+    table = pd.read_csv(out)
+    for b in (1, 3):
+        rows = table[table["batch"] == b]
+        assert {"plain decode step ms", "draft round ms", "verify step ms"} <= set(rows["what"])
+        assert (rows[rows["what"].str.startswith(("c (", "v ("))]["value"] > 0).all()
+        speedups = rows[rows["what"] == "speed-up"]
+        assert sorted(speedups["alpha"]) == [0.5, 1.0] and (speedups["value"] > 0).all()
+        full = rows[(rows["what"] == "acceptance") & (rows["alpha"] == 1.0)]["value"]
+        assert full.iloc[0] == 1.0  # every draft overridden to the target's own token is kept
+    record = json.loads(out.with_suffix(".device.json").read_text())
+    assert record["device"]["kind"] == "cpu" and record["args"]["gamma"] == 4
