@@ -129,6 +129,25 @@ def test_stops_and_max_tokens_inside_the_drafts_end_the_request_there(family):
     assert e.leaked() == []
 
 
+def test_prompts_reach_the_draft_with_the_targets_chunks(family):
+    """Under a budget of 9 tokens a step, the draft computes each prompt chunk by chunk beside the target (and the
+    decodes that had no room to draft), so a speculative step's catch-up is the one or two tokens the target emitted
+    last, never a whole prompt."""
+    hf, prompts, plain, drafts = family
+    e = engine(hf, "twin", drafts, max_num_seqs=4, max_num_batched_tokens=9)
+    catch_up = []
+    propose = e.draft.propose
+
+    def watched(seqs, ks):
+        catch_up.extend(s.num_tokens - e.draft.mirrors[s.seq_id].num_computed_tokens for s in seqs)
+        return propose(seqs, ks)
+
+    e.draft.propose = watched
+    assert e.generate(prompts, GREEDY) == plain
+    assert catch_up and max(catch_up) <= 2
+    assert e.spec_stats.num_accepted_tokens == e.spec_stats.num_draft_tokens
+
+
 def test_no_sequence_keeps_blocks_past_its_tokens_after_a_step(family):
     """Each step reserves slots for γ drafts; whatever the target rejects (all of it, with the random draft) goes back,
     in the target's pool and the draft's."""
@@ -181,7 +200,9 @@ def test_controlled_drafts_are_kept_at_the_rate_set_and_leave_tokens_exact(famil
     e = engine(hf, "random", drafts)
     many = prompts * 4
     seqs = [e.add_request(p, GREEDY) for p in many]
-    e.override = ControlledDrafts({s.seq_id: plain[i % len(prompts)] for i, s in enumerate(seqs)}, alpha, hf.config.vocab_size, seed=1)
+    e.override = ControlledDrafts(
+        {s.seq_id: plain[i % len(prompts)] for i, s in enumerate(seqs)}, alpha, hf.config.vocab_size, seed=1
+    )
     while e.has_unfinished():
         e.step()
     assert [s.output_token_ids for s in seqs] == plain * 4

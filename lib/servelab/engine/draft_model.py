@@ -148,6 +148,26 @@ class DraftModel:
             stacked = torch.stack([zeros if q is None else q for q in probs], 1)
         return Drafts(pending, stacked, torch.stack(tokens, dim=1))
 
+    @torch.inference_mode()
+    def follow(self, seqs: list[Sequence], ends: list[int]) -> None:
+        """Compute the draft's K/V of ``seqs[i]``'s tokens up to ``ends[i]`` (where the target's item ends in a step in
+        which that sequence does not draft: a prefill chunk, or a decode the budget left no room to draft for), in
+        the same step and with no wait for the device. A prompt reaches the draft chunk by chunk, under the target's
+        token budget, instead of whole in the first speculative step (where every running request would wait for it),
+        and a speculative step's catch-up is only what the target emitted in the step before."""
+        items = []
+        for seq, end in zip(seqs, ends, strict=True):
+            m = self._mirror(seq)
+            if end <= m.num_computed_tokens:
+                continue
+            self.slots.reserve_slots(m, end)
+            start = m.num_computed_tokens
+            items.append(ScheduledSequence(m, start, end - start, m.kv_slots[start:end]))
+        if items:
+            self.runner.logits(ScheduledBatch(items))  # the logits of a chunk that ends a prompt go unused
+            for it in items:
+                it.seq.num_computed_tokens = it.start + it.num_tokens
+
     def _mirror(self, seq: Sequence) -> Sequence:
         """The draft's sequence for ``seq``: its tokens now (prompt and output), its own progress kept."""
         m = self.mirrors.get(seq.seq_id)

@@ -138,6 +138,10 @@ class SpeculativeEngine(Engine):
                 f"{len(self.scheduler.running)} running sequences"
             )
         plan = self._draft_budget(batch)
+        if self.draft is not None:  # what the target computes without drafting, the draft computes beside it
+            drafting = {id(it) for it, _ in plan}
+            rest = [it for it in batch.items if id(it) not in drafting and it.seq.params.plain]
+            self.draft.follow([it.seq for it in rest], [it.start + it.num_tokens for it in rest])
         drafts = self._propose(plan)
         if self.override is not None and plan:  # host tokens replace the draft's (its costs were paid all the same)
             drafts = Drafts(self.override([it.seq for it, _ in plan], drafts.tokens), drafts.probs)
