@@ -93,11 +93,13 @@ class SpeculativeEngine(Engine):
             )
 
     def _catch_up_sizes(self) -> list[int]:
-        """Token buckets for the draft's catch-up steps: one or two tokens a sequence after its first round, so up to
-        two per running sequence (a first round's whole prompts run eagerly when they are larger)."""
+        """Token buckets for the draft's whole-step graphs, the target's: its catch-up steps (one or two tokens a
+        sequence) and the prefill chunks it follows (up to the target's budget, plus a cached prefix the draft has not
+        seen, which runs eagerly when larger)."""
         from servelab.engine.step_graphs import step_graph_sizes
 
-        return step_graph_sizes(min(2 * self.config.max_num_seqs, self.config.max_num_batched_tokens))
+        cfg = self.config
+        return list(cfg.step_graph_sizes or step_graph_sizes(cfg.max_num_batched_tokens))
 
     @classmethod
     def from_spec(
