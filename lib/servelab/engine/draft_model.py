@@ -184,14 +184,24 @@ class DraftModel:
         if not sampled:
             return greedy, None
         probs = torch.nn.functional.one_hot(greedy, logits.shape[-1]).float()
-        for i in sampled:  # per row: each may have its own temperature, top-p and seed
-            m = mirrors[i]
-            p = torch.softmax(logits[i : i + 1].float() / m.params.temperature, dim=-1)
-            if m.params.top_p < 1:
-                p = top_p_filter(p, torch.tensor([m.params.top_p], device=p.device))
-            p = valid_rows(p, logits[i : i + 1])
-            probs[i] = p[0]
-            greedy[i] = torch.multinomial(p[0], 1, generator=m.generator)[0]
+        dev = logits.device
+        idx = torch.tensor(sampled).to(dev, non_blocking=True)
+        params = [mirrors[i].params for i in sampled]
+        temps = torch.tensor([p.temperature for p in params], dtype=torch.float32).to(dev, non_blocking=True)
+        p = torch.softmax(logits[idx].float() / temps[:, None], dim=-1)
+        if any(q.top_p < 1 for q in params):
+            p = top_p_filter(p, torch.tensor([q.top_p for q in params], dtype=torch.float32).to(dev, non_blocking=True))
+        p = valid_rows(p, logits[idx])
+        probs[idx] = p
+        drawn = torch.empty(len(sampled), dtype=torch.long, device=dev)
+        free = [j for j, i in enumerate(sampled) if mirrors[i].generator is None]
+        if free:  # the unseeded rows in one draw
+            f = torch.tensor(free).to(dev, non_blocking=True)
+            drawn[f] = torch.multinomial(p[f], 1)[:, 0]
+        for j, i in enumerate(sampled):  # a seeded row draws from its own generator: its tokens ignore the batch
+            if mirrors[i].generator is not None:
+                drawn[j] = torch.multinomial(p[j], 1, generator=mirrors[i].generator)[0]
+        greedy[idx] = drawn
         return greedy, probs
 
     # ---- after the target verified ------------------------------------------------------------------
