@@ -292,11 +292,10 @@ class SpeculativeEngine(Engine):
         that its tokens do not depend on the batch."""
         n, gamma, dev = len(ordered), self.gamma, self.device
         seqs = [it.seq for it, *_ in ordered]
-        target = logits.new_zeros((n, gamma + 1, logits.shape[-1]))
-        tokens = torch.full((n, gamma), PLACEHOLDER, dtype=torch.long)
-        for i, (_, d, _, r) in enumerate(ordered):
-            target[i, : len(r)] = logits[_on(r, dev)]
-            tokens[i, : len(d)] = torch.tensor(d)
+        # one gather: each request's logits rows, padded with its last row (never read past its drafts + 1)
+        rows = [r + [r[-1]] * (gamma + 1 - len(r)) for _, _, _, r in ordered]
+        target = logits[_on([x for r in rows for x in r], dev)].view(n, gamma + 1, -1)
+        tokens = torch.tensor([d + [PLACEHOLDER] * (gamma - len(d)) for _, d, _, _ in ordered], dtype=torch.long)
         target = _filter_top_p(target, seqs)
         if drafts.device is None:
             tokens = tokens.to(dev, non_blocking=True)
