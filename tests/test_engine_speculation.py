@@ -246,12 +246,15 @@ def pair():
     return target, draft
 
 
-def exact_joint(target) -> np.ndarray:
-    """P(t2, t3) = Σ_t1 p(t1 | prompt) p(t2 | …, t1) p(t3 | …, t1, t2), from the HF model at temperature 1."""
+def exact_joint(target, temperature: float = 1.0, top_p: float = 1.0) -> np.ndarray:
+    """P(t2, t3) = Σ_t1 p(t1 | prompt) p(t2 | …, t1) p(t3 | …, t1, t2), from the HF model, each p at ``temperature``
+    and cut to ``top_p`` as the engine's sampler cuts it."""
+    from servelab.engine.sampling import top_p_filter
 
     def probs(ctx):
         with torch.no_grad():
-            return torch.softmax(target(torch.tensor([ctx])).logits[0, -1].double(), -1).numpy()
+            p = torch.softmax(target(torch.tensor([ctx])).logits[0, -1].double() / temperature, -1)
+        return top_p_filter(p[None], torch.tensor([top_p], dtype=torch.float64))[0].numpy()
 
     joint = np.zeros((VOCAB, VOCAB))
     p1 = probs(PROMPT)
@@ -262,7 +265,7 @@ def exact_joint(target) -> np.ndarray:
     return joint
 
 
-def sampled_joint(target, draft) -> tuple[np.ndarray, SpeculativeEngine]:
+def sampled_joint(target, draft, temperature: float = 1.0, top_p: float = 1.0) -> tuple[np.ndarray, SpeculativeEngine]:
     """Counts of (t2, t3) over RUNS requests of 4 tokens: t1 from the prefill step, then a speculative step with
     γ = 2 drafts emits t2 (a kept draft, or the replacement of a rejected one) and, when it kept the first draft,
     t3 (the second draft kept, or its replacement); otherwise t3 comes from the next step, with one draft."""
@@ -273,7 +276,8 @@ def sampled_joint(target, draft) -> tuple[np.ndarray, SpeculativeEngine]:
         draft=native_from_hf(draft, max_positions=64),
     )
     torch.manual_seed(0)
-    outs = e.generate([PROMPT] * RUNS, SamplingParams(max_tokens=4, temperature=1.0, ignore_eos=True))
+    params = SamplingParams(max_tokens=4, temperature=temperature, top_p=top_p, ignore_eos=True)
+    outs = e.generate([PROMPT] * RUNS, params)
     counts = np.zeros((VOCAB, VOCAB))
     for o in outs:
         counts[o[1], o[2]] += 1
@@ -290,13 +294,17 @@ def chi2_p(counts: np.ndarray, joint: np.ndarray) -> float:
     return stats.chisquare(obs, exp).pvalue
 
 
-def test_sampled_tokens_keep_the_targets_distribution(pair):
+@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (1.5, 0.9)])
+def test_sampled_tokens_keep_the_targets_distribution(pair, temperature, top_p):
+    """With top-p 0.9 both distributions are cut (the target's in the verifier, the draft's where it draws), and the
+    joint is the target's cut one: 8 of its 36 cells keep mass at temperature 1.5 (at 1.0 this sharp target keeps
+    one token, and there would be nothing to test)."""
     target, draft = pair
-    counts, e = sampled_joint(target, draft)
+    counts, e = sampled_joint(target, draft, temperature, top_p)
     s = e.spec_stats
     assert 0.05 < s.acceptance_rate < 0.95  # drafts both kept and rejected: the residual draw is exercised
     assert s.per_position[1] > 0  # second drafts were kept too
-    assert chi2_p(counts, exact_joint(target)) > 1e-3
+    assert chi2_p(counts, exact_joint(target, temperature, top_p)) > 1e-3
 
 
 def test_the_same_test_rejects_a_verifier_that_keeps_every_draft(pair, monkeypatch):
