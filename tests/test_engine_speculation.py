@@ -325,6 +325,15 @@ def test_the_same_test_rejects_a_verifier_that_keeps_every_draft(pair, monkeypat
     assert chi2_p(counts, exact_joint(target)) < 1e-6
 
 
+def test_the_same_test_rejects_a_verifier_that_ignores_top_p(pair, monkeypatch):
+    import servelab.engine.speculative_engine as mode
+
+    monkeypatch.setattr(mode, "_filter_top_p", lambda target, seqs: target)
+    target, draft = pair
+    counts, _ = sampled_joint(target, draft, 1.5, 0.9)
+    assert chi2_p(counts, exact_joint(target, 1.5, 0.9)) < 1e-6
+
+
 def test_a_seeded_request_gets_the_same_tokens_whatever_runs_beside_it(pair):
     target, draft = pair
 
