@@ -353,6 +353,7 @@ def test_a_seeded_request_gets_the_same_tokens_whatever_runs_beside_it(pair):
 
 # ---- on a GPU: the captured draft steps and the compiled blocks ---------------------------------------------------
 @pytest.mark.gpu
+@pytest.mark.gpu_quick
 @pytest.mark.parametrize("method", ["ngram", "twin", "random"])
 def test_on_the_gpu_speculative_steps_give_the_plain_engines_greedy_tokens(method):
     """float32 on CUDA, graphs and compilation as the engine picks them: verify steps replay the target's graphs with
