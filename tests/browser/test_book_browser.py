@@ -127,6 +127,8 @@ def console_errors(driver) -> list[str]:
 
 def test_every_page_renders_offline(site, browser):
     root, base = site
+    # the root redirect names no icon: a browser may ask for /favicon.ico before following it (html_extra_path)
+    assert (root / "favicon.ico").is_file()
     pages = book_pages(root)
     assert len(pages) >= 3 + len(STUDIES), pages
     problems, images, typeset = [], 0, 0
