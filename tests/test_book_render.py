@@ -31,6 +31,7 @@ def test_takeaway_output_renders_as_an_admonition(tmp_path, monkeypatch):
     shutil.copytree(
         REPO_ROOT / "book" / "_static", tmp_path / "book" / "_static", ignore=shutil.ignore_patterns("mathjax")
     )
+    shutil.copytree(REPO_ROOT / "book" / "_extra", tmp_path / "book" / "_extra")  # the site root's files
     (tmp_path / "_toc.yml").write_text("format: jb-book\nroot: book/intro\nchapters:\n  - file: book/studies/05_x\n")
     (tmp_path / "book" / "intro.md").write_text(
         "# Intro\n\nSee [the findings](project:/book/studies/05_x.ipynb#findings).\n"
