@@ -114,10 +114,16 @@ class DraftModel:
             n = seq.num_tokens
             self.slots.reserve_slots(m, n + k - 1)  # positions up to n + k − 2 get the draft's K/V
         first = ScheduledBatch(
-            [ScheduledSequence(m, m.num_computed_tokens, m.num_tokens - m.num_computed_tokens, []) for m in mirrors]
+            [
+                ScheduledSequence(
+                    m,
+                    m.num_computed_tokens,
+                    m.num_tokens - m.num_computed_tokens,
+                    m.kv_slots[m.num_computed_tokens : m.num_tokens],
+                )
+                for m in mirrors
+            ]
         )
-        for it in first.items:
-            it.slots = it.seq.kv_slots[it.start : it.start + it.num_tokens]
         logits = _in_order(*self.runner.logits(first), mirrors)
         tokens, probs = [], []
         token, q = self._draw(logits, mirrors)

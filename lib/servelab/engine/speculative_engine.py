@@ -295,9 +295,9 @@ class SpeculativeEngine(Engine):
         # one gather: each request's logits rows, padded with its last row (never read past its drafts + 1)
         rows = [r + [r[-1]] * (gamma + 1 - len(r)) for _, _, _, r in ordered]
         target = logits[_on([x for r in rows for x in r], dev)].view(n, gamma + 1, -1)
-        tokens = torch.tensor([d + [PLACEHOLDER] * (gamma - len(d)) for _, d, _, _ in ordered], dtype=torch.long)
         target = _filter_top_p(target, seqs)
-        if drafts.device is None:
+        if drafts.device is None:  # host drafts (prompt lookup, controlled), PLACEHOLDER past each count
+            tokens = torch.tensor([d + [PLACEHOLDER] * (gamma - len(d)) for _, d, _, _ in ordered], dtype=torch.long)
             tokens = tokens.to(dev, non_blocking=True)
         else:  # the round's tokens (PLACEHOLDER past each count), padded to γ positions
             tokens = _pad_positions(drafts.device[_on([r for _, _, r, _ in ordered], dev)], gamma, PLACEHOLDER)
