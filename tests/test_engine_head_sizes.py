@@ -10,10 +10,10 @@ import textwrap
 
 import pytest
 import torch
+from hf_reference import hf_greedy, varied, varies
 from interpreted import run_interpreted
 
 from servelab.engine import Engine, EngineConfig, SamplingParams
-from servelab.models import load_model
 
 CONFIGS = ["tiny-llama-hd80", "tiny-qwen2-hd96"]
 STEPS = 8
@@ -22,22 +22,11 @@ PROMPT_LENS = (5, 40, 17)
 
 
 def hf_case(name):
-    hf = load_model(f"config:{name}").model
+    hf = varied(name)
     g = torch.Generator().manual_seed(5)
     prompts = [torch.randint(3, hf.config.vocab_size, (n,), generator=g).tolist() for n in PROMPT_LENS]
-    refs = []
-    with torch.inference_mode():
-        for p in prompts:
-            ids = torch.tensor([p])
-            out = hf.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                do_sample=False,
-                max_new_tokens=STEPS,
-                min_new_tokens=STEPS,
-                pad_token_id=0,
-            )
-            refs.append(out[0, len(p) :].tolist())
+    refs = hf_greedy(hf, prompts, STEPS)
+    assert varies(refs), refs
     return hf, prompts, refs
 
 

@@ -13,6 +13,7 @@
 import numpy as np
 import pytest
 import torch
+from hf_reference import varied
 from scipy import stats
 from test_speculative_loop import tiny_llama
 
@@ -29,18 +30,6 @@ NEW = 20
 GREEDY = SamplingParams(max_tokens=NEW, ignore_eos=True)
 NGRAM = SpeculativeConfig("ngram", 4, prompt_lookup_max=3, prompt_lookup_min=1)
 DRAFT = SpeculativeConfig("draft_model", 4, model="(given)")
-
-
-def varied(name: str, seed: int):
-    """A tiny family's HF model with every matrix drawn at std 0.1: at the loader's 0.02 a random tiny model emits
-    one token over and over, and any two such models agree, so no draft would ever be rejected."""
-    model = load_model(f"config:{name}").model
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
-    return model
 
 
 @pytest.fixture(scope="module", params=["tiny-llama", "tiny-qwen2", "tiny-gpt2"])
