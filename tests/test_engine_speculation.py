@@ -18,7 +18,8 @@ from scipy import stats
 from test_speculative_loop import tiny_llama
 
 from servelab.engine import Engine, EngineConfig, SamplingParams
-from servelab.engine.speculative_engine import SpeculativeEngine
+from servelab.engine.cuda_graphs import DecodeGraphs
+from servelab.engine.speculative_engine import SpeculativeEngine, wider_step_graphs
 from servelab.errors import ParameterError
 from servelab.models import load_model
 from servelab.models.native import native_from_hf
@@ -99,6 +100,38 @@ def test_budget_preemption_and_prefix_caching_keep_tokens_exact(family, method):
     assert cached.generate(prompts + prompts[:2], GREEDY) == plain + plain[:2]
     assert cached.prefix_hit_rate > 0
     assert tight.leaked() == [] and cached.leaked() == []
+
+
+@pytest.mark.parametrize("method", ["ngram", "twin"])
+def test_verify_steps_fit_graphs_with_gamma_plus_one_rows_per_sequence(family, method, monkeypatch):
+    """Four requests verifying γ + 1 = 5 positions each are 20 rows, over ``max_num_seqs`` (4). With the target's
+    graphs ``graph_rows`` wide (uncaptured on a CPU, as ``_capture_graphs`` captures them on CUDA), no step falls back
+    to building eager inputs; sized for ``max_num_seqs``, the verify steps do."""
+    import servelab.engine.model_runner as model_runner
+    import servelab.engine.speculative_engine as speculative_engine
+
+    fallbacks, target = [], {}
+
+    def counting(real):  # the target's eager steps only (the draft's runner, uncaptured on a CPU, builds its own)
+        return lambda batch, tables, *a, **k: (
+            fallbacks.extend([1] * (tables is target.get("tables"))) or real(batch, tables, *a, **k)
+        )
+
+    for module in (model_runner, speculative_engine):
+        monkeypatch.setattr(module, "build_step_inputs", counting(module.build_step_inputs))
+    hf, prompts, plain, drafts = family
+    for rows in ("max_num_seqs", "graph_rows"):
+        fallbacks.clear()
+        e = engine(hf, method, drafts, max_num_seqs=4)
+        r = e.runner
+        target["tables"] = r.tables
+        width = e.graph_rows if rows == "graph_rows" else r.max_num_seqs
+        r.graphs = DecodeGraphs(e.model, e.pool, r.tables, max_batch=width, scratch_block=e.num_blocks)
+        with wider_step_graphs(r, width):
+            r.enable_step_graphs((8, 16, 32, 64, 128), capture=False)
+        assert e.generate(prompts, GREEDY) == plain
+        assert e.spec_stats.num_drafts > 0
+        assert (len(fallbacks) == 0) == (rows == "graph_rows"), (rows, len(fallbacks))
 
 
 def test_stops_and_max_tokens_inside_the_drafts_end_the_request_there(family):
@@ -195,6 +228,7 @@ def test_controlled_drafts_are_kept_at_the_rate_set_and_leave_tokens_exact(famil
     while e.has_unfinished():
         e.step()
     assert [s.output_token_ids for s in seqs] == plain * 4
+    assert e.override.disagreed == 0  # in float32 the target's own verification kept what the draws kept
     s = e.spec_stats
     if alpha == 1.0:
         assert s.num_accepted_tokens == s.num_draft_tokens
@@ -205,6 +239,24 @@ def test_controlled_drafts_are_kept_at_the_rate_set_and_leave_tokens_exact(famil
         full = s.per_position[0]  # steps are mostly full-γ drafts; compare the first position's rate with α
         assert abs(full / s.num_drafts - alpha) < 0.12
         assert s.per_position[g - 1] < s.per_position[0]
+
+
+def test_controlled_drafts_decide_what_is_kept_where_the_target_would_leave_the_reference(family):
+    """In bf16 the verify step's near-ties can part from the plain engine's reference; the draws still decide: a
+    reference with a token the target would not choose is followed (after the prefill's token, the target's own),
+    and ``disagreed`` counts the verifications where the target would have emitted something else."""
+    from servelab.speculative.controlled import ControlledDrafts
+
+    hf, prompts, plain, drafts = family
+    e = engine(hf, "random", drafts)
+    seq = e.add_request(prompts[1], GREEDY)
+    ref = list(plain[1])
+    ref[6] = (ref[6] + 1) % hf.config.vocab_size
+    e.override = ControlledDrafts({seq.seq_id: ref}, 1.0, hf.config.vocab_size)
+    while e.has_unfinished():
+        e.step()
+    assert seq.output_token_ids[0] == plain[1][0] and seq.output_token_ids[1:] == ref[1:]
+    assert e.override.disagreed > 0
 
 
 def test_bad_configurations_are_refused_before_anything_runs():

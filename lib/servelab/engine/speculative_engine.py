@@ -33,6 +33,7 @@ own mode (``EngineConfig.speculative``), the server serves it, Studies 3 and 6 m
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 
 import torch
@@ -91,6 +92,29 @@ class SpeculativeEngine(Engine):
                 backend=self.backend,
                 step_graph_sizes=self._catch_up_sizes() if self.num_step_graphs else None,
             )
+
+    @property
+    def graph_rows(self) -> int:
+        """Rows the target's graphs take: a verify step scores each proposing request's γ + 1 positions as rows of
+        their own (each repeats its sequence's block-table row), so ``max_num_seqs × (γ + 1)``, as vLLM sizes its
+        graphs when it speculates. Sized for ``max_num_seqs`` alone, a batch-8 verify step (40 rows at γ = 4) ran
+        eagerly on the H100, at 2.1× a plain decode step."""
+        return self.config.max_num_seqs * (self.gamma + 1)
+
+    def _capture_graphs(self, progress) -> None:
+        """The plain engine's decode graphs and whole-step graphs (``Engine._capture_graphs``), ``graph_rows`` wide."""
+        cfg, r = self.config, self.runner
+        rows = self.graph_rows
+        self.num_graphs, self.graph_capture_s = 0, 0.0
+        if cfg.cuda_graphs and self.device.type == "cuda":
+            t0 = time.perf_counter()
+            sizes = None if cfg.graph_batch_sizes is None else sorted({*cfg.graph_batch_sizes, rows})
+            self.num_graphs = r.capture_cuda_graphs(rows, progress, sizes)
+            self.graph_capture_s = time.perf_counter() - t0
+        self.num_step_graphs, self.step_graphs_status = 0, "off"
+        if cfg.step_graphs and self.device.type == "cuda":
+            with wider_step_graphs(r, rows):
+                self.step_graphs_status = self._capture_step_graphs(progress)
 
     def _catch_up_sizes(self) -> list[int]:
         """Token buckets for the draft's whole-step graphs, the target's: its catch-up steps (one or two tokens a
@@ -247,8 +271,12 @@ class SpeculativeEngine(Engine):
         rest = ScheduledBatch([it for it in batch.items if id(it) not in scored])
         token_of = {id(it): t for (it, _), t in zip(plain, plain_tokens, strict=True)}
         events = self.scheduler.postprocess(rest, [token_of.get(id(it)) for it in rest.items])
-        for i, (it, d, _) in enumerate(proposals):
-            events += self._accept_verified(it.seq, it.start, len(d), host[i * width : i * width + emitted[i]])
+        kept = [host[i * width : i * width + emitted[i]] for i in range(n)]
+        if self.override is not None:  # controlled acceptance: the draws decide what is kept, not bf16 near-ties
+            kept = [self.override.emitted(it.seq, k) for (it, _, _), k in zip(proposals, kept, strict=True)]
+            emitted = [len(k) for k in kept]
+        for (it, d, _), k in zip(proposals, kept, strict=True):
+            events += self._accept_verified(it.seq, it.start, len(d), k)
         self.spec_stats.observe([len(d) for _, d, _ in proposals], emitted)
         self._release_finished(events)
         if self.on_step is not None:
@@ -270,7 +298,10 @@ class SpeculativeEngine(Engine):
                 ids, [it.start for it in items], [it.slots[0] for it in items], rows, patch and patch.on(items)
             )
             if out is not None:
-                r.graph_steps += 1
+                if r.graphs.graphs:  # counted as the runner counts: an uncaptured replay (a CPU) is an eager step
+                    r.graph_steps += 1
+                else:
+                    r.eager_steps += 1
                 keep = [i for i, it in enumerate(items) if it.samples]
                 if len(keep) < len(items):  # a one-token prefill chunk that does not finish its prompt
                     out = out[_on(keep, out.device)]
@@ -376,6 +407,17 @@ class SpeculativeEngine(Engine):
             "spec_num_accepted_tokens": s.num_accepted_tokens,
             "spec_accepted_per_position": list(s.per_position),
         }
+
+
+@contextmanager
+def wider_step_graphs(runner, rows: int):
+    """``runner.enable_step_graphs`` sizes its graphs' rows by ``runner.max_num_seqs``; inside this block, by ``rows``
+    (the block tables stay ``max_num_seqs`` wide: a verify step's rows repeat its sequences' table rows)."""
+    narrow, runner.max_num_seqs = runner.max_num_seqs, rows
+    try:
+        yield
+    finally:
+        runner.max_num_seqs = narrow
 
 
 def load_draft(spec: str, *, dtype="bfloat16", device=None, seed: int = 0):

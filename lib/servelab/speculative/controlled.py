@@ -8,6 +8,13 @@ vocabulary). Every draw is independent, which is the assumption of Leviathan et 
 keeps k drafts with P(k) = α^k (1 − α) for k < γ and α^γ at k = γ. (``spec.controlled`` does the same for the
 separate driver that Studies 3 and 6 measure through until the campaign ends.)
 
+The draws also decide what the step keeps: the verify step runs in full, and then its request gets the reference's
+tokens for the kept run and the one after it (``emitted``), as ``spec.controlled`` does. In float32 that is what the
+target chose anyway (the CPU tests check it: ``disagreed`` stays 0). In bf16 the verify step's logits round
+differently from the plain engine's, and at random weights the top two are often within rounding: left to itself
+the target leaves the reference at the first near-tie, after which every "right" proposal is wrong. On the H100 that
+made α = 0.8 keep 34% of drafts at batch 1 and 3% at batch 8.
+
     engine.override = ControlledDrafts(reference, alpha=0.8, vocab=engine.model.shape.vocab)
 """
 
@@ -27,6 +34,8 @@ class ControlledDrafts:
             raise ParameterError(f"alpha must be a number in [0, 1], got {alpha!r}")
         self.reference, self.alpha, self.vocab = reference, float(alpha), vocab
         self.rng = np.random.default_rng(seed)
+        self._emit: dict[int, list[int]] = {}  # seq_id -> the tokens this step's verification gives it
+        self.disagreed = 0  # verifications where the target, left alone, would have emitted something else
 
     def __call__(self, seqs, drafts: list[list[int]]) -> list[list[int]]:
         """Each sequence's drafts replaced, as many as it proposed (a sequence's last output token is the pending one
@@ -45,4 +54,13 @@ class ControlledDrafts:
                 )
             keep = self.rng.random(len(d)) < self.alpha
             out.append([ref[at + j] if keep[j] else (ref[at + j] + 1) % self.vocab for j in range(len(d))])
+            kept = int(np.argmin(keep)) if not keep.all() else len(d)
+            self._emit[seq.seq_id] = ref[at : at + kept + 1]  # the kept run, then the target's token after it
+        return out
+
+    def emitted(self, seq, target: list[int]) -> list[int]:
+        """What ``seq``'s verification emits: the reference's tokens for the run the draws kept and the one after it;
+        ``target``, what the target's own verification emitted, only counted when it differs."""
+        out = self._emit.pop(seq.seq_id)
+        self.disagreed += out != target
         return out
