@@ -14,6 +14,8 @@
 #   spec-engine    the engine's speculative mode on the device (tests/test_engine_speculation.py, CPU and GPU tests)
 #   spec-bench     scripts/bench_spec_engine.py: c, v and the speed-up at alpha 0.8, Llama-3-8B's shape with the 0.5B
 #                  draft of its vocabulary, batch 1 and 8
+#   compile-probe  scripts/probe_compile_check.py: the compile check's refusals, rounding or fault (8B and 0.5B shapes:
+#                  bf16 eager and compiled against the same weights in float32)
 #
 # Use it when scripts/gpu_run.sh refuses the card (exit 3):
 #   scripts/gpu_run.sh JOBS || { rc=$?; [ $rc -ne 3 ] && exit $rc; scripts/gpu_dev.sh staged small-linear; }
@@ -41,6 +43,7 @@ for task in "$@"; do
     decode-kernel) run "$task" 180 python3 scripts/bench_decode_kernel.py ;;
     spec-engine) run "$task" 300 python3 -m pytest -q -p no:cacheprovider -x tests/test_engine_speculation.py ;;
     spec-bench) run "$task" 360 python3 scripts/bench_spec_engine.py --out "$OUT/spec_engine.csv" ;;
+    compile-probe) run "$task" 300 python3 scripts/probe_compile_check.py --out "$OUT/compile_check.csv" ;;
     *) echo "unknown task '$task' (see the header of $0)" | tee -a "$OUT/summary.txt"; exit 2 ;;
   esac
 done
