@@ -9,8 +9,9 @@ nothing: c and v are measured with the draft's own proposals, and the speed-up w
 (``speculative.controlled``: the draft still runs every step), beside Leviathan's prediction from the same run's c
 (with a verify step priced as one target step, and as measured). Each phase is timed with CUDA events around whole
 engine steps after a warm-up request; medians with the quartiles. The device record (card, clocks, versions, host CPU)
-and the engines' settings land beside the CSV (``<out>.device.json``).
-Development data, not a book figure.
+and the engines' settings land beside the CSV (``<out>.device.json``). Both engines compile under the staged check on
+the first two blocks (``engine.compile_check``; ``--compile-check engine`` for the engine's own, which leaves the 8B
+shape uncompiled). Development data, not a book figure.
 """
 
 from __future__ import annotations
@@ -57,6 +58,11 @@ class Timer:
             return out
 
         setattr(owner, name, timed)
+
+    def reset(self) -> None:
+        """Forget every call so far, read or not."""
+        self.read()
+        self.times.clear()
 
     def read(self) -> list[float]:
         if torch.cuda.is_available():
@@ -106,7 +112,20 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--out", default="spec_engine.csv")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument(
+        "--compile-check",
+        choices=["first-blocks", "engine"],
+        default="first-blocks",
+        help="which check keeps torch.compile: the staged one on the first two blocks (engine.compile_check), or the "
+        "engine's on the whole model, which refuses the 8B shape's bf16 rounding (scripts/probe_compile_check.py)",
+    )
     args = ap.parse_args()
+    if args.compile_check == "first-blocks":  # what the engine will use after the campaign (issue 29)
+        from servelab.engine import draft_model
+        from servelab.engine import engine as engine_module
+        from servelab.engine.compile_check import compile_checked
+
+        engine_module.compile_with_check = draft_model.compile_with_check = compile_checked
     dev = args.device
     record = device_record(dev)
     cfg = EngineConfig(num_blocks=2048, max_model_len=1024, max_num_seqs=max(args.batch), block_size=16)
@@ -156,7 +175,7 @@ def main() -> None:
         row(b, "v (verify step / target step)", v)
         plain_total = sum(plain_ms)
         for alpha in args.alpha:
-            t_step.times.clear()
+            t_step.reset()  # the uncontrolled run's steps are still pending on the GPU's clock: not this run's
             spec.spec_stats = type(spec.spec_stats)(args.gamma)
             out = run(spec, prompts, args.new, alpha, reference)
             total = sum(t_step.read()[1:])
@@ -174,13 +193,18 @@ def main() -> None:
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         w.writerows(rows)
-    stats = {"target": plain.stats(), "draft_compile": spec.draft.compile_status, "draft_graphs": spec.draft.num_graphs}
+    stats = {
+        "target": plain.stats(),
+        "spec_target_compile": spec.compile_status,
+        "draft_compile": spec.draft.compile_status,
+        "draft_graphs": spec.draft.num_graphs,
+    }
     meta = {"device": record.close().as_dict(), "args": vars(args), "engine": stats}
     Path(args.out).with_suffix(".device.json").write_text(json.dumps(meta, indent=1, default=str))
     print(record.summary())
     for r in rows:
         print(f"b{r['batch']:<3} a={r.get('alpha', ''):<4} {r['what']:<30} {r['value']:.4f}  [{r['p25']}, {r['p75']}]")
-    print(stats["target"]["compile"], stats["draft_compile"], stats["draft_graphs"])
+    print("compile:", stats["target"]["compile"], "|", stats["spec_target_compile"], "| draft", stats["draft_compile"])
 
 
 if __name__ == "__main__":

@@ -14,7 +14,9 @@ the compiled forward is as far from float32 as the eager one is, the check is re
     python scripts/probe_compile_check.py --device cpu --models config:tiny-llama --no-compile   # a CPU smoke run
 
 Columns per (model, pair): max |a − b|, the largest |logit| of b, the RMS of a − b over the RMS of b, and the
-fraction of positions whose argmax agrees. Development data, not a book figure.
+fraction of positions whose argmax agrees; and what each check says on the model: the engine's
+(``compilation.compile_with_check``, the whole model) and the staged one (``compile_check.compile_checked``, the
+first two blocks). Development data, not a book figure.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 
 from servelab.engine import Engine, EngineConfig  # noqa: E402
+from servelab.engine.compilation import compile_with_check  # noqa: E402
+from servelab.engine.compile_check import compile_checked  # noqa: E402
 from servelab.kernels.attention import AttentionMetadata  # noqa: E402
 from servelab.kernels.prefill import PrefillSegment  # noqa: E402
 from servelab.measure.device import device_record  # noqa: E402
@@ -73,13 +77,18 @@ def probe(spec: str, device: str, compile_: bool) -> list[dict]:
     engine = Engine.from_hf(hf, cfg)
     eager = logits(engine)
     got = {"bf16 eager": eager}
+    checks = {}
     if compile_:
+        model, fns, final = engine.model, engine.model.block_fns, engine.model.final_norm
+        for name, check in (("engine check", compile_with_check), ("first-blocks check", compile_checked)):
+            checks[name] = check(model, engine.pool, engine.num_blocks)
+            model.block_fns, model.final_norm = fns, final  # eager again for the next check
         engine.model.compile_blocks()
         got["bf16 compiled"] = logits(engine)
     del engine
     hf = hf.float()  # the same (bf16-valued) weights, computed in float32: the truth the bf16 forwards round
     truth = logits(Engine.from_hf(hf, cfg))
-    rows = []
+    rows = [{"model": spec, "a": name, "b": status} for name, status in checks.items()]
     if compile_:
         rows.append({"model": spec, "a": "bf16 compiled", "b": "bf16 eager", **compare(got["bf16 compiled"], eager)})
     for name, x in got.items():
