@@ -26,10 +26,11 @@ class FakeServer:
     """OpenAI-style streaming completions: first token after 50 ms, then one every 20 ms; a prompt that
     starts with id 99 gets HTTP 400; ``seen`` keeps the request bodies. With ``max_model_len`` it lists its model
     with that context in ``/v1/models`` (as vLLM does); with ``tokenize`` it counts a text prompt's tokens at
-    ``/tokenize`` as its number of words."""
+    ``/tokenize`` as its number of words; with ``metrics`` (``observe(body)`` per completion, ``render()`` for the
+    text) it serves ``/metrics``."""
 
-    def __init__(self, max_model_len=None, tokenize=False):
-        self.max_model_len, self.tokenize = max_model_len, tokenize
+    def __init__(self, max_model_len=None, tokenize=False, metrics=None):
+        self.max_model_len, self.tokenize, self.metrics = max_model_len, tokenize, metrics
         self.seen, self.cancelled = [], 0
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
@@ -38,6 +39,8 @@ class FakeServer:
     async def completions(self, request):
         body = await request.json()
         self.seen.append(body)
+        if self.metrics is not None:
+            self.metrics.observe(body)
         if isinstance(body["prompt"], list) and body["prompt"][0] == 99:
             return web.json_response({"error": {"message": "bad prompt", "type": "invalid_request_error"}}, status=400)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -80,6 +83,8 @@ class FakeServer:
             app.router.add_get("/v1/models", self.models)
         if self.tokenize:
             app.router.add_post("/tokenize", self.count)
+        if self.metrics is not None:
+            app.router.add_get("/metrics", lambda request: web.Response(body=self.metrics.render()))
         self.runner = web.AppRunner(app)
         self.loop.run_until_complete(self.runner.setup())
         site = web.TCPSite(self.runner, "127.0.0.1", 0)

@@ -15,8 +15,10 @@ Before the run the workload is fitted to the server's context: ``max_model_len``
 reports it), else ``--max-model-len``; prompts that do not fit are clipped and their number printed
 (``Trace.fit_context``). The summary is printed as vLLM's ``benchmark_serving`` prints it and, with
 ``--summary-out``, written as JSON; the records go to ``--out`` (CSV, one row per request, token times as JSON
-lists). Exit status: 0; 1 when more than ``--max-failure-rate`` of the requests failed (or none completed);
-2 for bad arguments.
+lists). Against a speculating server (vLLM's ``spec_decode`` counters in ``/metrics``, scraped before and after the
+run) it adds the run's acceptance rate, acceptance length and acceptance per position (``spec_acceptance``).
+Exit status: 0; 1 when more than ``--max-failure-rate`` of the requests failed (or none completed); 2 for bad
+arguments.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from servelab.loadgen.metrics import benchmark_summary, records_for_csv
 from servelab.loadgen.report import format_report
 from servelab.loadgen.run import run_load
 from servelab.loadgen.server_info import card_max_model_len, count_tokens, model_card
+from servelab.loadgen.spec_acceptance import acceptance, scrape
 from servelab.loadgen.workload import Trace
 
 
@@ -187,10 +190,14 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         trace = prepare(a, log)
+        before = scrape(a.base_url, a.api_key)  # a speculating server's counters, to report the run's acceptance
         records = run_load(
             a.base_url, trace, model=a.model, api_key=a.api_key, deadline_s=a.deadline, progress=not a.no_progress
         )
         summary = benchmark_summary(records, slo_ttft_ms=a.slo_ttft_ms, slo_tpot_ms=a.slo_tpot_ms)
+        spec = acceptance(before, scrape(a.base_url, a.api_key))
+        if spec is not None:
+            summary["spec_decode"] = spec
     except ParameterError as e:
         log(f"error: {e}")
         return 2

@@ -21,18 +21,25 @@ from pathlib import Path
 from servelab.errors import ParameterError
 from servelab.loadgen.report import SECTIONS
 
-ROWS = [
-    ("Successful requests", "completed", ""),
-    ("Failed requests", "failed", ""),
-    ("Benchmark duration (s)", "duration_s", ".2f"),
-    ("Request throughput (req/s)", "request_throughput", ".2f"),
-    ("Output token throughput (tok/s)", "throughput_tok_s", ".2f"),
-    ("Total Token throughput (tok/s)", "total_token_throughput_tok_s", ".2f"),
-] + [
-    (f"{stat} {name} (ms)", f"{key}_{suffix}_ms", ".2f")
-    for key, name, _ in SECTIONS
-    for stat, suffix in (("Mean", "mean"), ("Median", "p50"), ("P99", "p99"))
-]
+ROWS = (
+    [
+        ("Successful requests", "completed", ""),
+        ("Failed requests", "failed", ""),
+        ("Benchmark duration (s)", "duration_s", ".2f"),
+        ("Request throughput (req/s)", "request_throughput", ".2f"),
+        ("Output token throughput (tok/s)", "throughput_tok_s", ".2f"),
+        ("Total Token throughput (tok/s)", "total_token_throughput_tok_s", ".2f"),
+    ]
+    + [
+        (f"{stat} {name} (ms)", f"{key}_{suffix}_ms", ".2f")
+        for key, name, _ in SECTIONS
+        for stat, suffix in (("Mean", "mean"), ("Median", "p50"), ("P99", "p99"))
+    ]
+    + [  # a speculating server's acceptance over the run (``loadgen.spec_acceptance``); nan for a plain one
+        ("Acceptance rate", "spec_acceptance_rate", ".3f"),
+        ("Acceptance length", "spec_acceptance_length", ".3f"),
+    ]
+)
 SAME_TRACE = ("total_input_tokens",)  # with the request count: what two runs of one trace share
 
 
@@ -46,11 +53,19 @@ def check_same_trace(a: dict, b: dict) -> None:
             raise ParameterError(f"not one trace: {key} {a[key]} against {b[key]}")
 
 
+def flat(summary: dict) -> dict:
+    """The summary with its speculative section's numbers as ``spec_<name>`` keys (missing ones NaN)."""
+    spec = summary.get("spec_decode") or {}
+    rates = {f"spec_{k}": math.nan if v is None else v for k, v in spec.items() if not isinstance(v, list)}
+    return summary | rates
+
+
 def format_comparison(a: dict, b: dict, labels: tuple[str, str] = ("A", "B")) -> str:
     """A table of every row in both runs, with B / A (``-`` where A is 0 or either is missing)."""
     check_same_trace(a, b)
     head = f"{'':<40} {labels[0]:>12} {labels[1]:>12} {'B / A':>8}"
     lines = [head, "-" * len(head)]
+    a, b = flat(a), flat(b)
     for label, key, fmt in ROWS:
         va, vb = a.get(key, math.nan), b.get(key, math.nan)
         ratio = f"{vb / va:8.3f}" if isinstance(va, (int, float)) and va and not math.isnan(va) else f"{'-':>8}"

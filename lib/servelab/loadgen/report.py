@@ -14,6 +14,8 @@ it as theirs: the same title bar, labels, column widths and sections.
 vLLM prints the mean, median and the requested percentiles (P99 by default) of TTFT, TPOT and ITL, and of
 E2EL when asked; this prints all four. ``Failed requests`` follows ``Successful requests``, as in vLLM's later
 ``vllm bench serve``; ``Request goodput`` appears when an SLO was given. A statistic without data prints nan.
+A run against a speculating server adds ``vllm bench serve``'s speculative section (``summary["spec_decode"]``,
+from the server's counters: ``loadgen.spec_acceptance``).
 """
 
 from __future__ import annotations
@@ -57,8 +59,26 @@ def format_report(summary: dict, *, goodput: bool = False, title: str = "Serving
             _line(f"Median {name} (ms):", s[f"{key}_p50_ms"], ".2f"),
             _line(f"P99 {name} (ms):", s[f"{key}_p99_ms"], ".2f"),
         ]
+    if s.get("spec_decode"):
+        lines += spec_lines(s["spec_decode"])
     lines.append("=" * WIDTH)
     return "\n".join(lines)
+
+
+def spec_lines(spec: dict) -> list[str]:
+    """The speculative section: acceptance rate and length, the counts, and the acceptance at each position."""
+    pct = lambda x: float("nan") if x is None else 100 * x  # noqa: E731
+    length = float("nan") if spec["acceptance_length"] is None else spec["acceptance_length"]
+    lines = [
+        f"{'Speculative Decoding':-^{WIDTH}}",
+        _line("Acceptance rate (%):", pct(spec["acceptance_rate"]), ".2f"),
+        _line("Acceptance length:", length, ".2f"),
+        _line("Drafts:", spec["drafts"]),
+        _line("Draft tokens:", spec["draft_tokens"]),
+        _line("Accepted tokens:", spec["accepted_tokens"]),
+        "Per-position acceptance (%):",
+    ]
+    return lines + [_line(f"  Position {j}:", pct(r), ".2f") for j, r in enumerate(spec["per_position"])]
 
 
 def parse_report(text: str) -> dict[str, float]:
