@@ -11,7 +11,9 @@ nothing: c and v are measured with the draft's own proposals, and the speed-up w
 engine steps after a warm-up request; medians with the quartiles. The device record (card, clocks, versions, host CPU)
 and the engines' settings land beside the CSV (``<out>.device.json``). Both engines compile under the staged check on
 the first two blocks (``engine.compile_check``; ``--compile-check engine`` for the engine's own, which leaves the 8B
-shape uncompiled). Development data, not a book figure.
+shape uncompiled). ``--profile`` adds where a plain decode step, a draft round and a verify step spend their time
+(``<out>.budget.csv``: span, busy, idle gaps, host time and each kernel class, as the engine bench's step budget
+reads them). Development data, not a book figure.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
@@ -95,6 +98,65 @@ def run(engine, prompts, new: int, alpha: float | None = None, reference=None) -
     return [s.output_token_ids for s in seqs]
 
 
+def profile_phase(owner, name: str, go, skip: int = 2) -> dict:
+    """Where a phase's time goes: ``go()`` runs under ``torch.profiler`` with each call of ``owner.name`` after the
+    first ``skip`` (a prefill, a warm-up round) in a synchronised range of its own, read as the engine bench reads a
+    step (``bench.step_timeline``): GPU span, busy, idle gaps, host time and each kernel class's busy time, per call."""
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    from servelab.bench.step_timeline import CALL, read_trace, step_budget
+
+    cuda = torch.cuda.is_available()
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    inner, count = getattr(owner, name), [0]
+
+    def marked(*a, **kw):
+        i = count[0]
+        count[0] += 1
+        if i < skip:
+            return inner(*a, **kw)
+        sync()
+        with record_function(f"{CALL}{i - skip}"):
+            out = inner(*a, **kw)
+            sync()
+        return out
+
+    setattr(owner, name, marked)
+    try:
+        with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+            go()
+    finally:
+        owner.__dict__.pop(name, None)
+    b = step_budget(read_trace(prof))
+    row = {
+        "calls": b.calls,
+        "wall_ms": b.wall_ms,
+        "gpu_span_ms": b.gpu_span_ms,
+        "busy_ms": b.busy_ms,
+        "idle_gap_ms": b.idle_gap_ms,
+        "host_ms": b.host_ms,
+        "graph_launches": b.graph_launches,
+    }
+    for cls, r in b.classes.iterrows():
+        row[f"{cls}_ms"], row[f"{cls}_kernels"] = r.busy_ms, r.kernels
+    return row
+
+
+def profile_batch(plain, spec, prompts, reference, new: int, alpha: float) -> list[dict]:
+    """``profile_phase`` of a plain decode step, a draft round and a verify step (controlled at ``alpha``)."""
+
+    def controlled():
+        run(spec, prompts, new, alpha, reference)
+
+    phases = (
+        ("plain decode step", plain, "step", lambda: run(plain, prompts, new)),
+        ("draft round", spec.draft, "propose", controlled),
+        ("verify step", spec, "_verify_step", controlled),
+    )
+    common = {"batch": len(prompts), "alpha": alpha}
+    return [common | {"phase": phase, **profile_phase(owner, name, go)} for phase, owner, name, go in phases]
+
+
 def leviathan(alpha: float, gamma: int, c: float, v: float = 1.0) -> float:
     """Expected speed-up: tokens a step emits, (1 − α^(γ+1)) / (1 − α), over its cost in target steps, γc + v."""
     tokens = gamma + 1 if alpha == 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
@@ -112,6 +174,11 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--out", default="spec_engine.csv")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="also profile a plain decode step, a draft round and a verify step at each batch (<out>.budget.csv)",
+    )
     ap.add_argument(
         "--compile-check",
         choices=["first-blocks", "engine"],
@@ -133,7 +200,7 @@ def main() -> None:
     draft = load_draft(args.draft, dtype="bfloat16", device=dev, seed=1)
     vocab = hf.config.vocab_size
     g = torch.Generator().manual_seed(0)
-    rows = []
+    rows, budgets = [], []
 
     def row(b, what, value, xs=None, **extra):
         med, lo, hi = quartiles(xs) if xs else (value, "", "")
@@ -188,6 +255,12 @@ def main() -> None:
         for name in ("step", "_verify_step"):
             spec.__dict__.pop(name, None)
         spec.draft.__dict__.pop("propose", None)
+        if args.profile:
+            budgets += profile_batch(plain, spec, prompts, reference, args.new, args.alpha[0])
+    if budgets:
+        table = pd.DataFrame(budgets)
+        table.to_csv(Path(args.out).with_suffix(".budget.csv"), index=False)
+        print(table.set_index(["batch", "phase"]).T.to_string(float_format=lambda x: f"{x:.3f}"))
     fields = ["batch", "gamma", "alpha", "what", "value", "p25", "p75", "n"]
     with open(args.out, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields)

@@ -42,7 +42,7 @@ for task in "$@"; do
     small-linear-rows) run "$task" 240 python3 scripts/bench_small_linear.py --out "$OUT/small_linear_rows.csv" ;;
     decode-kernel) run "$task" 180 python3 scripts/bench_decode_kernel.py ;;
     spec-engine) run "$task" 300 python3 -m pytest -q -p no:cacheprovider -x tests/test_engine_speculation.py ;;
-    spec-bench) run "$task" 360 python3 scripts/bench_spec_engine.py --out "$OUT/spec_engine.csv" ;;
+    spec-bench) run "$task" 420 python3 scripts/bench_spec_engine.py --profile --out "$OUT/spec_engine.csv" ;;
     compile-probe) run "$task" 300 python3 scripts/probe_compile_check.py --out "$OUT/compile_check.csv" ;;
     *) echo "unknown task '$task' (see the header of $0)" | tee -a "$OUT/summary.txt"; exit 2 ;;
   esac

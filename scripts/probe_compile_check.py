@@ -22,6 +22,7 @@ first two blocks). Development data, not a book figure.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 from pathlib import Path
@@ -75,17 +76,24 @@ def probe(spec: str, device: str, compile_: bool) -> list[dict]:
     cfg = EngineConfig(block_size=16, num_blocks=8, compile=False, cuda_graphs=False, step_graphs=False)
     hf = load_model(spec, dtype="bfloat16", device=device, load_tokenizer=False).model
     engine = Engine.from_hf(hf, cfg)
+    model = engine.model
     eager = logits(engine)
     got = {"bf16 eager": eager}
     checks = {}
     if compile_:
-        model, fns, final = engine.model, engine.model.block_fns, engine.model.final_norm
+        fns, final = model.block_fns, model.final_norm
         for name, check in (("engine check", compile_with_check), ("first-blocks check", compile_checked)):
             checks[name] = check(model, engine.pool, engine.num_blocks)
             model.block_fns, model.final_norm = fns, final  # eager again for the next check
         engine.model.compile_blocks()
         got["bf16 compiled"] = logits(engine)
-    del engine
+    model.to("meta")  # its own copy of the weights (native_from_hf copies), freed whoever still holds the module
+    del engine, model
+    if compile_:  # the compiled functions' caches can hold the bf16 engine: drop them before the float32 copy
+        torch._dynamo.reset()
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
     hf = hf.float()  # the same (bf16-valued) weights, computed in float32: the truth the bf16 forwards round
     truth = logits(Engine.from_hf(hf, cfg))
     rows = [{"model": spec, "a": name, "b": status} for name, status in checks.items()]

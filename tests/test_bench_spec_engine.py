@@ -1,6 +1,7 @@
 """``scripts/bench_spec_engine.py`` runs through on a CPU with tiny models, so a GPU call never spends its minutes on a
 script that breaks: every quantity gets its row at each batch, c and v come out positive, the controlled runs keep
-the plain engine's tokens (no warning), and the device record lands beside the CSV."""
+the plain engine's tokens (no warning), the device record lands beside the CSV, and ``--profile`` reads where each
+phase's time goes."""
 
 import json
 import os
@@ -16,6 +17,7 @@ def test_a_cpu_run_writes_every_row_and_the_device_record(tmp_path):
     out = tmp_path / "spec_engine.csv"
     script = REPO_ROOT / "scripts" / "bench_spec_engine.py"
     args = ["--target", "config:tiny-llama", "--draft", "config:tiny-llama", "--device", "cpu", "--new", "10"]
+    args.append("--profile")
     run = subprocess.run(
         [sys.executable, str(script), *args, "--batch", "1", "3", "--alpha", "0.5", "1.0", "--out", str(out)],
         env={**os.environ, "PYTHONPATH": str(REPO_ROOT / "lib"), "OMP_NUM_THREADS": "1"},
@@ -36,3 +38,6 @@ def test_a_cpu_run_writes_every_row_and_the_device_record(tmp_path):
         assert full.iloc[0] == 1.0  # every draft overridden to the target's own token is kept
     record = json.loads(out.with_suffix(".device.json").read_text())
     assert record["device"]["kind"] == "cpu" and record["args"]["gamma"] == 4
+    budget = pd.read_csv(out.with_suffix(".budget.csv"))  # --profile: each phase's time, read as a step budget
+    assert len(budget) == 6 and set(budget["phase"]) == {"plain decode step", "draft round", "verify step"}
+    assert (budget["calls"] > 0).all() and (budget["wall_ms"] > 0).all() and (budget["gemm_kernels"] > 0).all()
