@@ -1,162 +1,96 @@
-"""Speculative acceptance from the server to the load generator's report.
+"""The acceptance rules: greedy keeps the longest matching prefix; the Leviathan/Chen rejection rule leaves every
+emitted token distributed as the target's own sample (chi-square tests on a tiny vocabulary, fixed seeds)."""
 
-- ``server.spec_metrics.SpecDecodeCounters`` exports an engine's ``SpecDecodeStats`` totals under vLLM's names, and
-  advances them by what each snapshot adds (a new engine's totals start again without moving a counter back);
-- ``loadgen.spec_acceptance`` reads them back from ``/metrics`` text and gives what a run added: the acceptance rate,
-  length and per-position rates equal the engine's own, for a real speculative engine's run;
-- the load generator's CLI reports them in ``vllm bench serve``'s speculative section, and writes them to the
-  summary, against a server that counts; a plain server's report has no such section; ``compare`` puts the
-  acceptance beside the latencies.
-"""
-
-from dataclasses import asdict
-
+import numpy as np
 import pytest
-from prometheus_client import CollectorRegistry, generate_latest
-from test_loadgen_client import FakeServer
+import torch
+from scipy import stats
 
-from servelab.errors import ParameterError
-from servelab.loadgen.__main__ import main
-from servelab.loadgen.compare import format_comparison
-from servelab.loadgen.report import parse_report, spec_lines
-from servelab.loadgen.spec_acceptance import acceptance, spec_counters
-from servelab.server.spec_metrics import SpecDecodeCounters
-from servelab.speculative.stats import SpecDecodeStats
+from servelab.spec.acceptance import greedy_accept, probabilities, rejection_accept
+
+V, GAMMA, N = 5, 2, 4000
 
 
-def counters(gamma=3):
-    registry = CollectorRegistry()
-    return registry, SpecDecodeCounters(registry, "m", gamma)
+def _dists(seed):
+    g = torch.Generator().manual_seed(seed)
+    # Dirichlet(1) rows through a seeded generator: normalised exponentials
+    p = torch.empty(GAMMA + 1, V).exponential_(generator=g)
+    q = torch.empty(GAMMA, V).exponential_(generator=g)
+    return p / p.sum(-1, keepdim=True), q / q.sum(-1, keepdim=True)
 
 
-def text(registry) -> str:
-    return generate_latest(registry).decode()
+def _expected(n, dist):
+    d = dist.double().numpy()
+    return n * d / d.sum()
 
 
-def test_the_counters_have_vllms_names_and_follow_the_engines_totals():
-    registry, c = counters()
-    stats = SpecDecodeStats(3)
-    stats.observe([3, 3, 2], [4, 1, 2])  # kept 3, 0, 1
-    c.update(asdict(stats))
-    body = text(registry)
-    for name in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):
-        assert f'vllm:spec_decode_{name}_total{{model_name="m"}}' in body
-    assert 'vllm:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="0"} 2.0' in body
-    assert spec_counters(body) == {"drafts": 3, "draft_tokens": 8, "accepted_tokens": 4, "per_position": [2, 1, 1]}
-    stats.observe([1], [2])
-    c.update(asdict(stats))
-    c.update(asdict(stats))  # the same snapshot again adds nothing
-    assert spec_counters(text(registry))["drafts"] == 4
-    fresh = SpecDecodeStats(3)  # a new engine counts from 0: the counters keep what they had and go on
-    fresh.observe([2], [3])
-    c.update(asdict(fresh))
-    assert spec_counters(text(registry)) == {
-        "drafts": 5,
-        "draft_tokens": 11,
-        "accepted_tokens": 7,
-        "per_position": [4, 2, 1],
-    }
-    with pytest.raises(ParameterError):
-        c.update(asdict(SpecDecodeStats(2)))
-    with pytest.raises(ParameterError):
-        counters(gamma=0)
+@pytest.fixture(scope="module")
+def sampled():
+    """N rounds of γ drafts from q judged against p: the first emitted token of each, and whether x_1 was kept."""
+    p, q = _dists(0)
+    g = torch.Generator().manual_seed(1)
+    first, kept_first, kept = np.zeros(V, dtype=int), 0, 0
+    for _ in range(N):
+        x = torch.multinomial(q, 1, generator=g)[:, 0]
+        acc = rejection_accept(p, q, x, g)
+        first[int(x[0]) if acc.accepted >= 1 else acc.next_token] += 1
+        kept_first += acc.accepted >= 1
+        kept += acc.accepted
+    return p, q, first, kept_first, kept
 
 
-def test_a_runs_acceptance_is_what_it_added_between_two_scrapes():
-    registry, c = counters(gamma=2)
-    stats = SpecDecodeStats(2)
-    stats.observe([2] * 10, [3] * 10)  # before the run: every draft kept
-    c.update(asdict(stats))
-    before = text(registry)
-    stats.observe([2, 2, 2, 2], [1, 2, 3, 1])  # the run: 4 drafts, 3 of 8 tokens kept
-    c.update(asdict(stats))
-    got = acceptance(before, text(registry))
-    assert got == {
-        "drafts": 4,
-        "draft_tokens": 8,
-        "accepted_tokens": 3,
-        "acceptance_rate": 3 / 8,
-        "acceptance_length": 1 + 3 / 4,
-        "per_position": [2 / 4, 1 / 4],
-    }
-    assert acceptance(None, text(registry)) is None
-    assert acceptance("# no counters here\n", text(registry)) is None
-    assert acceptance(before, before)["acceptance_rate"] is None  # nothing drafted in between
+def test_rejection_sampling_gives_the_targets_distribution(sampled):
+    p, q, first, _, kept = sampled
+    assert stats.chisquare(first, _expected(N, p[0])).pvalue > 1e-3
+    # the test has power: the draft's own distribution is clearly rejected by the same counts
+    assert stats.chisquare(first, _expected(N, q[0])).pvalue < 1e-6
+    assert 0 < kept < N * GAMMA  # some drafts kept, some rejected
 
 
-def test_a_speculative_engines_run_reads_back_as_its_own_acceptance():
-    import torch
-    from hf_reference import varied
-
-    from servelab.engine import EngineConfig, SamplingParams
-    from servelab.engine.speculative_engine import SpeculativeEngine
-    from servelab.speculative.config import SpeculativeConfig
-
-    hf = varied("tiny-llama")
-    motif = torch.randint(3, 500, (12,), generator=torch.Generator().manual_seed(1)).tolist()
-    cfg = EngineConfig(block_size=4, num_blocks=128, max_model_len=256)
-    e = SpeculativeEngine.from_hf(hf, cfg, speculative=SpeculativeConfig("ngram", 3, None, 3, 1))
-    registry, c = counters(gamma=3)
-    before = text(registry)
-    e.generate([motif * 3, motif[:5] * 4], SamplingParams(max_tokens=24, ignore_eos=True))
-    c.update(asdict(e.spec_stats))
-    got = acceptance(before, text(registry))
-    s = e.spec_stats
-    assert s.num_drafts > 0
-    assert got["acceptance_rate"] == pytest.approx(s.acceptance_rate)
-    assert got["acceptance_length"] == pytest.approx(s.mean_acceptance_length)
-    assert got["per_position"] == pytest.approx([k / s.num_drafts for k in s.per_position])
+def test_acceptance_probability_is_the_overlap_of_p_and_q(sampled):
+    """P(keep x_1) = Σ min(p, q): the α of Leviathan et al. for this position."""
+    p, q, _, kept_first, _ = sampled
+    alpha = float(torch.minimum(p[0], q[0]).sum())
+    assert stats.binomtest(kept_first, N, alpha).pvalue > 1e-3
 
 
-class CountingMetrics:
-    """A speculating server's ``/metrics``: each completion adds 2 drafts of 3 tokens, 4 kept (3 + 1)."""
-
-    def __init__(self):
-        self.registry, self.counters = counters()
-        self.stats = SpecDecodeStats(3)
-
-    def observe(self, body):
-        self.stats.observe([3, 3], [4, 2])
-        self.counters.update(asdict(self.stats))
-
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
-
-
-ARGS = ["--rate", "40", "--num-requests", "4", "--lengths", "fixed", "--prompt-tokens", "6"]
-ARGS += ["--output-tokens", "3", "--no-progress"]
+def test_a_draft_equal_to_the_target_is_always_accepted_and_the_bonus_comes_from_p():
+    p, _ = _dists(4)
+    q = p[:GAMMA].clone()
+    g = torch.Generator().manual_seed(5)
+    bonus = np.zeros(V, dtype=int)
+    n = 1500
+    for _ in range(n):
+        x = torch.multinomial(q, 1, generator=g)[:, 0]
+        acc = rejection_accept(p, q, x, g)
+        assert acc.accepted == GAMMA
+        bonus[acc.next_token] += 1
+    assert stats.chisquare(bonus, _expected(n, p[GAMMA])).pvalue > 1e-3
 
 
-def test_the_load_generator_reports_a_speculating_servers_acceptance(tmp_path, capsys):
-    import json
-
-    summary = tmp_path / "spec.json"
-    metrics = CountingMetrics()
-    metrics.observe({})  # traffic before the run is not the run's
-    with FakeServer(metrics=metrics) as url:
-        assert main(["--base-url", url, *ARGS, "--summary-out", str(summary)]) == 0
-    out = capsys.readouterr().out
-    assert "---------------Speculative Decoding---------------" in out
-    rows = parse_report(out)
-    assert rows["Drafts:"] == 8 and rows["Draft tokens:"] == 24 and rows["Accepted tokens:"] == 16
-    assert rows["Acceptance rate (%):"] == pytest.approx(100 * 16 / 24, abs=0.01)
-    assert rows["Acceptance length:"] == pytest.approx(3.0)
-    assert rows["Position 0:"] == 100 and rows["Position 2:"] == 50
-    spec = json.loads(summary.read_text())
-
-    plain = tmp_path / "plain.json"
-    with FakeServer() as url:  # no /metrics: no section, nothing in the summary
-        assert main(["--base-url", url, *ARGS, "--summary-out", str(plain)]) == 0
-    assert "Speculative Decoding" not in capsys.readouterr().out
-    base = json.loads(plain.read_text())
-    assert "spec_decode" not in base
-    table = format_comparison(base, spec)
-    line = next(x for x in table.splitlines() if x.startswith("Acceptance rate:"))
-    assert line.split()[2:4] == ["nan", "0.667"]
+def test_greedy_keeps_the_longest_matching_prefix_and_adds_the_targets_argmax():
+    logits = torch.full((4, 6), -5.0)
+    best = [2, 4, 1, 3]
+    for i, b in enumerate(best):
+        logits[i, b] = 5.0
+    assert greedy_accept(logits, torch.tensor([2, 4, 1])) == (3, 3)  # all kept: the bonus
+    assert greedy_accept(logits, torch.tensor([2, 0, 1])) == (1, 4)  # the correction at the first mismatch
+    assert greedy_accept(logits, torch.tensor([0, 4, 1])) == (0, 2)  # a later match does not count
 
 
-def test_the_report_section_prints_nan_where_nothing_was_drafted():
-    spec = {"drafts": 0, "draft_tokens": 0, "accepted_tokens": 0, "acceptance_rate": None}
-    rows = parse_report("\n".join(spec_lines(spec | {"acceptance_length": None, "per_position": []})))
-    assert rows["Drafts:"] == 0
-    assert rows["Acceptance rate (%):"] != rows["Acceptance rate (%):"]  # nan
+def test_bad_shapes_are_refused():
+    p, q = _dists(6)
+    with pytest.raises(ValueError, match="gamma \\+ 1"):
+        rejection_accept(p[:GAMMA], q, torch.zeros(GAMMA, dtype=torch.long))
+    with pytest.raises(ValueError, match="draft_probs"):
+        rejection_accept(p, q[:1], torch.zeros(GAMMA, dtype=torch.long))
+    with pytest.raises(ValueError, match="gamma \\+ 1"):
+        greedy_accept(torch.zeros(2, V), torch.zeros(GAMMA, dtype=torch.long))
+    with pytest.raises(ValueError, match="temperature"):
+        probabilities(torch.zeros(1, V), 0.0)
+
+
+def test_top_p_restricts_the_distribution():
+    logits = torch.tensor([[3.0, 2.0, 0.0, -1.0]])
+    pr = probabilities(logits, 1.0, top_p=0.7)
+    assert pr[0, 2:].sum() == 0 and torch.isclose(pr.sum(), torch.tensor(1.0))
