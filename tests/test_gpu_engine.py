@@ -13,6 +13,7 @@ import gc
 
 import pytest
 import torch
+from hf_reference import hf_greedy
 
 from servelab.engine import Engine, EngineConfig, SamplingParams
 from servelab.models import load_model
@@ -32,23 +33,6 @@ SPLIT_PROMPTS = (1100, 6, 19, 450, 45)
 SPLIT_CONFIG = dict(
     block_size=16, num_blocks=512, max_num_seqs=4, max_num_batched_tokens=512, scheduler="chunked_prefill"
 )
-
-
-def hf_greedy(hf, prompts):
-    refs = []
-    with torch.inference_mode():
-        for p in prompts:
-            ids = torch.tensor([p], device="cuda")
-            out = hf.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                do_sample=False,
-                max_new_tokens=STEPS,
-                min_new_tokens=STEPS,
-                pad_token_id=0,
-            )
-            refs.append(out[0, len(p) :].tolist())
-    return refs
 
 
 def family_config(policy: str, budget: int) -> dict:
@@ -125,7 +109,7 @@ def test_captured_steps_give_hf_greedy_tokens_in_float32(shared_engine, policy, 
     prompts = [torch.randint(3, hf.config.vocab_size, (n,), generator=g).tolist() for n in (6, 19, 33, 2, 45, 300)]
     assert engine.step_graphs_status.startswith("on"), engine.step_graphs_status
     before = step_counts(engine)
-    assert engine.generate(prompts, GREEDY) == hf_greedy(hf, prompts)
+    assert engine.generate(prompts, GREEDY) == hf_greedy(hf, prompts, STEPS)
     ran = ran_since(engine, before)
     # the last prompt's final decodes run alone: decode-only steps, in decode graphs
     assert ran["step_graph_steps"] > 0 and ran["graph_steps"] > 0 and ran["eager_steps"] == 0, ran
@@ -191,7 +175,7 @@ def test_captured_split_kv_decodes_give_hf_greedy_tokens_over_a_long_prompt(shar
     assert widths[0] * bs < len(prompts[0]) <= widths[-1] * bs, widths  # the decodes need the full width...
     assert decode_splits(1, hf.config.num_key_value_heads, widths[-1] * bs, sm_count("cuda")) > 1  # ...which splits
     before = step_counts(engine)
-    assert engine.generate(prompts, GREEDY) == hf_greedy(hf, prompts)
+    assert engine.generate(prompts, GREEDY) == hf_greedy(hf, prompts, STEPS)
     assert ran_since(engine, before)["graph_steps"] > 0
 
 
@@ -247,7 +231,7 @@ def test_captured_mixed_steps_with_a_long_context_split_and_give_hf_greedy_token
     assert engine.runner.step_graphs.split_columns > 1
     planned, plan = [], sg.plan_splits
     monkeypatch.setattr(sg, "plan_splits", lambda *a, **k: planned.append(plan(*a, **k)) or planned[-1])
-    assert engine.generate(prompts, GREEDY) == hf_greedy(hf, prompts)
+    assert engine.generate(prompts, GREEDY) == hf_greedy(hf, prompts, STEPS)
     cols = [c for _, step in planned for c in step]
     assert any(c[2] > 1 for c in cols) and any(c[2] == 1 for c in cols), planned  # chunks and decodes split
     st = engine.stats()
