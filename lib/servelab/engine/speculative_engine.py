@@ -23,11 +23,15 @@ decoding sequence whose request asks for nothing beyond temperature, top-p and a
 
 Steps with nothing to draft (prefill-only steps, requests with logprobs or penalties) are plain steps. Every step
 is read before the next is scheduled: speculation needs the emitted tokens to draft again, so the mode runs with
-``async_scheduling`` off.
+``async_scheduling`` off. A verify step scores each proposing request's γ + 1 positions as rows of their own, so the
+target's graphs are captured ``max_num_seqs × (γ + 1)`` rows wide (``graph_rows``).
+
+``spec_stats`` counts drafts and kept drafts as vLLM's speculative metrics do (``server.spec_metrics`` exports
+them). ``override`` (``speculative.controlled``) sets the acceptance rate for cost measurements at random weights.
 
 Staged (issue 30): nothing measured imports this module yet. After the evidence campaign it becomes the engine's
-own mode (``EngineConfig.speculative``), the server serves it, Studies 3 and 6 measure through it, and
-``servelab.spec`` (the separate driver) is retired.
+own mode (``EngineConfig.speculative``), the server serves it with its metrics, Studies 3 and 6 measure through it,
+and ``servelab.spec`` (the separate driver) is retired.
 """
 
 from __future__ import annotations
