@@ -54,8 +54,9 @@ class ControlledDrafts:
                 )
             keep = self.rng.random(len(d)) < self.alpha
             out.append([ref[at + j] if keep[j] else (ref[at + j] + 1) % self.vocab for j in range(len(d))])
-            kept = int(np.argmin(keep)) if not keep.all() else len(d)
-            self._emit[seq.seq_id] = ref[at : at + kept + 1]  # the kept run, then the target's token after it
+            if d:  # a request without drafts takes a plain step: no verification asks for its tokens
+                kept = int(np.argmin(keep)) if not keep.all() else len(d)
+                self._emit[seq.seq_id] = ref[at : at + kept + 1]  # the kept run, then the target's token after it
         return out
 
     def emitted(self, seq, target: list[int]) -> list[int]:
