@@ -103,7 +103,7 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30))
 
 
-SWEEP = [dict(block_n=bn, num_warps=nw) for bn in (4, 8, 16, 32) for nw in (2, 4, 8)]
+SWEEP = [dict(block_n=bn, num_warps=nw) for bn in (1, 2, 4, 8, 16) for nw in (2, 4, 8)]
 
 
 def label(kw: dict) -> str:
