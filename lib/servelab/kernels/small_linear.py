@@ -50,6 +50,36 @@ PLAIN, RMS_NORM, SILU_MUL = 0, 1, 2  # the prologue: what is computed from the i
 
 
 @triton.jit
+def _row(X, D, m, M, kk, k_ok, stride_x, stride_d, HAS_DELTA: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Row ``m`` of X (+ D, rounded as eager rounds ``h + delta``) at columns ``kk``; zeros past M rows or K."""
+    ok = k_ok & (tl.full([BLOCK_K], m, tl.int32) < M)
+    x = tl.load(X + m * stride_x + kk, mask=ok, other=0.0)
+    if HAS_DELTA:
+        d = tl.load(D + m * stride_d + kk, mask=ok, other=0.0)
+        x = (x.to(tl.float32) + d.to(tl.float32)).to(x.dtype)
+    return x, ok
+
+
+@triton.jit
+def _inv_rms(
+    X, D, M, K, stride_x, stride_d, eps, HAS_DELTA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr
+):
+    """RMSNorm's 1 / rms of each row of X (+ D), over the whole row, in float32: [BLOCK_M]."""
+    rows = tl.arange(0, BLOCK_M)
+    ks = tl.arange(0, BLOCK_K)
+    inv_rms = tl.zeros([BLOCK_M], dtype=tl.float32)
+    for m in tl.static_range(BLOCK_M):
+        squares = tl.zeros([BLOCK_K], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + ks
+            x, _ = _row(X, D, m, M, kk, kk < K, stride_x, stride_d, HAS_DELTA, BLOCK_K)
+            xf = x.to(tl.float32)
+            squares += xf * xf
+        inv_rms = tl.where(rows == m, 1.0 / tl.sqrt(tl.sum(squares, axis=0) / K + eps), inv_rms)
+    return inv_rms
+
+
+@triton.jit
 def _small_linear(
     X,
     D,
@@ -80,20 +110,8 @@ def _small_linear(
     cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     ks = tl.arange(0, BLOCK_K)
-    if PROLOGUE == 1:  # RMSNorm: each row's mean square first, over the whole row, in float32
-        inv_rms = tl.zeros([BLOCK_M], dtype=tl.float32)
-        for m in tl.static_range(BLOCK_M):
-            squares = tl.zeros([BLOCK_K], dtype=tl.float32)
-            for k0 in range(0, K, BLOCK_K):
-                kk = k0 + ks
-                ok = (kk < K) & (tl.full([BLOCK_K], m, tl.int32) < M)  # a row past M reads zeros
-                x = tl.load(X + m * stride_x + kk, mask=ok, other=0.0)
-                if HAS_DELTA:
-                    d = tl.load(D + m * stride_d + kk, mask=ok, other=0.0)
-                    x = (x.to(tl.float32) + d.to(tl.float32)).to(elem)
-                xf = x.to(tl.float32)
-                squares += xf * xf
-            inv_rms = tl.where(rows == m, 1.0 / tl.sqrt(tl.sum(squares, axis=0) / K + eps), inv_rms)
+    if PROLOGUE == 1:  # RMSNorm needs each row's mean square before the first product
+        inv_rms = _inv_rms(X, D, M, K, stride_x, stride_d, eps, HAS_DELTA, BLOCK_M, BLOCK_K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + ks
@@ -105,22 +123,19 @@ def _small_linear(
         if PROLOGUE == 1:
             nw = tl.load(NW + kk, mask=k_ok, other=0.0).to(tl.float32)
         for m in tl.static_range(BLOCK_M):
-            ok = k_ok & (tl.full([BLOCK_K], m, tl.int32) < M)
             if PROLOGUE == 2:  # gate_up's output is [gate | up]: SiLU(gate) rounds, then · up rounds (as eager)
-                g = tl.load(X + m * stride_x + kk, mask=ok, other=0.0).to(tl.float32)
-                u = tl.load(X + m * stride_x + K + kk, mask=ok, other=0.0)
+                g, _ = _row(X, X, m, M, kk, k_ok, stride_x, 0, False, BLOCK_K)
+                u, _ = _row(X + K, X, m, M, kk, k_ok, stride_x, 0, False, BLOCK_K)
+                g = g.to(tl.float32)
                 a = ((g * tl.sigmoid(g)).to(elem).to(tl.float32) * u.to(tl.float32)).to(elem)
+            elif PROLOGUE == 1:
+                a, ok = _row(X, D, m, M, kk, k_ok, stride_x, stride_d, HAS_DELTA, BLOCK_K)
+                if HAS_DELTA:  # one program writes the new residual stream; the others only read it
+                    tl.store(H + m * stride_h + kk, a, mask=ok & (tl.full([BLOCK_K], pid, tl.int32) == 0))
+                inv_m = tl.sum(tl.where(rows == m, inv_rms, 0.0), axis=0)
+                a = (nw * (a.to(tl.float32) * inv_m).to(elem).to(tl.float32)).to(elem)
             else:
-                a = tl.load(X + m * stride_x + kk, mask=ok, other=0.0)
-                if PROLOGUE == 1:
-                    if HAS_DELTA:
-                        d = tl.load(D + m * stride_d + kk, mask=ok, other=0.0)
-                        a = (a.to(tl.float32) + d.to(tl.float32)).to(elem)
-                        if pid == 0:  # one program writes the new residual stream; the others only read it
-                            tl.store(H + m * stride_h + kk, a, mask=ok)
-                    inv_m = tl.sum(tl.where(rows == m, inv_rms, 0.0), axis=0)
-                    normed = (a.to(tl.float32) * inv_m).to(elem)
-                    a = (nw * normed.to(tl.float32)).to(elem)
+                a, _ = _row(X, X, m, M, kk, k_ok, stride_x, 0, False, BLOCK_K)
             part = tl.sum(wf * a.to(tl.float32)[None, :], axis=1)
             acc = tl.where(rows[:, None] == m, acc + part[None, :], acc)
     if HAS_BIAS:
