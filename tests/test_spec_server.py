@@ -93,6 +93,11 @@ def test_concurrent_requests_speculate_in_the_same_steps(plain):
         return verify_step(batch, proposals, *a)
 
     engine._verify_step = counted
+    # the engine takes no step until every request is in: three HTTP requests sent at once may otherwise reach
+    # the engine thread a step apart on a loaded machine (seen with two test workers on two cores)
+    added, add_request, has_unfinished = [], engine.add_request, engine.has_unfinished
+    engine.add_request = lambda *a, **kw: added.append(add_request(*a, **kw)) or added[-1]
+    engine.has_unfinished = lambda: len(added) >= len(PROMPTS) and has_unfinished()
     assert _completions(engine, concurrent=True) == plain
     assert max(widths) == len(PROMPTS)  # one target step verified every request's drafts
     assert engine.spec_stats.num_accepted_tokens == engine.spec_stats.num_draft_tokens > 0
