@@ -10,6 +10,11 @@ BUILD := _build
 REPEATS ?= 3
 # GPUS: the GPUs of the machine a plan is for; the Beyond-one-GPU page's jobs that need more are held back.
 GPUS ?= 1
+# TEST_WORKERS: pytest-xdist processes for the CPU tests, one a core of CI's two-core machine (there the library
+# tests took 13 min in one process and 5.6 min in two). --dist loadfile keeps a file's tests in one worker: its
+# module fixtures (built engines, servers) are built once, and a notebook's cells run in order in one kernel.
+TEST_WORKERS ?= 2
+XDIST = -n $(TEST_WORKERS) --dist loadfile
 
 
 .PHONY: venv lint pages book test test-lib test-pages test-notebooks test-book browser gpu-plan prune-runs reproduce clean \
@@ -52,17 +57,17 @@ lint: $(STAMP)
 test: lint test-lib test-pages test-notebooks test-book
 
 test-lib: $(STAMP)
-	$(PY) -m pytest -q tests || [ $$? -eq 5 ]
+	$(PY) -m pytest -q $(XDIST) tests || [ $$? -eq 5 ]
 
 # The committed pages are renders of the committed data by today's reporting code: nbval renders each again and
 # fails on any difference (before `make book` renders them anew). Volatile fields: tests/nbval_sanitize.cfg.
 test-pages: $(STAMP)
-	$(PY) -m pytest -q --nbval -p no:cacheprovider --nbval-sanitize-with tests/nbval_sanitize.cfg \
+	$(PY) -m pytest -q $(XDIST) --nbval -p no:cacheprovider --nbval-sanitize-with tests/nbval_sanitize.cfg \
 	  book/studies/*.ipynb book/simulator.ipynb
 
 # Every study notebook in the smoke profile (profile="auto" picks it without CUDA), writing to scratch.
 test-notebooks: $(STAMP)
-	SERVELAB_RESULTS=$$(mktemp -d) $(PY) -m pytest -q --nbval-lax -p no:cacheprovider notebooks || [ $$? -eq 5 ]
+	SERVELAB_RESULTS=$$(mktemp -d) $(PY) -m pytest -q $(XDIST) --nbval-lax -p no:cacheprovider notebooks || [ $$? -eq 5 ]
 
 # The GPU tests in two tiers (README, "GPU tests in two tiers"), on a CUDA device: gpu-test-quick runs the tests
 # marked gpu_quick (token-exactness of every captured path at cheap shapes; meant to take under 3 minutes on the
