@@ -1,0 +1,70 @@
+"""A Llama/Qwen2 model's decode blocks through ``kernels.small_linear`` at a small batch (issue 29, staged).
+
+Why: at batch 1 a decode step of Qwen2-0.5B is a chain of about 320 tiny launches (the H200 step budget: 121
+matmul-class, 121 norm and elementwise, 57 copies, 24 attention), and each costs its latency more than its bytes.
+With ``use_small_linear(model)`` a block at most ``small_linear.MAX_ROWS`` tokens wide runs
+
+    norm_linear (add + RMSNorm + qkv) -> rope_kv_write (RoPE + the pool write) -> attention
+    -> linear (o_proj) -> norm_linear (add + RMSNorm + gate_up) -> silu_mul_linear (SiLU·up + down)
+
+six launches a layer, with no ``torch.compile`` needed for them; wider steps (prefill, mixed, large batches) run
+the model's own block functions, compiled or not. ``fused_rope_kv_write`` is switched on with it: measured alone it
+made the engine slower (the issue's table), because the blocks it leaves to Inductor lose the fusions RoPE was part
+of; here small_linear does that fusion for the rows where it pays.
+
+The rows test is on the host, per call: a CUDA graph captures one batch size, so each captured graph holds one
+path. Nothing measured imports this module: wiring it into the engine (``EngineConfig``) moves every study's
+measurement fingerprint, so it waits for the evidence campaign (issue 27). Until then
+``scripts/bench_small_batch_step.py`` times an engine built on such a model against the default engine on a GPU,
+and ``tests/test_small_batch_blocks.py`` checks HF's greedy tokens under Triton's interpreter.
+"""
+
+from __future__ import annotations
+
+from servelab.errors import ParameterError
+from servelab.kernels.small_linear import MAX_ROWS, linear, norm_linear, silu_mul_linear
+
+
+def small_batch_fns(pre, post, max_rows: int = MAX_ROWS):
+    """Block functions with ``models.llama``'s signatures (``attention_qkv``, ``attention_outputs``) that run
+    ``small_linear`` at ``max_rows`` tokens or fewer and ``pre`` / ``post`` above."""
+    if not 1 <= max_rows <= MAX_ROWS:
+        raise ParameterError(f"max_rows must be 1 to {MAX_ROWS}, got {max_rows}")
+
+    def small_pre(h, delta, norm_w, eps, qkv_w, qkv_b):
+        if h.shape[0] > max_rows:
+            return pre(h, delta, norm_w, eps, qkv_w, qkv_b)
+        return norm_linear(h, delta, norm_w, eps, qkv_w, qkv_b)
+
+    def small_post(h, attn, o_w, norm_w, eps, gate_up_w, down_w):
+        if h.shape[0] > max_rows:
+            return post(h, attn, o_w, norm_w, eps, gate_up_w, down_w)
+        # attention_outputs rounds h + o_proj(attn) once, then norms it: norm_linear's residual add does the same
+        h, gate_up = norm_linear(h, linear(attn.reshape(attn.shape[0], -1), o_w), norm_w, eps, gate_up_w)
+        return h, silu_mul_linear(gate_up, down_w)
+
+    small_pre.small_batch = small_post.small_batch = True  # what ``uses_small_linear`` reads
+    return small_pre, small_post
+
+
+def use_small_linear(model, max_rows: int = MAX_ROWS) -> None:
+    """Switch a ``models.llama.LlamaModel`` to small_linear blocks at ``max_rows`` tokens or fewer, and RoPE + KV
+    write in one kernel (``set_fused_rope_kv_write(True)``). Build the engine after, with
+    ``fused_rope_kv_write=True`` in its config (the engine sets the config's value on the model). A later
+    ``compile_blocks`` (the engine's ``torch.compile``) compiles the wide path and keeps the small one."""
+    if not hasattr(model, "set_fused_rope_kv_write"):
+        raise ParameterError(f"{type(model).__name__} has no fused RoPE + KV-write path (Llama/Qwen2 do)")
+    model.set_fused_rope_kv_write(True)
+    model.block_fns = small_batch_fns(*model.block_fns, max_rows=max_rows)
+    compile_blocks = model.compile_blocks
+
+    def compile_then_small(**compile_kw):
+        compile_blocks(**compile_kw)
+        model.block_fns = small_batch_fns(*model.block_fns, max_rows=max_rows)
+
+    model.compile_blocks = compile_then_small
+
+
+def uses_small_linear(model) -> bool:
+    """Whether ``model``'s block functions are ``small_batch_fns``' (a compile or a switch may replace them)."""
+    return all(getattr(fn, "small_batch", False) for fn in model.block_fns)
