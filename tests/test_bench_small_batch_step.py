@@ -1,0 +1,39 @@
+"""``scripts/bench_small_batch_step.py`` runs through on a CPU (``--smoke``: Triton's interpreter, tiny-qwen2, float32,
+no timing worth the name), so a GPU call never spends its minutes on a script that breaks: each path writes its row,
+the small path's engine keeps its small_linear blocks and its logits are the default engine's to float32 rounding
+(not bitwise: the sums run in another order), and the device record lands beside the CSV."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pandas as pd
+import pytest
+
+from servelab.paths import REPO_ROOT
+
+pytest.importorskip("triton")
+
+
+def test_the_smoke_run_writes_every_path_and_the_small_path_agrees(tmp_path):
+    out = tmp_path / "small_batch_step.csv"
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO_ROOT / "lib")}
+    script = REPO_ROOT / "scripts" / "bench_small_batch_step.py"
+    run = subprocess.run(
+        [sys.executable, str(script), "--smoke", "--out", str(out)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    table = pd.read_csv(out).set_index("path")
+    assert list(table.index) == ["default", "fused_rope_kv_write", "small_linear"]
+    assert (table["status"] == "ok").all(), table.get("note")
+    assert table["small_blocks"].tolist() == [False, False, True]
+    assert 0 < table.loc["small_linear", "max_rel_diff"] < 1e-5  # another order of sums: close, not bitwise
+    assert table.loc["default", "max_rel_diff"] == 0 and (table["argmax_agrees"] == "2/2").all()
+    assert (table["ms"] > 0).all() and (table["floor_ms"] > 0).all()
+    record = json.loads(out.with_suffix(".device.json").read_text())
+    assert record["device"]["kind"] == "cpu" and record["ceilings"]["copy_gb_s"] > 0
