@@ -274,6 +274,31 @@ def test_bad_configurations_are_refused_before_anything_runs():
         SpeculativeEngine.from_hf(hf, config(), speculative=DRAFT, draft=native_from_hf(hf, max_positions=64))
 
 
+def test_a_lower_gamma_set_between_requests_drafts_fewer_and_keeps_tokens_exact(family):
+    hf, prompts, plain, drafts = family
+    e = engine(hf, "twin", drafts, gamma=4)
+    e.set_gamma(2)
+    assert e.generate(prompts, GREEDY) == plain
+    s = e.spec_stats
+    assert s.num_accepted_tokens == s.num_draft_tokens <= 2 * s.num_drafts  # the twin: every draft kept, 2 a step
+    assert s.per_position[2:] == [0, 0] and s.per_position[1] > 0
+    assert e.graph_rows == config().max_num_seqs * 5  # the graphs stay as wide as the engine was built
+    e.set_gamma(4)
+    assert e.generate(prompts, GREEDY) == plain and e.spec_stats.per_position[3] > 0
+
+
+def test_gamma_is_refused_outside_the_engines_width_or_while_requests_run():
+    hf = load_model("config:tiny-llama").model
+    e = SpeculativeEngine.from_hf(hf, config(), speculative=NGRAM)
+    for bad in (0, 5, True, 2.0):
+        with pytest.raises(ParameterError, match="gamma must be an integer from 1 to 4"):
+            e.set_gamma(bad)
+    e.add_request([1, 2, 3], GREEDY)
+    with pytest.raises(ParameterError, match="between requests"):
+        e.set_gamma(2)
+    assert e.gamma == 4
+
+
 # ---- sampled: the target's distribution ------------------------------------------------------------------
 VOCAB, RUNS = 6, 6000
 PROMPT = [1, 4, 2]

@@ -97,13 +97,24 @@ class SpeculativeEngine(Engine):
                 step_graph_sizes=self._catch_up_sizes() if self.num_step_graphs else None,
             )
 
+    def set_gamma(self, gamma: int) -> None:
+        """Draft up to ``gamma`` tokens a step from now on, at most the γ the engine was built with (its graphs and
+        ``spec_stats`` positions are that wide), between requests: a sweep over γ on one engine, as Study 3's
+        controlled sweep runs it, where an engine per γ would load and capture the 8B target again for each."""
+        most = self.speculative.num_speculative_tokens
+        if isinstance(gamma, bool) or not isinstance(gamma, int) or not 1 <= gamma <= most:
+            raise ParameterError(f"gamma must be an integer from 1 to {most} (the engine's width), got {gamma!r}")
+        if self.has_unfinished():
+            raise ParameterError("gamma changes between requests, not while any runs")
+        self.gamma = gamma
+
     @property
     def graph_rows(self) -> int:
         """Rows the target's graphs take: a verify step scores each proposing request's γ + 1 positions as rows of
         their own (each repeats its sequence's block-table row), so ``max_num_seqs × (γ + 1)``, as vLLM sizes its
         graphs when it speculates. Sized for ``max_num_seqs`` alone, a batch-8 verify step (40 rows at γ = 4) ran
         eagerly on the H100, at 2.1× a plain decode step."""
-        return self.config.max_num_seqs * (self.gamma + 1)
+        return self.config.max_num_seqs * (self.speculative.num_speculative_tokens + 1)
 
     def _capture_graphs(self, progress) -> None:
         """The plain engine's decode graphs and whole-step graphs (``Engine._capture_graphs``), ``graph_rows`` wide."""
