@@ -1,0 +1,267 @@
+"""Controlled acceptance through the engine's speculative mode (issue 30, staged): ``controlled.py``'s sweep, with
+the engine (``engine.speculative_engine``) where that one drives ``spec.batch_decoder``, and its rows in the same
+columns, so ``tables.controlled_table`` reduces either.
+
+Per pair, one target model serves two engines, each with its own KV pool and graphs: the plain engine and the
+speculative mode, built for the largest γ and swept down with ``SpeculativeEngine.set_gamma`` (an engine per γ
+would load and capture the 8B target again for each). Per batch, as ``controlled.measure_batch``: the plain
+engine's greedy continuation (the reference, and the warm-up), plain decoding ``controlled_repeats`` times, then
+every γ × α as many times, each with fresh acceptance draws (``speculative.controlled.ControlledDrafts``: the draft
+runs every round and its proposals are overridden to acceptance α).
+
+What a row holds, against ``controlled.py``'s:
+
+- ``seconds``: wall time from after the prefill step to the last token (the prefill is untimed in both);
+  ``steps`` (plain): the decode steps in it.
+- ``rounds``: verify steps; ``seq_rounds``: (sequence, verify step) pairs that drafted; ``accepted``, ``proposed``:
+  drafts kept and drafted (``spec_stats``); ``rejections``: sequence-rounds that rejected a draft.
+- ``draft_steps``, ``draft_ms``: each draft round runs as many draft steps as its largest k, timed with CUDA events
+  around ``DraftModel.propose``. The first round of a generation also runs the prompts through the draft (the engine
+  has no separate draft prefill): it is left out of both, so c is a draft decode step's, as ``controlled.py``'s
+  is; ``seconds`` keeps it, as serving pays it.
+- ``verify_ms``: CUDA-event time of the verify steps; ``agreed``: sequence-rounds where the target, left alone,
+  emitted what the controlled draws did (``ControlledDrafts.disagreed``).
+- ``host_syncs_per_round``: the most host syncs one engine step made in an audit run (``spec.syncs.HostSyncs``;
+  the engine reads each step's tokens before it schedules the next, so this is not the one read ``controlled.py``'s
+  loop makes).
+
+Nothing measured imports this module until the campaign ends (issue 27); then ``measure.py``'s controlled parts
+switch to it, the helpers it borrows from ``controlled.py`` (its prompts, budget and status rows) move here with
+``controlled.py`` retired, ``HostSyncs`` leaves ``spec/`` with the rest of it, and Study 3 is measured again.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from servelab.engine import Engine, EngineConfig, SamplingParams
+from servelab.engine.speculative_engine import SpeculativeEngine, load_draft
+from servelab.models import load_model
+from servelab.models.native import native_from_hf
+from servelab.spec.syncs import HostSyncs
+from servelab.speculative.config import SpeculativeConfig
+from servelab.speculative.controlled import ControlledDrafts
+from servelab.studies.s03_speculative.controlled import _Budget, _free, _name, _prompts, _status
+
+
+class CallTimer:
+    """Device time (ms) of each call of ``owner.name``, wrapped in place (CUDA events; wall time on a CPU); read
+    after the run, so timing never makes the host wait."""
+
+    def __init__(self, owner, name: str, device):
+        self.owner, self.name = owner, name
+        self.cuda = torch.device(device).type == "cuda"
+        self.calls: list = []
+        inner = getattr(owner, name)
+
+        def timed(*a, **kw):
+            if not self.cuda:
+                t0 = time.perf_counter()
+                out = inner(*a, **kw)
+                self.calls.append((time.perf_counter() - t0) * 1e3)
+                return out
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = inner(*a, **kw)
+            end.record()
+            self.calls.append((start, end))
+            return out
+
+        setattr(owner, name, timed)
+
+    def ms(self) -> list[float]:
+        if self.cuda:
+            torch.cuda.synchronize()
+        return [c if isinstance(c, float) else c[0].elapsed_time(c[1]) for c in self.calls]
+
+    def remove(self) -> None:
+        self.owner.__dict__.pop(self.name, None)  # the class's method is back
+
+
+def pair_config(P: dict) -> EngineConfig:
+    """One engine shape for both: every batch's prompts prefill in one step, and a verify step of the largest batch
+    at the largest γ fits the step's token budget."""
+    gmax, bmax = max(P["controlled_gammas"]), max(P["batches"])
+    max_len = P["controlled_prompt_len"] + P["controlled_new_tokens"] + 2 * gmax + 4
+    block = 16
+    return EngineConfig(
+        block_size=block,
+        max_num_seqs=bmax,
+        max_num_batched_tokens=max(bmax * P["controlled_prompt_len"], bmax * (gmax + 1)),
+        max_model_len=max_len,
+        num_blocks=bmax * -(-max_len // block) + 8,
+        prefix_caching=False,  # repeats of one prompt set would hit the cache and skip their prefill
+    )
+
+
+def load_engines(draft_spec: str, target_spec: str, P: dict, device: str) -> tuple[Engine, SpeculativeEngine]:
+    """(plain, speculative) engines over one target model (random weights of the exact shapes for ``config:``
+    specs), the speculative one ``max(controlled_gammas)`` wide."""
+    cfg = pair_config(P)
+    draft = load_draft(draft_spec, dtype=P["dtype"], device=device, seed=1)
+    hf = load_model(target_spec, dtype=P["dtype"], device=device, seed=0, load_tokenizer=False).model
+    model = native_from_hf(hf, max_positions=cfg.max_model_len)
+    del hf
+    _free()
+    speculative = SpeculativeConfig("draft_model", max(P["controlled_gammas"]), model=draft_spec)
+    return Engine(model, cfg), SpeculativeEngine(model, cfg, speculative=speculative, draft=draft)
+
+
+def _generate(engine: Engine, prompts, n: int, on_added=None) -> tuple[list[list[int]], float, int]:
+    """Greedy ``n`` tokens per prompt: (tokens, seconds after the prefill step, steps after it). ``on_added(seqs)``
+    runs once the requests are in (a controlled run keys its reference by their ids)."""
+    params = SamplingParams(max_tokens=n, ignore_eos=True)
+    seqs = [engine.add_request(p, params) for p in prompts]
+    if on_added is not None:
+        on_added(seqs)
+    engine.step()  # the prefill (every prompt fits one step: pair_config), untimed
+    sync = torch.cuda.synchronize if engine.device.type == "cuda" else (lambda: None)
+    sync()
+    t0, steps = time.perf_counter(), 0
+    while engine.has_unfinished():
+        engine.step()
+        steps += 1
+    sync()
+    return [s.output_token_ids for s in seqs], time.perf_counter() - t0, steps
+
+
+def _speculative_run(spec: SpeculativeEngine, prompts, n: int, reference, alpha: float, seed: int) -> dict:
+    """One generation's row fields with drafts controlled to acceptance ``alpha`` (see the module docstring)."""
+    before = (spec.spec_stats.num_drafts, spec.spec_stats.num_draft_tokens, spec.spec_stats.num_accepted_tokens)
+    rejections, draft_steps = [0], []
+    observe, propose = spec.spec_stats.observe, spec.draft.propose
+
+    def counted_observe(proposed, emitted):
+        rejections[0] += sum(1 for k, e in zip(proposed, emitted, strict=True) if k and e - 1 < k)
+        return observe(proposed, emitted)
+
+    def counted_propose(seqs, ks):
+        draft_steps.append(max(ks))
+        return propose(seqs, ks)
+
+    spec.spec_stats.observe, spec.draft.propose = counted_observe, counted_propose
+    drafts, verifies = CallTimer(spec.draft, "propose", spec.device), CallTimer(spec, "_verify_step", spec.device)
+    vocab, controlled = spec.model.shape.vocab, []
+
+    def control(seqs):
+        controlled.append(
+            ControlledDrafts({s.seq_id: r for s, r in zip(seqs, reference, strict=True)}, alpha, vocab, seed)
+        )
+        spec.override = controlled[0]
+
+    try:
+        tokens, seconds, _ = _generate(spec, prompts, n, control)
+    finally:
+        spec.override = None
+        drafts.remove()
+        verifies.remove()
+        del spec.spec_stats.observe
+        spec.draft.__dict__.pop("propose", None)
+    draft_ms, verify_ms = drafts.ms(), verifies.ms()
+    s = spec.spec_stats
+    seq_rounds = s.num_drafts - before[0]
+    emitted = sum(len(t) for t in tokens)
+    return dict(
+        tokens=emitted,
+        seconds=seconds,
+        tokens_per_s=emitted / seconds,
+        rounds=len(verify_ms),
+        accepted=s.num_accepted_tokens - before[2],
+        proposed=s.num_draft_tokens - before[1],
+        rejections=rejections[0],
+        draft_steps=sum(draft_steps[1:]),  # the first round also ran the prompts: not a draft step's cost
+        draft_ms=sum(draft_ms[1:]),
+        verify_ms=sum(verify_ms),
+        agreed=seq_rounds - controlled[0].disagreed,
+        seq_rounds=seq_rounds,
+    )
+
+
+def sync_audit(spec: SpeculativeEngine, prompts, n: int, reference, seed: int) -> int:
+    """The most host syncs one step of a controlled generation made (α = 0.8), prefill left out."""
+    seqs = [spec.add_request(p, SamplingParams(max_tokens=n, ignore_eos=True)) for p in prompts]
+    vocab = spec.model.shape.vocab
+    spec.override = ControlledDrafts({s.seq_id: r for s, r in zip(seqs, reference, strict=True)}, 0.8, vocab, seed)
+    spec.step()
+    most = 0
+    try:
+        while spec.has_unfinished():
+            with HostSyncs(spec.device) as h:
+                spec.step()
+            most = max(most, h.count)
+    finally:
+        spec.override = None
+    return most
+
+
+def measure_batch(plain: Engine, spec: SpeculativeEngine, batch: int, P: dict, budget: _Budget, names) -> list[dict]:
+    """Every point of one pair at one batch size: plain decoding, then γ × α, ``controlled_repeats`` each
+    (``controlled.measure_batch``'s rows, through the engines)."""
+    n, reps, gammas = P["controlled_new_tokens"], P["controlled_repeats"], P["controlled_gammas"]
+    vocab = plain.model.shape.vocab
+    prompts = _prompts(batch, P["controlled_prompt_len"], vocab, P["seed"] + batch)
+    base = dict(target=names[1], draft=names[0], batch=batch)
+    reference, _, _ = _generate(plain, prompts, n)  # also the warm-up of the plain engine
+    rows = []
+    for r in range(reps):
+        _, seconds, steps = _generate(plain, prompts, n)
+        emitted = batch * n
+        rows.append(
+            base
+            | dict(
+                method="plain",
+                repeat=r,
+                status="ok",
+                tokens=emitted,
+                seconds=seconds,
+                tokens_per_s=emitted / seconds,
+                steps=steps,
+            )
+        )
+    spec.set_gamma(max(gammas))
+    syncs = sync_audit(spec, prompts, n, reference, P["seed"])  # also the speculative engine's warm-up
+    for g in gammas:
+        spec.set_gamma(g)
+        for a in P["alphas"]:
+            for r in range(reps):
+                point = base | dict(method="speculative", gamma=g, alpha=a, repeat=r, host_syncs_per_round=syncs)
+                if budget.over:
+                    rows.append(point | dict(status="skipped: time budget"))
+                    continue
+                seed = P["seed"] + 1000 * r + 10 * g + int(100 * a)
+                rows.append(point | dict(status="ok") | _speculative_run(spec, prompts, n, reference, a, seed))
+    return rows
+
+
+def controlled_sweep(P: dict, device: str, progress: bool = True):
+    """Raw rows of every pair × batch × (plain, γ × α) × repeat, as ``controlled.controlled_sweep``'s."""
+    import pandas as pd
+    from tqdm.auto import tqdm
+
+    budget = _Budget(P["controlled_budget_s"])
+    rows = []
+    bar = tqdm(total=len(P["controlled_pairs"]) * len(P["batches"]), desc="controlled (engine)", disable=not progress)
+    for d_spec, t_spec in P["controlled_pairs"]:
+        names = (_name(d_spec), _name(t_spec))
+        if budget.over:
+            rows.append(dict(target=names[1], draft=names[0], status="skipped: time budget"))
+            bar.update(len(P["batches"]))
+            continue
+        try:
+            plain, spec = load_engines(d_spec, t_spec, P, device)
+        except Exception as e:  # noqa: BLE001 - a pair that does not load is a row, not a dead run
+            rows.append(dict(target=names[1], draft=names[0], status=_status(e)))
+            bar.update(len(P["batches"]))
+            continue
+        for b in P["batches"]:
+            try:
+                rows += measure_batch(plain, spec, b, P, budget, names)
+            except Exception as e:  # noqa: BLE001
+                rows.append(dict(target=names[1], draft=names[0], batch=b, status=_status(e)))
+            bar.update(1)
+        del plain, spec
+        _free()
+    bar.close()
+    return pd.DataFrame(rows)

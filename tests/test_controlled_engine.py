@@ -1,0 +1,65 @@
+"""Study 3's controlled-acceptance sweep through the engine's speculative mode (``s03_speculative/controlled_engine``,
+staged for issue 30), on a CPU in float32 with the smoke profile's tiny pair: every row is ``controlled.py``'s, so
+``tables.controlled_table`` reduces it; the controlled draws decide what is kept, and the target agrees with each of
+them (float32); acceptance comes out near the α set; the sweep over γ runs on one engine; a point past the time
+budget is a row that says so."""
+
+import pytest
+import torch
+
+from servelab.studies.s03_speculative import controlled, controlled_engine, tables
+from servelab.studies.s03_speculative.params import study_params
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    P = study_params(
+        "smoke",
+        alphas=[0.5, 0.9],
+        controlled_gammas=[1, 3],
+        batches=[2],
+        controlled_repeats=2,
+        controlled_new_tokens=24,
+    )
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return P, controlled_engine.controlled_sweep(P, "cpu", progress=False)
+    finally:
+        torch.set_num_threads(n)
+
+
+def test_every_row_is_the_separate_drivers_and_the_table_reduces_it(sweep):
+    P, raw = sweep
+    assert (raw.status == "ok").all(), raw.status.unique()
+    spec = raw[raw.method == "speculative"]
+    assert len(raw[raw.method == "plain"]) == 2 and len(spec) == 2 * 2 * 2  # repeats; γ × α × repeats
+    theirs = {"tokens", "seconds", "tokens_per_s", "rounds", "accepted", "proposed", "rejections", "draft_steps"}
+    assert theirs | {"draft_ms", "verify_ms", "agreed", "seq_rounds", "host_syncs_per_round"} <= set(spec.columns)
+    assert (spec.tokens == 2 * P["controlled_new_tokens"]).all() and (spec.draft_ms > 0).all()
+    t = tables.controlled_table(raw)
+    assert len(t) == 4 and (t.agreement == 1.0).all()  # float32: the target keeps what the draws keep
+    assert (t.c > 0).all() and (t.verify_over_step > 0).all() and (t.tokens_per_s_plain > 0).all()
+
+
+def test_acceptance_follows_the_alpha_set_and_gamma_bounds_the_drafts(sweep):
+    _, raw = sweep
+    spec = raw[raw.method == "speculative"]
+    for (g, a), rows in spec.groupby(["gamma", "alpha"]):
+        assert (rows.proposed <= g * rows.seq_rounds).all() and (rows.proposed > 0).all()
+        kept = rows.accepted.sum() / rows.proposed.sum()
+        assert abs(kept - a) < 0.35 if g == 1 else kept > 0  # γ = 1: each draft is kept with probability α
+        assert (rows.rejections <= rows.seq_rounds).all()
+    hi, lo = (spec[spec.alpha == x].accepted.sum() / spec[spec.alpha == x].proposed.sum() for x in (0.9, 0.5))
+    assert hi > lo
+
+
+def test_a_point_past_the_budget_is_a_row_that_says_so():
+    P = study_params("smoke", alphas=[0.5], controlled_gammas=[1], batches=[1], controlled_repeats=1)
+    plain, spec = controlled_engine.load_engines(*P["controlled_pairs"][0], P, "cpu")
+    budget = controlled._Budget(0.0)
+    rows = controlled_engine.measure_batch(plain, spec, 1, P, budget, ("d", "t"))
+    assert [r["status"] for r in rows if r["method"] == "speculative"] == ["skipped: time budget"]
+    assert [r["status"] for r in rows if r["method"] == "plain"] == ["ok"]
