@@ -15,7 +15,9 @@ import nbformat
 import pytest
 from bs4 import BeautifulSoup
 
+from servelab.errors import ParameterError
 from servelab.paths import REPO_ROOT
+from servelab_book.render import render_all
 from servelab_book.takeaway import takeaway
 
 JB = Path(sys.executable).with_name("jupyter-book")
@@ -69,3 +71,18 @@ def test_takeaway_output_renders_as_an_admonition(tmp_path, monkeypatch):
     assert ":::" not in soup.find("main").get_text()
     assert soup.find(id="findings") is not None  # the anchor the findings table links to
     assert 'src="../../_static/mathjax/tex-chtml.js"' in html.read_text()  # local MathJax, no CDN
+
+
+def test_an_unknown_stem_is_refused_before_anything_renders(tmp_path):
+    # ``render simulator`` rendered nothing and said nothing: the simulator page's notebook is ``08_simulator``
+    with pytest.raises(ParameterError, match="no page's notebook is named simulator; the stems: 01_scheduling"):
+        render_all(root=tmp_path, only=["simulator", "08_simulator"])
+    assert not any(tmp_path.iterdir())
+    run = subprocess.run(
+        [sys.executable, "-m", "servelab_book", "render", "simulator"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert run.returncode == 2 and "08_simulator" in run.stderr and "rendered" not in run.stdout

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from servelab.errors import ParameterError
 from servelab_book.findings import BOOK_DEVICE, FindingsError
 from servelab_book.findings_table import FindingsMismatch
 from servelab_book.mathjax import MathJaxMissing
@@ -58,7 +59,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "render":
         from servelab_book.render import render_all
 
-        for page, seconds in render_all(only=args.pages or None, jobs=args.jobs).items():
+        try:
+            times = render_all(only=args.pages or None, jobs=args.jobs)
+        except ParameterError as e:
+            print(f"servelab_book render: {e}", file=sys.stderr)
+            return 2
+        for page, seconds in times.items():
             print(f"rendered {page} in {seconds:.1f} s")
         return 0
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import nbformat
 
+from servelab.errors import ParameterError
 from servelab.paths import REPO_ROOT
 from servelab.studies.common.rerun import page_path
 from servelab_book.studies import STUDIES
@@ -73,7 +74,13 @@ def render_page(src: PageSource, root: Path = REPO_ROOT) -> float:
 
 
 def render_all(root: Path = REPO_ROOT, only: list[str] | None = None, jobs: int | None = None) -> dict[str, float]:
-    """Render every page (or those whose notebook stem is in ``only``), ``jobs`` kernels at a time; seconds each."""
+    """Render every page (or those whose notebook stem is in ``only``), ``jobs`` kernels at a time; seconds each.
+    A stem that names no page is refused before anything renders (``render simulator`` rendered nothing, silently:
+    the simulator page's notebook is ``08_simulator``)."""
+    stems = [Path(s.notebook).stem for s in PAGE_SOURCES]
+    unknown = sorted(set(only or ()) - set(stems))
+    if unknown:
+        raise ParameterError(f"no page's notebook is named {', '.join(unknown)}; the stems: {', '.join(stems)}")
     sources = [s for s in PAGE_SOURCES if not only or Path(s.notebook).stem in only]
     jobs = jobs or max(1, os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=jobs) as pool:
