@@ -135,6 +135,20 @@ def test_an_overlapped_steps_cost_is_its_device_time_not_the_gap_to_the_next_sta
     assert np.allclose(blind["cycle_ms"], plain["cycle_ms"])
 
 
+def test_a_server_that_decodes_faster_than_the_base_model_gets_a_decode_scale_below_one():
+    # Study 1 at 94c0bf13c028: Qwen2-0.5B's decode steps took 1.27 ms, Study 2's engine mode 2.41 ms; with every
+    # overhead >= 0 and the decode scale fixed, the fit could not come down, and every step was 88% off
+    truth = StepCostModel(gpu=GPU, decode_scale=0.5, seq_overhead_ms=0.01)
+    rec, steps = _sim_run(truth, seed=4)
+    model, stats = fit_overheads(StepCostModel(gpu=GPU), step_features(steps, rec))
+    assert model.decode_scale == pytest.approx(0.5, abs=0.05)
+    assert stats["median_abs_pct_after"] < 5 < stats["median_abs_pct_before"]
+    # a server slower than the model keeps the scale given, its difference in the overheads (as before)
+    rec, steps = _sim_run(StepCostModel(gpu=GPU, step_overhead_ms=0.8))
+    slower, _ = fit_overheads(StepCostModel(gpu=GPU), step_features(steps, rec))
+    assert slower.decode_scale == 1.0 and slower.step_overhead_ms > 0.5
+
+
 def test_decode_context_reconstruction_is_exact_for_decode_steps():
     truth = StepCostModel(gpu=GPU)
     rec, steps = _sim_run(truth, seed=1)
