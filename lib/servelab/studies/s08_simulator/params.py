@@ -20,7 +20,7 @@ from servelab.studies.common.params import ParameterError, resolve
 
 DEFAULTS = {
     "full": dict(
-        fresh_run="fresh_run_4",
+        fresh_run="fresh_run_5",
         fresh_models=None,  # None: the part's model (fresh_<model>), or every model of Study 1's profile (part all)
         fresh_time_budget_s=330.0,  # Study 1's own budget for one part's points (those left are recorded skipped)
         speed_rate=100.0,
@@ -29,7 +29,7 @@ DEFAULTS = {
         seed=0,
     ),
     "smoke": dict(
-        fresh_run="fresh_run_4",
+        fresh_run="fresh_run_5",
         fresh_models=None,
         fresh_time_budget_s=60.0,
         speed_rate=100.0,
