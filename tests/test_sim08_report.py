@@ -69,13 +69,13 @@ def _fresh_run(root, requests: pd.DataFrame, seed: int, fp: str = "abc123abc123"
     d.mkdir(parents=True)
     requests.to_csv(d / "fresh_requests.csv", index=False)
     legacy = json.loads((_LEGACY1 / "run.json").read_text())
-    params = {**legacy["params"], "step_graphs": True, "fresh_run": "fresh_run_4", "seed": seed}
+    params = {**legacy["params"], "step_graphs": True, "fresh_run": "fresh_run_5", "seed": seed}
     (d / "fresh_params.json").write_text(json.dumps(params))
-    (d / "fresh_seed.json").write_text(json.dumps(measure.seed_record({"fresh_run": "fresh_run_4", "seed": seed - 47})))
+    (d / "fresh_seed.json").write_text(json.dumps(measure.seed_record({"fresh_run": "fresh_run_5", "seed": seed - 50})))
     (d / "freeze_check.json").write_text(json.dumps(measure.freeze_check()))
     dev = {"name": "NVIDIA H200", "slug": "nvidia-h200", "kind": "cuda"}
     meta = {"study": STUDY, "fingerprint": fp, "part": "fresh_qwen2-0.5b", "repeat_index": 0, "complete": True,
-            "device": dev, "params": {"seed": seed - 47}}  # fmt: skip
+            "device": dev, "params": {"seed": seed - 50}}  # fmt: skip
     (d / "run.json").write_text(json.dumps(meta))
     return d
 
@@ -94,13 +94,13 @@ def _one_legacy_run() -> pd.DataFrame:
 
 def test_fresh_run_error_and_seeds_come_from_the_raw_csv(tmp_path):
     req = _one_legacy_run()
-    d = _fresh_run(tmp_path, req, seed=47)
+    d = _fresh_run(tmp_path, req, seed=50)
     page = report.report(study_runs(STUDY, tmp_path))
     err = page.fresh["median_abs_error_pct"]
-    assert page.fresh["runs"] == 1 and err >= 0 and page.fresh["per_repeat"] == {47: err}
+    assert page.fresh["runs"] == 1 and err >= 0 and page.fresh["per_repeat"] == {50: err}
     seeds = page["fresh_seeds"]
-    assert seeds[["fresh_run", "seed", "registered"]].values.tolist() == [["fresh_run_4", 47, True]]
-    assert "47 is registered in the ledger" in sections.seeds_text(page)
+    assert seeds[["fresh_run", "seed", "registered"]].values.tolist() == [["fresh_run_5", 50, True]]
+    assert "50 is registered in the ledger" in sections.seeds_text(page)
     # the acceptance check: slower first tokens in the raw CSV move the held-out error
     late = req.assign(first_token_s=req["first_token_s"] + 0.5)
     late.to_csv(d / "fresh_requests.csv", index=False)
@@ -108,16 +108,17 @@ def test_fresh_run_error_and_seeds_come_from_the_raw_csv(tmp_path):
 
 
 def test_an_unregistered_seed_is_named(tmp_path):
-    _fresh_run(tmp_path, _one_legacy_run(), seed=50)  # the spec's seeds are 47-49 (three repeats)
+    _fresh_run(tmp_path, _one_legacy_run(), seed=53)  # the spec's seeds are 50-52 (three repeats)
     page = report.report(study_runs(STUDY, tmp_path))
     assert page["fresh_seeds"]["registered"].tolist() == [False]
-    assert "50 is not" in sections.seeds_text(page)
+    assert "53 is not" in sections.seeds_text(page)
 
 
 def test_a_registration_under_an_earlier_freeze_is_void():
-    # fresh runs 1-3 (seeds 23, 41-43, 44-46) were registered before the freeze of 2026-12-04 01:49, never run
+    # fresh runs 1-4 (seeds 23, 41-43, 44-46, 47-49) were registered before the freeze of 2026-12-06 06:07
     seeds = report.registered_seeds()
-    assert seeds.get("fresh_run_4") == [47, 48, 49] and not {"fresh_run_1", "fresh_run_2", "fresh_run_3"} & set(seeds)
+    assert seeds.get("fresh_run_5") == [50, 51, 52]
+    assert not {"fresh_run_1", "fresh_run_2", "fresh_run_3", "fresh_run_4"} & set(seeds)
 
 
 def test_f23_is_combined_over_repeats():
