@@ -23,7 +23,6 @@ import csv
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -33,46 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 
 from servelab.engine import Engine, EngineConfig, SamplingParams  # noqa: E402
 from servelab.engine.speculative_engine import SpeculativeEngine, load_draft  # noqa: E402
+from servelab.measure.call_timer import CallTimer  # noqa: E402
 from servelab.measure.device import device_record  # noqa: E402
 from servelab.models import load_model  # noqa: E402
 from servelab.speculative.config import SpeculativeConfig  # noqa: E402
 from servelab.speculative.controlled import ControlledDrafts  # noqa: E402
-
-
-class Timer:
-    """CUDA-event times (ms) of the calls of one method, wrapped in place."""
-
-    def __init__(self, owner, name: str):
-        self.times: list[float] = []
-        self._pending: list[tuple] = []
-        inner = getattr(owner, name)
-
-        def timed(*a, **kw):
-            if not torch.cuda.is_available():  # a CPU smoke run (--device cpu): wall time
-                t0 = time.perf_counter()
-                out = inner(*a, **kw)
-                self.times.append((time.perf_counter() - t0) * 1e3)
-                return out
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            out = inner(*a, **kw)
-            end.record()
-            self._pending.append((start, end))
-            return out
-
-        setattr(owner, name, timed)
-
-    def reset(self) -> None:
-        """Forget every call so far, read or not."""
-        self.read()
-        self.times.clear()
-
-    def read(self) -> list[float]:
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        self.times += [s.elapsed_time(e) for s, e in self._pending]
-        self._pending.clear()
-        return self.times
 
 
 def quartiles(xs: list[float]) -> tuple[float, float, float]:
@@ -225,14 +189,15 @@ def main() -> None:
     for b in args.batch:
         prompts = [torch.randint(3, vocab, (args.prompt,), generator=g).tolist() for _ in range(b)]
         run(plain, prompts, 8)  # warm-up: compile caches, graphs, allocator
-        t_plain = Timer(plain, "step")
+        t_plain = CallTimer(plain, "step", dev)
         reference = run(plain, prompts, args.new)
-        plain_ms = t_plain.read()[1:]  # the first step is the prefill
-        del plain.step  # the timer's wrapper goes; the class's method is back
+        plain_ms = t_plain.ms()[1:]  # the first step is the prefill
+        t_plain.remove()
         run(spec, prompts, 8)
-        t_step, t_draft, t_verify = Timer(spec, "step"), Timer(spec.draft, "propose"), Timer(spec, "_verify_step")
+        t_step, t_draft = CallTimer(spec, "step", dev), CallTimer(spec.draft, "propose", dev)
+        t_verify = CallTimer(spec, "_verify_step", dev)
         run(spec, prompts, args.new)
-        drafts, verifies = t_draft.read(), t_verify.read()
+        drafts, verifies = t_draft.ms(), t_verify.ms()
         row(b, "plain decode step ms", 0, plain_ms)
         row(b, "draft round ms", 0, drafts)
         row(b, "verify step ms", 0, verifies)
@@ -242,19 +207,18 @@ def main() -> None:
         row(b, "v (verify step / target step)", v)
         plain_total = sum(plain_ms)
         for alpha in args.alpha:
-            t_step.reset()  # the uncontrolled run's steps are still pending on the GPU's clock: not this run's
+            t_step.reset()  # the uncontrolled run's steps are not this run's
             spec.spec_stats = type(spec.spec_stats)(args.gamma)
             out = run(spec, prompts, args.new, alpha, reference)
-            total = sum(t_step.read()[1:])
+            total = sum(t_step.ms()[1:])
             if out != reference:
                 print(f"warning: b{b} alpha {alpha}: tokens differ from the plain engine's (bf16 near-ties)")
             row(b, "speed-up", plain_total / total, alpha=alpha)
             row(b, "acceptance", spec.spec_stats.acceptance_rate, alpha=alpha)
             row(b, "Leviathan (gamma c + 1)", leviathan(alpha, args.gamma, c), alpha=alpha)
             row(b, "Leviathan (gamma c + v)", leviathan(alpha, args.gamma, c, v), alpha=alpha)
-        for name in ("step", "_verify_step"):
-            spec.__dict__.pop(name, None)
-        spec.draft.__dict__.pop("propose", None)
+        for timer in (t_step, t_draft, t_verify):
+            timer.remove()
         if args.profile:
             budgets += profile_batch(plain, spec, prompts, reference, args.new, args.alpha[0])
     if budgets:

@@ -38,46 +38,13 @@ import torch
 
 from servelab.engine import Engine, EngineConfig, SamplingParams
 from servelab.engine.speculative_engine import SpeculativeEngine, load_draft
+from servelab.measure.call_timer import CallTimer
 from servelab.models import load_model
 from servelab.models.native import native_from_hf
 from servelab.spec.syncs import HostSyncs
 from servelab.speculative.config import SpeculativeConfig
 from servelab.speculative.controlled import ControlledDrafts
 from servelab.studies.s03_speculative.controlled import _Budget, _free, _name, _prompts, _status
-
-
-class CallTimer:
-    """Device time (ms) of each call of ``owner.name``, wrapped in place (CUDA events; wall time on a CPU); read
-    after the run, so timing never makes the host wait."""
-
-    def __init__(self, owner, name: str, device):
-        self.owner, self.name = owner, name
-        self.cuda = torch.device(device).type == "cuda"
-        self.calls: list = []
-        inner = getattr(owner, name)
-
-        def timed(*a, **kw):
-            if not self.cuda:
-                t0 = time.perf_counter()
-                out = inner(*a, **kw)
-                self.calls.append((time.perf_counter() - t0) * 1e3)
-                return out
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            out = inner(*a, **kw)
-            end.record()
-            self.calls.append((start, end))
-            return out
-
-        setattr(owner, name, timed)
-
-    def ms(self) -> list[float]:
-        if self.cuda:
-            torch.cuda.synchronize()
-        return [c if isinstance(c, float) else c[0].elapsed_time(c[1]) for c in self.calls]
-
-    def remove(self) -> None:
-        self.owner.__dict__.pop(self.name, None)  # the class's method is back
 
 
 def pair_config(P: dict) -> EngineConfig:
