@@ -4,30 +4,17 @@ the small path's engine keeps its small_linear blocks and its logits are the def
 (not bitwise: the sums run in another order), and the device record lands beside the CSV."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
-
-from servelab.paths import REPO_ROOT
+from interpreted import run_script_interpreted
 
 pytest.importorskip("triton")
 
 
 def test_the_smoke_run_writes_every_path_and_the_small_path_agrees(tmp_path):
     out = tmp_path / "small_batch_step.csv"
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO_ROOT / "lib")}
-    script = REPO_ROOT / "scripts" / "bench_small_batch_step.py"
-    run = subprocess.run(
-        [sys.executable, str(script), "--smoke", "--out", str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
+    run_script_interpreted("bench_small_batch_step.py", "--smoke", "--out", str(out))
     table = pd.read_csv(out).set_index("path")
     assert list(table.index) == ["default", "fused_rope_kv_write", "small_linear"]
     assert (table["status"] == "ok").all(), table.get("note")

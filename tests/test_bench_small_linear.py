@@ -3,30 +3,17 @@ timing worth the name), so a GPU call never spends its minutes on a script that 
 the fused chain's output is the engine chain's to float32 rounding, and the device record lands beside the CSV."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
-
-from servelab.paths import REPO_ROOT
+from interpreted import run_script_interpreted
 
 pytest.importorskip("triton")
 
 
 def test_the_smoke_run_writes_every_row_and_the_fused_chain_agrees(tmp_path):
     out = tmp_path / "small_linear.csv"
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO_ROOT / "lib")}
-    script = REPO_ROOT / "scripts" / "bench_small_linear.py"
-    run = subprocess.run(
-        [sys.executable, str(script), "--smoke", "--rows", "2", "--out", str(out)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
+    run_script_interpreted("bench_small_linear.py", "--smoke", "--rows", "2", "--out", str(out))
     table = pd.read_csv(out)
     chains = table[table["what"] == "layers"].set_index("path")
     assert list(chains.index) == ["engine eager", "fused"]
