@@ -13,7 +13,7 @@ import gc
 
 import pytest
 import torch
-from hf_reference import hf_greedy
+from hf_reference import hf_greedy, varied, varies
 
 from servelab.engine import Engine, EngineConfig, SamplingParams
 from servelab.models import load_model
@@ -78,7 +78,8 @@ def shared_engine():
         key = (family, tuple(sorted(config.items())))
         if key not in built or not engine_is_idle(built[key][1]):
             built.pop(key, None)
-            hf = load_model(f"config:{family}", dtype="float32", device="cuda").model
+            # varied weights: at the loader's init tiny-qwen2 and tiny-gpt2 repeat one token for every prompt
+            hf = varied(family).cuda()
             built[key] = hf, Engine.from_hf(hf, EngineConfig(**config))
         return built[key]
 
@@ -109,7 +110,9 @@ def test_captured_steps_give_hf_greedy_tokens_in_float32(shared_engine, policy, 
     prompts = [torch.randint(3, hf.config.vocab_size, (n,), generator=g).tolist() for n in (6, 19, 33, 2, 45, 300)]
     assert engine.step_graphs_status.startswith("on"), engine.step_graphs_status
     before = step_counts(engine)
-    assert engine.generate(prompts, GREEDY) == hf_greedy(hf, prompts, STEPS)
+    refs = hf_greedy(hf, prompts, STEPS)
+    assert varies(refs), refs
+    assert engine.generate(prompts, GREEDY) == refs
     ran = ran_since(engine, before)
     # the last prompt's final decodes run alone: decode-only steps, in decode graphs
     assert ran["step_graph_steps"] > 0 and ran["graph_steps"] > 0 and ran["eager_steps"] == 0, ran
