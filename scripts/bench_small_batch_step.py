@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 
 from servelab.bench.decode_rows import profile_step  # noqa: E402
 from servelab.bench.step import engine_step  # noqa: E402
+from servelab.kernels.small_linear import MAX_ROWS  # noqa: E402
 from servelab.measure import time_fn  # noqa: E402
 from servelab.measure.ceilings import measure_ceilings  # noqa: E402
 from servelab.measure.device import device_record  # noqa: E402
@@ -53,7 +54,7 @@ def small_blocks(on: bool):
 
     def switched(*a, **kw):
         model = real(*a, **kw)
-        use_small_linear(model)
+        use_small_linear(model, max_rows=MAX_ROWS)  # the kernel at every width it takes, not just the default's
         return model
 
     native.native_from_hf = switched if on else real

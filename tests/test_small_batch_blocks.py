@@ -29,7 +29,7 @@ CHECK = textwrap.dedent(
     for name in ("tiny-qwen2",):  # q/k/v biases: the wider of the two paths (Llama is the same without)
         hf, prompts, refs = heads_test.hf_case(name)
         model = native_from_hf(hf, max_positions=256)
-        small_batch.use_small_linear(model)
+        small_batch.use_small_linear(model, max_rows=MAX_ROWS)  # every width the kernel takes, not just the default
         engine = Engine(model, EngineConfig(block_size=4, num_blocks=64, max_model_len=256, fused_rope_kv_write=True))
         assert small_batch.uses_small_linear(engine.model), name
         rows.clear()
@@ -75,3 +75,23 @@ def test_bad_settings_are_refused():
         small_batch_fns(None, None, max_rows=0)
     with pytest.raises(ParameterError, match="no fused RoPE"):
         use_small_linear(_tiny("tiny-gpt2"))
+
+
+def test_by_default_only_one_row_takes_the_small_path(monkeypatch):
+    """PAYS_UP_TO: past one row cuBLAS's GEMM was faster on the GPU, so a two-row step goes to the model's own
+    blocks and a one-row step to small_linear's."""
+    import torch
+
+    from servelab.models import small_batch
+
+    calls = []
+    for name in ("norm_linear", "linear", "silu_mul_linear"):
+        monkeypatch.setattr(small_batch, name, lambda h, *a, _n=name, **kw: calls.append(_n) or (h, h))
+    pre = lambda h, *a: calls.append("pre")  # noqa: E731
+    post = lambda h, *a: calls.append("post")  # noqa: E731
+    small_pre, small_post = small_batch.small_batch_fns(pre, post)
+    for rows in (2, 1):
+        small_pre(torch.zeros(rows, 4), None, None, 0.0, None, None)
+        small_post(torch.zeros(rows, 4), torch.zeros(rows, 4), None, None, 0.0, None, None)
+    assert small_batch.PAYS_UP_TO == 1
+    assert calls == ["pre", "post", "norm_linear", "linear", "norm_linear", "silu_mul_linear"]

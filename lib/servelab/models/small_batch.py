@@ -2,7 +2,7 @@
 
 Why: at batch 1 a decode step of Qwen2-0.5B is a chain of about 320 tiny launches (the H200 step budget: 121
 matmul-class, 121 norm and elementwise, 57 copies, 24 attention), and each costs its latency more than its bytes.
-With ``use_small_linear(model)`` a block at most ``small_linear.MAX_ROWS`` tokens wide runs
+With ``use_small_linear(model)`` a block at most ``max_rows`` tokens wide (one by default: ``PAYS_UP_TO``) runs
 
     norm_linear (add + RMSNorm + qkv) -> rope_kv_write (RoPE + the pool write) -> attention
     -> linear (o_proj) -> norm_linear (add + RMSNorm + gate_up) -> silu_mul_linear (SiLU·up + down)
@@ -24,8 +24,15 @@ from __future__ import annotations
 from servelab.errors import ParameterError
 from servelab.kernels.small_linear import MAX_ROWS, linear, norm_linear, silu_mul_linear
 
+# The widest step the switch takes by default. On the H100
+# (data/dev/nvidia-h100/2026-12-06/small_batch_step_cf2a53d.csv) a whole decode step of Qwen2-0.5B through
+# small_linear took 1.03 ms against the default's 1.08 at one row, but 1.56 against 1.21 at four rows and 2.66
+# against 1.23 at eight: each row's reduction runs in turn inside a program, so past one row cuBLAS's GEMM wins.
+# ``max_rows`` up to MAX_ROWS still runs the kernel wider, for its benchmarks.
+PAYS_UP_TO = 1
 
-def small_batch_fns(pre, post, max_rows: int = MAX_ROWS):
+
+def small_batch_fns(pre, post, max_rows: int = PAYS_UP_TO):
     """Block functions with ``models.llama``'s signatures (``attention_qkv``, ``attention_outputs``) that run
     ``small_linear`` at ``max_rows`` tokens or fewer and ``pre`` / ``post`` above."""
     if not 1 <= max_rows <= MAX_ROWS:
@@ -47,7 +54,7 @@ def small_batch_fns(pre, post, max_rows: int = MAX_ROWS):
     return small_pre, small_post
 
 
-def use_small_linear(model, max_rows: int = MAX_ROWS) -> None:
+def use_small_linear(model, max_rows: int = PAYS_UP_TO) -> None:
     """Switch a ``models.llama.LlamaModel`` to small_linear blocks at ``max_rows`` tokens or fewer, and RoPE + KV
     write in one kernel (``set_fused_rope_kv_write(True)``). Build the engine after, with
     ``fused_rope_kv_write=True`` in its config (the engine sets the config's value on the model). A later
