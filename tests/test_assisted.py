@@ -4,6 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from test_speculative_loop import tiny_llama
 
 from servelab.errors import ParameterError
 from servelab.studies.s06_hf_assisted import analysis, verdicts
@@ -24,22 +25,8 @@ VOCAB = 96
 
 
 def _llama(layers, d, seed, vocab=VOCAB):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=vocab,
-        hidden_size=d,
-        intermediate_size=2 * d,
-        num_hidden_layers=layers,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=256,
-        bos_token_id=0,
-        eos_token_id=0,
-        pad_token_id=1,
-    )
-    return LlamaForCausalLM(cfg).eval()
+    """A random tiny Llama whose token 0 begins and ends a text, and 1 pads."""
+    return tiny_llama(seed, layers, vocab, d, bos_token_id=0, eos_token_id=0, pad_token_id=1)
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +41,23 @@ def models():
 def prompts():
     g = torch.Generator().manual_seed(0)
     return [torch.randint(2, VOCAB, (12,), generator=g).tolist() for _ in range(3)]
+
+
+def _sweep(models, pairs, prompts, max_new_tokens, cost_tokens=4, lookup_targets=(), warmup_tokens=2, **kw):
+    """``sweep`` as these tests run it: 3 prompt-lookup tokens, pad id 1, no progress bar."""
+    return sweep(
+        models,
+        pairs,
+        prompts,
+        max_new_tokens=max_new_tokens,
+        cost_tokens=cost_tokens,
+        prompt_lookup_targets=list(lookup_targets),
+        pld_tokens=3,
+        warmup_tokens=warmup_tokens,
+        pad_token_id=1,
+        progress=False,
+        **kw,
+    )
 
 
 def test_clock_skips_the_prompt_and_accumulates_tokens():
@@ -106,18 +110,7 @@ def test_plan_puts_the_main_target_first_and_own_last():
 
 def test_sweep_times_every_method_and_checks_outputs(models, prompts):
     pairs = [Pair("small", "target"), Pair("mid", "target"), Pair("small", "mid")]
-    runs, gen = sweep(
-        models,
-        pairs,
-        prompts[:2],
-        max_new_tokens=16,
-        cost_tokens=8,
-        prompt_lookup_targets=["target"],
-        pld_tokens=3,
-        warmup_tokens=2,
-        pad_token_id=1,
-        progress=False,
-    )
+    runs, gen = _sweep(models, pairs, prompts[:2], 16, cost_tokens=8, lookup_targets=["target"])
     assert (runs["status"] == "ok").all()
     assert runs["prompt"].nunique() == 2
     assert set(runs["method"]) == {"plain", "assisted", "prompt_lookup"}
@@ -133,19 +126,7 @@ def test_sweep_times_every_method_and_checks_outputs(models, prompts):
 
 
 def test_prompts_run_short_then_long_then_short(models, prompts):
-    runs, gen = sweep(
-        models,
-        [Pair("small", "target")],
-        prompts,
-        max_new_tokens=12,
-        cost_tokens=4,
-        prompt_lookup_targets=[],
-        pld_tokens=3,
-        warmup_tokens=2,
-        pad_token_id=1,
-        short_new_tokens=6,
-        progress=False,
-    )
+    runs, gen = _sweep(models, [Pair("small", "target")], prompts, 12, short_new_tokens=6)
     assert (runs["status"] == "ok").all()
     made = runs.set_index(["prompt", "method", "pair"])["made_tokens"]
     assert made[(0, "plain", "target")] == 6 and made[(0, "plain", "small")] == 4  # the draft's cost run
@@ -160,34 +141,11 @@ def test_prompts_run_short_then_long_then_short(models, prompts):
 
 def test_sweep_budget_skips_with_a_reason_and_records_failures(models, prompts):
     bad = {"target": models["target"], "alien": _llama(1, 16, 3, vocab=50)}  # a draft with another vocabulary
-    runs, gen = sweep(
-        bad,
-        [Pair("alien", "target")],
-        prompts,
-        max_new_tokens=8,
-        cost_tokens=4,
-        prompt_lookup_targets=[],
-        pld_tokens=3,
-        budget_s=0.0,
-        warmup_tokens=2,
-        pad_token_id=1,
-        progress=False,
-    )
+    runs, gen = _sweep(bad, [Pair("alien", "target")], prompts, 8, budget_s=0.0)
     assert not gen and (runs["status"] == "skipped").all() and runs["error"].str.len().gt(0).all()
     assert runs["prompt"].tolist() == [0] * 3 + [1] * 3 + [2] * 3  # every planned run has its row
     assert runs["error"].str.contains("budget is spent").all()  # the root cause, not the missing baseline
-    runs2, _ = sweep(
-        bad,
-        [Pair("alien", "target")],
-        prompts[:1],
-        max_new_tokens=8,
-        cost_tokens=4,
-        prompt_lookup_targets=[],
-        pld_tokens=3,
-        warmup_tokens=2,
-        pad_token_id=1,
-        progress=False,
-    )
+    runs2, _ = _sweep(bad, [Pair("alien", "target")], prompts[:1], 8)
     assert (runs2[runs2.method == "assisted"]["status"] == "error").all()
     assert (runs2[(runs2.method == "plain") & (runs2.target == "target")]["status"] == "ok").all()
 
@@ -196,18 +154,7 @@ def test_alpha_table_covers_each_pair_on_each_plain_target_run(models, prompts):
     from servelab.studies.s06_hf_assisted.acceptance import alpha_table
 
     pairs = [Pair("small", "target"), Pair("target", "mid")]
-    runs, gen = sweep(
-        models,
-        pairs,
-        prompts[:2],
-        max_new_tokens=6,
-        cost_tokens=4,
-        prompt_lookup_targets=[],
-        pld_tokens=3,
-        warmup_tokens=1,
-        pad_token_id=1,
-        progress=False,
-    )
+    runs, gen = _sweep(models, pairs, prompts[:2], 6, warmup_tokens=1)
     t = alpha_table(models, pairs, prompts[:2], gen)
     assert sorted(zip(t["prompt"], t["pair"], strict=True)) == [
         (0, "small → target"),
@@ -332,26 +279,17 @@ def test_length_trend_compares_the_same_prompts_at_every_length():
 
 
 def test_decode_costs_and_pair_summary(models):
-    runs = pd.DataFrame(
-        [
-            dict(
-                method="plain",
-                target="target",
-                status="ok",
-                ms_per_token_median=10.0,
-                ms_per_token_p25=9.0,
-                ms_per_token_p75=11.0,
-            ),
-            dict(
-                method="plain",
-                target="small",
-                status="ok",
-                ms_per_token_median=4.0,
-                ms_per_token_p25=3.0,
-                ms_per_token_p75=5.0,
-            ),
-            dict(method="assisted", target="target", pair="small → target", status="ok", tokens_per_step=2.5),
-        ]
+    runs = pd.DataFrame(  # two plain runs (per-token median and quartiles), then an assisted one
+        dict(
+            method=["plain", "plain", "assisted"],
+            target=["target", "small", "target"],
+            status="ok",
+            ms_per_token_median=[10.0, 4.0, np.nan],
+            ms_per_token_p25=[9.0, 3.0, np.nan],
+            ms_per_token_p75=[11.0, 5.0, np.nan],
+            pair=[np.nan, np.nan, "small → target"],
+            tokens_per_step=[np.nan, np.nan, 2.5],
+        )
     )
     costs = analysis.decode_costs(runs, models)
     assert costs["model"].tolist() == ["target", "small"]
@@ -451,19 +389,7 @@ def test_analysis_plots_and_verdicts_survive_a_sweep_where_nothing_ran(models, p
     from servelab.studies.s06_hf_assisted import plots
 
     pairs = [Pair("small", "target"), Pair("mid", "target"), Pair("small", "mid")]
-    runs, gen = sweep(
-        models,
-        pairs,
-        prompts[:1],
-        max_new_tokens=8,
-        cost_tokens=4,
-        prompt_lookup_targets=["target"],
-        pld_tokens=3,
-        budget_s=0.0,
-        warmup_tokens=1,
-        pad_token_id=1,
-        progress=False,
-    )
+    runs, gen = _sweep(models, pairs, prompts[:1], 8, lookup_targets=["target"], warmup_tokens=1, budget_s=0.0)
     assert (runs["status"] == "skipped").all() and not gen
     times = times_at_lengths(gen, [4, 8])
     per_prompt = analysis.speedups(times)
@@ -520,42 +446,18 @@ def test_models_from_specs_load_with_their_tokenizer_and_heldout_prompts(tmp_pat
 
 
 def test_own_acceptance_sums_over_runs():
-    runs = pd.DataFrame(
-        [
-            dict(
-                method="own",
-                status="ok",
-                pair="a → T",
-                prompt=0,
-                accepted=6,
-                proposed=8,
-                rounds=4,
-                rollback_ms=1.0,
-                total_ms=10.0,
-            ),
-            dict(
-                method="own",
-                status="ok",
-                pair="a → T",
-                prompt=1,
-                accepted=2,
-                proposed=8,
-                rounds=4,
-                rollback_ms=1.0,
-                total_ms=30.0,
-            ),
-            dict(
-                method="own",
-                status="error",
-                pair="a → T",
-                prompt=2,
-                accepted=np.nan,
-                proposed=np.nan,
-                rounds=np.nan,
-                rollback_ms=np.nan,
-                total_ms=np.nan,
-            ),
-        ]
+    runs = pd.DataFrame(  # one run a prompt; the third failed and has no counts
+        dict(
+            method="own",
+            status=["ok", "ok", "error"],
+            pair="a → T",
+            prompt=[0, 1, 2],
+            accepted=[6, 2, np.nan],
+            proposed=[8, 8, np.nan],
+            rounds=[4, 4, np.nan],
+            rollback_ms=[1.0, 1.0, np.nan],
+            total_ms=[10.0, 30.0, np.nan],
+        )
     )
     t = analysis.own_acceptance(runs).iloc[0]
     assert t["runs"] == 2 and t["alpha"] == pytest.approx(0.5) and t["rollback_share"] == pytest.approx(0.05)

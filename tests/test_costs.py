@@ -89,51 +89,12 @@ def test_cost_model_needs_enough_points():
 
 
 def _verdict_frame(prefill_us, decode_ms_by_ctx, floor_ms):
-    rows = [
-        dict(
-            model="m",
-            mode="hf_eager",
-            phase="prefill",
-            batch=1,
-            new_tokens=n,
-            context=0,
-            status="ok",
-            us_per_token=prefill_us,
-            pct_of_floor=60.0,
-            median_ms=prefill_us * n / 1e3,
-        )
-        for n in (1024, 4096, 8192)
-    ]
+    rows = [("hf_eager", "prefill", 1, n, 0, prefill_us, 60.0, prefill_us * n / 1e3) for n in (1024, 4096, 8192)]
     for c, t in decode_ms_by_ctx.items():
-        rows.append(
-            dict(
-                model="m",
-                mode="hf_eager",
-                phase="decode",
-                batch=1,
-                new_tokens=1,
-                context=c,
-                status="ok",
-                median_ms=t,
-                us_per_token=t * 1e3,
-                pct_of_floor=100 * floor_ms / t,
-            )
-        )
-        rows.append(
-            dict(
-                model="m",
-                mode="hf_cuda_graph",
-                phase="decode",
-                batch=64,
-                new_tokens=1,
-                context=c,
-                status="ok",
-                median_ms=t,
-                us_per_token=t * 1e3 / 64,
-                pct_of_floor=50.0,
-            )
-        )
-    return pd.DataFrame(rows)
+        rows.append(("hf_eager", "decode", 1, 1, c, t * 1e3, 100 * floor_ms / t, t))
+        rows.append(("hf_cuda_graph", "decode", 64, 1, c, t * 1e3 / 64, 50.0, t))
+    columns = ["mode", "phase", "batch", "new_tokens", "context", "us_per_token", "pct_of_floor", "median_ms"]
+    return pd.DataFrame(rows, columns=columns).assign(model="m", status="ok")
 
 
 def test_verdicts_follow_their_rules():
@@ -318,45 +279,24 @@ def test_cost_model_json_without_the_step_model_still_loads(tmp_path):
         cm.step_ms(_synthetic_server_steps(TRUE_STEP))
 
 
+def _engine_steps(rows):
+    """Steps.csv rows of model ``m`` at batch 1, from tuples in ``columns``' order."""
+    columns = ["mode", "phase", "new_tokens", "context", "decodes", "decode_context", "status", "median_ms", "floor_ms"]
+    return pd.DataFrame(rows, columns=columns).assign(model="m", batch=1)
+
+
 def test_launch_overhead_pairs_the_engine_modes_per_step():
     rows = []
     for mode, ms in (("engine", 1.0), ("engine_eager", 4.0), ("hf_eager", 9.0)):
-        rows.append(
-            dict(
-                model="m",
-                mode=mode,
-                phase="mixed",
-                batch=1,
-                new_tokens=512,
-                context=1024,
-                decodes=16,
-                decode_context=512,
-                status="ok",
-                median_ms=ms,
-                floor_ms=0.5,
-            )
-        )
-        rows.append(
-            dict(
-                model="m",
-                mode=mode,
-                phase="decode",
-                batch=1,
-                new_tokens=1,
-                context=128,
-                decodes=0,
-                decode_context=0,
-                status="ok" if mode != "engine_eager" else "oom",
-                median_ms=ms,
-                floor_ms=0.1,
-            )
-        )
-    t = launch_overhead(pd.DataFrame(rows))
+        rows.append((mode, "mixed", 512, 1024, 16, 512, "ok", ms, 0.5))
+        rows.append((mode, "decode", 1, 128, 0, 0, "ok" if mode != "engine_eager" else "oom", ms, 0.1))
+    steps = _engine_steps(rows)
+    t = launch_overhead(steps)
     assert len(t) == 1  # the decode step has no eager time
     r = t.iloc[0]
     assert r["step"] == "mixed 16×512 + 512 after 1024" and r["tokens"] == 528
     assert (r["saved_ms"], r["eager_over_graph"], r["graph_pct_of_floor"]) == (3.0, 4.0, 50.0)
-    assert launch_overhead(pd.DataFrame(rows).query("mode == 'hf_eager'")).empty
+    assert launch_overhead(steps.query("mode == 'hf_eager'")).empty
     assert step_label(dict(phase="prefill", batch=4, new_tokens=64, context=0)) == "prefill 4×64"
 
 
@@ -385,23 +325,11 @@ def test_launch_overhead_figure_draws_both_modes_against_the_floor():
     from servelab.studies.s02_gpu_costs import plots
 
     rows = [
-        dict(
-            model="m",
-            mode=mode,
-            phase=ph,
-            batch=1,
-            new_tokens=n,
-            context=0,
-            decodes=d,
-            decode_context=dc,
-            status="ok",
-            median_ms=ms,
-            floor_ms=0.2,
-        )
+        (mode, ph, n, 0, d, dc, "ok", ms, 0.2)
         for mode, ms in (("engine", 1.0), ("engine_eager", 20.0))
         for ph, n, d, dc in (("prefill", 64, 0, 0), ("mixed", 64, 8, 128))
     ]
-    fig = plots.launch_overhead(launch_overhead(pd.DataFrame(rows)), "test GPU")
+    fig = plots.launch_overhead(launch_overhead(_engine_steps(rows)), "test GPU")
     ax = fig.axes[0]
     labels = ax.get_legend_handles_labels()[1]
     assert "roofline floor (100%)" in labels and "mixed, no graphs" in labels

@@ -4,10 +4,10 @@ decode's (its decode steps), and where a server's mixed steps show it."""
 import numpy as np
 import pandas as pd
 import pytest
+from sim_traces import logged_run, poisson_trace, run_features
 
 from servelab.errors import ParameterError
-from servelab.sim import StepCostModel, simulate
-from servelab.sim.calibration import step_features
+from servelab.sim import StepCostModel
 from servelab.sim.cost_model import CostModel
 from servelab.studies.s08_simulator.context_reads import (
     context_rows,
@@ -29,58 +29,27 @@ BASE = StepCostModel(gpu=GPU)
 K = 1.2e-3  # the truth: ms per cached token a chunk reads
 
 
+COLUMNS = ["mode", "phase", "batch", "new_tokens", "context", "decodes", "decode_context", "median_ms"]
+
+
+def _frame(rows):
+    """Study 2's steps.csv rows of model ``m`` that ran, from tuples in ``COLUMNS``' order."""
+    return pd.DataFrame(rows, columns=COLUMNS).assign(model="m", status="ok")
+
+
 def _steps(k=K, mixed_fixed=1.5):
     """Study 2's steps.csv rows that matter: fresh and chunk-after-context prefills, fresh and contextual mixed
     steps (whose own fixed cost the fit must not take for context reads), and rows of another mode."""
-    rows = []
-    for n in (128, 512):
-        for c in (0, 512, 2048):
-            t = BASE.gpu_ms(n, n * (c + n / 2), 0, 0, n * c) + k * c
-            rows.append(
-                dict(
-                    model="m",
-                    mode="engine",
-                    phase="prefill",
-                    batch=1,
-                    new_tokens=n,
-                    context=c,
-                    decodes=0,
-                    decode_context=0,
-                    median_ms=t,
-                    status="ok",
-                )
-            )
+    rows = [
+        ("engine", "prefill", 1, n, c, 0, 0, BASE.gpu_ms(n, n * (c + n / 2), 0, 0, n * c) + k * c)
+        for n in (128, 512)
+        for c in (0, 512, 2048)
+    ]
     for c in (0, 1024):
         t = BASE.gpu_ms(512, 512 * (c + 256), 16, 16 * 512, 512 * c) + mixed_fixed + k * c
-        rows.append(
-            dict(
-                model="m",
-                mode="engine",
-                phase="mixed",
-                batch=1,
-                new_tokens=512,
-                context=c,
-                decodes=16,
-                decode_context=512,
-                median_ms=t,
-                status="ok",
-            )
-        )
-    rows.append(
-        dict(
-            model="m",
-            mode="hf_eager",
-            phase="prefill",
-            batch=1,
-            new_tokens=128,
-            context=512,
-            decodes=0,
-            decode_context=0,
-            median_ms=999.0,
-            status="ok",
-        )
-    )
-    return pd.DataFrame(rows)
+        rows.append(("engine", "mixed", 1, 512, c, 16, 512, t))
+    rows.append(("hf_eager", "prefill", 1, 128, 512, 0, 0, 999.0))
+    return _frame(rows)
 
 
 def test_context_rows_keeps_only_chunks_after_context():
@@ -115,23 +84,13 @@ W = 3e-4  # the truth: ms per token of a decode-only step's longest sequence
 def _decode_rows(w=W):
     """Study 2's decode steps as the decode kernel times them: the longest sequence sets part of the step."""
     truth = {"intercept_ms": 2.0, "ms_per_seq": 0.004, "ms_per_ctx_token": 1e-6}
+    a, per_seq, per_ctx = (truth[k] for k in ("intercept_ms", "ms_per_seq", "ms_per_ctx_token"))
     rows = [
-        dict(
-            model="m",
-            mode="engine",
-            phase="decode",
-            batch=b,
-            new_tokens=1,
-            context=c,
-            decodes=0,
-            decode_context=0,
-            status="ok",
-            median_ms=truth["intercept_ms"] + truth["ms_per_seq"] * b + truth["ms_per_ctx_token"] * b * c + w * c,
-        )
+        ("engine", "decode", b, 1, c, 0, 0, a + per_seq * b + per_ctx * b * c + w * c)
         for b in (1, 4, 16, 64, 256)
         for c in (128, 512, 2048, 8192)
     ]
-    return pd.DataFrame(rows), truth
+    return _frame(rows), truth
 
 
 def test_decode_terms_refitted_with_the_longest_sequence():
@@ -165,17 +124,8 @@ def test_mixed_step_excess_is_what_the_model_charges_for_walks():
     truth = StepCostModel(
         gpu=GPU, step_overhead_ms=0.5, mixed_step_ms=0.7, ms_per_longest_context_token=K, ms_per_decode_walk_token=W
     )
-    rng = np.random.default_rng(3)
-    n = 80
-    trace = pd.DataFrame(
-        {
-            "arrival_s": np.cumsum(rng.exponential(1 / 10, n)),
-            "prompt_tokens": rng.integers(300, 1500, n),
-            "output_tokens": rng.integers(20, 120, n),
-        }
-    )
-    run = simulate(trace, cost=truth, max_num_seqs=32, max_num_batched_tokens=256, step_log=True, fast_forward=False)
-    feats = step_features(run.steps, run.records.drop(columns="replica"))
+    trace = poisson_trace(np.random.default_rng(3), 10, (300, 1500), (20, 120), n=80)
+    feats = run_features(logged_run(trace, truth, 256))
     ex = mixed_step_excess(truth, feats)
     assert len(ex) > 20
     assert np.allclose(ex["excess_ms"], ex["priced_ms"], rtol=0.02, atol=0.05)

@@ -5,9 +5,10 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+from sim_traces import logged_run, poisson_trace, run_features
 
 from servelab.errors import ParameterError
-from servelab.sim import StepCostModel, simulate
+from servelab.sim import StepCostModel
 from servelab.sim.calibration import fit_overheads, fit_step_log_model, logs_contexts, predict_cycles, step_features
 from servelab.sim.cost_model import CostModel
 
@@ -85,17 +86,14 @@ def test_bad_cost_models(tmp_path):
 
 def _sim_run(cost, seed=0):
     """A 'real' run made by the simulator with known terms: its records and a step log in Study 1's form."""
-    rng = np.random.default_rng(seed)
-    n = 150
-    trace = pd.DataFrame(
-        {
-            "arrival_s": np.cumsum(rng.exponential(1 / 40, n)),
-            "prompt_tokens": rng.integers(20, 300, n),
-            "output_tokens": rng.integers(8, 80, n),
-        }
-    )
-    run = simulate(trace, cost=cost, max_num_seqs=32, max_num_batched_tokens=512, step_log=True, fast_forward=False)
+    run = logged_run(poisson_trace(np.random.default_rng(seed), 40, (20, 300), (8, 80)), cost, 512)
     return run.records.drop(columns="replica"), run.steps
+
+
+def _features_of_both_policies(trace, cost):
+    """The step features of a chunked run of ``trace`` (mixed steps) and a whole-prompt one (prefill-only steps)."""
+    runs = [logged_run(trace, cost, 512, scheduler=policy) for policy in ("chunked_prefill", "eager_cont_batch")]
+    return pd.concat([run_features(run) for run in runs], ignore_index=True)
 
 
 def test_fit_overheads_recovers_known_terms():
@@ -183,17 +181,7 @@ def test_fit_recovers_scales_and_the_context_pair_cost():
     truth = StepCostModel(
         gpu=GPU, prefill_scale=2.5, ms_per_context_pair=2e-5, step_overhead_ms=0.5, seq_overhead_ms=0.03
     )
-    rng = np.random.default_rng(5)
-    n = 150
-    trace = pd.DataFrame(
-        {
-            "arrival_s": np.cumsum(rng.exponential(1 / 15, n)),
-            "prompt_tokens": rng.integers(200, 1500, n),
-            "output_tokens": rng.integers(8, 80, n),
-        }
-    )
-    run = simulate(trace, cost=truth, max_num_seqs=32, max_num_batched_tokens=256, step_log=True, fast_forward=False)
-    feats = step_features(run.steps, run.records.drop(columns="replica"))
+    feats = run_features(logged_run(poisson_trace(np.random.default_rng(5), 15, (200, 1500), (8, 80)), truth, 256))
     assert (feats["context_pairs"] > 0).any()
     model, stats = fit_overheads(StepCostModel(gpu=GPU), feats)
     assert model.prefill_scale == pytest.approx(2.5, rel=0.15)
@@ -208,28 +196,7 @@ def test_fit_recovers_the_prefill_intercept_and_the_mixed_step_cost():
     truth = StepCostModel(
         gpu=GPU, prefill_fixed_scale=0.3, mixed_step_ms=4.0, step_overhead_ms=0.5, seq_overhead_ms=0.03
     )
-    rng = np.random.default_rng(8)
-    n = 150
-    trace = pd.DataFrame(
-        {
-            "arrival_s": np.cumsum(rng.exponential(1 / 20, n)),
-            "prompt_tokens": rng.integers(50, 400, n),
-            "output_tokens": rng.integers(8, 60, n),
-        }
-    )
-    feats = []
-    for policy in ("chunked_prefill", "eager_cont_batch"):
-        run = simulate(
-            trace,
-            cost=truth,
-            scheduler=policy,
-            max_num_seqs=32,
-            max_num_batched_tokens=512,
-            step_log=True,
-            fast_forward=False,
-        )
-        feats.append(step_features(run.steps, run.records.drop(columns="replica")))
-    feats = pd.concat(feats, ignore_index=True)
+    feats = _features_of_both_policies(poisson_trace(np.random.default_rng(8), 20, (50, 400), (8, 60)), truth)
     mixed = (feats["prefill_tokens"] > 0) & (feats["decode_tokens"] > 0)
     assert mixed.sum() > 20 and ((feats["prefill_tokens"] > 0) & ~mixed).sum() > 20
     model, stats = fit_overheads(StepCostModel(gpu=GPU), feats)
@@ -247,27 +214,7 @@ def test_fit_step_log_model_prices_mixed_steps_and_ignores_outliers():
     # own, and a few steps that ran into something else (a slow hand-off: 10x their cost) must not pull the fit
     truth = StepCostModel(gpu=GPU, mixed_step_ms=4.0, step_overhead_ms=0.5, seq_overhead_ms=0.03)
     rng = np.random.default_rng(9)
-    n = 150
-    trace = pd.DataFrame(
-        {
-            "arrival_s": np.cumsum(rng.exponential(1 / 20, n)),
-            "prompt_tokens": rng.integers(50, 400, n),
-            "output_tokens": rng.integers(8, 60, n),
-        }
-    )
-    feats = []
-    for policy in ("chunked_prefill", "eager_cont_batch"):
-        run = simulate(
-            trace,
-            cost=truth,
-            scheduler=policy,
-            max_num_seqs=32,
-            max_num_batched_tokens=512,
-            step_log=True,
-            fast_forward=False,
-        )
-        feats.append(step_features(run.steps, run.records.drop(columns="replica")))
-    feats = pd.concat(feats, ignore_index=True)
+    feats = _features_of_both_policies(poisson_trace(rng, 20, (50, 400), (8, 60)), truth)
     slow = rng.choice(len(feats), size=len(feats) // 50, replace=False)
     feats.loc[slow, "cycle_ms"] *= 10
     model, stats = fit_step_log_model(feats, "m")
@@ -385,26 +332,11 @@ def test_fits_recover_padding_and_context_reads_from_a_step_log():
     truth = StepCostModel(
         gpu=GPU, prefill_scale=1.5, ms_per_longest_context_token=2e-3, step_overhead_ms=0.5, seq_overhead_ms=0.03
     )
-    rng = np.random.default_rng(7)
-    n = 150
-    trace = pd.DataFrame(
-        {
-            "arrival_s": np.cumsum(rng.exponential(1 / 15, n)),
-            "prompt_tokens": rng.integers(200, 1500, n),
-            "output_tokens": rng.integers(8, 80, n),
-        }
-    )
-    run = simulate(
-        trace,
-        cost=truth,
-        max_num_seqs=32,
-        max_num_batched_tokens=256,
-        step_log=True,
-        fast_forward=False,
-        step_buckets=buckets,
+    run = logged_run(
+        poisson_trace(np.random.default_rng(7), 15, (200, 1500), (8, 80)), truth, 256, step_buckets=buckets
     )
     assert run.params["step_buckets"] == buckets
-    feats = step_features(run.steps, run.records.drop(columns="replica"), step_buckets=buckets)
+    feats = run_features(run, step_buckets=buckets)
     assert (feats["pad_tokens"] > 0).any() and (feats["longest_context"] > 0).any()
     assert (feats.loc[feats["prefill_tokens"] == 0, "pad_tokens"] == 0).all()
     base = StepCostModel(gpu=GPU, ms_per_longest_context_token=2e-3)
@@ -412,7 +344,7 @@ def test_fits_recover_padding_and_context_reads_from_a_step_log():
     assert model.prefill_scale == pytest.approx(1.5, rel=0.1)
     assert stats["median_abs_pct_after"] < 3
     # without the padding, the padded steps are mispriced
-    unpadded = step_features(run.steps, run.records.drop(columns="replica"))
+    unpadded = run_features(run)
     blind = fit_overheads(base, unpadded)[0]
     padded = feats["pad_tokens"].to_numpy() > 0
     y = feats["cycle_ms"].to_numpy()[padded]
@@ -428,17 +360,7 @@ def test_step_log_fit_recovers_the_decode_walk():
     # a server whose decode-only steps pay for their longest sequence: the step-log fit finds the rate, and left
     # out (context_reads=False, the ablation's before) its decode steps are mispriced
     truth = StepCostModel(gpu=GPU, ms_per_decode_walk_token=5e-4, step_overhead_ms=0.3)
-    rng = np.random.default_rng(11)
-    n = 150
-    trace = pd.DataFrame(
-        {
-            "arrival_s": np.cumsum(rng.exponential(1 / 8, n)),
-            "prompt_tokens": rng.integers(100, 4000, n),
-            "output_tokens": rng.integers(8, 150, n),
-        }
-    )
-    run = simulate(trace, cost=truth, max_num_seqs=32, max_num_batched_tokens=1024, step_log=True, fast_forward=False)
-    feats = step_features(run.steps, run.records.drop(columns="replica"))
+    feats = run_features(logged_run(poisson_trace(np.random.default_rng(11), 8, (100, 4000), (8, 150)), truth, 1024))
     dec = feats[feats["prefill_tokens"] == 0]
     assert (dec["longest_context"] > 0).all() and (
         dec["longest_context"] * dec["decode_tokens"] >= dec["decode_context"] - 1e-6

@@ -90,71 +90,47 @@ def test_study_params_defaults_and_errors():
         study_params("huge")
 
 
+def _run(method, prompt, ms, draft="", gamma="", output="1 2 3", **counts):
+    """One run of 10 tokens on target ``t`` at temperature 0 that took ``ms``; ``counts``: its round counters."""
+    return dict(
+        method=method,
+        target="t",
+        draft=draft,
+        gamma=gamma,
+        temperature=0.0,
+        prompt=prompt,
+        status="ok",
+        tokens=10,
+        ms=ms,
+        ms_per_token=ms / 10,
+        **counts,
+        output=output,
+    )
+
+
 def _sweep():
     """Two prompts; the speculative run takes half the baseline's time on one and 2/3 on the other."""
-    rows = []
-    for p, ms in [(0, 100.0), (1, 90.0)]:
-        rows.append(
-            dict(
-                method="autoregressive",
-                target="t",
-                draft="",
-                gamma="",
-                temperature=0.0,
-                prompt=p,
-                status="ok",
-                tokens=10,
-                ms=ms,
-                ms_per_token=ms / 10,
-                rounds=0,
-                accepted=0,
-                proposed=0,
-                rejections=0,
-                draft_ms=0,
-                verify_ms=0,
-                rollback_ms=0,
-                output="1 2 3",
-            )
+    none = dict(rounds=0, accepted=0, proposed=0, rejections=0, draft_ms=0, verify_ms=0, rollback_ms=0)
+    rows = [_run("autoregressive", p, ms, **none) for p, ms in [(0, 100.0), (1, 90.0)]]
+    rows += [_run("autoregressive_chained", p, ms) for p, ms in [(0, 75.0), (1, 60.0)]]
+    rows += [
+        _run(
+            "speculative",
+            p,
+            ms,
+            draft="d",
+            gamma="2",
+            output="1 2 3" if p == 0 else "1 2 4",
+            rounds=5,
+            accepted=acc,
+            proposed=10,
+            rejections=rej,
+            draft_ms=ms / 3,
+            verify_ms=ms / 2,
+            rollback_ms=0.01,
         )
-    for p, ms in [(0, 75.0), (1, 60.0)]:
-        rows.append(
-            dict(
-                method="autoregressive_chained",
-                target="t",
-                draft="",
-                gamma="",
-                temperature=0.0,
-                prompt=p,
-                status="ok",
-                tokens=10,
-                ms=ms,
-                ms_per_token=ms / 10,
-                output="1 2 3",
-            )
-        )
-    for p, ms, acc, rej in [(0, 50.0, 6, 2), (1, 60.0, 4, 3)]:
-        rows.append(
-            dict(
-                method="speculative",
-                target="t",
-                draft="d",
-                gamma="2",
-                temperature=0.0,
-                prompt=p,
-                status="ok",
-                tokens=10,
-                ms=ms,
-                ms_per_token=ms / 10,
-                rounds=5,
-                accepted=acc,
-                proposed=10,
-                rejections=rej,
-                draft_ms=ms / 3,
-                verify_ms=ms / 2,
-                rollback_ms=0.01,
-                output="1 2 3" if p == 0 else "1 2 4",
-            )
-        )
+        for p, ms, acc, rej in [(0, 50.0, 6, 2), (1, 60.0, 4, 3)]
+    ]
     return pd.DataFrame(rows)
 
 

@@ -27,8 +27,9 @@ def target():
     return tiny_llama(seed=0, layers=2, vocab=VOCAB, hidden=32)
 
 
-def tiny_llama(seed: int, layers: int, vocab: int, hidden: int, init: float = 0.02):
-    """A random Hugging Face Llama (float32, CPU); ``init``: the weights' standard deviation (HF's 0.02 by default)."""
+def tiny_llama(seed: int, layers: int, vocab: int, hidden: int, init: float = 0.02, **config):
+    """A random Hugging Face Llama (float32, CPU); ``init``: the weights' standard deviation (HF's 0.02 by default);
+    ``config``: further ``LlamaConfig`` keys (token ids)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
@@ -41,6 +42,7 @@ def tiny_llama(seed: int, layers: int, vocab: int, hidden: int, init: float = 0.
         num_key_value_heads=1,
         max_position_embeddings=256,
         initializer_range=init,
+        **config,
     )
     return LlamaForCausalLM(cfg).eval()
 
