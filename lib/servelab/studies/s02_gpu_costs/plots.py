@@ -68,26 +68,36 @@ def _seed_band(ax, band: tuple[float, float], what: str) -> None:
     ax.axhspan(lo, hi, color=SEED_COLOR, alpha=0.12, label=f"RTX 2070 (seed): {lo:,.0f}–{hi:,.0f} {what}")
 
 
-def prefill_cost(steps: pd.DataFrame, device_name: str):
-    """F2.1: prefill µs/token at batch 1 against prompt length, one line per mode, one panel per model; the roofline
-    floor and the seed's 30–70 µs/token band drawn."""
-    d = _ok(steps)
-    d = d[(d["phase"] == "prefill") & (d["context"] == 0) & (d["batch"] == 1)]
+def _us_per_token(d: pd.DataFrame, x: str, seed_band: tuple[float, float], xlabel: str, ylabel: str, title: str):
+    """µs/token against ``x``, one line per mode, one panel per model; the roofline floor (``floor_us_per_token``)
+    and the seed's band drawn."""
     models = _models(d)
     fig, axes = _panels(len(models))
     for ax, m in zip(axes, models, strict=True):
         dm = d[d["model"] == m]
         for mode in _modes(dm):
-            g = dm[dm["mode"] == mode].sort_values("new_tokens")
-            ax.plot(g["new_tokens"], g["us_per_token"], marker="o", ms=3, color=color(mode), label=MODE_LABELS[mode])
-        f = dm.groupby("new_tokens")["floor_ms"].min()
-        ax.plot(f.index, f.values * 1e3 / f.index, "k--", lw=1, label="roofline floor")
-        _seed_band(ax, SEED_PREFILL_US_PER_TOKEN, "µs/token")
-        ax.set(xscale="log", yscale="log", xlabel="prompt length (tokens)", ylabel="prefill (µs/token)")
+            g = dm[dm["mode"] == mode].sort_values(x)
+            ax.plot(g[x], g["us_per_token"], marker="o", ms=3, color=color(mode), label=MODE_LABELS[mode])
+        f = dm.groupby(x)["floor_us_per_token"].min()
+        ax.plot(f.index, f.values, "k--", lw=1, label="roofline floor")
+        _seed_band(ax, seed_band, "µs/token")
+        ax.set(xscale="log", yscale="log", xlabel=xlabel, ylabel=ylabel)
         ax.set_title(model_name(m))
-    fig.suptitle(f"Prefill at batch 1 on {device_name}", y=1.0)
+    fig.suptitle(title, y=1.0)
     _legend_below(fig, axes)
     return fig
+
+
+def prefill_cost(steps: pd.DataFrame, device_name: str):
+    """F2.1: prefill µs/token at batch 1 against prompt length, one line per mode, one panel per model; the roofline
+    floor and the seed's 30–70 µs/token band drawn."""
+    d = _ok(steps)
+    d = d[(d["phase"] == "prefill") & (d["context"] == 0) & (d["batch"] == 1)]
+    d = d.assign(floor_us_per_token=d["floor_ms"] * 1e3 / d["new_tokens"])
+    title = f"Prefill at batch 1 on {device_name}"
+    return _us_per_token(
+        d, "new_tokens", SEED_PREFILL_US_PER_TOKEN, "prompt length (tokens)", "prefill (µs/token)", title
+    )
 
 
 def prefill_throughput(steps: pd.DataFrame, ceilings, device_name: str):
@@ -116,21 +126,9 @@ def decode_single(steps: pd.DataFrame, device_name: str):
     floor and the seed's 5,300–10,800 µs/token band drawn."""
     d = _ok(steps)
     d = d[(d["phase"] == "decode") & (d["batch"] == 1)]
-    models = _models(d)
-    fig, axes = _panels(len(models))
-    for ax, m in zip(axes, models, strict=True):
-        dm = d[d["model"] == m]
-        for mode in _modes(dm):
-            g = dm[dm["mode"] == mode].sort_values("context")
-            ax.plot(g["context"], g["us_per_token"], marker="o", ms=3, color=color(mode), label=MODE_LABELS[mode])
-        f = dm.groupby("context")["floor_ms"].min()
-        ax.plot(f.index, f.values * 1e3, "k--", lw=1, label="roofline floor")
-        _seed_band(ax, SEED_DECODE_US_PER_TOKEN, "µs/token")
-        ax.set(xscale="log", yscale="log", xlabel="context (cached tokens)", ylabel="decode (µs/token)")
-        ax.set_title(model_name(m))
-    fig.suptitle(f"Single-request decode on {device_name}", y=1.0)
-    _legend_below(fig, axes)
-    return fig
+    d = d.assign(floor_us_per_token=d["floor_ms"] * 1e3)  # one token per step
+    title = f"Single-request decode on {device_name}"
+    return _us_per_token(d, "context", SEED_DECODE_US_PER_TOKEN, "context (cached tokens)", "decode (µs/token)", title)
 
 
 def decode_cost(steps: pd.DataFrame, model: str, device_name: str):

@@ -85,8 +85,20 @@ def overlap_summary(runs: pd.DataFrame) -> dict:
     """
     g = {c: d for c, d in runs.groupby("condition")}
     med = {c: d.median(numeric_only=True) for c, d in g.items()}
-    c_after = g["serialised"]["compaction_ms"]
-    alo, ahi = _ratio_ci(g["compaction_alone"]["compaction_ms"], c_after)
+
+    def compaction_speedup(condition: str, name: str) -> dict:
+        lo, hi = _ratio_ci(g["compaction_alone"]["compaction_ms"], g[condition]["compaction_ms"])
+        ratio = med["compaction_alone"]["compaction_ms"] / med[condition]["compaction_ms"]
+        return {name: ratio, f"{name}_ci_low": lo, f"{name}_ci_high": hi}
+
+    def wall_saving(condition: str, prefix: str = "") -> dict:
+        lo, hi = _ratio_ci(g[condition]["total_ms"], g["serialised"]["total_ms"])
+        return {
+            f"{prefix}wall_saving_pct": 100.0 * (1 - med[condition]["total_ms"] / med["serialised"]["total_ms"]),
+            f"{prefix}wall_saving_ci_low_pct": 100.0 * (1 - hi),
+            f"{prefix}wall_saving_ci_high_pct": 100.0 * (1 - lo),
+        }
+
     out = dict(
         rounds=int(runs["round"].nunique()),
         compaction_alone_ms=med["compaction_alone"]["compaction_ms"],
@@ -94,44 +106,33 @@ def overlap_summary(runs: pd.DataFrame) -> dict:
         serialised_total_ms=med["serialised"]["total_ms"],
         # the compaction of `serialised` starts right behind the decode, on a GPU that is already busy
         compaction_after_decode_ms=med["serialised"]["compaction_ms"],
-        after_decode_speedup=med["compaction_alone"]["compaction_ms"] / med["serialised"]["compaction_ms"],
-        after_decode_speedup_ci_low=alo,
-        after_decode_speedup_ci_high=ahi,
+        **compaction_speedup("serialised", "after_decode_speedup"),
     )
     if "concurrent" not in g:
         return out
     c_alone, c_conc = g["compaction_alone"]["compaction_ms"], g["concurrent"]["compaction_ms"]
     t_ser, t_conc = g["serialised"]["total_ms"], g["concurrent"]["total_ms"]
-    lo, hi = _ratio_ci(c_alone, c_conc)
-    wlo, whi = _ratio_ci(t_conc, t_ser)
     saved = med["serialised"]["total_ms"] - med["concurrent"]["total_ms"]
     out.update(
         compaction_concurrent_ms=med["concurrent"]["compaction_ms"],
         decode_concurrent_ms=med["concurrent"]["decode_ms"],
         concurrent_total_ms=med["concurrent"]["total_ms"],
-        compaction_speedup=med["compaction_alone"]["compaction_ms"] / med["concurrent"]["compaction_ms"],
-        compaction_speedup_ci_low=lo,
-        compaction_speedup_ci_high=hi,
+        **compaction_speedup("concurrent", "compaction_speedup"),
         compaction_p_value=float(stats.mannwhitneyu(c_alone, c_conc, alternative="two-sided").pvalue),
-        wall_saving_pct=100.0 * (1 - med["concurrent"]["total_ms"] / med["serialised"]["total_ms"]),
-        wall_saving_ci_low_pct=100.0 * (1 - whi),
-        wall_saving_ci_high_pct=100.0 * (1 - wlo),
+        **wall_saving("concurrent"),
         wall_p_value=float(stats.mannwhitneyu(t_ser, t_conc, alternative="two-sided").pvalue),
         decode_slowdown=med["concurrent"]["decode_ms"] / med["decode_alone"]["decode_ms"],
         overlap_pct=100.0 * saved / min(med["compaction_alone"]["compaction_ms"], med["decode_alone"]["decode_ms"]),
     )
     if "concurrent_prioritised" in g:
         p = med["concurrent_prioritised"]
-        plo, phi = _ratio_ci(g["concurrent_prioritised"]["total_ms"], t_ser)
         out.update(
             prioritised_compaction_ms=p["compaction_ms"],
             prioritised_decode_ms=p["decode_ms"],
             prioritised_total_ms=p["total_ms"],
             prioritised_compaction_speedup=med["compaction_alone"]["compaction_ms"] / p["compaction_ms"],
             prioritised_decode_slowdown=p["decode_ms"] / med["decode_alone"]["decode_ms"],
-            prioritised_wall_saving_pct=100.0 * (1 - p["total_ms"] / med["serialised"]["total_ms"]),
-            prioritised_wall_saving_ci_low_pct=100.0 * (1 - phi),
-            prioritised_wall_saving_ci_high_pct=100.0 * (1 - plo),
+            **wall_saving("concurrent_prioritised", prefix="prioritised_"),
         )
     return out
 

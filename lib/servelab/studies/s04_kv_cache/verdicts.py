@@ -25,17 +25,28 @@ CLAIMS = {
 }
 
 
+def _failed_to_run(fid: str, *, seed_value: str, unit: str, note: str, measured_value: str = "no data") -> Finding:
+    """A claim whose part produced no point to judge: it fails, with no headline."""
+    return Finding(
+        id=fid,
+        claim=CLAIMS[fid],
+        seed_value=seed_value,
+        measured_value=measured_value,
+        unit=unit,
+        verdict="fails",
+        note=note,
+    )
+
+
 def f41(bpt: pd.DataFrame) -> Finding:
     """Holds if every architecture's HF cache and paged pool hold exactly the formula's bytes per token."""
     ok = bpt[bpt["status"] == "ok"]
     if ok.empty:
-        return Finding(
-            id="F4.1",
-            claim=CLAIMS["F4.1"],
+        return _failed_to_run(
+            "F4.1",
             seed_value="36 KB/token",
             measured_value="no case ran",
             unit="bytes/token",
-            verdict="fails",
             note="every case failed: " + "; ".join(bpt["status"].astype(str)),
         )
     exact = ok["exact"].astype(bool)
@@ -76,8 +87,12 @@ def _regimes(rows: pd.DataFrame) -> str:
     return ", ".join(f"{r.mode} b={r.batch}" for r in rows.itertuples())
 
 
+def _sorted_values(column: pd.Series) -> str:
+    return ", ".join(str(v) for v in sorted(column.unique()))
+
+
 def _modes_batches(s: pd.DataFrame) -> str:
-    return f"{', '.join(s['mode'].unique())}; batches {', '.join(str(b) for b in sorted(s['batch'].unique()))}"
+    return f"{', '.join(s['mode'].unique())}; batches {_sorted_values(s['batch'])}"
 
 
 def f42(summary: pd.DataFrame, copy_gb_s: float, dtype: str | None = None) -> Finding:
@@ -89,15 +104,7 @@ def f42(summary: pd.DataFrame, copy_gb_s: float, dtype: str | None = None) -> Fi
     flat. The seed's own measure, max/min variation, is reported beside it.
     """
     if summary.empty:
-        return Finding(
-            id="F4.2",
-            claim=CLAIMS["F4.2"],
-            seed_value="~3%",
-            measured_value="no data",
-            unit="% variation",
-            verdict="fails",
-            note="no decode point ran",
-        )
+        return _failed_to_run("F4.2", seed_value="~3%", unit="% variation", note="no decode point ran")
     s = summary.assign(
         flat=summary["trend_pct"].abs() <= FLAT_PCT, near_floor=summary["pct_of_floor_at_max_context"] >= NEAR_FLOOR_PCT
     )
@@ -163,15 +170,7 @@ def f43(comp: pd.DataFrame, copy_gb_s: float, model: str = "", dtype: str | None
     which mover and block sizes reproduce the seed's range on this GPU, if any."""
     ok = comp[comp["status"] == "ok"]
     if ok.empty:
-        return Finding(
-            id="F4.3",
-            claim=CLAIMS["F4.3"],
-            seed_value="19–67 GB/s",
-            measured_value="no data",
-            unit="GB/s",
-            verdict="fails",
-            note="no compaction point ran",
-        )
+        return _failed_to_run("F4.3", seed_value="19–67 GB/s", unit="GB/s", note="no compaction point ran")
     by = ok.groupby("method")["gb_s"].agg(["min", "max"])
     lo, hi = ok["gb_s"].min(), ok["gb_s"].max()
     inside = SEED_COMPACTION_GB_S[0] / 2 <= hi <= SEED_COMPACTION_GB_S[1] * 2
@@ -184,12 +183,11 @@ def f43(comp: pd.DataFrame, copy_gb_s: float, model: str = "", dtype: str | None
     seedlike = ok[ok["gb_s"].between(*SEED_COMPACTION_GB_S)]
     if len(seedlike) and not inside:
         where = "; ".join(
-            f"{m} with {', '.join(str(b) for b in sorted(g['block_size'].unique()))}-token blocks"
-            for m, g in seedlike.groupby("method")
+            f"{m} with {_sorted_values(g['block_size'])}-token blocks" for m, g in seedlike.groupby("method")
         )
         note += f". The seed's 19–67 GB/s is what this GPU moves with {where}"
     pools = ", ".join(f"{m:,}" for m in sorted(ok["pool_mib"].unique()))
-    blocks = ", ".join(str(b) for b in sorted(ok["block_size"].unique()))
+    blocks = _sorted_values(ok["block_size"])
     return Finding(
         id="F4.3",
         claim=CLAIMS["F4.3"],
@@ -215,13 +213,11 @@ def f44(summary, on_cuda: bool, model: str = "", dtype: str | None = None) -> Fi
     """
     s = pd.DataFrame([summary]) if isinstance(summary, dict) else summary
     if not on_cuda or "compaction_speedup" not in s:
-        return Finding(
-            id="F4.4",
-            claim=CLAIMS["F4.4"],
+        return _failed_to_run(
+            "F4.4",
             seed_value="1.3× faster",
             measured_value="none (CPU run)",
             unit="speedup",
-            verdict="fails",
             note="CPU run: there are no CUDA streams to overlap on, so the claim cannot hold here (not an H200 result)",
         )
     faster = s["compaction_speedup_ci_low"] > 1

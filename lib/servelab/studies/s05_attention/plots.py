@@ -11,7 +11,7 @@ import pandas as pd
 import seaborn as sns
 
 from servelab.studies.common.roofline_plot import roofline_plot
-from servelab.studies.s05_attention.verdicts import SEED_MEMORY_GROWTH, SEED_SPEEDUP, config_label
+from servelab.studies.s05_attention.verdicts import SEED_MEMORY_GROWTH, SEED_SPEEDUP, with_config
 
 ORDER = ["naive", "sdpa_math", "sdpa_efficient", "sdpa_flash", "sdpa_cudnn", "sdpa_default", "sdpa_repeat_kv", "flex"]
 PALETTE = dict(zip(ORDER, sns.color_palette("tab10", len(ORDER)), strict=True))  # one colour per variant, every figure
@@ -20,9 +20,7 @@ SMALL = 9  # pt: the smallest type on a figure
 
 
 def _ok(df):
-    out = df[df["status"].eq("ok")].copy()
-    out["config"] = [config_label(a, d) for a, d in zip(out["arch"], out["head_dim"], strict=True)]
-    return out
+    return with_config(df[df["status"].eq("ok")])
 
 
 def _hue_order(df):
@@ -48,59 +46,65 @@ def _legend_below(fig, axes, ncol: int = 4):
                 handles[lab] = h
                 labels.append(lab)
     fig.legend([handles[lab] for lab in labels], labels, loc="lower center", ncol=ncol, fontsize=SMALL, frameon=False)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))  # the legend's strip below the panels
+    return fig
 
 
-def _log_lengths(ax, lengths):
+def _log_lengths(ax, values):
+    lengths = sorted(int(x) for x in values.unique())
     ax.set_xscale("log")
     ax.set_xticks(lengths, [f"{x // 1024}k" if x >= 1024 else str(x) for x in lengths])
     ax.minorticks_off()
 
 
-def prefill_time(prefill: pd.DataFrame, roof):
-    """Median time against length per variant, one panel per configuration, with the roofline floor."""
-    ok = _ok(prefill)
+def _variant_lines(ax, rows, variants, x: str, y: str, ms: int = 3):
+    """One line per variant of ``variants`` (the figure's order) that has points in ``rows``."""
+    for v in variants:
+        gv = rows[rows["variant"] == v].sort_values(x)
+        if len(gv):
+            ax.plot(gv[x], gv[y], "o-", ms=ms, color=PALETTE[v], label=v)
+
+
+def _roofline_floor(ax, rows, roof):
+    fl = rows.drop_duplicates("q_len").sort_values("q_len")
+    ax.plot(fl["q_len"], roof.floor_ms(fl["flops"], fl["min_bytes"]), "k--", lw=1, label="roofline floor")
+
+
+def _per_config(ok: pd.DataFrame, y: str, ylabel: str, lengths: pd.Series, reference):
+    """``y`` against prefill length, one line per variant, one panel per configuration, each panel with what
+    ``reference(ax, config, rows)`` draws to judge it against; x ticks at ``lengths``."""
     configs = sorted(ok["config"].unique())
-    lengths = sorted(int(x) for x in ok["q_len"].unique())
     fig, axes = _grid(len(configs))
     for ax, cfg in zip(axes, configs, strict=True):
         g = ok[ok["config"] == cfg]
-        for v in _hue_order(ok):
-            gv = g[g["variant"] == v].sort_values("q_len")
-            if len(gv):
-                ax.plot(gv["q_len"], gv["median_ms"], "o-", ms=3, color=PALETTE[v], label=v)
-        fl = g.drop_duplicates("q_len").sort_values("q_len")
-        ax.plot(fl["q_len"], roof.floor_ms(fl["flops"], fl["min_bytes"]), "k--", lw=1, label="roofline floor")
-        ax.set(yscale="log", title=cfg, xlabel="sequence length (tokens)", ylabel="time per call (ms)")
+        _variant_lines(ax, g, _hue_order(ok), "q_len", y)
+        reference(ax, cfg, g)
+        ax.set(yscale="log", title=cfg, xlabel="sequence length (tokens)", ylabel=ylabel)
         _log_lengths(ax, lengths)
-    _legend_below(fig, axes)
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
-    return fig
+    return _legend_below(fig, axes)
+
+
+def prefill_time(prefill: pd.DataFrame, roof):
+    """Median time against length per variant, one panel per configuration, with the roofline floor."""
+    ok = _ok(prefill)
+    return _per_config(
+        ok, "median_ms", "time per call (ms)", ok["q_len"], lambda ax, cfg, g: _roofline_floor(ax, g, roof)
+    )
 
 
 def prefill_tflops(prefill: pd.DataFrame, ceilings):
     """Achieved TFLOP/s (causal half counted) against length, with the measured matmul ceiling."""
-    ok = _ok(prefill)
-    configs = sorted(ok["config"].unique())
-    lengths = sorted(int(x) for x in ok["q_len"].unique())
-    fig, axes = _grid(len(configs))
-    for ax, cfg in zip(axes, configs, strict=True):
-        g = ok[ok["config"] == cfg]
-        for v in _hue_order(ok):
-            gv = g[g["variant"] == v].sort_values("q_len")
-            if len(gv):
-                ax.plot(gv["q_len"], gv["achieved_tflop_s"], "o-", ms=3, color=PALETTE[v], label=v)
+
+    def ceiling(ax, cfg, g):
         ax.axhline(ceilings.matmul_tflop_s, color="k", ls="--", lw=1, label=f"{ceilings.matmul_dtype} matmul ceiling")
-        ax.set(yscale="log", title=cfg, xlabel="sequence length (tokens)", ylabel="achieved TFLOP/s")
-        _log_lengths(ax, lengths)
-    _legend_below(fig, axes)
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
-    return fig
+
+    ok = _ok(prefill)
+    return _per_config(ok, "achieved_tflop_s", "achieved TFLOP/s", ok["q_len"], ceiling)
 
 
 def speedup(speedups: pd.DataFrame, seed_length: int):
     """naive / SDPA-default time against length, with the RTX 2070's 7.64× at 2,048 tokens marked."""
-    sp = speedups.copy()
-    sp["config"] = [config_label(a, d) for a, d in zip(sp["arch"], sp["head_dim"], strict=True)]
+    sp = with_config(speedups)
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     for cfg, g in sp.groupby("config", sort=True):
         g = g.sort_values("q_len")
@@ -109,7 +113,7 @@ def speedup(speedups: pd.DataFrame, seed_length: int):
             label=f"{SEED}: {SEED_SPEEDUP}× at {seed_length:,}")  # fmt: skip
     ax.axhline(SEED_SPEEDUP, color="crimson", lw=0.8, ls=":")
     ax.set(yscale="log", xlabel="sequence length (tokens)", ylabel="naive time / SDPA default time (×)")
-    _log_lengths(ax, sorted(int(x) for x in sp["q_len"].unique()))
+    _log_lengths(ax, sp["q_len"])
     ax.legend(fontsize=SMALL)
     fig.tight_layout()
     return fig
@@ -117,34 +121,24 @@ def speedup(speedups: pd.DataFrame, seed_length: int):
 
 def memory(prefill: pd.DataFrame, device_memory_bytes: float | None):
     """Peak memory of one call (Q/K/V included) against length, with the device's memory; OOMs marked."""
-    ok = _ok(prefill)
-    configs = sorted(ok["config"].unique())
-    lengths = sorted(int(x) for x in prefill["q_len"].unique())
-    oom = prefill[prefill["status"].isin(["oom"])].copy()
-    oom["config"] = [config_label(a, d) for a, d in zip(oom["arch"], oom["head_dim"], strict=True)]
-    fig, axes = _grid(len(configs))
-    for ax, cfg in zip(axes, configs, strict=True):
-        g = ok[ok["config"] == cfg]
-        for v in _hue_order(ok):
-            gv = g[g["variant"] == v].sort_values("q_len")
-            if len(gv):
-                ax.plot(gv["q_len"], gv["peak_mem_incl_inputs_bytes"] / 1e9, "o-", ms=3, color=PALETTE[v], label=v)
+    oom = with_config(prefill[prefill["status"].isin(["oom"])])
+
+    def device_memory(ax, cfg, g):
         if device_memory_bytes:
             ax.axhline(device_memory_bytes / 1e9, color="k", ls="--", lw=1, label="device memory")
             bad = oom[oom["config"] == cfg]
             if len(bad):
                 ax.plot(bad["q_len"], [device_memory_bytes / 1e9] * len(bad), "rx", ms=8, label="out of memory")
-        ax.set(yscale="log", title=cfg, xlabel="sequence length (tokens)", ylabel="peak memory (GB)")
-        _log_lengths(ax, lengths)
-    _legend_below(fig, axes)
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
-    return fig
+
+    ok = _ok(prefill)
+    ok = ok.assign(peak_gb=ok["peak_mem_incl_inputs_bytes"] / 1e9)
+    # every length swept, those that ran out of memory included
+    return _per_config(ok, "peak_gb", "peak memory (GB)", prefill["q_len"], device_memory)
 
 
 def memory_growth_bars(growth: pd.DataFrame):
     """Peak-memory growth for 32× longer sequences per variant, with the RTX 2070's 25× and 2.4×."""
-    g = growth.copy()
-    g["config"] = [config_label(a, d) for a, d in zip(g["arch"], g["head_dim"], strict=True)]
+    g = with_config(growth)
     pairs = list(dict.fromkeys(zip(g["short"], g["long"], strict=True)))
     order = _hue_order(g)
     fig, axes = plt.subplots(1, len(pairs), figsize=(8, 4.2), sharey=True, squeeze=False)
@@ -167,20 +161,13 @@ def decode_bandwidth(decode: pd.DataFrame, ceilings, arch: str):
     ok = _ok(decode)
     ok = ok[ok["arch"].eq(arch)]
     batches = sorted(int(b) for b in ok["batch"].unique())
-    lengths = sorted(int(x) for x in ok["kv_len"].unique())
     fig, axes = _grid(len(batches), row_height=2.8)
     for ax, b in zip(axes, batches, strict=True):
-        g = ok[ok["batch"].eq(b)]
-        for v in _hue_order(ok):
-            gv = g[g["variant"] == v].sort_values("kv_len")
-            if len(gv):
-                ax.plot(gv["kv_len"], gv["achieved_gb_s"], "o-", ms=3, color=PALETTE[v], label=v)
+        _variant_lines(ax, ok[ok["batch"].eq(b)], _hue_order(ok), "kv_len", "achieved_gb_s")
         ax.axhline(ceilings.copy_gb_s, color="k", ls="--", lw=1, label="copy ceiling")
         ax.set(yscale="log", title=f"batch {b}", xlabel="KV length (tokens)", ylabel="K+V read (GB/s)")
-        _log_lengths(ax, lengths)
-    _legend_below(fig, axes)
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
-    return fig
+        _log_lengths(ax, ok["kv_len"])
+    return _legend_below(fig, axes)
 
 
 def masks(mask_df: pd.DataFrame, roof):
@@ -188,22 +175,14 @@ def masks(mask_df: pd.DataFrame, roof):
     mask's own roofline floor (only allowed pairs counted)."""
     ok = _ok(mask_df)
     kinds = list(dict.fromkeys(ok["mask"]))
-    lengths = sorted(int(x) for x in ok["q_len"].unique())
     fig, axes = _grid(len(kinds), row_height=2.9)
     for ax, kind in zip(axes, kinds, strict=True):
-        g = ok[ok["mask"] == kind]
-        for v in _hue_order(ok):
-            gv = g[g["variant"] == v].sort_values("q_len")
-            if len(gv):
-                ax.plot(gv["q_len"], gv["median_ms"], "o-", ms=4, color=PALETTE[v], label=v)
-        fl = mask_df[mask_df["mask"] == kind].drop_duplicates("q_len").sort_values("q_len")
-        ax.plot(fl["q_len"], roof.floor_ms(fl["flops"], fl["min_bytes"]), "k--", lw=1, label="roofline floor")
+        _variant_lines(ax, ok[ok["mask"] == kind], _hue_order(ok), "q_len", "median_ms", ms=4)
+        _roofline_floor(ax, mask_df[mask_df["mask"] == kind], roof)
         ax.set(yscale="log", title=f"{kind.replace('_', ' ')} mask", xlabel="sequence length (tokens)",
                ylabel="time per call (ms)")  # fmt: skip
-        _log_lengths(ax, lengths)
-    _legend_below(fig, axes)
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
-    return fig
+        _log_lengths(ax, ok["q_len"])
+    return _legend_below(fig, axes)
 
 
 def spread(spread_df: pd.DataFrame, regime: str):

@@ -316,9 +316,7 @@ def oom_view(r: Study5Page) -> pd.DataFrame:
 def exponents_view(r: Study5Page) -> pd.DataFrame:
     if r.exponents.empty:
         return r.exponents
-    labels = [verdicts.config_label(a, d) for a, d in zip(r.exponents["arch"], r.exponents["head_dim"], strict=True)]
-    e = r.exponents.assign(config=labels)
-    return e.pivot_table(index="variant", columns="config", values="exponent").round(2)
+    return verdicts.with_config(r.exponents).pivot_table(index="variant", columns="config", values="exponent").round(2)
 
 
 def masks_view(r: Study5Page) -> pd.DataFrame:

@@ -40,6 +40,11 @@ def config_label(arch: str, head_dim: int) -> str:
     return f"{arch}, D={head_dim}"
 
 
+def with_config(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` with a ``config`` column: each row's ``config_label``."""
+    return df.assign(config=[config_label(a, d) for a, d in zip(df["arch"], df["head_dim"], strict=True)])
+
+
 def _ok(df: pd.DataFrame) -> pd.DataFrame:
     return df[df["status"].eq("ok")]
 
@@ -228,43 +233,38 @@ def spreads(
 def _spread(df: pd.DataFrame, length_col: str, regime: str, start: int = SEED_COMPARISON_LENGTH) -> pd.DataFrame:
     length = comparison_length(df, length_col, start)
     ok = _ok(df)
-    at = ok[ok[length_col].eq(length) & ok["variant"].isin(KERNELS)].copy()
-    at["config"] = [config_label(a, d) for a, d in zip(at["arch"], at["head_dim"], strict=True)]
+    at = with_config(ok[ok[length_col].eq(length) & ok["variant"].isin(KERNELS)])
     t = at.pivot_table(index="config", columns="variant", values="median_ms").dropna(axis=1)
-    rows = []
-    for cfg, r in t.iterrows():
-        rows.append(
-            dict(
-                regime=regime,
-                length=length,
-                comparison="across kernels, fixed architecture",
-                fixed=cfg,
-                spread=r.max() / r.min(),
-                slowest=r.idxmax(),
-                fastest=r.idxmin(),
-            )
+
+    def row(comparison: str, fixed: str, times: pd.Series) -> dict:
+        return dict(
+            regime=regime,
+            length=length,
+            comparison=comparison,
+            fixed=fixed,
+            spread=times.max() / times.min(),
+            slowest=times.idxmax(),
+            fastest=times.idxmin(),
         )
-    for var, c in t.items():
-        rows.append(
-            dict(
-                regime=regime,
-                length=length,
-                comparison="across architectures, fixed kernel",
-                fixed=var,
-                spread=c.max() / c.min(),
-                slowest=c.idxmax(),
-                fastest=c.idxmin(),
-            )
-        )
+
+    rows = [row("across kernels, fixed architecture", cfg, r) for cfg, r in t.iterrows()]
+    rows += [row("across architectures, fixed kernel", var, c) for var, c in t.items()]
     return pd.DataFrame(rows)
+
+
+def _kernel_and_arch_spreads(spread: pd.DataFrame) -> tuple[pd.Series, pd.Series]:
+    comparison = spread["comparison"].str
+    return (
+        spread[comparison.startswith("across kernels")]["spread"],
+        spread[comparison.startswith("across architectures")]["spread"],
+    )
 
 
 def f53(spread: pd.DataFrame, shapes: str = "") -> Finding:
     """F5.3 judged on causal prefill (the seed's setting); the decode comparison, if present, goes in the note
     (``shapes``: what it was tested on)."""
     pre = spread[spread["regime"].eq("prefill")] if "regime" in spread else spread
-    k = pre[pre["comparison"].str.startswith("across kernels")]["spread"]
-    a = pre[pre["comparison"].str.startswith("across architectures")]["spread"]
+    k, a = _kernel_and_arch_spreads(pre)
     if k.empty or a.empty:
         raise ValueError("F5.3 needs kernel and architecture spreads")
     verdict = "holds" if k.min() > a.max() else ("changes" if k.median() > a.median() else "fails")
@@ -276,8 +276,7 @@ def f53(spread: pd.DataFrame, shapes: str = "") -> Finding:
     )
     dec = spread[spread["regime"].eq("decode")] if "regime" in spread else spread.iloc[:0]
     if len(dec):
-        dk = dec[dec["comparison"].str.startswith("across kernels")]["spread"]
-        da = dec[dec["comparison"].str.startswith("across architectures")]["spread"]
+        dk, da = _kernel_and_arch_spreads(dec)
         note += (
             f"; decode (batch {int(dec['batch'].iloc[0])}, KV {int(dec['length'].iloc[0]):,}): kernels "
             f"{dk.min():.1f}–{dk.max():.1f}×, architectures {da.min():.1f}–{da.max():.1f}×"
