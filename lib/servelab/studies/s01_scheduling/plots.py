@@ -28,6 +28,15 @@ def _plain_log_ticks(fig) -> None:
                 axis.set_minor_formatter(LogFormatter(base=base, labelOnlyBase=False, minor_thresholds=(1, 0.4)))
 
 
+def _finish(fig, title: str | None = None):
+    """Every figure's last step: ticks relabelled before the layout is fitted, as their labels' sizes move it."""
+    if title is not None:
+        fig.suptitle(title)
+    _plain_log_ticks(fig)
+    fig.tight_layout()
+    return fig
+
+
 def setting(scheduler: pd.Series, budget: pd.Series) -> pd.Series:
     return pd.Series(
         np.where(scheduler == "chunked_prefill", scheduler + "@" + budget.astype(str), scheduler), index=scheduler.index
@@ -81,10 +90,7 @@ def latency_cdfs(req_metrics: pd.DataFrame, model: str, rate_fraction: float, de
     a0.set_title(f"TTFT at {rate:.2f} req/s", fontsize=10)
     a1.set_title(f"ITL at {rate:.2f} req/s", fontsize=10)
     a0.legend(fontsize=9)
-    fig.suptitle(f"{short(model)} on {device}")
-    _plain_log_ticks(fig)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, f"{short(model)} on {device}")
 
 
 def stall_distribution(req_metrics: pd.DataFrame, device: str):
@@ -110,10 +116,7 @@ def stall_distribution(req_metrics: pd.DataFrame, device: str):
         _seed_stalls(ax, "y")
         ax.set(ylabel="worst stall per request: max ITL (ms)", title=f"{short(model)}: decode stalls")
         ax.legend(fontsize=9)
-    fig.suptitle(f"Decode stalls on {device}")
-    _plain_log_ticks(fig)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, f"Decode stalls on {device}")
 
 
 def throughput_latency(summary: pd.DataFrame, device: str):
@@ -139,10 +142,7 @@ def throughput_latency(summary: pd.DataFrame, device: str):
             row[0].axhline(slo.iloc[0], color="red", ls="--", lw=1, label=f"ITL SLO {slo.iloc[0]:.1f} ms")
         row[0].legend(fontsize=9)
         row[1].legend(fontsize=9)
-    fig.suptitle(f"Throughput against latency on {device} (each point one offered rate)")
-    _plain_log_ticks(fig)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, f"Throughput against latency on {device} (each point one offered rate)")
 
 
 NOT_MEASURED = "not measured"
@@ -183,10 +183,7 @@ def capacity_bars(capacity: pd.DataFrame, device: str):
         ax.set_yticks(y, g.index)
         ax.set(xlabel="requests/s", title=f"{short(model)}: p99 ITL ≤ {g['slo_itl_ms'].iloc[0]:.1f} ms")
     axes[0, 0].legend(fontsize=9, loc="lower right")
-    fig.suptitle(f"Capacity at an ITL SLO on {device}")
-    _plain_log_ticks(fig)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, f"Capacity at an ITL SLO on {device}")
 
 
 def stall_by_rate(summary: pd.DataFrame, device: str):
@@ -211,9 +208,7 @@ def stall_by_rate(summary: pd.DataFrame, device: str):
         ax.set(xlabel="offered rate (req/s)", ylabel="worst stall: p99 of per-request max ITL (ms)", yscale="log")
         ax.set_title(short(model))
     axes[0, -1].legend(fontsize=9)
-    _plain_log_ticks(fig)
-    fig.tight_layout()
-    return fig
+    return _finish(fig)
 
 
 def stall_window(steps: pd.DataFrame, span_s: float = 1.0) -> tuple[float, float]:
@@ -283,10 +278,7 @@ def timeline(steps: pd.DataFrame, model: str, rate_fraction: float, device: str,
         ax.legend(handles[::-1] + h2, labels[::-1] + l2, loc="upper left", fontsize=9)
     axes[-1, 0].set_xlabel("time since the run started (s)")
     rate = d["rate"].iloc[0] if len(d) else float("nan")
-    fig.suptitle(f"{short(model)} on {device}: batch composition per engine step at {rate:.2f} req/s")
-    _plain_log_ticks(fig)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, f"{short(model)} on {device}: batch composition per engine step at {rate:.2f} req/s")
 
 
 def budget_sweep(summary: pd.DataFrame, model: str, rate_fraction: float, device: str):
@@ -311,7 +303,4 @@ def budget_sweep(summary: pd.DataFrame, model: str, rate_fraction: float, device
         ax.set_xscale("log", base=2)
     axes[0].legend(fontsize=9)
     rate = s["rate"].iloc[0] if len(s) else float("nan")
-    fig.suptitle(f"{short(model)} on {device}: ChunkedPrefill's token budget at {rate:.2f} req/s")
-    _plain_log_ticks(fig)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, f"{short(model)} on {device}: ChunkedPrefill's token budget at {rate:.2f} req/s")

@@ -181,10 +181,35 @@ def _paired_models(j: pd.DataFrame):
         yield short(model), g, float(np.median(g["stall_cut_p99"])), g.loc[g["rate_fraction"].idxmax()]
 
 
+NOT_PAIRED = "no rate was measured with both EagerContBatch and ChunkedPrefill"
+
+
+def _judged_pairs(summary: pd.DataFrame, reference_budget: int) -> pd.DataFrame:
+    """The paired rates F1.1's and F1.2's rules judge: those with a p99 stall cut (``paired``)."""
+    return paired(summary, reference_budget).dropna(subset=["stall_cut_p99"])
+
+
+def _pairs_tested_on(j: pd.DataFrame, dtype: str | None) -> str:
+    return tested_on(j["model"], dtype=dtype, setting=f"{len(j)} paired runs (model × rate) served over HTTP")
+
+
+def _per_model_finding(fid: str, per: dict[str, str], parts: list[str], rule: str, near=(), **fields) -> Finding:
+    """A claim judged on each model on its own (``per``, and one ``parts`` sentence each), then combined: the note
+    gives the rule, each model's verdict and any that lies near a threshold (``near``)."""
+    return Finding(
+        id=fid,
+        claim=CLAIMS[fid],
+        measured_value="; ".join(parts),
+        verdict=combine(per),
+        note=f"{rule} Per model: {_where(per)}" + _near_text(list(near)),
+        **fields,
+    )
+
+
 def model_verdicts(summary: pd.DataFrame, reference_budget: int) -> dict[str, dict[str, str]]:
     """F1.1's and F1.2's verdict per model on one repeat's summary, by the same rules as ``f11`` and ``f12``:
     ``{"F1.1": {"llama-3-8b": "changes", ...}, "F1.2": {...}}`` (empty where no rate was paired)."""
-    j = paired(summary, reference_budget).dropna(subset=["stall_cut_p99"])
+    j = _judged_pairs(summary, reference_budget)
     out: dict[str, dict[str, str]] = {"F1.1": {}, "F1.2": {}}
     for name, _, cut, top in _paired_models(j):
         out["F1.1"][name] = _f11_verdict(cut)
@@ -229,9 +254,9 @@ def models_over_repeats(by_repeat: list[dict[str, str]]) -> str:
 
 
 def f11(summary: pd.DataFrame, reference_budget: int, dtype: str | None = None) -> Finding:
-    j = paired(summary, reference_budget).dropna(subset=["stall_cut_p99"])
+    j = _judged_pairs(summary, reference_budget)
     if j.empty:
-        return _missing("F1.1", "ms", "no rate was measured with both EagerContBatch and ChunkedPrefill")
+        return _missing("F1.1", "ms", NOT_PAIRED)
     per, parts, near, cuts = {}, [], [], []
     for name, g, cut, _ in _paired_models(j):
         cuts.append(100 * cut)
@@ -244,26 +269,26 @@ def f11(summary: pd.DataFrame, reference_budget: int, dtype: str | None = None) 
             f"{worst['max_itl_ms_chunked']:.1f} ms) at {worst['rate_eager']:.2f} req/s; median cut over {len(g)} "
             f"rates {cut:.0%}"
         )
-    return Finding(
-        id="F1.1",
-        claim=CLAIMS["F1.1"],
-        seed_value=_seed_cut("F1.1"),
-        measured_value="; ".join(parts),
-        unit="ms",
-        verdict=combine(per),
-        note=f"ChunkedPrefill at a {reference_budget}-token budget vs EagerContBatch on the same traces; the cut in "
+    return _per_model_finding(
+        "F1.1",
+        per,
+        parts,
+        rule=f"ChunkedPrefill at a {reference_budget}-token budget vs EagerContBatch on the same traces; the cut in "
         f"the p99 of each request's worst inter-token gap, median over rates: holds for a 20-70% cut, changes "
-        f"outside it, fails at <= 5%. Per model: {_where(per)}" + _near_text(near),
-        tested_on=tested_on(j["model"], dtype=dtype, setting=f"{len(j)} paired runs (model × rate) served over HTTP"),
+        f"outside it, fails at <= 5%.",
+        near=near,
+        seed_value=_seed_cut("F1.1"),
+        unit="ms",
+        tested_on=_pairs_tested_on(j, dtype),
         headline=float(np.median(cuts)),
         headline_unit=f"% cut in the p99 stall, median over rates{over_models(len(cuts))}",
     )
 
 
 def f12(summary: pd.DataFrame, reference_budget: int, dtype: str | None = None) -> Finding:
-    j = paired(summary, reference_budget).dropna(subset=["stall_cut_p99"])
+    j = _judged_pairs(summary, reference_budget)
     if j.empty:
-        return _missing("F1.2", "ratio", "no rate was measured with both EagerContBatch and ChunkedPrefill")
+        return _missing("F1.2", "ratio", NOT_PAIRED)
     per, parts, near, ratios = {}, [], [], []
     for name, g, cut, top in _paired_models(j):
         near.append(near_cut_thresholds(name, g["stall_cut_p99"], (NO_CUT,)))
@@ -275,17 +300,16 @@ def f12(summary: pd.DataFrame, reference_budget: int, dtype: str | None = None) 
             f"({top['delivered_tok_s_chunked']:,.0f} vs {top['delivered_tok_s_eager']:,.0f} tok/s), "
             f"stall cut {cut:.0%}"
         )
-    return Finding(
-        id="F1.2",
-        claim=CLAIMS["F1.2"],
+    return _per_model_finding(
+        "F1.2",
+        per,
+        parts,
+        rule="holds if the stall (the p99 of each request's worst inter-token gap, as F1.1) is cut (> 5%, median "
+        "over rates) and throughput rises <= 10%; changes if it rises more; fails without a stall cut.",
+        near=near,
         seed_value="stall cut, no throughput gain",
-        measured_value="; ".join(parts),
         unit="ChunkedPrefill / EagerContBatch delivered tokens/s",
-        verdict=combine(per),
-        note=f"holds if the stall (the p99 of each request's worst inter-token gap, as F1.1) is cut (> 5%, median "
-        f"over rates) and throughput rises <= 10%; changes if it rises more; fails without a stall cut. Per model: "
-        f"{_where(per)}" + _near_text(near),
-        tested_on=tested_on(j["model"], dtype=dtype, setting=f"{len(j)} paired runs (model × rate) served over HTTP"),
+        tested_on=_pairs_tested_on(j, dtype),
         headline=float(np.median(ratios)),
         headline_unit=f"× delivered tokens/s, ChunkedPrefill / EagerContBatch at the most loaded rate"
         f"{over_models(len(ratios))}",
@@ -322,15 +346,14 @@ def f13(summary: pd.DataFrame, dtype: str | None = None) -> Finding:
             f"{e_val} tok/s vs best {best_tp['delivered_tok_s']:,.0f} ({best_tp['setting']})"
         )
     settings = s["setting"].nunique()
-    return Finding(
-        id="F1.3",
-        claim=CLAIMS["F1.3"],
+    return _per_model_finding(
+        "F1.3",
+        per,
+        parts,
+        rule="EagerContBatch is best if within 5% of the lowest mean TTFT (at half the rates or more) and "
+        "within 3% of the highest delivered throughput at the most loaded rate.",
         seed_value="best mean TTFT and throughput",
-        measured_value="; ".join(parts),
         unit="ms, tokens/s",
-        verdict=combine(per),
-        note=f"EagerContBatch is best if within 5% of the lowest mean TTFT (at half the rates or more) and "
-        f"within 3% of the highest delivered throughput at the most loaded rate. Per model: {_where(per)}",
         tested_on=tested_on(
             s["model"], dtype=dtype, setting=f"{settings} policy settings × {s['rate_fraction'].nunique()} rates"
         ),

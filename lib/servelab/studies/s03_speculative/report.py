@@ -78,15 +78,19 @@ def _name(spec: str) -> str:
     return str(spec).removeprefix("config:")
 
 
-def shape_pair(rep: RunSet) -> tuple[str, str]:
-    pairs = param(rep, "shape_pairs") or [["config:" + SEED_PAIR[0], "config:" + SEED_PAIR[1]]]
+def _first_pair(rep: RunSet, key: str) -> tuple[str, str]:
+    """The first (draft, target) of the repeat's ``key`` pairs; the seed's own where the run recorded none."""
+    pairs = param(rep, key) or [["config:" + SEED_PAIR[0], "config:" + SEED_PAIR[1]]]
     return _name(pairs[0][0]), _name(pairs[0][1])
+
+
+def shape_pair(rep: RunSet) -> tuple[str, str]:
+    return _first_pair(rep, "shape_pairs")
 
 
 def seed_pair(rep: RunSet) -> tuple[str, str]:
     """The controlled sweep's first pair (the seed's own at the full profile)."""
-    pairs = param(rep, "controlled_pairs") or [["config:" + SEED_PAIR[0], "config:" + SEED_PAIR[1]]]
-    return _name(pairs[0][0]), _name(pairs[0][1])
+    return _first_pair(rep, "controlled_pairs")
 
 
 def _steps(rep: RunSet) -> pd.DataFrame:
@@ -385,6 +389,17 @@ def _round(df: pd.DataFrame, cols: dict, nd: int = 3) -> pd.DataFrame:
     return df[keep].rename(columns=cols).round(nd).reset_index(drop=True)
 
 
+VIEW_ROWS = 12  # rows at most in the page's compact tables (every row is in the runs' tables)
+
+
+def _view(df: pd.DataFrame, cols: dict, nd: int, rows: int | None = VIEW_ROWS) -> pd.DataFrame:
+    """A compact table for the page: the first ``rows`` rows (all if None), ``cols`` renamed, rounded to ``nd``;
+    empty where ``df`` is (a table that did not run has no columns to keep)."""
+    if not len(df):
+        return pd.DataFrame()
+    return _round(df if rows is None else df.head(rows), cols, nd)
+
+
 def speedup_view(speed: pd.DataFrame) -> pd.DataFrame:
     """At most a dozen rows: the greedy points, best γ per pair (every point is in the runs' generations)."""
     if speed.empty:
@@ -404,7 +419,7 @@ def speedup_view(speed: pd.DataFrame) -> pd.DataFrame:
         "speedup_vs_chained": "vs multi-step (×)",
         "prompts": "prompts",
     }
-    return _round(best.head(12), cols, 2)
+    return _round(best.head(VIEW_ROWS), cols, 2)
 
 
 def ratios_view(ratios: pd.DataFrame) -> pd.DataFrame:
@@ -418,7 +433,7 @@ def ratios_view(ratios: pd.DataFrame) -> pd.DataFrame:
         "target_over_draft_each": "target/draft in each repeat",
         "param_ratio": "parameters (×)",
     }
-    return _round(ratios.head(12), cols, 3) if len(ratios) else pd.DataFrame()
+    return _view(ratios, cols, 3)
 
 
 def pays_view(pays: pd.DataFrame) -> pd.DataFrame:
@@ -430,15 +445,15 @@ def pays_view(pays: pd.DataFrame) -> pd.DataFrame:
         "best_speedup": "best speedup (×)",
         "c": "c in the loop",
     }
-    if not len(pays):
-        return pd.DataFrame()
-    out = _round(pays.head(12), cols, 3)
-    if "alpha_max" in pays:  # no α up to the sweep's highest pays: say so, as the verdicts' notes do
-        never = pays.head(12)["alpha_pays"].isna().to_numpy()
-        top = pays.head(12)["alpha_max"].round(2).to_numpy()
-        shown = out["pays above α"].astype(object)
-        shown[never] = [f"not up to {a:.2f}" for a in top[never]]
-        out["pays above α"] = shown
+    out = _view(pays, cols, 3)
+    if out.empty or "alpha_max" not in pays:
+        return out
+    # no α up to the sweep's highest pays: say so, as the verdicts' notes do
+    never = pays.head(VIEW_ROWS)["alpha_pays"].isna().to_numpy()
+    top = pays.head(VIEW_ROWS)["alpha_max"].round(2).to_numpy()
+    shown = out["pays above α"].astype(object)
+    shown[never] = [f"not up to {a:.2f}" for a in top[never]]
+    out["pays above α"] = shown
     return out
 
 
@@ -452,7 +467,7 @@ def alpha_view(real_alpha: pd.DataFrame) -> pd.DataFrame:
         "tokens_per_round": "tokens/round (γ=4)",
         "prompts": "prompts",
     }
-    return _round(real_alpha.head(12), cols, 3) if len(real_alpha) else pd.DataFrame()
+    return _view(real_alpha, cols, 3)
 
 
 def lookup_view(lookup: pd.DataFrame) -> pd.DataFrame:
@@ -464,7 +479,7 @@ def lookup_view(lookup: pd.DataFrame) -> pd.DataFrame:
         "speedup": "speedup (×)",
         "alpha_realised": "α",
     }
-    return _round(lookup.head(12), cols, 2) if len(lookup) else pd.DataFrame()
+    return _view(lookup, cols, 2)
 
 
 def distill_view(distill: pd.DataFrame) -> pd.DataFrame:
@@ -477,7 +492,7 @@ def distill_view(distill: pd.DataFrame) -> pd.DataFrame:
         "last_loss": "last loss",
         "cached": "from cache",
     }
-    return _round(distill, cols, 2) if len(distill) else pd.DataFrame()
+    return _view(distill, cols, 2, rows=None)
 
 
 def study6_note(s6: pd.DataFrame | None, device: str) -> str:

@@ -42,6 +42,17 @@ def _err(d: pd.DataFrame):
     return np.vstack([d["median_ms"] - d["p25_ms"], d["p75_ms"] - d["median_ms"]])
 
 
+def _seed_star(ax, x, y, label: str) -> None:
+    """The seed's RTX 2070 measurement, one red star beside the measured curve."""
+    ax.plot([x], [y], marker="*", ms=14, color="tab:red", ls="", label=f"RTX 2070 (seed): {label}")
+
+
+def _finish(fig, title: str):
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
 def ttft_vs_prefix(df: pd.DataFrame, sp: pd.DataFrame, title: str):
     """Left: TTFT (median, IQR bars) cached and uncached against the prefix length, each with its roofline floor
     (dashed). Right: the speedup, with the seed's value at 512 tokens."""
@@ -82,20 +93,10 @@ def ttft_vs_prefix(df: pd.DataFrame, sp: pd.DataFrame, title: str):
         )
         _log2_ticks(b, sp["prefix_tokens"])
     b.axhline(1.0, color="grey", lw=0.8)
-    b.plot(
-        [SEED_PREFIX],
-        [SEED_SPEEDUP_512],
-        marker="*",
-        ms=14,
-        color="tab:red",
-        ls="",
-        label=f"RTX 2070 (seed): {SEED_SPEEDUP_512}× at {SEED_PREFIX}",
-    )
+    _seed_star(b, SEED_PREFIX, SEED_SPEEDUP_512, f"{SEED_SPEEDUP_512}× at {SEED_PREFIX}")
     b.set(yscale="log", xlabel="shared prefix (tokens)", ylabel="TTFT speedup (×, log)", title="speedup from the cache")
     b.legend(fontsize=9)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, title)
 
 
 def multi_turn(mt: pd.DataFrame, ts: pd.DataFrame, title: str):
@@ -112,20 +113,10 @@ def multi_turn(mt: pd.DataFrame, ts: pd.DataFrame, title: str):
         d = d.sort_values("turn")
         b.plot(d["turn"], d["speedup"], marker="o", label=labels.get(metric, metric))
     b.axhline(1.0, color="grey", lw=0.8)
-    b.plot(
-        [SEED_TURNS],
-        [SEED_TURN_SPEEDUP],
-        marker="*",
-        ms=14,
-        color="tab:red",
-        ls="",
-        label=f"RTX 2070 (seed): {SEED_TURN_SPEEDUP}× after {SEED_TURNS} turns",
-    )
+    _seed_star(b, SEED_TURNS, SEED_TURN_SPEEDUP, f"{SEED_TURN_SPEEDUP}× after {SEED_TURNS} turns")
     b.set(xlabel="turn", ylabel="speedup, uncached / cached (×)", title="speedup per turn")
     b.legend(fontsize=9)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, title)
 
 
 def batch_sharing(df: pd.DataFrame, be: pd.DataFrame, title: str):
@@ -168,9 +159,7 @@ def batch_sharing(df: pd.DataFrame, be: pd.DataFrame, title: str):
         )
         _log2_ticks(ax, ok["n"])
         ax.legend(fontsize=9)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, title)
 
 
 def policy_hit_rates(sim: pd.DataFrame, title: str):
@@ -186,15 +175,7 @@ def policy_hit_rates(sim: pd.DataFrame, title: str):
         opt = d[d["unit"] == "prefix"].drop_duplicates("capacity").sort_values("capacity")
         ax.plot(opt["capacity"], opt["optimum"], ls="--", color="black", label="static top-k optimum")
         if alpha == SEED_ALPHA:
-            ax.plot(
-                [SEED_SLOTS],
-                [SEED_LFU_HIT],
-                marker="*",
-                ms=14,
-                color="tab:red",
-                ls="",
-                label=f"RTX 2070 (seed): LFU {SEED_LFU_HIT:.0%}",
-            )
+            _seed_star(ax, SEED_SLOTS, SEED_LFU_HIT, f"LFU {SEED_LFU_HIT:.0%}")
             ax.legend(fontsize=9)
         ax.set(ylim=(0, 1), xlabel="capacity (prefix slots)", ylabel="hit rate", title=f"Zipf α = {alpha:g}")
         _log2_ticks(ax, d["capacity"])
@@ -202,9 +183,7 @@ def policy_hit_rates(sim: pd.DataFrame, title: str):
         axes.flat[0].legend(fontsize=9)
     for ax in list(axes.flat)[len(alphas) :]:
         ax.set_visible(False)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, title)
 
 
 def serving(req: pd.DataFrame, summary: pd.DataFrame, title: str):
@@ -239,6 +218,4 @@ def serving(req: pd.DataFrame, summary: pd.DataFrame, title: str):
         sns.barplot(data=long, x="what", y="tokens/s", hue="caching", palette=MODE_COLORS, ax=ax)
         ax.tick_params(axis="x", rotation=30)
     ax.set(yscale="log", xlabel="", ylabel="throughput (tokens/s, log)", title="throughput")
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    return fig
+    return _finish(fig, title)
