@@ -63,3 +63,20 @@ def test_a_point_past_the_budget_is_a_row_that_says_so():
     rows = controlled_engine.measure_batch(plain, spec, 1, P, budget, ("d", "t"))
     assert [r["status"] for r in rows if r["method"] == "speculative"] == ["skipped: time budget"]
     assert [r["status"] for r in rows if r["method"] == "plain"] == ["ok"]
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_the_sweep_runs_through_the_graphs_and_its_timers_read_the_device():
+    """The staged path has run only on CPUs: on CUDA its engines capture graphs, the draft and verify timers are
+    CUDA events (``measure.call_timer``) and the sync audit counts real host syncs, none of which a CPU run reaches.
+    The smoke pair in the profile's dtype, one γ and α, two batch sizes."""
+    P = study_params(
+        "smoke", alphas=[0.8], controlled_gammas=[2], batches=[1, 2], controlled_repeats=2, controlled_new_tokens=24
+    )
+    raw = controlled_engine.controlled_sweep(P, "cuda", progress=False)
+    assert (raw.status == "ok").all(), raw.status.unique()
+    spec = raw[raw.method == "speculative"]
+    assert len(spec) == 2 * 2 and (spec.draft_ms > 0).all() and (spec.verify_ms > 0).all()
+    assert (spec.host_syncs_per_round >= 1).all()  # the engine reads each step's tokens: at least that one
+    t = tables.controlled_table(raw)
+    assert len(t) == 2 and (t.c > 0).all() and (t.tokens_per_s_plain > 0).all()
