@@ -17,6 +17,8 @@
 #   spec-engine    the engine's speculative mode on the device (tests/test_engine_speculation.py, CPU and GPU tests)
 #   spec-bench     scripts/bench_spec_engine.py: c, v and the speed-up at alpha 0.8, Llama-3-8B's shape with the 0.5B
 #                  draft of its vocabulary, batch 1 and 8
+#   long-tiles     scripts/bench_long_tiles.py: the staged long-tile kernel (kernels/triton_long_tiles.py) against
+#                  triton_ragged's long tiles, a 4096-token prefill and a 512-token chunk after 2,048 (0.5B, 8B shapes)
 #   compile-probe  scripts/probe_compile_check.py: the compile check's refusals, rounding or fault (8B and 0.5B shapes:
 #                  bf16 eager and compiled against the same weights in float32)
 #
@@ -47,6 +49,7 @@ for task in "$@"; do
     small-batch-step) run "$task" 360 python3 scripts/bench_small_batch_step.py --out "$OUT/small_batch_step.csv" ;;
     spec-engine) run "$task" 300 python3 -m pytest -q -p no:cacheprovider -x tests/test_engine_speculation.py ;;
     spec-bench) run "$task" 420 python3 scripts/bench_spec_engine.py --profile --out "$OUT/spec_engine.csv" ;;
+    long-tiles) run "$task" 300 python3 scripts/bench_long_tiles.py --out "$OUT/long_tiles.csv" ;;
     compile-probe) run "$task" 300 python3 scripts/probe_compile_check.py --out "$OUT/compile_check.csv" ;;
     *) echo "unknown task '$task' (see the header of $0)" | tee -a "$OUT/summary.txt"; exit 2 ;;
   esac
