@@ -19,6 +19,8 @@
 #                  draft of its vocabulary, batch 1 and 8
 #   long-tiles     scripts/bench_long_tiles.py: the staged long-tile kernel (kernels/triton_long_tiles.py) against
 #                  triton_ragged's long tiles, a 4096-token prefill and a 512-token chunk after 2,048 (0.5B, 8B shapes)
+#   long-tiles-64  the same with 64-token long tiles: a 512-token chunk makes 4 tiles of 128 a head, 56 programs at
+#                  the 0.5B shape on 132 SMs, so a shorter tile may pay where the chunk reads a long context
 #   compile-probe  scripts/probe_compile_check.py: the compile check's refusals, rounding or fault (8B and 0.5B shapes:
 #                  bf16 eager and compiled against the same weights in float32)
 #
@@ -50,6 +52,7 @@ for task in "$@"; do
     spec-engine) run "$task" 300 python3 -m pytest -q -p no:cacheprovider -x tests/test_engine_speculation.py ;;
     spec-bench) run "$task" 420 python3 scripts/bench_spec_engine.py --profile --out "$OUT/spec_engine.csv" ;;
     long-tiles) run "$task" 300 python3 scripts/bench_long_tiles.py --out "$OUT/long_tiles.csv" ;;
+    long-tiles-64) run "$task" 300 python3 scripts/bench_long_tiles.py --long-tile-tokens 64 --out "$OUT/long_tiles_64.csv" ;;
     compile-probe) run "$task" 300 python3 scripts/probe_compile_check.py --out "$OUT/compile_check.csv" ;;
     *) echo "unknown task '$task' (see the header of $0)" | tee -a "$OUT/summary.txt"; exit 2 ;;
   esac
