@@ -445,3 +445,27 @@ def test_on_the_gpu_speculative_steps_give_the_plain_engines_greedy_tokens(metho
         assert e.draft.runner.step_graph_steps > 0 and e.draft.runner.graph_steps > 0
     if method == "twin":
         assert e.spec_stats.num_accepted_tokens == e.spec_stats.num_draft_tokens
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_a_speculative_step_waits_for_the_device_once():
+    """Issue 30: one host sync per round, the step's read of its kept tokens. Each draft step used to build an index
+    with a blocking copy, so the host waited for the round's earlier draft steps before it queued the next one and
+    the GPU idled between them. Counted with PyTorch's sync debug mode (``spec.syncs.HostSyncs``), every step after
+    the prefill, two sequences drafting with a twin draft."""
+    from servelab.spec.syncs import HostSyncs
+
+    hf = varied("tiny-llama", 0).cuda()
+    g = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(3, hf.config.vocab_size, (n,), generator=g).tolist() for n in (19, 7)]
+    cfg = EngineConfig(block_size=16, num_blocks=256, max_model_len=256, max_num_seqs=8)
+    e = SpeculativeEngine.from_hf(hf, cfg, speculative=DRAFT, draft=native_from_hf(hf, max_positions=256))
+    for p in prompts:
+        e.add_request(p, GREEDY)
+    e.step()  # the prefill
+    counts = []
+    while e.has_unfinished():
+        with HostSyncs("cuda") as h:
+            e.step()
+        counts.append(h.count)
+    assert e.spec_stats.num_drafts > 0 and counts and max(counts) <= 1, counts

@@ -239,11 +239,21 @@ def _in_order(logits: torch.Tensor, items: list[ScheduledSequence], mirrors: lis
     order = [row[id(m)] for m in mirrors]
     if order == list(range(len(order))):
         return logits
-    return logits[torch.tensor(order, device=logits.device)]
+    return logits[_device_index(order, logits.device)]
 
 
 def _scatter(values: torch.Tensor, rows: list[int], size: int, fill) -> torch.Tensor:
     """``values`` (a row per entry of ``rows``) at those rows of a tensor of ``size`` rows; ``fill`` elsewhere."""
+    if rows == list(range(size)):  # every sequence still drafting: the common case, nothing to move
+        return values
     out = values.new_full((size, *values.shape[1:]), fill)
-    out[torch.tensor(rows, device=values.device)] = values
+    out[_device_index(rows, values.device)] = values
     return out
+
+
+def _device_index(rows: list[int], device) -> torch.Tensor:
+    """An index tensor on ``device`` that the host does not wait for. ``torch.tensor(rows, device=cuda)`` is a
+    blocking copy: it waited for everything queued, the round's earlier draft steps included, so the host built each
+    draft step only after the last one had finished and the GPU idled between them (3.9 ms of a profiled 8.3 ms
+    round on the H100, data/dev/nvidia-h100/2026-12-06/spec_engine_cf2a53d.budget.csv)."""
+    return torch.tensor(rows).to(device, non_blocking=True)
