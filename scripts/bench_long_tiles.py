@@ -45,6 +45,7 @@ from servelab.kernels.split_kv import head_pad  # noqa: E402
 from servelab.kernels.triton_long_tiles import long_tile_attention  # noqa: E402
 from servelab.kernels.triton_ragged import KEYS_PER_ITER, triton_ragged  # noqa: E402
 from servelab.measure import time_fn  # noqa: E402
+from servelab.measure.bench_rows import error_fields, show  # noqa: E402
 from servelab.measure.ceilings import measure_ceilings  # noqa: E402
 from servelab.measure.device import device_record  # noqa: E402
 
@@ -123,11 +124,11 @@ def bench_case(shape: str, case: str, args, device, dtype, tflop_s: float) -> li
             row |= dict(speedup=base_ms / t.median_ms, max_abs_diff=float((out - base_out).abs().max()))
             row["max_abs_diff_fp32"] = float((out - want).abs().max())
         except Exception as e:  # noqa: BLE001 - a launch that fails (e.g. out of shared memory) is a row
-            row |= dict(status="error", note=f"{type(e).__name__}: {e}"[:300])
+            row |= error_fields(e)
         if device.type == "cuda":
             torch.cuda.empty_cache()
         rows.append(row)
-        print({k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in row.items()}, flush=True)
+        show(row)
     return rows
 
 

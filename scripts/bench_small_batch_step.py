@@ -31,6 +31,7 @@ from servelab.bench.decode_rows import profile_step  # noqa: E402
 from servelab.bench.step import engine_step  # noqa: E402
 from servelab.kernels.small_linear import MAX_ROWS  # noqa: E402
 from servelab.measure import time_fn  # noqa: E402
+from servelab.measure.bench_rows import error_fields, show  # noqa: E402
 from servelab.measure.ceilings import measure_ceilings  # noqa: E402
 from servelab.measure.device import device_record  # noqa: E402
 from servelab.models import ModelShape, load_model  # noqa: E402
@@ -90,13 +91,13 @@ def bench_shape(name: str, batches, context: int, device, dtype, copy_gb_s: floa
                 if cuda:
                     row |= profile_step(fn, before)
             except Exception as e:  # noqa: BLE001 - a path that fails is a row, and the others still run
-                row |= dict(status="error", note=f"{type(e).__name__}: {e}"[:300])
+                row |= error_fields(e)
             finally:
                 fn = engine = None
                 if cuda:
                     torch.cuda.empty_cache()
             rows.append(row)
-            print({k: float(f"{v:.4g}") if isinstance(v, float) else v for k, v in row.items()}, flush=True)
+            show(row)
     return rows
 
 
