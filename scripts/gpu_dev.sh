@@ -21,6 +21,8 @@
 #                  triton_ragged's long tiles, a 4096-token prefill and a 512-token chunk after 2,048 (0.5B, 8B shapes)
 #   long-tiles-64  the same with 64-token long tiles: a 512-token chunk makes 4 tiles of 128 a head, 56 programs at
 #                  the 0.5B shape on 132 SMs, so a shorter tile may pay where the chunk reads a long context
+#   spec-syncs     scripts/diag_spec_syncs.py: the stack of every host sync PyTorch's debug mode reports in a speculative
+#                  step (two rounds of two sequences, a twin draft)
 #   compile-probe  scripts/probe_compile_check.py: the compile check's refusals, rounding or fault (8B and 0.5B shapes:
 #                  bf16 eager and compiled against the same weights in float32)
 #
@@ -53,6 +55,7 @@ for task in "$@"; do
     spec-bench) run "$task" 420 python3 scripts/bench_spec_engine.py --profile --out "$OUT/spec_engine.csv" ;;
     long-tiles) run "$task" 300 python3 scripts/bench_long_tiles.py --out "$OUT/long_tiles.csv" ;;
     long-tiles-64) run "$task" 300 python3 scripts/bench_long_tiles.py --long-tile-tokens 64 --out "$OUT/long_tiles_64.csv" ;;
+    spec-syncs) run "$task" 200 python3 scripts/diag_spec_syncs.py ;;
     compile-probe) run "$task" 300 python3 scripts/probe_compile_check.py --out "$OUT/compile_check.csv" ;;
     *) echo "unknown task '$task' (see the header of $0)" | tee -a "$OUT/summary.txt"; exit 2 ;;
   esac
