@@ -147,6 +147,29 @@ def test_a_combined_finding_is_not_a_repeat():
         combine_repeats([combined] * 3)
 
 
+def test_a_claim_judged_per_model_shows_each_models_interval_not_the_median_over_models():
+    """F1.1 read "changes" beside an interval of -361% to 69%: the median over two models, whose verdicts stand on
+    their own numbers. Its interval is each model's now, and the median over models leaves the note."""
+    unit = "% cut, median over rates; median over 2 models"
+    cuts = [(92.0, -818.0), (95.4, 44.7), (91.6, 30.8)]
+    reps = [
+        rep("t", "changes", headline=(a + b) / 2, headline_unit=unit, headline_parts=(("big", a), ("small", b)))
+        for a, b in cuts
+    ]
+    c = combine_repeats(reps)
+    assert c.verdict == "changes" and c.spread == "per model: big 91.6–95.4; small -818 to 44.7"
+    assert "big median 92 % cut (median over rates), 91.6–95.4 % over 3 repeats" in c.note
+    assert "-363" not in c.note and "61.75" not in c.note  # the median over models' interval and median are gone
+    assert h200_value("t", "%", c.spread, 3, c.headline_unit) == (
+        "t (3 repeats, per model: big 91.6–95.4; small -818 to 44.7 % cut, median over rates)"
+    )
+    # one model: its headline is its own, and the interval is the headline's as before
+    one = combine_repeats([rep("t", "changes", headline=a, headline_unit="% cut", headline_parts=(("big", a),))
+                           for a, _ in cuts])  # fmt: skip
+    assert one.spread == "91.6–95.4"
+    assert "headline_parts" not in c.row()  # no findings.csv column: the spread carries it
+
+
 def test_the_book_shows_the_fourth_badge_with_the_spread():
     assert INCONCLUSIVE in BADGES
     badge = _badge(INCONCLUSIVE, "holds;holds;changes")

@@ -17,7 +17,7 @@ import re
 import pandas as pd
 
 from servelab.studies.common.markdown import format_value, list_table, md_text
-from servelab.studies.common.repeats import split_unit
+from servelab.studies.common.repeats import PER_PART, spread_unit
 from servelab.studies.common.runs import MISSING
 from servelab_book.claim_links import claim_target
 from servelab_book.studies import STUDIES, StudyPage
@@ -134,8 +134,10 @@ def h200_value(measured, unit: str, spread="", repeats=1, headline_unit: str = "
     shown = f"{text} {unit}".strip() if bare else text
     spread, n = _text(spread).strip(), _repeats(repeats)
     if spread and n > 1:
-        hu = split_unit(_text(headline_unit))[0]
-        shown += f" ({n} repeats: {format_value(spread)}{' ' + hu if hu else ''})"
+        hu, said = spread_unit(spread, _text(headline_unit)), f"{n} repeats:"
+        if spread.startswith(PER_PART):  # each model's interval, in a model's unit (not the median over models')
+            said, spread = f"{n} repeats, {PER_PART.strip()}", spread.removeprefix(PER_PART)
+        shown += f" ({said} {format_value(spread)}{' ' + hu if hu else ''})"
     return shown
 
 

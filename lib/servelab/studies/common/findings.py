@@ -7,6 +7,10 @@ checked when it is made. ``findings.csv`` (``measure.results.StudyResults.write_
 ``headline`` is the one number the verdict is decided on (F1.1's median stall cut, F5.1's speedup), in
 ``headline_unit``: the number ``studies.common.repeats.combine_repeats`` takes the median and interval of over
 repeats. A claim that measured nothing has none (None; an empty cell in findings.csv).
+
+A claim judged on each model on its own, then over the models (Study 1's), also gives each model's number in
+``headline_parts``: its headline is their median, which decides nothing, so the interval the reader needs is each
+model's over the repeats (``combine_repeats``).
 """
 
 from __future__ import annotations
@@ -53,6 +57,8 @@ class Finding:
     spread: str = ""  # the interval of the headline (else measured_value) over the repeats, "low–high"
     headline: float | None = None  # the one number the verdict is decided on, in headline_unit; None: not measured
     headline_unit: str = ""  # e.g. "% cut in the p99 stall, median over rates and models"
+    # (model, its number) where each model is judged on its own number, in headline_unit; not a findings.csv column
+    headline_parts: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self):
         if self.verdict not in VERDICTS:
@@ -65,7 +71,9 @@ class Finding:
             raise ValueError(f"{self.id}: a headline needs its unit (headline_unit)")
 
     def row(self) -> dict:
-        return asdict(self)
+        row = asdict(self)
+        del row["headline_parts"]  # the combined finding's spread names each model's interval
+        return row
 
 
 @functools.cache

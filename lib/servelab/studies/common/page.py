@@ -11,7 +11,7 @@ import warnings
 from collections.abc import Iterable, Mapping
 
 from servelab.studies.common.findings import NOT_MEASURED, Finding
-from servelab.studies.common.repeats import split_unit
+from servelab.studies.common.repeats import spread_unit
 
 SEED_DEVICE = "RTX 2070"  # the seed's GPU: every seed value in shared/seed-studies.md was measured on it
 
@@ -48,9 +48,9 @@ def verdict_table(findings: Iterable[Finding], device: str = "this run") -> str:
 
 
 def headline_unit_short(f: Finding) -> str:
-    """The headline's unit without its explanation: "× the parameter ratio: eager HF's ..." -> "× the parameter
-    ratio"."""
-    return split_unit(f.headline_unit)[0]
+    """The unit of the finding's interval: the headline's without its explanation ("× the parameter ratio: eager
+    HF's ..." -> "× the parameter ratio"), a model's where the interval is each model's."""
+    return spread_unit(f.spread, f.headline_unit)
 
 
 def parts_line(runs) -> str:

@@ -11,7 +11,11 @@ A repeat is one run of the claim's whole measurement in a fresh process, with it
   repeats cannot reach 95%: the interval is then the **min–max**, which covers the median with probability
   1 − 2·0.5ⁿ (75% for 3 repeats, 87.5% for 4), and the note says so;
 - ``repeats`` is the count and ``repeat_verdicts`` each repeat's verdict, ";"-joined in run order;
-- the verdict is the repeats' verdict when all agree, else ``inconclusive``.
+- the verdict is the repeats' verdict when all agree, else ``inconclusive``;
+- a claim judged on each model on its own (``Finding.headline_parts``) has an interval **per model**: its headline,
+  the median over models, decides nothing, and its interval mixed the models (F1.1's read -361% to 69% while each
+  model's verdict stood on its own number). ``spread`` then reads "per model: a 91.5–92.6; b -815 to 56.3", and the
+  note gives each model's median and interval.
 """
 
 from __future__ import annotations
@@ -95,6 +99,33 @@ def median_interval(values: Sequence[float]) -> MedianInterval:
 def combined_verdict(verdicts: Sequence[str]) -> str:
     """The repeats' common verdict, or ``inconclusive`` when any two disagree."""
     return verdicts[0] if len(set(verdicts)) == 1 else INCONCLUSIVE
+
+
+PER_PART = "per model: "  # how a spread of per-model intervals begins (the book shows them with the part's unit)
+
+
+def part_intervals(findings: Sequence[Finding]) -> dict[str, MedianInterval]:
+    """Each model's median and interval over the repeats that judged it, where the claim is judged per model
+    (``headline_parts`` with two models or more); {} otherwise."""
+    parts = [dict(f.headline_parts) for f in findings]
+    names = list(dict.fromkeys(n for p in parts for n in p))
+    if len(names) < 2:
+        return {}
+    return {n: median_interval([p[n] for p in parts if n in p]) for n in names}
+
+
+def part_unit(headline_unit: str) -> str:
+    """A model's unit from a headline's over the models: the text before the ";" that says how they were joined
+    ("% cut in the p99 stall, median over rates; median over 2 models" -> "% cut in the p99 stall, median over
+    rates")."""
+    return headline_unit.split(";")[0].strip()
+
+
+def spread_unit(spread: str, headline_unit: str) -> str:
+    """The unit of the interval ``spread`` names: the headline's without its explanation, and a model's where the
+    spread gives each model's (``PER_PART``)."""
+    unit = split_unit(headline_unit)[0]
+    return part_unit(unit) if str(spread).startswith(PER_PART) else unit
 
 
 def _check(findings: Sequence[Finding], min_repeats: int) -> None:
@@ -195,6 +226,13 @@ def combine_repeats(
     # changes read as if the value held; the rule follows, named as such
     short, rule = split_unit(unit)
     described = spread.describe(short) + (f"; the rule: {rule}" if rule else "") if spread else ""
+    by_part = part_intervals(findings) if headline else {}
+    interval = spread.range_text() if spread else ""
+    if by_part:  # the median over models and its interval decide nothing: each model's do
+        each = part_unit(short)
+        described = PER_PART + "; ".join(f"{n} {mi.describe(each)}" for n, mi in by_part.items())
+        described += f"; the rule: {rule}" if rule else ""
+        interval = PER_PART + "; ".join(f"{n} {mi.range_text()}" for n, mi in by_part.items())
     parts = [p for p in (described, said) if p]
     note = first.note + (f" [{'; '.join(parts)}]" if parts else "")
     return replace(
@@ -204,7 +242,7 @@ def combine_repeats(
         note=note,
         repeats=len(findings),
         repeat_verdicts=";".join(verdicts),
-        spread=spread.range_text() if spread else "",
+        spread=interval,
         headline=spread.median if headline else None,
         headline_unit=unit if headline else "",
     )

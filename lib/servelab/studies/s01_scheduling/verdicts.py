@@ -282,6 +282,7 @@ def f11(summary: pd.DataFrame, reference_budget: int, dtype: str | None = None) 
         tested_on=_pairs_tested_on(j, dtype),
         headline=float(np.median(cuts)),
         headline_unit=f"% cut in the p99 stall, median over rates{over_models(len(cuts))}",
+        headline_parts=tuple(zip(per, cuts, strict=True)),
     )
 
 
@@ -313,6 +314,7 @@ def f12(summary: pd.DataFrame, reference_budget: int, dtype: str | None = None) 
         headline=float(np.median(ratios)),
         headline_unit=f"× delivered tokens/s, ChunkedPrefill / EagerContBatch at the most loaded rate"
         f"{over_models(len(ratios))}",
+        headline_parts=tuple(zip(per, ratios, strict=True)),
     )
 
 
@@ -323,7 +325,7 @@ def f13(summary: pd.DataFrame, dtype: str | None = None) -> Finding:
     s["setting"] = np.where(
         s["scheduler"] == "chunked_prefill", s["scheduler"] + "@" + s["budget"].astype(str), s["scheduler"]
     )
-    per, parts, shares = {}, [], []
+    per, parts, shares, share_of = {}, [], [], {}
     for model, g in s.groupby("model", sort=False):
         wins, rates = 0, 0
         for _, r in g.groupby("rate_fraction"):
@@ -339,6 +341,7 @@ def f13(summary: pd.DataFrame, dtype: str | None = None) -> Finding:
         tp_best = not e_tp.empty and bool(e_tp.iloc[0] >= THROUGHPUT_TIE * best_tp["delivered_tok_s"])
         if not e_tp.empty:
             shares.append(float(e_tp.iloc[0] / best_tp["delivered_tok_s"]))
+            share_of[short(model)] = shares[-1]
         per[short(model)] = "holds" if ttft_best and tp_best else "changes" if ttft_best or tp_best else "fails"
         e_val = f"{e_tp.iloc[0]:,.0f}" if not e_tp.empty else "n/a"
         parts.append(
@@ -358,8 +361,9 @@ def f13(summary: pd.DataFrame, dtype: str | None = None) -> Finding:
             s["model"], dtype=dtype, setting=f"{settings} policy settings × {s['rate_fraction'].nunique()} rates"
         ),
         headline=float(np.median(shares)) if shares else None,
-        headline_unit=f"× EagerContBatch's / the best setting's throughput at the most loaded rate (best from 0.97)"
-        f"{over_models(len(shares))}",
+        headline_parts=tuple(share_of.items()),
+        headline_unit=f"× EagerContBatch's / the best setting's throughput at the most loaded rate"
+        f"{over_models(len(shares))} (best from 0.97)",
     )
 
 
