@@ -21,6 +21,8 @@
 #                  triton_ragged's long tiles, a 4096-token prefill and a 512-token chunk after 2,048 (0.5B, 8B shapes)
 #   long-tiles-64  the same with 64-token long tiles: a 512-token chunk makes 4 tiles of 128 a head, 56 programs at
 #                  the 0.5B shape on 132 SMs, so a shorter tile may pay where the chunk reads a long context
+#   decode-tuning  scripts/bench_decode_tuning.py in 3 fresh processes: every one-pass decode launch the tuner picks
+#                  from, at 4 decode points and both model shapes, beside what the tuner picked in that process
 #   spec-syncs     scripts/diag_spec_syncs.py: the stack of every host sync PyTorch's debug mode reports in a speculative
 #                  step (two rounds of two sequences, a twin draft)
 #   compile-probe  scripts/probe_compile_check.py: the compile check's refusals, rounding or fault (8B and 0.5B shapes:
@@ -55,6 +57,7 @@ for task in "$@"; do
     spec-bench) run "$task" 420 python3 scripts/bench_spec_engine.py --profile --out "$OUT/spec_engine.csv" ;;
     long-tiles) run "$task" 300 python3 scripts/bench_long_tiles.py --out "$OUT/long_tiles.csv" ;;
     long-tiles-64) run "$task" 300 python3 scripts/bench_long_tiles.py --long-tile-tokens 64 --out "$OUT/long_tiles_64.csv" ;;
+    decode-tuning) run "$task" 420 bash -c 'for i in 0 1 2; do python3 scripts/bench_decode_tuning.py --process $i --out "$OUT/decode_tuning.csv" || exit; done' ;;
     spec-syncs) run "$task" 200 python3 scripts/diag_spec_syncs.py ;;
     compile-probe) run "$task" 300 python3 scripts/probe_compile_check.py --out "$OUT/compile_check.csv" ;;
     *) echo "unknown task '$task' (see the header of $0)" | tee -a "$OUT/summary.txt"; exit 2 ;;
