@@ -127,6 +127,25 @@ def leviathan(alpha: float, gamma: int, c: float, v: float = 1.0) -> float:
     return tokens / (gamma * c + v)
 
 
+def set_up(args) -> None:
+    """The staged settings the engines are built with: torch.compile kept under the check on the first two blocks
+    (what the engine will use after the campaign, issue 29), and with ``--decode-launch`` the one-pass decode
+    kernel's launch fixed (an autotuner with one candidate launches it without timing any)."""
+    if args.compile_check == "first-blocks":
+        from servelab.engine import draft_model
+        from servelab.engine import engine as engine_module
+        from servelab.engine.compile_check import compile_checked
+
+        engine_module.compile_with_check = draft_model.compile_with_check = compile_checked
+    if args.decode_launch:
+        import triton
+
+        from servelab.kernels import triton_decode
+
+        keys, warps, stages = (int(x) for x in args.decode_launch.split(","))
+        triton_decode._tuned_kernel.configs = [triton.Config({"KEYS": keys}, num_warps=warps, num_stages=stages)]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--target", default="config:llama-3-8b")
@@ -150,13 +169,14 @@ def main() -> None:
         help="which check keeps torch.compile: the staged one on the first two blocks (engine.compile_check), or the "
         "engine's on the whole model, which refuses the 8B shape's bf16 rounding (scripts/probe_compile_check.py)",
     )
+    ap.add_argument(
+        "--decode-launch",
+        metavar="KEYS,WARPS,STAGES",
+        help="one launch for the one-pass decode kernel instead of the per-process tuner's pick "
+        "(data/dev/nvidia-h100/2026-12-06/decode_tuning_*.csv: 128,4,2 is the H100's fastest at small batches)",
+    )
     args = ap.parse_args()
-    if args.compile_check == "first-blocks":  # what the engine will use after the campaign (issue 29)
-        from servelab.engine import draft_model
-        from servelab.engine import engine as engine_module
-        from servelab.engine.compile_check import compile_checked
-
-        engine_module.compile_with_check = draft_model.compile_with_check = compile_checked
+    set_up(args)
     dev = args.device
     record = device_record(dev)
     cfg = EngineConfig(num_blocks=2048, max_model_len=1024, max_num_seqs=max(args.batch), block_size=16)

@@ -17,6 +17,8 @@
 #   spec-engine    the engine's speculative mode on the device (tests/test_engine_speculation.py, CPU and GPU tests)
 #   spec-bench     scripts/bench_spec_engine.py: c, v and the speed-up at alpha 0.8, Llama-3-8B's shape with the 0.5B
 #                  draft of its vocabulary, batch 1 and 8
+#   spec-bench-launch  the same with the decode kernel's launch fixed at KEYS=128/4 warps/2 stages (the H100's
+#                  fastest at small batches, decode-tuning) instead of the tuner's per-process pick
 #   long-tiles     scripts/bench_long_tiles.py: the staged long-tile kernel (kernels/triton_long_tiles.py) against
 #                  triton_ragged's long tiles, a 4096-token prefill and a 512-token chunk after 2,048 (0.5B, 8B shapes)
 #   long-tiles-64  the same with 64-token long tiles: a 512-token chunk makes 4 tiles of 128 a head, 56 programs at
@@ -55,6 +57,7 @@ for task in "$@"; do
     small-batch-step) run "$task" 360 python3 scripts/bench_small_batch_step.py --out "$OUT/small_batch_step.csv" ;;
     spec-engine) run "$task" 300 python3 -m pytest -q -p no:cacheprovider -x tests/test_engine_speculation.py ;;
     spec-bench) run "$task" 420 python3 scripts/bench_spec_engine.py --profile --out "$OUT/spec_engine.csv" ;;
+    spec-bench-launch) run "$task" 420 python3 scripts/bench_spec_engine.py --decode-launch 128,4,2 --out "$OUT/spec_engine_launch.csv" ;;
     long-tiles) run "$task" 300 python3 scripts/bench_long_tiles.py --out "$OUT/long_tiles.csv" ;;
     long-tiles-64) run "$task" 300 python3 scripts/bench_long_tiles.py --long-tile-tokens 64 --out "$OUT/long_tiles_64.csv" ;;
     decode-tuning) run "$task" 420 bash -c 'for i in 0 1 2; do python3 scripts/bench_decode_tuning.py --process $i --out "$OUT/decode_tuning.csv" || exit; done' ;;
