@@ -11,6 +11,9 @@ Each step is ``--layers`` one-pass calls over pools of their own (as ``bench_dec
 is the step's K/V bytes over the copy bandwidth measured first.
 
     python scripts/bench_decode_tuning.py --process 0 --out decode_tuning.csv   (appends)
+
+Its rows for a device, committed as ``data/tuning/decode_launch/<device slug>.csv``, are what
+``kernels.decode_launch`` chooses the device's launch from.
 """
 
 from __future__ import annotations
@@ -95,8 +98,10 @@ def main() -> None:
                     ms, status = float("nan"), f"{type(e).__name__}: {e}"[:200]
                 rows.append(
                     dict(
-                        process=args.process, shape=name, batch=batch, context=context, keys=keys, warps=warps,
-                        stages=stages, status=status, ms=ms, floor_ms=floor_ms, layers=args.layers, tuner=tuned,
+                        process=args.process, shape=name, heads=heads, kv_heads=kv_heads, head_dim=d,
+                        block_size=BLOCK, device=torch.cuda.get_device_name(), batch=batch, context=context,
+                        keys=keys, warps=warps, stages=stages, status=status, ms=ms, floor_ms=floor_ms,
+                        layers=args.layers, tuner=tuned,
                     )
                 )  # fmt: skip
                 print(f"{name} b{batch:>3} ctx {context:>5} KEYS={keys:>3} w{warps} s{stages}: {ms:.4f} ms")

@@ -10,4 +10,6 @@
 - ``rope_kv_write.py``: RoPE on q and k and the KV-pool write in one Triton kernel (``fused_rope_kv_write``).
 - ``small_linear.py``: a decode step's linear layers at a small batch, each one Triton launch with the residual
   add, RMSNorm or SiLU·up fused in (not wired into the models until the evidence campaign is done).
+- ``triton_long_tiles.py``: long-tile prefill attention, flash-attention-2 style; ``decode_launch.py``: the decode
+  kernel's launch per device, chosen from committed timings (``data/tuning/``). Both staged, like ``small_linear``.
 """
