@@ -15,6 +15,8 @@
 #   small-batch-step  scripts/bench_small_batch_step.py: an engine decode step at batch 1, 4 and 8 with its blocks
 #                  through small_linear (models/small_batch.py) against the default and fused_rope_kv_write alone
 #   spec-engine    the engine's speculative mode on the device (tests/test_engine_speculation.py, CPU and GPU tests)
+#   small-batch-step-check  the same, Qwen2-0.5B at 1 and 8 rows, under the staged compile check on the first two
+#                  blocks: does fused_rope_kv_write or small_linear pay once compiled?
 #   spec-bench     scripts/bench_spec_engine.py: c, v and the speed-up at alpha 0.8, Llama-3-8B's shape with the 0.5B
 #                  draft of its vocabulary, batch 1 and 8
 #   spec-bench-launch  the same with the decode kernel's launch fixed at KEYS=128/4 warps/2 stages (the H100's
@@ -54,6 +56,7 @@ for task in "$@"; do
     small-linear) run "$task" 420 python3 scripts/bench_small_linear.py --out "$OUT/small_linear.csv" --sweep --rows 1 ;;
     small-linear-rows) run "$task" 240 python3 scripts/bench_small_linear.py --out "$OUT/small_linear_rows.csv" ;;
     decode-kernel) run "$task" 180 python3 scripts/bench_decode_kernel.py ;;
+    small-batch-step-check) run "$task" 300 python3 scripts/bench_small_batch_step.py --compile-check first-blocks --shapes qwen2-0.5b --batch 1 8 --out "$OUT/small_batch_step_check.csv" ;;
     small-batch-step) run "$task" 360 python3 scripts/bench_small_batch_step.py --out "$OUT/small_batch_step.csv" ;;
     spec-engine) run "$task" 300 python3 -m pytest -q -p no:cacheprovider -x tests/test_engine_speculation.py ;;
     spec-bench) run "$task" 420 python3 scripts/bench_spec_engine.py --profile --out "$OUT/spec_engine.csv" ;;
