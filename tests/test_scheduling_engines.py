@@ -3,7 +3,7 @@ refused, with the check's numbers taken from what the servers recorded."""
 
 import pandas as pd
 
-from servelab.studies.s01_scheduling.engines import compile_lines, engine_view
+from servelab.studies.s01_scheduling.engines import compile_lines, engine_view, launch_lines
 
 OFF = "off: compiled logits differ from eager by {} (scale {})"
 GRAPHS = "on (17 buckets, 16–8192 tokens)"
@@ -42,3 +42,33 @@ def test_a_mixed_model_and_a_refusal_without_numbers():
     text = compile_lines(t)
     assert "in 1 of its 2 servers (1 of 2 repeats)." in text and "away from the eager" not in text
     assert compile_lines(servers([])) == "" and engine_view(servers([])).empty
+
+
+TUNED = "KEYS={}, warps={}, stages={} (tuned at batch 128 x 1024 keys)"
+
+
+def test_servers_that_tuned_different_decode_launches_are_counted_and_said():
+    """Each server times the decode kernel's launches at startup; where one model's servers chose differently, the
+    table counts each launch and a sentence says the repeats' spread includes that draw."""
+    t = servers(
+        [
+            (0, "config:llama-3-8b", "on", "triton", 14, GRAPHS),
+            (0, "config:llama-3-8b", "on", "triton", 14, GRAPHS),
+            (1, "config:llama-3-8b", "on", "triton", 14, GRAPHS),
+            (0, "config:qwen2-0.5b", "on", "triton", 14, GRAPHS),
+            (1, "config:qwen2-0.5b", "on", "triton", 14, GRAPHS),
+        ]
+    ).assign(triton_tuning=[TUNED.format(64, 2, 3), TUNED.format(128, 4, 2), TUNED.format(64, 2, 3)] + [
+        TUNED.format(128, 4, 3)] * 2)  # fmt: skip
+    view = engine_view(t).set_index("model")["decode kernel launch"]
+    assert view["llama-3-8b"] == "KEYS 64, 2 warps, 3 stages (2); KEYS 128, 4 warps, 2 stages (1)"
+    assert view["qwen2-0.5b"] == "KEYS 128, 4 warps, 3 stages"
+    text = launch_lines(t)
+    assert "llama-3-8b's servers ran 2 different decode-kernel launches" in text and "qwen2-0.5b's" not in text
+    assert "1 of its 2 repeats with more than one" in text and "batch 128 × 1,024 keys" in text
+    assert launch_lines(t[t["model"] == "config:qwen2-0.5b"]) == ""  # one launch: nothing to say
+
+
+def test_servers_without_a_recorded_launch_read_not_recorded():
+    t = servers([(0, "config:m", "on", "triton", 1, GRAPHS)])
+    assert engine_view(t)["decode kernel launch"].item() == "not recorded" and launch_lines(t) == ""

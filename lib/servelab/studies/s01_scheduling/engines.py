@@ -5,6 +5,11 @@ graphs, whole-step graphs and ``torch.compile``. The engine keeps ``torch.compil
 (``engine.compilation.compile_with_check``: the whole model's compiled logits within 5% of the eager ones' largest),
 and a refusal changes every step time the study reports, so the page says where it happened, with the check's own
 numbers.
+
+The one-pass decode kernel's launch (keys per iteration, warps, pipeline stages) is chosen in each server process
+by timing the candidates for a few milliseconds at startup (``kernels.triton_decode.tune_triton_decode``), so
+servers of one model can run different launches; the table counts them, and a sentence says where they differ,
+because a repeat's step times then carry its servers' draw as well as its seeds and traces.
 """
 
 from __future__ import annotations
@@ -16,6 +21,8 @@ import pandas as pd
 from servelab.studies.common.tested_on import model_name
 
 REFUSED = re.compile(r"differ from eager by ([0-9.]+) \(scale ([0-9.]+)\)")
+LAUNCH = re.compile(r"KEYS=(\d+), warps=(\d+), stages=(\d+)")
+TUNED_AT = re.compile(r"tuned at batch (\d+) x (\d+) keys")
 
 
 def engine_view(servers: pd.DataFrame) -> pd.DataFrame:
@@ -35,9 +42,53 @@ def engine_view(servers: pd.DataFrame) -> pd.DataFrame:
                 "decode graphs captured": ", ".join(dict.fromkeys(g["cuda_graphs"].astype(str))),
                 "whole-step graphs": ", ".join(dict.fromkeys(g["step_graphs"].astype(str))),
                 "torch.compile": _count(compiled),
+                "decode kernel launch": _launches(g),
             }
         )
     return pd.DataFrame(rows)
+
+
+def _launch_names(g: pd.DataFrame) -> pd.Series:
+    """Each server's decode launch as "KEYS 64, 2 warps, 3 stages"; its own text where it tuned none."""
+    if "triton_tuning" not in g:
+        return pd.Series(dtype=str)
+    text = g["triton_tuning"].dropna().astype(str)
+    found = text.str.extract(LAUNCH)
+    named = "KEYS " + found[0] + ", " + found[1] + " warps, " + found[2] + " stages"
+    return named.fillna(text)
+
+
+def _launches(g: pd.DataFrame) -> str:
+    """The launches a model's servers ran, most common first, with how many servers ran each."""
+    counts = _launch_names(g).value_counts(sort=True)
+    if counts.empty:
+        return "not recorded"
+    return counts.index[0] if len(counts) == 1 else "; ".join(f"{k} ({n})" for k, n in counts.items())
+
+
+def launch_lines(servers: pd.DataFrame) -> str:
+    """A sentence per model whose servers tuned the decode kernel to more than one launch, then why it varies (the
+    shape the servers tuned at, as they recorded it)."""
+    out = []
+    for model, g in servers.groupby("model", sort=False):
+        counts = _launch_names(g).value_counts()
+        if len(counts) < 2:
+            continue
+        per_repeat = g.assign(launch=_launch_names(g)).groupby("repeat")["launch"].nunique()
+        out.append(
+            f"**{model_name(model)}'s servers ran {len(counts)} different decode-kernel launches** over its "
+            f"{counts.sum()} servers ({_launches(g)}), {int((per_repeat > 1).sum())} of its {len(per_repeat)} "
+            "repeats with more than one."
+        )
+    if not out:
+        return ""
+    at = servers["triton_tuning"].astype(str).str.extract(TUNED_AT).dropna().drop_duplicates()
+    shape = f" at one shape ({', '.join(f'batch {b} × {int(k):,} keys' for b, k in at.itertuples(index=False))})"
+    return " ".join(out) + (
+        f" Each server chose its launch by timing the candidates at startup{shape if len(at) else ''}, so the "
+        "choice varies between repeats along with their seeds and traces, and the repeats' spread includes it. "
+        "Issue 29 replaces the per-process timing with a launch measured once per device."
+    )
 
 
 def _count(on: pd.Series) -> str:
@@ -86,4 +137,4 @@ def engine_section(runs) -> tuple:
     servers = runs.table("servers") if runs.measured else pd.DataFrame()
     if servers.empty:
         return ("Not measured.",)
-    return engine_view(servers), compile_lines(servers)
+    return engine_view(servers), "\n\n".join(t for t in (compile_lines(servers), launch_lines(servers)) if t)
