@@ -462,6 +462,9 @@ def test_own_acceptance_sums_over_runs():
     t = analysis.own_acceptance(runs).iloc[0]
     assert t["runs"] == 2 and t["alpha"] == pytest.approx(0.5) and t["rollback_share"] == pytest.approx(0.05)
     assert analysis.own_acceptance(runs[runs.method == "x"]).empty
+    # the engine's mode has no rollback phase to time (own_engine: NaN): none, not 0 ms
+    engine = analysis.own_acceptance(runs.assign(rollback_ms=np.nan)).iloc[0]
+    assert np.isnan(engine["rollback_ms"]) and np.isnan(engine["rollback_share"]) and engine["alpha"] == 0.5
 
 
 def test_a_speedup_counts_only_over_enough_prompts_and_both_subjects_are_labelled():

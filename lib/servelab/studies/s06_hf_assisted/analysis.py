@@ -215,7 +215,9 @@ def own_acceptance(runs: pd.DataFrame) -> pd.DataFrame:
         accepted=("accepted", "sum"),
         proposed=("proposed", "sum"),
         rounds=("rounds", "sum"),
-        rollback_ms=("rollback_ms", "sum"),
+        # NaN where the decoder has no rollback phase of its own (the engine's mode gives rejected KV back inside
+        # its step, ``own_engine``): a plain sum would print those runs' 0 ms as measured
+        rollback_ms=("rollback_ms", lambda x: x.sum(min_count=1)),
         total_ms=("total_ms", "sum"),
     )
     g["alpha"] = g["accepted"] / g["proposed"]

@@ -13,7 +13,7 @@ first speculative step, as serving pays it. Each speculative step reads its toke
 wall time after a step is also the device's. Extras as ``own.py``'s: draft tokens ``accepted`` and ``proposed``, and
 ``rounds`` (verify steps), from the engine's ``spec_stats``. ``rollback_ms`` is NaN: a rejected draft's KV goes back
 to the block manager inside the step (``engine.rollback.give_back_tail``), with no phase of its own to time; where
-the analysis sums it (``analysis.own_acceptance``), it must read NaN as "no separate phase", not 0 ms.
+``analysis.own_acceptance`` keeps it NaN (no separate phase), not 0 ms.
 
 Nothing measured imports this module until the campaign ends (issue 27); then ``measure.py`` builds this runner in
 place of ``OwnSpeculative`` and Study 6 is measured again.
