@@ -12,8 +12,8 @@ A run's marks: (tokens so far, ms since the request was added) after each engine
 first speculative step, as serving pays it. Each speculative step reads its tokens once before it returns, so the
 wall time after a step is also the device's. Extras as ``own.py``'s: draft tokens ``accepted`` and ``proposed``, and
 ``rounds`` (verify steps), from the engine's ``spec_stats``. ``rollback_ms`` is NaN: a rejected draft's KV goes back
-to the block manager inside the step (``engine.rollback.give_back_tail``), with no phase of its own to time; where
-``analysis.own_acceptance`` keeps it NaN (no separate phase), not 0 ms.
+to the block manager inside the step (``engine.rollback.give_back_tail``), with no phase of its own to time, and
+``analysis.own_acceptance`` keeps it NaN rather than 0 ms.
 
 Nothing measured imports this module until the campaign ends (issue 27); then ``measure.py`` builds this runner in
 place of ``OwnSpeculative`` and Study 6 is measured again.
