@@ -104,10 +104,17 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 SWEEP = [dict(block_n=bn, num_warps=nw) for bn in (1, 2, 4, 8, 16) for nw in (2, 4, 8)]
+# split over the reduction too: more programs for a matrix with few outputs and many inputs (down), and smaller
+# reduction steps (64 outputs a program take 64 inputs a step)
+SPLIT_SWEEP = [dict(block_n=bn, num_warps=4, split_k=sk) for bn in (4, 16, 64) for sk in (2, 4, 8)]
+SWEEPS = {None: [], "launches": SWEEP, "split": SPLIT_SWEEP, "all": SWEEP + SPLIT_SWEEP}
 
 
 def label(kw: dict) -> str:
-    return f" (block_n {kw['block_n']}, {kw['num_warps']} warps)" if kw else ""
+    if not kw:
+        return ""
+    split = f", split_k {kw['split_k']}" if kw.get("split_k", 1) > 1 else ""
+    return f" (block_n {kw['block_n']}, {kw['num_warps']} warps{split})"
 
 
 def bench_shape(name, rows, device, dtype, copy_gb_s, ops, sweep):
@@ -122,7 +129,7 @@ def bench_shape(name, rows, device, dtype, copy_gb_s, ops, sweep):
     paths = {"engine eager": lambda: engine_step(layers, h, delta, attn)}
     if device.type == "cuda":  # Inductor on a CPU would build C++ for minutes: the smoke test leaves it out
         paths["engine compiled"] = lambda: engine_step(layers, h, delta, attn, pre, post)
-    for kw in [{}] + (SWEEP if sweep else []):
+    for kw in [{}] + SWEEPS[sweep]:
         paths["fused" + label(kw)] = lambda kw=kw: fused_step(layers, h, delta, attn, **kw)
     want = paths["engine eager"]()
     where = dict(shape=name, rows=rows, layers=n_layers)
@@ -137,8 +144,7 @@ def bench_shape(name, rows, device, dtype, copy_gb_s, ops, sweep):
             wts = [w[key] for w in layers]
             key_floor_ms = sum(t.numel() * t.element_size() for t in wts) / (copy_gb_s * 1e9) * 1e3
             calls = {"F.linear": F.linear} | {
-                "small_linear" + label(kw): lambda x, w, kw=kw: linear(x, w, **kw)
-                for kw in [{}] + (SWEEP if sweep else [])
+                "small_linear" + label(kw): lambda x, w, kw=kw: linear(x, w, **kw) for kw in [{}] + SWEEPS[sweep]
             }
             out += [
                 timed_row(
@@ -159,7 +165,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--rows", nargs="+", type=int, default=[1, 4, 8])
     p.add_argument("--no-ops", action="store_true", help="only the layer chains")
-    p.add_argument("--sweep", action="store_true", help="also every (block_n, num_warps) of SWEEP")
+    p.add_argument(
+        "--sweep",
+        nargs="?",
+        const="all",
+        choices=["all", "launches", "split"],
+        help="also every launch of SWEEP (block_n, num_warps: 'launches'), of SPLIT_SWEEP (split over the reduction "
+        "too: 'split'), or both (the flag alone)",
+    )
     p.add_argument(
         "--smoke", action="store_true", help="on a CPU under TRITON_INTERPRET=1: the tiny shape, float32, no timing"
     )

@@ -10,6 +10,8 @@
 #                  Study 3's controlled sweep through the engine mode (s03_speculative/controlled_engine)
 #   small-linear   scripts/bench_small_linear.py --sweep --rows 1: the fused linears against the engine's chain, every
 #                  launch (block_n x warps) at batch 1
+#   small-linear-split  the same at 1 row with the reduction split over programs too (split_k 2/4/8 at block_n
+#                  4/16/64): does Qwen2-0.5B's down (896 outputs, 4,864 inputs) come nearer its floor?
 #   small-linear-rows  the same at 1, 4 and 8 rows, default launch
 #   decode-kernel  scripts/bench_decode_kernel.py: decode attention, one pass vs split-KV vs gather
 #   small-batch-step  scripts/bench_small_batch_step.py: an engine decode step at batch 1, 4 and 8 with its blocks
@@ -54,6 +56,7 @@ for task in "$@"; do
     staged) run "$task" 180 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_small_linear.py \
       tests/test_speculative_rejection.py tests/test_speculative_ngram.py tests/test_controlled_engine.py ;;
     small-linear) run "$task" 420 python3 scripts/bench_small_linear.py --out "$OUT/small_linear.csv" --sweep --rows 1 ;;
+    small-linear-split) run "$task" 300 python3 scripts/bench_small_linear.py --out "$OUT/small_linear_split.csv" --sweep split --rows 1 ;;
     small-linear-rows) run "$task" 240 python3 scripts/bench_small_linear.py --out "$OUT/small_linear_rows.csv" ;;
     decode-kernel) run "$task" 180 python3 scripts/bench_decode_kernel.py ;;
     small-batch-step-check) run "$task" 300 python3 scripts/bench_small_batch_step.py --compile-check first-blocks --shapes qwen2-0.5b --batch 1 8 --out "$OUT/small_batch_step_check.csv" ;;

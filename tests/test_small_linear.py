@@ -6,8 +6,8 @@ Under Triton's interpreter (a child process: the interpreter is chosen when a ke
 float32 rounding in float32, and within bfloat16's precision in bfloat16 (the interpreter truncates where a GPU
 rounds to nearest). The new residual stream ``h + delta`` is bitwise eager's in float32. Two layers of a Llama
 block's linear work in the fused kernels give ``models.llama``'s block functions' residual stream and MLP output.
-On a CUDA device (skipped without one) the compiled kernel is checked the same way. Bad shapes are refused
-before any launch.
+Split over the reduction (``split_k``), each agrees too and gives the same bits launch after launch. On a CUDA
+device (skipped without one) the compiled kernel is checked the same way. Bad shapes are refused before any launch.
 """
 
 import textwrap
@@ -54,6 +54,28 @@ CHECK = textwrap.dedent(
             gu = rnd(m, 2 * k, dtype=dtype)
             gate, up = gu.chunk(2, dim=-1)
             torch.testing.assert_close(silu_mul_linear(gu, w), F.linear(F.silu(gate) * up, w), **close)
+
+    # split-K: each output tile's reduction over several programs, the last to finish adding the partials in split
+    # order; 64 outputs a program make 64-input reduction steps, so these shapes take 2 to 16 steps
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
+        for m, n, k in ((3, 17, 130), (2, 300, 1000), (1, 40, 72)):
+            x, d, b = rnd(m, k, dtype=dtype), rnd(m, k, dtype=dtype), rnd(n, dtype=dtype)
+            w = rnd(n, k, dtype=dtype) / k**0.5
+            nw = 1 + rnd(k, dtype=dtype) / 10
+            gu = rnd(m, 2 * k, dtype=dtype)
+            gate, up = gu.chunk(2, dim=-1)
+            close = dict(rtol=tol, atol=tol)
+            for split in (2, 3, 7):
+                kw = dict(block_n=64, split_k=split)
+                y = linear(x, w, b, **kw)
+                torch.testing.assert_close(y, F.linear(x, w, b), **close)
+                # the same bits again: the sum's order is fixed, and the counts the last launch left are back at 0
+                assert torch.equal(linear(x, w, b, **kw), y), "split-K gives the same result every launch"
+                h, y = norm_linear(x, d, nw, 1e-6, w, b, **kw)
+                if dtype == torch.float32:
+                    assert torch.equal(h, x + d), "every split writes its share of the residual stream"
+                torch.testing.assert_close(y, F.linear(rms_norm(x + d, nw, 1e-6), w, b), **close)
+                torch.testing.assert_close(silu_mul_linear(gu, w, **kw), F.linear(F.silu(gate) * up, w), **close)
 
     # two layers of a Llama block's linear work (attention's output held fixed), float32
     hidden, inter, q, kv, rows = 48, 80, 32, 8, 3
@@ -105,6 +127,7 @@ def test_fused_linear_layers_equal_the_unfused_path_on_the_gpu():
         (lambda: norm_linear(torch.zeros(2, 8), None, torch.ones(6), 1e-6, torch.zeros(4, 8)), "norm weight"),
         (lambda: silu_mul_linear(torch.zeros(2, 9), torch.zeros(4, 4)), "2·I"),
         (lambda: silu_mul_linear(torch.zeros(2, 8), torch.zeros(4, 8)), "does not take 4 inputs"),
+        (lambda: linear(torch.zeros(2, 8), torch.zeros(4, 8), split_k=0), "split_k must be a positive integer"),
     ],
 )
 def test_bad_shapes_are_refused_before_any_launch(call, message):
