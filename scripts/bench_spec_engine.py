@@ -170,6 +170,12 @@ def main() -> None:
         "engine's on the whole model, which refuses the 8B shape's bf16 rounding (scripts/probe_compile_check.py)",
     )
     ap.add_argument(
+        "--fused-rope-kv-write",
+        action="store_true",
+        help="both engines with RoPE and the KV write in one kernel (faster compiled under the staged check on the "
+        "H100: data/dev/nvidia-h100/2026-12-06/small_batch_step_check_*.csv)",
+    )
+    ap.add_argument(
         "--decode-launch",
         metavar="KEYS,WARPS,STAGES",
         help="one launch for the one-pass decode kernel instead of the per-process tuner's pick "
@@ -179,9 +185,17 @@ def main() -> None:
     set_up(args)
     dev = args.device
     record = device_record(dev)
-    cfg = EngineConfig(num_blocks=2048, max_model_len=1024, max_num_seqs=max(args.batch), block_size=16)
+    cfg = EngineConfig(
+        num_blocks=2048,
+        max_model_len=1024,
+        max_num_seqs=max(args.batch),
+        block_size=16,
+        fused_rope_kv_write=args.fused_rope_kv_write,
+    )
     hf = load_model(args.target, dtype="bfloat16", device=dev, load_tokenizer=False).model
     draft = load_draft(args.draft, dtype="bfloat16", device=dev, seed=1)
+    if args.fused_rope_kv_write:  # the draft runs on its own runner: its model takes the switch itself
+        draft.set_fused_rope_kv_write(True)
     vocab = hf.config.vocab_size
     g = torch.Generator().manual_seed(0)
     rows, budgets = [], []
