@@ -17,6 +17,12 @@ sequence's mirror is ``release``d.
 Sizing: the draft's pool has as many blocks as the target's, and a mirror never reserves more positions than its
 target sequence, so the draft cannot run out of blocks while the target has them.
 
+Prefix caching: where the target engine caches prefixes, so does the draft, in a cache of its own over its own pool
+(its K/V are not the target's). A new mirror starts on the draft's longest cached prefix of its sequence's tokens
+(never the last one: the draft samples from it), and a mirror's full blocks of tokens the target has (never its
+drafts) are registered as it computes them, so a prompt that shares a prefix with an earlier one costs the draft
+only its new tokens, as it costs the target (vLLM's draft model shares the target's block pool and its caching).
+
 vLLM's draft-model proposer (``vllm/v1/spec_decode/draft_model.py``) runs the draft inside the target's runner with
 a KV cache of its own; this one is a second ``ModelRunner`` over the draft's pool, which gives it the target's
 graphs, kernels and compile check for free.
@@ -36,6 +42,7 @@ from servelab.engine.sequence import PENDING_TOKEN, Sequence
 from servelab.errors import ParameterError
 from servelab.kv.block_manager import BlockManager
 from servelab.kv.pool import KVPool
+from servelab.kv.prefix_cache import PrefixCache
 from servelab.speculative.rejection import PLACEHOLDER
 
 
@@ -70,6 +77,8 @@ class DraftModel:
         cuda_graphs: bool = False,
         backend: str = "gather",
         step_graph_sizes: list[int] | None = None,
+        prefix_caching: bool = False,
+        prefix_eviction: str = "lru",
     ):
         """``backend``: the target engine's attention backend (the draft's layers take it); ``cuda_graphs``: capture
         the draft's decode steps, and with ``step_graph_sizes`` its catch-up steps as whole-step graphs (the ragged
@@ -85,7 +94,8 @@ class DraftModel:
             block.attn.backend = backend
         self.pool = KVPool.for_model(model.shape, num_blocks + 1, block_size, p.dtype, p.device)
         self.pool.kv.zero_()  # masked-out keys enter P·V as 0·value: never 0·NaN
-        self.bm = BlockManager(num_blocks, block_size)
+        cache = PrefixCache(block_size, prefix_eviction) if prefix_caching else None
+        self.bm = BlockManager(num_blocks, block_size, prefix_cache=cache)
         # the scheduler's slot reservation (whole blocks, OutOfBlocks with nothing changed), with no queue of its own
         self.slots: Scheduler = policy_class("chunked_prefill")(
             self.bm, max_num_seqs=max_num_seqs, max_num_batched_tokens=max(max_num_seqs, max_model_len)
@@ -109,10 +119,12 @@ class DraftModel:
     def propose(self, seqs: list[Sequence], ks: list[int]) -> Drafts:
         """``ks[i] >= 1`` drafts for each target sequence ``seqs[i]``, whose last token the target has not computed yet,
         left on the device. Draws follow each request's temperature and top-p (greedy: the argmax), with its seed."""
-        mirrors = [self._mirror(seq) for seq in seqs]
-        for m, seq, k in zip(mirrors, seqs, ks, strict=True):
-            n = seq.num_tokens
-            self.slots.reserve_slots(m, n + k - 1)  # positions up to n + k − 2 get the draft's K/V
+        mirrors = []
+        for seq, k in zip(seqs, ks, strict=True):
+            m = self._mirror(seq)  # after the mirrors before it registered their blocks: it may share them
+            self.slots.reserve_slots(m, seq.num_tokens + k - 1)  # positions up to n + k − 2 get the draft's K/V
+            self._cache(m, m.num_tokens)  # its tokens so far are the target's (the drafts come after them)
+            mirrors.append(m)
         first = ScheduledBatch(
             [
                 ScheduledSequence(
@@ -167,6 +179,7 @@ class DraftModel:
             if end <= m.num_computed_tokens:
                 continue
             self.slots.reserve_slots(m, end)
+            self._cache(m, end)
             start = m.num_computed_tokens
             items.append(ScheduledSequence(m, start, end - start, m.kv_slots[start:end]))
         if items:
@@ -177,11 +190,35 @@ class DraftModel:
     def _mirror(self, seq: Sequence) -> Sequence:
         """The draft's sequence for ``seq``: its tokens now (prompt and output), its own progress kept."""
         m = self.mirrors.get(seq.seq_id)
-        if m is None:
+        new = m is None
+        if new:
             m = self.mirrors[seq.seq_id] = Sequence(list(seq.prompt_token_ids), seq.params, seq_id=seq.seq_id)
             m.generator = seq.generator
         m.output_token_ids = list(seq.output_token_ids)
+        if new:
+            self._start_on_cached_prefix(m)
         return m
+
+    def _start_on_cached_prefix(self, m: Sequence) -> None:
+        """A new mirror shares the blocks of the draft's longest cached prefix of its tokens, all but the last (the
+        draft computes that one to draft from it), as the scheduler admits a request (``_cached_prefix``)."""
+        cache = self.bm.prefix_cache
+        if cache is None or m.seq_id in self.bm:
+            return
+        cached = self.bm.match_prefix(m.token_ids(0, m.num_tokens - 1))
+        hit = len(cached) * self.bm.block_size
+        cache.record_lookup(m.num_tokens, hit)
+        if cached:
+            self.bm.allocate(m.seq_id, hit, cached)
+            m.kv_slots = self.bm.slot_mapping(m.seq_id, 0, hit)
+            m.num_computed_tokens = hit
+
+    def _cache(self, m: Sequence, end: int) -> None:
+        """Index the mirror's full blocks of positions below ``end``, tokens the target has (never drafts), as soon as
+        their slots are reserved, as the scheduler's ``_admit`` does: a mirror later in the same step may share them,
+        since every layer of a step writes the whole step's K/V before any attention reads the pool."""
+        if self.bm.prefix_cache is not None:
+            self.bm.cache_blocks(m.seq_id, end, m.token_ids)
 
     def _draw(self, logits: torch.Tensor, mirrors: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One draft token per row; with any sampled request, each row's distribution too (one-hot where greedy)."""

@@ -95,6 +95,8 @@ class SpeculativeEngine(Engine):
                 cuda_graphs=cfg.cuda_graphs and self.device.type == "cuda",
                 backend=self.backend,
                 step_graph_sizes=self._catch_up_sizes() if self.num_step_graphs else None,
+                prefix_caching=cfg.prefix_caching,
+                prefix_eviction=cfg.prefix_eviction,
             )
 
     def set_gamma(self, gamma: int) -> None:
