@@ -103,7 +103,7 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30))
 
 
-SWEEP = [dict(block_n=bn, num_warps=nw) for bn in (1, 2, 4, 8, 16) for nw in (2, 4, 8)]
+SWEEP = [dict(block_n=bn, num_warps=nw, split_k=1) for bn in (1, 2, 4, 8, 16) for nw in (2, 4, 8)]
 # split over the reduction too: more programs for a matrix with few outputs and many inputs (down), and smaller
 # reduction steps (64 outputs a program take 64 inputs a step)
 SPLIT_SWEEP = [dict(block_n=bn, num_warps=4, split_k=sk) for bn in (4, 16, 64) for sk in (2, 4, 8)]

@@ -19,7 +19,14 @@ from interpreted import run_interpreted
 from servelab.errors import ParameterError
 
 triton = pytest.importorskip("triton")
-from servelab.kernels.small_linear import MAX_ROWS, launch, linear, norm_linear, silu_mul_linear  # noqa: E402
+from servelab.kernels.small_linear import (  # noqa: E402
+    MAX_ROWS,
+    default_split,
+    launch,
+    linear,
+    norm_linear,
+    silu_mul_linear,
+)
 
 CHECK = textwrap.dedent(
     """
@@ -142,3 +149,17 @@ def test_a_launch_fills_the_gpu_and_keeps_its_product_tile_small(rows, n, k):
     assert block_m >= rows and block_m & (block_m - 1) == 0
     assert block_n * block_k <= 4096  # the weight tile a program holds at once, whatever the rows
     assert triton.cdiv(n, block_n) >= 100  # programs: most of an H100's or H200's 132 SMs
+
+
+def test_the_reduction_splits_by_default_only_where_output_tiles_are_few(monkeypatch):
+    """One split per reduction step where the output tiles are under two per SM (Qwen2-0.5B's down: 224 tiles of
+    4 outputs, 5 steps of 1,024 inputs, on 132 SMs), none where they fill the GPU or on a CPU."""
+    import servelab.kernels.triton_decode as triton_decode
+
+    assert default_split(224, 5, "cpu") == 1
+    monkeypatch.setattr(triton_decode, "sm_count", lambda device: 132)
+    _, bn, bk = launch(1, 896, 4864)
+    assert default_split(triton.cdiv(896, bn), triton.cdiv(4864, bk), "cuda") == 5  # 0.5B down
+    _, bn, bk = launch(1, 4096, 14336)
+    assert default_split(triton.cdiv(4096, bn), triton.cdiv(14336, bk), "cuda") == 1  # 8B down: 1,024 tiles
+    assert default_split(224, 1, "cuda") == 1  # one step: nothing to split

@@ -205,6 +205,17 @@ def launch(rows: int, n: int, k: int, block_n: int | None = None) -> tuple[int, 
     return block_m, block_n, block_k
 
 
+def default_split(tiles: int, steps: int, device) -> int:
+    """Splits of the reduction by default: one per reduction step where the output tiles are under two per SM, else
+    none. On an H100 at one row (``data/dev/nvidia-h100/2026-12-06/small_linear_split_*.csv``) this split
+    Qwen2-0.5B's down (224 tiles, 5 steps: 0.208 -> 0.151 ms over 24 launches, ``F.linear`` 0.181) and left
+    Llama-3-8B's alone (1,024 tiles a matrix or more), whose matrices gain nothing from a split; on a CPU, none."""
+    from servelab.kernels.triton_decode import sm_count
+
+    sms = sm_count(device)
+    return steps if sms is not None and steps > 1 and tiles < 2 * sms else 1
+
+
 def _check(x: torch.Tensor, w: torch.Tensor, k: int, what: str) -> None:
     if x.dim() != 2 or w.dim() != 2:
         raise ParameterError(f"{what}: input and weight must be 2-D, got {tuple(x.shape)} and {tuple(w.shape)}")
@@ -220,16 +231,17 @@ def _check(x: torch.Tensor, w: torch.Tensor, k: int, what: str) -> None:
 
 def _run(
     prologue, x, w, bias=None, delta=None, h_out=None, norm_w=None, eps=0.0, k=None, block_n=None, num_warps=4,
-    split_k=1,
+    split_k=None,
 ):  # fmt: skip
     m, n, k = x.shape[0], w.shape[0], k or x.shape[1]
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     bm, bn, bk = launch(m, n, k, block_n)
-    steps = triton.cdiv(k, bk)
+    steps, tiles = triton.cdiv(k, bk), triton.cdiv(n, bn)
+    if split_k is None:
+        split_k = default_split(tiles, steps, x.device)
     if isinstance(split_k, bool) or not isinstance(split_k, int) or split_k < 1:
         raise ParameterError(f"split_k must be a positive integer, got {split_k!r}")
     split_k = min(split_k, steps)  # a split with no reduction step of its own would only add a partial of zeros
-    tiles = triton.cdiv(n, bn)
     part = torch.empty(split_k, bm, n, dtype=torch.float32, device=x.device) if split_k > 1 else y
     count = _counters(x.device, tiles) if split_k > 1 else y
     _small_linear[(tiles, split_k)](
@@ -266,7 +278,8 @@ def _run(
 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, **launch_kw) -> torch.Tensor:
     """``x @ w.T (+ bias)`` for ``x`` [M ≤ MAX_ROWS, K], ``w`` [N, K]. ``launch_kw``, in every function here:
-    ``block_n`` (outputs per program, ``launch``'s choice by default), ``num_warps`` (4) and ``split_k`` (1):
+    ``block_n`` (outputs per program, ``launch``'s choice by default), ``num_warps`` (4) and ``split_k``
+    (``default_split``'s choice by default):
     programs per output tile, each over its share of the reduction, for a matrix with few outputs and many inputs
     (Qwen2-0.5B's down, 896 × 4,864, ran at 2.6× its floor on an H100 with the outputs alone split); the tile's
     last split to finish adds the partials in split order, so the result is the same every run."""
