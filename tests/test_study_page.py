@@ -182,6 +182,13 @@ def test_takeaways_and_notes_skip_nothing_but_empty_sentences():
     )
 
 
+def test_a_claims_note_starts_a_sentence_and_says_how_many_repeats_its_value_stands_for():
+    one = finding_notes([_finding()])
+    assert "**F9.1 changes.** Decode is flat | memory-bound. RTX 2070: 30–70; measured here: 3.1–5.2" in one
+    three = finding_notes([_finding(repeats=3, repeat_verdicts="changes;changes;changes")])
+    assert "measured here (3 repeats): 3.1–5.2 (µs/token)" in three
+
+
 @pytest.mark.parametrize("slug", sorted(STUDIES))
 def test_the_parameters_cell_is_the_one_place_each_parameter_is_written(slug):
     """Every study parameter appears in the notebook's parameters cell, set to None (the profile's default), and

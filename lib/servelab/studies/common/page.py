@@ -152,16 +152,27 @@ def finding_sentence(f: Finding) -> str:
     why = ""
     if value == NOT_MEASURED and f.note.startswith("Not measured: "):  # say why, where nothing stands for it
         why = f" ({f.note.removeprefix('Not measured: ').rstrip('.')})"
-    return f"**{f.id} {f.verdict}.** {f.claim[:1].upper()}{f.claim[1:]}: {value}{unit}{why}."
+    return f"**{f.id} {f.verdict}.** {_sentence_start(f.claim)}: {value}{unit}{why}."
 
 
 def finding_notes(findings: Iterable[Finding]) -> str:
     """Markdown: each claim's verdict with the rule's reasoning (its note), for the page's details section."""
     return "\n".join(
-        f"- **{f.id} {f.verdict}.** {f.claim}. {SEED_DEVICE}: {f.seed_value}; this run: {f.measured_value} "
-        f"({f.unit}). {f.note}."
+        f"- **{f.id} {f.verdict}.** {_sentence_start(f.claim)}. {SEED_DEVICE}: {f.seed_value}; measured here"
+        f"{_over(f)}: {f.measured_value} ({f.unit}). {f.note}."
         for f in findings
     )
+
+
+def _over(f: Finding) -> str:
+    """The count of repeats a value stands for (their median, or the text of the repeat nearest it:
+    ``repeats.combine_repeats``), in parentheses; "" for one run."""
+    return f" ({f.repeats} repeats)" if f.repeats > 1 else ""
+
+
+def _sentence_start(text: str) -> str:
+    """A claim as the start of a sentence (the studies write theirs to follow a colon too: "the Leviathan ...")."""
+    return text[:1].upper() + text[1:]
 
 
 def rerun_recipe(slug: str, params: Mapping, *, out: str | None = None, extra: Iterable[str] = ()) -> str:
