@@ -154,10 +154,10 @@ def test_a_launch_fills_the_gpu_and_keeps_its_product_tile_small(rows, n, k):
 def test_the_reduction_splits_by_default_only_where_output_tiles_are_few(monkeypatch):
     """One split per reduction step where the output tiles are under two per SM (Qwen2-0.5B's down: 224 tiles of
     4 outputs, 5 steps of 1,024 inputs, on 132 SMs), none where they fill the GPU or on a CPU."""
-    import servelab.kernels.triton_decode as triton_decode
+    import servelab.kernels.small_linear as small_linear
 
     assert default_split(224, 5, "cpu") == 1
-    monkeypatch.setattr(triton_decode, "sm_count", lambda device: 132)
+    monkeypatch.setattr(small_linear, "sm_count", lambda device: 132)
     _, bn, bk = launch(1, 896, 4864)
     assert default_split(triton.cdiv(896, bn), triton.cdiv(4864, bk), "cuda") == 5  # 0.5B down
     _, bn, bk = launch(1, 4096, 14336)

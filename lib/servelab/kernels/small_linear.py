@@ -43,6 +43,7 @@ import triton
 import triton.language as tl
 
 from servelab.errors import ParameterError
+from servelab.kernels.triton_decode import sm_count
 
 MAX_ROWS = 8  # rows (tokens) one launch takes; beyond it the matmul's weight reuse favours a real GEMM
 BLOCK_N = 4  # outputs a program by default (``launch``)
@@ -210,8 +211,6 @@ def default_split(tiles: int, steps: int, device) -> int:
     none. On an H100 at one row (``data/dev/nvidia-h100/2026-12-06/small_linear_split_*.csv``) this split
     Qwen2-0.5B's down (224 tiles, 5 steps: 0.208 -> 0.151 ms over 24 launches, ``F.linear`` 0.181) and left
     Llama-3-8B's alone (1,024 tiles a matrix or more), whose matrices gain nothing from a split; on a CPU, none."""
-    from servelab.kernels.triton_decode import sm_count
-
     sms = sm_count(device)
     return steps if sms is not None and steps > 1 and tiles < 2 * sms else 1
 

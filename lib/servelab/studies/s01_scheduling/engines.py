@@ -60,7 +60,10 @@ def _launch_names(g: pd.DataFrame) -> pd.Series:
 
 def _launches(g: pd.DataFrame) -> str:
     """The launches a model's servers ran, most common first, with how many servers ran each."""
-    counts = _launch_names(g).value_counts(sort=True)
+    return _counted(_launch_names(g).value_counts(sort=True))
+
+
+def _counted(counts: pd.Series) -> str:
     if counts.empty:
         return "not recorded"
     return counts.index[0] if len(counts) == 1 else "; ".join(f"{k} ({n})" for k, n in counts.items())
@@ -71,13 +74,14 @@ def launch_lines(servers: pd.DataFrame) -> str:
     shape the servers tuned at, as they recorded it)."""
     out = []
     for model, g in servers.groupby("model", sort=False):
-        counts = _launch_names(g).value_counts()
+        names = _launch_names(g)
+        counts = names.value_counts(sort=True)
         if len(counts) < 2:
             continue
-        per_repeat = g.assign(launch=_launch_names(g)).groupby("repeat")["launch"].nunique()
+        per_repeat = g.assign(launch=names).groupby("repeat")["launch"].nunique()
         out.append(
             f"**{model_name(model)}'s servers ran {len(counts)} different decode-kernel launches** over its "
-            f"{counts.sum()} servers ({_launches(g)}), {int((per_repeat > 1).sum())} of its {len(per_repeat)} "
+            f"{counts.sum()} servers ({_counted(counts)}), {int((per_repeat > 1).sum())} of its {len(per_repeat)} "
             "repeats with more than one."
         )
     if not out:
