@@ -41,3 +41,27 @@ def test_a_cpu_run_writes_every_row_and_the_device_record(tmp_path):
     budget = pd.read_csv(out.with_suffix(".budget.csv"))  # --profile: each phase's time, read as a step budget
     assert len(budget) == 6 and set(budget["phase"]) == {"plain decode step", "draft round", "verify step"}
     assert (budget["calls"] > 0).all() and (budget["wall_ms"] > 0).all() and (budget["gemm_kernels"] > 0).all()
+
+
+def test_a_cpu_run_with_the_draft_through_small_linear_runs_through_and_says_so(tmp_path):
+    """``--draft-small-linear`` under Triton's interpreter: the bench runs through with the draft's one-row steps on
+    small_linear's kernels (after its runner compiled and captured), and the record says the draft's blocks were the
+    small path's. Whether that path gives HF's tokens is ``tests/test_small_batch_blocks.py``'s question."""
+    out = tmp_path / "spec_engine.csv"
+    script = REPO_ROOT / "scripts" / "bench_spec_engine.py"
+    args = ["--target", "config:tiny-llama", "--draft", "config:tiny-llama", "--device", "cpu", "--new", "4"]
+    args += ["--gamma", "2", "--prompt", "16"]
+    args += ["--draft-small-linear", "--batch", "1", "--alpha", "1.0", "--out", str(out)]
+    run = subprocess.run(
+        [sys.executable, str(script), *args],
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT / "lib"), "OMP_NUM_THREADS": "1", "TRITON_INTERPRET": "1"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "warning" not in run.stdout
+    table = pd.read_csv(out)
+    assert table[(table["what"] == "acceptance")]["value"].iloc[0] == 1.0
+    record = json.loads(out.with_suffix(".device.json").read_text())
+    assert record["args"]["draft_small_linear"] and record["engine"]["draft_small_linear"]
