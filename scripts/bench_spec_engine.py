@@ -194,6 +194,13 @@ def main() -> None:
         "(data/dev/nvidia-h100/2026-12-06/decode_tuning_*.csv: 128,4,2 is the H100's fastest at small batches)",
     )
     ap.add_argument(
+        "--draft-rounds",
+        choices=["graph", "steps"],
+        default="graph",
+        help="a greedy round's draft steps after the first in one captured graph (engine.draft_rounds, the mode's "
+        "default on CUDA), or each in its own decode graph, as before it",
+    )
+    ap.add_argument(
         "--draft-small-linear",
         action="store_true",
         help="the draft's one-row steps (every draft step at batch 1) through models.small_batch: six launches a "
@@ -237,6 +244,8 @@ def main() -> None:
         hf, cfg, speculative=SpeculativeConfig("draft_model", args.gamma, args.draft), draft=draft
     )
     del hf
+    if args.draft_rounds == "steps":
+        spec.draft.rounds = None
     for b in args.batch:
         prompts = [torch.randint(3, vocab, (args.prompt,), generator=g).tolist() for _ in range(b)]
         run(plain, prompts, 8)  # warm-up: compile caches, graphs, allocator
@@ -287,6 +296,8 @@ def main() -> None:
         "draft_compile": spec.draft.compile_status,
         "draft_graphs": spec.draft.num_graphs,
         "draft_small_linear": uses_small_linear(spec.draft.model),
+        "draft_round_graphs": len(spec.draft.rounds.graphs) if spec.draft.rounds is not None else 0,
+        "draft_rounds_in_one_graph": spec.draft.round_graph_rounds,
     }
     meta = {"device": record.close().as_dict(), "args": vars(args), "engine": stats}
     Path(args.out).with_suffix(".device.json").write_text(json.dumps(meta, indent=1, default=str))

@@ -28,6 +28,8 @@
 #   spec-bench-staged  every staged draft-step cut at once: fused_rope_kv_write, the draft's one-row steps through
 #                  small_linear (models/small_batch) and the decode launch fixed at 128/4/2, profiled: the c they
 #                  reach together against 2x's c <= 0.155
+#   spec-bench-rounds  the same, then again with each draft step in its own graph (--draft-rounds steps): what the
+#                  round in one graph (engine/draft_rounds.py) takes off c, on one machine
 #   long-tiles     scripts/bench_long_tiles.py: the staged long-tile kernel (kernels/triton_long_tiles.py) against
 #                  triton_ragged's long tiles, a 4096-token prefill and a 512-token chunk after 2,048 (0.5B, 8B shapes)
 #   long-tiles-64  the same with 64-token long tiles: a 512-token chunk makes 4 tiles of 128 a head, 56 programs at
@@ -72,6 +74,9 @@ for task in "$@"; do
     spec-bench-fused) run "$task" 420 python3 scripts/bench_spec_engine.py --fused-rope-kv-write --out "$OUT/spec_engine_fused.csv" ;;
     spec-bench-staged) run "$task" 420 python3 scripts/bench_spec_engine.py --fused-rope-kv-write --draft-small-linear \
       --decode-launch 128,4,2 --profile --out "$OUT/spec_engine_staged.csv" ;;
+    spec-bench-rounds) run "$task" 420 bash -c 'for r in graph steps; do python3 scripts/bench_spec_engine.py \
+      --fused-rope-kv-write --draft-small-linear --decode-launch 128,4,2 --profile --draft-rounds $r \
+      --out "$OUT/spec_engine_rounds_$r.csv" || exit; done' ;;
     long-tiles) run "$task" 300 python3 scripts/bench_long_tiles.py --out "$OUT/long_tiles.csv" ;;
     long-tiles-64) run "$task" 300 python3 scripts/bench_long_tiles.py --long-tile-tokens 64 --out "$OUT/long_tiles_64.csv" ;;
     decode-tuning) run "$task" 420 bash -c 'for i in 0 1 2; do python3 scripts/bench_decode_tuning.py --process $i --out "$OUT/decode_tuning.csv" || exit; done' ;;

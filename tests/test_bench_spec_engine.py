@@ -65,3 +65,4 @@ def test_a_cpu_run_with_the_draft_through_small_linear_runs_through_and_says_so(
     assert table[(table["what"] == "acceptance")]["value"].iloc[0] == 1.0
     record = json.loads(out.with_suffix(".device.json").read_text())
     assert record["args"]["draft_small_linear"] and record["engine"]["draft_small_linear"]
+    assert record["engine"]["draft_round_graphs"] == 0  # a CPU captures none: its rounds go step by step

@@ -5,7 +5,9 @@ Each round the draft proposes up to ``k`` tokens for every speculating sequence 
 1. one step computes what the draft has not seen of each sequence (the whole prompt in its first round; after
    that the one or two tokens the target emitted last round) and samples draft 1 from its last position;
 2. ``k - 1`` decode steps follow, each fed the tokens the step before sampled, on the device (``patch_pending``'s
-   mechanism: the host never waits between them); on CUDA they replay the draft runner's decode graphs;
+   mechanism: the host never waits between them); on CUDA they replay the draft runner's decode graphs, or, where
+   every request is greedy and ``capture_rounds`` captured that many steps, one graph holds them all
+   (``draft_rounds``: one launch a round instead of one a step);
 3. the host reads the round's drafts once.
 
 The draft keeps one mirror ``Sequence`` per target sequence, keyed by the same id, that holds only its own
@@ -33,6 +35,8 @@ from __future__ import annotations
 import torch
 
 from servelab.engine.compilation import compile_with_check
+from servelab.engine.cuda_graphs import power_of_two_buckets
+from servelab.engine.draft_rounds import RoundGraphs
 from servelab.engine.model_runner import ModelRunner, max_blocks_per_sequence
 from servelab.engine.policies import policy_class
 from servelab.engine.rollback import give_back_tail
@@ -113,6 +117,35 @@ class DraftModel:
         if cuda_graphs and step_graph_sizes and backend != "reference":
             self.num_graphs += self.runner.enable_step_graphs(step_graph_sizes, capture=True)
         self.mirrors: dict[int, Sequence] = {}
+        self.rounds: RoundGraphs | None = None
+        self.round_graph_rounds = 0  # rounds whose steps after the first ran as one graph
+
+    def capture_rounds(self, steps: int, *, capture: bool = True) -> int:
+        """Chain ``steps`` greedy decode steps in one graph per decode bucket (``draft_rounds``): a round of
+        ``steps + 1`` drafts then launches twice (its first step, then the rest). ``capture=False`` runs the same
+        chained forward eagerly (a CPU, for tests). Returns the graphs captured; 0 with ``steps`` < 1 (γ = 1 has no
+        steps after the first)."""
+        self.rounds = None
+        if steps < 1:
+            return 0
+        graphs = self.runner.graphs
+        if graphs is not None:  # the decode graphs' buckets, so a round fits where its steps would
+            buckets = {"batch_sizes": graphs.batch_sizes, "block_widths": graphs.block_widths}
+        else:  # as the runner's decode_group buckets an uncaptured run
+            most = self.runner.tables.max_blocks
+            buckets = {"block_widths": power_of_two_buckets(most, smallest=min(8, most))}
+        self.rounds = RoundGraphs(
+            self.model,
+            self.pool,
+            self.runner.tables,
+            steps=steps,
+            max_batch=self.runner.max_num_seqs,
+            scratch_block=self.runner.scratch_block,
+            **buckets,
+        )
+        if capture:
+            self.rounds.capture()
+        return len(self.rounds.graphs)
 
     # ---- a round ----------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -143,6 +176,10 @@ class DraftModel:
         probs.append(q)
         for m in mirrors:
             m.num_computed_tokens = m.num_tokens
+        chained = self._rest_in_one_graph(mirrors, ks, token) if q is None else None
+        if chained is not None:
+            tokens += chained
+            return Drafts([[PENDING_TOKEN] * k for k in ks], None, torch.stack(tokens, dim=1))
         for j in range(1, max(ks)):
             live = [i for i, k in enumerate(ks) if k > j]
             chained = _Chained({mirrors[i].seq_id: i for i in live}, tokens[-1])
@@ -165,6 +202,46 @@ class DraftModel:
             zeros = torch.zeros(len(seqs), vocab, device=self.device)
             stacked = torch.stack([zeros if q is None else q for q in probs], 1)
         return Drafts(pending, stacked, torch.stack(tokens, dim=1))
+
+    def _rest_in_one_graph(self, mirrors: list[Sequence], ks: list[int], first: torch.Tensor):
+        """Drafts 2 … k of a greedy round from one graph (``capture_rounds``): a token tensor per step in ``mirrors``'
+        order (PLACEHOLDER past a row's count), with each mirror's bookkeeping as the step-by-step path leaves it;
+        None where no round graph chains this round's ``max(ks) - 1`` steps, or none of its buckets holds it."""
+        steps = max(ks) - 1
+        if self.rounds is None or self.rounds.steps != steps:
+            return None
+        starts = [m.num_computed_tokens for m in mirrors]  # draft 1's position: the first step sampled it
+        drafting = [i for i, k in enumerate(ks) if k > 1]
+        last = [starts[i] + ks[i] - 2 for i in drafting]
+        table_rows = dict(
+            zip(
+                drafting,
+                self.runner.tables.rows_for(
+                    [mirrors[i].seq_id for i in drafting],
+                    last,
+                    [mirrors[i].kv_slots[p] for i, p in zip(drafting, last, strict=True)],
+                ),
+                strict=True,
+            )
+        )
+        plan = [
+            [
+                (starts[i] + j, mirrors[i].kv_slots[starts[i] + j], table_rows[i]) if j < ks[i] - 1 else None
+                for i in range(len(mirrors))
+            ]
+            for j in range(steps)
+        ]
+        out = self.rounds.run(first, plan)
+        if out is None:
+            return None
+        self.round_graph_rounds += 1
+        past = torch.tensor([[j >= k - 1 for k in ks] for j in range(steps)])  # a row's steps past its count
+        out = out.masked_fill(past.to(out.device, non_blocking=True), PLACEHOLDER)
+        for i in drafting:
+            m = mirrors[i]
+            m.output_token_ids += [PENDING_TOKEN] * (ks[i] - 1)  # drafts 1 … k − 1, still on the device
+            m.num_computed_tokens += ks[i] - 1
+        return list(out.unbind(0))
 
     @torch.inference_mode()
     def follow(self, seqs: list[Sequence], ends: list[int]) -> None:

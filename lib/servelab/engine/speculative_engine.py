@@ -98,6 +98,8 @@ class SpeculativeEngine(Engine):
                 prefix_caching=cfg.prefix_caching,
                 prefix_eviction=cfg.prefix_eviction,
             )
+            if self.draft.num_graphs:  # a greedy round's steps after the first in one graph (draft_rounds)
+                self.draft.capture_rounds(self.gamma - 1)
 
     def set_gamma(self, gamma: int) -> None:
         """Draft up to ``gamma`` tokens a step from now on, at most the γ the engine was built with (its graphs and
@@ -109,6 +111,9 @@ class SpeculativeEngine(Engine):
         if self.has_unfinished():
             raise ParameterError("gamma changes between requests, not while any runs")
         self.gamma = gamma
+        rounds = self.draft.rounds if self.draft is not None else None
+        if rounds is not None and rounds.steps != gamma - 1:  # the round graph chains γ − 1 steps
+            self.draft.capture_rounds(gamma - 1, capture=bool(rounds.graphs))
 
     @property
     def graph_rows(self) -> int:
@@ -423,6 +428,7 @@ class SpeculativeEngine(Engine):
             "spec_num_draft_tokens": s.num_draft_tokens,
             "spec_num_accepted_tokens": s.num_accepted_tokens,
             "spec_accepted_per_position": list(s.per_position),
+            "draft_round_graph_rounds": self.draft.round_graph_rounds if self.draft is not None else 0,
         }
 
 
