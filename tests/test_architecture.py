@@ -89,6 +89,15 @@ def test_no_import_cycles():
     assert _cycle(GRAPH) == []
 
 
+def test_the_import_reader_sees_the_imports_the_rules_above_judge():
+    """The rules above pass on a graph with no edges, so the reader must see the imports that are there: one inside a
+    function (Study 3's α bands read Study 6's ``alpha``; the rules registry reads Study 6's report) and a module
+    imported from its package (``from servelab.server import routes_openai, routes_ops``)."""
+    assert "servelab.studies.s06_hf_assisted.alpha" in GRAPH["servelab.studies.s03_speculative.measured_alpha"]
+    assert "servelab.studies.s06_hf_assisted.report" in GRAPH["servelab.studies.common.rules"]
+    assert {"servelab.server.routes_openai", "servelab.server.routes_ops"} <= GRAPH["servelab.server.app"]
+
+
 def test_the_cycle_finder_finds_a_cycle():
     assert sorted(set(_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}))) == ["a", "b", "c"]
     assert _cycle({"a": {"b"}, "b": set()}) == []

@@ -410,6 +410,7 @@ def test_analysis_plots_and_verdicts_survive_a_sweep_where_nothing_ran(models, p
     ):
         assert fig is not None
     rows = verdicts.findings(table, per_prompt)
+    assert [r.id for r in rows] == ["F6.1", "F6.2"]  # each claim has its row: all() below is not over nothing
     assert all(r.measured_value == "not measured" and r.verdict == "inconclusive" for r in rows)
 
 

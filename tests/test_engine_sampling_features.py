@@ -182,6 +182,7 @@ def test_prompt_and_sampled_logprobs_equal_hf(hf, cfg):
         lp = s.prompt_logprobs[p]
         assert lp.token_id == PROMPT[p] and lp.logprob == pytest.approx(ref[p - 1, PROMPT[p]].item(), abs=1e-4)
         assert [t for t, _ in lp.top] == ref[p - 1].topk(2).indices.tolist()
+    assert len(events) == len(s.output_token_ids) == 6  # one event a sampled token: the loop below sees all six
     for k, ev in enumerate(events):
         pos = len(PROMPT) - 1 + k
         assert ev.logprobs.token_id == ev.token_id == ref[pos].argmax().item()  # greedy: rank 1

@@ -6,12 +6,14 @@ from servelab.models import load_model
 
 
 def test_eager_step_resets_the_cache_to_its_context():
+    """The same input ids each step: the logits change only with the cache under them, so they say which it is."""
     m = load_model("config:tiny-qwen2").model
     fn, reset = eager_step(m, batch=2, new_tokens=1, context=16)
-    assert fn().shape == (2, 1, m.config.vocab_size)
-    fn()  # the cache grows by one token per step ...
+    first = fn()
+    assert first.shape == (2, 1, m.config.vocab_size)
+    assert not torch.equal(fn(), first)  # the cache grows by one token per step ...
     reset()
-    fn()  # ... and reset() puts it back, so repeated timed steps see the same context
+    assert torch.equal(fn(), first)  # ... and reset() puts it back, so repeated timed steps see the same context
 
 
 def test_static_step_writes_at_the_context_slot_every_time():

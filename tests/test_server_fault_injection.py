@@ -147,8 +147,8 @@ def test_sigkill_of_the_engine_mid_load_fails_every_stream_fast_and_the_server_e
             assert c.get("/health").status_code == 503
             assert c.post("/v1/completions", json={"prompt": [5, 6], "max_tokens": 2}).status_code == 503
         srv.proc.send_signal(signal.SIGINT)
-        srv.proc.wait(15)
-        assert srv.proc.returncode is not None
+        # clean: the exit status too (wait() raising on a hang was the only check; "is not None" after it always held)
+        assert srv.proc.wait(15) == 0
         assert gone(engine.pid)
     finally:
         srv.stop()

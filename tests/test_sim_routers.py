@@ -84,6 +84,9 @@ def test_capacity_search():
         max_num_batched_tokens=512,
         **slo,
     )
+    asked = {(router, rate) for router in ("round_robin", "least_outstanding") for rate in (one, 3 * one)}
+    # every router at every rate: the loops below see each answer (an empty one would pass them)
+    assert len(needed) == len(asked) and set(zip(needed.router, needed.rate, strict=True)) == asked
     assert needed["met"].all()
     for _, g in needed.groupby("router"):
         assert g.sort_values("rate")["replicas"].is_monotonic_increasing

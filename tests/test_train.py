@@ -98,6 +98,7 @@ def test_family_layout_and_models_load_and_assist(family):
 def test_loss_curves_fall_and_are_recorded(family):
     loss = family.loss
     assert list(loss.columns[:5]) == ["model", "step", "tokens", "train_loss", "eval_loss"]
+    assert set(loss["model"]) == {m.name for m in TINY.models}  # every model's curve: the loop checks each
     for name, g in loss.groupby("model"):
         assert g["step"].is_monotonic_increasing
         assert not math.isnan(g["eval_loss"].iloc[-1])  # an eval at the last step
