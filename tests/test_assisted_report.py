@@ -170,3 +170,28 @@ def test_the_coverage_view_counts_each_length_over_the_pairs_measured_there():
     out = report.coverage_view(SimpleNamespace(coverage=cov)).set_index("method")
     assert out.loc["plain", "512 tok"] == 9 and out.loc["plain", "pairs"] == 2
     assert out.loc["own_plain", "64 tok"] == 0 and out.loc["own_plain", "512 tok"] == 8
+
+
+def test_the_takeaways_name_each_baseline_and_each_repeats_prompts():
+    speed = pd.DataFrame({"method": ["own", "prompt_lookup"], "pair": ["d → T", "T"], "length": [512, 512],
+                          "speedup_median": [0.9, 2.0], "prompts": [8, 7], "prompts_by_repeat": ["8, 9, 8", "8, 9, 7"],
+                          "n_repeats": [3, 3]})  # fmt: skip
+    own = report.speed_sentence(speed, "own", 8)
+    assert "the servelab engine running the target alone" in own and "8, 9 and 8 prompts" in own
+    lookup = report.speed_sentence(speed, "prompt_lookup", 8)
+    assert "plain HF generate" in lookup and "one repeat had fewer than the 8 prompts" in lookup
+
+
+def test_the_match_rates_pool_every_repeats_runs():
+    # medians over repeats of the runs (9) and of the rate (1/8) read "9 runs, 12.5%"
+    frames = [pd.DataFrame({"method": ["assisted"], "pair": ["d → T"], "runs": [n], "exact_match_rate": [k / n],
+                            "matching_prefix_mean": [0.2]}) for n, k in ((9, 2), (9, 1), (8, 1))]  # fmt: skip
+    m = report._pool_matches(frames)
+    assert m["runs"].item() == 26 and m["exact_match_rate"].item() == pytest.approx(4 / 26)
+
+
+def test_the_seed_shapes_name_their_weights():
+    from servelab.studies.s06_hf_assisted.verdicts import seed_shapes
+
+    costs = pd.DataFrame({"pair": ["a → b"], "draft": ["config:a"], "target": ["config:b"]})
+    assert seed_shapes(costs) == "cost at the seed's shapes: a → b (architecture-exact, random weights; HF generate)"

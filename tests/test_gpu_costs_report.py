@@ -143,7 +143,7 @@ def test_a_missing_csv_does_not_crash_the_page(tmp_path):
         (r.dir / "steps.csv").unlink()
     page = report.report(runs)
     assert page.steps.empty and {f.verdict for f in page.findings} == {"inconclusive"}
-    report.takeaways(page)
+    assert "not measured (no step of this study was timed in its runs)" in report.takeaways(page)  # it says why
 
 
 def test_measuring_fingerprint_has_no_reporting_module():
@@ -175,3 +175,20 @@ def test_the_page_sets_its_uncompiled_engine_beside_the_benchmarks_default(tmp_p
     ours = page.steps.query("mode == 'engine' and phase == 'decode' and batch == 1 and context == 128").median_ms
     assert f"batch 1, context 128: {ours.iloc[0]:.2f} ms here, 0.50 ms there" in line
     assert "9.00" not in line and "context 99" not in line and line in report.takeaways(page)
+
+
+def test_f22s_words_are_each_steps_median_over_repeats_as_the_tables_beside_them(tmp_path):
+    # HF eager's decode moves far more between repeats than the rule's number: one repeat's range read against the
+    # modes table (medians over repeats) contradicted it
+    runs = write_runs(tmp_path, [synthetic_steps(decode_ms=ms) for ms in (10.0, 20.0, 40.0)])
+    page = report.report(runs)
+    f = by_id(page)["F2.2"]
+    assert f.verdict == "fails" and "20,0" in f.measured_value and "10,0" not in f.measured_value
+    assert "each step's median over the 3 repeats" in f.measured_value and "[from repeat" not in f.note
+    assert f.note.endswith("]") and "over 3 repeats" in f.note  # the interval over repeats stays
+    assert "lowest in hf_cuda_graph mode" in f.headline_unit  # the rule's number is the fastest mode's
+
+
+def test_study_2_says_f23_is_judged_on_study_1s_runs_and_whether_a_fresh_run_stands_beside_it(tmp_path):
+    said = report.f23_elsewhere(tmp_path)
+    assert "against Study 1's server runs held out from its fit, not yet on a fresh held-out run" in said

@@ -414,3 +414,15 @@ def test_findings_say_what_they_were_tested_on():
     # each headline is the number its rule decides on; a CPU run's F4.4 measured none
     assert f41.headline == 100.0 and f42.headline == 1.0 and f43.headline == 50.0 and f44.headline is None
     assert all(f.headline_unit for f in (f41, f42, f43)) and f44.headline_unit == ""
+
+
+def test_f44s_percentages_never_read_minus_zero():
+    assert verdicts._pct(-0.04) == "0" and verdicts._pct(-0.2) == "-0.2" and verdicts._pct(0.24, signed=True) == "+0.2"
+    assert verdicts._pct(25.4, signed=True) == "+25"
+
+
+def test_f42_says_when_a_marginal_read_is_above_the_copy_ceiling():
+    grows = _steps("hf_cuda_graph", 64, kv_gb_s=3000.0, fixed_ms=0.3, floor_pct=60)
+    flat = _steps("hf_eager", 1, kv_gb_s=3000.0, fixed_ms=60.0, floor_pct=0.5)
+    s = variation_summary(pd.concat([flat, grows]))
+    assert "over-states" in verdicts.f42(s, 2000).note and "over-states" not in verdicts.f42(s, 4000).note

@@ -159,6 +159,22 @@ def test_combine_needs_three_agreeing_repeats():
     assert missing.verdict == "inconclusive" and missing.repeat_verdicts == "holds;missing;holds"
 
 
+def test_a_note_quoting_one_repeat_says_which():
+    """The note and a worded value are one repeat's text while the tables beside them give medians over all: the
+    finding names that repeat (the one nearest the median, counted among every repeat, a missing one included)."""
+
+    def worded(headline):
+        f = _finding("F7.1", "holds", headline)
+        return replace(f, measured_value=f"{headline} × at 256 tokens", note=f"256 tokens: {headline} ×")
+
+    got = combine([[worded(1.2)], [], [worded(1.4)], [worded(1.3)]], min_repeats=3)[0]
+    assert got.note.startswith("[from repeat 4 of 4, the one nearest the median] 256 tokens: 1.3 ×")
+    assert got.measured_value == "[repeat 4 of 4] 1.3 × at 256 tokens" and got.headline == 1.3
+    same = combine([[_finding("F1.1", "holds", h)] for h in (10.0, 12.0, 11.0)])[0]
+    assert same.note.startswith("n") and same.measured_value == "11"  # one shared text: nothing to name
+    assert "text_repeat" not in same.row()
+
+
 def test_a_repeat_too_thin_for_its_rule_leaves_the_others_number_standing():
     def worded(verdict, headline):  # a rule whose measured value is text, as F6.2's "ρ_c = -1.00, ρ_length = -0.70"
         f = _finding("F6.2", verdict, headline)
@@ -278,9 +294,18 @@ def test_a_job_name_is_study_part_repeat():
 
 
 def test_fingerprint_record_round_trips():
+    """What a run records of its fingerprint (run.json: the digest and each file's hash, through JSON) is the same
+    fingerprint read back, nothing changed since; a file only today's closure has, or only the record has, is named.
+    (It compared a fingerprint's files with themselves, and checked only that an empty run set's ``changed`` is a
+    list.)"""
     fp = fingerprint(MEASURING)
-    assert Fingerprint(fp.module, fp.digest, fp.files).changed_since(fp.files) == []
-    assert isinstance(RunSet("x").changed, list)
+    record = json.loads(json.dumps({"fingerprint": fp.digest, "fingerprint_files": fp.files}))
+    assert Fingerprint(fp.module, record["fingerprint"], record["fingerprint_files"]) == fp
+    assert fp.changed_since(record["fingerprint_files"]) == []
+    dropped, *kept = sorted(fp.files)
+    other = {p: record["fingerprint_files"][p] for p in kept} | {"lib/servelab/gone.py": "0" * 16}
+    assert fp.changed_since(other) == sorted([dropped, "lib/servelab/gone.py"])
+    assert RunSet("x").changed == []  # nothing measured: no file to name
 
 
 def test_the_plan_holds_back_a_fresh_simulator_run_while_the_model_differs_from_its_freeze(monkeypatch, tmp_path):

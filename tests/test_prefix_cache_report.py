@@ -110,3 +110,11 @@ def test_a_server_run_one_repeat_skipped_is_pooled_over_the_repeats_that_ran_it(
     assert "poisson" not in gaps and "repeats" in report.serving_view(r).columns
     every = report.report(study_runs(STUDY, write_runs(tmp_path / "all", STUDY, RAW)))
     assert report.serving_gaps(every) == ""
+
+
+def test_the_serving_table_rounds_to_what_the_runs_resolve(tmp_path):
+    # "2019.596" tokens/s and "1137.666" ms read as more precise than the runs are
+    r = report.report(study_runs(STUDY, write_runs(tmp_path, STUDY, RAW)))
+    v = report.serving_view(r)
+    assert "output tokens/s" in v and (v["output tokens/s"] == v["output tokens/s"].round()).all()
+    assert (v["TTFT p50 (ms)"] == v["TTFT p50 (ms)"].round(1)).all() and "ideal hit rate (%)" in v

@@ -293,3 +293,24 @@ def test_f71s_note_never_calls_a_negative_intercept_a_cost():
     assert "every request pays" not in neg and "no positive fixed term" in neg and "-0.6 ms" in neg
     pos = verdicts.f71(speedup_table({512: 1.4}), costs(2.0)).note
     assert "against a fixed 2.0 ms that every request pays" in pos
+
+
+def test_f71s_note_saves_what_the_table_shows_and_quotes_the_pages_medians():
+    # 2026-12: the note read "the cache can save about 3.8 ms" (the uncached slope × 512) beside a table of 4.19 →
+    # 2.80 ms, and quoted one repeat's curve beside the table's medians
+    sp = speedup_table({256: 1.2, 512: 1.5}).assign(uncached_ms=[3.0, 4.2], cached_ms=[2.5, 2.8])
+    costs = pd.DataFrame({"mode": ["uncached", "cached"], "fixed": [-0.4, 1.9], "slope": [0.0073, 0.0018],
+                          "r2": [0.98, 1.0]})  # fmt: skip
+    note = verdicts.f71(sp, costs).note
+    assert "saves 1.4 ms" in note and "4.20 → 2.80 ms" in note and "3.7 ms" not in note
+    shown = sp.assign(speedup=[1.25, 1.55])
+    pooled = verdicts.f71(sp, costs, shown=(shown, costs))
+    assert "512: 1.55×" in pooled.note and "median over repeats" in pooled.note
+    assert pooled.headline == pytest.approx(1.5)  # the verdict reads the repeat's own table
+
+
+def test_f74s_note_says_why_radix_can_beat_belady():
+    sim = hit_rates([2.0], [4], ["lfu", "radix", "belady"], n_prefixes=100, n_requests=2000, progress=False)
+    note = verdicts.f74(sim, 100).note
+    assert "counts blocks" in note and "not for radix" in note
+    assert "counts blocks" not in verdicts.f74(sim[sim["policy"] != "radix"], 100).note

@@ -232,3 +232,37 @@ def test_the_evidence_cell_says_when_the_value_rests_on_fewer_repeats_than_judge
     assert thin.startswith("2 of 3 repeats measured it; interval all -1")
     assert evidence_text(row(2, "fails;fails;missing")).startswith("2 repeats;")  # a missing one did not run it
     assert evidence_text(row(3, "holds;holds;holds")).startswith("3 repeats;")
+
+
+def test_the_evidence_cell_gives_the_intervals_unit_and_the_banner_every_run():
+    from types import SimpleNamespace
+
+    from servelab_book.findings_table import _runs_text, evidence_text
+
+    row = SimpleNamespace(
+        h200_value="6.4", freshness="fresh", repeats=3, repeat_verdicts="holds;holds;holds", spread="6.29–6.595",
+        tested_on="random weights", headline_unit="µs/token (prefill at ≥ 4096 tokens): holds within 30–70",
+    )  # fmt: skip
+    assert evidence_text(row).startswith("3 repeats; interval 6.29–6.595 µs/token;")
+    runs = SimpleNamespace(
+        runs=28, first_started_utc="2026-12-04T05:45:00+00:00", last_started_utc="2026-12-06T06:07:46+00:00",
+        commits="493e2b2, 50ec960", started_utc="2026-12-04T05:45:00+00:00", git_commit="493e2b2aaaaaaaa",
+    )  # fmt: skip
+    said = _runs_text(runs)
+    assert said.startswith("28 runs started 2026-12-04 05:45 UTC to 2026-12-06 06:07 UTC")
+    assert said.endswith("commits `493e2b2`, `50ec960`")
+    one = SimpleNamespace(**{**vars(runs), "runs": 1})
+    assert _runs_text(one) == "run started 2026-12-04 05:45 UTC, commit `493e2b2aaaaa`"
+
+
+def test_a_value_labelled_with_its_repeat_keeps_its_unit():
+    from servelab.studies.common.findings import Finding
+    from servelab.studies.common.page import finding_sentence
+    from servelab_book.findings_table import h200_value
+
+    f = Finding(
+        id="F6.1", claim="assisted generation pays", seed_value="1", measured_value="[repeat 1 of 3] 0.75",
+        unit="× at 512 tokens", verdict="holds", note="n",
+    )  # fmt: skip
+    assert finding_sentence(f).endswith(": [repeat 1 of 3] 0.75 × at 512 tokens.")
+    assert h200_value("[repeat 1 of 3] 0.75", "×").startswith("[repeat 1 of 3] 0.75 ×")

@@ -3,7 +3,7 @@
 import pandas as pd
 
 from servelab.studies.s01_scheduling.host_stalls import host_stalls
-from servelab.studies.s01_scheduling.report import host_stall_lines, stall_takeaway, with_point_stall
+from servelab.studies.s01_scheduling.report import held_up_sentence, host_stall_lines, stall_takeaway, with_point_stall
 
 KEYS = {"repeat": 1, "part": "p", "model": "config:qwen2-0.5b", "scheduler": "chunked_prefill", "budget": 512,
         "rate_fraction": 0.3, "sweep": "rate"}  # fmt: skip
@@ -63,3 +63,15 @@ def test_a_log_that_times_the_collector_says_how_much_of_the_stall_was_collectio
     text = host_stall_lines(host_stalls(steps))
     assert "531 ms of it on the host (512 ms of it in Python's garbage collector)" in text
     assert "garbage collector)" not in host_stall_lines(host_stalls(steps.drop(columns="gc_ms")))
+
+
+def test_a_repeat_that_disagrees_is_tied_to_the_host_stall_that_set_its_worst_stall():
+    stalls = host_stalls(_steps([(0, 5, 0.5, 1.3)] * 20 + [(507, 5, 1.0, 20.0)] * 20 + [(507, 5, 531.0, 538.0)]))
+    summary = pd.DataFrame([{k: v for k, v in KEYS.items() if k != "part"} | {"max_itl_p99_ms": 532.7}])
+    held = [pd.DataFrame(), with_point_stall(stalls, summary), pd.DataFrame()]
+    claim = [{"qwen2-0.5b": "holds"}, {"qwen2-0.5b": "fails"}, {"qwen2-0.5b": "holds"}]
+    assert held_up_sentence(claim, held) == (
+        ". qwen2-0.5b fails in the second repeat (repeat 1 under *Steps held up on the host*), where "
+        "ChunkedPrefill@512's worst stall at rate fraction 0.3, 532.7 ms, is set by one step held 531 ms on the host"
+    )
+    assert held_up_sentence([{"qwen2-0.5b": "holds"}] * 3, held) == ""  # repeats that agree need no tie

@@ -66,7 +66,7 @@ def test_a_capacity_the_repeats_bracket_at_different_rates_shows_their_range():
     )  # fmt: skip
     pooled = report.pool_capacity(caps).iloc[0]
     assert report.capacity_text(pooled) == (
-        "1.56 req/s (the median of the repeats' 0.78–1.56 req/s, each bracketed; median first miss 3.12)"
+        "1.56 req/s (the median of the repeats' 0.78–1.56 req/s, each bracketed; median first miss 3.12 req/s)"
     )
     same = report.pool_capacity(caps.assign(capacity_req_s=1.56)).iloc[0]
-    assert report.capacity_text(same) == "1.56 req/s (missed at 3.12)"
+    assert report.capacity_text(same) == "1.56 req/s (missed at 3.12 req/s)"

@@ -183,8 +183,8 @@ def test_the_published_row_names_the_best_setting_as_the_prose_does_and_the_base
         ]
     )  # fmt: skip
     text, _ = published_value_from(cap)
-    assert text.startswith("qwen2-0.5b: best EagerContBatch itself, 15.6 req/s (missed at 36.3)")
-    assert "llama-3-8b: best ChunkedPrefill@2048 6 req/s (missed at 7), EagerContBatch 3 req/s" in text
+    assert text.startswith("qwen2-0.5b: best EagerContBatch itself, 15.6 req/s (missed at 36.3 req/s)")
+    assert "llama-3-8b: best ChunkedPrefill@2048 6 req/s (missed at 7 req/s), EagerContBatch 3 req/s" in text
     tied, _ = published_value_from(cap.assign(capacity_req_s=[7.8, 7.8, 6.0, 3.0]))
     assert "best ChunkedPrefill@512 = EagerContBatch (tied)" in tied
 

@@ -150,3 +150,34 @@ def test_the_replicas_needed_search_gives_every_rate_the_same_time_span():
     spans = {m: _rate_trace(SETTINGS, lengths, one, one * m) for m in (1, 8)}
     assert len(spans[8]) > 6 * len(spans[1])  # about 8x the requests
     assert 0.7 < spans[8].duration_s / spans[1].duration_s < 1.3
+
+
+def test_the_speed_and_routing_tables_read_with_units_and_a_few_digits(tmp_path):
+    _speed_run(tmp_path, 42.002001)
+    page = report.report(study_runs(STUDY, tmp_path))
+    shown = sections.speed_view(page.speed)["value"]
+    assert shown["wall time (s)"] == "42" and shown["requests"] == "360,000" and shown["rate (req/s)"] == "100"
+    needed = pd.DataFrame({"rate": [45.254834, 362.038672], "router": "round_robin", "replicas": [1.0, 10.0]})
+    cap = sections.capacity_view(needed)
+    assert list(cap.index) == ["45.3", "362"] and cap.index.name == "rate (req/s)"
+    gain = pd.DataFrame([dict(pool_blocks=871, rate=724.077, affinity_hit_rate=0.866, best_other_hit_rate=0.669,
+                              best_other="round_robin", affinity_ttft_p99_ms=47.462, best_other_ttft_p99_ms=148.875,
+                              ttft_p99_ratio=0.3188)])  # fmt: skip
+    row = sections.affinity_view(gain).iloc[0]
+    shown = row[["rate (req/s)", "hit rate, prefix affinity (%)", "p99 TTFT, affinity / that router"]].tolist()
+    assert shown == [724, 86.6, 0.32]
+
+
+def test_f23_says_when_no_fresh_held_out_run_stands_beside_it():
+    from servelab.studies.common.findings import Finding
+
+    f = Finding(id="F2.3", claim="c", seed_value="holds", measured_value="19.7", unit="%", verdict="fails", note="n")
+    assert report._with_fresh(f, {}).note.endswith("; not yet a fresh held-out run (none is committed)")
+    assert "was not evaluated: no frozen cost model" in report._with_fresh(f, {"error": "no frozen cost model"}).note
+
+
+def test_f23_not_measured_is_the_seed_claim_read_inconclusive():
+    from servelab.studies.s08_simulator.report import f23_not_measured
+
+    f = f23_not_measured("no run")
+    assert f.id == "F2.3" and f.verdict == "inconclusive" and "no run" in f.note

@@ -167,6 +167,9 @@ def test_f33_compares_modes_with_the_parameter_ratio():
     holds = verdicts.f33(ratios(1.2, 2.6), ("qwen2-0.5b", "qwen2-1.5b"))
     assert holds.verdict == "holds" and holds.headline == pytest.approx(1.2 / 3.1)  # eager far below: < 0.5
     assert verdicts.f33(ratios(2.9, 3.0), ("qwen2-0.5b", "qwen2-1.5b")).verdict == "changes"
+    # the bar is relative to eager HF's ratio: "no mode reaches 1.25× further" beside 1.40× read as absolute
+    short = verdicts.f33(ratios(1.2, 1.4), ("qwen2-0.5b", "qwen2-1.5b"))
+    assert short.verdict == "changes" and "no mode reaches 1.25 × the eager ratio (1.50×)" in short.note
     assert verdicts.f33(ratios(1.2, 2.6).iloc[:0], ("qwen2-0.5b", "qwen2-1.5b")).verdict == "fails"
 
 

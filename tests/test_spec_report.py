@@ -18,6 +18,7 @@ def test_measuring_closure_holds_no_reporting_module():
     files = fingerprint("servelab.studies.s03_speculative.measure").files
     bad = ("plots", "report", "verdicts", "s03_speculative/tables.py", "measured_alpha", "/page.py", "/runs.py",
            "/study.py", "campaign", "published", "markdown", "servelab_book")  # fmt: skip
+    assert "lib/servelab/studies/s03_speculative/measure.py" in files  # a closure to look in, not an empty one
     assert not [f for f in files if any(b in f for b in bad)]
 
 
@@ -97,6 +98,11 @@ def test_the_pays_table_says_where_no_alpha_pays():
     )  # fmt: skip
     shown = pays_view(pays)["pays above α"].tolist()
     assert shown == [0.6, "not up to 0.90"]
+    # the lowest α set already paying read "pays above α 0.5"; and a row resting on one repeat did not say so
+    every = pays.assign(all_pay=[True, False], alpha_pays=[0.5, float("nan")], n_repeats=[1, 3])
+    view = pays_view(every)
+    assert view["pays above α"].tolist() == ["every α measured, from 0.50", "not up to 0.90"]
+    assert view["repeats"].tolist() == [1, 3]
 
 
 def test_where_a_pair_pays_agrees_with_its_best_speedup_on_the_committed_runs():
@@ -110,5 +116,9 @@ def test_where_a_pair_pays_agrees_with_its_best_speedup_on_the_committed_runs():
 
         pytest.skip("no controlled runs committed")
     assert ((pays.best_speedup > 1) == pays.alpha_pays.notna()).all(), pays
+    # the audit: F3.1 and F3.3 each quoted another repeat's "where the seed pair pays", beside the table's median
+    seed = report.seed_shapes_sentence(pays)
+    notes = {f.id: f.note for f in page.findings}
+    assert seed and seed in notes["F3.1"] and seed in notes["F3.3"] and seed in report.takeaways(page)
     shown = report.pays_view(pays)
     assert shown["prompts" if "prompts" in shown else "batch"].dtype.kind == "i"  # counts read as integers

@@ -59,6 +59,8 @@ class StudyEvidence:
     repeats: int = 0
     device_name: str = ""
     meta: dict = field(default_factory=dict)  # the first run's run.json
+    run_commits: tuple[str, ...] = ()  # every run's commit, in run order
+    run_starts: tuple[str, ...] = ()  # every run's start (UTC, ISO), in run order
     published: tuple[str, str] | None = None  # report.published_value(runs)
     has_published: bool = False  # the report defines published_value
     evidence: tuple[Finding, ...] = ()  # claims of other studies this report judges (EVIDENCE)
@@ -157,6 +159,8 @@ def study_evidence(slug: str, root: Path | None = None, device: str = BOOK_DEVIC
         repeats=len(runs.repeats),
         device_name=runs.device_name if runs.measured else "",
         meta=_with_ceilings(runs),
+        run_commits=tuple(r.commit for r in runs.runs),
+        run_starts=tuple(str(r.meta.get("started_utc") or "") for r in runs.runs),
         published=pub,
         has_published=has_pub,
         evidence=_evidence_of(page),
@@ -213,6 +217,10 @@ SHOWN_COLUMNS = [
     "device_name",
     "started_utc",
     "git_commit",
+    "runs",  # how many runs the study's verdicts read, and the span of their starts and their commits
+    "first_started_utc",
+    "last_started_utc",
+    "commits",
 ]
 
 
@@ -226,6 +234,19 @@ def _row(f: Finding, study: str, ev: StudyEvidence) -> dict:
         "device_name": ev.device_name,
         "started_utc": ev.started_utc,
         "git_commit": ev.commit,
+        **_provenance(ev),
+    }
+
+
+def _provenance(ev: StudyEvidence) -> dict:
+    """Every run the study's verdicts read: a study measured over several sessions has runs from several commits,
+    and naming the first run's alone (as the findings page did) hid the rest."""
+    starts = sorted(t for t in ev.run_starts if t)
+    return {
+        "runs": len(ev.run_commits),
+        "first_started_utc": starts[0] if starts else "",
+        "last_started_utc": starts[-1] if starts else "",
+        "commits": ", ".join(sorted({c[:7] for c in ev.run_commits if c})),
     }
 
 
@@ -266,10 +287,20 @@ def _judged_elsewhere(f: Finding, evidence: dict[str, StudyEvidence]) -> Finding
     if other is None:
         return f
     note = (
-        f"{other.note} (from {EVIDENCE[f.id]}'s validation; the study's own data alone said: {f.verdict}, "
+        f"{other.note} ({_judged_by(evidence[EVIDENCE[f.id]])}; the study's own data alone said: {f.verdict}, "
         f"{f.measured_value} {f.unit})"
     )
     return replace(other, claim=f.claim, seed_value=f.seed_value, note=note)
+
+
+def _judged_by(src: StudyEvidence) -> str:
+    """Which study's validation judged a claim, and what its Evidence cell's "fresh" or "stale" says of it: the
+    measuring code of its runs. A reader took F2.3's "fresh" for a fresh held-out run, which the simulator's own note
+    says it has or not."""
+    code = {FRESH: "today's measuring code", STALE: "older measuring code"}.get(src.freshness)
+    return f"from {src.slug}'s validation" + (
+        f", its runs by {code} ('{src.freshness}' under Evidence)" if code else ""
+    )
 
 
 RUN_COLUMNS = [

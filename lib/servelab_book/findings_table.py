@@ -16,6 +16,7 @@ import re
 
 import pandas as pd
 
+from servelab.studies.common.findings import split_repeat_label
 from servelab.studies.common.markdown import format_value, list_table, md_text
 from servelab.studies.common.repeats import PER_PART, spread_unit
 from servelab.studies.common.runs import MISSING
@@ -42,9 +43,14 @@ TABLE_COLUMNS = [
     "device_name",
     "started_utc",
     "git_commit",
+    "runs",
+    "first_started_utc",
+    "last_started_utc",
+    "commits",
     "repeats",
     "repeat_verdicts",
     "spread",
+    "headline_unit",
     "tested_on",
     "freshness",
     "changed",
@@ -116,8 +122,10 @@ def evidence_text(row) -> str:
     ran = sum(v not in ("", MISSING) for v in _text(getattr(row, "repeat_verdicts", "")).split(";"))
     # a repeat too thin for its rule ran but gave no number: the value rests on fewer repeats than judged the claim
     parts = [f"{n} of {ran} repeats measured it" if ran > n else f"{n} repeat{'s' if n != 1 else ''}"]
-    if _text(row.spread).strip():
-        parts.append(f"interval {format_value(row.spread)}")
+    spread = _text(row.spread).strip()
+    if spread:  # with its unit: "interval 6.29–6.595" left the reader to guess what it measured
+        unit = spread_unit(spread, _text(getattr(row, "headline_unit", "")))
+        parts.append(f"interval {format_value(spread)}{' ' + unit if unit else ''}")
     parts.append(tested_kinds(row.tested_on))
     parts.append(row.freshness)
     return "; ".join(parts)
@@ -129,9 +137,10 @@ def h200_value(measured, unit: str, spread="", repeats=1, headline_unit: str = "
     statistic's unit ("5.33 × (3 repeats: 5.1–8.1 ×)"; the count came last, where a unit with commas of its own
     ran into it). The interval is of the headline, which need not be the value shown (F4.2 shows a range over
     contexts; its headline is the largest fitted trend)."""
-    text = format_value(measured)
+    label, rest = split_repeat_label(measured) if isinstance(measured, str) else ("", measured)
+    text = format_value(rest)
     bare = text[:1].isdigit() and text[-1:].isdigit()
-    shown = f"{text} {unit}".strip() if bare else text
+    shown = label + (f"{text} {unit}".strip() if bare else text)
     spread, n = _text(spread).strip(), _repeats(repeats)
     if spread and n > 1:
         hu, said = spread_unit(spread, _text(headline_unit)), f"{n} repeats:"
@@ -165,9 +174,14 @@ def findings_table(seed: pd.DataFrame, findings: pd.DataFrame, pages: list[Study
             "device_name": "",
             "started_utc": "",
             "git_commit": "",
+            "runs": 0,
+            "first_started_utc": "",
+            "last_started_utc": "",
+            "commits": "",
             "repeats": 0,
             "repeat_verdicts": "",
             "spread": "",
+            "headline_unit": "",
             "tested_on": "",
             "freshness": "no data",
             "changed": "",
@@ -187,11 +201,16 @@ def findings_table(seed: pd.DataFrame, findings: pd.DataFrame, pages: list[Study
                 repeats=0 if nothing else _repeats(f.get("repeats", 1)),
                 repeat_verdicts=_text(f.get("repeat_verdicts", "")),
                 spread=_text(f.get("spread", "")),
+                headline_unit=_text(f.get("headline_unit", "")),
                 verdict=f["verdict"],
                 reason=str(f["note"]),
                 device_name=_text(f["device_name"]),
                 started_utc=_text(f["started_utc"]),
                 git_commit=_text(f["git_commit"]),
+                runs=int(f.get("runs", 0) or 0),
+                first_started_utc=_text(f.get("first_started_utc", "")),
+                last_started_utc=_text(f.get("last_started_utc", "")),
+                commits=_text(f.get("commits", "")),
                 tested_on=_text(f.get("tested_on", "")),
                 freshness="no data" if nothing else _text(f.get("freshness", "")) or "no data",
                 changed=_text(f.get("changed", "")),
@@ -287,6 +306,19 @@ def render_landing_table(table: pd.DataFrame) -> str:
     return list_table(header, rows, [6, 22, 12, 12, 9, 15, 24])
 
 
+def _runs_text(r) -> str:
+    """Which runs a study's verdicts read: "28 runs started 2026-12-04 05:45 UTC to 2026-12-06 06:07 UTC, at
+    commits `493e2b2`, `50ec960`"; a row without that count (findings from before it was kept) names its first run."""
+    n = int(getattr(r, "runs", 0) or 0)
+    if n <= 1 or not _text(getattr(r, "first_started_utc", "")):
+        return f"run started {md_text(format_utc(r.started_utc))}, commit `{r.git_commit[:12]}`"
+    first, last = format_utc(r.first_started_utc), format_utc(r.last_started_utc)
+    when = f"started {first}" if first == last else f"started {first} to {last}"
+    commits = [c for c in _text(r.commits).split(", ") if c]
+    which = f"commit{'s' if len(commits) != 1 else ''} " + ", ".join(f"`{c}`" for c in commits)
+    return md_text(f"{n} runs {when}") + ", at " + which
+
+
 def render_by_study(table: pd.DataFrame, titles: dict[str, str] | None = None) -> str:
     """The findings page: one section per study (titled as its page, ``titles[slug]``) with its run's
     provenance and the full notes."""
@@ -306,9 +338,8 @@ def render_by_study(table: pd.DataFrame, titles: dict[str, str] | None = None) -
                 else f"measured by older code (stale; changed since: {md_text(r.changed) or 'unknown'})"
             )
             out.append(
-                f"Measured on {md_text(r.device_name)}, run started {md_text(format_utc(r.started_utc))}, "
-                f"commit `{r.git_commit[:12]}`, {fresh}. Verdicts: today's rules applied to that data. "
-                f"{{doc}}`The study's page </{s.docname}>`.\n"
+                f"Measured on {md_text(r.device_name)}, {_runs_text(r)}, {fresh}. Verdicts: today's rules applied to "
+                f"that data. {{doc}}`The study's page </{s.docname}>`.\n"
             )
         else:
             out.append(

@@ -17,11 +17,26 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 from dataclasses import asdict, dataclass
 
 from servelab.measure.results import VERDICTS
 
 NOT_MEASURED = "not measured"  # measured_value of a claim with no data
+# a combined finding's worded value that is one repeat's text begins with this label (``runs.combine``)
+_REPEAT_LABEL = re.compile(r"^\[repeat \d+ of \d+\] ")
+
+
+def repeat_label(k: int, n: int) -> str:
+    """The label of a value that is repeat ``k``'s (0-based) of ``n``: "[repeat 2 of 3] "."""
+    return f"[repeat {k + 1} of {n}] "
+
+
+def split_repeat_label(value: str) -> tuple[str, str]:
+    """``(label, rest)`` of a measured value: a unit goes after the rest ("[repeat 2 of 3] 0.75 ×"), not after the
+    label, so whether the value is a bare number is the rest's question."""
+    m = _REPEAT_LABEL.match(value)
+    return (m.group(0), value[m.end() :]) if m else ("", value)
 
 
 def _headline(fid: str, value) -> float | None:
@@ -59,6 +74,9 @@ class Finding:
     headline_unit: str = ""  # e.g. "% cut in the p99 stall, median over rates and models"
     # (model, its number) where each model is judged on its own number, in headline_unit; not a findings.csv column
     headline_parts: tuple[tuple[str, float], ...] = ()
+    # which of the combined repeats' text (note, and measured_value where it is text) stands, 0-based in the order
+    # they were combined; None for one run. Not a findings.csv column: ``runs.combine`` names that repeat
+    text_repeat: int | None = None
 
     def __post_init__(self):
         if self.verdict not in VERDICTS:
@@ -73,6 +91,7 @@ class Finding:
     def row(self) -> dict:
         row = asdict(self)
         del row["headline_parts"]  # the combined finding's spread names each model's interval
+        del row["text_repeat"]  # the note already names that repeat
         return row
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import warnings
 from collections.abc import Iterable, Mapping
 
-from servelab.studies.common.findings import NOT_MEASURED, Finding
+from servelab.studies.common.findings import NOT_MEASURED, Finding, split_repeat_label
 from servelab.studies.common.repeats import spread_unit
 
 SEED_DEVICE = "RTX 2070"  # the seed's GPU: every seed value in shared/seed-studies.md was measured on it
@@ -147,7 +147,8 @@ def finding_sentence(f: Finding) -> str:
     The seed's value is in the verdict table beside it; the unit is added where the value is a bare number or range.
     """
     value = f.measured_value
-    bare = value[:1].isdigit() and value[-1:].isdigit()
+    rest = split_repeat_label(value)[1]
+    bare = rest[:1].isdigit() and rest[-1:].isdigit()
     unit = f" {f.unit}" if bare and f.unit else ""
     why = ""
     if value == NOT_MEASURED and f.note.startswith("Not measured: "):  # say why, where nothing stands for it

@@ -237,6 +237,7 @@ def combine_repeats(
     note = first.note + (f" [{'; '.join(parts)}]" if parts else "")
     return replace(
         first,
+        text_repeat=next(i for i, f in enumerate(findings) if f is first),
         measured_value=_measured(findings, spread, source),
         verdict=verdict,
         note=note,

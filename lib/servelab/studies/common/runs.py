@@ -24,7 +24,7 @@ import pandas as pd
 
 from servelab.measure.fingerprint import Fingerprint, fingerprint
 from servelab.measure.results import RUNS, results_root
-from servelab.studies.common.findings import Finding, not_measured
+from servelab.studies.common.findings import Finding, not_measured, repeat_label
 from servelab.studies.common.repeats import INCONCLUSIVE, MIN_REPEATS, combine_repeats
 
 BOOK_DEVICE = "h200"  # the book's runs: device folders whose slug contains it
@@ -364,10 +364,32 @@ def _merge(present: Sequence[Finding], said: Sequence[str]) -> Finding:
     numbered = [f for f in present if f.headline is not None]
     if numbered and len(numbered) < len(present):
         try:
-            return numbered[0] if len(numbered) == 1 else combine_repeats(numbered, min_repeats=1)
+            merged = numbered[0] if len(numbered) == 1 else combine_repeats(numbered, min_repeats=1)
         except ValueError:
             pass
-    return replace(present[-1], repeats=len(present), repeat_verdicts=";".join(said), spread="")
+        else:  # the text's repeat counted among all that judged the claim, not among the numbered ones
+            chosen = numbered[merged.text_repeat or 0]
+            return replace(merged, text_repeat=next(i for i, f in enumerate(present) if f is chosen))
+    last = len(present) - 1
+    return replace(present[last], repeats=len(present), repeat_verdicts=";".join(said), spread="", text_repeat=last)
+
+
+def _name_text_repeat(merged: Finding, slots: Sequence[Finding | None]) -> Finding:
+    """Say which repeat the text comes from, where the repeats' texts differ: a note quotes one repeat's numbers
+    (the one nearest the median), while the tables beside it give medians over all, and a reader saw F7.1's note
+    read 3.74× where its table read 3.79×. ``slots``: each repeat's finding in run order, None where it has none."""
+    if merged.text_repeat is None:
+        return merged
+    present = [(k, f) for k, f in enumerate(slots) if f is not None]
+    k, chosen = present[merged.text_repeat]
+    which = f"repeat {k + 1} of {len(slots)}"
+    note, measured = merged.note, merged.measured_value
+    if len({f.note for _, f in present}) > 1:
+        how = ", the one nearest the median" if merged.headline is not None else ""
+        note = f"[from {which}{how}] {note}"
+    if measured == chosen.measured_value and len({f.measured_value for _, f in present}) > 1:
+        measured = repeat_label(k, len(slots)) + measured
+    return replace(merged, note=note, measured_value=measured)
 
 
 def combine(per_repeat: Sequence[Sequence[Finding]], *, min_repeats: int = MIN_REPEATS) -> list[Finding]:
@@ -389,7 +411,7 @@ def combine(per_repeat: Sequence[Sequence[Finding]], *, min_repeats: int = MIN_R
     for fid in order:
         present = [f for f in by_id[fid] if f is not None]
         said = [f.verdict if f is not None else MISSING for f in by_id[fid]]
-        merged = _merge(present, said)
+        merged = _name_text_repeat(_merge(present, said), by_id[fid])
         verdict, why = merged.verdict, ""
         if INCONCLUSIVE in said:
             thin = [str(i + 1) for i, v in enumerate(said) if v == INCONCLUSIVE]

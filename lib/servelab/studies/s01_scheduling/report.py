@@ -117,14 +117,14 @@ def report(runs: RunSet) -> Study1Page:
         lambda rep: verdicts.findings(by_repeat[rep.repeats[0]], _reference_budget(rep), rep.params.get("dtype")),
         needs=NEEDS,
     )
-    findings, per_model = with_models_over_repeats(findings, runs, by_repeat)
     summaries = [s.assign(repeat=k) for k, s in by_repeat.items() if not s.empty]
     caps = [capacity_of(s).assign(repeat=k) for k, s in by_repeat.items() if not s.empty]
     summary = pd.concat(summaries, ignore_index=True) if summaries else pd.DataFrame()
     capacity = pd.concat(caps, ignore_index=True) if caps else pd.DataFrame()
+    stalls = with_point_stall(host_stalls(runs.table("steps")), summary)
+    findings, per_model = with_models_over_repeats(findings, runs, by_repeat, stalls)
     first = runs.repeat(runs.repeats[0])
     per_req = metrics[metrics["repeat"] == runs.repeats[0]] if "repeat" in metrics else metrics
-    stalls = with_point_stall(host_stalls(runs.table("steps")), summary)
     late = summary[summary["not_offered"].fillna(0) > 0] if "not_offered" in summary else summary.iloc[0:0]
     return Study1Page(
         runs,
@@ -143,21 +143,75 @@ def report(runs: RunSet) -> Study1Page:
 
 
 def with_models_over_repeats(
-    findings: list[Finding], runs: RunSet, by_repeat: dict
+    findings: list[Finding], runs: RunSet, by_repeat: dict, stalls: pd.DataFrame | None = None
 ) -> tuple[list[Finding], dict[str, str]]:
     """F1.1 and F1.2 are judged per model, then over the models; their notes gain each model's verdict in every
     repeat that judged them (``verdicts.models_over_repeats``), so a model whose repeats disagree under a claim
-    whose repeats agree is in plain sight. Also returns those sentences by claim, for the page's takeaways."""
+    whose repeats agree is in plain sight, and any step held up on the host (``stalls``) that set a judged point's
+    worst stall in such a model's repeat (``held_up_sentence``). Also returns those sentences by claim, for the
+    page's takeaways."""
     judged = [rep for rep in runs.per_repeat() if rep.has_parts(_PAIRED)]  # F1.1 and F1.2 read the same parts
     per_repeat = [verdicts.model_verdicts(by_repeat[rep.repeats[0]], _reference_budget(rep)) for rep in judged]
+    stalls = pd.DataFrame() if stalls is None else stalls
+    held = [
+        paired_host_stalls(stalls, by_repeat[rep.repeats[0]], rep.repeats[0], _reference_budget(rep)) for rep in judged
+    ]
     out, said = [], {}
     for f in findings:
-        sentence = verdicts.models_over_repeats([p[f.id] for p in per_repeat]) if f.id in ("F1.1", "F1.2") else ""
+        sentence = ""
+        if f.id in ("F1.1", "F1.2"):
+            claim = [p[f.id] for p in per_repeat]
+            sentence = verdicts.models_over_repeats(claim) + held_up_sentence(claim, held)
         if sentence and f.repeats > 1:
             f = replace(f, note=f"{f.note}. {sentence}")
             said[f.id] = sentence
         out.append(f)
     return out, said
+
+
+def sets_point_stall(stalls: pd.DataFrame) -> pd.Series:
+    """Whether each step held up on the host set its point's worst stall in that repeat (within 5% of it)."""
+    if "point_stall_ms" not in stalls:
+        return pd.Series(False, index=stalls.index)
+    return (stalls["step_ms"] - stalls["point_stall_ms"]).abs() <= 0.05 * stalls["point_stall_ms"]
+
+
+def paired_host_stalls(stalls: pd.DataFrame, summary: pd.DataFrame, repeat, budget: int) -> pd.DataFrame:
+    """The steps of repeat ``repeat`` held up on the host (``stalls``, with ``with_point_stall``'s column) that set
+    the worst stall of a point F1.1 and F1.2 judge in that repeat's ``summary`` (``verdicts.judged_pairs``:
+    EagerContBatch, or ChunkedPrefill at ``budget``, at a rate both served); one per point."""
+    if stalls.empty or "point_stall_ms" not in stalls:
+        return pd.DataFrame()
+    pairs = verdicts.judged_pairs(summary, budget)[["model", "rate_fraction"]]
+    setting = (stalls["scheduler"] == "eager_cont_batch") | (
+        (stalls["scheduler"] == "chunked_prefill") & (stalls["budget"] == budget)
+    )
+    s = stalls[(stalls["repeat"] == repeat) & (stalls["sweep"] == "rate") & setting & sets_point_stall(stalls)]
+    s = s.sort_values("host_ms", ascending=False).drop_duplicates(["model", "scheduler", "budget", "rate_fraction"])
+    return s.merge(pairs, on=["model", "rate_fraction"])
+
+
+ORDINALS = ("first", "second", "third", "fourth", "fifth")
+
+
+def held_up_sentence(claim: list[dict[str, str]], held: list[pd.DataFrame]) -> str:
+    """For a model whose repeats disagree (``verdicts.split_models`` of one claim's per-model verdicts, in run
+    order): each repeat in which a step held up on the host set a judged point's worst stall (``held``, that repeat's
+    ``paired_host_stalls``), as a sentence, or ""."""
+    split = set(verdicts.split_models(claim))
+    lines = []
+    for i, (said, steps) in enumerate(zip(claim, held, strict=True)):
+        for _, r in steps.iterrows():
+            name = verdicts.short(r["model"])
+            if name not in split:
+                continue
+            nth = ORDINALS[i] if i < len(ORDINALS) else f"{i + 1}th"
+            lines.append(
+                f"{name} {said[name]} in the {nth} repeat (repeat {r['repeat']} under *Steps held up on the host*), "
+                f"where {_shown(r)}'s worst stall at rate fraction {r['rate_fraction']:g}, {r['point_stall_ms']:.1f} "
+                f"ms, is set by one step held {r['host_ms']:.0f} ms on the host"
+            )
+    return "".join(f". {line}" for line in lines)
 
 
 def with_point_stall(stalls: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
@@ -247,9 +301,9 @@ def capacity_text(r) -> str:
     if pd.notna(lo) and pd.notna(hi) and lo != hi:  # each repeat bracketed it, not all at the same rates
         return (
             f"{r['capacity_req_s']:.3g} req/s (the median of the repeats' {lo:.3g}–{hi:.3g} req/s, each bracketed; "
-            f"median first miss {r['first_miss_rate']:.3g})"
+            f"median first miss {r['first_miss_rate']:.3g} req/s)"
         )
-    return f"{r['capacity_req_s']:.3g} req/s (missed at {r['first_miss_rate']:.3g})"
+    return f"{r['capacity_req_s']:.3g} req/s (missed at {r['first_miss_rate']:.3g} req/s)"
 
 
 def capacity_sentences(capacity: pd.DataFrame) -> list[str]:
@@ -291,9 +345,7 @@ def stall_takeaway(stalls: pd.DataFrame) -> str:
     step within 5% of it), or "" where there are none."""
     if stalls.empty:
         return ""
-    sets = 0
-    if "point_stall_ms" in stalls:
-        sets = int(((stalls["step_ms"] - stalls["point_stall_ms"]).abs() <= 0.05 * stalls["point_stall_ms"]).sum())
+    sets = int(sets_point_stall(stalls).sum())
     n = len(stalls)
     return (
         f"{n} engine step{'s' if n != 1 else ''} waited {HOST_STALL_MS:.0f} ms or more on the host, not on the "

@@ -184,7 +184,7 @@ def _paired_models(j: pd.DataFrame):
 NOT_PAIRED = "no rate was measured with both EagerContBatch and ChunkedPrefill"
 
 
-def _judged_pairs(summary: pd.DataFrame, reference_budget: int) -> pd.DataFrame:
+def judged_pairs(summary: pd.DataFrame, reference_budget: int) -> pd.DataFrame:
     """The paired rates F1.1's and F1.2's rules judge: those with a p99 stall cut (``paired``)."""
     return paired(summary, reference_budget).dropna(subset=["stall_cut_p99"])
 
@@ -209,7 +209,7 @@ def _per_model_finding(fid: str, per: dict[str, str], parts: list[str], rule: st
 def model_verdicts(summary: pd.DataFrame, reference_budget: int) -> dict[str, dict[str, str]]:
     """F1.1's and F1.2's verdict per model on one repeat's summary, by the same rules as ``f11`` and ``f12``:
     ``{"F1.1": {"llama-3-8b": "changes", ...}, "F1.2": {...}}`` (empty where no rate was paired)."""
-    j = _judged_pairs(summary, reference_budget)
+    j = judged_pairs(summary, reference_budget)
     out: dict[str, dict[str, str]] = {"F1.1": {}, "F1.2": {}}
     for name, _, cut, top in _paired_models(j):
         out["F1.1"][name] = _f11_verdict(cut)
@@ -226,6 +226,12 @@ def possible_verdicts(per_model: dict[str, set[str]]) -> set[str]:
     return {combine(dict(zip(models, pick, strict=True))) for pick in itertools.product(*per_model.values())}
 
 
+def split_models(by_repeat: list[dict[str, str]]) -> list[str]:
+    """The models whose verdicts disagree across repeats (``model_verdicts`` of each repeat, in run order)."""
+    models = dict.fromkeys(m for rep in by_repeat for m in rep)
+    return [m for m in models if len({rep[m] for rep in by_repeat if m in rep}) > 1]
+
+
 def models_over_repeats(by_repeat: list[dict[str, str]]) -> str:
     """The sentence on one claim's per-model verdicts across repeats (``model_verdicts`` of each repeat, in run
     order): each model's verdict in every repeat, and, where a model's repeats disagree, whether the claim's
@@ -235,7 +241,7 @@ def models_over_repeats(by_repeat: list[dict[str, str]]) -> str:
         return ""
     seen = {m: [rep.get(m, "missing") for rep in by_repeat] for m in models}
     parts = [f"{m} {said[0]} in each" if len(set(said)) == 1 else f"{m} {', '.join(said)}" for m, said in seen.items()]
-    split = [m for m, said in seen.items() if len(set(said) - {"missing"}) > 1]
+    split = split_models(by_repeat)
     text = f"Per model over the {len(by_repeat)} repeats: {'; '.join(parts)}"
     if any(_differ(rep) for rep in by_repeat):
         text += f" ({COMBINE_RULE})"
@@ -254,7 +260,7 @@ def models_over_repeats(by_repeat: list[dict[str, str]]) -> str:
 
 
 def f11(summary: pd.DataFrame, reference_budget: int, dtype: str | None = None) -> Finding:
-    j = _judged_pairs(summary, reference_budget)
+    j = judged_pairs(summary, reference_budget)
     if j.empty:
         return _missing("F1.1", "ms", NOT_PAIRED)
     per, parts, near, cuts = {}, [], [], []
@@ -287,7 +293,7 @@ def f11(summary: pd.DataFrame, reference_budget: int, dtype: str | None = None) 
 
 
 def f12(summary: pd.DataFrame, reference_budget: int, dtype: str | None = None) -> Finding:
-    j = _judged_pairs(summary, reference_budget)
+    j = judged_pairs(summary, reference_budget)
     if j.empty:
         return _missing("F1.2", "ratio", NOT_PAIRED)
     per, parts, near, ratios = {}, [], [], []
@@ -297,7 +303,8 @@ def f12(summary: pd.DataFrame, reference_budget: int, dtype: str | None = None) 
         ratios.append(ratio)
         per[name] = _f12_verdict(cut, ratio)
         parts.append(
-            f"{name}: throughput ×{ratio:.2f} at {top['rate_eager']:.2f} req/s "
+            f"{name}: throughput ×{ratio:.2f} at the most loaded rate both policies served, "
+            f"{top['rate_eager']:.2f} req/s "
             f"({top['delivered_tok_s_chunked']:,.0f} vs {top['delivered_tok_s_eager']:,.0f} tok/s), "
             f"stall cut {cut:.0%}"
         )
@@ -312,7 +319,7 @@ def f12(summary: pd.DataFrame, reference_budget: int, dtype: str | None = None) 
         unit="ChunkedPrefill / EagerContBatch delivered tokens/s",
         tested_on=_pairs_tested_on(j, dtype),
         headline=float(np.median(ratios)),
-        headline_unit=f"× delivered tokens/s, ChunkedPrefill / EagerContBatch at the most loaded rate"
+        headline_unit=f"× delivered tokens/s, ChunkedPrefill / EagerContBatch at the most loaded rate both served"
         f"{over_models(len(ratios))}",
         headline_parts=tuple(zip(per, ratios, strict=True)),
     )
@@ -345,8 +352,9 @@ def f13(summary: pd.DataFrame, dtype: str | None = None) -> Finding:
         per[short(model)] = "holds" if ttft_best and tp_best else "changes" if ttft_best or tp_best else "fails"
         e_val = f"{e_tp.iloc[0]:,.0f}" if not e_tp.empty else "n/a"
         parts.append(
-            f"{short(model)}: lowest mean TTFT at {wins}/{rates} rates; throughput at the top rate "
-            f"{e_val} tok/s vs best {best_tp['delivered_tok_s']:,.0f} ({best_tp['setting']})"
+            f"{short(model)}: lowest mean TTFT at {wins}/{rates} rates; at the top rate measured, "
+            f"{best_tp['rate']:.2f} req/s, throughput {e_val} tok/s vs best {best_tp['delivered_tok_s']:,.0f} "
+            f"({best_tp['setting']})"
         )
     settings = s["setting"].nunique()
     return _per_model_finding(
@@ -362,7 +370,7 @@ def f13(summary: pd.DataFrame, dtype: str | None = None) -> Finding:
         ),
         headline=float(np.median(shares)) if shares else None,
         headline_parts=tuple(share_of.items()),
-        headline_unit=f"× EagerContBatch's / the best setting's throughput at the most loaded rate"
+        headline_unit=f"× EagerContBatch's / the best setting's throughput at the top rate measured"
         f"{over_models(len(shares))} (best from 0.97)",
     )
 

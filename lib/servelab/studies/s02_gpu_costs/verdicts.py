@@ -5,10 +5,12 @@ The RTX 2070 values below are the seed's, quoted from ``shared/seed-studies.md``
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pandas as pd
 
 from servelab.studies.common.findings import Finding
-from servelab.studies.common.tested_on import tested_on
+from servelab.studies.common.tested_on import model_name, tested_on
 
 SEED_PREFILL_US_PER_TOKEN = (30.0, 70.0)  # F2.1, RTX 2070
 SEED_DECODE_US_PER_TOKEN = (5300.0, 10800.0)  # F2.2, RTX 2070, single request
@@ -83,7 +85,7 @@ def f21_prefill(steps: pd.DataFrame, mode: str = "hf_eager", dtype: str | None =
     pct = d.groupby("model")["pct_of_floor"].median()
     note = (
         f"at ≥{long_prompt(d)} tokens prefill runs at {pct.min():.0f}–{pct.max():.0f}% of the compute floor "
-        f"({', '.join(f'{m}: {v:.1f} µs/token' for m, v in per_model.items())}); "
+        f"({', '.join(f'{model_name(m)}: {v:.1f} µs/token' for m, v in per_model.items())}); "
         + (
             "within the seed's band"
             if overlap
@@ -102,17 +104,33 @@ def f21_prefill(steps: pd.DataFrame, mode: str = "hf_eager", dtype: str | None =
     )
 
 
-def f22_decode(steps: pd.DataFrame, mode: str = "hf_eager", dtype: str | None = None) -> Finding:
-    """F2.2: single-request decode: constant with context? bandwidth-bound? µs/token against the seed's.
+@dataclass(frozen=True)
+class DecodeReading:
+    """Batch-1 decode of one set of steps, as F2.2 reads it: the seed's mode (``mode``) and the fastest mode measured,
+    each with its largest variation across contexts (%) and its lowest and highest share of the memory floor (%)."""
 
-    The value compared with the seed is ``mode``'s (HF eager, as the seed ran it). Whether decode is
-    bandwidth-bound is judged on the fastest mode measured: if even that runs far above the memory floor,
-    the step is bound by launches and framework overhead, not by HBM.
-    """
+    mode: str
+    fastest_mode: str
+    us_min: float  # ``mode``'s time per token, fastest and slowest step
+    us_max: float
+    var: float
+    lo: float
+    hi: float
+    fvar: float
+    flo: float
+    fhi: float
+    models: tuple[str, ...]
+    modes: tuple[str, ...]
+    contexts: tuple[int, int]
+
+
+def read_decode(steps: pd.DataFrame, mode: str = "hf_eager") -> DecodeReading | None:
+    """F2.2's numbers from ``steps`` (one repeat's, or each step's median over repeats); None where no batch-1
+    decode of ``mode`` ran."""
     d = _ok(steps)
     d = d[(d["phase"] == "decode") & (d["batch"] == 1)]
     if d.empty or not (d["mode"] == mode).any():
-        return _finding("F2.2", verdict="fails", measured_value="not measured", note="no batch-1 decode points ran")
+        return None
 
     def describe(g):
         by_model = g.groupby("model")
@@ -121,37 +139,68 @@ def f22_decode(steps: pd.DataFrame, mode: str = "hf_eager", dtype: str | None = 
 
     seedlike = d[d["mode"] == mode]
     fastest_mode = d.groupby("mode")["median_ms"].median().idxmin()
-    var, lo, hi = describe(seedlike)
-    fvar, flo, fhi = describe(d[d["mode"] == fastest_mode])
     us = seedlike["us_per_token"]
-    flat = fvar <= FLAT_PCT
-    bandwidth_bound = flo >= LAUNCH_BOUND_PCT
-    in_band = us.max() >= SEED_DECODE_US_PER_TOKEN[0] and us.min() <= SEED_DECODE_US_PER_TOKEN[1]
-    verdict = "fails" if not bandwidth_bound else ("holds" if flat and in_band else "changes")
-    note = f"{mode}: {lo:.1f}–{hi:.1f}% of the memory floor, varying {var:.0f}% across contexts"
-    if fastest_mode != mode:
-        note += f"; {fastest_mode}: {flo:.1f}–{fhi:.1f}% of the floor, varying {fvar:.0f}% across contexts"
+    return DecodeReading(
+        mode,
+        fastest_mode,
+        us.min(),
+        us.max(),
+        *describe(seedlike),
+        *describe(d[d["mode"] == fastest_mode]),
+        models=tuple(d["model"]),
+        modes=tuple(d["mode"].unique()),
+        contexts=(int(seedlike["context"].min()), int(seedlike["context"].max())),
+    )
+
+
+def decode_words(x: DecodeReading) -> tuple[str, str]:
+    """F2.2's value and note: the seed's mode's time per token beside the fastest mode's share of the floor, which
+    the rule reads, and both modes' shares of the floor and variation across contexts."""
+    value = (
+        f"{x.us_min:,.0f}–{x.us_max:,.0f} µs/token in {x.mode} (the seed's mode); {x.fastest_mode} mode: "
+        f"{x.flo:.1f}–{x.fhi:.1f}% of the memory floor"
+    )
+    note = f"{x.mode}: {x.lo:.1f}–{x.hi:.1f}% of the memory floor, varying {x.var:.0f}% across contexts"
+    if x.fastest_mode != x.mode:
+        note += f"; {x.fastest_mode}: {x.flo:.1f}–{x.fhi:.1f}% of the floor, varying {x.fvar:.0f}% across contexts"
     note += (
         "; decode here is bound by kernel launches and framework overhead, not by HBM bandwidth"
-        if not bandwidth_bound
+        if x.flo < LAUNCH_BOUND_PCT
         else "; bandwidth-bound, as the seed said"
     )
-    contexts = f"contexts {seedlike['context'].min():,}–{seedlike['context'].max():,} tokens"
+    return value, note
+
+
+def f22_decode(steps: pd.DataFrame, mode: str = "hf_eager", dtype: str | None = None) -> Finding:
+    """F2.2: single-request decode: constant with context? bandwidth-bound? µs/token against the seed's.
+
+    The value compared with the seed is ``mode``'s (HF eager, as the seed ran it). Whether decode is
+    bandwidth-bound is judged on the fastest mode measured: if even that runs far above the memory floor,
+    the step is bound by launches and framework overhead, not by HBM.
+    """
+    x = read_decode(steps, mode)
+    if x is None:
+        return _finding("F2.2", verdict="fails", measured_value="not measured", note="no batch-1 decode points ran")
+    flat = x.fvar <= FLAT_PCT
+    bandwidth_bound = x.flo >= LAUNCH_BOUND_PCT
+    in_band = x.us_max >= SEED_DECODE_US_PER_TOKEN[0] and x.us_min <= SEED_DECODE_US_PER_TOKEN[1]
+    verdict = "fails" if not bandwidth_bound else ("holds" if flat and in_band else "changes")
+    value, note = decode_words(x)
     return _finding(
         "F2.2",
         verdict=verdict,
-        # the seed's mode's time per token beside the fastest mode's share of the floor, which the rule reads
-        measured_value=(
-            f"{us.min():,.0f}–{us.max():,.0f} µs/token in {mode} (the seed's mode); {fastest_mode}: "
-            f"{flo:.1f}–{fhi:.1f}% of the memory floor"
-        ),
+        measured_value=value,
         note=note,
-        headline=float(flo),
+        headline=float(x.flo),
+        # the rule's number is the fastest mode's, not the seed's mode's beside it in the value: the unit says whose
         headline_unit=(
-            f"% of the memory floor, {fastest_mode}'s slowest point (bandwidth-bound from {LAUNCH_BOUND_PCT:g}%)"
+            f"% of the memory floor, lowest in {x.fastest_mode} mode, the fastest "
+            f"(bandwidth-bound from {LAUNCH_BOUND_PCT:g}%)"
         ),
         tested_on=tested_on(
-            d["model"], dtype=dtype, setting=f"batch 1, {contexts}; modes {', '.join(d['mode'].unique())}"
+            x.models,
+            dtype=dtype,
+            setting=f"batch 1, contexts {x.contexts[0]:,}–{x.contexts[1]:,} tokens; modes {', '.join(x.modes)}",
         ),
     )
 

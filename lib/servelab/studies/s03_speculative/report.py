@@ -35,6 +35,7 @@ SPEED_KEYS = ["target", "draft", "gamma", "temperature"]
 RATIO_KEYS = ["draft", "target", "mode"]
 CONTROLLED_KEYS = ["target", "draft", "batch", "gamma", "alpha"]
 LOOKUP_KEYS = ["target", "batch", "gamma"]
+PAYS_KEYS = ["target", "draft", "batch"]
 
 
 @dataclass
@@ -86,11 +87,6 @@ def _first_pair(rep: RunSet, key: str) -> tuple[str, str]:
 
 def shape_pair(rep: RunSet) -> tuple[str, str]:
     return _first_pair(rep, "shape_pairs")
-
-
-def seed_pair(rep: RunSet) -> tuple[str, str]:
-    """The controlled sweep's first pair (the seed's own at the full profile)."""
-    return _first_pair(rep, "controlled_pairs")
 
 
 def _steps(rep: RunSet) -> pd.DataFrame:
@@ -184,13 +180,12 @@ def repeat_findings(rep: RunSet, derived: Derived | None = None) -> list[Finding
     d = derived or Derived.of(rep)
     spec = speculative_rows(rep.table("generations"))
     kv_share = 100 * spec.rollback_ms.sum() / spec.ms.sum() if len(spec) else float("nan")
-    seed_shapes = verdicts.seed_pair_pays(d.pays, seed_pair(rep))
     real, shapes = real_tested_on(rep), shapes_tested_on(rep)
     label = real.split(";")[0]
     return [
-        verdicts.f31(d.speed, kv_share, label, rep.device_name, tested_on=real, seed_shapes=seed_shapes),
+        verdicts.f31(d.speed, kv_share, label, rep.device_name, tested_on=real),
         verdicts.f32(d.speed, tested_on=real, controlled=d.controlled),
-        verdicts.f33(d.ratios, shape_pair(rep), tested_on=shapes, seed_shapes=seed_shapes),
+        verdicts.f33(d.ratios, shape_pair(rep), tested_on=shapes),
     ]
 
 
@@ -207,6 +202,15 @@ def _pooled(runs: RunSet, make, keys) -> pd.DataFrame:
     if not frames:
         return pd.DataFrame()
     return pool_repeats(pd.concat(frames, ignore_index=True), keys).drop(columns="n_repeats")
+
+
+def _repeats_measuring(runs: RunSet, make, keys: list[str]) -> pd.DataFrame:
+    """``keys`` and ``n_repeats``: how many repeats' ``make(one repeat)`` have a row there (the pooled tables'
+    medians over a point that one repeat measured are that one repeat's numbers)."""
+    frames = [df[keys].assign(repeat=rep.repeats[0]) for rep in runs.per_repeat() if len(df := make(rep))]
+    if not frames:
+        return pd.DataFrame(columns=[*keys, "n_repeats"])
+    return pd.concat(frames).groupby(keys).repeat.nunique().rename("n_repeats").reset_index()
 
 
 def _with_each_repeat(runs: RunSet, pooled: pd.DataFrame, make, col: str = "target_over_draft") -> pd.DataFrame:
@@ -265,6 +269,9 @@ def report(runs: RunSet) -> Study3Page:
     # where each pair pays, from the pooled curve (each point's median over repeats): pooling each repeat's threshold
     # on its own gave 'pays above 0.88' beside a best speedup of 0.99x, where one repeat of three paid
     pays = tables.break_even_alpha(controlled) if len(controlled) else pd.DataFrame()
+    if len(pays):
+        pays = pays.merge(_repeats_measuring(runs, lambda r: of(r).controlled, PAYS_KEYS), on=PAYS_KEYS, how="left")
+    findings = verdicts.with_seed_shapes(findings, seed_shapes_sentence(pays))
     lookup = _pooled(runs, lambda r: tables.lookup_table(r.table("lookup_raw")), LOOKUP_KEYS)
     real_alpha = _pooled(runs, lambda r: r.table("real_alpha").drop(columns=["part"], errors="ignore"), ["pair"])
     verify = _pooled(runs, lambda r: r.table("verify_cost"), ["model", "context", "rows"])
@@ -348,19 +355,29 @@ def goal_check(table: pd.DataFrame, target: str = "llama-3-8b") -> dict | None:
     )
 
 
-def goal_sentence(goal: dict | None) -> str:
+def goal_sentence(goal: dict | None, repeats: str = "") -> str:
+    """The goal check in words; ``repeats``: what the point rests on ("measured in 1 of the 3 repeats")."""
     if goal is None:
         return "The 8B-shape point (α = 0.8, batch 1) was not measured."
-    verdict = "meets" if goal["met"] else "misses"
     side = "below" if goal["gap_pct"] >= 0 else "above"  # gap_pct: how far the measured speedup falls short
+    on = f", {repeats}" if repeats else ""
     return (
-        f"{goal['draft']} → {goal['target']} at α = {GOAL_ALPHA}, batch 1, best γ = {goal['gamma']}: "
+        f"{goal['draft']} → {goal['target']} at α = {GOAL_ALPHA}, batch 1, best γ = {goal['gamma']}{on}: "
         f"{goal['speedup']:.2f}× (its timed rounds {goal['speedup_low']:.2f}–{goal['speedup_high']:.2f}) against "
-        f"{goal['predicted']:.2f}× predicted from c = {goal['c']:.3f} ({abs(goal['gap_pct']):.0f}% {side} it); it "
-        f"{verdict} the goal of ≥ {GOAL_SPEEDUP}× within {GOAL_WITHIN_PCT:.0f}%. The verify step cost "
-        f"{goal['verify_over_step']:.2f} plain steps (the formula takes 1), and {goal['loop_overhead_pct']:.0f}% "
-        "of the wall time lay outside the draft and verify phases."
+        f"{goal['predicted']:.2f}× predicted from c = {goal['c']:.3f} ({abs(goal['gap_pct']):.0f}% {side} it); "
+        f"{goal_parts(goal)}. The verify step cost {goal['verify_over_step']:.2f} plain steps (the formula takes 1), "
+        f"and {goal['loop_overhead_pct']:.0f}% of the wall time lay outside the draft and verify phases."
     )
+
+
+def goal_parts(goal: dict) -> str:
+    """Which part of the goal (≥ 2.0×, within 15% of Leviathan's prediction) the point meets, with its numbers."""
+    fast = goal["speedup"] >= GOAL_SPEEDUP
+    close = abs(goal["gap_pct"]) <= GOAL_WITHIN_PCT
+    speed = f"the speedup {goal['speedup']:.2f}× is {'at least' if fast else 'below'} {GOAL_SPEEDUP}×"
+    gap = f"its {abs(goal['gap_pct']):.0f}% gap is {'within' if close else 'more than'} {GOAL_WITHIN_PCT:.0f}%"
+    goal_text = f"at least {GOAL_SPEEDUP}× and within {GOAL_WITHIN_PCT:.0f}% of the prediction"
+    return f"it {'meets' if goal['met'] else 'misses'} the goal ({goal_text}): {speed}, and {gap}"
 
 
 def real_alpha_sentence(real_alpha: pd.DataFrame) -> str:
@@ -373,14 +390,52 @@ def real_alpha_sentence(real_alpha: pd.DataFrame) -> str:
     )
 
 
+def _repeat_count(pays: pd.DataFrame, draft: str, target: str, batch: int | None = None) -> tuple[int, int] | None:
+    """The fewest and most repeats the pays table's rows of the pair (at ``batch``) rest on; None where it does not
+    say."""
+    if pays.empty or "n_repeats" not in pays:
+        return None
+    r = pays[(pays.draft == draft) & (pays.target == target) & ((pays.batch == batch) if batch else True)]
+    ns = r.n_repeats.dropna().astype(int)
+    return None if ns.empty else (int(ns.min()), int(ns.max()))
+
+
+def _count(n: tuple[int, int]) -> str:
+    return str(n[0]) if n[0] == n[1] else f"{n[0]}–{n[1]}"
+
+
+def seed_shapes_sentence(pays: pd.DataFrame) -> str:
+    """Where the seed's pair pays at its shapes, from the pooled curves (the table "Where each pair pays"): the
+    takeaway's sentence and the end of F3.1's and F3.3's notes alike."""
+    seed = verdicts.seed_pair_pays(pays, SEED_PAIR) if len(pays) else ""
+    if not seed:
+        return ""
+    n = _repeat_count(pays, *SEED_PAIR)
+    over = "" if n is None else "; one repeat" if n[1] == 1 else f"; each point's median over {_count(n)} repeats"
+    return f"At the seed's shapes (random weights, α controlled{over}), {seed}"
+
+
 def takeaways(r: Study3Page) -> str:
     """One sentence per verdict, the seed's pair by batch, the real pairs' α, the 8B-shape goal."""
-    seed = verdicts.seed_pair_pays(r.controlled_pays, SEED_PAIR) if len(r.controlled_pays) else ""
+    seed = seed_shapes_sentence(r.controlled_pays)
+    goal = goal_check(r.controlled) if len(r.controlled) else None
     return takeaway_list(
         [finding_sentence(f) for f in r.findings]
-        + [f"At the seed's shapes with α controlled, {seed}." if seed else ""]
+        + [f"{seed}." if seed else ""]
         + [real_alpha_sentence(r.real_alpha)]
-        + [goal_sentence(goal_check(r.controlled)) if len(r.controlled) else ""]
+        + [goal_sentence(goal, goal_repeats(r, goal)) if len(r.controlled) else ""]
+    )
+
+
+def goal_repeats(r: Study3Page, goal: dict | None) -> str:
+    """What the goal's point rests on, "measured in 1 of the 3 repeats" (its curve may have run in fewer repeats
+    than the rest of the study)."""
+    n = _repeat_count(r.controlled_pays, goal["draft"], goal["target"], 1) if goal else None
+    if n is None:
+        return ""
+    total = len(r.runs.repeats)
+    return (
+        f"median over the {total} repeats" if n == (total, total) else f"measured in {_count(n)} of the {total} repeats"
     )
 
 
@@ -444,15 +499,18 @@ def pays_view(pays: pd.DataFrame) -> pd.DataFrame:
         "alpha_pays": "pays above α",
         "best_speedup": "best speedup (×)",
         "c": "c in the loop",
+        "n_repeats": "repeats",
     }
     out = _view(pays, cols, 3)
     if out.empty or "alpha_max" not in pays:
         return out
-    # no α up to the sweep's highest pays: say so, as the verdicts' notes do
-    never = pays.head(VIEW_ROWS)["alpha_pays"].isna().to_numpy()
-    top = pays.head(VIEW_ROWS)["alpha_max"].round(2).to_numpy()
+    # no α up to the sweep's highest pays, or the lowest α set already does: say so, as the verdicts' notes do
+    head = pays.head(VIEW_ROWS)
+    never = head["alpha_pays"].isna().to_numpy()
+    every = head["all_pay"].fillna(False).to_numpy(bool) if "all_pay" in head else np.zeros(len(head), bool)
     shown = out["pays above α"].astype(object)
-    shown[never] = [f"not up to {a:.2f}" for a in top[never]]
+    shown[never] = [f"not up to {a:.2f}" for a in head["alpha_max"].to_numpy()[never]]
+    shown[every] = [f"every α measured, from {a:.2f}" for a in head["alpha_pays"].to_numpy()[every]]
     out["pays above α"] = shown
     return out
 

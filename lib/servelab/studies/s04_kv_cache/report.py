@@ -102,8 +102,9 @@ def _not_measured(fid: str, why: str) -> Finding:
     return next(f for f in not_measured(STUDY, why) if f.id == fid)
 
 
-def repeat_findings(rep: RunSet) -> list[Finding]:
-    """F4.1–F4.4 by today's rules from one repeat's raw tables; a claim whose table is missing is not measured."""
+def repeat_findings(rep: RunSet, shown: pd.DataFrame | None = None) -> list[Finding]:
+    """F4.1–F4.4 by today's rules from one repeat's raw tables; a claim whose table is missing is not measured.
+    ``shown``: the page's variation table (over the repeats' median step times), which F4.2's note quotes."""
     P, copy = rep.params, float(rep.ceilings.get("copy_gb_s", np.nan))
     model, dtype = P.get("decode_model", ""), P.get("decode_dtype")
     bpt, steps, comp = rep.table("bytes_per_token"), rep.table("decode_steps"), rep.table("compaction")
@@ -111,7 +112,7 @@ def repeat_findings(rep: RunSet) -> list[Finding]:
     missing = "this repeat wrote no {} table"
     return [
         verdicts.f41(bpt) if _has(bpt, "status") else _not_measured("F4.1", missing.format("bytes_per_token")),
-        verdicts.f42(variation_summary(steps), copy, dtype)
+        verdicts.f42(variation_summary(steps), copy, dtype, shown)
         if _has(steps, "status")
         else _not_measured("F4.2", missing.format("decode_steps")),
         verdicts.f43(comp, copy, model, dtype)
@@ -135,8 +136,9 @@ def report(runs: RunSet) -> Study4Page:
     """The page's record from ``runs`` (nothing measured: every claim inconclusive, every table empty)."""
     if not runs.measured:
         return Study4Page(runs, not_measured(STUDY))
-    findings = runs.combined(repeat_findings)
     steps = pool_repeats(runs.table("decode_steps"), ["model", "mode", "batch", "context"])
+    variation = variation_summary(steps) if _has(steps, "status") else pd.DataFrame()
+    findings = runs.combined(lambda rep: repeat_findings(rep, variation))
     comp = pool_repeats(runs.table("compaction"), ["pool_mib", "block_size", "move_fraction", "method"])
     cap = runs.table("capacity")
     overlap_runs = runs.table("overlap_runs")
@@ -148,7 +150,7 @@ def report(runs: RunSet) -> Study4Page:
         capacity_fixed=runs.first("capacity_fixed_length"),
         capacity_summary=capacity_summary(cap),
         decode_steps=steps,
-        variation=variation_summary(steps) if _has(steps, "status") else pd.DataFrame(),
+        variation=variation,
         compaction=comp,
         overlap_runs=overlap_runs,
         overlap_summary=overlap_table(overlap_runs, rig_table(runs)),
@@ -254,9 +256,11 @@ def _kernels_and_clocks(kernels: pd.DataFrame, clocks: pd.DataFrame) -> str:
         f"{kk.during_decode_ratio.max():.2f}× their time alone while decode ran"
     )
     sm = pd.to_numeric(clocks["clocks.sm"], errors="coerce") if "clocks.sm" in clocks else pd.Series(dtype=float)
-    return text + (
-        f"; the SM clock read {sm.min():,.0f}–{sm.max():,.0f} MHz in every condition." if sm.notna().any() else "."
-    )
+    if sm.isna().all():
+        return text + "."
+    low, high = f"{sm.min():,.0f}", f"{sm.max():,.0f}"
+    read = f"{low} MHz throughout," if low == high else f"{low}–{high} MHz"
+    return text + f"; the SM clock read {read} in every condition."
 
 
 def _cold_start(cold: pd.DataFrame) -> str:

@@ -29,6 +29,10 @@ METHOD_LABELS = {
     "own": "servelab speculative",
     "own_plain": "servelab engine, target alone",
 }
+# what each method's speedup is over: the engine's speculation is timed against the same engine running the target
+# alone, not against HF ("0.89× the plain baseline" stood beside the table's 17.96× over plain HF generate)
+BASELINES = {"own": "the servelab engine running the target alone"}
+HF_BASELINE = "plain HF generate"
 
 
 @dataclass
@@ -152,13 +156,30 @@ def _pool(frames: list[pd.DataFrame], keys: list[str]) -> pd.DataFrame:
 
 def _pool_speedups(frames: list[pd.DataFrame]) -> pd.DataFrame:
     """The speedups' medians over repeats, with ``prompts`` the fewest any repeat had at that point (not their median:
-    a point counts in a repeat's verdict only over ``min_prompts`` prompts of that repeat)."""
+    a point counts in a repeat's verdict only over ``min_prompts`` prompts of that repeat) and ``prompts_by_repeat``
+    each repeat's count ("8, 9, 7"), in repeat order."""
     keys = ["method", "pair", "target", "draft", "length"]
     pooled = _pool(frames, keys)
     if pooled.empty or "prompts" not in pooled:
         return pooled
-    least = pd.concat([f for f in frames if not f.empty]).groupby(keys, dropna=False)["prompts"].min().astype(int)
-    return pooled.drop(columns="prompts").merge(least.reset_index(), on=keys, how="left")
+    g = pd.concat([f for f in frames if not f.empty]).groupby(keys, dropna=False)["prompts"]
+    counts = g.agg(prompts="min", prompts_by_repeat=lambda v: ", ".join(str(int(x)) for x in v))
+    return pooled.drop(columns="prompts").merge(counts.astype({"prompts": int}).reset_index(), on=keys, how="left")
+
+
+def _pool_matches(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """Every repeat's runs together, per method and pair: the runs, and the share equal to plain greedy and the mean
+    matching prefix over all of them. Medians over repeats of the runs (9) and of the rate (1/8) read "9 runs,
+    12.5%", which no count of runs gives."""
+    frames = [f for f in frames if not f.empty]
+    if not frames:
+        return pd.DataFrame()
+    d = pd.concat(frames, ignore_index=True)
+    d = d.assign(exact=d["exact_match_rate"] * d["runs"], prefix=d["matching_prefix_mean"] * d["runs"])
+    g = d.groupby(["method", "pair"], sort=False)
+    out = g[["runs", "exact", "prefix"]].sum().join(g.size().rename("n_repeats"))
+    out = out.assign(exact_match_rate=out["exact"] / out["runs"], matching_prefix_mean=out["prefix"] / out["runs"])
+    return out.reset_index()[["method", "pair", "runs", "exact_match_rate", "matching_prefix_mean", "n_repeats"]]
 
 
 def report(runs: RunSet) -> Study6Page:
@@ -186,9 +207,9 @@ def report(runs: RunSet) -> Study6Page:
         costs=_pool([d.costs for d in per], ["model"]),
         seed_costs=_pool([d.seed_costs for d in per], ["pair"]),
         coverage=_pool(cover, ["method", "pair"]),
-        own_vs_engine=_pool([analysis.own_vs_engine(t) for t in raw_times if not t.empty], ["pair", "length"]),
+        own_vs_engine=_pool_speedups([analysis.own_vs_engine(t) for t in raw_times if not t.empty]),
         own_acceptance=_pool([analysis.own_acceptance(r) for r in raw_runs if "status" in r], ["pair"]),
-        match_rates=_pool([analysis.match_rates(r) for r in raw_runs if "matches_plain" in r], ["method", "pair"]),
+        match_rates=_pool_matches([analysis.match_rates(r) for r in raw_runs if "matches_plain" in r]),
         real_alpha=real_alpha(runs),
         distill=runs.first("distill"),
         tested_on=per[0].tested_on,
@@ -241,17 +262,32 @@ def alpha_sentence(real: pd.DataFrame) -> str:
     )
 
 
-def speed_sentence(speedups: pd.DataFrame, method: str) -> str:
+def _prompts_said(best: pd.Series, min_prompts: int) -> str:
+    """The prompts a pooled speedup rests on, each repeat's where they differ ("median of 7 prompts in each of 3
+    repeats" read the fewest as every repeat's), and whether a repeat had fewer than the verdicts' rule needs."""
+    n, k = int(best["prompts"]), int(best.get("n_repeats", 1) or 1)
+    each = [int(x) for x in str(best.get("prompts_by_repeat", n)).split(", ")]
+    if k == 1 or len(set(each)) == 1:
+        said = f"median of {n} prompt{'s' if n != 1 else ''}" + (f" in each of {k} repeats" if k > 1 else "")
+    else:
+        said = f"median over {', '.join(map(str, each[:-1]))} and {each[-1]} prompts in the {k} repeats"
+    said += ", then the median over repeats" if k > 1 else ""
+    below = sum(x < min_prompts for x in each)
+    if below:
+        which = "" if k == 1 else ("one repeat had " if below == 1 else f"{below} repeats had ")
+        said += f"; {which}fewer than the {min_prompts} prompts a verdict's point needs"
+    return said
+
+
+def speed_sentence(speedups: pd.DataFrame, method: str, min_prompts: int = verdicts.MIN_PROMPTS) -> str:
     d = speedups[speedups["method"] == method] if len(speedups) else speedups
     if d.empty:
         return ""
     top = d[d["length"] == d["length"].max()]
     best = top.loc[top["speedup_median"].idxmax()]
-    n, k = int(best["prompts"]), int(best.get("n_repeats", 1) or 1)
-    over = f" in each of {k} repeats, then the median over repeats" if k > 1 else ""
     return (
         f"{METHOD_LABELS.get(method, method)}: best {best['pair']} at {int(best['length'])} tokens, "
-        f"{best['speedup_median']:.2f}× the plain baseline (median of {n} prompt{'s' if n != 1 else ''}{over})."
+        f"{best['speedup_median']:.2f}× {BASELINES.get(method, HF_BASELINE)} ({_prompts_said(best, min_prompts)})."
     )
 
 
@@ -274,27 +310,29 @@ def takeaways(r: Study6Page) -> str:
         [finding_sentence(f) for f in r.findings]
         + [
             thin_sentence(r),
-            speed_sentence(r.speedups, "assisted"),
+            speed_sentence(r.speedups, "assisted", r.min_prompts),
             alpha_sentence(r.real_alpha),
-            speed_sentence(r.speedups, "prompt_lookup"),
-            speed_sentence(r.own_vs_engine, "own"),
+            speed_sentence(r.speedups, "prompt_lookup", r.min_prompts),
+            speed_sentence(r.own_vs_engine, "own", r.min_prompts),
         ]
     )
 
 
 def speedup_view(r: Study6Page) -> pd.DataFrame:
-    """Per method and pair at the longest length: median speedup, quartiles and prompts."""
+    """Per method and pair at the longest length: median speedup, quartiles and prompts (the fewest any repeat had,
+    as the takeaways say)."""
     d = r.speedups
     if d.empty:
         return pd.DataFrame()
     top = d[d["length"] == d["length"].max()]
     out = top.assign(method=top["method"].map(METHOD_LABELS).fillna(top["method"]))
-    cols = {"speedup_median": "median (×)", "speedup_p25": "p25 (×)", "speedup_p75": "p75 (×)", "length": "tokens"}
+    cols = {"speedup_median": "median (×)", "speedup_p25": "p25 (×)", "speedup_p75": "p75 (×)", "length": "tokens",
+            "prompts": "prompts (fewest in a repeat)"}  # fmt: skip
     return (
         out[["method", "pair", "length", "speedup_median", "speedup_p25", "speedup_p75", "prompts"]]
         .rename(columns=cols)
         .round(2)
-        .astype({"prompts": int})
+        .astype({cols["prompts"]: int})
         .reset_index(drop=True)
     )
 
@@ -339,16 +377,19 @@ def coverage_view(r: Study6Page) -> pd.DataFrame:
 
 
 def match_view(r: Study6Page) -> pd.DataFrame | str:
-    """Per method and pair: the share of runs whose tokens equal plain greedy ``generate``'s, and the mean share of
-    tokens made before the first difference (percent; median over repeats)."""
+    """Per method and pair, over every repeat's runs: how many runs' tokens equal plain greedy ``generate``'s, their
+    share of the runs, and the mean share of tokens made before the first difference (percent)."""
     m = r.match_rates
     if m.empty:
         return "No run recorded its output against plain greedy."
     out = m.assign(
-        exact=100 * m["exact_match_rate"], prefix=100 * m["matching_prefix_mean"], runs=m["runs"].astype(int)
+        exact=100 * m["exact_match_rate"],
+        equal=(m["exact_match_rate"] * m["runs"]).round().astype(int),
+        prefix=100 * m["matching_prefix_mean"],
+        runs=m["runs"].astype(int),
     )
-    cols = {"method": "method", "pair": "pair", "runs": "runs", "exact": "equal to plain (% of runs)",
-            "prefix": "tokens before the first difference (mean %)"}  # fmt: skip
+    cols = {"method": "method", "pair": "pair", "runs": "runs", "equal": "equal to plain (runs)",
+            "exact": "equal to plain (% of runs)", "prefix": "tokens before the first difference (mean %)"}  # fmt: skip
     return out[list(cols)].rename(columns=cols).round(1).reset_index(drop=True)
 
 

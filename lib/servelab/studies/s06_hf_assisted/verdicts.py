@@ -13,6 +13,8 @@ import pandas as pd
 from scipy import stats
 
 from servelab.studies.common.findings import Finding
+from servelab.studies.common.tested_on import tested_on as models_words
+from servelab.studies.common.tested_on import weights
 
 SEED_BEST_SPEEDUP = 1.747  # F6.1, RTX 2070
 SEED_BEST_PAIR = "distilgpt2 → gpt2-medium"  # F6.1, RTX 2070
@@ -72,10 +74,17 @@ def _measured(pairs: pd.DataFrame, min_prompts: int = MIN_PROMPTS) -> pd.DataFra
 
 
 def seed_shapes(seed_costs: pd.DataFrame | None) -> str:
-    """The seed's shape pairs whose cost was measured, for ``tested_on``."""
+    """The seed's shape pairs whose cost was measured, for ``tested_on``, with where their weights came from (read
+    off the specs that ran: a typed "config:" stood in for it)."""
     if seed_costs is None or seed_costs.empty:
         return "seed's shapes: not measured"
-    return f"cost at the seed's shapes: {', '.join(seed_costs['pair'])} (config:, random weights; HF generate)"
+    pairs = ", ".join(seed_costs["pair"])
+    specs = [s for c in ("draft", "target") if c in seed_costs for s in seed_costs[c].astype(str)]
+    if not specs:
+        return f"cost at the seed's shapes: {pairs} (HF generate)"
+    if {weights(s) for s in specs} == {"random weights"}:
+        return f"cost at the seed's shapes: {pairs} (architecture-exact, random weights; HF generate)"
+    return f"cost at the seed's shapes: {pairs}; {models_words(specs, setting='HF generate')}"
 
 
 def _seed_cost_text(seed_costs: pd.DataFrame | None, alpha: float) -> str:
@@ -117,10 +126,14 @@ def f61_best_pair(
     d = d[d["length"] == length]
     best = d.loc[d["speedup_median"].idxmax()]
     s, c, a = float(best["speedup_median"]), best.get("cost_ratio", np.nan), best.get("alpha", np.nan)
+    # the prompts are this repeat's (the page's speedup table gives the fewest of any repeat), and α is the same
+    # per-token agreement as the α table's, over other prompts: "α = 0.36" stood beside a table's 0.417 unexplained
     note = (
         f"best pair {best['pair']} at {length} tokens: {s:.2f}× (quartiles {best['speedup_p25']:.2f}–"
-        f"{best['speedup_p75']:.2f} over {int(best['prompts'])} prompts), c = {c:.2f}, α = {a:.2f}; {len(d)} pairs "
-        f"reached {length} tokens on ≥ {min_prompts} prompts"
+        f"{best['speedup_p75']:.2f} over {int(best['prompts'])} prompts in this repeat), c = {c:.2f}, α = {a:.2f} "
+        f"(greedy agreement on this repeat's timed outputs, median over prompts; the α table pools every position "
+        f"of its own held-out prompts); {len(d)} pairs reached {length} tokens on ≥ {min_prompts} prompts in this "
+        "repeat"
     )
     if length != SEED_LENGTH:
         note += f" (the RTX 2070's figure is at {SEED_LENGTH})"

@@ -27,6 +27,7 @@ from servelab.sim.routers import ROUTERS
 from servelab.studies.common.findings import Finding, not_measured
 from servelab.studies.common.published import published_section
 from servelab.studies.common.runs import RunSet
+from servelab.studies.common.tested_on import model_name
 from servelab.studies.s08_simulator import (
     ablation,
     context_reads,
@@ -118,13 +119,17 @@ class Study8Page:
 # ---- F2.3 ----------------------------------------------------------------------------------------------------
 def f23_not_measured(why: str) -> Finding:
     """F2.3 as inconclusive, "not measured", with ``why`` (its claim and seed value from the seed's claims)."""
-    found = [f for f in not_measured("02_gpu_costs", why) if f.id == "F2.3"]
-    if found:
-        return found[0]
-    return Finding("F2.3", verdicts.F23_CLAIM, "holds", "not measured", "", "inconclusive", f"Not measured: {why}")
+    # the seed's claims list F2.3 under Study 2 (data/seed/claims.csv; tests/test_seed_constants.py reads them)
+    return next(f for f in not_measured("02_gpu_costs", why) if f.id == "F2.3")
 
 
 def _with_fresh(f: Finding, fresh: dict) -> Finding:
+    """F2.3 with the fresh held-out run's error beside the verdict, or why there is none: the verdict rests on Study
+    1's runs held out from the fit, and the note says whether a run drawn after the freeze stands beside it."""
+    if fresh.get("error"):
+        return replace(f, note=f.note + f"; the fresh held-out run was not evaluated: {fresh['error']}")
+    if not fresh:
+        return replace(f, note=f.note + "; not yet a fresh held-out run (none is committed)")
     if not fresh.get("median_abs_error_pct") or not np.isfinite(fresh["median_abs_error_pct"]):
         return f
     return replace(
@@ -140,8 +145,7 @@ def _drift_clause(drift) -> str:
         return ""
     moved = drift[drift["changed"].fillna(False)]
     each = ", ".join(
-        f"{r.model.removeprefix('config:')} p50 ITL {r.calibration:.1f} → {r.fresh_real:.1f} ms"
-        for r in moved.itertuples()
+        f"{model_name(r.model)} p50 ITL {r.calibration:.1f} → {r.fresh_real:.1f} ms" for r in moved.itertuples()
     )
     return f" (the server changed since the freeze's calibration runs: {each}; see the held-out section)"
 
@@ -163,9 +167,10 @@ def _real_runs(r: Study8Page, s1runs: RunSet) -> sources.Study1 | None:
     r.limits = study1_runs.server_limits(s1.params)
     p = s1.params
     r.deadline_s = (p["window_s"] + p["drain_s"]) if {"window_s", "drain_s"} <= set(p) else None
-    if s1.repeats > 1:
-        r.notes.append(f"Study 1 has {s1.repeats} repeats; the simulator replays repeat {s1.repeat}.")
     today = sources.runs_of(sources.STUDY1, s1runs.results_root)
+    said = _repeats_note(s1, s1runs, today)
+    if said:
+        r.notes.append(said)
     if today.current and not s1runs.current:
         r.notes.append(
             f"Study 1 at today's fingerprint has no repeat with every part yet ({', '.join(today.parts)} measured): "
@@ -181,6 +186,30 @@ def _real_runs(r: Study8Page, s1runs: RunSet) -> sources.Study1 | None:
     return s1
 
 
+def _listing(items) -> str:
+    items = [str(x) for x in items]
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _repeats_note(s1: sources.Study1, whole: RunSet, every: RunSet) -> str:
+    """Which of Study 1's repeats the simulator reads, where it has several: Study 1's page counts every repeat,
+    the simulator only those with every part (``sources.study1_runs``), so the two counts differ while a repeat
+    lacks a part; "" where Study 1 has one repeat."""
+    from servelab.studies.s01_scheduling.measure import PARTS
+
+    n = len(whole.repeats)
+    uses = f"the simulator calibrates on and validates against repeat {s1.repeat}, and judges F2.3 on " + (
+        f"each of repeats {_listing(whole.repeats)}" if n > 1 else "that repeat alone"
+    )
+    partial = [k for k in every.repeats if k not in whole.repeats] if every.fingerprint == whole.fingerprint else []
+    if not partial:
+        return f"Study 1 has {n} repeats, each with every part: {uses}." if n > 1 else ""
+    lacks = "; ".join(
+        f"repeat {k} lacks {', '.join(p for p in PARTS if p not in every.repeat(k).parts)}" for k in partial
+    )
+    return f"Study 1 has {len(every.repeats)} repeats, {n} of them with every part ({lacks}): {uses}."
+
+
 def _gpu_models(r: Study8Page, models, steps2, fits, *, context_reads: bool = True, notes: bool = True) -> dict:
     gpu = {}
     for m in models:
@@ -188,9 +217,10 @@ def _gpu_models(r: Study8Page, models, steps2, fits, *, context_reads: bool = Tr
         gpu[m] = found[0] if found else None
         if notes:
             r.gpu_notes.append(
-                f"{m}: Study 2 cost model, mode {found[1]} (fitted from Study 2's steps)"
+                f"{model_name(m)}: Study 2 cost model, mode {found[1]} (fitted from Study 2's steps)"
                 if found
-                else f"{m}: no Study 2 cost model: the whole cost model is fitted to the calibration runs' step log"
+                else f"{model_name(m)}: no Study 2 cost model: the whole cost model is fitted to the calibration runs' "
+                "step log"
             )
     return gpu
 
@@ -560,7 +590,7 @@ def _published_from(r: Study8Page) -> tuple[str, str] | None:
     f = r.fresh
     if f.get("median_abs_error_pct") is not None and f.get("code_matches"):
         return (
-            f"{f['median_abs_error_pct']:.1f}",
+            f"{f['median_abs_error_pct']:.1f} %",
             f"median |error| of six serving metrics on fresh held-out runs of the real server ({f['runs']} runs, "
             f"{len(f['per_repeat'])} repeats)",
         )
@@ -573,7 +603,7 @@ def _published_from(r: Study8Page) -> tuple[str, str] | None:
     if not np.isfinite(err):
         return None
     return (
-        f"{err:.1f}",
+        f"{err:.1f} %",
         "median |error| of six serving metrics on Study 1's runs held out from the fit (reported on while the model "
         "was developed; the fresh held-out run is not measured yet)",
     )

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pandas as pd
 
+from servelab.studies.common.markdown import format_value
 from servelab.studies.common.page import finding_sentence, show, takeaway_list
+from servelab.studies.common.tested_on import model_name
 from servelab.studies.s08_simulator import heldout, plots
 from servelab.studies.s08_simulator import takeaways as tk
 
@@ -42,15 +44,27 @@ def show_runs(r) -> None:
         return
     limits = ", ".join(f"{k}={v}" for k, v in r.limits.items())
     runs = r["_runs"]
+    # Study 1 sizes each point's window on its own: its runs have no one deadline to name
+    cut = f"; runs cut at {r.deadline_s:g} s" if r.deadline_s is not None else ""
     show(
         takeaway_list(r.notes),
-        f"{len(runs)} runs from {r.source}; server limits: {limits}; runs cut at {r.deadline_s} s. Runs per model "
-        "and policy:",
-        runs.groupby(["model", "scheduler", "budget"], dropna=False)
-        .agg(rates=("rate", "size"), requests=("requests", "sum"))
-        .reset_index(),
+        f"{len(runs)} runs from {r.source}; server limits: {limits}{cut}. Runs per model and policy:",
+        named(
+            runs.groupby(["model", "scheduler", "budget"], dropna=False)
+            .agg(rates=("rate", "size"), requests=("requests", "sum"))
+            .reset_index()
+        ),
         takeaway_list(r.gpu_notes),
     )
+
+
+def named(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with its models as the reader knows them (``model_name``), in its ``model`` column or index."""
+    if "model" in table.columns:
+        return table.assign(model=table["model"].map(model_name))
+    if table.index.name == "model":
+        return table.rename(index=model_name)
+    return table
 
 
 def show_validation(r) -> None:
@@ -61,10 +75,10 @@ def show_validation(r) -> None:
     pivot = errors[errors["metric"] == "all"].pivot_table(
         index="model", columns=["cost_model", "subset"], values="median_abs_error_pct"
     )
-    calib = r["sim_calibration"]
-    keep = [c for c in calib.columns if c in ("model", "status", "gpu_source") or c.endswith("_ms") or "pct" in c]
+    pivot = named(pivot).rename(columns=COST_MODELS, level="cost_model")
+    pivot.columns = pivot.columns.rename(["cost model", "runs"])
     show(
-        calib[keep].round(3),
+        calibration_view(r["sim_calibration"]),
         "Median |error| (%) over the six metrics, per model, cost model and subset:",
         pivot.round(1),
         plots.plot_error_before_after(table, title="simulation error, before and after the overhead terms"),
@@ -72,6 +86,37 @@ def show_validation(r) -> None:
         "serving overheads.*",
         tk.fidelity(r),
     )
+
+
+COST_MODELS = {"gpu_only": "GPU only", "gpu+overheads": "GPU + overheads"}  # as the page's prose names them
+# the calibration's columns as headers, in the order shown: the GPU terms' own fit to the step log (a model Study 2
+# did not time), the calibration steps before and after the serving terms, then the terms themselves
+CALIBRATION_COLUMNS = {
+    "model": "model",
+    "gpu_source": "GPU terms",
+    "prefill_median_abs_pct": "step-log GPU fit, steps with prefill: median |error| %",
+    "prefill_max_abs_pct": "step-log GPU fit, steps with prefill: max |error| %",
+    "decode_median_abs_pct": "step-log GPU fit, decode-only steps: median |error| %",
+    "decode_max_abs_pct": "step-log GPU fit, decode-only steps: max |error| %",
+    "median_abs_pct_before": "calibration steps, GPU terms alone: median |error| %",
+    "p90_abs_pct_before": "calibration steps, GPU terms alone: p90 |error| %",
+    "median_abs_pct_after": "calibration steps, with serving terms: median |error| %",
+    "p90_abs_pct_after": "calibration steps, with serving terms: p90 |error| %",
+    "step_median_abs_pct": "calibration steps, fitted model: median |error| %",
+    "step_p90_abs_pct": "calibration steps, fitted model: p90 |error| %",
+    "step_overhead_ms": "per-step overhead (ms)",
+    "seq_overhead_ms": "per-sequence overhead (ms)",
+    "mixed_step_ms": "mixed-step cost (ms)",
+    "ingress_ms": "ingress delay (ms)",
+    "status": "status",
+}
+
+
+def calibration_view(calib: pd.DataFrame) -> pd.DataFrame:
+    """The calibration per model (``CALIBRATION_COLUMNS`` it has): errors to 0.1 %, times to 0.01 ms."""
+    keep = [c for c in CALIBRATION_COLUMNS if c in calib.columns]
+    digits = {c: 1 if "_pct" in c else 2 for c in keep}
+    return named(calib[keep]).round(digits).rename(columns=CALIBRATION_COLUMNS)
 
 
 def show_ablation(r) -> None:
@@ -87,7 +132,9 @@ def show_context_reads(r) -> None:
         show(NOT_MEASURED)
         return
     show(
-        plots.plot_context_reads(c["excess"], c["decode"], title=f"{c['model']}: the longest walk over cached keys"),
+        plots.plot_context_reads(
+            c["excess"], c["decode"], title=f"{model_name(c['model'])}: the longest walk over cached keys"
+        ),
         "*Left: Study 1's mixed steps, measured time less what the model prices apart from the longest walk, by the "
         "longest context in the step. Right: Study 2's decode steps, measured and as priced with and without the "
         "longest sequence.*",
@@ -174,10 +221,12 @@ def show_study7(r) -> None:
     check, table = r["sim_prefill_check"], r["sim_prefix_validation"]
     err = check.assign(abs_err=check["error_pct"].abs()) if len(check) else check
     replay = table[table["cost_model"] == "gpu+overheads"]
-    slug, model = r.study7.slug, r.study7.params["model"]
+    slug, model = r.study7.slug, model_name(r.study7.params["model"])
     show(
         tk.study7_setup(r),
-        err.groupby(["cost_model", "mode"], sort=False)["abs_err"].median().unstack().round(1) if len(check) else None,
+        err.groupby(["cost_model", "mode"], sort=False)["abs_err"].median().unstack().round(1).rename_axis("cost model")
+        if len(check)
+        else None,
         plots.plot_prefill_check(check, title=f"Study 7's single prompts on {slug}: engine step time")
         if len(check)
         else None,
@@ -213,13 +262,13 @@ def show_capacity(r) -> None:
     if needed.empty:
         show(NOT_MEASURED)
         return
-    title = f"{c['cost'].gpu.model} cost model (simulated), SLO p99 TTFT ≤ {c['slo'][0]:.0f} ms"
+    title = f"{model_name(c['cost'].gpu.model)} cost model (simulated), SLO p99 TTFT ≤ {c['slo'][0]:.0f} ms"
     show(
         tk.capacity_setup(r),
         plots.plot_capacity(needed, title=title),
         f"*Fewest replicas meeting p99 TTFT ≤ {c['slo'][0]:.0f} ms and p99 TPOT ≤ {c['slo'][1]:.1f} ms behind each "
         f"router (ChunkedPrefill replicas; {_sizes(r['capacity_tried'], 'Poisson arrivals')}).*",
-        needed.pivot_table(index="rate", columns="router", values="replicas").round(0),
+        capacity_view(needed),
         tk.capacity(r),
     )
 
@@ -235,7 +284,7 @@ def show_affinity(r) -> None:
         plots.plot_affinity(r["affinity_routing"], title=title),
         f"*{P['affinity_replicas']} replicas with prefix caches, {P['affinity_prefixes']} system prompts of "
         f"{P['affinity_prefix_tokens']:,} tokens, {_sizes(r['affinity_routing'], 'arrivals')}, two KV pool sizes.*",
-        r["affinity_gain"].round(3),
+        affinity_view(r["affinity_gain"]),
         tk.affinity(r),
     )
 
@@ -244,6 +293,55 @@ def show_speed(r) -> None:
     if not r.speed:
         show(NOT_MEASURED)
         return
-    keep = ["rate", "replicas", "router", "simulated_s", "requests", "steps", "wall_s", "hour_wall_s", "goal_s"]
-    row = {k: r.speed[k] for k in keep if k in r.speed}
-    show(pd.DataFrame([row]).T.rename(columns={0: "value"}), tk.speed(r))
+    show(speed_view(r.speed), tk.speed(r))
+
+
+def capacity_view(needed: pd.DataFrame) -> pd.DataFrame:
+    """Replicas each router needs (columns) at each rate (rows, req/s to 3 significant figures)."""
+    t = needed.pivot_table(index="rate", columns="router", values="replicas").round(0).astype("Int64")
+    t.index = [format_value(str(x)) for x in t.index]
+    t.index.name = "rate (req/s)"
+    return t
+
+
+AFFINITY_COLUMNS = {
+    "pool_blocks": "KV pool (blocks per replica)",
+    "rate": "rate (req/s)",
+    "affinity_hit_rate": "hit rate, prefix affinity (%)",
+    "best_other_hit_rate": "hit rate, best other router (%)",
+    "best_other": "other router with the lowest p99 TTFT",
+    "affinity_ttft_p99_ms": "p99 TTFT, prefix affinity (ms)",
+    "best_other_ttft_p99_ms": "p99 TTFT, that router (ms)",
+    "ttft_p99_ratio": "p99 TTFT, affinity / that router",
+}
+
+
+def affinity_view(gain: pd.DataFrame) -> pd.DataFrame:
+    """``prefix_routing.affinity_gain`` for reading: hit rates in %, rates in whole req/s, TTFT to 0.1 ms."""
+    t = gain.assign(
+        rate=gain["rate"].round(0).astype(int),
+        affinity_hit_rate=(100 * gain["affinity_hit_rate"]).round(1),
+        best_other_hit_rate=(100 * gain["best_other_hit_rate"]).round(1),
+    )
+    return t.round({"affinity_ttft_p99_ms": 1, "best_other_ttft_p99_ms": 1, "ttft_p99_ratio": 2}).rename(
+        columns=AFFINITY_COLUMNS
+    )
+
+
+def speed_view(speed: dict) -> pd.DataFrame:
+    """The measuring run's speed, one row per quantity, numbers to 3 significant figures: the wall time is the
+    first repeat's and the hour's the median over repeats where several timed it (``report._speed``)."""
+    n = speed.get("repeats", 1)
+    rows = {
+        "rate (req/s)": speed.get("rate"),
+        "replicas": speed.get("replicas"),
+        "router": speed.get("router"),
+        "simulated time (s)": speed.get("simulated_s"),
+        "requests": speed.get("requests"),
+        "steps": speed.get("steps"),
+        "wall time" + (", first repeat" if n > 1 else "") + " (s)": speed.get("wall_s"),
+        "one hour's wall time" + (f", median over {n} repeats" if n > 1 else "") + " (s)": speed.get("hour_wall_s"),
+        "goal (s)": speed.get("goal_s"),
+    }
+    shown = {k: format_value(str(v)) for k, v in rows.items() if v is not None}
+    return pd.DataFrame({"value": shown})

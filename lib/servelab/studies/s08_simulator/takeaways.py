@@ -9,6 +9,7 @@ from __future__ import annotations
 import pandas as pd
 
 from servelab.studies.common.page import takeaway_list
+from servelab.studies.common.tested_on import model_name
 from servelab.studies.s08_simulator import context_reads as cr
 from servelab.studies.s08_simulator.plots import GOAL_PCT
 from servelab.studies.s08_simulator.verdicts import median_abs_error
@@ -57,7 +58,7 @@ def _fidelity_line(t: pd.DataFrame, gsrc: str) -> str:
     v = t[t["cost_model"] == "gpu+overheads"]
     v = v[v["subset"] == "validation"] if (v["subset"] == "validation").any() else v
     per_metric = v.assign(abs_err=v["error_pct"].abs()).groupby("metric")["abs_err"].median().sort_values()
-    models = ", ".join(sorted(t["model"].unique()))
+    models = ", ".join(sorted(model_name(m) for m in t["model"].unique()))
     source = gsrc if gsrc == "Study 2" else "the " + gsrc
     return (
         f"- {models} (GPU terms from {source}): median |error| **{before:.1f} %** with the GPU cost model alone, "
@@ -81,7 +82,9 @@ def fidelity(r) -> str:
 
 # ---- the two GPU terms -----------------------------------------------------------------------------------------
 def _by(r, value: str) -> pd.DataFrame:
-    return r["sim_term_ablation"].pivot_table(index="variant", columns="model", values=value, sort=False)
+    """One ablation value per variant (rows) and model (columns, as the reader knows them; "all" for every model)."""
+    t = r["sim_term_ablation"].pivot_table(index="variant", columns="model", values=value, sort=False)
+    return t.rename(columns=model_name)
 
 
 def ablation_table(r) -> pd.DataFrame:

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from servelab.studies.common.findings import Finding
-from servelab.studies.common.tested_on import models_tested_on
+from servelab.studies.common.tested_on import model_name, models_tested_on
 from servelab.studies.s08_simulator.plots import GOAL_PCT
 
 F23_CLAIM = "the simulator's default costs hold for server-level amortized batching"
@@ -51,7 +51,7 @@ def f23_finding(table: pd.DataFrame, source: str) -> Finding | None:
         f"median |error| of p50/p99 TTFT, p50/p99 ITL, max stall and throughput over held-out real runs: "
         f"{before:.1f} % with the GPU costs alone, {after:.1f} % with the fitted serving overheads "
         f"(goal {GOAL_PCT:g} %); only the runs of the models Study 2 costed "
-        f"({', '.join(models) if models else 'all'}); real runs: {source}"
+        f"({', '.join(map(model_name, models)) if models else 'all'}); real runs: {source}"
     )
     return Finding(
         id="F2.3",
