@@ -286,9 +286,11 @@ def _judged_elsewhere(f: Finding, evidence: dict[str, StudyEvidence]) -> Finding
     other = _other(f.id, evidence)
     if other is None:
         return f
+    # the attribution first: the landing table shows a note's first clause, and F2.3's read as if Study 2's page,
+    # which its link opens and which says "changes", had judged it
     note = (
-        f"{other.note} ({_judged_by(evidence[EVIDENCE[f.id]])}; the study's own data alone said: {f.verdict}, "
-        f"{f.measured_value} {f.unit})"
+        f"Judged {_judged_by(evidence[EVIDENCE[f.id]])}; the study's own data alone said: {f.verdict}, "
+        f"{f.measured_value} {f.unit}. {other.note}"
     )
     return replace(other, claim=f.claim, seed_value=f.seed_value, note=note)
 
