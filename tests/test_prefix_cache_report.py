@@ -104,7 +104,9 @@ def test_a_server_run_one_repeat_skipped_is_pooled_over_the_repeats_that_ran_it(
     s = r["serving_summary"].set_index(["load", "caching"])
     assert list(s.index) == [("poisson", "off"), ("poisson", "on"), ("burst", "off"), ("burst", "on")]
     assert (s["status"] == "ok").all() and s.loc[("burst", "on"), "n_repeats"] == 2
-    assert s.loc[("poisson", "on"), "n_repeats"] == 3 and "burst:" in report.serving_sentence(r)
+    said = report.serving_sentence(r)  # the burst medians are over the 2 repeats that ran it, and say so
+    assert s.loc[("poisson", "on"), "n_repeats"] == 3 and "poisson (over" not in said
+    assert "burst (over 2 of the 3 repeats, the ones that ran it):" in said
     gaps = report.serving_gaps(r)
     assert "burst, caching off: 2 of 3 repeats ran it (repeat 0: skipped: time budget)" in gaps
     assert "poisson" not in gaps and "repeats" in report.serving_view(r).columns

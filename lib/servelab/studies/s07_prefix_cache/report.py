@@ -249,8 +249,11 @@ def serving_sentence(r: Study7Page) -> str:
         if (load, "off") not in s.index or (load, "on") not in s.index:
             continue
         off, on = s.loc[(load, "off")], s.loc[(load, "on")]
+        # a load some repeats skipped (their time budget) is the median over those that ran: say how many
+        ran, total = int(min(off.get("n_repeats", 0), on.get("n_repeats", 0))), len(r.runs.repeats)
+        over = f" (over {ran} of the {total} repeats, the ones that ran it)" if 0 < ran < total else ""
         parts.append(
-            f"{load}: median TTFT {off.ttft_p50_ms:.1f} → {on.ttft_p50_ms:.1f} ms "
+            f"{load}{over}: median TTFT {off.ttft_p50_ms:.1f} → {on.ttft_p50_ms:.1f} ms "
             f"({off.ttft_p50_ms / on.ttft_p50_ms:.1f}×), p99 {off.ttft_p99_ms:.1f} → {on.ttft_p99_ms:.1f} ms, "
             f"output throughput {off.throughput_tok_s:,.0f} → {on.throughput_tok_s:,.0f} tokens/s, "
             f"hit rate {on.hit_rate_engine:.1%} (/metrics read {on.hit_rate_metrics:.1%}; "
