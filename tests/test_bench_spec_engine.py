@@ -13,20 +13,25 @@ import pandas as pd
 from servelab.paths import REPO_ROOT
 
 
-def test_a_cpu_run_writes_every_row_and_the_device_record(tmp_path):
-    out = tmp_path / "spec_engine.csv"
+def bench(out, *args, **env) -> None:
+    """The bench on a CPU with tiny-llama as target and draft, writing ``out``: it exits 0 and warns of nothing (a
+    warning says the controlled runs left the plain engine's tokens)."""
     script = REPO_ROOT / "scripts" / "bench_spec_engine.py"
-    args = ["--target", "config:tiny-llama", "--draft", "config:tiny-llama", "--device", "cpu", "--new", "10"]
-    args.append("--profile")
+    tiny = ["--target", "config:tiny-llama", "--draft", "config:tiny-llama", "--device", "cpu"]
     run = subprocess.run(
-        [sys.executable, str(script), *args, "--batch", "1", "3", "--alpha", "0.5", "1.0", "--out", str(out)],
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT / "lib"), "OMP_NUM_THREADS": "1"},
+        [sys.executable, str(script), *tiny, *args, "--out", str(out)],
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT / "lib"), "OMP_NUM_THREADS": "1", **env},
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert run.returncode == 0, run.stderr[-3000:]
     assert "warning" not in run.stdout
+
+
+def test_a_cpu_run_writes_every_row_and_the_device_record(tmp_path):
+    out = tmp_path / "spec_engine.csv"
+    bench(out, "--new", "10", "--profile", "--batch", "1", "3", "--alpha", "0.5", "1.0")
     table = pd.read_csv(out)
     for b in (1, 3):
         rows = table[table["batch"] == b]
@@ -48,19 +53,8 @@ def test_a_cpu_run_with_the_draft_through_small_linear_runs_through_and_says_so(
     small_linear's kernels (after its runner compiled and captured), and the record says the draft's blocks were the
     small path's. Whether that path gives HF's tokens is ``tests/test_small_batch_blocks.py``'s question."""
     out = tmp_path / "spec_engine.csv"
-    script = REPO_ROOT / "scripts" / "bench_spec_engine.py"
-    args = ["--target", "config:tiny-llama", "--draft", "config:tiny-llama", "--device", "cpu", "--new", "4"]
-    args += ["--gamma", "2", "--prompt", "16"]
-    args += ["--draft-small-linear", "--batch", "1", "--alpha", "1.0", "--out", str(out)]
-    run = subprocess.run(
-        [sys.executable, str(script), *args],
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT / "lib"), "OMP_NUM_THREADS": "1", "TRITON_INTERPRET": "1"},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert "warning" not in run.stdout
+    args = ["--new", "4", "--gamma", "2", "--prompt", "16", "--draft-small-linear", "--batch", "1", "--alpha", "1.0"]
+    bench(out, *args, TRITON_INTERPRET="1")
     table = pd.read_csv(out)
     assert table[(table["what"] == "acceptance")]["value"].iloc[0] == 1.0
     record = json.loads(out.with_suffix(".device.json").read_text())
