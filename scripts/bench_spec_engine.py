@@ -196,9 +196,9 @@ def main() -> None:
     ap.add_argument(
         "--draft-rounds",
         choices=["graph", "steps"],
-        default="graph",
-        help="a greedy round's draft steps after the first in one captured graph (engine.draft_rounds, the mode's "
-        "default on CUDA), or each in its own decode graph, as before it",
+        default="steps",
+        help="each of a greedy round's draft steps in its own decode graph (the mode's default), or the steps after "
+        "the first in one captured graph (engine.draft_rounds)",
     )
     ap.add_argument(
         "--draft-small-linear",
@@ -241,11 +241,13 @@ def main() -> None:
 
     plain = Engine.from_hf(hf, cfg)
     spec = SpeculativeEngine.from_hf(
-        hf, cfg, speculative=SpeculativeConfig("draft_model", args.gamma, args.draft), draft=draft
+        hf,
+        cfg,
+        speculative=SpeculativeConfig("draft_model", args.gamma, args.draft),
+        draft=draft,
+        round_graph=args.draft_rounds == "graph",
     )
     del hf
-    if args.draft_rounds == "steps":
-        spec.draft.rounds = None
     for b in args.batch:
         prompts = [torch.randint(3, vocab, (args.prompt,), generator=g).tolist() for _ in range(b)]
         run(plain, prompts, 8)  # warm-up: compile caches, graphs, allocator

@@ -94,7 +94,9 @@ def test_on_the_gpu_a_captured_round_gives_the_step_by_step_drafts():
     cfg = EngineConfig(block_size=16, num_blocks=256, max_model_len=256, max_num_seqs=8)
     plain = Engine.from_hf(hf, cfg).generate(prompts, GREEDY)
     spec = SpeculativeConfig("draft_model", 4, "(given)")
-    e = SpeculativeEngine.from_hf(hf, cfg, speculative=spec, draft=native_from_hf(hf, max_positions=256))
+    draft = native_from_hf(hf, max_positions=256)
+    assert SpeculativeEngine.from_hf(hf, cfg, speculative=spec, draft=draft).draft.rounds is None  # off by default
+    e = SpeculativeEngine.from_hf(hf, cfg, speculative=spec, draft=draft, round_graph=True)
     assert e.draft.rounds is not None and e.draft.rounds.graphs and e.draft.rounds.steps == 3
     assert e.generate(prompts, GREEDY) == plain
     s = e.spec_stats

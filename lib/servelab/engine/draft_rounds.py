@@ -8,9 +8,11 @@ graph. Every input of those steps is known when the round starts (each row's pos
 each step's tokens are the argmax of the step before, so the whole chain fits one graph: the inputs of all
 ``steps`` go over in one copy, and the graph feeds each step's tokens to the next on the device.
 
-Measured (``spec_engine_rounds_*_01a6b16``, H100): two launches a round instead of 3.9, but the same time (3.605
-against 3.641 ms at batch 1, 5.14 against 5.00 at batch 8, one run each): the idle time lies between the round's
-kernels inside the graphs, not on the host between them. What cuts it is fewer kernels (``models.small_batch``).
+Measured (``spec_engine_rounds_*_{01a6b16,3f5a130}``, H100, two processes each): two launches a round instead of
+3.9, but not less time (3.605 and 3.817 against 3.641 and 3.672 ms at batch 1, 5.14 and 5.08 against 5.00 and 5.02
+at batch 8): the idle time lies between the round's kernels inside the graphs, not on the host between them. What
+cuts it is fewer kernels (``models.small_batch``). So the speculative mode captures it only when asked
+(``SpeculativeEngine(round_graph=True)``); the step-by-step rounds stay the default.
 
 A round graph of ``steps`` decode steps per (batch, block-width) bucket, as ``DecodeGraphs`` buckets one step (it
 is one, with a longer forward): per step, that step's inputs from the staged ``[steps, 5, B]``, the token ids

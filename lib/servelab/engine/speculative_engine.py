@@ -59,9 +59,22 @@ from servelab.speculative.stats import SpecDecodeStats
 
 
 class SpeculativeEngine(Engine):
-    def __init__(self, model, config: EngineConfig | None = None, *, speculative: SpeculativeConfig, draft=None, **kw):
+    def __init__(
+        self,
+        model,
+        config: EngineConfig | None = None,
+        *,
+        speculative: SpeculativeConfig,
+        draft=None,
+        round_graph: bool = False,
+        **kw,
+    ):
         """``draft``: the draft model (the project's model code, e.g. from ``models.native``) when ``speculative``
-        names one; its vocabulary must be the target's."""
+        names one; its vocabulary must be the target's. ``round_graph``: chain a greedy round's draft steps after
+        the first in one captured graph (``draft_rounds``). Off by default because it measured no faster: on an
+        H100 it halves a round's graph launches, yet the round took 3.61/3.82 ms against 3.64/3.67 step by step at
+        batch 1 and 5.14/5.08 against 5.00/5.02 ms at batch 8, in two processes each
+        (data/dev/nvidia-h100/2026-12-06/spec_engine_rounds_*)."""
         if not isinstance(speculative, SpeculativeConfig):
             raise ParameterError(f"speculative must be a SpeculativeConfig, got {speculative!r}")
         if (speculative.method == "draft_model") != (draft is not None):
@@ -98,7 +111,7 @@ class SpeculativeEngine(Engine):
                 prefix_caching=cfg.prefix_caching,
                 prefix_eviction=cfg.prefix_eviction,
             )
-            if self.draft.num_graphs:  # a greedy round's steps after the first in one graph (draft_rounds)
+            if round_graph and self.draft.num_graphs:
                 self.draft.capture_rounds(self.gamma - 1)
 
     def set_gamma(self, gamma: int) -> None:
