@@ -13,7 +13,7 @@ from servelab.measure.device import DeviceRecord
 from servelab.measure.fingerprint import Fingerprint, closure, fingerprint
 from servelab.measure.results import StudyResults
 from servelab.studies.common import campaign
-from servelab.studies.common.findings import Finding
+from servelab.studies.common.findings import Finding, repeat_label, repeat_name, repeats_name
 from servelab.studies.common.runs import RunSet, combine, pool_repeats, study_runs
 
 MEASURING = "servelab.studies.s02_gpu_costs.measure"
@@ -183,10 +183,22 @@ def test_a_repeat_too_thin_for_its_rule_leaves_the_others_number_standing():
     got = combine([[worded("changes", -1.0)], [worded("changes", -0.5)], [worded("inconclusive", None)]])[0]
     assert got.verdict == "inconclusive" and got.repeat_verdicts == "changes;changes;inconclusive"
     assert got.measured_value != "not measured" and got.headline == -0.75 and got.repeats == 2
-    assert got.spread == "-1 to -0.5" and "repeat 3: its data was too thin" in got.note
+    assert got.spread == "-1 to -0.5" and "[repeat 3 of 3: its data was too thin for its rule" in got.note
     assert "over the 2 repeats that measured it" in got.note
     none = combine([[worded("inconclusive", None)] for _ in range(3)])[0]
     assert none.verdict == "inconclusive" and none.measured_value == "not measured" and none.spread == ""
+    assert "[repeats 1, 2 and 3 of 3: their data were too thin for their rule]" in none.note
+
+
+def test_a_page_names_a_repeat_by_its_place_as_the_labels_do_not_by_its_data_id(tmp_path):
+    # the data keep 0-based ids (``r0``); a list that printed "repeat 2" sat beside a label "[repeat 3 of 3]"
+    assert repeat_name(0, 3) == "repeat 1 of 3" and repeat_label(2, 3) == f"[{repeat_name(2, 3)}] "
+    assert repeats_name([0, 2], 3) == "repeats 1 and 3 of 3" and repeats_name([1], 2) == "repeat 2 of 2"
+    for rep in (1, 2, 4):  # a repeat id no run kept (r0, r3) is no place of its own
+        _run(tmp_path, "02_gpu_costs", fingerprint(MEASURING).digest, "all", rep, steps=pd.DataFrame({"v": [rep]}))
+    runs = study_runs("02_gpu_costs", tmp_path)
+    assert runs.repeat_name(1) == "repeat 1 of 3" and runs.repeat_name(4) == "repeat 3 of 3"
+    assert runs.repeats_name([1, 4]) == "repeats 1 and 3 of 3"
 
 
 def test_a_claim_is_judged_only_by_repeats_that_measured_the_parts_its_rule_reads(tmp_path):

@@ -108,7 +108,7 @@ def test_a_server_run_one_repeat_skipped_is_pooled_over_the_repeats_that_ran_it(
     assert s.loc[("poisson", "on"), "n_repeats"] == 3 and "poisson (over" not in said
     assert "burst (over 2 of the 3 repeats, the ones that ran it):" in said
     gaps = report.serving_gaps(r)
-    assert "burst, caching off: 2 of 3 repeats ran it (repeat 0: skipped: time budget)" in gaps
+    assert "burst, caching off: 2 of 3 repeats ran it (repeat 1 of 3: skipped: time budget)" in gaps
     assert "poisson" not in gaps and "repeats" in report.serving_view(r).columns
     every = report.report(study_runs(STUDY, write_runs(tmp_path / "all", STUDY, RAW)))
     assert report.serving_gaps(every) == ""

@@ -3,10 +3,12 @@ requests out of the point (they were never sent), and the page says how many; a 
 different rates says so."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from servelab.studies.common.runs import Run, RunSet
 from servelab.studies.s01_scheduling import report
 from servelab.studies.s01_scheduling.capacity import capacity_table
 from servelab.studies.s01_scheduling.summary import offered, summary_table
@@ -50,9 +52,10 @@ def test_a_request_sent_before_the_deadline_and_cut_there_still_counts_as_cut():
 
 def test_the_page_lists_each_point_with_late_requests_and_says_nothing_without_any():
     late = pd.DataFrame([{**HEAD, "repeat": 0, "requests": 44, "not_offered": 2}])
-    text = report.not_offered_lines(late)
+    runs = RunSet("01_scheduling", tuple(Run(Path(f"r{k}"), {"repeat_index": k}) for k in (0, 1, 2)))
+    text = report.not_offered_lines(report.named_repeats(late, runs))
     assert text.startswith("2 requests of 1 points' traces arrived after their run's deadline")
-    assert "repeat 0: llama-3-8b, eager_cont_batch, rate sweep at 1.00 req/s: 2 of 46" in text
+    assert "repeat 1 of 3: llama-3-8b, eager_cont_batch, rate sweep at 1.00 req/s: 2 of 46" in text
     assert report.not_offered_lines(late.iloc[0:0]) == ""
 
 

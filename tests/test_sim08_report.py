@@ -181,3 +181,34 @@ def test_f23_not_measured_is_the_seed_claim_read_inconclusive():
 
     f = f23_not_measured("no run")
     assert f.id == "F2.3" and f.verdict == "inconclusive" and "no run" in f.note
+
+
+def test_the_repeats_of_study_1_are_named_as_its_page_names_them():
+    # Study 1's page labels its repeats "repeat k of n"; this note printed their 0-based data ids ("repeat 0")
+    from types import SimpleNamespace
+
+    from servelab.studies.common.runs import Run
+    from servelab.studies.s01_scheduling.measure import PARTS
+
+    def runs(parts_by_repeat):
+        got = [Run(Path(f"r{k}"), {"repeat_index": k, "part": p, "fingerprint": "fp"})
+               for k, parts in parts_by_repeat.items() for p in parts]  # fmt: skip
+        return RunSet("01_scheduling", tuple(got))
+
+    every = runs({0: PARTS, 1: PARTS, 2: list(PARTS)[:1]})
+    whole = runs({0: PARTS, 1: PARTS})
+    said = report._repeats_note(SimpleNamespace(repeat=0), whole, every)
+    assert said.startswith(f"Study 1 has 3 repeats, 2 of them with every part (repeat 3 of 3 lacks {list(PARTS)[1]}")
+    assert said.endswith("against repeat 1 of 3, and judges F2.3 on each of repeats 1 and 2 of 3.")
+
+
+def test_the_calibration_table_names_study_2s_fit_in_words_not_by_its_file_stem():
+    calib = pd.DataFrame(
+        {"model": ["config:qwen2-0.5b", "config:llama-3-8b"],
+         "gpu_source": ["Study 2: cost_model_config_qwen2-0.5b_hf_cuda_graph (fitted from its steps) + 1 µs per cached "
+                        "token a chunk reads", "step log (calibration runs)"]}
+    )  # fmt: skip
+    cells = sections.calibration_view(calib)["GPU terms"].tolist()
+    assert cells[0] == ("fitted to Study 2's timed steps of config:qwen2-0.5b (hf_cuda_graph mode) + 1 µs per cached "
+                        "token a chunk reads")  # fmt: skip
+    assert cells[1] == "step log (calibration runs)" and "cost_model_" not in cells[0]

@@ -289,6 +289,7 @@ def test_a_campaigns_repeats_register_one_seed_each_and_none_used_before(tree):
     t, _ = tree
     rows = heldout.register("fresh_run_1", **kw(t), repeats=3)
     assert [r["seed"] for r in rows] == [23, 24, 25] and {r["event"] for r in rows} == {"registered"}
+    assert rows[2]["note"].endswith("; the campaign's repeat 3 of 3, data id r2 (spec seed + 2)")
     write_spec(t, "near_dev", -2, [0.55])  # seeds -2, -1, 0: the last is the development runs'
     with pytest.raises(ParameterError, match="seed 0 was used"):
         heldout.register("near_dev", **kw(t), repeats=3)
@@ -336,6 +337,7 @@ def test_the_campaigns_repeats_are_each_evaluated_once(tree):
     runs = study_runs("08_simulator", t / "results", device="test-dev")
     rows = heldout.report_campaign("fresh_run_1", runs, **kw(t))
     assert [r["seed"] for r in rows] == [23, 24] and all(r["runs"] == 4 for r in rows)
+    assert rows[1]["note"].startswith("the campaign's repeat with data id r1 (fresh_m), run at")
     assert all(0 < r["median_abs_error_pct"] < 15 for r in rows)
     assert heldout.report_campaign("fresh_run_1", runs, **kw(t)) == []  # once: nothing is evaluated again
     book = ledger.read(t / "validation" / "ledger.csv")

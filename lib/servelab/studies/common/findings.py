@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from servelab.measure.results import VERDICTS
@@ -27,9 +28,24 @@ NOT_MEASURED = "not measured"  # measured_value of a claim with no data
 _REPEAT_LABEL = re.compile(r"^\[repeat \d+ of \d+\] ")
 
 
+def repeat_name(k: int, n: int) -> str:
+    """How a page names repeat ``k`` (0-based: its place in run order) of ``n``: "repeat 2 of 3". The data keep
+    the 0-based ids (the ``repeat`` column, the ``r<k>`` folders); a reader saw "repeat 3 of 3" in a label and
+    "repeat 2" for the same run in a list beside it."""
+    return f"repeat {k + 1} of {n}"
+
+
+def repeats_name(ks: Sequence[int], n: int) -> str:
+    """Several repeats (0-based places, in order) of ``n`` as ``repeat_name`` names one: "repeats 1 and 3 of 3"."""
+    if len(ks) == 1:
+        return repeat_name(ks[0], n)
+    said = [str(k + 1) for k in ks]
+    return f"repeats {', '.join(said[:-1])} and {said[-1]} of {n}"
+
+
 def repeat_label(k: int, n: int) -> str:
     """The label of a value that is repeat ``k``'s (0-based) of ``n``: "[repeat 2 of 3] "."""
-    return f"[repeat {k + 1} of {n}] "
+    return f"[{repeat_name(k, n)}] "
 
 
 def split_repeat_label(value: str) -> tuple[str, str]:

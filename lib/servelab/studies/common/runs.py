@@ -24,7 +24,7 @@ import pandas as pd
 
 from servelab.measure.fingerprint import Fingerprint, fingerprint
 from servelab.measure.results import RUNS, results_root
-from servelab.studies.common.findings import Finding, not_measured, repeat_label
+from servelab.studies.common.findings import Finding, not_measured, repeat_label, repeat_name, repeats_name
 from servelab.studies.common.repeats import INCONCLUSIVE, MIN_REPEATS, combine_repeats
 
 BOOK_DEVICE = "h200"  # the book's runs: device folders whose slug contains it
@@ -177,6 +177,15 @@ class RunSet:
 
     def per_repeat(self) -> list[RunSet]:
         return [self.repeat(i) for i in self.repeats]
+
+    def repeat_name(self, index: int) -> str:
+        """How a page names the repeat whose data id (its runs' ``repeat_index``) is ``index``: by its place among
+        these repeats, as the findings' labels do ("repeat 1 of 3" for ``r0``)."""
+        return repeat_name(self.repeats.index(int(index)), len(self.repeats))
+
+    def repeats_name(self, indices: Iterable[int]) -> str:
+        """Several repeats by their data ids, as ``repeat_name`` names one: "repeats 1 and 2 of 3"."""
+        return repeats_name([self.repeats.index(int(i)) for i in indices], len(self.repeats))
 
     def part(self, name: str) -> RunSet:
         return replace(self, runs=tuple(r for r in self.runs if r.part == name))
@@ -382,7 +391,7 @@ def _name_text_repeat(merged: Finding, slots: Sequence[Finding | None]) -> Findi
         return merged
     present = [(k, f) for k, f in enumerate(slots) if f is not None]
     k, chosen = present[merged.text_repeat]
-    which = f"repeat {k + 1} of {len(slots)}"
+    which = repeat_name(k, len(slots))
     note, measured = merged.note, merged.measured_value
     if len({f.note for _, f in present}) > 1:
         how = ", the one nearest the median" if merged.headline is not None else ""
@@ -414,12 +423,12 @@ def combine(per_repeat: Sequence[Sequence[Finding]], *, min_repeats: int = MIN_R
         merged = _name_text_repeat(_merge(present, said), by_id[fid])
         verdict, why = merged.verdict, ""
         if INCONCLUSIVE in said:
-            thin = [str(i + 1) for i, v in enumerate(said) if v == INCONCLUSIVE]
+            thin = [i for i, v in enumerate(said) if v == INCONCLUSIVE]
             verdict = INCONCLUSIVE
-            why = (
-                f"repeat {thin[0]}: its data was too thin for its rule"
+            why = repeats_name(thin, len(said)) + (
+                ": its data was too thin for its rule"
                 if len(thin) == 1
-                else f"repeats {', '.join(thin)}: their data were too thin for their rule"
+                else ": their data were too thin for their rule"
             )
             if merged.repeats < len(present):
                 n = merged.repeats

@@ -121,7 +121,7 @@ def report(runs: RunSet) -> Study1Page:
     caps = [capacity_of(s).assign(repeat=k) for k, s in by_repeat.items() if not s.empty]
     summary = pd.concat(summaries, ignore_index=True) if summaries else pd.DataFrame()
     capacity = pd.concat(caps, ignore_index=True) if caps else pd.DataFrame()
-    stalls = with_point_stall(host_stalls(runs.table("steps")), summary)
+    stalls = named_repeats(with_point_stall(host_stalls(runs.table("steps")), summary), runs)
     findings, per_model = with_models_over_repeats(findings, runs, by_repeat, stalls)
     first = runs.repeat(runs.repeats[0])
     per_req = metrics[metrics["repeat"] == runs.repeats[0]] if "repeat" in metrics else metrics
@@ -134,12 +134,20 @@ def report(runs: RunSet) -> Study1Page:
         _with_setting(per_req.reset_index(drop=True)),
         first.table("steps"),
         first.table("probes"),
-        skipped_points(points),
+        named_repeats(skipped_points(points), runs),
         dict(runs.params),
         stalls,
-        late.reset_index(drop=True),
+        named_repeats(late.reset_index(drop=True), runs),
         per_model,
     )
+
+
+def named_repeats(table: pd.DataFrame, runs: RunSet) -> pd.DataFrame:
+    """``table`` with ``repeat_name``: how the page names each row's repeat ("repeat 1 of 3", as the findings'
+    labels do, not by the data's 0-based ``repeat`` id, which stays as it is)."""
+    if "repeat" not in table:
+        return table
+    return table.assign(repeat_name=[runs.repeat_name(k) for k in table["repeat"]])
 
 
 def with_models_over_repeats(
@@ -191,23 +199,19 @@ def paired_host_stalls(stalls: pd.DataFrame, summary: pd.DataFrame, repeat, budg
     return s.merge(pairs, on=["model", "rate_fraction"])
 
 
-ORDINALS = ("first", "second", "third", "fourth", "fifth")
-
-
 def held_up_sentence(claim: list[dict[str, str]], held: list[pd.DataFrame]) -> str:
     """For a model whose repeats disagree (``verdicts.split_models`` of one claim's per-model verdicts, in run
     order): each repeat in which a step held up on the host set a judged point's worst stall (``held``, that repeat's
-    ``paired_host_stalls``), as a sentence, or ""."""
+    ``paired_host_stalls`` of the ``named_repeats`` stalls), as a sentence, or ""."""
     split = set(verdicts.split_models(claim))
     lines = []
-    for i, (said, steps) in enumerate(zip(claim, held, strict=True)):
+    for said, steps in zip(claim, held, strict=True):
         for _, r in steps.iterrows():
             name = verdicts.short(r["model"])
             if name not in split:
                 continue
-            nth = ORDINALS[i] if i < len(ORDINALS) else f"{i + 1}th"
             lines.append(
-                f"{name} {said[name]} in the {nth} repeat (repeat {r['repeat']} under *Steps held up on the host*), "
+                f"{name} {said[name]} in {r['repeat_name']} (listed under *Steps held up on the host*), "
                 f"where {_shown(r)}'s worst stall at rate fraction {r['rate_fraction']:g}, {r['point_stall_ms']:.1f} "
                 f"ms, is set by one step held {r['host_ms']:.0f} ms on the host"
             )
@@ -225,8 +229,8 @@ def with_point_stall(stalls: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFram
 
 
 def host_stall_lines(stalls: pd.DataFrame) -> str:
-    """One line per step held up on the host (``host_stalls``), with its point's worst stall in that repeat, or
-    that there was none."""
+    """One line per step held up on the host (``host_stalls``, ``named_repeats``), with its point's worst stall in
+    that repeat, or that there was none."""
     if stalls.empty:
         return f"No step of any repeat spent {HOST_STALL_MS:.0f} ms or more on the host."
     lines = []
@@ -241,7 +245,7 @@ def host_stall_lines(stalls: pd.DataFrame) -> str:
         gc_ms = r.get("gc_ms")
         collector = f" ({gc_ms:.0f} ms of it in Python's garbage collector)" if pd.notna(gc_ms) else ""
         lines.append(
-            f"repeat {r['repeat']}: {model_name(r['model'])}, {_name(r['scheduler'], r['budget'])}, {r['sweep']} sweep"
+            f"{r['repeat_name']}: {model_name(r['model'])}, {_name(r['scheduler'], r['budget'])}, {r['sweep']} sweep"
             f" at rate fraction {r['rate_fraction']:g}: a {kind} step ({r['prefill_tokens']:.0f} prefill and "
             f"{r['decode_tokens']:.0f} decode tokens) took {r['step_ms']:.0f} ms, {r['host_ms']:.0f} ms of it on the "
             f"host{collector}, where that setting's {kind} steps usually spend {r['usual_host_ms']:.2f} ms{sets}"
@@ -476,13 +480,13 @@ def shortfall_lines(summary: pd.DataFrame) -> str:
 
 
 def not_offered_lines(late: pd.DataFrame) -> str:
-    """The points whose trace ran past the run's deadline (``summary.offered``): how many requests each left out,
-    or "" where none did."""
+    """The points whose trace ran past the run's deadline (``summary.offered``, ``named_repeats``): how many requests
+    each left out, or "" where none did."""
     if late.empty:
         return ""
     n = int(late["not_offered"].sum())
     lines = [
-        f"repeat {r['repeat']}: {model_name(r['model'])}, {_setting(r)}, {r['sweep']} sweep at {r['rate']:.2f} req/s: "
+        f"{r['repeat_name']}: {model_name(r['model'])}, {_setting(r)}, {r['sweep']} sweep at {r['rate']:.2f} req/s: "
         f"{r['not_offered']:.0f} of {r['requests'] + r['not_offered']:.0f}"
         for _, r in late.iterrows()
     ]
@@ -496,11 +500,12 @@ def not_offered_lines(late: pd.DataFrame) -> str:
 
 
 def skipped_lines(skipped: pd.DataFrame) -> str:
-    """The points a run planned and did not measure, or that every planned point was measured."""
+    """The points a run planned and did not measure (``named_repeats``), or that every planned point was
+    measured."""
     if skipped.empty:
         return "Every planned point was measured."
     lines = [
-        f"repeat {r['repeat']}: {model_name(r['model'])}, {_setting(r)}, {r['sweep']} sweep at rate fraction "
+        f"{r['repeat_name']}: {model_name(r['model'])}, {_setting(r)}, {r['sweep']} sweep at rate fraction "
         f"{r['rate_fraction']:g}: {r['status']}"
         for _, r in skipped.iterrows()
     ]

@@ -114,7 +114,7 @@ def serving_gaps(r: Study7Page) -> str:
     for (load, caching), g in raw.groupby(["load", "caching"], sort=False):
         bad = g[g["status"] != "ok"]
         if len(bad):
-            why = "; ".join(f"repeat {int(b.repeat)}: {b.status}" for b in bad.itertuples())
+            why = "; ".join(f"{r.runs.repeat_name(b.repeat)}: {b.status}" for b in bad.itertuples())
             lines.append(f"{load}, caching {caching}: {len(g) - len(bad)} of {len(g)} repeats ran it ({why})")
     return ("Server runs not completed in every repeat (the table's medians are over the repeats that ran them): "
             + "; ".join(lines) + ".") if lines else ""  # fmt: skip

@@ -7,6 +7,7 @@
 - ``prefix_routing.py``: routers over replicas that keep prefix caches;
 - ``speed.py``: simulated requests per second of wall time;
 - ``freeze.py``, ``ledger.py``, ``heldout.py``: the frozen cost model and fresh runs each evaluated once;
-- ``page.py``: the page's sections, one call each; ``takeaways.py``: its takeaway sentences;
+- ``page.py``: the page's sections, one call each; ``takeaways.py``: its takeaway sentences; ``source_words.py``:
+  where a model's GPU terms come from, in words;
 - ``params.py``, ``verdicts.py`` (F2.3), ``plots.py``.
 """

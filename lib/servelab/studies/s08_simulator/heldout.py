@@ -36,6 +36,7 @@ from servelab.errors import ParameterError
 from servelab.loadgen.metrics import summarize
 from servelab.measure.results import git_commit
 from servelab.paths import REPO_ROOT
+from servelab.studies.common.findings import repeat_name
 from servelab.studies.common.page import md_cell
 from servelab.studies.s08_simulator import freeze_record, ledger, sources, study1_runs, validation
 
@@ -125,7 +126,7 @@ def register(
             "seed": spec["seed"] + k,
             "rate_fractions": [float(x) for x in spec["rate_fractions"]],
             "note": f"spec sha256 {ledger.file_sha256(spec_path(run_id, root))}"
-            + (f"; the campaign's repeat {k} (spec seed + {k})" if repeats > 1 else ""),
+            + (f"; the campaign's {repeat_name(k, repeats)}, data id r{k} (spec seed + {k})" if repeats > 1 else ""),
         }
         ledger.append(root / freeze_record.LEDGER_FILE, row)
         rows.append(row)
@@ -287,7 +288,7 @@ def campaign_repeats(runs) -> list[dict]:
 def _check_repeat(run_id: str, c: dict, at: pd.DataFrame, rec: dict, spec: dict, book: pd.DataFrame) -> None:
     """One campaign repeat of a fresh run, refused unless fresh: its seed's registration (``at``) came before it,
     it ran the frozen code and its spec's rate fractions, and its data was never used."""
-    what = f"{run_id!r} repeat {c['repeat']} (seed {c['seed']})"
+    what = f"{run_id!r}'s repeat with data id r{c['repeat']} (seed {c['seed']})"
     if not len(at):
         raise ParameterError(f"{what} was not registered")
     if _utc(c["started_utc"] or "1970-01-01T00:00:00+00:00") < _utc(at["utc"].iat[0]):
@@ -346,7 +347,8 @@ def report_campaign(
             "rate_fractions": [float(x) for x in spec["rate_fractions"]],
             "runs": len(table.drop_duplicates(subset=validation.RUN_KEYS)),
             "median_abs_error_pct": float(table["error_pct"].abs().median()),
-            "note": f"the campaign's repeat {c['repeat']} ({', '.join(c['parts'])}), run at {c['commit'][:12]}",
+            "note": f"the campaign's repeat with data id r{c['repeat']} ({', '.join(c['parts'])}), run at "
+            f"{c['commit'][:12]}",
         }
         ledger.append(root / freeze_record.LEDGER_FILE, row)
         rows.append(row)

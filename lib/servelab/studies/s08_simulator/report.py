@@ -97,6 +97,7 @@ class Study8Page:
     f23: Finding | None = None
     notes: list[str] = field(default_factory=list)  # what a part could not do, and why
     study7: object = None  # study7_runs.Study7Runs, when its runs could be replayed
+    s7_repeat: str = ""  # how Study 7's page names the repeat replayed ("repeat 2 of 3")
     s7_cost: dict | None = None
     s7_runs: dict | None = None
     context: dict = field(default_factory=dict)
@@ -186,11 +187,6 @@ def _real_runs(r: Study8Page, s1runs: RunSet) -> sources.Study1 | None:
     return s1
 
 
-def _listing(items) -> str:
-    items = [str(x) for x in items]
-    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
-
-
 def _repeats_note(s1: sources.Study1, whole: RunSet, every: RunSet) -> str:
     """Which of Study 1's repeats the simulator reads, where it has several: Study 1's page counts every repeat,
     the simulator only those with every part (``sources.study1_runs``), so the two counts differ while a repeat
@@ -198,14 +194,16 @@ def _repeats_note(s1: sources.Study1, whole: RunSet, every: RunSet) -> str:
     from servelab.studies.s01_scheduling.measure import PARTS
 
     n = len(whole.repeats)
-    uses = f"the simulator calibrates on and validates against repeat {s1.repeat}, and judges F2.3 on " + (
-        f"each of repeats {_listing(whole.repeats)}" if n > 1 else "that repeat alone"
+    # named as Study 1's page names them, by place among all its repeats, where the two read the same runs
+    named = every if every.fingerprint == whole.fingerprint else whole
+    uses = f"the simulator calibrates on and validates against {named.repeat_name(s1.repeat)}, and judges F2.3 on " + (
+        f"each of {named.repeats_name(whole.repeats)}" if n > 1 else "that repeat alone"
     )
-    partial = [k for k in every.repeats if k not in whole.repeats] if every.fingerprint == whole.fingerprint else []
+    partial = [k for k in every.repeats if k not in whole.repeats] if named is every else []
     if not partial:
         return f"Study 1 has {n} repeats, each with every part: {uses}." if n > 1 else ""
     lacks = "; ".join(
-        f"repeat {k} lacks {', '.join(p for p in PARTS if p not in every.repeat(k).parts)}" for k in partial
+        f"{every.repeat_name(k)} lacks {', '.join(p for p in PARTS if p not in every.repeat(k).parts)}" for k in partial
     )
     return f"Study 1 has {len(every.repeats)} repeats, {n} of them with every part ({lacks}): {uses}."
 
@@ -303,6 +301,7 @@ def _study7_check(r: Study8Page, root) -> None:
         r.notes.append(f"Study 7's model {study7.params.get('model')} has no calibrated cost model here: no check.")
         return
     r.study7, r.s7_cost, params = study7, s7_cost, study7.params
+    r.s7_repeat = sources.runs_of(sources.STUDY7, root).repeat_name(study7.repeat)
     without = r.fitted_by_terms.get("neither", {}).get(params["model"], {}).get("gpu+overheads")
     costs = {"with both": s7_cost["gpu+overheads"]}
     if without is not None:

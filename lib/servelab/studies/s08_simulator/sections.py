@@ -10,6 +10,7 @@ from servelab.studies.common.page import finding_sentence, show, takeaway_list
 from servelab.studies.common.tested_on import model_name
 from servelab.studies.s08_simulator import heldout, plots
 from servelab.studies.s08_simulator import takeaways as tk
+from servelab.studies.s08_simulator.source_words import gpu_source_words
 
 NOT_MEASURED = "*Not measured.*"
 
@@ -114,6 +115,9 @@ CALIBRATION_COLUMNS = {
 
 def calibration_view(calib: pd.DataFrame) -> pd.DataFrame:
     """The calibration per model (``CALIBRATION_COLUMNS`` it has): errors to 0.1 %, times to 0.01 ms."""
+    if "gpu_source" in calib.columns:
+        words = [gpu_source_words(str(m), str(s)) for m, s in zip(calib["model"], calib["gpu_source"], strict=True)]
+        calib = calib.assign(gpu_source=words)
     keep = [c for c in CALIBRATION_COLUMNS if c in calib.columns]
     digits = {c: 1 if "_pct" in c else 2 for c in keep}
     return named(calib[keep]).round(digits).rename(columns=CALIBRATION_COLUMNS)

@@ -12,6 +12,7 @@ from servelab.studies.common.page import takeaway_list
 from servelab.studies.common.tested_on import model_name
 from servelab.studies.s08_simulator import context_reads as cr
 from servelab.studies.s08_simulator.plots import GOAL_PCT
+from servelab.studies.s08_simulator.source_words import gpu_source_words
 from servelab.studies.s08_simulator.verdicts import median_abs_error
 
 __all__ = ["takeaway_list", "headline"]
@@ -170,7 +171,7 @@ def study7_setup(r) -> str:
         else "in a process of its own"
     )
     return (
-        f"Study 7's repeat {s7.repeat} (the first whose server runs all completed), run at "
+        f"Study 7's {r.s7_repeat} (the first whose server runs all completed), run at "
         f"{s7.commit or 'an unrecorded commit'}: the engine {where}; {len(s7.summary)} server runs."
     )
 
@@ -266,8 +267,9 @@ def study7(r) -> str:
 # ---- beyond one GPU --------------------------------------------------------------------------------------------
 def capacity_setup(r) -> str:
     c = r.cap
+    cost = gpu_source_words(c["cost"].gpu.model, c["cost"].source)
     return (
-        f"Cost model: {c['cost'].source}. SLO: p99 TTFT ≤ {c['slo'][0]:.1f} ms, p99 TPOT ≤ {c['slo'][1]:.2f} ms; "
+        f"Cost model: {cost}. SLO: p99 TTFT ≤ {c['slo'][0]:.1f} ms, p99 TPOT ≤ {c['slo'][1]:.2f} ms; "
         f"lengths: {c['lengths'].source}; one replica sustains about {c['one']:.1f} req/s."
     )
 
