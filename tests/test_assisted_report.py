@@ -163,13 +163,32 @@ def test_the_coverage_view_counts_each_length_over_the_pairs_measured_there():
     # tokens beside the target's 9
     from types import SimpleNamespace
 
+    nan = float("nan")  # no repeat measured the pair at that length
     cov = pd.DataFrame(
-        {"method": ["plain", "plain", "own_plain"], "pair": ["t", "d", "t"], "64": [9.0, 9.0, 0.0],
-         "512": [9.0, 0.0, 8.0], "n_repeats": [1, 1, 1]}
+        {"method": ["plain", "plain", "own_plain"], "pair": ["t", "d", "t"], "64": [9.0, 9.0, nan],
+         "512": [9.0, nan, 8.0], "n_repeats": [1, 1, 1]}
     )  # fmt: skip
     out = report.coverage_view(SimpleNamespace(coverage=cov)).set_index("method")
     assert out.loc["plain", "512 tok"] == 9 and out.loc["plain", "pairs"] == 2
     assert out.loc["own_plain", "64 tok"] == 0 and out.loc["own_plain", "512 tok"] == 8
+
+
+def test_the_coverage_counts_the_fewest_prompts_a_repeat_measured_as_the_speedup_table_does():
+    # the median over repeats of 8, 9 and 7 read 8 beside the speedup table's 7 (fewest in a repeat)
+    from types import SimpleNamespace
+
+    def repeat(lookup: int, d: int) -> pd.DataFrame:
+        return pd.DataFrame({"method": ["prompt_lookup", "plain"], "pair": ["t", "d"], 64: [9, 0], 512: [lookup, d]})
+
+    cov = report._pool_coverage([repeat(8, 9), repeat(9, 0), repeat(7, 9)]).set_index(["method", "pair"])
+    assert cov.loc[("prompt_lookup", "t"), 512] == 7 and cov.loc[("prompt_lookup", "t"), "n_repeats"] == 3
+    # a repeat that measured none where the others did counts as 0; a pair no repeat measured there is not a count
+    assert cov.loc[("plain", "d"), 512] == 0 and pd.isna(cov.loc[("plain", "d"), 64])
+    out = report.coverage_view(SimpleNamespace(coverage=cov.reset_index())).set_index("method")
+    assert out.loc["prompt_lookup", "512 tok"] == 7 and out.loc["plain", "512 tok"] == 0
+    caption = report.coverage_caption(SimpleNamespace(min_prompts=8))
+    assert "the fewest any repeat measured" in caption and "prompts (fewest in a repeat)" in caption
+    assert "at least 8 of that repeat's prompts" in caption
 
 
 def test_the_takeaways_name_each_baseline_and_each_repeats_prompts():

@@ -167,6 +167,21 @@ def _pool_speedups(frames: list[pd.DataFrame]) -> pd.DataFrame:
     return pooled.drop(columns="prompts").merge(counts.astype({"prompts": int}).reset_index(), on=keys, how="left")
 
 
+def _pool_coverage(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """Per method, pair and length, the fewest prompts any repeat measured, as the speedup table counts them (their
+    median read 8 prompt-lookup prompts at 512 tokens beside that table's 7, from repeats of 8, 9 and 7); NaN where no
+    repeat measured the pair at that length, so a repeat that measured none where the others did reads 0."""
+    frames = [f for f in frames if not f.empty]
+    if not frames:
+        return pd.DataFrame()
+    d = pd.concat(frames, ignore_index=True)
+    keys = ["method", "pair"]
+    g = d.groupby(keys, sort=False)
+    counts = [k for k in d.columns if k not in keys]
+    fewest = g[counts].min().where(g[counts].max() > 0)
+    return fewest.join(g.size().rename("n_repeats")).reset_index()
+
+
 def _pool_matches(frames: list[pd.DataFrame]) -> pd.DataFrame:
     """Every repeat's runs together, per method and pair: the runs, and the share equal to plain greedy and the mean
     matching prefix over all of them. Medians over repeats of the runs (9) and of the rate (1/8) read "9 runs,
@@ -206,7 +221,7 @@ def report(runs: RunSet) -> Study6Page:
         pairs=_pool([d.pairs for d in per], ["pair", "draft", "target", "length"]),
         costs=_pool([d.costs for d in per], ["model"]),
         seed_costs=_pool([d.seed_costs for d in per], ["pair"]),
-        coverage=_pool(cover, ["method", "pair"]),
+        coverage=_pool_coverage(cover),
         own_vs_engine=_pool_speedups([analysis.own_vs_engine(t) for t in raw_times if not t.empty]),
         own_acceptance=_pool([analysis.own_acceptance(r) for r in raw_runs if "status" in r], ["pair"]),
         match_rates=_pool_matches([analysis.match_rates(r) for r in raw_runs if "matches_plain" in r]),
@@ -360,18 +375,28 @@ def alpha_view(r: Study6Page) -> pd.DataFrame:
     return a[cols].round(3)
 
 
+def coverage_caption(r: Study6Page) -> str:
+    """What the coverage table's numbers are: the fewest prompts in a repeat, as the speedup table's prompts and the
+    rule read them."""
+    return (
+        "**What ran**: prompts per method and output length, the fewest any repeat measured at the method's "
+        'least-measured pair (0: no pair measured there), as the speedup table\'s "prompts (fewest in a repeat)": a '
+        f"point counts in a repeat's verdict only over at least {r.min_prompts} of that repeat's prompts (each "
+        "repeat's counts: its times.csv):"
+    )
+
+
 def coverage_view(r: Study6Page) -> pd.DataFrame:
-    """Per method and output length, the prompts measured at its least-measured pair among those measured at that
-    length (0: none was), and how many pairs it ran: the rule's "prompts per point" at a glance (per pair:
-    coverage.csv). A draft's own plain runs stop at the cost length (they give its decode cost), so a minimum over
-    every pair read 0 plain prompts at 512 tokens beside the target's 9."""
+    """Per method and output length, the fewest prompts any repeat measured at its least-measured pair among those
+    measured at that length (0: none was), and how many pairs it ran: the rule's "prompts per point" at a glance. A
+    draft's own plain runs stop at the cost length (they give its decode cost), so a minimum over every pair read 0
+    plain prompts at 512 tokens beside the target's 9."""
     c = r.coverage.drop(columns=["n_repeats"], errors="ignore")
     if c.empty:
         return c
     counts = [k for k in c.columns if k not in ("method", "pair")]
-    c = c.astype({k: int for k in counts})
     g = c.groupby("method", sort=False)
-    least = g[counts].agg(lambda v: int(v[v > 0].min()) if (v > 0).any() else 0)
+    least = g[counts].agg(lambda v: int(v.min()) if v.notna().any() else 0)
     out = least.join(g["pair"].nunique().rename("pairs")).reset_index()
     return out.rename(columns={k: f"{k} tok" for k in counts})
 
