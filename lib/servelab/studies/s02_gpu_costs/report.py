@@ -16,6 +16,7 @@ from servelab.studies.common.findings import Finding, not_measured
 from servelab.studies.common.page import finding_sentence, takeaway_list
 from servelab.studies.common.published import published_section
 from servelab.studies.common.runs import RunSet, pool_repeats, study_runs
+from servelab.studies.common.study_page import StudyPage
 from servelab.studies.common.tested_on import model_name
 from servelab.studies.s02_gpu_costs import verdicts
 from servelab.studies.s02_gpu_costs.launch_overhead import launch_overhead
@@ -26,9 +27,7 @@ STEP_KEYS = ["model", "mode", "phase", "batch", "new_tokens", "context", "decode
 
 
 @dataclass
-class Study2Page:
-    runs: RunSet
-    findings: list[Finding]
+class Study2Page(StudyPage):
     steps: pd.DataFrame = field(default_factory=pd.DataFrame)  # every step, median over repeats
     ceilings: object = None  # servelab.measure.Ceilings of the first run
     kernel_profile: pd.DataFrame = field(default_factory=pd.DataFrame)
@@ -39,10 +38,6 @@ class Study2Page:
     heldout: pd.DataFrame = field(default_factory=pd.DataFrame)
     predicted: pd.DataFrame = field(default_factory=pd.DataFrame)
     bench_decode: pd.DataFrame = field(default_factory=pd.DataFrame)  # the engine benchmark's default decode steps
-
-    @property
-    def device(self) -> str:
-        return self.runs.device_name
 
 
 def modes_table(steps: pd.DataFrame) -> pd.DataFrame:

@@ -44,30 +44,11 @@ def _ok(df):
     return df[df["status"] == "ok"]
 
 
-def _finding(
-    fid: str,
-    *,
-    measured_value: str,
-    verdict: str,
-    note: str,
-    tested_on: str = "",
-    headline: float | None = None,
-    headline_unit: str = "",
-) -> Finding:
-    """One claim's finding; ``headline`` is the number its verdict is decided on (none where nothing ran)."""
+def _finding(fid: str, **fields) -> Finding:
+    """One claim's finding, its words, seed value and unit from ``CLAIMS``; ``fields``: the rest by name (``headline``
+    is the number its verdict is decided on, none where nothing ran)."""
     claim, seed, unit = CLAIMS[fid]
-    return Finding(
-        id=fid,
-        claim=claim,
-        seed_value=seed,
-        measured_value=measured_value,
-        unit=unit,
-        verdict=verdict,
-        note=note,
-        tested_on=tested_on,
-        headline=headline,
-        headline_unit=headline_unit,
-    )
+    return Finding(id=fid, claim=claim, seed_value=seed, unit=unit, **fields)
 
 
 def f21_prefill(steps: pd.DataFrame, mode: str = "hf_eager", dtype: str | None = None) -> Finding:

@@ -19,6 +19,7 @@ from servelab.studies.common.findings import Finding, not_measured
 from servelab.studies.common.page import finding_sentence, takeaway_list
 from servelab.studies.common.published import published_section
 from servelab.studies.common.runs import RunSet, pool_repeats
+from servelab.studies.common.study_page import StudyPage
 from servelab.studies.common.tested_on import tested_on as models_tested_on
 from servelab.studies.s03_speculative import tables, verdicts
 from servelab.studies.s03_speculative.measured_alpha import study6_alpha
@@ -39,9 +40,7 @@ PAYS_KEYS = ["target", "draft", "batch"]
 
 
 @dataclass
-class Study3Page:
-    runs: RunSet
-    findings: list[Finding]
+class Study3Page(StudyPage):
     speedup: pd.DataFrame = field(default_factory=pd.DataFrame)  # the generation sweep's points, median over repeats
     cost_ratios: pd.DataFrame = field(default_factory=pd.DataFrame)
     verify_cost: pd.DataFrame = field(default_factory=pd.DataFrame)
@@ -57,10 +56,6 @@ class Study3Page:
     shape_ratios: pd.DataFrame = field(default_factory=pd.DataFrame)
     real_tested_on: str = ""
     shapes_tested_on: str = ""
-
-    @property
-    def device(self) -> str:
-        return self.runs.device_name
 
 
 # ---- one repeat's derived tables (its parts together) ----

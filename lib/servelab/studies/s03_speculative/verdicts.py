@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from servelab.spec import leviathan
+from servelab.studies.common.claim_finding import claim_finding, failed_to_run
 from servelab.studies.common.findings import Finding
 from servelab.studies.common.repeats import median_interval
 from servelab.studies.common.rules import near_threshold
@@ -32,22 +33,6 @@ CLAIMS = {
     "F3.3": "the measured cost ratio target/draft was 1.18×, not the 3.1× the parameter counts suggest, so "
     "speculation failed; some hardware conditions make it viable",
 }
-
-
-def _finding(fid, seed_value, measured, unit, verdict, note, tested_on, headline=None, headline_unit="") -> Finding:
-    """One claim's finding; ``headline``: the number its verdict is decided on (None where nothing was measured)."""
-    return Finding(
-        id=fid,
-        claim=CLAIMS[fid],
-        seed_value=seed_value,
-        measured_value=measured,
-        unit=unit,
-        verdict=verdict,
-        note=note,
-        tested_on=tested_on,
-        headline=headline,
-        headline_unit=headline_unit,
-    )
 
 
 def seed_pair_pays(pays: pd.DataFrame | None, pair: tuple[str, str]) -> str:
@@ -94,8 +79,14 @@ def f31(
     """Changes if the best configuration's speedup is above 1 with its whole CI (speculation pays on the H200);
     holds if no configuration's CI lies above 1 (speculation still fails)."""
     if speed.empty:
-        return _finding(
-            "F3.1", "no number; speculation failed", "no point ran", "×", "fails", "no speculative point ran", tested_on
+        return failed_to_run(
+            CLAIMS,
+            "F3.1",
+            seed_value="no number; speculation failed",
+            measured_value="no point ran",
+            unit="×",
+            note="no speculative point ran",
+            tested_on=tested_on,
         )
     best = best_point(speed, None)
     greedy = speed[speed.temperature == 0]
@@ -121,14 +112,15 @@ def f31(
             f"No configuration's speedup CI lies above 1 ({pair_label}, the project's engine): speculation "
             "still does not pay"
         )
-    return _finding(
+    return claim_finding(
+        CLAIMS,
         "F3.1",
-        "no number; speculation failed",
-        measured,
-        "× speedup",
-        verdict,
-        note,
-        tested_on,
+        seed_value="no number; speculation failed",
+        measured_value=measured,
+        unit="× speedup",
+        verdict=verdict,
+        note=note,
+        tested_on=tested_on,
         headline=float(best.speedup),
         headline_unit="× speedup of the best configuration (changes where some configuration's 95% CI lies above 1)",
     )
@@ -164,8 +156,14 @@ def f32(speed: pd.DataFrame, *, tested_on: str = "", controlled: pd.DataFrame | 
     adds. A median within one noise width of 20% or 50% is said so (``near_prediction_thresholds``)."""
     s = speed.dropna(subset=["prediction_error_pct"])
     if s.empty:
-        return _finding(
-            "F3.2", "model validated", "no point", "% error", "fails", "no prediction could be compared", tested_on
+        return failed_to_run(
+            CLAIMS,
+            "F3.2",
+            seed_value="model validated",
+            measured_value="no point",
+            unit="% error",
+            note="no prediction could be compared",
+            tested_on=tested_on,
         )
     err = s.prediction_error_pct.abs()
     med = float(err.median())
@@ -193,14 +191,15 @@ def f32(speed: pd.DataFrame, *, tested_on: str = "", controlled: pd.DataFrame | 
             f"is {ce.median():.0f}% over {len(ce)} points (batch 1: {ce[controlled.batch == 1].median():.0f}%)"
         )
     note += near_prediction_thresholds(err)
-    return _finding(
+    return claim_finding(
+        CLAIMS,
         "F3.2",
-        "model validated",
-        measured,
-        "% error",
-        verdict,
-        note,
-        tested_on,
+        seed_value="model validated",
+        measured_value=measured,
+        unit="% error",
+        verdict=verdict,
+        note=note,
+        tested_on=tested_on,
         headline=med,
         headline_unit="% median |prediction error| (holds ≤ 20%, fails > 50%)",
     )
@@ -213,14 +212,13 @@ def f33(ratios: pd.DataFrame, pair: tuple[str, str], max_gamma: int = 8, *, test
     reaches further (the "hardware conditions" under which speculation becomes viable); changes otherwise."""
     r = ratios[(ratios.draft == pair[0]) & (ratios.target == pair[1])].set_index("mode")
     if r.empty:
-        return _finding(
+        return failed_to_run(
+            CLAIMS,
             "F3.3",
-            f"{SEED_TARGET_OVER_DRAFT}×",
-            "no data",
-            "× target/draft",
-            "fails",
-            "no cost ratio measured for the Qwen2 shapes",
-            tested_on,
+            seed_value=f"{SEED_TARGET_OVER_DRAFT}×",
+            unit="× target/draft",
+            note="no cost ratio measured for the Qwen2 shapes",
+            tested_on=tested_on,
         )
     param = float(r.param_ratio.iloc[0])
     parts = [f"{m} {row.target_over_draft:.2f}×" for m, row in r.iterrows()]
@@ -251,14 +249,15 @@ def f33(ratios: pd.DataFrame, pair: tuple[str, str], max_gamma: int = 8, *, test
             f"Eager HF's ratio is {eager:.2f}× here, {why}; "
             f"{best_mode} reaches {r.loc[best_mode, 'target_over_draft']:.2f}× (break-even α ≈ {need:.2f}, γ={g})"
         )
-    return _finding(
+    return claim_finding(
+        CLAIMS,
         "F3.3",
-        f"{SEED_TARGET_OVER_DRAFT}× (parameters {SEED_PARAM_RATIO}×)",
-        measured,
-        "× target/draft",
-        verdict,
-        note,
-        tested_on,
+        seed_value=f"{SEED_TARGET_OVER_DRAFT}× (parameters {SEED_PARAM_RATIO}×)",
+        measured_value=measured,
+        unit="× target/draft",
+        verdict=verdict,
+        note=note,
+        tested_on=tested_on,
         headline=eager / param,
         headline_unit="× the parameter ratio: eager HF's target/draft step-time ratio over it (far below under 0.5)",
     )

@@ -18,6 +18,7 @@ from servelab.studies.common.findings import Finding, not_measured
 from servelab.studies.common.page import finding_sentence, takeaway_list
 from servelab.studies.common.published import published_section
 from servelab.studies.common.runs import RunSet, pool_repeats
+from servelab.studies.common.study_page import StudyPage
 from servelab.studies.common.tested_on import model_name
 from servelab.studies.s04_kv_cache import verdicts
 from servelab.studies.s04_kv_cache.derived import mover_ratio, overlap_summary, variation_summary
@@ -43,9 +44,7 @@ PUBLISHED_BLOCK = 16  # vLLM's block size, the published waste's
 
 
 @dataclass
-class Study4Page:
-    runs: RunSet
-    findings: list[Finding]
+class Study4Page(StudyPage):
     bpt: pd.DataFrame = field(default_factory=pd.DataFrame)  # bytes per token, per case (the first repeat's)
     capacity: pd.DataFrame = field(default_factory=pd.DataFrame)  # every trial of every repeat
     capacity_fixed: pd.DataFrame = field(default_factory=pd.DataFrame)
@@ -58,10 +57,6 @@ class Study4Page:
     overlap_kernels: pd.DataFrame = field(default_factory=pd.DataFrame)
     overlap_clocks: pd.DataFrame = field(default_factory=pd.DataFrame)
     overlap_cold: pd.DataFrame = field(default_factory=pd.DataFrame)
-
-    @property
-    def device(self) -> str:
-        return self.runs.device_name
 
     @property
     def params(self) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from servelab.studies.common.claim_finding import claim_finding, failed_to_run
 from servelab.studies.common.findings import Finding
 from servelab.studies.common.tested_on import tested_on
 
@@ -25,24 +26,12 @@ CLAIMS = {
 }
 
 
-def _failed_to_run(fid: str, *, seed_value: str, unit: str, note: str, measured_value: str = "no data") -> Finding:
-    """A claim whose part produced no point to judge: it fails, with no headline."""
-    return Finding(
-        id=fid,
-        claim=CLAIMS[fid],
-        seed_value=seed_value,
-        measured_value=measured_value,
-        unit=unit,
-        verdict="fails",
-        note=note,
-    )
-
-
 def f41(bpt: pd.DataFrame) -> Finding:
     """Holds if every architecture's HF cache and paged pool hold exactly the formula's bytes per token."""
     ok = bpt[bpt["status"] == "ok"]
     if ok.empty:
-        return _failed_to_run(
+        return failed_to_run(
+            CLAIMS,
             "F4.1",
             seed_value="36 KB/token",
             measured_value="no case ran",
@@ -69,9 +58,9 @@ def f41(bpt: pd.DataFrame) -> Finding:
         note = f"not exact for {bad}; see bytes_per_token.csv"
     if len(ok) < len(bpt):
         note += f"; {len(bpt) - len(ok)} case(s) did not run"
-    return Finding(
-        id="F4.1",
-        claim=CLAIMS["F4.1"],
+    return claim_finding(
+        CLAIMS,
+        "F4.1",
         seed_value=f"{SEED_BYTES_PER_TOKEN:,} B (36 KB)/token",
         measured_value=measured,
         unit="bytes/token",
@@ -131,7 +120,7 @@ def f42(
     verdict reads ``summary`` alone.
     """
     if summary.empty:
-        return _failed_to_run("F4.2", seed_value="~3%", unit="% variation", note="no decode point ran")
+        return failed_to_run(CLAIMS, "F4.2", seed_value="~3%", unit="% variation", note="no decode point ran")
     s = summary.assign(
         flat=summary["trend_pct"].abs() <= FLAT_PCT, near_floor=summary["pct_of_floor_at_max_context"] >= NEAR_FLOOR_PCT
     )
@@ -174,9 +163,9 @@ def f42(
         f"(flat: fitted trend within ±{FLAT_PCT:g}% over the contexts swept; near the floor: at ≥ "
         f"{NEAR_FLOOR_PCT:g}% of it)"
     )
-    return Finding(
-        id="F4.2",
-        claim=CLAIMS["F4.2"],
+    return claim_finding(
+        CLAIMS,
+        "F4.2",
         seed_value=f"{SEED_DECODE_VARIATION_PCT:g}%",
         measured_value=measured,
         unit="% over context",
@@ -193,7 +182,7 @@ def f43(comp: pd.DataFrame, copy_gb_s: float, model: str = "", dtype: str | None
     which mover and block sizes reproduce the seed's range on this GPU, if any."""
     ok = comp[comp["status"] == "ok"]
     if ok.empty:
-        return _failed_to_run("F4.3", seed_value="19–67 GB/s", unit="GB/s", note="no compaction point ran")
+        return failed_to_run(CLAIMS, "F4.3", seed_value="19–67 GB/s", unit="GB/s", note="no compaction point ran")
     by = ok.groupby("method")["gb_s"].agg(["min", "max"])
     lo, hi = ok["gb_s"].min(), ok["gb_s"].max()
     inside = SEED_COMPACTION_GB_S[0] / 2 <= hi <= SEED_COMPACTION_GB_S[1] * 2
@@ -211,9 +200,9 @@ def f43(comp: pd.DataFrame, copy_gb_s: float, model: str = "", dtype: str | None
         note += f". The seed's 19–67 GB/s is what this GPU moves with {where}"
     pools = ", ".join(f"{m:,}" for m in sorted(ok["pool_mib"].unique()))
     blocks = _sorted_values(ok["block_size"])
-    return Finding(
-        id="F4.3",
-        claim=CLAIMS["F4.3"],
+    return claim_finding(
+        CLAIMS,
+        "F4.3",
         seed_value="19–67",
         measured_value=f"{lo:,.0f}–{hi:,.0f}",
         unit="GB/s (read+write)",
@@ -244,7 +233,8 @@ def f44(summary, on_cuda: bool, model: str = "", dtype: str | None = None) -> Fi
     """
     s = pd.DataFrame([summary]) if isinstance(summary, dict) else summary
     if not on_cuda or "compaction_speedup" not in s:
-        return _failed_to_run(
+        return failed_to_run(
+            CLAIMS,
             "F4.4",
             seed_value="1.3× faster",
             measured_value="none (CPU run)",
@@ -287,9 +277,9 @@ def f44(summary, on_cuda: bool, model: str = "", dtype: str | None = None) -> Fi
         parts.append(part)
     measured = ", ".join(f"{v:.2f}×" for v in s["compaction_speedup"])
     batches = ", ".join(str(b) for b in s["decode_batch"]) if "decode_batch" in s else "one"
-    return Finding(
-        id="F4.4",
-        claim=CLAIMS["F4.4"],
+    return claim_finding(
+        CLAIMS,
+        "F4.4",
         seed_value=f"{SEED_COMPACTION_SPEEDUP:g}× faster",
         measured_value=measured,
         unit="speedup (alone / during decode)",

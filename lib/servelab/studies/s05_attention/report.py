@@ -17,6 +17,7 @@ from servelab.studies.common.findings import Finding, not_measured, seed_value
 from servelab.studies.common.page import finding_sentence, takeaway_list
 from servelab.studies.common.published import published_section
 from servelab.studies.common.runs import RunSet, pool_repeats
+from servelab.studies.common.study_page import StudyPage
 from servelab.studies.s05_attention import recommend, tables, verdicts
 from servelab.studies.s05_attention.derived import add_roofline
 from servelab.studies.s05_attention.params import SEED_COMPARISON_LENGTH
@@ -29,9 +30,7 @@ CPU_MEMORY_METHOD = "bytes of live tensors during one call (CPU tensor tracker)"
 
 
 @dataclass
-class Study5Page:
-    runs: RunSet
-    findings: list[Finding]
+class Study5Page(StudyPage):
     problems: list[str] = field(default_factory=list)  # claims some repeat's data could not judge, and why
     P: dict = field(default_factory=dict)  # the first run's parameters
     ceilings: Ceilings | None = None  # the first run's
@@ -45,10 +44,6 @@ class Study5Page:
     gqa: pd.DataFrame = field(default_factory=pd.DataFrame)
     spread: pd.DataFrame = field(default_factory=pd.DataFrame)
     recommendations: pd.DataFrame = field(default_factory=pd.DataFrame)
-
-    @property
-    def device(self) -> str:
-        return self.runs.device_name
 
     @property
     def kind(self) -> str:

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from servelab.studies.common.claim_finding import claim_finding
 from servelab.studies.common.findings import Finding
 from servelab.studies.s05_attention.params import SEED_COMPARISON_LENGTH, SEED_GROWTH
 
@@ -88,9 +89,9 @@ def f51(prefill: pd.DataFrame, primary: tuple[str, int], length: int = SEED_COMP
         f"{backend.iloc[0] if len(backend) else '?'}; over all {len(at)} configurations "
         f"{at['speedup'].min():.1f}–{at['speedup'].max():.1f}×; rule: holds within {AGREEMENT:g}× of the seed"
     )
-    return Finding(
-        id="F5.1",
-        claim=CLAIMS["F5.1"],
+    return claim_finding(
+        CLAIMS,
+        "F5.1",
         seed_value=str(SEED_SPEEDUP),
         measured_value=str(round(x, 2)),
         unit="×",
@@ -176,9 +177,9 @@ def f52(
         f"Q/K/V included (beyond the inputs: naive {w['naive']:.0f}×, SDPA {w['sdpa_default']:.1f}×); "
         f"rule: holds if both within {AGREEMENT:g}× of the seed"
     )
-    return Finding(
-        id="F5.2",
-        claim=CLAIMS["F5.2"],
+    return claim_finding(
+        CLAIMS,
+        "F5.2",
         seed_value="25× naive, 2.4× SDPA",
         measured_value=f"{naive:.0f}× naive, {sdpa:.1f}× SDPA",
         unit="× peak memory",
@@ -281,9 +282,9 @@ def f53(spread: pd.DataFrame, shapes: str = "") -> Finding:
             f"; decode (batch {int(dec['batch'].iloc[0])}, KV {int(dec['length'].iloc[0]):,}): kernels "
             f"{dk.min():.1f}–{dk.max():.1f}×, architectures {da.min():.1f}–{da.max():.1f}×"
         )
-    return Finding(
-        id="F5.3",
-        claim=CLAIMS["F5.3"],
+    return claim_finding(
+        CLAIMS,
+        "F5.3",
         seed_value="kernel > architecture",
         measured_value=f"kernels {k.min():.1f}–{k.max():.1f}×, architectures {a.min():.1f}–{a.max():.1f}×",
         unit="× slowest/fastest",
