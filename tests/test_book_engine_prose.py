@@ -62,6 +62,13 @@ def test_goals_table_shows_the_profile_only_where_a_goal_is_missed(tmp_path):
     assert render_goals(None) == NOT_RUN
 
 
+def test_goals_table_writes_long_integers_in_a_profile_with_separators(tmp_path):
+    note = "default: 37,226 tok/s (148756 tokens in 4.00 s; 1018 decode-graph steps, 65536 KV blocks)"
+    bench = write_bench(tmp_path, [dict(metric="offline_tok_s", value=37226, unit="tok/s", goal=">= 60000", note=note)])
+    text = render_goals(bench)
+    assert "148,756 tokens" in text and "1,018 decode" in text and "65,536 KV" in text and "148756" not in text
+
+
 def test_a_failed_row_is_named_with_its_reason(tmp_path):
     bench = write_bench(
         tmp_path,

@@ -53,6 +53,20 @@ def test_each_switch_is_read_against_its_default_in_its_units_direction(tmp_path
     assert "1.58× the default: worse" in fused and "ran uncompiled" in fused and "by 4.51" in fused
     steps = next(b for b in bullets if "decode_steps=8" in b)
     assert "1.08× the default: better" in steps and "uncompiled" not in steps
+    assert "the check's own fault" in text and text.count("same scratch slots") == 1  # said once, after the list
+
+
+def test_a_switch_refused_by_the_check_for_no_known_fault_gets_no_explanation(tmp_path):
+    other = FUSED_NOTE.replace("fused_rope_kv_write=True", "ragged_split_kv=True")
+    bench = _bench(
+        tmp_path,
+        [
+            dict(metric="decode_ms_b1_ctx128", value=0.96, unit="ms", note=DEFAULT_NOTE),
+            dict(metric="decode_ms_b1_ctx128_split", value=1.2, unit="ms", note=other),
+        ],
+    )
+    text = render_switches(bench)
+    assert "ran uncompiled" in text and "scratch slots" not in text
 
 
 def test_without_switch_rows_there_is_no_include_text(tmp_path):

@@ -86,7 +86,7 @@ def render_goals(bench_csv: Path | None) -> str:
         goal, value, unit = Goal.parse(r["goal"]), num(r), r["unit"]
         outcome = goal.outcome(value, unit)
         left = "" if outcome == "met" else profile_of(r.get("note", ""))
-        cells = [r["metric"], f"{format_value(r['value'])} {unit}", str(goal), outcome, left]
+        cells = [r["metric"], f"{format_value(r['value'])} {unit}", str(goal), outcome, format_value(left)]
         body.append([md_text(c) for c in cells])
     head = ["metric", "measured", "goal", "outcome", "what the row's profile shows is left"]
     return list_table(head, [[c or "—" for c in row] for row in body], css="servelab-engine-goals")
