@@ -479,3 +479,25 @@ def test_a_speedup_counts_only_over_enough_prompts_and_both_subjects_are_labelle
     g, imp = verdicts.best_gamma(0.7, 0.5)
     assert f"c = 0.50, predicted {imp:.2f}× at γ = {g}" in r.note
     assert verdicts.min_prompts_for("smoke", 2) == 2 and verdicts.min_prompts_for("full", 2) == verdicts.MIN_PROMPTS
+
+
+def test_f61s_failing_note_says_prompt_lookup_pays_where_it_does():
+    # 2026-12: "assisted generation does not pay here" stood beside prompt lookup, the same API's draft-free mode, at
+    # 1.99x plain generate
+    pairs = _pairs_table([0.8, 0.95], [0.3, 0.2], [0.6, 0.7])
+    lookup = pd.DataFrame({"method": "prompt_lookup", "pair": "T", "prompt": range(8), "length": 512, "speedup": 2.0})
+    r = verdicts.f61_best_pair(pairs, per_prompt=lookup)
+    assert r.verdict == "fails" and "no assistant_model pair beats plain generate" in r.note
+    assert "prompt lookup, HF's draft-free assisted mode, does: 2.00× at 512 tokens" in r.note
+    slow = lookup.assign(speedup=0.9)
+    assert "prompt lookup" not in verdicts.f61_best_pair(pairs, per_prompt=slow).note
+
+
+def test_f62s_note_says_how_often_chance_alone_lets_c_decide():
+    # with 3 pairs ρ takes only ±1 and ±0.5, and half of the orderings reach the rule's −0.5
+    assert verdicts.chance_orderings(3) == (3, 6)
+    assert verdicts.chance_orderings(4)[1] == 24
+    falls_with_c = _pairs_table([1.4, 1.2, 0.9], [0.2, 0.4, 0.7], [0.6, 0.6, 0.6])
+    rising = {"p0": [1.0, 1.2, 1.4], "p1": [0.9, 1.0, 1.2], "p2": [0.7, 0.8, 0.9]}
+    note = verdicts.f62_what_decides(falls_with_c, _per_prompt(rising)).note
+    assert "over 3 pairs, 3 of the 6 possible orderings give ρ ≤ −0.5 by chance alone" in note

@@ -169,8 +169,9 @@ def test_the_coverage_view_counts_each_length_over_the_pairs_measured_there():
          "512": [9.0, nan, 8.0], "n_repeats": [1, 1, 1]}
     )  # fmt: skip
     out = report.coverage_view(SimpleNamespace(coverage=cov)).set_index("method")
-    assert out.loc["plain", "512 tok"] == 9 and out.loc["plain", "pairs"] == 2
-    assert out.loc["own_plain", "64 tok"] == 0 and out.loc["own_plain", "512 tok"] == 8
+    plain, alone = "plain HF generate", "servelab engine, target alone"  # the methods as the speedup table names them
+    assert out.loc[plain, "512 tok"] == 9 and out.loc[plain, "pairs"] == 2
+    assert out.loc[alone, "64 tok"] == 0 and out.loc[alone, "512 tok"] == 8
 
 
 def test_the_coverage_counts_the_fewest_prompts_a_repeat_measured_as_the_speedup_table_does():
@@ -185,7 +186,7 @@ def test_the_coverage_counts_the_fewest_prompts_a_repeat_measured_as_the_speedup
     # a repeat that measured none where the others did counts as 0; a pair no repeat measured there is not a count
     assert cov.loc[("plain", "d"), 512] == 0 and pd.isna(cov.loc[("plain", "d"), 64])
     out = report.coverage_view(SimpleNamespace(coverage=cov.reset_index())).set_index("method")
-    assert out.loc["prompt_lookup", "512 tok"] == 7 and out.loc["plain", "512 tok"] == 0
+    assert out.loc["prompt lookup", "512 tok"] == 7 and out.loc["plain HF generate", "512 tok"] == 0
     caption = report.coverage_caption(SimpleNamespace(min_prompts=8))
     assert "the fewest any repeat measured" in caption and "prompts (fewest in a repeat)" in caption
     assert "at least 8 of that repeat's prompts" in caption
@@ -214,3 +215,40 @@ def test_the_seed_shapes_name_their_weights():
 
     costs = pd.DataFrame({"pair": ["a → b"], "draft": ["config:a"], "target": ["config:b"]})
     assert seed_shapes(costs) == "cost at the seed's shapes: a → b (architecture-exact, random weights; HF generate)"
+
+
+def test_the_engines_speedup_says_it_is_not_the_ratio_of_the_tables_rows():
+    # 2026-12: "0.89× the servelab engine running the target alone" stood beside the table's rows over plain HF
+    # generate, 17.96× and 18.38×, whose ratio is 0.98: each is its own median over prompts, the 0.89 the median of
+    # each prompt's ratio
+    from types import SimpleNamespace
+
+    own = pd.DataFrame({"method": ["own"], "pair": ["d → T"], "target": ["T"], "length": [512],
+                        "speedup_median": [0.89], "prompts": [8], "prompts_by_repeat": ["8"],
+                        "n_repeats": [1]})  # fmt: skip
+    hf = pd.DataFrame({"method": ["own", "own_plain"], "pair": ["d → T", "T"], "length": [512, 512],
+                       "speedup_median": [18.0, 18.4]})  # fmt: skip
+    said = report.own_sentence(SimpleNamespace(own_vs_engine=own, speedups=hf, min_prompts=8))
+    assert "0.89× the servelab engine running the target alone" in said
+    assert "not the ratio of the table's two rows over plain HF generate (18.00× and 18.40×" in said
+    assert f"{18.0 / 18.4:.2f})." in said
+
+
+def test_the_runs_left_out_are_counted_with_their_reasons_and_the_deep_drafts_loss_is_explained():
+    from types import SimpleNamespace
+
+    runs = pd.DataFrame({"status": ["ok", "skipped", "skipped", "cut"],
+                         "error": [None, "would not fit the wall-time budget: needs ≈16 s, 6 s left",
+                                   "would not fit the wall-time budget: needs ≈8 s, 2 s left",
+                                   "stopped at the wall-time budget after 458 of 512 tokens"]})  # fmt: skip
+    page = SimpleNamespace(runs=SimpleNamespace(measured=True, table=lambda name: runs))
+    said = report.left_out(page)
+    assert "Of the 4 timed runs over every repeat, 2 skipped and 1 cut short did not complete" in said
+    assert "would not fit the wall-time budget (2); stopped at the wall-time budget (1)" in said
+    distill = pd.DataFrame({"draft": ["d2", "d6"], "last_loss": [2.0, 0.02], "tokens_seen": [7e6, 7e6],
+                            "tokens": [175_000, 175_000]})  # fmt: skip
+    alpha = pd.DataFrame({"draft": ["d2", "d6"], "alpha": [0.42, 0.40]})
+    caption = report.distill_caption(SimpleNamespace(distill=distill, real_alpha=alpha))
+    assert "d6 saw 7.0 million tokens, about 40 passes" in caption and "(α 0.40 against 0.42)" in caption
+    better = alpha.assign(alpha=[0.40, 0.42])  # the low loss went with the higher α: nothing to explain
+    assert "memorised" not in report.distill_caption(SimpleNamespace(distill=distill, real_alpha=better))

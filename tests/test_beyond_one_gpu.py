@@ -46,12 +46,17 @@ def test_more_replicas_serve_more_and_one_replica_is_searched_once():
     assert set(tried["router"]) == {SINGLE, "round_robin", "least_outstanding"}
     text = beyond_one_gpu.capacity_md(_page(table, tried))
     assert "list-table" in text and "round\\_robin" in text and "×" in text and "400 requests per replica" in text
+    # the simulator page's "one replica sustains about …" is another search on other traces: the page says which
+    at = tried[(tried["replicas"] == 1) & (tried["rate"] == 8.0)].iloc[0]
+    assert "The simulator page's one replica sustains about 8.0 req/s at the same SLO" in text
+    assert f"On this table's trace of {at.requests:,.0f} requests that rate {'meets' if at.met else 'misses'}" in text
 
 
 def _page(table, tried):
     return SimpleNamespace(
         cap={"cost": COST, "slo": (60.0, 6.0), "lengths": LENGTHS, "one": 8.0, "sched": SCHED},
-        P={"replica_requests": 400, "replica_refine": 1, "prefix_groups": 16, "prefix_tokens": 256},
+        P={"replica_requests": 400, "replica_refine": 1, "prefix_groups": 16, "prefix_tokens": 256,
+           "rate_search_refine": 1, "capacity_max_requests": 240},
         s1_params={"max_model_len": 8192}, device="cpu (test)",
         tables={"replica_capacity": table, "replica_capacity_tried": tried},
     )  # fmt: skip
@@ -72,7 +77,9 @@ def _measured_run(root, model: str, slo_ttft_ms: float):
 
 
 def test_the_page_says_when_nothing_ran_on_several_gpus_and_sets_a_run_beside_the_prediction(tmp_path):
-    assert "Not measured on more than one GPU" in beyond_one_gpu.status_md(tmp_path)
+    said = beyond_one_gpu.status_md(tmp_path)
+    assert "Not measured on more than one GPU" in said and "every measurement in this book was made on one GPU" in said
+    assert "lent" not in said  # the sessions that measured are no part of what the reader can use
     pred = pd.DataFrame(
         {"router": [SINGLE, "round_robin"], "replicas": [1, 2], "met_req_s": [12.0, 20.0], "missed_req_s": [14.0, 24.0],
          "scaling": [1.0, 0.83]}

@@ -110,8 +110,12 @@ def test_cost_rows_are_the_plain_step_and_c_times_it(files, table, run):
         c = grp.c.median()
         row = f"  - {b}\n  - {step_ms:.2f}\n  - {c:.3f} ({grp.c.min():.3f}–{grp.c.max():.3f})\n  - {c * step_ms:.2f}\n"
         assert row in text, row
-        if b == 1:
-            assert f"  - {c * step_ms:.2f}\n  - {engine_ms:.3f}\n  - {c * step_ms / engine_ms:.1f}×" in text
+        if b == 1:  # the engine's decode stands beside a draft of the shape it timed (qwen2-0.5b) only
+            for d in grp.draft.unique():
+                cd = grp[grp.draft == d].c.median()
+                same = d.split("-vocab")[0] == "qwen2-0.5b"
+                engine = f"  - {engine_ms:.3f}\n  - {cd * step_ms / engine_ms:.1f}×" if same else "  - —\n  - —"
+                assert f"  - {cd * step_ms:.2f}\n{engine}" in text, (d, engine)
     bench_commit = json.loads((BENCH.parent / "run.json").read_text())["git_commit"][:7]
     assert f"`{bench_commit}`" in text and all(f"`{c}`" in text for c in run.commits)  # from the run.json files
 
@@ -178,9 +182,15 @@ def test_goal_point_missing_is_said():
 def test_no_run_gives_sentences_and_no_figure(tmp_path):
     out = page.controlled_page(tmp_path, "h200")
     assert out.svg is None
-    assert set(out.markdown) == {f"controlled_{n}.md" for n in ("setup", "goal", "cost", "pays", "figure")}
+    assert set(out.markdown) == {f"controlled_{n}.md" for n in ("setup", "goal", "cost", "pays", "figure", "rerun")}
     assert set(out.markdown) == set(page.INCLUDES)
-    assert all("Not measured: " in t and "has not run" in t and "{figure}" not in t for t in out.markdown.values())
+    assert all("Not measured: " in t and "has not run" in t and "{figure}" not in t for t in measured(out))
+    assert "scripts/gpu_run.sh 03_speculative:controlled_qwen2:0" in out.markdown["controlled_rerun.md"]
+
+
+def measured(out: page.PageFiles) -> list[str]:
+    """The includes that show measurements (the re-run recipe stands whether or not the sweep ran)."""
+    return [t for name, t in out.markdown.items() if name != "controlled_rerun.md"]
 
 
 def test_an_unconverted_or_failing_study_3_report_is_a_sentence(tmp_path, monkeypatch):
@@ -188,7 +198,7 @@ def test_an_unconverted_or_failing_study_3_report_is_a_sentence(tmp_path, monkey
 
     monkeypatch.setattr(findings, "converted", lambda slug: False)
     out = page.controlled_page(tmp_path, "h200")
-    assert out.svg is None and all(findings.NOT_CONVERTED.split()[0] in t for t in out.markdown.values())
+    assert out.svg is None and all(findings.NOT_CONVERTED.split()[0] in t for t in measured(out))
 
     def boom(runs):
         raise KeyError("controlled_raw")
@@ -196,7 +206,7 @@ def test_an_unconverted_or_failing_study_3_report_is_a_sentence(tmp_path, monkey
     monkeypatch.setattr(findings, "converted", lambda slug: True)
     monkeypatch.setattr(page.report, "report", boom, raising=False)
     out = page.controlled_page(tmp_path, "h200")
-    assert out.svg is None and all("its report failed: KeyError" in t for t in out.markdown.values())
+    assert out.svg is None and all("its report failed: KeyError" in t for t in measured(out))
 
 
 def test_the_page_is_built_from_study_3s_report(tmp_path, monkeypatch):
@@ -240,8 +250,30 @@ def test_figure_is_svg_and_the_same_bytes_twice():
 
 def test_page_includes_every_generated_file_and_sits_after_study_3():
     text = (REPO_ROOT / "book" / "speculative_controlled.md").read_text()
-    for n in ("setup", "goal", "cost", "pays", "figure"):
-        assert f"```{{include}} _generated/controlled_{n}.md" in text
+    for n in page.INCLUDES:
+        assert f"```{{include}} _generated/{n}" in text
     toc = yaml.safe_load((REPO_ROOT / "_toc.yml").read_text())
     files = [c["file"] for part in toc["parts"] for c in part["chapters"]]
     assert files[files.index("book/studies/03_speculative") + 1] == "book/speculative_controlled"
+
+
+def test_the_engine_column_stands_beside_drafts_of_the_shape_it_timed():
+    # 2026-12-07 audit: distilgpt2's draft step was set against qwen2-0.5b's engine decode ("0.3×")
+    engine = page.EngineDecode(0.96, "config:qwen2-0.5b", "abc")
+    assert page.engine_timed("qwen2-0.5b", engine) and page.engine_timed("qwen2-0.5b-vocab128k", engine)
+    assert not page.engine_timed("distilgpt2", engine) and not page.engine_timed("qwen2-0.5b", None)
+    table = pd.concat([synthetic(1.9, 1.8).assign(draft=d) for d in ("qwen2-0.5b-vocab128k", "distilgpt2")])
+    cost = page.cost_table(table.assign(target=table.draft + "-target"), engine)
+    assert cost.set_index("draft").engine_ms.isna().to_dict() == {"qwen2-0.5b-vocab128k": False, "distilgpt2": True}
+
+
+def test_setup_and_goal_say_what_each_point_rests_on(files, run):
+    setup, goal = files.markdown["controlled_setup.md"], files.markdown["controlled_goal.md"]
+    assert f"Each run times every point {run.params['controlled_repeats']} times" in setup
+    for r in run.pays.drop_duplicates(["draft", "target"]).itertuples():
+        n = run.pays[(run.pays.draft == r.draft) & (run.pays.target == r.target)].n_repeats
+        said = str(int(n.min())) if n.min() == n.max() else f"{int(n.min())}–{int(n.max())}"
+        assert f"{r.draft} → {r.target}: {said}" in setup
+    at_goal = run.pays[(run.pays.target == "llama-3-8b") & (run.pays.batch == 1)].n_repeats
+    if len(at_goal) and int(at_goal.iloc[0]) < run.total_repeats:
+        assert f"measured in {int(at_goal.iloc[0])} of the {run.total_repeats} repeats" in goal

@@ -290,9 +290,15 @@ def test_f71s_note_never_calls_a_negative_intercept_a_cost():
         )
 
     neg = verdicts.f71(speedup_table({512: 1.4}), costs(-0.6)).note
-    assert "every request pays" not in neg and "no positive fixed term" in neg and "-0.6 ms" in neg
+    assert "every request pays" not in neg and "negative intercept" in neg and "-0.6 ms" in neg
     pos = verdicts.f71(speedup_table({512: 1.4}), costs(2.0)).note
     assert "against a fixed 2.0 ms that every request pays" in pos
+    # 2026-12: the page called the intercept "the fit's" while its prose said the uncached times show a fixed cost;
+    # the note now says the line is fitted over every length and the top bends
+    bends = speedup_table({64: 1.1, 512: 1.4, 1024: 1.8, 2048: 2.1}).assign(uncached_ms=[2.0, 4.0, 6.0, 14.0])
+    note = verdicts.f71(bends, costs(-0.6)).note
+    assert "1,024 → 2,048 tokens costs 7.81 µs per token, against 4.17 µs from 64 to 1,024" in note
+    assert "the 2.00 ms measured at 64 tokens" in note
 
 
 def test_f71s_note_saves_what_the_table_shows_and_quotes_the_pages_medians():
@@ -302,10 +308,13 @@ def test_f71s_note_saves_what_the_table_shows_and_quotes_the_pages_medians():
     costs = pd.DataFrame({"mode": ["uncached", "cached"], "fixed": [-0.4, 1.9], "slope": [0.0073, 0.0018],
                           "r2": [0.98, 1.0]})  # fmt: skip
     note = verdicts.f71(sp, costs).note
-    assert "saves 1.4 ms" in note and "4.20 → 2.80 ms" in note and "3.7 ms" not in note
-    shown = sp.assign(speedup=[1.25, 1.55])
+    assert "saves 1.40 ms" in note and "4.20 → 2.80 ms measured, 1.50×" in note and "3.7 ms" not in note
+    shown = sp.assign(speedup=[1.25, 1.55], uncached_ms=[3.0, 4.4], cached_ms=[2.5, 2.7])
     pooled = verdicts.f71(sp, costs, shown=(shown, costs))
     assert "512: 1.55×" in pooled.note and "median over repeats" in pooled.note
+    # the saving is the judged repeat's own two times, whose ratio is its speedup: the page's columns are each their
+    # own median over repeats and read 4.19 → 2.80 ms (1.50×) beside a headline of 1.42×
+    assert "In this repeat, at 512 tokens the cache saves 1.40 ms" in pooled.note and "4.40 →" not in pooled.note
     assert pooled.headline == pytest.approx(1.5)  # the verdict reads the repeat's own table
 
 

@@ -172,7 +172,9 @@ def test_f23_says_when_no_fresh_held_out_run_stands_beside_it():
     from servelab.studies.common.findings import Finding
 
     f = Finding(id="F2.3", claim="c", seed_value="holds", measured_value="19.7", unit="%", verdict="fails", note="n")
-    assert report._with_fresh(f, {}).note.endswith("; not yet a fresh held-out run (none is committed)")
+    # not "fresh": the findings' Evidence cell says "fresh" of data measured by today's code
+    said = report._with_fresh(f, {}).note
+    assert said.endswith("; no held-out run drawn after the freeze is committed yet") and "fresh" not in said
     assert "was not evaluated: no frozen cost model" in report._with_fresh(f, {"error": "no frozen cost model"}).note
 
 
@@ -197,9 +199,12 @@ def test_the_repeats_of_study_1_are_named_as_its_page_names_them():
 
     every = runs({0: PARTS, 1: PARTS, 2: list(PARTS)[:1]})
     whole = runs({0: PARTS, 1: PARTS})
-    said = report._repeats_note(SimpleNamespace(repeat=0), whole, every)
+    named = report._study1_names(whole, every)
+    r = SimpleNamespace(s1_repeat=named.repeat_name(0), s1_partial=report._partial_repeats(whole, every))
+    said = report._repeats_note(r, whole, named)
     assert said.startswith(f"Study 1 has 3 repeats, 2 of them with every part (repeat 3 of 3 lacks {list(PARTS)[1]}")
-    assert said.endswith("against repeat 1 of 3, and judges F2.3 on each of repeats 1 and 2 of 3.")
+    assert "against repeat 1 of 3, and judges F2.3 on each of repeats 1 and 2 of 3;" in said
+    assert said.endswith("F2.3's rule needs 3 repeats, so it reads inconclusive until those parts are measured.")
 
 
 def test_the_calibration_table_names_study_2s_fit_in_words_not_by_its_file_stem():
@@ -212,3 +217,86 @@ def test_the_calibration_table_names_study_2s_fit_in_words_not_by_its_file_stem(
     assert cells[0] == ("fitted to Study 2's timed steps of config:qwen2-0.5b (hf_cuda_graph mode) + 1 µs per cached "
                         "token a chunk reads")  # fmt: skip
     assert cells[1] == "step log (calibration runs)" and "cost_model_" not in cells[0]
+
+
+def _f23(repeats: int, verdict: str = "inconclusive"):
+    from servelab.studies.common.findings import Finding
+
+    return Finding(id="F2.3", claim="c", seed_value="holds", measured_value="27.25", unit="% median |error|",
+                   verdict=verdict, note="n", repeats=repeats, repeat_verdicts=";".join(["fails"] * repeats),
+                   spread="19.69–34.83", headline=27.26, headline_unit="%")  # fmt: skip
+
+
+def test_f23s_note_opens_with_its_error_and_why_it_rests_on_too_few_repeats():
+    # the landing table shows a note's first sentence: F2.3's read "Judged from 08_simulator's validation", which
+    # said nothing of why the claim is inconclusive
+    from servelab_book.findings_table import one_line
+
+    partial = {"repeat 3 of 3": ["llama-budget-small", "llama-fcfs-mid"]}
+    lead = report.f23_lead(_f23(2), partial)
+    first = one_line(lead)
+    assert first == (
+        "The simulator's held-out median |error| is 19.7–34.8 % over 2 repeats (goal ≤ 10 %), inconclusive as Study "
+        "1's repeat 3 of 3 lacks 2 of its parts."
+    )
+    assert "repeat 3 of 3 lacks llama-budget-small, llama-fcfs-mid" in lead and "a verdict needs 3" in lead
+    # judged on three repeats, or with no repeat left out, the substance alone
+    assert report.f23_lead(_f23(3, "fails"), partial) == (
+        "The simulator's held-out median |error| is 19.7–34.8 % over 3 repeats (goal ≤ 10 %)."
+    )
+    assert "inconclusive" not in report.f23_lead(_f23(2), {})
+
+
+def _validated_page(qwen_after: float, f23=None) -> report.Study8Page:
+    rows = [dict(model=m, gpu_source=src, cost_model=c, subset="validation", metric="throughput", error_pct=e)
+            for m, src, before, after in (("config:qwen2-0.5b", "Study 2", 49.0, qwen_after),
+                                          ("config:llama-3-8b", "step log", 10.0, 2.0))
+            for c, e in (("gpu_only", before), ("gpu+overheads", after))]  # fmt: skip
+    page = report.Study8Page(RunSet(STUDY), [], source="Study 1's server runs", study1=True)
+    page.tables["sim_validation"] = pd.DataFrame(rows)
+    page.s1_repeat, page.f23 = "repeat 1 of 3", f23
+    page.s1_partial = {"repeat 3 of 3": ["llama-fcfs-mid"]}
+    return page
+
+
+def test_the_fidelity_figures_give_study_2s_costs_first_labelled_with_their_repeat():
+    from servelab.studies.s08_simulator import takeaways as tk
+
+    page = _validated_page(19.7, _f23(2))
+    short = tk._fidelity_short(page)
+    assert short.startswith("Replaying Study 1's server runs (repeat 1 of 3), the simulator's median |error|")
+    assert "of qwen2-0.5b, whose GPU costs are Study 2's, is 49.0 % with the GPU cost model alone and 19.7 %" in short
+    assert "pooled with llama-3-8b, whose GPU cost model is fitted to Study 1's own step log" in short
+    box = tk.fidelity(page)
+    assert "(repeat 1 of 3's held-out runs, six metrics; goal ≤ 10 %)\n:class: warning" in box  # a missed goal
+    assert "reads 27.2 % (19.7–34.8 % over 2 repeats): **inconclusive**, as a verdict needs 3 repeats" in box
+    assert ":class: tip" in tk.fidelity(_validated_page(8.0, _f23(3, "changes")))
+
+
+def test_the_published_row_gives_f23s_value_not_one_repeats():
+    value, note = report._published_from(_validated_page(19.7, _f23(2)))
+    assert value == "27.2 %" and note.startswith("F2.3's value, the median over 2 repeats (19.7–34.8 %) of the ")
+    assert "held out from the fit, for qwen2-0.5b, whose GPU costs are Study 2's;" in note
+
+
+def test_the_speed_says_which_repeat_each_time_is(tmp_path):
+    _speed_run(tmp_path, 42.0)
+    page = report.report(study_runs(STUDY, tmp_path))
+    assert "in the first of its repeats" not in sections.tk.speed(page)  # one repeat: nothing to tell apart
+    page.speed.update(repeats=3, hour_wall_s=42.3)
+    said = sections.tk.speed(page)
+    assert "took 42.0 s in the first of its repeats" in said and "42 s (the median over 3 repeats)" in said
+
+
+def test_the_gpu_terms_box_says_what_study_7s_steps_make_of_them():
+    from servelab.studies.s08_simulator import takeaways as tk
+
+    check = pd.DataFrame(
+        [dict(cost_model=c, mode=m, error_pct=e) for c, m, e in (
+            ("without the two terms", "uncached", 8.0), ("without the two terms", "cached", 30.0),
+            ("with both", "uncached", 16.0), ("with both", "cached", 28.0))]
+    )  # fmt: skip
+    said = tk._study7_terms(check)
+    assert said.startswith("; there they make the step times worse: a median |error| of 19.0 % without them, 22.0 %")
+    assert "(uncached 8.0 → 16.0 %; cached 30.0 → 28.0 %)" in said and "keeps both all the same" in said
+    assert tk._study7_terms(None) == "."

@@ -251,10 +251,52 @@ def test_f32_says_when_its_median_error_is_within_noise_of_a_threshold():
     # the committed H200 case: median |error| 20.15% over 50 points against the 20% line
     near = verdicts.f32(_errors(np.linspace(5.15, 35.15, 51)[:-1] + 0.3))
     assert near.verdict == "changes" and near.measured_value.startswith("median |error| 20.1% over 50 points")
-    assert "Near a threshold: the median |error| 20.15% is within one noise width of the 20% threshold" in near.note
-    assert "order-statistic interval over the 50 points" in near.note
+    assert near.measured_value.endswith("; within one repeat's noise of the 20% threshold")  # the page's table says it
+    assert "Near a threshold within this repeat: its median |error| 20.15% is within one noise width of the 20%" in (
+        near.note
+    )
+    assert "order-statistic interval of that median over the repeat's 50 points" in near.note
     far = verdicts.f32(_errors(np.linspace(34.0, 36.0, 50)))  # 35% ± 1: far from 20% and 50%
-    assert far.verdict == "changes" and "Near a threshold" not in far.note
+    assert far.verdict == "changes" and "Near a threshold" not in far.note and "noise" not in far.measured_value
     few = verdicts.f32(_errors([19.0, 21.0, 30.0]))  # three points: the interval is the min–max
-    assert few.verdict == "changes" and "its min–max over the 3 points, 19.0–30.0%" in few.note
+    assert few.verdict == "changes" and "min–max of that median over the repeat's 3 points, 19.0–30.0%" in few.note
     assert verdicts.near_prediction_thresholds(pd.Series([np.inf, np.nan])) == ""
+
+
+def test_near_threshold_reading_says_which_interval_decides():
+    from dataclasses import replace
+
+    near = verdicts.f32(_errors(np.linspace(5.15, 35.15, 51)[:-1] + 0.3))
+    combined = replace(near, repeats=3, repeat_verdicts="changes;changes;changes", spread="20.5–24.35")
+    reading = verdicts.near_threshold_reading(combined)
+    assert "each repeat's median |error| against 20% and 50%" in reading
+    assert "(changes, changes, changes; their medians 20.5–24.35%)" in reading
+    assert "only annotates that call: every repeat fell on the changes side" in reading
+    assert verdicts.with_near_reading([combined])[0].note.endswith(reading)
+    split = replace(combined, verdict="inconclusive", repeat_verdicts="changes;holds;changes")
+    assert "fell on the" not in verdicts.near_threshold_reading(split)  # the repeats disagree: no common side
+    far = replace(verdicts.f32(_errors(np.linspace(34.0, 36.0, 50))), repeats=3, repeat_verdicts="changes;changes")
+    assert verdicts.near_threshold_reading(far) == "" and verdicts.with_near_reading([far]) == [far]
+
+
+def test_f31_weighs_the_choice_of_the_best_and_the_stronger_baseline():
+    speed = pd.DataFrame(
+        {"draft": ["d", "d"], "target": ["t", "t"], "gamma": [2, 4], "temperature": [0.0, 0.0], "alpha": [0.4, 0.4],
+         "speedup": [1.2, 1.05], "speedup_ci_low": [1.1, 0.9], "speedup_ci_high": [1.3, 1.2],
+         "speedup_vs_chained": [0.95, 0.9], "speedup_vs_chained_ci_low": [0.9, 0.8]}
+    )  # fmt: skip
+    f = verdicts.f31(speed, 0.3, "t")
+    assert f.verdict == "changes"
+    assert "the highest of the 2 measured, picked after the fact with no correction" in f.note
+    assert "its 95% CI starts at 1.10" in f.note
+    assert "the stronger baseline, none of the 2 pays with its whole CI above 1, and the best reads 0.95×" in f.note
+
+
+def test_loop_ratio_sentence_compares_with_the_rules_bar():
+    above = verdicts.loop_ratio_sentence(1.22, 1.68, ("qwen2-0.5b", "qwen2-1.5b"))
+    assert (
+        "1.68× (1/c in Study 3's table of where each pair pays), is above 1.25 × the median eager ratio (1.52×)"
+        in above
+    )
+    assert "is below" in verdicts.loop_ratio_sentence(1.4, 1.68, ("a", "b"))
+    assert verdicts.loop_ratio_sentence(float("nan"), 1.68, ("a", "b")) == ""

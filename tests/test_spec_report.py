@@ -122,3 +122,49 @@ def test_where_a_pair_pays_agrees_with_its_best_speedup_on_the_committed_runs():
     assert seed and seed in notes["F3.1"] and seed in notes["F3.3"] and seed in report.takeaways(page)
     shown = report.pays_view(pays)
     assert shown["prompts" if "prompts" in shown else "batch"].dtype.kind == "i"  # counts read as integers
+
+
+def _write_eager(root, k: int, draft_ms: float, target_ms: float):
+    """A costs run whose eager steps take ``draft_ms`` and ``target_ms`` (the engine's stay 0.2 and 0.6 ms)."""
+    d = _write_run(root, k, target_ms)
+    s = pd.read_csv(d / "shape_steps.csv")
+    s.loc[(s.model == "qwen2-0.5b") & (s["mode"] == "hf_eager"), ["median_ms", "p25_ms", "p75_ms"]] = draft_ms
+    s.to_csv(d / "shape_steps.csv", index=False)
+
+
+def test_cost_ratio_rows_show_the_times_of_the_median_repeat(tmp_path):
+    # 2026-12-07 audit: each time column was its own median over repeats (24.5 and 22.0 ms beside a ratio of 1.22)
+    # ratios 2.5, 0.67, 3.0: the median's repeat is the first; each column's own median (2.0, 2.5 ms) gives 1.25
+    for k, (d, t) in enumerate([(1.0, 2.5), (3.0, 2.0), (2.0, 6.0)]):
+        _write_eager(tmp_path, k, d, t)
+    f, page = _f33(tmp_path)
+    view = report.ratios_view(page.cost_ratios)
+    ratio = view["target/draft (×), median of repeats"]
+    assert (view["target (ms), that repeat"] / view["draft (ms), that repeat"]).round(3).tolist() == ratio.tolist()
+    eager = view[view["mode"] == "hf_eager"].iloc[0]
+    assert eager["the median's repeat"] == "repeat 1 of 3" and eager["draft (ms), that repeat"] == 1.0
+    # the repeat whose target steps faster than its draft is named, here and in F3.3's note, and kept in the rule
+    assert page.eager_outliers.startswith("Repeat 2 of 3's eager ratio, 0.67× (qwen2-1.5b step 2.00 ms")
+    assert page.eager_outliers in report.ratios_note(page) and page.eager_outliers in f.note
+    assert f.repeat_verdicts == "changes;holds;changes" and f.verdict == "inconclusive"
+    assert "that repeat says holds; the other repeats say changes, so this repeat alone makes F3.3" in f.note
+
+
+def test_a_plausible_eager_ratio_is_not_flagged(tmp_path):
+    for k in range(3):
+        _write_eager(tmp_path, k, 1.0, 1.2)
+    f, page = _f33(tmp_path)
+    assert page.eager_outliers == "" and "not physically plausible" not in f.note
+    assert "not physically plausible" not in report.ratios_note(page)
+
+
+def test_loop_audit_names_the_points_whose_rounds_synced_more():
+    ctl = pd.DataFrame(
+        {"draft": ["d", "d"], "target": ["t", "t"], "batch": [1, 8], "gamma": [2, 2], "alpha": [0.8, 0.8],
+         "host_syncs_per_round": [2, 1], "agreement": [1.0, 0.5]}
+    )  # fmt: skip
+    text = report.loop_audit(ctl)
+    assert "at most 1 time, except 2 times for d → t at batch 1;" in text
+    assert "a median 75% of sequence-rounds per point (lowest 50%: d → t at batch 8, γ = 2, α = 0.8)" in text
+    assert "at most 1 time at every pair" in report.loop_audit(ctl.assign(host_syncs_per_round=1))
+    assert report.loop_audit(ctl.iloc[:0]) == ""

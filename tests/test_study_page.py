@@ -155,7 +155,10 @@ def test_study_notebook_follows_the_contracts_layout(slug):
     assert headings == sections
     banner = _one(cells, r"^show\(evidence_banner\(R\.runs\)\)")
     findings = _one(cells, r"^## Findings")
-    table = _one(cells, r"verdict_table\(R\.findings, R\.device\),(.|\n)*report\.takeaways\(R\)")
+    # Study 2 labels F2.3's cell as its own data's (the book's F2.3 is the simulator's): report.own_data_f23
+    table = _one(
+        cells, r"verdict_table\((report\.own_data_f23\()?R\.findings\)?, R\.device\),(.|\n)*report\.takeaways\(R\)"
+    )
     method = _one(cells, r"^## Method")
     assert 2 < banner < findings < table < method
     figure = [i for i in range(table + 1, method) if cells[i].cell_type == "code" and "show(" in cells[i].source]
@@ -209,11 +212,12 @@ def test_rerun_recipe_shows_the_command_the_parameters_cell_and_the_values_used(
         "papermill --cwd notebooks notebooks/07_prefix_cache.ipynb book/studies/07_prefix_cache.ipynb -p profile full"
     )
     assert f"```bash\n{command}\n# more\n```" in md
-    assert command in render_reproduce(NOTEBOOKS)  # the methodology page's section shows the same command
+    # the methodology page's section is the study page's re-run section: a full run goes to a notebook of its own
+    assert rerun_section("07_prefix_cache") in render_reproduce(NOTEBOOKS)
+    assert command not in render_reproduce(NOTEBOOKS)
     simulator = rerun_recipe("08_simulator", {}, out="book/simulator.ipynb")
     assert "papermill --cwd notebooks notebooks/08_simulator.ipynb book/simulator.ipynb -p profile full" in simulator
     # the simulator page's re-run section wrote its replay into book/studies/, where the book has no such page
-    from servelab.studies.common.rerun import rerun_section
 
     section = rerun_section("08_simulator")
     assert "notebooks/08_simulator.ipynb book/simulator.ipynb -p profile replay" in section

@@ -5,10 +5,10 @@ Reads Study 3's controlled-acceptance sweep through Study 3's reporting path on 
 median over repeats), ``.controlled_pays`` (the α above which each pair pays), the raw rows (``controlled_raw``) and
 the run's ``run.json`` (its controlled part's); and the engine's benchmark (``<slug>/engine/bench.csv``). It writes
 the page's includes: what was measured and what the time budget left out, the goal check of the 8B-shape pair, the
-cost of a draft step as the loop ran beside the engine's own decode, the α above which each pair pays, and the
-curves (SVG, ``controlled_figure``). Nothing on the page is typed; a study whose report is not converted to the
-measure/report split (no ``report(runs)`` with ``.controlled``), a report that fails, or a missing run is a
-sentence ("not measured"), never a crash.
+cost of a draft step as the loop ran beside the engine's own decode, the α above which each pair pays, the
+curves (SVG, ``controlled_figure``) and how to measure the sweep again. Nothing on the page is typed; a study whose
+report is not converted to the measure/report split (no ``report(runs)`` with ``.controlled``), a report that fails,
+or a missing run is a sentence ("not measured"), never a crash.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ STUDY = "03_speculative"
 FIGURE = "controlled_curves.svg"
 ENGINE_METRIC = "decode_ms_b1_ctx128"  # the engine's batch-1 decode step at 128 tokens of context, ms
 MODELS_DIR = REPO_ROOT / "data" / "models"  # the shipped configs the pairs were built from
-INCLUDES = tuple(f"controlled_{part}.md" for part in ("setup", "goal", "cost", "pays", "figure"))  # the page's
+INCLUDES = tuple(f"controlled_{part}.md" for part in ("setup", "goal", "cost", "pays", "figure", "rerun"))  # the page's
 
 
 @dataclass
@@ -49,6 +49,7 @@ class ControlledRun:
     run: dict
     tested_on: str = ""  # the report's ``shapes_tested_on``
     parts: dict[str, tuple[dict, ...]] = field(default_factory=dict)  # controlled part -> each repeat's run.json
+    total_repeats: int = 0  # the study's repeats (a pair's points may rest on fewer: ``pays.n_repeats``)
 
     @property
     def commits(self) -> list[str]:
@@ -119,6 +120,7 @@ def find_controlled(root: Path | None = None, device: str = BOOK_DEVICE) -> Cont
         _controlled_meta(page.runs),
         str(getattr(page, "shapes_tested_on", "") or ""),
         {p: tuple(r.meta for r in page.runs.part(p).runs) for p in _controlled_parts(page.runs)},
+        len(page.runs.repeats),
     )
 
 
@@ -157,14 +159,26 @@ def pair_label(draft: str, target: str) -> str:
     return f"{draft} → {target}"
 
 
+def shape_of(model: str) -> str:
+    """The architecture a shipped config stands for: ``qwen2-0.5b-vocab128k`` is ``qwen2-0.5b``'s shape with another
+    vocabulary."""
+    return model.removeprefix("config:").split("-vocab")[0]
+
+
+def engine_timed(draft: str, engine: EngineDecode | None) -> bool:
+    """The engine benchmark timed ``draft``'s shape (its model, or that model with another vocabulary)."""
+    return engine is not None and shape_of(draft) == shape_of(engine.model)
+
+
 def cost_table(table: pd.DataFrame, engine: EngineDecode | None) -> pd.DataFrame:
     """Per pair and batch: the plain target step (ms, from tokens_per_s_plain), c (median and range over every
-    point), the draft step as the loop ran (c × target step, ms) and, at batch 1, the engine's own decode step."""
+    point), the draft step as the loop ran (c × target step, ms) and, at batch 1, the engine's own decode step where
+    the benchmark timed the draft's shape (another shape's time says nothing of this draft's step)."""
     rows = []
     for (t, d, b), grp in table.groupby(["target", "draft", "batch"], sort=False):
         target_ms = 1e3 * b / float(grp.tokens_per_s_plain.median())  # tokens of the whole batch per step
         c = float(grp.c.median())
-        engine_ms = engine.ms if engine is not None and b == 1 else math.nan
+        engine_ms = engine.ms if b == 1 and engine_timed(d, engine) else math.nan
         rows.append(
             dict(
                 target=t,
@@ -261,7 +275,8 @@ def render_setup(run: ControlledRun, models_dir: Path = MODELS_DIR) -> str:
         f"γ ∈ {{{', '.join(str(g) for g in P.get('controlled_gammas', []))}}}, "
         f"batch ∈ {{{', '.join(str(b) for b in P.get('batches', []))}}}; prompts of "
         f"{P.get('controlled_prompt_len')} tokens, {P.get('controlled_new_tokens')} new tokens per sequence, "
-        f"{P.get('controlled_repeats')} repeats per point (speedup: median, spread: min–max), {P.get('dtype')}.",
+        f"{P.get('dtype')}. Each run times every point {P.get('controlled_repeats')} times (speedup: their median, "
+        f"spread: min–max){_over_repeats(run)}.",
         "",
         f"Run on one {md_text(dev.get('name', 'unknown device'))} (PyTorch {md_text(dev.get('torch', '?'))}, CUDA "
         f"{md_text(dev.get('cuda', '?'))}) at commit {', '.join(f'`{md_text(c)}`' for c in run.commits)}: "
@@ -273,11 +288,30 @@ def render_setup(run: ControlledRun, models_dir: Path = MODELS_DIR) -> str:
     gaps = left_out(run)
     if gaps:
         lines += ["", "The budget stopped the sweep before:", "", *[f"- {md_text(g)};" for g in gaps]]
+    else:
+        lines += ["", "The time budget stopped no pair or batch size before its last point."]
     waiting = not_yet(run)
     if waiting:
         lines += ["", "Not measured yet (their part has no run at this fingerprint; `make gpu-plan` lists it):", ""]
         lines += [f"- {md_text(w)};" for w in waiting]
     return "\n".join(lines) + "\n"
+
+
+def pair_repeats(run: ControlledRun, draft: str, target: str, batch: int | None = None) -> str:
+    """What the pair's points (at ``batch``) rest on, of the study's repeats (``report.point_repeats``)."""
+    return report.point_repeats(run.pays, run.total_repeats, draft, target, batch) if run.total_repeats else ""
+
+
+def _over_repeats(run: ControlledRun) -> str:
+    """'; each point is then the median over the study's repeats that measured it (…: 3; …: 1)', or ''."""
+    said = []
+    for d, t in dict.fromkeys(zip(run.table.draft, run.table.target, strict=True)):
+        n = report.repeat_count(run.pays, d, t) if len(run.pays) else None
+        if n is not None:
+            said.append(f"{pair_label(d, t)}: {report.count_text(n)}")
+    if not said:
+        return ""
+    return f"; each point is then the median over the study's repeats that measured it ({'; '.join(said)})"
 
 
 def _runs_sentence(run: ControlledRun) -> str:
@@ -327,18 +361,21 @@ def goal_verdict(goal: dict) -> str:
     return "missed: " + " and ".join(why)
 
 
-def render_goal(table: pd.DataFrame, gammas) -> str:
-    """The goal check of the 8B-shape pair (``report.goal_check``) and what c the goal needs."""
+def render_goal(table: pd.DataFrame, gammas, run: ControlledRun | None = None) -> str:
+    """The goal check of the 8B-shape pair (``report.goal_check``), what its point rests on (``run``'s repeats) and
+    what c the goal needs."""
     goal = report.goal_check(table)
     if goal is None:
         return f"The goal's point (the 8B-shape target at α = {report.GOAL_ALPHA:g}, batch 1) did not run.\n"
     g_need, c_need = c_needed(report.GOAL_ALPHA, report.GOAL_SPEEDUP, gammas)
     side = "below" if goal["gap_pct"] >= 0 else "above"
     within = "within" if abs(goal["gap_pct"]) <= report.GOAL_WITHIN_PCT else "outside"
+    on = pair_repeats(run, goal["draft"], goal["target"], 1) if run is not None else ""
     text = (
         f"`{md_text(goal['draft'])}` → `{md_text(goal['target'])}` at α = {report.GOAL_ALPHA:g}, batch 1, best "
         f"γ = {goal['gamma']}: **{goal['speedup']:.2f}×** (its timed rounds {goal['speedup_low']:.2f}–"
-        f"{goal['speedup_high']:.2f}×), against **{goal['predicted']:.2f}×** predicted by Leviathan's formula from "
+        f"{goal['speedup_high']:.2f}×){f', {on},' if on else ''} against **{goal['predicted']:.2f}×** predicted by "
+        "Leviathan's formula from "
         f"the c = {goal['c']:.3f} measured in the same loop: {abs(goal['gap_pct']):.1f}% {side} the prediction, "
         f"{within} the {report.GOAL_WITHIN_PCT:g}% allowed. The goal (≥ {report.GOAL_SPEEDUP:g}× within "
         f"{report.GOAL_WITHIN_PCT:g}% of the prediction) is **{goal_verdict(goal)}**.\n\n"
@@ -348,7 +385,7 @@ def render_goal(table: pd.DataFrame, gammas) -> str:
             f"The prediction itself is below {report.GOAL_SPEEDUP:g}×: at α = {report.GOAL_ALPHA:g} the goal needs "
             f"c ≤ {c_need:.3f} (at γ = {g_need}, the best of the γ swept; solving "
             f"{report.GOAL_SPEEDUP:g} = (1 − α^(γ+1)) / ((1 − α)(γc + 1)) for c), and the loop ran at "
-            f"c = {goal['c']:.3f}, {goal['c'] / c_need:.1f}× that. What is missing is a cheaper draft step, not a "
+            f"c = {goal['c']:.3f}, {goal['c'] / c_need:.2f}× that. What is missing is a cheaper draft step, not a "
             "better match to the formula.\n"
         )
     return text
@@ -381,7 +418,7 @@ def render_cost(table: pd.DataFrame, engine: EngineDecode | None, run: Controlle
         "target step (ms)",
         "c, median (range)",
         "draft step in the loop (ms)",
-        "engine decode, batch 1 (ms)",
+        "engine decode of the draft's shape, batch 1 (ms)",
         "loop / engine",
     ]
     text = list_table(header, rows, css="servelab-controlled-cost") + "\n"
@@ -389,16 +426,28 @@ def render_cost(table: pd.DataFrame, engine: EngineDecode | None, run: Controlle
         return text + "The engine's benchmark has not run on the H200, so there is no engine decode to compare.\n"
     b1 = cost[cost.batch == 1]
     commit = ", ".join(f"`{md_text(c)}`" for c in run.commits) if run is not None else "an unrecorded commit"
+    shape = shape_of(engine.model)
     text += (
         f"The target step is one plain decode step of the whole batch (batch × 1000 / tokens_per_s_plain); the draft "
         f"step is c × that, its device time inside the loop. The engine column is the engine benchmark's "
-        f"`{ENGINE_METRIC}` for `{md_text(engine.model.removeprefix('config:'))}`, measured at commit "
+        f"`{ENGINE_METRIC}` for `{md_text(shape)}`, measured at commit "
         f"`{md_text(engine.commit)}` (this sweep ran at {commit}), in the engine's default "
-        "configuration (CUDA graphs). "
-        f"At batch 1 the draft step in the loop took {_span(b1.draft_over_engine, '.1f')}× the engine's own decode "
-        "of that shape: that gap is what the loop costs around the draft's forward.\n"
+        "configuration (CUDA graphs), so it stands beside the drafts of that shape only. "
+        + _loop_over_engine(b1, shape)
     )
     return text + _engine_c_sentence(table, b1, engine)
+
+
+def _loop_over_engine(b1: pd.DataFrame, shape: str) -> str:
+    """How much the loop's draft step costs over the engine's own decode of the same shape, at batch 1."""
+    same = b1.dropna(subset=["draft_over_engine"])
+    if same.empty:
+        return f"No draft here has `{md_text(shape)}`'s shape, so the loop's draft steps have no engine time beside.\n"
+    drafts = ", ".join(f"`{md_text(d)}`" for d in dict.fromkeys(same.draft))
+    return (
+        f"At batch 1 the draft step in the loop ({drafts}) took {_span(same.draft_over_engine, '.1f')}× the engine's "
+        "own decode of that shape: that gap is what the loop costs around the draft's forward.\n"
+    )
 
 
 def _engine_c_sentence(table: pd.DataFrame, b1: pd.DataFrame, engine: EngineDecode) -> str:
@@ -482,21 +531,35 @@ def render_figure_block(run: ControlledRun) -> str:
     )
 
 
+def render_rerun() -> str:
+    """How to measure the sweep again: one campaign job per controlled part (a fresh process each), then render."""
+    jobs = "\n".join(f"scripts/gpu_run.sh {STUDY}:{part}:0" for part in CONTROLLED_PARTS)
+    return (
+        f"On a CUDA machine, one job per part of Study 3 that runs this sweep, each in a fresh process (`:0` is the "
+        f"first repeat; `make gpu-plan` lists the jobs missing at today's measuring code):\n\n```bash\n{jobs}\n```\n\n"
+        f"Each writes its raw rows and run record under `data/results/<device>/{STUDY}/runs/<fingerprint>/<part>/"
+        "r<repeat>/`; `python -m servelab_book prepare` then rebuilds this page from them. The time budget "
+        "(`controlled_budget_s`, a parameter of Study 3's notebook) starts no new point once spent; *What was "
+        "measured* above says whether it stopped any.\n"
+    )
+
+
 def controlled_page(root: Path | None = None, device: str = BOOK_DEVICE, models_dir: Path = MODELS_DIR) -> PageFiles:
     """Every include of the page, and its figure; sentences saying "not measured", and why, where the sweep has no
     run or Study 3's report cannot give it."""
     run = find_controlled(root, device)
     if isinstance(run, str):
         missing = f"Not measured: {run}. The controlled-acceptance sweep has not run on the H200 yet.\n"
-        return PageFiles(dict.fromkeys(INCLUDES, md_text(missing) + "\n"))
+        return PageFiles(dict.fromkeys(INCLUDES, md_text(missing) + "\n") | {"controlled_rerun.md": render_rerun()})
     gammas = run.params.get("controlled_gammas") or sorted(run.table.gamma.unique())
     engine = find_engine_decode(root, device)
     texts = (
         render_setup(run, models_dir),
-        render_goal(run.table, gammas),
+        render_goal(run.table, gammas, run),
         render_cost(run.table, engine, run),
         render_pays(run.table, run.pays, gammas),
         render_figure_block(run),
+        render_rerun(),
     )
     device_name = run.run.get("device", {}).get("name", device)
     return PageFiles(dict(zip(INCLUDES, texts, strict=True)), figure_svg(run.table, device_name))

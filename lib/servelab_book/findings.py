@@ -286,23 +286,23 @@ def _judged_elsewhere(f: Finding, evidence: dict[str, StudyEvidence]) -> Finding
     other = _other(f.id, evidence)
     if other is None:
         return f
-    # the attribution first: the landing table shows a note's first clause, and F2.3's read as if Study 2's page,
-    # which its link opens and which says "changes", had judged it
+    # the judging report's note first: the landing table shows a note's first sentence, which must say why the claim
+    # reads as it does (F2.3's opens with the simulator's error against its goal, naming the simulator)
     note = (
-        f"Judged {_judged_by(evidence[EVIDENCE[f.id]])}; the study's own data alone said: {f.verdict}, "
-        f"{f.measured_value} {f.unit}. {other.note}"
+        f"{other.note.rstrip('.')}. Judged {_judged_by(evidence[EVIDENCE[f.id]])}, not by this study's data, which "
+        f"alone said: {f.verdict}, {f.measured_value} {f.unit}."
     )
     return replace(other, claim=f.claim, seed_value=f.seed_value, note=note)
 
 
+PAGE_NAMES = {SIMULATOR: "the simulator page"}  # the judging reports as the reader knows their pages
+
+
 def _judged_by(src: StudyEvidence) -> str:
-    """Which study's validation judged a claim, and what its Evidence cell's "fresh" or "stale" says of it: the
-    measuring code of its runs. A reader took F2.3's "fresh" for a fresh held-out run, which the simulator's own note
-    says it has or not."""
+    """Which page's validation judged a claim, and the measuring code of its runs (its Evidence cell's "fresh" or
+    "stale")."""
     code = {FRESH: "today's measuring code", STALE: "older measuring code"}.get(src.freshness)
-    return f"from {src.slug}'s validation" + (
-        f", its runs by {code} ('{src.freshness}' under Evidence)" if code else ""
-    )
+    return f"by {PAGE_NAMES.get(src.slug, src.slug)}'s validation" + (f", its runs measured by {code}" if code else "")
 
 
 RUN_COLUMNS = [

@@ -54,6 +54,7 @@ TABLE_COLUMNS = [
     "tested_on",
     "freshness",
     "changed",
+    "source",  # the study whose report judged the claim, where another than its own (F2.3: 08_simulator)
 ]
 
 
@@ -185,6 +186,7 @@ def findings_table(seed: pd.DataFrame, findings: pd.DataFrame, pages: list[Study
             "tested_on": "",
             "freshness": "no data",
             "changed": "",
+            "source": "",
         }
         if claim.id in measured.index:
             f = measured.loc[claim.id]
@@ -214,6 +216,7 @@ def findings_table(seed: pd.DataFrame, findings: pd.DataFrame, pages: list[Study
                 tested_on=_text(f.get("tested_on", "")),
                 freshness="no data" if nothing else _text(f.get("freshness", "")) or "no data",
                 changed=_text(f.get("changed", "")),
+                source="" if _text(f.get("source", "")) == claim.study else _text(f.get("source", "")),
             )
         else:
             row.update(
@@ -319,6 +322,17 @@ def _runs_text(r) -> str:
     return md_text(f"{n} runs {when}") + ", at " + which
 
 
+# a claim's judging report as the reader knows its page, and the runs that page replays
+JUDGING_PAGES = {"08_simulator": "the simulator page, against Study 1's server runs (listed under Study 1)"}
+
+
+def _judged_elsewhere_text(r) -> str:
+    """The runs a claim judged by another study's report rests on, for its Evidence cell: the study's header names
+    its own runs, which are not these (F2.3 is judged on Study 1's server runs, replayed on the simulator page)."""
+    page = JUDGING_PAGES.get(r.source, r.source)
+    return f"judged on {page}, with its own {_runs_text(r)}"
+
+
 def render_by_study(table: pd.DataFrame, titles: dict[str, str] | None = None) -> str:
     """The findings page: one section per study (titled as its page, ``titles[slug]``) with its run's
     provenance and the full notes."""
@@ -330,16 +344,24 @@ def render_by_study(table: pd.DataFrame, titles: dict[str, str] | None = None) -
         title = (titles or {}).get(s.slug) or f"Study {s.number}: {s.title}"
         out.append(f"## {md_text(title)}\n")
         measured = part[part["h200_value"] != NOT_MEASURED]
+        own = measured[measured["source"] == ""]
         if len(measured):
-            r = measured.iloc[0]
+            r = (own if len(own) else measured).iloc[0]
             fresh = (
                 "measured by today's measuring code (fresh)"
                 if r.freshness == "fresh"
                 else f"measured by older code (stale; changed since: {md_text(r.changed) or 'unknown'})"
             )
+            elsewhere = measured[measured["source"] != ""]["id"].tolist()
+            others = (
+                f" {', '.join(elsewhere)} {'is' if len(elsewhere) == 1 else 'are'} judged on other runs, which "
+                f"{'its' if len(elsewhere) == 1 else 'their'} Evidence names."
+                if elsewhere
+                else ""
+            )
             out.append(
                 f"Measured on {md_text(r.device_name)}, {_runs_text(r)}, {fresh}. Verdicts: today's rules applied to "
-                f"that data. {{doc}}`The study's page </{s.docname}>`.\n"
+                f"that data.{others} {{doc}}`The study's page </{s.docname}>`.\n"
             )
         else:
             out.append(
@@ -354,7 +376,8 @@ def render_by_study(table: pd.DataFrame, titles: dict[str, str] | None = None) -
                 md_text(r.rtx2070_value),
                 md_text(r.h200_value),
                 _badge(r.verdict, r.repeat_verdicts),
-                md_text(evidence_text(r) + (f"; {r.tested_on}" if r.tested_on else "")),
+                md_text(evidence_text(r) + (f"; {r.tested_on}" if r.tested_on else ""))
+                + (f"; {_judged_elsewhere_text(r)}" if r.source and r.h200_value != NOT_MEASURED else ""),
                 md_text(r.reason),
             ]
             for r in part.itertuples()

@@ -156,7 +156,7 @@ def prepare(
         "findings_summary.md": render_summary(table),
         "findings_table.md": render_landing_table(table),
         "findings_by_study.md": render_by_study(table, {p.study.slug: p.title for p in pages}),
-        "runs_table.md": render_runs_table(runs),
+        "runs_table.md": render_runs_table(runs, evidence),
         "reproduce.md": render_reproduce(notebooks_dir),
         "engine_bench.md": render_engine_bench(bench),
         "engine_decode.md": render_decode_comparison(bench),

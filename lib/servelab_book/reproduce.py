@@ -1,8 +1,8 @@
 """How to reproduce the book: the GPU plan, the GPU runs, the replay, and each notebook's parameters.
 
-The methodology page's section. The parameters shown are the source of the cell tagged ``parameters`` in
-``notebooks/NN_name.ipynb``, so the page cannot drift from the notebooks; the papermill command comes from
-``servelab.studies.common.rerun``, which the study pages' own re-run sections use too.
+The methodology page's section. Each study's part is the study page's own re-run section
+(``servelab.studies.common.rerun.rerun_section``), whose parameters are the source of the cell tagged ``parameters``
+in ``notebooks/NN_name.ipynb``, so the page cannot drift from the notebooks or from the study pages.
 """
 
 from __future__ import annotations
@@ -45,7 +45,10 @@ def papermill_command(study: Study, profile: str = "full") -> str:
 
 
 def render_reproduce(notebooks_dir: Path = NOTEBOOKS_DIR) -> str:
-    """The workflow, then one section per study: its GPU job, its papermill commands and its parameters."""
+    """The workflow, then one section per study: its page's own re-run section (``rerun.rerun_section``: the replay
+    into the book's page, its real GPU jobs, a full run into a notebook of its own, and its parameters), so the
+    methodology page cannot give a command that the study page does not, nor overwrite a committed page with a GPU
+    run."""
     out = [WORKFLOW]
     for s in STUDIES:
         nb = notebooks_dir / f"{s.slug}.ipynb"
@@ -54,11 +57,5 @@ def render_reproduce(notebooks_dir: Path = NOTEBOOKS_DIR) -> str:
         if not nb.exists():
             out.append(f"Its notebook, `notebooks/{s.slug}.ipynb`, is not written yet.\n")
             continue
-        out.append(
-            f"```bash\nscripts/gpu_run.sh {s.slug}:all:0        # measure one repeat on the GPU "
-            f"(`make gpu-plan` lists its parts)\n{papermill_command(s, 'replay')}\n"
-            f"{papermill_command(s, 'full')}\n```\n"
-        )
-        out.append("Parameters, from the notebook's `parameters` cell (pass any with `-p name value`):\n")
-        out.append(f"```python\n{parameters_source(nb)}\n```\n")
+        out.append(rerun.rerun_section(s.slug, notebooks_dir))
     return "\n".join(out)

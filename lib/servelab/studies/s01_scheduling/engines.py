@@ -91,7 +91,7 @@ def launch_lines(servers: pd.DataFrame) -> str:
     return " ".join(out) + (
         f" Each server chose its launch by timing the candidates at startup{shape if len(at) else ''}, so the "
         "choice varies between repeats along with their seeds and traces, and the repeats' spread includes it. "
-        "Issue 29 replaces the per-process timing with a launch measured once per device."
+        "A planned engine change replaces the per-process timing with a launch measured once per device."
     )
 
 
@@ -124,9 +124,9 @@ def compile_lines(servers: pd.DataFrame) -> str:
         out.append(
             f"**{model_name(model)} ran without `torch.compile`** in {len(off)} of its {len(g)} servers "
             f"({off['repeat'].nunique()} of {g['repeat'].nunique()} repeats){why}. Its step times, and every latency "
-            "built on them, are the uncompiled engine's; the other settings are as the table says. Issue 29 "
-            "replaces the whole-model check, whose margin a deep model's bf16 rounding can pass, with one on the "
-            "compiled code's first blocks."
+            "built on them, are the uncompiled engine's; the other settings are as the table says. A planned "
+            "engine change replaces the whole-model check, whose margin a deep model's bf16 rounding can pass, "
+            "with one on the compiled code's first blocks."
         )
     return "\n\n".join(out)
 

@@ -171,7 +171,8 @@ def with_models_over_repeats(
             claim = [p[f.id] for p in per_repeat]
             sentence = verdicts.models_over_repeats(claim) + held_up_sentence(claim, held)
         if sentence and f.repeats > 1:
-            f = replace(f, note=f"{f.note}. {sentence}")
+            label = verdicts.split_label(claim)
+            f = replace(f, note=f"{f.note}. {sentence}", measured_value=f.measured_value + label)
             said[f.id] = sentence
         out.append(f)
     return out, said
@@ -252,8 +253,8 @@ def host_stall_lines(stalls: pd.DataFrame) -> str:
         )
     return (
         f"{len(stalls)} step{'s' if len(stalls) != 1 else ''} of the step logs spent {HOST_STALL_MS:.0f} ms or more "
-        "on the host, at least ten times what that setting's steps of the same kind usually spend there "
-        "(`host_stalls`). No scheduling decision takes that long: such a step waited on a one-off host event "
+        "on the host, at least ten times what that setting's steps of the same kind usually spend there. "
+        "No scheduling decision takes that long: such a step waited on a one-off host event "
         "(a kernel compiled on first use, an allocation, a collection), and every decode in it waited too.\n\n"
         + takeaway_list(lines)
     )
@@ -494,7 +495,7 @@ def not_offered_lines(late: pd.DataFrame) -> str:
         f"{n} requests of {len(late)} points' traces arrived after their run's deadline (the window plus the drain): "
         "a point replays as many arrivals as its window should hold, and Poisson arrivals can run past it. The load "
         "generator never sent them and recorded them as cut with no token; they were never offered, so each point "
-        "leaves them out (`summary.offered`). Counted as cut, they made points miss the SLO where every request that "
+        "leaves them out. Counted as cut, they made points miss the SLO where every request that "
         "was sent met it.\n\n" + takeaway_list(lines)
     )
 

@@ -84,6 +84,7 @@ def paired(summary: pd.DataFrame, reference_budget: int) -> pd.DataFrame:
     (at the reference budget) max stall, p99 ITL, delivered throughput and mean TTFT."""
     s = _served(_ok_rate_sweep(summary))
     cols = ["max_itl_ms", "itl_p99_ms", "delivered_tok_s", "mean_ttft_ms", "rate", "cut"]
+    cols += [c for c in ("requests",) if c in s.columns]  # the cut share F1.1's and F1.2's text give
     cols += [c for c in STALL_COLUMNS if c in s.columns]
     e = s[s["scheduler"] == "eager_cont_batch"].set_index(["model", "rate_fraction"])[cols]
     c = s[(s["scheduler"] == "chunked_prefill") & (s["budget"] == reference_budget)].set_index(
@@ -112,6 +113,20 @@ def _with_p99_cut(j: pd.DataFrame) -> pd.DataFrame:
 def _stall_text(r, side: str) -> str:
     """ "152 [148–153] ms": a run's p99 of the per-request maximum ITL and its bootstrap interval."""
     return f"{r[f'{STALL}_{side}']:.1f} [{r[f'max_itl_p99_lo_ms_{side}']:.1f}–{r[f'max_itl_p99_hi_ms_{side}']:.1f}]"
+
+
+def cut_shares(r) -> str:
+    """ "ChunkedPrefill cut 32% of its requests, EagerContBatch 0%": the share of each policy's requests cut at the
+    deadline in a paired row (a rate both served may still cut some)."""
+    chunked, eager = (r[f"cut_{side}"] / r[f"requests_{side}"] for side in ("chunked", "eager"))
+    return f"ChunkedPrefill cut {chunked:.0%} of its requests, EagerContBatch {eager:.0%}"
+
+
+SERVED = f"served: at most {MAX_CUT_SHARE:.0%} of the requests cut at the deadline"
+
+
+def _any_cut(r) -> bool:
+    return "requests_chunked" in r and bool(r["cut_chunked"] > 0 or r["cut_eager"] > 0)
 
 
 def over_models(n: int) -> str:
@@ -259,6 +274,22 @@ def models_over_repeats(by_repeat: list[dict[str, str]]) -> str:
     return text
 
 
+def split_label(by_repeat: list[dict[str, str]]) -> str:
+    """The bracket the value cell carries where a model's repeats disagree (``model_verdicts`` of each repeat, in run
+    order): that part is inconclusive, with its repeats' verdicts, and whether the other models decide the claim
+    (``possible_verdicts``); "" where every model's repeats agree."""
+    split = split_models(by_repeat)
+    if not split or len(by_repeat) < 2:
+        return ""
+    seen = {m: [rep.get(m, "missing") for rep in by_repeat] for m in dict.fromkeys(m for rep in by_repeat for m in rep)}
+    parts = [f"{m} part inconclusive over the repeats ({', '.join(seen[m])})" for m in split]
+    outcomes = possible_verdicts({m: set(said) - {"missing"} for m, said in seen.items()})
+    steady = [m for m in seen if m not in split]
+    if len(outcomes) == 1 and steady:
+        parts.append(f"{' and '.join(steady)} decides: the claim reads {next(iter(outcomes))} whichever stands")
+    return f" [{'; '.join(parts)}]"
+
+
 def f11(summary: pd.DataFrame, reference_budget: int, dtype: str | None = None) -> Finding:
     j = judged_pairs(summary, reference_budget)
     if j.empty:
@@ -272,8 +303,9 @@ def f11(summary: pd.DataFrame, reference_budget: int, dtype: str | None = None) 
         parts.append(
             f"{name}: worst stall (p99 of per-request max ITL [95% CI]) {_stall_text(worst, 'eager')} → "
             f"{_stall_text(worst, 'chunked')} ms (maximum {worst['max_itl_ms_eager']:.1f} → "
-            f"{worst['max_itl_ms_chunked']:.1f} ms) at {worst['rate_eager']:.2f} req/s; median cut over {len(g)} "
-            f"rates {cut:.0%}"
+            f"{worst['max_itl_ms_chunked']:.1f} ms) at {worst['rate_eager']:.2f} req/s"
+            + (f" ({cut_shares(worst)} at the deadline)" if _any_cut(worst) else "")
+            + f"; median cut over {len(g)} rates {cut:.0%}"
         )
     return _per_model_finding(
         "F1.1",
@@ -284,7 +316,7 @@ def f11(summary: pd.DataFrame, reference_budget: int, dtype: str | None = None) 
         f"outside it, fails at <= 5%.",
         near=near,
         seed_value=_seed_cut("F1.1"),
-        unit="ms",
+        unit="ms (stalls), % (cuts)",
         tested_on=_pairs_tested_on(j, dtype),
         headline=float(np.median(cuts)),
         headline_unit=f"% cut in the p99 stall, median over rates{over_models(len(cuts))}",
@@ -305,8 +337,9 @@ def f12(summary: pd.DataFrame, reference_budget: int, dtype: str | None = None) 
         parts.append(
             f"{name}: throughput ×{ratio:.2f} at the most loaded rate both policies served, "
             f"{top['rate_eager']:.2f} req/s "
-            f"({top['delivered_tok_s_chunked']:,.0f} vs {top['delivered_tok_s_eager']:,.0f} tok/s), "
-            f"stall cut {cut:.0%}"
+            f"({top['delivered_tok_s_chunked']:,.0f} vs {top['delivered_tok_s_eager']:,.0f} tok/s; {SERVED}"
+            + (f", and {cut_shares(top)} there" if "requests_chunked" in top else "")
+            + f"), stall cut {cut:.0%}"
         )
     return _per_model_finding(
         "F1.2",

@@ -18,7 +18,7 @@ from servelab.studies.common.published import published_section
 from servelab.studies.common.runs import RunSet, pool_repeats, study_runs
 from servelab.studies.common.study_page import StudyPage
 from servelab.studies.common.tested_on import model_name
-from servelab.studies.s02_gpu_costs import verdicts
+from servelab.studies.s02_gpu_costs import eager_spread, verdicts
 from servelab.studies.s02_gpu_costs.launch_overhead import launch_overhead
 
 STUDY = "02_gpu_costs"
@@ -153,9 +153,24 @@ def with_pooled_decode(findings: list[Finding], runs: RunSet, steps: pd.DataFram
         quoted = next((b for b in bodies if b in f.note), None) if f.id == "F2.2" and f.repeats > 1 else None
         if quoted is not None:  # the repeat's label before its text goes with it; the interval after it stays
             over = f" ({MEDIAN_OF_STEPS.format(n=f.repeats)})"
-            f = replace(f, measured_value=value + over, note=note + over + f.note.split(quoted, 1)[1])
+            spread = eager_spread.spread_sentence(runs.table("steps"))
+            said = f"{note}{over}" + (f". {spread}" if spread else "")
+            f = replace(f, measured_value=value + over, note=said + f.note.split(quoted, 1)[1])
         out.append(f)
     return out
+
+
+OWN_DATA_F23 = " [this study's cost data alone: the book's verdict on F2.3 is decided on the simulator's page]"
+
+
+def own_data_f23(findings: list[Finding]) -> list[Finding]:
+    """The page's verdict table with F2.3's value cell saying whose verdict it is: this page judges its own cost data,
+    and the book's F2.3 is the simulator's validation (``f23_elsewhere``), so a reader who reaches the cell from the
+    findings table sees why the two differ. For the page only: the findings page quotes the study's own value."""
+    return [
+        replace(f, measured_value=f.measured_value + OWN_DATA_F23) if f.id == "F2.3" and f.repeats else f
+        for f in findings
+    ]
 
 
 MEDIAN_OF_STEPS = "each step's median over the {n} repeats, as the study's tables show it"
@@ -200,9 +215,16 @@ def takeaways(r: Study2Page) -> str:
     """One sentence per claim, then what graphs save the engine and how well its step cost model predicts."""
     return takeaway_list(
         [finding_sentence(f) for f in r.findings]
+        + [_spread_takeaway(r.runs)]
         + [f23_elsewhere(r.runs.results_root) if any(f.id == "F2.3" for f in r.findings) else ""]
         + [launch_sentence(r.overhead), compiled_sentence(r.steps, r.bench_decode), step_model_sentence(r.cost_fit)]
     )
+
+
+def _spread_takeaway(runs: RunSet) -> str:
+    """F2.2's HF-eager times beside their noise between repeats (``eager_spread``), or "" with one repeat."""
+    said = eager_spread.spread_sentence(runs.table("steps")) if runs.measured else ""
+    return f"{said}." if said else ""
 
 
 SIMULATOR = "08_simulator"
@@ -244,14 +266,14 @@ def prefill_view(steps: pd.DataFrame) -> pd.DataFrame:
             {
                 "model": model_name(model),
                 "mode": mode,
-                "shortest prompt (tokens)": int(lo.new_tokens),
-                "µs/token there": lo.us_per_token,
-                "longest prompt (tokens)": int(hi.new_tokens),
-                "µs/token at the longest": hi.us_per_token,
-                "% of floor at the longest": hi.pct_of_floor,
+                "shortest prompt (tokens)": f"{int(lo.new_tokens):,}",
+                "µs/token there": f"{lo.us_per_token:,.2f}",
+                "longest prompt (tokens)": f"{int(hi.new_tokens):,}",
+                "µs/token at the longest": f"{hi.us_per_token:,.2f}",
+                "% of floor at the longest": round(hi.pct_of_floor, 2),
             }
         )
-    return pd.DataFrame(rows).round(2)
+    return pd.DataFrame(rows)
 
 
 def modes_view(modes: pd.DataFrame) -> pd.DataFrame:

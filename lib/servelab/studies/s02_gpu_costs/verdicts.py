@@ -236,7 +236,9 @@ def f23_sim_defaults(
         note=note,
         headline=float(ratio),
         headline_unit=(
-            f"× the RTX 2070's prefill cost over the H200's (holds within {HOLD_RATIO[0]:g}–{HOLD_RATIO[1]:g}×)"
+            f"× the RTX 2070's prefill cost, the middle of its {SEED_PREFILL_US_PER_TOKEN[0]:g}–"
+            f"{SEED_PREFILL_US_PER_TOKEN[1]:g} µs/token, over the H200's (holds within {HOLD_RATIO[0]:g}–"
+            f"{HOLD_RATIO[1]:g}×)"
         ),
         tested_on=tested_on(
             models,

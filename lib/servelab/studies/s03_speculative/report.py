@@ -10,7 +10,7 @@ Raw tables by part (``measure.py``): ``generations``, ``step_costs``, ``models``
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -54,6 +54,7 @@ class Study3Page(StudyPage):
     pays_grid: pd.DataFrame = field(default_factory=pd.DataFrame)
     pays_points: pd.DataFrame = field(default_factory=pd.DataFrame)
     shape_ratios: pd.DataFrame = field(default_factory=pd.DataFrame)
+    eager_outliers: str = ""  # repeats whose eager ratio is not physically plausible (``verdicts.implausible_eager``)
     real_tested_on: str = ""
     shapes_tested_on: str = ""
 
@@ -232,6 +233,31 @@ def _with_each_repeat(runs: RunSet, pooled: pd.DataFrame, make, col: str = "targ
     return pooled.merge(joined, on=RATIO_KEYS, how="left")
 
 
+def _at_median_repeat(
+    runs: RunSet, pooled: pd.DataFrame, make, col: str = "target_over_draft", times=("draft_ms", "target_ms")
+) -> pd.DataFrame:
+    """``pooled`` with the ``times`` of the repeat whose ``col`` is nearest its median over repeats
+    (``<time>_at_median``) and that repeat's name (``median_repeat``). Each time's own median came from whichever
+    repeat had it, so the medians side by side implied a ratio the median ratio contradicted (24.5 and 22.0 ms beside
+    1.22×); one repeat's times give its ratio."""
+    if pooled.empty or col not in pooled:
+        return pooled
+    frames = []
+    for rep in runs.per_repeat():
+        df = make(rep)
+        if df is not None and len(df) and col in df:
+            frames.append(df[[*RATIO_KEYS, col, *times]].assign(median_repeat=runs.repeat_name(rep.repeats[0])))
+    if not frames:
+        return pooled
+    each = pd.concat(frames, ignore_index=True).merge(
+        pooled[[*RATIO_KEYS, col]].rename(columns={col: "_median"}), on=RATIO_KEYS
+    )
+    each["_gap"] = (each[col] - each["_median"]).abs()
+    nearest = each.sort_values("_gap", kind="stable").drop_duplicates(RATIO_KEYS)
+    keep = nearest[[*RATIO_KEYS, *times, "median_repeat"]].rename(columns={t: f"{t}_at_median" for t in times})
+    return pooled.merge(keep, on=RATIO_KEYS, how="left")
+
+
 def pays_grid(speed: pd.DataFrame, ratios: pd.DataFrame, pair: tuple[str, str]):
     """The map of the best predicted speedup over α × c (coarse: a figure, not a table), the measured pairs'
     points, and the seed's shapes' c per mode."""
@@ -259,6 +285,7 @@ def report(runs: RunSet) -> Study3Page:
 
     findings = runs.combined(lambda rep: repeat_findings(rep, of(rep)), needs=NEEDS)
     ratios = _with_each_repeat(runs, _pooled(runs, lambda r: of(r).ratios, RATIO_KEYS), lambda r: of(r).ratios)
+    ratios = _at_median_repeat(runs, ratios, lambda r: of(r).ratios)
     speed = _pooled(runs, lambda r: of(r).speed, SPEED_KEYS)
     controlled = _pooled(runs, lambda r: of(r).controlled, CONTROLLED_KEYS)
     # where each pair pays, from the pooled curve (each point's median over repeats): pooling each repeat's threshold
@@ -267,6 +294,10 @@ def report(runs: RunSet) -> Study3Page:
     if len(pays):
         pays = pays.merge(_repeats_measuring(runs, lambda r: of(r).controlled, PAYS_KEYS), on=PAYS_KEYS, how="left")
     findings = verdicts.with_seed_shapes(findings, seed_shapes_sentence(pays))
+    findings = verdicts.with_near_reading(findings)
+    per_repeat = [(runs.repeat_name(rep.repeats[0]), of(rep).ratios) for rep in runs.per_repeat()]
+    pair = shape_pair(runs.repeat(runs.repeats[0]))
+    findings = with_f33_context(findings, per_repeat, ratios, controlled, pair)
     lookup = _pooled(runs, lambda r: tables.lookup_table(r.table("lookup_raw")), LOOKUP_KEYS)
     real_alpha = _pooled(runs, lambda r: r.table("real_alpha").drop(columns=["part"], errors="ignore"), ["pair"])
     verify = _pooled(runs, lambda r: r.table("verify_cost"), ["model", "context", "rows"])
@@ -289,9 +320,47 @@ def report(runs: RunSet) -> Study3Page:
         pays_grid=grid,
         pays_points=pts,
         shape_ratios=shape,
+        eager_outliers=verdicts.implausible_eager(per_repeat, pair, []),
         real_tested_on=real_tested_on(first),
         shapes_tested_on=shapes_tested_on(first),
     )
+
+
+def loop_ratio(controlled: pd.DataFrame, pair: tuple[str, str] = SEED_PAIR, batch: int = 1) -> float:
+    """Target/draft of ``pair`` as the controlled loop ran it at ``batch``: 1 / the median c over its points (the
+    controlled page's "target / draft step"); NaN where it did not run."""
+    if controlled.empty:
+        return float("nan")
+    c = controlled[(controlled.draft == pair[0]) & (controlled.target == pair[1]) & (controlled.batch == batch)].c
+    return 1 / float(c.median()) if len(c) else float("nan")
+
+
+def with_f33_context(
+    findings: list[Finding],
+    per_repeat: list[tuple[str, pd.DataFrame]],
+    ratios: pd.DataFrame,
+    controlled: pd.DataFrame,
+    pair: tuple[str, str] = SEED_PAIR,
+) -> list[Finding]:
+    """F3.3's note, once the repeats are combined, with what the reader needs to weigh it: a repeat whose eager ratio
+    is not physically plausible (``verdicts.implausible_eager``) and why the cost mode's engine ratio is the one
+    judged rather than the loop's (``verdicts.loop_ratio_sentence``); ``pair``: the shapes F3.3 judges."""
+    out = []
+    for f in findings:
+        if f.id == "F3.3" and f.repeats:
+            eager = ratios[(ratios.draft == pair[0]) & (ratios.target == pair[1]) & (ratios["mode"] == "hf_eager")]
+            extra = [
+                verdicts.implausible_eager(per_repeat, pair, f.repeat_verdicts.split(";")),
+                verdicts.loop_ratio_sentence(
+                    float(eager.target_over_draft.iloc[0]) if len(eager) else float("nan"),
+                    loop_ratio(controlled, pair),
+                    pair,
+                ),
+            ]
+            note = ". ".join([f.note, *[e for e in extra if e]])
+            f = replace(f, note=note)
+        out.append(f)
+    return out
 
 
 def _best_speedup(speed: pd.DataFrame, runs: RunSet) -> tuple[str, str] | None:
@@ -385,7 +454,7 @@ def real_alpha_sentence(real_alpha: pd.DataFrame) -> str:
     )
 
 
-def _repeat_count(pays: pd.DataFrame, draft: str, target: str, batch: int | None = None) -> tuple[int, int] | None:
+def repeat_count(pays: pd.DataFrame, draft: str, target: str, batch: int | None = None) -> tuple[int, int] | None:
     """The fewest and most repeats the pays table's rows of the pair (at ``batch``) rest on; None where it does not
     say."""
     if pays.empty or "n_repeats" not in pays:
@@ -395,7 +464,7 @@ def _repeat_count(pays: pd.DataFrame, draft: str, target: str, batch: int | None
     return None if ns.empty else (int(ns.min()), int(ns.max()))
 
 
-def _count(n: tuple[int, int]) -> str:
+def count_text(n: tuple[int, int]) -> str:
     return str(n[0]) if n[0] == n[1] else f"{n[0]}–{n[1]}"
 
 
@@ -405,9 +474,16 @@ def seed_shapes_sentence(pays: pd.DataFrame) -> str:
     seed = verdicts.seed_pair_pays(pays, SEED_PAIR) if len(pays) else ""
     if not seed:
         return ""
-    n = _repeat_count(pays, *SEED_PAIR)
-    over = "" if n is None else "; one repeat" if n[1] == 1 else f"; each point's median over {_count(n)} repeats"
+    n = repeat_count(pays, *SEED_PAIR)
+    over = "" if n is None else "; one repeat" if n[1] == 1 else f"; each point's median over {count_text(n)} repeats"
     return f"At the seed's shapes (random weights, α controlled{over}), {seed}"
+
+
+def _finding_takeaway(f: Finding) -> str:
+    """A verdict's sentence; where F3.2's median is near its threshold, which interval decides it (the Findings
+    page's note says so too)."""
+    reading = verdicts.near_threshold_reading(f)
+    return f"{finding_sentence(f)} {reading}." if reading else finding_sentence(f)
 
 
 def takeaways(r: Study3Page) -> str:
@@ -415,7 +491,7 @@ def takeaways(r: Study3Page) -> str:
     seed = seed_shapes_sentence(r.controlled_pays)
     goal = goal_check(r.controlled) if len(r.controlled) else None
     return takeaway_list(
-        [finding_sentence(f) for f in r.findings]
+        [_finding_takeaway(f) for f in r.findings]
         + [f"{seed}." if seed else ""]
         + [real_alpha_sentence(r.real_alpha)]
         + [goal_sentence(goal, goal_repeats(r, goal)) if len(r.controlled) else ""]
@@ -425,13 +501,49 @@ def takeaways(r: Study3Page) -> str:
 def goal_repeats(r: Study3Page, goal: dict | None) -> str:
     """What the goal's point rests on, "measured in 1 of the 3 repeats" (its curve may have run in fewer repeats
     than the rest of the study)."""
-    n = _repeat_count(r.controlled_pays, goal["draft"], goal["target"], 1) if goal else None
+    if goal is None:
+        return ""
+    return point_repeats(r.controlled_pays, len(r.runs.repeats), goal["draft"], goal["target"], 1)
+
+
+def point_repeats(pays: pd.DataFrame, total: int, draft: str, target: str, batch: int | None = None) -> str:
+    """What a controlled pair's points (at ``batch``) rest on, of the study's ``total`` repeats: "median over the 3
+    repeats" or "measured in 1 of the 3 repeats"; "" where ``pays`` does not say."""
+    n = repeat_count(pays, draft, target, batch)
     if n is None:
         return ""
-    total = len(r.runs.repeats)
     return (
-        f"median over the {total} repeats" if n == (total, total) else f"measured in {_count(n)} of the {total} repeats"
+        f"median over the {total} repeats"
+        if n == (total, total)
+        else f"measured in {count_text(n)} of the {total} repeats"
     )
+
+
+def loop_audit(controlled: pd.DataFrame) -> str:
+    """The batched loop's own counters, in words: the host syncs a round made (its design says 1) and how often the
+    target's acceptance agreed with the controlled one (1 in exact arithmetic); "" where the sweep did not run."""
+    if controlled.empty or "host_syncs_per_round" not in controlled:
+        return ""
+    keys = ["draft", "target", "batch"]
+    syncs = controlled.groupby(keys, sort=False).host_syncs_per_round.max().dropna().astype(int)
+    if syncs.empty:
+        return ""
+    lo, hi = int(syncs.min()), int(syncs.max())
+    times = lambda n: f"{n} time" + ("s" if n != 1 else "")  # noqa: E731 - one phrase, twice
+    if lo == hi:
+        text = f"A round synced the host at most {times(lo)} at every pair and batch size"
+    else:
+        more = [f"{d} → {t} at batch {b}" for (d, t, b), n in syncs.items() if n > lo]
+        text = f"A round synced the host at most {times(lo)}, except {times(hi)} for {', '.join(more)}"
+    agree = controlled.dropna(subset=["agreement"])
+    if len(agree):
+        worst = agree.loc[agree.agreement.idxmin()]
+        text += (
+            f"; the target's own acceptance agreed with the controlled one in a median {agree.agreement.median():.0%}"
+            f" of sequence-rounds per point (lowest {worst.agreement:.0%}: {worst.draft} → {worst.target} at batch "
+            f"{int(worst.batch)}, γ = {int(worst.gamma)}, α = {worst.alpha:g}); the loop applies the controlled one"
+        )
+    return f"{text} (host syncs counted in a warm-up generation of every point; each point's median over repeats)."
 
 
 def _round(df: pd.DataFrame, cols: dict, nd: int = 3) -> pd.DataFrame:
@@ -473,17 +585,32 @@ def speedup_view(speed: pd.DataFrame) -> pd.DataFrame:
 
 
 def ratios_view(ratios: pd.DataFrame) -> pd.DataFrame:
+    """The cost ratios per pair and mode: the median ratio over repeats, and the step times of the repeat it is
+    (``_at_median_repeat``), so that each row's times give its ratio."""
     cols = {
         "draft": "draft",
         "target": "target",
         "mode": "mode",
-        "draft_ms": "draft (ms)",
-        "target_ms": "target (ms)",
         "target_over_draft": "target/draft (×), median of repeats",
+        "median_repeat": "the median's repeat",
+        "draft_ms_at_median": "draft (ms), that repeat",
+        "target_ms_at_median": "target (ms), that repeat",
         "target_over_draft_each": "target/draft in each repeat",
         "param_ratio": "parameters (×)",
     }
     return _view(ratios, cols, 3)
+
+
+def ratios_note(r: Study3Page) -> str:
+    """The cost-ratio table's reading: whose step times it shows, and a repeat whose eager ratio is not physically
+    plausible (``eager_outliers``, as F3.3's note says it)."""
+    if r.cost_ratios.empty:
+        return ""
+    text = (
+        "*Each row's step times are those of the repeat whose ratio is the median over repeats, so they give that "
+        "ratio; every repeat's ratio is in the column beside.*"
+    )
+    return f"{text} *{r.eager_outliers}.*" if r.eager_outliers else text
 
 
 def pays_view(pays: pd.DataFrame) -> pd.DataFrame:

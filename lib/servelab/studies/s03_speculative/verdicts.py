@@ -61,6 +61,59 @@ def with_seed_shapes(findings: list[Finding], sentence: str) -> list[Finding]:
     return [replace(f, note=f"{f.note}. {sentence}") if f.id in SEED_SHAPES_CLAIMS else f for f in findings]
 
 
+def with_near_reading(findings: list[Finding]) -> list[Finding]:
+    """``findings`` with F3.2's note ending in ``near_threshold_reading`` where its repeat found the median near a
+    threshold (added after the repeats are combined: it reads the repeats' calls)."""
+    return [replace(f, note=f"{f.note}. {r}") if (r := near_threshold_reading(f)) else f for f in findings]
+
+
+def implausible_eager(per_repeat: list[tuple[str, pd.DataFrame]], pair: tuple[str, str], said: list[str]) -> str:
+    """The repeats whose eager HF ratio has the target stepping faster than its draft although it has more
+    parameters, in words, or "". ``per_repeat``: (the repeat's name, its cost-ratio table) in the order of
+    ``said``, each repeat's F3.3 verdict (empty: not said). Such a repeat is kept and judged by the rule as it ran;
+    the sentence says what it is."""
+    out = []
+    for i, (name, r) in enumerate(per_repeat):
+        row = r[(r.draft == pair[0]) & (r.target == pair[1]) & (r["mode"] == "hf_eager")] if len(r) else r
+        if row.empty:
+            continue
+        x = row.iloc[0]
+        if not (x.target_over_draft < 1 < x.param_ratio):
+            continue
+        others = [v for j, v in enumerate(said) if j != i and v in ("holds", "changes", "fails")]
+        mine = said[i] if i < len(said) else ""
+        alone = (
+            f"; the other repeats say {others[0]}, so this repeat alone makes F3.3 inconclusive"
+            if others and len(set(others)) == 1 and mine and others[0] != mine
+            else ""
+        )
+        judged = f"; the rule reads it as measured, and that repeat says {mine}{alone}" if mine else ""
+        out.append(
+            f"{name[:1].upper()}{name[1:]}'s eager ratio, {x.target_over_draft:.2f}× ({pair[1]} step "
+            f"{x.target_ms:.2f} ms, {pair[0]} step {x.draft_ms:.2f} ms), has a target with {x.param_ratio:.2f}× "
+            "the draft's parameters step faster than the draft in the same mode: that is not physically plausible. "
+            "It is most likely host time in that repeat's eager timings (a stall, or cuDNN planning each new key "
+            f"length: see Study 3's Limitations), not a cost of the shapes{judged}"
+        )
+    return ". ".join(out)
+
+
+def loop_ratio_sentence(eager: float, loop: float, pair: tuple[str, str]) -> str:
+    """Why F3.3 judges the cost mode's engine ratio, not the speculative loop's (``loop``: target/draft at batch 1
+    as the controlled loop ran, 1/c), beside the eager ratio ``eager``; "" where either is missing."""
+    if not (np.isfinite(eager) and np.isfinite(loop)):
+        return ""
+    bar = FURTHER * eager
+    side = "above" if loop > bar else "below"
+    return (
+        f"The engine ratio judged is the cost mode's: one batch-1 decode step of each model timed alone, as the two "
+        f"HF modes are, so the three modes compare like with like. The speculative loop's own {pair[0]} → {pair[1]} "
+        f"ratio at batch 1, {loop:.2f}× (1/c in Study 3's table of where each pair pays), is {side} {FURTHER:g} × "
+        f"the median eager ratio ({bar:.2f}×), but it is timed otherwise (draft steps replayed back to back inside "
+        "the loop, over a plain target step) and has no eager counterpart, so the rule does not read it"
+    )
+
+
 def best_point(speed: pd.DataFrame, temperature: float | None = 0.0) -> pd.Series | None:
     """The (draft, γ) with the highest measured speedup at ``temperature`` (any, if None)."""
     s = speed if temperature is None else speed[speed.temperature == temperature]
@@ -105,7 +158,7 @@ def f31(
             f"Speculation pays on {device_name} in {len(pays)} of {len(speed)} configurations ({pair_label}, the "
             "project's engine); the seed's Qwen2 weights cannot be loaded offline, so α is that of a trained "
             "family, while the Qwen2 shapes' cost ratios are in F3.3"
-        )
+        ) + _how_far_it_pays(speed, best)
     else:
         verdict = "holds"
         note = (
@@ -126,28 +179,83 @@ def f31(
     )
 
 
-def near_prediction_thresholds(err: pd.Series) -> str:
-    """The sentence that the median |error| (``err``: |prediction error| per point, %) lies within one noise width
-    of F3.2's 20% or 50% threshold, or "". The noise is the order-statistic interval of the median over the points
-    (``common.repeats.median_interval``), on the threshold's side: the threshold lies inside the interval."""
+NEAR = "Near a threshold within this repeat"  # opens F3.2's note sentence when its median is within the noise
+
+
+def _near_edges(err: pd.Series):
+    """(the thresholds, 20% and/or 50%, that the median |error| lies within one noise width of; its interval), or
+    None. The noise is the order-statistic interval of the median over the points (``common.repeats.median_interval``),
+    on the threshold's side: the threshold lies inside the interval."""
     err = err[np.isfinite(err)]
     if err.empty:
-        return ""
+        return None
     iv = median_interval(err)
     near = [
         t
         for t in (PREDICTION_HOLDS_PCT, PREDICTION_TREND_PCT)
         if near_threshold(iv.median, t, (iv.high - iv.median) if t >= iv.median else (iv.median - iv.low))
     ]
-    if not near:
+    return (near, iv) if near else None
+
+
+def _edges_text(near) -> str:
+    return " and ".join(f"{t:g}%" for t in near)
+
+
+def _how_far_it_pays(speed: pd.DataFrame, best: pd.Series) -> str:
+    """What weighs on "speculation pays": the best configuration is picked after the fact among all measured, and
+    the stronger baseline (the target decoding several steps per host round trip) may still beat it."""
+    text = (
+        f"; the best configuration is the highest of the {len(speed)} measured, picked after the fact with no "
+        f"correction for that choice (its 95% CI starts at {best.speedup_ci_low:.2f})"
+    )
+    vs = speed.get("speedup_vs_chained_ci_low")
+    if vs is None or not np.isfinite(best.get("speedup_vs_chained", np.nan)):
+        return text
+    n = int((vs > 1.0).sum())
+    who = "none" if n == 0 else str(n)
+    return text + (
+        f"; against multi-step decoding of the target, the stronger baseline, {who} of the {len(speed)} pays with "
+        f"its whole CI above 1, and the best reads {best.speedup_vs_chained:.2f}×"
+    )
+
+
+def near_prediction_thresholds(err: pd.Series) -> str:
+    """The sentence that one repeat's median |error| (``err``: |prediction error| per point, %) lies within one noise
+    width of F3.2's 20% or 50% threshold, or "". It annotates this repeat's call; what decides the verdict is each
+    repeat's median against the thresholds, combined over the repeats (``near_threshold_reading``)."""
+    got = _near_edges(err)
+    if got is None:
         return ""
-    edges = " and ".join(f"{t:g}%" for t in near)
+    near, iv = got
     kind = "min–max" if iv.is_min_max else "order-statistic interval"
     return (
-        f". Near a threshold: the median |error| {iv.median:.2f}% is within one noise width of the {edges} "
-        f"threshold (its {kind} over the {iv.n} points, {iv.low:.1f}–{iv.high:.1f}%, covers the median with "
-        f"{iv.coverage:.0%} probability): the verdict could go either way"
+        f". {NEAR}: its median |error| {iv.median:.2f}% is within one noise width of the {_edges_text(near)} "
+        f"threshold (the {kind} of that median over the repeat's {iv.n} points, {iv.low:.1f}–{iv.high:.1f}%, covers "
+        f"it with {iv.coverage:.0%} probability), so this repeat's own call could go either way"
     )
+
+
+def near_threshold_reading(f: Finding) -> str:
+    """Where F3.2's repeat found its median near a threshold (``NEAR`` in its note): which interval decides the
+    combined verdict and which one only annotates it; "" otherwise. The verdict is each repeat's median |error|
+    against the thresholds, the repeats' calls combined; the interval over one repeat's points does not enter it."""
+    if f.id != "F3.2" or NEAR not in f.note:
+        return ""
+    said = [v for v in f.repeat_verdicts.split(";") if v]
+    text = (
+        f"What decides the verdict is each repeat's median |error| against {PREDICTION_HOLDS_PCT:g}% and "
+        f"{PREDICTION_TREND_PCT:g}%, the calls of the repeats combined"
+    )
+    if len(said) > 1:
+        text += f" ({', '.join(said)}; their medians {f.spread}%)"
+    text += "; the interval over one repeat's points only annotates that call"
+    if len(said) > 1 and len(set(said)) == 1:
+        text += (
+            f": every repeat fell on the {said[0]} side, but by less than one repeat's noise, so the verdict sits "
+            "near its threshold"
+        )
+    return text
 
 
 def f32(speed: pd.DataFrame, *, tested_on: str = "", controlled: pd.DataFrame | None = None) -> Finding:
@@ -173,6 +281,9 @@ def f32(speed: pd.DataFrame, *, tested_on: str = "", controlled: pd.DataFrame | 
     measured = (
         f"median |error| {med:.1f}% over {len(s)} points (median signed {bias:+.0f}%), rank correlation {rho:.2f}"
     )
+    near = _near_edges(err)
+    if near is not None:  # the page's table and takeaway say so too, not only the note behind them
+        measured += f"; within one repeat's noise of the {_edges_text(near[0])} threshold"
     if med <= PREDICTION_HOLDS_PCT:
         verdict = "holds"
     elif med <= PREDICTION_TREND_PCT:

@@ -259,16 +259,25 @@ def _kernels_and_clocks(kernels: pd.DataFrame, clocks: pd.DataFrame) -> str:
 
 
 def _cold_start(cold: pd.DataFrame) -> str:
+    """The compaction from an idle GPU against back-to-back, and whether the SM clock dropped while idle: where it
+    did not, the difference is not the clock's."""
     c = cold.groupby("state")[["compaction_ms", "sm_clock_mhz"]].median()
     if not {"cold", "warm"} <= set(c.index):
         return ""
     idle, busy = c.loc["cold", "sm_clock_mhz"], c.loc["warm", "sm_clock_mhz"]
-    clock = "" if np.isnan(idle) else f" (SM clock {idle:,.0f} MHz while idle, {busy:,.0f} MHz busy)"
-    return (
-        f"Order matters: a compaction started from an idle GPU took {c.loc['cold', 'compaction_ms']:.3f} ms{clock}, "
-        f"{c.loc['cold', 'compaction_ms'] / c.loc['warm', 'compaction_ms']:.2f}× its back-to-back time of "
-        f"{c.loc['warm', 'compaction_ms']:.3f} ms."
+    ratio = c.loc["cold", "compaction_ms"] / c.loc["warm", "compaction_ms"]
+    said = (
+        f"A compaction started from an idle GPU took {c.loc['cold', 'compaction_ms']:.3f} ms, {ratio:.2f}× its "
+        f"back-to-back time of {c.loc['warm', 'compaction_ms']:.3f} ms"
     )
+    if np.isnan(idle) or np.isnan(busy):
+        return said + "."
+    if f"{idle:,.0f}" == f"{busy:,.0f}":
+        return (
+            said + f"; the SM clock stayed at {idle:,.0f} MHz while idle and busy, so the difference is not a clock "
+            "drop (its cause is not measured here)."
+        )
+    return said + f" (SM clock {idle:,.0f} MHz while idle, {busy:,.0f} MHz busy)."
 
 
 def overlap_sentences(r: Study4Page) -> str:
@@ -295,7 +304,9 @@ def bpt_view(bpt: pd.DataFrame) -> pd.DataFrame:
         "exact": "exact",
     }
     v = bpt[[c for c in cols if c in bpt]].assign(model=bpt["model"].map(model_name))
-    return v.rename(columns=cols).round(0)
+    counts = [c for c in cols if c.endswith("bytes_per_token") or c == "formula_bytes"]
+    v = v.assign(**{c: v[c].map(lambda x: f"{x:,.0f}" if pd.notna(x) else "—") for c in counts if c in v})
+    return v.rename(columns=cols)
 
 
 def capacity_view(summary: pd.DataFrame) -> pd.DataFrame:
@@ -316,6 +327,21 @@ def variation_view(var: pd.DataFrame) -> pd.DataFrame:
         "pct_of_floor_at_max_context": "% of floor at longest context",
     }
     return var[["mode", "batch", *cols]].rename(columns=cols).round(1)
+
+
+def compaction_caption(comp: pd.DataFrame) -> str:
+    """What the compaction table's cells are: medians over the repeats, then over the pool sizes and fractions moved,
+    so a cell is not any one point; F4.3's note gives each mover's range in one repeat."""
+    ok = comp[comp.status == "ok"] if _has(comp, "status") else comp
+    if ok.empty or not _has(ok, "pool_mib", "move_fraction"):
+        return ""
+    repeats = int(ok["n_repeats"].max()) if "n_repeats" in ok else 1
+    over = f"the median over {repeats} repeats of each point, then " if repeats > 1 else ""
+    return (
+        f"*Each cell is {over}the median over the {ok['pool_mib'].nunique()} pool sizes and "
+        f"{ok['move_fraction'].nunique()} fractions moved; F4.3's note below gives each mover's range over every "
+        "point of one repeat.*"
+    )
 
 
 def compaction_view(comp: pd.DataFrame) -> pd.DataFrame:

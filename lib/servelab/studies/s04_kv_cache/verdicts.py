@@ -95,7 +95,7 @@ def _marginal_read(grows: pd.DataFrame, copy_gb_s: float) -> str:
     text = (
         f"; where it grows, each extra token of context is read at up to {best['marginal_kv_gb_s']:,.0f} GB/s "
         f"(95% CI {best['marginal_kv_gb_s_low']:,.0f}–{best['marginal_kv_gb_s_high']:,.0f}; "
-        f"{best['mode']} b={best['batch']}; the copy ceiling, reads + writes, is {copy_gb_s:,.0f} GB/s)"
+        f"{best['mode']} b={best['batch']}; this repeat's copy ceiling, reads + writes, is {copy_gb_s:,.0f} GB/s)"
     )
     above = mb[mb["marginal_kv_gb_s"] > copy_gb_s]
     if above.empty:
@@ -188,7 +188,7 @@ def f43(comp: pd.DataFrame, copy_gb_s: float, model: str = "", dtype: str | None
     inside = SEED_COMPACTION_GB_S[0] / 2 <= hi <= SEED_COMPACTION_GB_S[1] * 2
     verdict = "holds" if inside else "changes"
     note = "; ".join(
-        f"{m}: {r['min']:,.0f}–{r['max']:,.0f} GB/s (up to {100 * r['max'] / copy_gb_s:.0f}% of the "
+        f"{m}: {r['min']:,.0f}–{r['max']:,.0f} GB/s (up to {100 * r['max'] / copy_gb_s:.0f}% of this repeat's "
         f"{copy_gb_s:,.0f} GB/s copy ceiling)"
         for m, r in by.iterrows()
     )

@@ -25,7 +25,7 @@ from servelab.studies.s05_attention.shapes import Architecture
 
 STUDY = "05_attention"
 SHAPE = ["arch", "heads", "kv_heads", "head_dim", "batch", "q_len", "kv_len", "mask", "mask_label", "variant"]
-MEMORY_METHOD = {"cuda": "max_memory_allocated during one call"}
+MEMORY_METHOD = {"cuda": "the CUDA allocator's peak during one call"}
 CPU_MEMORY_METHOD = "bytes of live tensors during one call (CPU tensor tracker)"
 
 
@@ -187,7 +187,8 @@ def speedup_sentence(r: Study5Page) -> str:
     best = tables.best_point(r.prefill, "pct_of_floor")
     return (
         f"At {SEED_COMPARISON_LENGTH:,} tokens SDPA's default is {at['speedup'].min():.1f}–{at['speedup'].max():.1f}× "
-        f"faster than naive attention across the {len(at)} configurations (the RTX 2070: {seed_value('F5.1')}). "
+        f"faster than naive attention across the {len(at)} configurations, each from its median times over the "
+        f"repeats (the RTX 2070: {seed_value('F5.1')}; F5.1's note gives one repeat's range). "
         f"The closest any "
         f"kernel comes to the roofline floor is {best['pct_of_floor']:.0f}% ({best['variant']}, {best['arch']} "
         f"heads, D={int(best['head_dim'])}, {int(best['q_len']):,} tokens): {best['achieved_tflop_s']:,.3g} TFLOP/s "
@@ -289,23 +290,48 @@ def setup(r: Study5Page) -> str:
     return text
 
 
+READABLE = {"kv_heads": "KV heads", "head_dim": "head dim", "q_len": "query length (tokens)", "arch": "model heads"}
+
+
+def _yes_no(s: pd.Series) -> pd.Series:
+    return s.map({True: "yes", False: "no"}).fillna(s)
+
+
 def dispatch_view(r: Study5Page) -> pd.DataFrame:
     cols = ["shape", "arch", "heads", "kv_heads", "head_dim", "picked", "ran", "agree"]
-    return r.dispatch[[c for c in cols if c in r.dispatch]].reset_index(drop=True)
+    v = r.dispatch[[c for c in cols if c in r.dispatch]].reset_index(drop=True)
+    if "agree" in v:
+        v = v.assign(agree=_yes_no(v["agree"]))
+    return v.rename(columns=READABLE)
 
 
 def outcomes_view(df: pd.DataFrame) -> pd.DataFrame:
     """Per variant: points per status, the worst relative error and its tolerance."""
-    return tables.outcomes(df).round(4) if not df.empty else df
+    if df.empty:
+        return df
+    return tables.outcomes(df).round(4).rename(columns={"max_rel_error": "worst relative error"})
 
 
 def oom_view(r: Study5Page) -> pd.DataFrame:
     f = tables.first_failures(r.prefill, ("oom",)) if not r.prefill.empty else pd.DataFrame()
     if f.empty:
         return f
-    return f.assign(peak_at_longest_ok_gb=(f["peak_at_longest_ok_bytes"] / 1e9).round(2)).drop(
-        columns="peak_at_longest_ok_bytes"
+    v = f.assign(
+        first_failure_len=f["first_failure_len"].map(_tokens),
+        longest_ok_len=f["longest_ok_len"].map(_tokens),
+        peak_at_longest_ok_gb=(f["peak_at_longest_ok_bytes"] / 1e9).round(2),
+    ).drop(columns="peak_at_longest_ok_bytes")
+    return v.rename(
+        columns={
+            "first_failure_len": "first failing length (tokens)",
+            "longest_ok_len": "longest length run (tokens)",
+            "peak_at_longest_ok_gb": "peak memory there (GB)",
+        }
     )
+
+
+def _tokens(x) -> str:
+    return f"{int(x):,}" if pd.notna(x) else "—"
 
 
 def exponents_view(r: Study5Page) -> pd.DataFrame:
@@ -315,7 +341,8 @@ def exponents_view(r: Study5Page) -> pd.DataFrame:
 
 
 def masks_view(r: Study5Page) -> pd.DataFrame:
-    return r.masks.pivot_table(index=["mask", "q_len"], columns="variant", values="median_ms").round(3)
+    t = r.masks.pivot_table(index=["mask", "q_len"], columns="variant", values="median_ms").round(3).reset_index()
+    return t.assign(q_len=t["q_len"].map(_tokens)).rename(columns=READABLE).set_index(["mask", READABLE["q_len"]])
 
 
 def spread_view(r: Study5Page) -> pd.DataFrame:
@@ -343,7 +370,7 @@ def recommendations_view(r: Study5Page) -> pd.DataFrame:
 
 
 def gqa_view(r: Study5Page) -> pd.DataFrame:
-    return tables.gqa_summary(r.gqa).round(2) if not r.gqa.empty else r.gqa
+    return tables.gqa_summary(r.gqa).round(2).rename(columns=READABLE) if not r.gqa.empty else r.gqa
 
 
 def device_memory_bytes(r: Study5Page) -> float | None:

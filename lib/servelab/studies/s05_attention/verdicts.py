@@ -270,10 +270,11 @@ def f53(spread: pd.DataFrame, shapes: str = "") -> Finding:
         raise ValueError("F5.3 needs kernel and architecture spreads")
     verdict = "holds" if k.min() > a.max() else ("changes" if k.median() > a.median() else "fails")
     L = int(pre["length"].iloc[0])
+    kernels = ", ".join(pre.loc[a.index, "fixed"].astype(str)) if "fixed" in pre else f"{len(a)} kernels"
     note = (
         f"causal prefill at {L:,} tokens, the longest length where every kernel ran on every configuration "
-        f"({len(k)} configurations, {len(a)} kernels); rule: holds if every kernel spread exceeds every "
-        f"architecture spread"
+        f"({len(k)} configurations; the {len(a)} kernels compared: {kernels}); rule: holds if every kernel spread "
+        "exceeds every architecture spread"
     )
     dec = spread[spread["regime"].eq("decode")] if "regime" in spread else spread.iloc[:0]
     if len(dec):

@@ -6,6 +6,7 @@ with bootstrap intervals, from the per-prompt agreement the runs recorded: Study
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -306,6 +307,28 @@ def speed_sentence(speedups: pd.DataFrame, method: str, min_prompts: int = verdi
     )
 
 
+def own_sentence(r: Study6Page) -> str:
+    """The engine's speculation over the same engine running the target alone, and why that is not the ratio of
+    the speedup table's two rows over HF: each prompt's ratio is taken first, and each row is its own median ("0.89×"
+    stood beside rows of 17.96× and 18.38×, whose ratio is 0.98)."""
+    said = speed_sentence(r.own_vs_engine, "own", r.min_prompts)
+    if not said:
+        return said
+    d = r.own_vs_engine
+    top = d[d["length"] == d["length"].max()]
+    best = top.loc[top["speedup_median"].idxmax()]
+    hf = r.speedups[r.speedups["length"] == best["length"]] if len(r.speedups) else r.speedups
+    own = hf[(hf["method"] == "own") & (hf["pair"] == best["pair"])]
+    alone = hf[(hf["method"] == "own_plain") & (hf["pair"] == best["target"])]
+    if own.empty or alone.empty:
+        return said
+    a, b = float(own["speedup_median"].iloc[0]), float(alone["speedup_median"].iloc[0])
+    return said[:-1] + (
+        f"; this is each prompt's ratio of the two engine times, its median, not the ratio of the table's two rows "
+        f"over {HF_BASELINE} ({a:.2f}× and {b:.2f}×, each its own median: {a / b:.2f})."
+    )
+
+
 def thin_sentence(r: Study6Page) -> str:
     """How many prompts each point rests on, against the rules' minimum."""
     if r.speedups.empty:
@@ -328,7 +351,7 @@ def takeaways(r: Study6Page) -> str:
             speed_sentence(r.speedups, "assisted", r.min_prompts),
             alpha_sentence(r.real_alpha),
             speed_sentence(r.speedups, "prompt_lookup", r.min_prompts),
-            speed_sentence(r.own_vs_engine, "own", r.min_prompts),
+            own_sentence(r),
         ]
     )
 
@@ -371,8 +394,17 @@ def alpha_view(r: Study6Page) -> pd.DataFrame:
     if a.empty:
         p = r.pairs.drop_duplicates("pair") if len(r.pairs) else r.pairs
         return p[["pair", "alpha"]].round(3).reset_index(drop=True) if len(p) else pd.DataFrame()
-    cols = ["draft", "kind", "alpha", "ci_low", "ci_high", "prompts", "tokens_per_round"]
-    return a[cols].round(3)
+    cols = {"draft": "draft", "kind": "kind", "alpha": "α", "ci_low": "α, 95% CI low", "ci_high": "α, 95% CI high",
+            "prompts": "prompts", "tokens_per_round": "tokens per target forward"}  # fmt: skip
+    gamma = a["gamma"].dropna().unique() if "gamma" in a else []
+    if len(gamma) == 1:
+        cols["tokens_per_round"] += f" (γ = {int(gamma[0])})"
+    return a[list(cols)].rename(columns=cols).round(3)
+
+
+def method_names(methods: pd.Series) -> pd.Series:
+    """The methods as the speedup table names them, plain HF generate included, in place of the runs' ids."""
+    return methods.map({"plain": HF_BASELINE, **METHOD_LABELS}).fillna(methods)
 
 
 def coverage_caption(r: Study6Page) -> str:
@@ -384,6 +416,23 @@ def coverage_caption(r: Study6Page) -> str:
         f"point counts in a repeat's verdict only over at least {r.min_prompts} of that repeat's prompts (each "
         "repeat's counts: its times.csv):"
     )
+
+
+def left_out(r: Study6Page) -> str:
+    """The timed runs the sweep did not complete, over every repeat, counted by status and by reason (the reason's
+    numbers dropped, so that "needs ≈16 s, 6 s left" and "needs ≈8 s, 2 s left" count as one)."""
+    runs = r.runs.table("runs") if r.runs.measured else pd.DataFrame()
+    if runs.empty or "status" not in runs:
+        return ""
+    bad = runs[runs["status"] != "ok"]
+    if bad.empty:
+        return f"Every one of the {len(runs):,} timed runs completed."
+    statuses = bad["status"].value_counts()
+    errors = bad["error"] if "error" in bad else pd.Series("not recorded", index=bad.index)
+    why = errors.fillna("not recorded").astype(str).map(lambda e: re.sub(r":.*| after .*", "", e).strip())
+    reasons = "; ".join(f"{w} ({n})" for w, n in why.value_counts().items())
+    said = " and ".join(f"{n} {'cut short' if st == 'cut' else st}" for st, n in statuses.items())
+    return f"Of the {len(runs):,} timed runs over every repeat, {said} did not complete. Why: {reasons}."
 
 
 def coverage_view(r: Study6Page) -> pd.DataFrame:
@@ -398,7 +447,7 @@ def coverage_view(r: Study6Page) -> pd.DataFrame:
     g = c.groupby("method", sort=False)
     least = g[counts].agg(lambda v: int(v.min()) if v.notna().any() else 0)
     out = least.join(g["pair"].nunique().rename("pairs")).reset_index()
-    return out.rename(columns={k: f"{k} tok" for k in counts})
+    return out.assign(method=method_names(out["method"])).rename(columns={k: f"{k} tok" for k in counts})
 
 
 def match_view(r: Study6Page) -> pd.DataFrame | str:
@@ -408,6 +457,7 @@ def match_view(r: Study6Page) -> pd.DataFrame | str:
     if m.empty:
         return "No run recorded its output against plain greedy."
     out = m.assign(
+        method=method_names(m["method"]),
         exact=100 * m["exact_match_rate"],
         equal=(m["exact_match_rate"] * m["runs"]).round().astype(int),
         prefix=100 * m["matching_prefix_mean"],
@@ -425,9 +475,42 @@ def engine_view(r: Study6Page) -> pd.DataFrame:
     return d[d["length"] == d["length"].max()][["pair", "length", "speedup_median", "prompts"]].round(2)
 
 
+DISTILL_COLUMNS = {"draft": "draft", "layers": "layers", "steps": "steps", "tokens_seen": "tokens seen",
+                   "train_s": "training (s)", "first_loss": "loss, first 20 steps", "last_loss": "loss, last 20 steps",
+                   "cached": "loaded from cache"}  # fmt: skip
+
+
 def distill_view(r: Study6Page) -> pd.DataFrame | str:
     d = r.distill
     if d.empty:
         return ""
-    keep = ["draft", "layers", "steps", "tokens_seen", "train_s", "first_loss", "last_loss", "cached"]
-    return d[[c for c in keep if c in d]].round(2)
+    out = d[[c for c in DISTILL_COLUMNS if c in d]].round(2)
+    out = out.assign(**{c: out[c].map(lambda x: f"{int(x):,}") for c in ("steps", "tokens_seen") if c in out})
+    if "cached" in out:
+        out = out.assign(cached=out["cached"].map({True: "yes", False: "no"}).fillna(out["cached"]))
+    return out.rename(columns=DISTILL_COLUMNS)
+
+
+def distill_caption(r: Study6Page) -> str:
+    """The drafts' training, and why the deeper draft's near-zero loss does not make it the better draft: it saw its
+    training answers many times over and fits them almost exactly, yet agrees with the target less often on held-out
+    prompts than the shallower draft, whose loss stayed high."""
+    d, a = r.distill, r.real_alpha
+    head = "**Draft training** (one run's, before the study's clock; each part trains or loads the same recipe):"
+    if d.empty or a.empty or not {"last_loss", "tokens_seen", "tokens"} <= set(d.columns) or len(d) < 2:
+        return head if not d.empty else ""
+    alpha = a.set_index("draft")["alpha"]
+    d = d[d["draft"].isin(alpha.index)].sort_values("last_loss")
+    if len(d) < 2:
+        return head
+    low, high = d.iloc[0], d.iloc[-1]
+    if alpha[low["draft"]] >= alpha[high["draft"]]:
+        return head
+    passes = low["tokens_seen"] / low["tokens"]
+    return (
+        f"{head} {low['draft']} saw {low['tokens_seen'] / 1e6:.1f} million tokens, about {passes:.0f} passes over "
+        f"its {int(low['tokens']):,} tokens of training answers, and ends at a loss of {low['last_loss']:.2f} against "
+        f"{high['draft']}'s {high['last_loss']:.2f}; yet on held-out prompts it agrees with the target less often (α "
+        f"{alpha[low['draft']]:.2f} against {alpha[high['draft']]:.2f}). A loss that low suggests it memorised those "
+        "answers rather than learning more of the target's behaviour on new prompts."
+    )

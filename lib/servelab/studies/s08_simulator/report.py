@@ -25,7 +25,9 @@ from servelab.sim import capacity
 from servelab.sim.prefix_workload import with_shared_prefixes
 from servelab.sim.routers import ROUTERS
 from servelab.studies.common.findings import Finding, not_measured
+from servelab.studies.common.markdown import format_value
 from servelab.studies.common.published import published_section
+from servelab.studies.common.repeats import MIN_REPEATS
 from servelab.studies.common.runs import RunSet
 from servelab.studies.common.tested_on import model_name
 from servelab.studies.s08_simulator import (
@@ -44,6 +46,7 @@ from servelab.studies.s08_simulator import (
 )
 from servelab.studies.s08_simulator import ledger as ledger_mod
 from servelab.studies.s08_simulator import params as params_mod
+from servelab.studies.s08_simulator.plots import GOAL_PCT
 
 STUDY = "08_simulator"
 MISS_PCT = 20.0  # a Study 7 server run the simulator missed by more than this (median |error|) is explained
@@ -91,6 +94,8 @@ class Study8Page:
     deadline_s: float | None = None
     gpu_notes: list[str] = field(default_factory=list)
     s1_slug: str | None = None
+    s1_repeat: str = ""  # how Study 1's page names the repeat calibrated and validated here ("repeat 1 of 3")
+    s1_partial: dict[str, list[str]] = field(default_factory=dict)  # Study 1's repeats lacking parts: name → parts
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     fitted: dict = field(default_factory=dict)  # model → {"gpu_only", "gpu+overheads"} cost models
     fitted_by_terms: dict = field(default_factory=dict)  # ablation variant → model → fitted cost models
@@ -128,14 +133,17 @@ def _with_fresh(f: Finding, fresh: dict) -> Finding:
     """F2.3 with the fresh held-out run's error beside the verdict, or why there is none: the verdict rests on Study
     1's runs held out from the fit, and the note says whether a run drawn after the freeze stands beside it."""
     if fresh.get("error"):
-        return replace(f, note=f.note + f"; the fresh held-out run was not evaluated: {fresh['error']}")
+        return replace(
+            f, note=f.note + f"; the held-out run drawn after the freeze was not evaluated: {fresh['error']}"
+        )
     if not fresh:
-        return replace(f, note=f.note + "; not yet a fresh held-out run (none is committed)")
+        # not "fresh": the Evidence cell beside this note says "fresh" of data measured by today's code
+        return replace(f, note=f.note + "; no held-out run drawn after the freeze is committed yet")
     if not fresh.get("median_abs_error_pct") or not np.isfinite(fresh["median_abs_error_pct"]):
         return f
     return replace(
         f,
-        note=f.note + f"; on the fresh held-out runs (drawn after the freeze): {fresh['median_abs_error_pct']:.1f} % "
+        note=f.note + f"; on the held-out runs drawn after the freeze: {fresh['median_abs_error_pct']:.1f} % "
         f"over {fresh['runs']} runs in {len(fresh['per_repeat'])} repeats" + _drift_clause(fresh.get("drift")),
     )
 
@@ -169,7 +177,10 @@ def _real_runs(r: Study8Page, s1runs: RunSet) -> sources.Study1 | None:
     p = s1.params
     r.deadline_s = (p["window_s"] + p["drain_s"]) if {"window_s", "drain_s"} <= set(p) else None
     today = sources.runs_of(sources.STUDY1, s1runs.results_root)
-    said = _repeats_note(s1, s1runs, today)
+    named = _study1_names(s1runs, today)
+    r.s1_repeat = named.repeat_name(s1.repeat)
+    r.s1_partial = _partial_repeats(s1runs, today)
+    said = _repeats_note(r, s1runs, named)
     if said:
         r.notes.append(said)
     if today.current and not s1runs.current:
@@ -187,25 +198,46 @@ def _real_runs(r: Study8Page, s1runs: RunSet) -> sources.Study1 | None:
     return s1
 
 
-def _repeats_note(s1: sources.Study1, whole: RunSet, every: RunSet) -> str:
-    """Which of Study 1's repeats the simulator reads, where it has several: Study 1's page counts every repeat,
-    the simulator only those with every part (``sources.study1_runs``), so the two counts differ while a repeat
-    lacks a part; "" where Study 1 has one repeat."""
+def _study1_names(whole: RunSet, every: RunSet) -> RunSet:
+    """The runs whose repeats name the simulator's: Study 1's page counts every repeat, the simulator takes only
+    those with every part (``sources.study1_runs``), and the two name a repeat alike where they read the same runs."""
+    return every if every.fingerprint == whole.fingerprint else whole
+
+
+def _partial_repeats(whole: RunSet, every: RunSet) -> dict[str, list[str]]:
+    """Study 1's repeats the simulator leaves out for a missing part, named as Study 1's page names them: the parts
+    each lacks."""
     from servelab.studies.s01_scheduling.measure import PARTS
 
+    if _study1_names(whole, every) is not every:
+        return {}
+    return {
+        every.repeat_name(k): [p for p in PARTS if p not in every.repeat(k).parts]
+        for k in every.repeats
+        if k not in whole.repeats
+    }
+
+
+def lacks_words(partial: dict[str, list[str]]) -> str:
+    return "; ".join(f"{name} lacks {', '.join(parts)}" for name, parts in partial.items())
+
+
+def _repeats_note(r: Study8Page, whole: RunSet, named: RunSet) -> str:
+    """Which of Study 1's repeats the simulator reads, where it has several, and why F2.3 rests on fewer than Study
+    1's page counts while a repeat lacks a part; "" where Study 1 has one repeat."""
     n = len(whole.repeats)
-    # named as Study 1's page names them, by place among all its repeats, where the two read the same runs
-    named = every if every.fingerprint == whole.fingerprint else whole
-    uses = f"the simulator calibrates on and validates against {named.repeat_name(s1.repeat)}, and judges F2.3 on " + (
+    uses = f"the simulator calibrates on and validates against {r.s1_repeat}, and judges F2.3 on " + (
         f"each of {named.repeats_name(whole.repeats)}" if n > 1 else "that repeat alone"
     )
-    partial = [k for k in every.repeats if k not in whole.repeats] if named is every else []
-    if not partial:
+    if not r.s1_partial:
         return f"Study 1 has {n} repeats, each with every part: {uses}." if n > 1 else ""
-    lacks = "; ".join(
-        f"{every.repeat_name(k)} lacks {', '.join(p for p in PARTS if p not in every.repeat(k).parts)}" for k in partial
+    short = (
+        f"; F2.3's rule needs {MIN_REPEATS} repeats, so it reads inconclusive until those parts are measured"
+        if n < MIN_REPEATS
+        else ""
     )
-    return f"Study 1 has {len(every.repeats)} repeats, {n} of them with every part ({lacks}): {uses}."
+    lacks = lacks_words(r.s1_partial)
+    return f"Study 1 has {len(named.repeats)} repeats, {n} of them with every part ({lacks}): {uses}{short}."
 
 
 def _gpu_models(r: Study8Page, models, steps2, fits, *, context_reads: bool = True, notes: bool = True) -> dict:
@@ -257,8 +289,39 @@ def _validate(r: Study8Page, s1runs: RunSet, s1: sources.Study1, gpu: dict) -> N
 
     found = [f for f in s1runs.combined(repeat_findings) if f.id == "F2.3"]
     if found:
-        r.f23 = _with_fresh(found[0], r.fresh)
+        f = _with_fresh(found[0], r.fresh)
+        r.f23 = replace(f, note=f23_lead(f, r.s1_partial) + " " + f.note)
         r.tables["f23_evidence"] = pd.DataFrame([r.f23.row()])
+
+
+def f23_span(f: Finding) -> str:
+    """F2.3's interval over its repeats ("19.7–34.8"), "" for one repeat."""
+    if f.repeats <= 1 or "–" not in f.spread:
+        return ""
+    lo, hi = (float(x) for x in f.spread.split("–"))
+    return f"{lo:.1f}–{hi:.1f}"
+
+
+def f23_error_words(f: Finding) -> str:
+    """F2.3's error as the reader compares it with the goal: the interval over its repeats, or one repeat's value."""
+    span = f23_span(f)
+    return f"{span} % over {f.repeats} repeats" if span else f"{format_value(f.measured_value)} %"
+
+
+def f23_lead(f: Finding, partial: dict[str, list[str]]) -> str:
+    """F2.3's note opens with its substance, in one sentence (the landing table shows only a note's first): the
+    simulator's held-out error against the goal, and, where it rests on fewer repeats than a verdict needs because
+    Study 1's other repeats lack parts, why."""
+    said = f"The simulator's held-out median |error| is {f23_error_words(f)} (goal ≤ {GOAL_PCT:g} %)"
+    if f.verdict != "inconclusive" or f.repeats >= MIN_REPEATS or not partial:
+        return said + "."
+    lacking = " and ".join(f"{name} lacks {len(parts)} of its parts" for name, parts in partial.items())
+    return (
+        f"{said}, inconclusive as Study 1's {lacking}. The simulator calibrates and validates on whole repeats "
+        f"of Study 1 (every part), so F2.3 rests on {f.repeats} repeats where a verdict needs {MIN_REPEATS}: "
+        f"{lacks_words(partial)}, and F2.3 is judged on {MIN_REPEATS} repeats once those are measured (make gpu-plan "
+        "lists the jobs)."
+    )
 
 
 def _ablate(r: Study8Page, s1: sources.Study1, steps2, fits) -> None:
@@ -581,7 +644,7 @@ def report(runs: RunSet) -> Study8Page:
 
 def published_value(runs: RunSet) -> tuple[str, str] | None:
     """The simulator's error beside Vidur's (under 9 %): the fresh held-out run's median |error| where it was
-    measured, else the median |error| on Study 1's held-out runs (used during development: the note says so)."""
+    measured, else F2.3's value on Study 1's held-out runs (used during development: the note says so)."""
     return _published_from(report(runs)) if runs.measured else None
 
 
@@ -590,22 +653,29 @@ def _published_from(r: Study8Page) -> tuple[str, str] | None:
     if f.get("median_abs_error_pct") is not None and f.get("code_matches"):
         return (
             f"{f['median_abs_error_pct']:.1f} %",
-            f"median |error| of six serving metrics on fresh held-out runs of the real server ({f['runs']} runs, "
-            f"{len(f['per_repeat'])} repeats)",
+            f"median |error| of six serving metrics on held-out runs of the real server drawn after the freeze "
+            f"({f['runs']} runs, {len(f['per_repeat'])} repeats)",
         )
-    t = r["sim_validation"]
-    if t.empty:
+    f23 = r.f23
+    if f23 is None or f23.headline is None:
         return None
-    if "gpu_source" in t.columns:
-        t = t[t["gpu_source"] == "Study 2"]
-    err = verdicts.median_abs_error(t, "gpu+overheads")
-    if not np.isfinite(err):
-        return None
+    # F2.3's own value and interval, as the findings table gives them: one repeat's error here read as another number
+    over = f"F2.3's value, the median over {f23.repeats} repeats ({f23_span(f23)} %) of the " if f23_span(f23) else ""
+    models = ", ".join(map(model_name, study2_models(r)))
     return (
-        f"{err:.1f} %",
-        "median |error| of six serving metrics on Study 1's runs held out from the fit (reported on while the model "
-        "was developed; the fresh held-out run is not measured yet)",
+        f"{format_value(f23.measured_value)} %",
+        f"{over}median |error| of six serving metrics on Study 1's runs held out from the fit, for {models}, whose GPU "
+        "costs are Study 2's; reported on while the model was developed: no held-out run drawn after the freeze is "
+        "measured yet",
     )
+
+
+def study2_models(r: Study8Page) -> list[str]:
+    """The replayed models whose GPU costs are Study 2's (F2.3's), not fitted to Study 1's step log."""
+    t = r["sim_validation"]
+    if t.empty or "gpu_source" not in t.columns:
+        return []
+    return sorted(t.loc[t["gpu_source"] == "Study 2", "model"].unique())
 
 
 def published(r: Study8Page) -> str:

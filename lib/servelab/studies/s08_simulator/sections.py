@@ -228,6 +228,10 @@ def show_study7(r) -> None:
     slug, model = r.study7.slug, model_name(r.study7.params["model"])
     show(
         tk.study7_setup(r),
+        "Median |error| (%) of the engine's step times of Study 7's single prompts, per cost model (rows) and prompt "
+        "(columns: the whole prompt computed, or a suffix after a cached prefix):"
+        if len(check)
+        else None,
         err.groupby(["cost_model", "mode"], sort=False)["abs_err"].median().unstack().round(1).rename_axis("cost model")
         if len(check)
         else None,
