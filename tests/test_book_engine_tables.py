@@ -28,6 +28,7 @@ def test_decode_table_has_each_impl_and_the_floor(tmp_path):
             ("hf_eager", 1, 128, 30.0, 0.25, "ok"),
             ("engine_triton", 64, 512, 2.0, 0.5, "ok"),
             ("hf_eager", 64, 512, 1e9, 0.5, "oom"),
+            ("engine_triton", 1, 16384, 1.3, 0.3, "ok"),
         ]
     ]
     pd.DataFrame(rows).to_csv(d / "decode.csv", index=False)
@@ -35,6 +36,7 @@ def test_decode_table_has_each_impl_and_the_floor(tmp_path):
     assert "1.00 ms (25.0%)" in text and "30.00 ms (0.8%)" in text and "2.00 ms (25.0%)" in text
     assert "0.250 ms" in text and "0.500 ms" in text  # the floor row
     assert text.count("hf\\_eager") == 1 and "oom" not in text
+    assert "batch 1, context 16,384" in text and "16384" not in text
 
 
 def test_exactness_table_summarises_prompts(tmp_path):

@@ -300,3 +300,10 @@ def test_the_gpu_terms_box_says_what_study_7s_steps_make_of_them():
     assert said.startswith("; there they make the step times worse: a median |error| of 19.0 % without them, 22.0 %")
     assert "(uncached 8.0 → 16.0 %; cached 30.0 → 28.0 %)" in said and "keeps both all the same" in said
     assert tk._study7_terms(None) == "."
+
+
+def test_the_source_words_write_a_long_step_count_with_separators():
+    from servelab.studies.s08_simulator.source_words import gpu_source_words
+
+    said = gpu_source_words("config:llama-3-8b", "step log (calibration runs) + serving terms fitted on 38000 steps")
+    assert said == "step log (calibration runs) + serving terms fitted on 38,000 steps"

@@ -37,7 +37,7 @@ def render_decode_comparison(bench_csv: Path | None) -> str:
         return "No decode comparison has been measured on the H200 yet.\n"
     d = pd.read_csv(path)
     d = d[d["status"] == "ok"]
-    d["point"] = "batch " + d["batch"].astype(str) + ", context " + d["context"].astype(str)
+    d["point"] = [f"batch {b}, context {c:,}" for b, c in zip(d["batch"], d["context"], strict=True)]
     d["cell"] = d.apply(lambda r: f"{r.median_ms:.2f} ms ({r.pct_of_floor:.1f}%)", axis=1)
     # the benchmark times some variants at some points only (the fused RoPE kernel not at 16K)
     table = d.pivot(index="impl", columns="point", values="cell").fillna("not timed").reset_index()

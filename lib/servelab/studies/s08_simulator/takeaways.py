@@ -389,7 +389,7 @@ def _capacity_text(r) -> str:
     else:
         end = f"; the fewest with {best}." if best else "."
     return (
-        f"At {needed['rate'].max():.0f} req/s ({r.P['capacity_rate_multiples'][-1]:g}× what one replica sustains) "
+        f"At {needed['rate'].max():,.0f} req/s ({r.P['capacity_rate_multiples'][-1]:g}× what one replica sustains) "
         + ", ".join(_router_says(r, name, row) for name, row in top.iterrows())
         + end
         + _no_cache_note(r, top)
@@ -435,7 +435,7 @@ def _affinity_text(r, short: bool = False) -> str:
         parts.append(
             f"pool {pool:,} blocks: hit rate {top.affinity_hit_rate:.0%} with affinity against "
             f"{top.best_other_hit_rate:.0%} at best without, p99 TTFT {top.affinity_ttft_p99_ms:.0f} against "
-            f"{top.best_other_ttft_p99_ms:.0f} ms ({top.best_other}) at {top.rate:.0f} req/s"
+            f"{top.best_other_ttft_p99_ms:.0f} ms ({top.best_other}) at {top.rate:,.0f} req/s"
         )
     lead = "With a prefix cache in every replica, cache-aware routing (simulated): " if short else ""
     return lead + "; ".join(parts) + "."
@@ -454,7 +454,7 @@ def _speed_text(r) -> str:
     # the wall time is the first repeat's, the hour's the median over repeats (``report._speed``): say which
     first, median = (" in the first of its repeats", f" (the median over {n} repeats)") if n > 1 else ("", "")
     return (
-        f"{s['requests']:,} requests ({s['simulated_s']:.0f} s at {s['rate']:.0f} req/s over {s['replicas']} "
+        f"{s['requests']:,} requests ({s['simulated_s']:.0f} s at {s['rate']:,.0f} req/s over {s['replicas']} "
         f"replicas) took {s['wall_s']:.1f} s{first}: **{s['sim_requests_per_s']:,.0f} simulated requests/s**. One "
         f"hour would take {about}{s['hour_wall_s']:.0f} s{extrapolated}{median}, "
         f"{'within' if s['meets_goal'] else 'over'} the {s['goal_s']:.0f} s goal."
