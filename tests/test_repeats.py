@@ -161,7 +161,7 @@ def test_a_claim_judged_per_model_shows_each_models_interval_not_the_median_over
     assert "big median 92 % cut (median over rates), 91.6–95.4 % over 3 repeats" in c.note
     assert "-363" not in c.note and "61.75" not in c.note  # the median over models' interval and median are gone
     assert h200_value("t", "%", c.spread, 3, c.headline_unit) == (
-        "t (3 repeats, per model: big 91.6–95.4; small -818 to 44.7 % cut, median over rates)"
+        "t (3 repeats, per model: big 91.6–95.4 %; small -818 to 44.7 % cut, median over rates)"
     )
     # one model: its headline is its own, and the interval is the headline's as before
     one = combine_repeats([rep("t", "changes", headline=a, headline_unit="% cut", headline_parts=(("big", a),))
@@ -266,3 +266,13 @@ def test_a_value_labelled_with_its_repeat_keeps_its_unit():
     )  # fmt: skip
     assert finding_sentence(f).endswith(": [repeat 1 of 3] 0.75 × at 512 tokens.")
     assert h200_value("[repeat 1 of 3] 0.75", "×").startswith("[repeat 1 of 3] 0.75 ×")
+
+
+def test_an_interval_is_shown_with_separators_and_each_models_unit():
+    from servelab.studies.common.repeats import spread_with_unit
+
+    assert spread_with_unit("1880–1882", "GB/s") == "1,880–1,882 GB/s"
+    assert spread_with_unit("per model: a 91.5–95.4; b 1200–1500", "ms, median") == (
+        "per model: a 91.5–95.4 ms; b 1,200–1,500 ms, median"
+    )
+    assert spread_with_unit("2–3", "") == "2–3"

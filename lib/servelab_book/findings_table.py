@@ -18,7 +18,7 @@ import pandas as pd
 
 from servelab.studies.common.findings import split_repeat_label
 from servelab.studies.common.markdown import format_value, list_table, md_text
-from servelab.studies.common.repeats import PER_PART, spread_unit
+from servelab.studies.common.repeats import PER_PART, spread_unit, spread_with_unit
 from servelab.studies.common.runs import MISSING
 from servelab_book.claim_links import claim_target
 from servelab_book.studies import STUDIES, StudyPage
@@ -126,7 +126,7 @@ def evidence_text(row) -> str:
     spread = _text(row.spread).strip()
     if spread:  # with its unit: "interval 6.29–6.595" left the reader to guess what it measured
         unit = spread_unit(spread, _text(getattr(row, "headline_unit", "")))
-        parts.append(f"interval {format_value(spread)}{' ' + unit if unit else ''}")
+        parts.append(f"interval {spread_with_unit(spread, unit)}")
     parts.append(tested_kinds(row.tested_on))
     parts.append(row.freshness)
     return "; ".join(parts)
@@ -146,8 +146,8 @@ def h200_value(measured, unit: str, spread="", repeats=1, headline_unit: str = "
     if spread and n > 1:
         hu, said = spread_unit(spread, _text(headline_unit)), f"{n} repeats:"
         if spread.startswith(PER_PART):  # each model's interval, in a model's unit (not the median over models')
-            said, spread = f"{n} repeats, {PER_PART.strip()}", spread.removeprefix(PER_PART)
-        shown += f" ({said} {format_value(spread)}{' ' + hu if hu else ''})"
+            said = f"{n} repeats,"
+        shown += f" ({said} {spread_with_unit(spread, hu)})"
     return shown
 
 

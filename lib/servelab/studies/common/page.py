@@ -11,7 +11,7 @@ import warnings
 from collections.abc import Iterable, Mapping
 
 from servelab.studies.common.findings import NOT_MEASURED, Finding, split_repeat_label
-from servelab.studies.common.repeats import spread_unit
+from servelab.studies.common.repeats import spread_unit, spread_with_unit
 
 SEED_DEVICE = "RTX 2070"  # the seed's GPU: every seed value in shared/seed-studies.md was measured on it
 
@@ -38,7 +38,8 @@ def verdict_table(findings: Iterable[Finding], device: str = "this run") -> str:
         value = md_cell(f.measured_value)
         if f.spread:  # the spread is the headline's: name its unit where it is not the value's
             unit = headline_unit_short(f)
-            value += f" (repeats: {md_cell(f.spread)}{' ' + md_cell(unit) if unit and unit != f.unit else ''})"
+            shown = spread_with_unit(f.spread, unit if unit != f.unit else "")
+            value += f" (repeats: {md_cell(shown)})"
         said = f" ({md_cell(f.repeat_verdicts.replace(';', ', '))})" if f.verdict == "inconclusive" else ""
         rows.append(
             f"| **{f.id}** {md_cell(f.claim)} | {md_cell(f.seed_value) or '—'} | {value} | "

@@ -128,6 +128,21 @@ def spread_unit(spread: str, headline_unit: str) -> str:
     return part_unit(unit) if str(spread).startswith(PER_PART) else unit
 
 
+def spread_with_unit(spread: str, unit: str) -> str:
+    """The interval as a reader sees it: with thousands separators, and where it gives each model's, the unit's
+    symbol after each model's interval and the whole unit after the last ("per model: a 91.5–95.4 %; b -818 to
+    44.7 % cut, median over rates"): with the unit at the end alone, it read as the last model's only."""
+    from servelab.studies.common.markdown import format_value
+
+    tail = f" {unit}" if unit else ""
+    if not str(spread).startswith(PER_PART):
+        return f"{format_value(spread)}{tail}"
+    each = [format_value(p) for p in str(spread).removeprefix(PER_PART).split("; ")]
+    head = unit.partition(", ")[0].split()
+    symbol = f" {head[0]}" if head else ""
+    return PER_PART + "; ".join(f"{p}{symbol}" for p in each[:-1]) + ("; " if len(each) > 1 else "") + each[-1] + tail
+
+
 def _check(findings: Sequence[Finding], min_repeats: int) -> None:
     if len(findings) < min_repeats:
         raise ParameterError(
