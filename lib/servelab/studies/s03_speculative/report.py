@@ -209,22 +209,28 @@ def _repeats_measuring(runs: RunSet, make, keys: list[str]) -> pd.DataFrame:
     return pd.concat(frames).groupby(keys).repeat.nunique().rename("n_repeats").reset_index()
 
 
+def _each_repeat(runs: RunSet, make, col: str, cols: list[str]) -> pd.DataFrame | None:
+    """Every repeat's ``make(repeat)`` rows that have ``col``, their ``RATIO_KEYS`` and ``cols`` with the repeat's
+    data id (``repeat``); None where no repeat has any."""
+    frames = []
+    for rep in runs.per_repeat():
+        df = make(rep)
+        if df is not None and len(df) and col in df:
+            frames.append(df[[*RATIO_KEYS, *cols]].assign(repeat=rep.repeats[0]))
+    return pd.concat(frames, ignore_index=True) if frames else None
+
+
 def _with_each_repeat(runs: RunSet, pooled: pd.DataFrame, make, col: str = "target_over_draft") -> pd.DataFrame:
     """``pooled`` with ``col`` of every repeat beside its median (``<col>_each``, "0.67 / 1.22 / 1.37"): each column's
     median is taken on its own, so the median ratio need not be the ratio of the median times, and where repeats
     disagree that much the reader sees it."""
     if pooled.empty or col not in pooled:
         return pooled
-    each = []
-    for rep in runs.per_repeat():
-        df = make(rep)
-        if df is not None and len(df) and col in df:
-            each.append(df[[*RATIO_KEYS, col]].assign(repeat=rep.repeats[0]))
-    if not each:
+    each = _each_repeat(runs, make, col, [col])
+    if each is None:
         return pooled
     joined = (
-        pd.concat(each, ignore_index=True)
-        .sort_values("repeat")
+        each.sort_values("repeat")
         .groupby(RATIO_KEYS, sort=False)[col]
         .agg(lambda v: " / ".join(f"{x:.2f}" for x in v))
         .rename(f"{col}_each")
@@ -242,16 +248,11 @@ def _at_median_repeat(
     1.22×); one repeat's times give its ratio."""
     if pooled.empty or col not in pooled:
         return pooled
-    frames = []
-    for rep in runs.per_repeat():
-        df = make(rep)
-        if df is not None and len(df) and col in df:
-            frames.append(df[[*RATIO_KEYS, col, *times]].assign(median_repeat=runs.repeat_name(rep.repeats[0])))
-    if not frames:
+    each = _each_repeat(runs, make, col, [col, *times])
+    if each is None:
         return pooled
-    each = pd.concat(frames, ignore_index=True).merge(
-        pooled[[*RATIO_KEYS, col]].rename(columns={col: "_median"}), on=RATIO_KEYS
-    )
+    each["median_repeat"] = each["repeat"].map(runs.repeat_name)
+    each = each.merge(pooled[[*RATIO_KEYS, col]].rename(columns={col: "_median"}), on=RATIO_KEYS)
     each["_gap"] = (each[col] - each["_median"]).abs()
     nearest = each.sort_values("_gap", kind="stable").drop_duplicates(RATIO_KEYS)
     keep = nearest[[*RATIO_KEYS, *times, "median_repeat"]].rename(columns={t: f"{t}_at_median" for t in times})
