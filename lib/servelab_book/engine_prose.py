@@ -112,18 +112,23 @@ def _decode(bench_csv: Path) -> pd.DataFrame | None:
 def render_long_context(bench_csv: Path | None) -> str:
     """Decode at batch 1 with a long context beside a short one, and the one-pass gather path at the long one."""
     rows = bench_rows(bench_csv)
-    short, long_ = rows.get("decode_ms_b1_ctx128"), rows.get("decode_ms_b1_ctx16384")
-    if short is None or long_ is None or num(long_) is None:
+    # the bench's batch-1 decode rows name their context (decode_ms_b1_ctx<N>): the shortest and the longest
+    contexts = sorted(int(m.group(1)) for k in rows if (m := re.fullmatch(r"decode_ms_b1_ctx(\d+)", k)))
+    if len(contexts) < 2:
+        return ""
+    lo, hi = contexts[0], contexts[-1]
+    short, long_ = rows[f"decode_ms_b1_ctx{lo}"], rows[f"decode_ms_b1_ctx{hi}"]
+    if num(long_) is None or num(short) is None:
         return ""
     text = (
-        f"At batch 1, a decode step over 16,384 tokens of context takes {format_value(long_['value'])} ms, against "
-        f"{format_value(short['value'])} ms over 128 tokens: {num(long_) / num(short):.2f}× the time for 128× the "
-        f"context; its memory floor, {format_value(long_['roofline_bound'])} ms, is "
+        f"At batch 1, a decode step over {hi:,} tokens of context takes {format_value(long_['value'])} ms, against "
+        f"{format_value(short['value'])} ms over {lo:,} tokens: {num(long_) / num(short):.2f}× the time for "
+        f"{hi / lo:,.0f}× the context; its memory floor, {format_value(long_['roofline_bound'])} ms, is "
         f"{format_value(long_['pct_of_roofline'])}% of that time."
     )
     d = _decode(bench_csv)
     if d is not None:
-        at = d[(d["batch"] == 1) & (d["context"] == 16384) & (d["status"] == "ok")].set_index("impl")
+        at = d[(d["batch"] == 1) & (d["context"] == hi) & (d["status"] == "ok")].set_index("impl")
         if {"engine_default", "engine_gather_eager"} <= set(at.index):
             kernel = re.search(r"_paged_decode_kernel ×(\d+) (\d+) µs", str(at.loc["engine_default", "top_kernels"]))
             text += (
