@@ -28,6 +28,9 @@
 #   spec-bench-staged  every staged draft-step cut at once: fused_rope_kv_write, the draft's one-row steps through
 #                  small_linear (models/small_batch) and the decode launch fixed at 128/4/2, profiled: the c they
 #                  reach together against 2x's c <= 0.155
+#   spec-bench-seeds  the staged draft-step cuts (as spec-bench-staged, unprofiled) over 256 tokens a request and 5
+#                  seeds' controlled draws: is the 11% between 1.87x and Leviathan's 2.10x at b1 the draws' luck (64
+#                  tokens gave ~19 rounds a request, one seed) or time the formula does not price?
 #   spec-bench-rounds  the same, then again with each draft step in its own graph (--draft-rounds steps): what the
 #                  round in one graph (engine/draft_rounds.py) takes off c, on one machine
 #   long-tiles     scripts/bench_long_tiles.py: the staged long-tile kernel (kernels/triton_long_tiles.py) against
@@ -74,6 +77,8 @@ for task in "$@"; do
     spec-bench-fused) run "$task" 420 python3 scripts/bench_spec_engine.py --fused-rope-kv-write --out "$OUT/spec_engine_fused.csv" ;;
     spec-bench-staged) run "$task" 420 python3 scripts/bench_spec_engine.py --fused-rope-kv-write --draft-small-linear \
       --decode-launch 128,4,2 --profile --out "$OUT/spec_engine_staged.csv" ;;
+    spec-bench-seeds) run "$task" 420 python3 scripts/bench_spec_engine.py --fused-rope-kv-write --draft-small-linear \
+      --decode-launch 128,4,2 --seeds 5 --out "$OUT/spec_engine_seeds.csv" ;;
     spec-bench-rounds) run "$task" 420 bash -c 'for r in graph steps; do python3 scripts/bench_spec_engine.py \
       --fused-rope-kv-write --draft-small-linear --decode-launch 128,4,2 --profile --draft-rounds $r \
       --out "$OUT/spec_engine_rounds_$r.csv" || exit; done' ;;

@@ -31,16 +31,25 @@ def bench(out, *args, **env) -> None:
 
 def test_a_cpu_run_writes_every_row_and_the_device_record(tmp_path):
     out = tmp_path / "spec_engine.csv"
-    bench(out, "--new", "10", "--profile", "--batch", "1", "3", "--alpha", "0.5", "1.0")
-    table = pd.read_csv(out)
+    bench(out, "--new", "10", "--profile", "--batch", "1", "3", "--alpha", "0.5", "1.0", "--seeds", "2")
+    table = pd.read_csv(out, dtype={"seed": str})
     for b in (1, 3):
         rows = table[table["batch"] == b]
         assert {"plain decode step ms", "draft round ms", "verify step ms"} <= set(rows["what"])
         assert (rows[rows["what"].str.startswith(("c (", "v ("))]["value"] > 0).all()
         speedups = rows[rows["what"] == "speed-up"]
-        assert sorted(speedups["alpha"]) == [0.5, 1.0] and (speedups["value"] > 0).all()
+        # a row per seed's controlled run, and their median with its low and high
+        assert sorted(speedups["seed"]) == ["0", "0", "1", "1", "median", "median"]
+        assert (speedups["value"] > 0).all()
+        medians = speedups[speedups["seed"] == "median"]
+        assert sorted(medians["alpha"]) == [0.5, 1.0] and (medians["low"] <= medians["value"]).all()
+        assert (medians["value"] <= medians["high"]).all()
         full = rows[(rows["what"] == "acceptance") & (rows["alpha"] == 1.0)]["value"]
-        assert full.iloc[0] == 1.0  # every draft overridden to the target's own token is kept
+        assert (full == 1.0).all()  # every draft overridden to the target's own token is kept, whatever the seed
+        lengths = rows[(rows["what"] == "tokens per speculative step") & (rows["alpha"] == 1.0)]["value"]
+        assert ((lengths > 1) & (lengths <= 5)).all()  # kept drafts + the target's token, at most γ + 1
+        ratio = rows[rows["what"] == "speed-up / Leviathan at these draws"]["value"]
+        assert len(ratio) == 6 and (ratio > 0).all()
     record = json.loads(out.with_suffix(".device.json").read_text())
     assert record["device"]["kind"] == "cpu" and record["args"]["gamma"] == 4
     budget = pd.read_csv(out.with_suffix(".budget.csv"))  # --profile: each phase's time, read as a step budget
