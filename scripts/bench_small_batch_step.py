@@ -38,24 +38,28 @@ from servelab.models import ModelShape, load_model  # noqa: E402
 from servelab.models.small_batch import use_small_linear, uses_small_linear  # noqa: E402
 
 SHAPES = ["qwen2-0.5b", "qwen2-0.5b-vocab128k"]
-PATHS = {  # name: (fused_rope_kv_write, small_linear blocks)
-    "default": (False, False),
-    "fused_rope_kv_write": (True, False),
-    "small_linear": (True, True),
+PATHS = {  # name: (fused_rope_kv_write, small_linear blocks: None, "blocks", or "rope_in_qkv" too)
+    "default": (False, None),
+    "fused_rope_kv_write": (True, None),
+    "small_linear": (True, "blocks"),
+    # RoPE and the pool write in the qkv launch (small_linear.norm_linear_rope_kv): five launches a layer, not six
+    "small_linear_rope_in_qkv": (True, "rope_in_qkv"),
 }
 
 
 @contextmanager
-def small_blocks(on: bool):
-    """While on, every engine built from an HF model runs ``use_small_linear`` blocks (``Engine.from_hf`` imports
-    ``native_from_hf`` when it is called, so the module's attribute is what it gets)."""
+def small_blocks(on: str | None):
+    """While on ("blocks", or "rope_in_qkv" with RoPE and the pool write in the qkv launch), every engine built from an
+    HF model runs ``use_small_linear`` blocks (``Engine.from_hf`` imports ``native_from_hf`` when it is called, so
+    the module's attribute is what it gets)."""
     import servelab.models.native as native
 
     real = native.native_from_hf
 
     def switched(*a, **kw):
         model = real(*a, **kw)
-        use_small_linear(model, max_rows=MAX_ROWS)  # the kernel at every width it takes, not just the default's
+        # the kernel at every width it takes, not just the default's
+        use_small_linear(model, max_rows=MAX_ROWS, rope_in_qkv=on == "rope_in_qkv")
         return model
 
     native.native_from_hf = switched if on else real

@@ -195,7 +195,7 @@ def build_draft(args):
     if args.fused_rope_kv_write:
         draft.set_fused_rope_kv_write(True)
     if args.draft_small_linear:
-        use_small_linear(draft)
+        use_small_linear(draft, rope_in_qkv=args.draft_rope_in_qkv)
     return draft
 
 
@@ -257,7 +257,15 @@ def main() -> None:
         "layer, RoPE and the KV write fused (1.02 against 1.07 ms a Qwen2-0.5B step on the H100: "
         "data/dev/nvidia-h100/2026-12-06/small_batch_step_check_*.csv); wider steps run the draft's own blocks",
     )
+    ap.add_argument(
+        "--draft-rope-in-qkv",
+        action="store_true",
+        help="with --draft-small-linear: the draft's one-row steps take RoPE and the pool write into the qkv launch "
+        "(small_linear.norm_linear_rope_kv), five launches a layer instead of six",
+    )
     args = ap.parse_args()
+    if args.draft_rope_in_qkv and not args.draft_small_linear:
+        ap.error("--draft-rope-in-qkv goes with --draft-small-linear")
     set_up(args)
     dev = args.device
     record = device_record(dev)

@@ -18,7 +18,8 @@
 #                  through small_linear (models/small_batch.py) against the default and fused_rope_kv_write alone
 #   spec-engine    the engine's speculative mode on the device (tests/test_engine_speculation.py, CPU and GPU tests)
 #   small-batch-step-check  the same, Qwen2-0.5B at 1 and 8 rows, under the staged compile check on the first two
-#                  blocks: does fused_rope_kv_write or small_linear pay once compiled?
+#                  blocks: does fused_rope_kv_write or small_linear pay once compiled, and small_linear with RoPE
+#                  and the pool write in the qkv launch (five launches a layer, not six)?
 #   spec-bench     scripts/bench_spec_engine.py: c, v and the speed-up at alpha 0.8, Llama-3-8B's shape with the 0.5B
 #                  draft of its vocabulary, batch 1 and 8
 #   spec-bench-launch  the same with the decode kernel's launch fixed at KEYS=128/4 warps/2 stages (the H100's
@@ -31,6 +32,8 @@
 #   spec-bench-seeds  the staged draft-step cuts (as spec-bench-staged, unprofiled) over 256 tokens a request and 5
 #                  seeds' controlled draws: is the 11% between 1.87x and Leviathan's 2.10x at b1 the draws' luck (64
 #                  tokens gave ~19 rounds a request, one seed) or time the formula does not price?
+#   spec-bench-rope  as spec-bench-seeds with the draft's one-row steps taking RoPE and the pool write into the qkv
+#                  launch (--draft-rope-in-qkv): what the launch it saves per layer takes off c
 #   spec-bench-rounds  the same, then again with each draft step in its own graph (--draft-rounds steps): what the
 #                  round in one graph (engine/draft_rounds.py) takes off c, on one machine
 #   long-tiles     scripts/bench_long_tiles.py: the staged long-tile kernel (kernels/triton_long_tiles.py) against
@@ -79,6 +82,8 @@ for task in "$@"; do
       --decode-launch 128,4,2 --profile --out "$OUT/spec_engine_staged.csv" ;;
     spec-bench-seeds) run "$task" 420 python3 scripts/bench_spec_engine.py --fused-rope-kv-write --draft-small-linear \
       --decode-launch 128,4,2 --seeds 5 --out "$OUT/spec_engine_seeds.csv" ;;
+    spec-bench-rope) run "$task" 420 python3 scripts/bench_spec_engine.py --fused-rope-kv-write --draft-small-linear \
+      --draft-rope-in-qkv --decode-launch 128,4,2 --seeds 5 --out "$OUT/spec_engine_rope.csv" ;;
     spec-bench-rounds) run "$task" 420 bash -c 'for r in graph steps; do python3 scripts/bench_spec_engine.py \
       --fused-rope-kv-write --draft-small-linear --decode-launch 128,4,2 --profile --draft-rounds $r \
       --out "$OUT/spec_engine_rounds_$r.csv" || exit; done' ;;

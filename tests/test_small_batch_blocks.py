@@ -2,8 +2,9 @@
 
 Under Triton's interpreter (a child process), an engine built on a model switched by ``use_small_linear`` gives HF's
 greedy tokens in float32 (Qwen2's shape: q/k/v biases), with its decode steps on the small path and its prefill
-steps on the model's own block functions; the switch survives the engine's construction and a later
-``compile_blocks``. Bad settings are refused.
+steps on the model's own block functions, and again with RoPE and the pool write in the qkv launch
+(``rope_in_qkv``); the switch survives the engine's construction and a later ``compile_blocks``. Bad settings are
+refused.
 """
 
 import textwrap
@@ -38,6 +39,19 @@ CHECK = textwrap.dedent(
         assert rows and max(rows) <= MAX_ROWS and len(rows) % (2 * layers) == 0, (name, rows)
         small_steps = len(rows) // (2 * layers)  # two norm_linear calls a layer
         assert 0 < small_steps < engine.steps, (name, small_steps, engine.steps)  # decodes small, prefills not
+
+    # RoPE and the pool write in the qkv launch (rope_in_qkv): the same tokens, with the small rows' qkv launches
+    # through norm_linear_rope_kv and none through norm_linear's plain qkv
+    fused = []
+    real_rope = small_batch.norm_linear_rope_kv
+    small_batch.norm_linear_rope_kv = lambda h, *a, **kw: fused.append(h.shape[0]) or real_rope(h, *a, **kw)
+    model = native_from_hf(hf, max_positions=256)
+    small_batch.use_small_linear(model, max_rows=MAX_ROWS, rope_in_qkv=True)
+    engine = Engine(model, EngineConfig(block_size=4, num_blocks=64, max_model_len=256, fused_rope_kv_write=True))
+    rows.clear()
+    assert engine.generate(prompts, heads_test.GREEDY) == refs, "rope_in_qkv"
+    assert fused and max(fused) <= MAX_ROWS and len(fused) % layers == 0, fused
+    assert len(rows) == len(fused), (rows, fused)  # one norm_linear a layer left: the gate_up one
 
     # the switch survives a later compile (wrapped lazily: nothing compiles until a call) and the engine setting
     # the value it holds; another value drops it, and uses_small_linear says so

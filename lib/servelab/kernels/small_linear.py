@@ -15,7 +15,11 @@ and one SiLU·up; the H200 budget counts five matmul-class launches a layer, and
 - ``norm_linear(h, delta, norm_w, eps, w, bias)``: the residual add, RMSNorm and ``x @ w.T (+ bias)``; returns the
   new residual stream too (the deferred add of the last block's output, as ``models.llama`` defers it);
 - ``silu_mul_linear(gate_up, w)``: ``SiLU(gate)·up @ w.T`` from the gate_up matmul's output;
-- ``linear(x, w, bias)``: a plain one (o_proj; lm_head).
+- ``linear(x, w, bias)``: a plain one (o_proj; lm_head);
+- ``norm_linear_rope_kv(...)``: ``norm_linear`` for the qkv projection with RoPE and the KV-pool write in its
+  epilogue (what ``kernels.rope_kv_write`` does in a launch of its own), returning the rotated q: a layer's work
+  before attention in one launch. Its programs take their outputs in RoPE's pairs (lane ``d`` of a head with lane
+  ``d + D/2``), so each rotates what it computed.
 
 One program computes ``BLOCK_N`` outputs of every row (at most ``MAX_ROWS`` rows: decode at a small batch; larger
 batches are matmuls, cuBLAS's job), walking the reduction ``BLOCK_K`` at a time with float32 accumulation; each
@@ -38,16 +42,20 @@ Triton's interpreter on a CPU.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
 
 from servelab.errors import ParameterError
+from servelab.kernels.rope_kv_write import INTERPRETED, _check_caches, _check_step, _store
 from servelab.kernels.triton_decode import sm_count
 
 MAX_ROWS = 8  # rows (tokens) one launch takes; beyond it the matmul's weight reuse favours a real GEMM
 BLOCK_N = 4  # outputs a program by default (``launch``)
 PLAIN, RMS_NORM, SILU_MUL = 0, 1, 2  # the prologue: what is computed from the input before it multiplies
+STORE, ROPE_KV = 0, 1  # the epilogue: store the outputs, or rotate q and k and write k and v to the pool
 
 
 @triton.jit
@@ -81,6 +89,28 @@ def _inv_rms(
 
 
 @triton.jit
+def _input_row(
+    X, D, H, nw, inv_rms, m, rows, pid, M, K, kk, k_ok, stride_x, stride_d, stride_h, elem: tl.constexpr,
+    PROLOGUE: tl.constexpr, HAS_DELTA: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """Row ``m`` of the matmul's input at columns ``kk``, the prologue applied (rounded where eager rounds)."""
+    if PROLOGUE == 2:  # gate_up's output is [gate | up]: SiLU(gate) rounds, then · up rounds (as eager)
+        g, _ = _row(X, X, m, M, kk, k_ok, stride_x, 0, False, BLOCK_K)
+        u, _ = _row(X + K, X, m, M, kk, k_ok, stride_x, 0, False, BLOCK_K)
+        g = g.to(tl.float32)
+        a = ((g * tl.sigmoid(g)).to(elem).to(tl.float32) * u.to(tl.float32)).to(elem)
+    elif PROLOGUE == 1:
+        a, ok = _row(X, D, m, M, kk, k_ok, stride_x, stride_d, HAS_DELTA, BLOCK_K)
+        if HAS_DELTA:  # one program writes the new residual stream; the others only read it
+            tl.store(H + m * stride_h + kk, a, mask=ok & (tl.full([BLOCK_K], pid, tl.int32) == 0))
+        inv_m = tl.sum(tl.where(rows == m, inv_rms, 0.0), axis=0)
+        a = (nw * (a.to(tl.float32) * inv_m).to(elem).to(tl.float32)).to(elem)
+    else:
+        a, _ = _row(X, X, m, M, kk, k_ok, stride_x, 0, False, BLOCK_K)
+    return a
+
+
+@triton.jit
 def _small_linear(
     X,
     D,
@@ -91,6 +121,18 @@ def _small_linear(
     Y,
     PART,
     COUNT,
+    COS,
+    SIN,
+    SLOTS,
+    K_CACHE,
+    V_CACHE,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    block_size,
     M,
     N,
     K,
@@ -101,6 +143,7 @@ def _small_linear(
     stride_y,
     eps,
     PROLOGUE: tl.constexpr,
+    EPILOGUE: tl.constexpr,
     HAS_DELTA: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -108,16 +151,25 @@ def _small_linear(
     BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr,
     STEPS: tl.constexpr,
+    HEADS: tl.constexpr,
+    KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    RNE_BY_HAND: tl.constexpr,
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
     elem = Y.dtype.element_ty
     rows = tl.arange(0, BLOCK_M)
-    cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    if EPILOGUE == 1:  # RoPE's pairs: output i is pair i // 2's lower (even i) or upper lane
+        cols = _pair_columns(pid, tl.arange(0, BLOCK_N), HEAD_DIM)
+    else:
+        cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     ks = tl.arange(0, BLOCK_K)
     if PROLOGUE == 1:  # RMSNorm needs each row's mean square before the first product
         inv_rms = _inv_rms(X, D, M, K, stride_x, stride_d, eps, HAS_DELTA, BLOCK_M, BLOCK_K)
+    else:
+        inv_rms = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     # split s walks reduction steps [s·STEPS, (s + 1)·STEPS) (a constexpr count: the interpreter and the compiler
     # both take it); with one split that is the whole reduction
@@ -128,32 +180,99 @@ def _small_linear(
         # costs its weight bytes, as at one (a [rows, outputs, inputs] product tile would shrink BLOCK_K instead)
         w = tl.load(W + cols[:, None] * stride_w + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
         wf = w.to(tl.float32)
-        if PROLOGUE == 1:
-            nw = tl.load(NW + kk, mask=k_ok, other=0.0).to(tl.float32)
+        nw = tl.load(NW + kk, mask=k_ok, other=0.0).to(tl.float32) if PROLOGUE == 1 else wf
         for m in tl.static_range(BLOCK_M):
-            if PROLOGUE == 2:  # gate_up's output is [gate | up]: SiLU(gate) rounds, then · up rounds (as eager)
-                g, _ = _row(X, X, m, M, kk, k_ok, stride_x, 0, False, BLOCK_K)
-                u, _ = _row(X + K, X, m, M, kk, k_ok, stride_x, 0, False, BLOCK_K)
-                g = g.to(tl.float32)
-                a = ((g * tl.sigmoid(g)).to(elem).to(tl.float32) * u.to(tl.float32)).to(elem)
-            elif PROLOGUE == 1:
-                a, ok = _row(X, D, m, M, kk, k_ok, stride_x, stride_d, HAS_DELTA, BLOCK_K)
-                if HAS_DELTA:  # one program writes the new residual stream; the others only read it
-                    tl.store(H + m * stride_h + kk, a, mask=ok & (tl.full([BLOCK_K], pid, tl.int32) == 0))
-                inv_m = tl.sum(tl.where(rows == m, inv_rms, 0.0), axis=0)
-                a = (nw * (a.to(tl.float32) * inv_m).to(elem).to(tl.float32)).to(elem)
-            else:
-                a, _ = _row(X, X, m, M, kk, k_ok, stride_x, 0, False, BLOCK_K)
+            a = _input_row(
+                X, D, H, nw, inv_rms, m, rows, pid, M, K, kk, k_ok, stride_x, stride_d, stride_h, elem,
+                PROLOGUE, HAS_DELTA, BLOCK_K,
+            )  # fmt: skip
             part = tl.sum(wf * a.to(tl.float32)[None, :], axis=1)
             acc = tl.where(rows[:, None] == m, acc + part[None, :], acc)
     out_ok = (rows < M)[:, None] & col_ok[None, :]
-    if SPLIT_K == 1:
-        _finish(B, Y, acc, rows, cols, col_ok, out_ok, stride_y, HAS_BIAS)
-    else:  # the tile's last split to finish sums every split's partial, in split order: the same sums every run
+    if SPLIT_K != 1:  # the tile's last split to finish sums every split's partial, in split order: the same sums
         last, acc = _merge_splits(PART, COUNT, acc, pid, split, rows, cols, out_ok, N, SPLIT_K, BLOCK_M)
-        if last:
+    else:
+        last = True
+    if last:
+        if EPILOGUE == 1:
+            _rope_kv_finish(
+                B, Y, acc, pid, rows, cols, col_ok, M, N, stride_y, COS, SIN, SLOTS, K_CACHE, V_CACHE,
+                stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, block_size,
+                HAS_BIAS, BLOCK_N, HEADS, KV_HEADS, HEAD_DIM, RNE_BY_HAND,
+            )  # fmt: skip
+        else:
             _finish(B, Y, acc, rows, cols, col_ok, out_ok, stride_y, HAS_BIAS)
+        if SPLIT_K != 1:
             tl.store(COUNT + pid, 0)  # ready for the next launch, and the next graph replay
+
+
+@triton.jit
+def _pair_columns(pid, i, HEAD_DIM: tl.constexpr):
+    """The output columns of program ``pid``'s outputs ``i`` when it takes RoPE's pairs: output 2p is lane d of a
+    head, 2p + 1 lane d + D/2 of the same head (pairs numbered across heads, ``D/2`` of them a head)."""
+    half: tl.constexpr = HEAD_DIM // 2
+    pair = pid * (i.shape[0] // 2) + i // 2
+    return (pair // half) * HEAD_DIM + pair % half + (i % 2) * half
+
+
+@triton.jit
+def _rope_kv_finish(
+    B, Q, acc, pid, rows, cols, col_ok, M, N, stride_q, COS, SIN, SLOTS, K_CACHE, V_CACHE,
+    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh, block_size,
+    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, HEADS: tl.constexpr, KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr, RNE_BY_HAND: tl.constexpr,
+):  # fmt: skip
+    """The qkv outputs rounded to the activation dtype (as the projection's output is), then what
+    ``kernels.rope_kv_write`` does with them: q and k rotated in float32 and rounded once, q to ``Q``
+    [rows, heads·D], k and v to the pool at each row's slot (``SLOTS``, flat ``block · block_size + offset``)."""
+    elem = Q.dtype.element_ty
+    if HAS_BIAS:
+        acc += tl.load(B + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+    y = _rounded(acc, elem, RNE_BY_HAND)
+    HALF_N: tl.constexpr = BLOCK_N // 2
+    BLOCK_M: tl.constexpr = y.shape[0]
+    x1, x2 = tl.split(tl.reshape(y, [BLOCK_M, HALF_N, 2]))  # each pair's lower and upper lane: [rows, pairs]
+    half: tl.constexpr = HEAD_DIM // 2
+    pair = pid * HALF_N + tl.arange(0, HALF_N)
+    head, lane = pair // half, pair % half
+    row_ok = rows < M
+    ok = row_ok[:, None] & (pair < N // 2)[None, :]
+    trig = rows[:, None] * HEAD_DIM + lane[None, :]  # cos and sin are [rows, D], contiguous
+    cos1 = tl.load(COS + trig, mask=ok, other=0.0).to(tl.float32)
+    cos2 = tl.load(COS + trig + half, mask=ok, other=0.0).to(tl.float32)
+    sin1 = tl.load(SIN + trig, mask=ok, other=0.0).to(tl.float32)
+    sin2 = tl.load(SIN + trig + half, mask=ok, other=0.0).to(tl.float32)
+    is_q = head < HEADS
+    is_v = head >= HEADS + KV_HEADS
+    rotate = (~is_v)[None, :]
+    # the eager order: x·cos + rotate_half(x)·sin, rotate_half(x) = (-x2, x1); v passes as it is
+    o1 = tl.where(rotate, x1 * cos1 - x2 * sin1, x1)
+    o2 = tl.where(rotate, x2 * cos2 + x1 * sin2, x2)
+    q_ok = ok & is_q[None, :]
+    q_at = Q + rows[:, None] * stride_q + (head * HEAD_DIM + lane)[None, :]
+    _store(q_at, o1, q_ok, elem, RNE_BY_HAND)
+    _store(q_at + half, o2, q_ok, elem, RNE_BY_HAND)
+    slot = tl.load(SLOTS + rows, mask=row_ok, other=0).to(tl.int64)
+    blk, off = slot // block_size, slot % block_size
+    k_ok = ok & (~is_q & ~is_v)[None, :]
+    k_at = K_CACHE + blk[:, None] * stride_kb + off[:, None] * stride_ks + ((head - HEADS) * stride_kh + lane)[None, :]
+    _store(k_at, o1, k_ok, K_CACHE.dtype.element_ty, RNE_BY_HAND)
+    _store(k_at + half, o2, k_ok, K_CACHE.dtype.element_ty, RNE_BY_HAND)
+    v_ok = ok & is_v[None, :]
+    v_head = head - HEADS - KV_HEADS
+    v_at = V_CACHE + blk[:, None] * stride_vb + off[:, None] * stride_vs + (v_head * stride_vh + lane)[None, :]
+    _store(v_at, o1, v_ok, V_CACHE.dtype.element_ty, RNE_BY_HAND)
+    _store(v_at + half, o2, v_ok, V_CACHE.dtype.element_ty, RNE_BY_HAND)
+
+
+@triton.jit
+def _rounded(x, elem: tl.constexpr, RNE_BY_HAND: tl.constexpr):
+    """float32 ``x`` rounded to ``elem`` to nearest even (as the projection's output is stored), back in float32."""
+    if RNE_BY_HAND and elem == tl.bfloat16:  # the interpreter truncates float32 -> bfloat16: round by hand there
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
+    return x.to(elem).to(tl.float32)
 
 
 @triton.jit
@@ -228,12 +347,31 @@ def _check(x: torch.Tensor, w: torch.Tensor, k: int, what: str) -> None:
         raise ParameterError(f"{what}: the input's rows and the weight must be contiguous")
 
 
+class RopeKV(NamedTuple):
+    """What ``norm_linear_rope_kv``'s epilogue needs: the step's cos and sin ([T, D] or [T, 1, D]), each row's pool
+    slot, one layer's K and V pools ([num_blocks, block_size, kv_heads, D]) and the head counts."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    slots: torch.Tensor
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+
 def _run(
     prologue, x, w, bias=None, delta=None, h_out=None, norm_w=None, eps=0.0, k=None, block_n=None, num_warps=4,
-    split_k=None,
+    split_k=None, rope: RopeKV | None = None,
 ):  # fmt: skip
     m, n, k = x.shape[0], w.shape[0], k or x.shape[1]
-    y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if rope is None:
+        y = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    else:  # the rotated q only: k and v go to the pool
+        y = torch.empty(m, rope.heads * rope.head_dim, dtype=x.dtype, device=x.device)
+        if block_n is not None and block_n % 2:
+            raise ParameterError(f"block_n must be even with RoPE's pairs, got {block_n}")
     bm, bn, bk = launch(m, n, k, block_n)
     steps, tiles = triton.cdiv(k, bk), triton.cdiv(n, bn)
     if split_k is None:
@@ -243,6 +381,14 @@ def _run(
     split_k = min(split_k, steps)  # a split with no reduction step of its own would only add a partial of zeros
     part = torch.empty(split_k, bm, n, dtype=torch.float32, device=x.device) if split_k > 1 else y
     count = _counters(x.device, tiles) if split_k > 1 else y
+    if rope is not None:
+        cos, sin = (t.reshape(m, rope.head_dim) for t in (rope.cos, rope.sin))
+        pools = (rope.slots, rope.k_cache, rope.v_cache, *rope.k_cache.stride()[:3], *rope.v_cache.stride()[:3])
+        heads = (rope.heads, rope.kv_heads, rope.head_dim)
+        pools += (rope.k_cache.shape[1],)
+    else:
+        cos = sin = x
+        pools, heads = (x, x, x, 0, 0, 0, 0, 0, 0, 1), (1, 1, 2)
     _small_linear[(tiles, split_k)](
         x,
         delta if delta is not None else x,
@@ -253,6 +399,9 @@ def _run(
         y,
         part,
         count,
+        cos,
+        sin,
+        *pools,
         m,
         n,
         k,
@@ -263,6 +412,7 @@ def _run(
         y.stride(0),
         eps,
         PROLOGUE=prologue,
+        EPILOGUE=ROPE_KV if rope is not None else STORE,
         HAS_DELTA=delta is not None,
         HAS_BIAS=bias is not None,
         BLOCK_M=bm,
@@ -270,6 +420,10 @@ def _run(
         BLOCK_K=bk,
         SPLIT_K=split_k,
         STEPS=triton.cdiv(steps, split_k),
+        HEADS=heads[0],
+        KV_HEADS=heads[1],
+        HEAD_DIM=heads[2],
+        RNE_BY_HAND=INTERPRETED,
         num_warps=num_warps,
     )
     return y
@@ -313,3 +467,33 @@ def silu_mul_linear(gate_up: torch.Tensor, w: torch.Tensor, **launch_kw) -> torc
     half = gate_up.shape[-1] // 2
     _check(gate_up, w, half, "silu_mul_linear")
     return _run(SILU_MUL, gate_up, w, k=half, **launch_kw)
+
+
+def norm_linear_rope_kv(
+    h: torch.Tensor,
+    delta: torch.Tensor | None,
+    norm_w: torch.Tensor,
+    eps: float,
+    qkv_w: torch.Tensor,
+    qkv_b: torch.Tensor | None,
+    rope: RopeKV,
+    **launch_kw,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``norm_linear`` for a layer's qkv projection, then RoPE and the pool write in the same launch:
+    ``h (+ delta)`` -> (the residual stream ``h + delta``, q rotated [T, heads, head_dim]); the rotated k and v land
+    in ``rope.k_cache`` / ``rope.v_cache`` at ``rope.slots``, as ``kernels.rope_kv_write`` puts them. Slots are not
+    range-checked (that would cost a host synchronisation): the block manager owns them."""
+    _check(h, qkv_w, h.shape[-1], "norm_linear_rope_kv")
+    t = h.shape[0]
+    qkv_shape = torch.empty(t, qkv_w.shape[0], device="meta")  # the projection's output, for the RoPE checks
+    _check_step(qkv_shape, rope.cos, rope.sin, rope.slots, rope.heads, rope.kv_heads, rope.head_dim)
+    _check_caches(rope.k_cache, rope.v_cache, rope.kv_heads, rope.head_dim)
+    if delta is not None and (delta.shape != h.shape or delta.dtype != h.dtype or delta.stride(-1) != 1):
+        raise ParameterError(
+            f"norm_linear_rope_kv: delta {tuple(delta.shape)} {delta.dtype} does not match h {tuple(h.shape)}"
+        )
+    if norm_w.shape != (h.shape[-1],):
+        raise ParameterError(f"norm_linear_rope_kv: norm weight {tuple(norm_w.shape)} for rows of {h.shape[-1]}")
+    h_out = torch.empty_like(h) if delta is not None else None
+    q = _run(RMS_NORM, h, qkv_w, qkv_b, delta=delta, h_out=h_out, norm_w=norm_w, eps=eps, rope=rope, **launch_kw)
+    return (h if h_out is None else h_out), q.view(t, rope.heads, rope.head_dim)

@@ -8,9 +8,12 @@ With ``use_small_linear(model)`` a block at most ``max_rows`` tokens wide (one b
     -> linear (o_proj) -> norm_linear (add + RMSNorm + gate_up) -> silu_mul_linear (SiLU·up + down)
 
 six launches a layer, with no ``torch.compile`` needed for them; wider steps (prefill, mixed, large batches) run
-the model's own block functions, compiled or not. ``fused_rope_kv_write`` is switched on with it: measured alone it
-made the engine slower (the issue's table), because the blocks it leaves to Inductor lose the fusions RoPE was part
-of; here small_linear does that fusion for the rows where it pays.
+the model's own block functions, compiled or not. With ``rope_in_qkv=True`` the first two are one launch
+(``norm_linear_rope_kv``: RoPE and the pool write in the qkv projection's epilogue), five a layer; the blocks'
+``forward`` then takes the small rows itself, since the block functions do not see the pool.
+``fused_rope_kv_write`` is switched on with it: measured alone it made the engine slower (the issue's table),
+because the blocks it leaves to Inductor lose the fusions RoPE was part of; here small_linear does that fusion for
+the rows where it pays.
 
 The rows test is on the host, per call: a CUDA graph captures one batch size, so each captured graph holds one
 path. Nothing measured imports this module: wiring it into the engine (``EngineConfig``) moves every study's
@@ -21,8 +24,10 @@ and ``tests/test_small_batch_blocks.py`` checks HF's greedy tokens under Triton'
 
 from __future__ import annotations
 
+import types
+
 from servelab.errors import ParameterError
-from servelab.kernels.small_linear import MAX_ROWS, linear, norm_linear, silu_mul_linear
+from servelab.kernels.small_linear import MAX_ROWS, RopeKV, linear, norm_linear, norm_linear_rope_kv, silu_mul_linear
 
 # The widest step the switch takes by default. On the H100
 # (data/dev/nvidia-h100/2026-12-06/small_batch_step_cf2a53d.csv) a whole decode step of Qwen2-0.5B through
@@ -54,15 +59,40 @@ def small_batch_fns(pre, post, max_rows: int = PAYS_UP_TO):
     return small_pre, small_post
 
 
-def use_small_linear(model, max_rows: int = PAYS_UP_TO) -> None:
+def rope_in_qkv_forward(block, max_rows: int):
+    """A ``LlamaBlock.forward`` whose rows up to ``max_rows`` run the qkv projection, RoPE and the pool write in one
+    launch (``norm_linear_rope_kv``), then attention and the block's post function; wider steps, or a block whose
+    fused RoPE + KV-write path is off, run ``LlamaBlock.forward`` itself."""
+    wide = type(block).forward
+
+    def forward(self, h, delta, rope, meta, kv, fns):
+        if h.shape[0] > max_rows or not self.fused_rope_kv_write:
+            return wide(self, h, delta, rope, meta, kv, fns)
+        s, layer = self.s, self.attn.layer
+        pool = RopeKV(*rope, meta.slot_mapping, kv.k[layer], kv.v[layer], s.heads, s.kv_heads, s.head_dim)
+        h, q = norm_linear_rope_kv(h, delta, self.input_norm.weight, self.eps, self.qkv.weight, self.qkv.bias, pool)
+        attn = self.attn(q, None, meta, kv)  # K and V are in the pool already
+        w = (self.o_proj.weight, self.post_norm.weight, self.eps, self.gate_up.weight, self.down.weight)
+        return fns[1](h, attn, *w)
+
+    forward.rope_in_qkv = True
+    return types.MethodType(forward, block)
+
+
+def use_small_linear(model, max_rows: int = PAYS_UP_TO, rope_in_qkv: bool = False) -> None:
     """Switch a ``models.llama.LlamaModel`` to small_linear blocks at ``max_rows`` tokens or fewer, and RoPE + KV
     write in one kernel (``set_fused_rope_kv_write(True)``). Build the engine after, with
     ``fused_rope_kv_write=True`` in its config (the engine sets the config's value on the model). A later
-    ``compile_blocks`` (the engine's ``torch.compile``) compiles the wide path and keeps the small one."""
+    ``compile_blocks`` (the engine's ``torch.compile``) compiles the wide path and keeps the small one. With
+    ``rope_in_qkv`` the small rows also take RoPE and the pool write into the qkv launch (``rope_in_qkv_forward``);
+    off by default until a GPU measures it faster."""
     if not hasattr(model, "set_fused_rope_kv_write"):
         raise ParameterError(f"{type(model).__name__} has no fused RoPE + KV-write path (Llama/Qwen2 do)")
     model.set_fused_rope_kv_write(True)
     model.block_fns = small_batch_fns(*model.block_fns, max_rows=max_rows)
+    if rope_in_qkv:
+        for block in model.layers:
+            block.forward = rope_in_qkv_forward(block, max_rows)
     compile_blocks = model.compile_blocks
 
     def compile_then_small(**compile_kw):
