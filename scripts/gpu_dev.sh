@@ -6,7 +6,8 @@
 #
 #   gpu-quick      make gpu-test-quick: token-exactness of every captured path (goal: under 3 min on the H200)
 #   gpu-full       the GPU tests not in the quick tier
-#   staged         the GPU tests of the code staged for after the campaign: kernels/small_linear, speculative/,
+#   staged         the GPU tests of the code staged for after the campaign: kernels/small_linear (and its RoPE
+#                  epilogue), speculative/,
 #                  Study 3's controlled sweep through the engine mode (s03_speculative/controlled_engine)
 #   small-linear   scripts/bench_small_linear.py --sweep --rows 1: the fused linears against the engine's chain, every
 #                  launch (block_n x warps) at batch 1
@@ -66,7 +67,7 @@ for task in "$@"; do
   case "$task" in
     gpu-quick) run "$task" 240 make gpu-test-quick ;;
     gpu-full) run "$task" 560 python3 -m pytest -q -p no:cacheprovider --durations=15 -m "gpu and not gpu_quick" $GPU_TESTS ;;
-    staged) run "$task" 180 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_small_linear.py \
+    staged) run "$task" 240 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_small_linear.py tests/test_small_linear_rope_kv.py \
       tests/test_speculative_rejection.py tests/test_speculative_ngram.py tests/test_controlled_engine.py ;;
     small-linear) run "$task" 420 python3 scripts/bench_small_linear.py --out "$OUT/small_linear.csv" --sweep --rows 1 ;;
     small-linear-split) run "$task" 300 python3 scripts/bench_small_linear.py --out "$OUT/small_linear_split.csv" --sweep split --rows 1 ;;
