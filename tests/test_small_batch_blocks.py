@@ -30,7 +30,8 @@ CHECK = textwrap.dedent(
     for name in ("tiny-qwen2",):  # q/k/v biases: the wider of the two paths (Llama is the same without)
         hf, prompts, refs = heads_test.hf_case(name)
         model = native_from_hf(hf, max_positions=256)
-        small_batch.use_small_linear(model, max_rows=MAX_ROWS)  # every width the kernel takes, not just the default
+        # every width the kernel takes, not just the default; six launches a layer (RoPE in a launch of its own)
+        small_batch.use_small_linear(model, max_rows=MAX_ROWS, rope_in_qkv=False)
         engine = Engine(model, EngineConfig(block_size=4, num_blocks=64, max_model_len=256, fused_rope_kv_write=True))
         assert small_batch.uses_small_linear(engine.model), name
         rows.clear()
