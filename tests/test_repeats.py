@@ -125,7 +125,8 @@ def test_text_values_need_numbers_unless_all_repeats_agree():
     pair = [rep("21923–47819", "holds"), rep("21000–47000", "holds"), rep("22000–48000", "holds")]
     with pytest.raises(ParameterError, match="pass values="):
         combine_repeats(pair)
-    assert combine_repeats(pair, values=[47819, 47000, 48000]).measured_value == "4.782e+04"
+    # four significant digits, never scientific notation, with the thousands separator the book writes
+    assert combine_repeats(pair, values=[47819, 47000, 48000]).measured_value == "47,820"
 
 
 @pytest.mark.parametrize(

@@ -76,7 +76,15 @@ class MedianInterval:
 
 
 def _fmt(x: float) -> str:
-    return f"{x:.4g}"
+    """Four significant digits, as ``.4g`` keeps them, but never in scientific notation and with thousands
+    separators, as the book writes numbers: 1881.2 -> "1,881", 12345 -> "12,340", 0.01234 -> "0.01234"."""
+    if x == 0 or not math.isfinite(x):
+        return f"{x:.4g}"
+    decimals = 3 - math.floor(math.log10(abs(x)))
+    x = round(x, decimals)
+    if decimals <= 0:
+        return f"{x:,.0f}"
+    return f"{x:,.{decimals}f}".rstrip("0").rstrip(".")
 
 
 def _coverage(n: int, k: int) -> float:
