@@ -252,3 +252,36 @@ def test_the_runs_left_out_are_counted_with_their_reasons_and_the_deep_drafts_lo
     assert "d6 saw 7.0 million tokens, about 40 passes" in caption and "(α 0.40 against 0.42)" in caption
     better = alpha.assign(alpha=[0.40, 0.42])  # the low loss went with the higher α: nothing to explain
     assert "memorised" not in report.distill_caption(SimpleNamespace(distill=distill, real_alpha=better))
+
+
+def test_the_seed_shapes_costs_are_the_median_over_repeats_with_an_implausible_repeat_named(tmp_path):
+    # the audit: the notes quoted one repeat's c = 1.15 for qwen2-0.5b -> qwen2-1.5b (a draft slower than its target,
+    # the repeat of the median speedup) where the other repeats read 0.86, and predicted 0.63× from it
+    _write(tmp_path)
+    for r, (draft_ms, target_ms) in enumerate([(30.18, 26.35), (17.66, 20.58), (13.62, 15.84)]):
+        pd.DataFrame(
+            [dict(pair="q5 → q15", draft="config:q5", target="config:q15", draft_ms=draft_ms, target_ms=target_ms,
+                  c=draft_ms / target_ms, params_ratio=0.32, tokens=64, repeats=3)]
+        ).to_csv(tmp_path / "nvidia-h200" / STUDY / "runs" / "abc123abc123" / "all" / f"r{r}" / "seed_costs.csv",
+                 index=False)  # fmt: skip
+    page = report.report(study_runs(STUDY, tmp_path))
+    assert _verdicts(page) == {"F6.1": "holds", "F6.2": "holds"}  # no rule reads the seed shapes' costs
+    c = float(np.median([30.18 / 26.35, 17.66 / 20.58, 13.62 / 15.84]))
+    f61, f62 = page.findings
+    assert f"each c the median over 3 repeats, α = 0.60 from the real pair): q5 → q15: c = {c:.2f} " in f61.note
+    assert "(repeats 1.15 / 0.86 / 0.86)" in f61.note and "c = 1.15," not in f61.note
+    assert "repeat 1 of 3's c = 1.15 (draft step 30.18 ms, target 26.35 ms) has a draft with 0.32× the target's" in (
+        f61.note
+    )
+    assert f"q5 → q15 {c:.2f} (repeats 1.15 / 0.86 / 0.86, one not physically plausible: see F6.1's note)" in f62.note
+    assert page.seed_costs["c"].iloc[0] == pytest.approx(c)
+
+
+def test_f62s_note_says_which_pair_has_a_draft_as_its_target(tmp_path):
+    # the audit: a draft -> draft pair stood among F6.2's "3 pairs" with no word of why
+    f62 = report.report(_write(tmp_path)).findings[1]
+    assert (
+        "one of the 3 pairs, d1 → d2, has a draft serving as the target (the smallest draft drafting for the largest): "
+        "the one real target with its 2 drafts gives 2 cost ratios, and the rule ranks pairs by c only where at least "
+        "3 reached one length" in f62.note
+    )

@@ -154,6 +154,28 @@ def test_setup_names_the_runs_and_what_is_not_measured_yet(files, table, run):
     assert "`llama-3-8b`'s vocabulary in place of its own 151,936" in text  # the 8B pair's draft, said
 
 
+def test_c_and_the_error_are_one_statistic_on_both_pages(files, table, run):
+    # the audit: Study 3's table of where each pair pays read c = 0.610 (its best-γ rows' median) where this page read
+    # 0.593 (every point's) for the same runs, and F3.3 quoted 1/c from the one while pointing at the other; F3.2's
+    # note gave one repeat's |error| over 240 points beside this figure's signed error over 270
+    from servelab.studies.s03_speculative.report import pays_view
+
+    shown = pays_view(run.pays).set_index(["draft", "target", "batch"])["c in the loop (median, every γ and α)"]
+    for r in run.pays.itertuples():
+        c = table[(table.target == r.target) & (table.draft == r.draft) & (table.batch == r.batch)].c.median()
+        assert r.c == pytest.approx(c) and shown.loc[(r.draft, r.target, r.batch)] == pytest.approx(round(c, 3))
+        assert f"  - {c:.3f}\n  - {1 / c:.2f}×" in files.markdown["controlled_pays.md"]
+    err = table.prediction_error_pct.abs()
+    b1 = err[table.batch == 1].median()
+    caption = files.markdown["controlled_figure.md"]
+    assert f"the median is {err.median():.0f}% over all {len(table)} and {b1:.0f}% at batch 1" in caption
+    report3 = page.study3_report(RESULTS, "h200")
+    notes = {f.id: f.note for f in report3.findings}
+    assert f"the median |error| is {err.median():.0f}% over {len(table)} points (batch 1: {b1:.0f}%)" in notes["F3.2"]
+    q = table[(table.draft == "qwen2-0.5b") & (table.target == "qwen2-1.5b") & (table.batch == 1)].c.median()
+    assert f"ratio at batch 1, {1 / q:.3f}× (1/c, with c = {q:.3f} in Study 3's table" in notes["F3.3"]
+
+
 # --- the goal sentence on made-up tables ------------------------------------------------------------------------
 
 

@@ -94,3 +94,44 @@ def test_caption_and_code_status_read_one_provenance(tmp_path):
     (d / "run.json").write_text("{not json")
     assert bench_provenance(d / "bench.csv") is None
     assert render_code_status(d / "bench.csv") == "" and "run at commit" not in render_engine_bench(d / "bench.csv")
+
+
+def test_the_bench_table_names_metrics_in_words_and_says_what_each_bound_is(tmp_path):
+    """A bound that is two measured parts (the mixed step) or the measured forward (one request end to end) is not a
+    roofline: a column headed "roofline_bound" read 110% of it as beating the hardware (issue 7 of the third audit)."""
+    from servelab_book.engine_bench import bound_kind, metric_words, render_engine_bench
+
+    d = tmp_path / "nvidia-h200" / "engine"
+    d.mkdir(parents=True)
+    cols = ["metric", "value", "unit", "roofline_bound", "pct_of_roofline", "goal", "meets_goal", "note"]
+    pd.DataFrame(
+        [
+            ["decode_ms_b1_ctx16384", 1.3, "ms", 0.278, 21.4, "<= 1", False, "graphs"],
+            ["mixed_step_ms", 3.42, "ms", 3.76, 110.0, "", "", "bound: the decodes alone + the chunk alone"],
+            ["e2e_ms_per_token_b1", 1.19, "ms/token", 1.13, 95.2, "", "", "bound: the captured forward alone"],
+            ["offline_tok_s", 37226.0, "tok/s", 192363.0, 19.4, ">= 60000", False, "default"],
+            ["engine_speedup_vs_hf", 68.8, "x", "", "", ">= 20", True, "ratio"],
+        ],
+        columns=cols,
+    ).to_csv(d / "bench.csv", index=False)
+    md = render_engine_bench(d / "bench.csv")
+    assert "roofline\\_bound" not in md and "pct\\_of\\_roofline" not in md and "meets\\_goal" not in md
+    assert "* - What is measured\n" in md and "  - Kind of bound\n" in md and "  - Value against its bound (%)\n" in md
+    assert "One decode step, batch 1, 16,384 tokens of context (`decode_ms_b1_ctx16384`)" in md
+    mixed = md.split("(`mixed_step_ms`)")[1].split("* -")[0]
+    assert "  - its parts, measured\n" in mixed and "roofline" not in mixed.split("bound:")[0]
+    assert "  - the forward, measured\n" in md.split("(`e2e_ms_per_token_b1`)")[1].split("* -")[0]
+    assert "  - roofline ceiling\n" in md.split("(`offline_tok_s`)")[1].split("* -")[0]
+    assert "  - ≤ 1\n" in md and "  - ≥ 60,000\n" in md and "  - missed\n" in md and "  - met\n" in md
+    assert "  - ×\n" in md  # a ratio's unit
+    legend = md.split(":::\n", 1)[1]  # the kinds present, defined under the table
+    assert "**its parts, measured**" in legend and "not a roofline" in legend and "**roofline floor**" in legend
+    assert "**matmul ceiling**" not in legend  # no prefill row here
+    assert bound_kind("prefill_mfu_4096")[0] == "matmul ceiling" and bound_kind("new_metric")[0] == "bound"
+    assert metric_words("offline_tok_s_budget512") == (
+        "Offline throughput, token budget per step of 512 tokens (`offline_tok_s_budget512`)"
+    )
+    assert metric_words("decode_ms_b64_ctx512_fused_rope_kv").startswith(
+        "One decode step, batch 64, 512 tokens of context, fused RoPE + KV write, not the default"
+    )
+    assert metric_words("something_new") == "`something_new`"

@@ -246,7 +246,7 @@ def test_f44_over_several_regimes_needs_all_for_holds():
     assert row.verdict == "changes"
     assert row.headline == pytest.approx((fast["compaction_speedup"] + slow["compaction_speedup"]) / 2)  # median
     assert "median over 2 regimes" in row.headline_unit
-    assert "decode batch 1 (hf_cuda_graph)" in row.note and "decode batch 64" in row.note
+    assert "decode batch 1 (HF CUDA graph)" in row.note and "decode batch 64" in row.note  # the page's words
     assert verdicts.f44(pd.DataFrame([fast, fast]), on_cuda=True).verdict == "holds"
 
 
@@ -408,7 +408,7 @@ def test_findings_say_what_they_were_tested_on():
     assert f41.tested_on == (
         "gpt2 (architecture-exact, random weights); Org/ckpt (trained weights); dtypes float16, bfloat16"
     )
-    assert f42.tested_on == "gpt2 (architecture-exact, random weights; float16); decode, hf_eager; batches 1, 64"
+    assert f42.tested_on == "gpt2 (architecture-exact, random weights; float16); decode, HF eager; batches 1, 64"
     assert f43.tested_on.endswith("KV pools of 1,024, 4,096 MiB, 16-token blocks")
     assert f44.tested_on == ""  # a CPU run measured nothing to name
     # each headline is the number its rule decides on; a CPU run's F4.4 measured none
@@ -426,3 +426,18 @@ def test_f42_says_when_a_marginal_read_is_above_the_copy_ceiling():
     flat = _steps("hf_eager", 1, kv_gb_s=3000.0, fixed_ms=60.0, floor_pct=0.5)
     s = variation_summary(pd.concat([flat, grows]))
     assert "over-states" in verdicts.f42(s, 2000).note and "over-states" not in verdicts.f42(s, 4000).note
+
+
+def test_f43_names_the_movers_as_the_page_defines_them():
+    # 2026-12 audit: the note read "block_loop: 18–911 GB/s … gather_scatter_wide", identifiers the page never
+    # defines; its F4.3 section names them the naive per-block loop, gather/scatter and wide gather/scatter
+    comp = pd.DataFrame(
+        [dict(status="ok", method=m, pool_mib=1024, block_size=bs, gb_s=gb) for m, bs, gb in
+         (("block_loop", 16, 30.0), ("block_loop", 256, 900.0), ("gather_scatter", 16, 600.0),
+          ("gather_scatter_wide", 16, 1800.0))]
+    )  # fmt: skip
+    f = verdicts.f43(comp, 4000.0, "config:gpt2", "float16")
+    assert f.verdict == "changes" and "block_loop" not in f.note and "gather_scatter" not in f.note
+    assert f.note.startswith("naive per-block loop: 30–900 GB/s") and "; wide gather/scatter: 1,800–1,800" in f.note
+    assert f.note.endswith("The seed's 19–67 GB/s is what this GPU moves with the naive per-block loop with 16-token "
+                           "blocks")  # fmt: skip

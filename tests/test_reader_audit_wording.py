@@ -110,3 +110,18 @@ def test_f53_names_the_kernels_it_compares():
     )
     note = attention_verdicts.f53(spread).note
     assert "(2 configurations; the 2 kernels compared: sdpa_flash, naive)" in note
+
+
+def test_study_2_labels_its_f23_verdict_as_its_own_reading():
+    # the page's bold "changes" for F2.3 read as the book's verdict, which is the simulator's (inconclusive)
+    from servelab.studies.s02_gpu_costs.report import _finding_sentence, verdict_table
+
+    def finding(fid):
+        return Finding(id=fid, claim="c", seed_value="s", measured_value="7.8", unit="u", verdict="changes", note="n",
+                       repeats=3)  # fmt: skip
+
+    rows = verdict_table([finding("F2.1"), finding("F2.3")], "H200").splitlines()
+    assert rows[2].endswith("| 3 | **changes** | — |")  # F2.1 as it is
+    assert rows[3].endswith("| 3 | **changes** (this study's own reading) | — |")
+    assert _finding_sentence(finding("F2.3")).startswith("**F2.3 changes (this study's own reading).** C: 7.8")
+    assert _finding_sentence(finding("F2.1")).startswith("**F2.1 changes.** C: 7.8")

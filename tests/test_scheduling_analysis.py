@@ -333,3 +333,15 @@ def test_a_cut_within_its_noise_of_a_threshold_is_said_so():
     one_rate = _two_cuts(0.70, 0.70)
     one_rate = one_rate[one_rate["rate_fraction"] == 0.5]
     assert "Near a threshold" not in verdicts.f11(one_rate, 512).note
+
+
+def test_f13_names_the_best_setting_by_the_seeds_name_and_says_a_tie():
+    # the note read "vs best 953 (chunked_prefill@2048)" and "6,638 tok/s vs best 6,638 (eager_cont_batch)"
+    slower = verdicts.f13(sweep(58.6, 34.1, 1000, 1200))
+    said = slower.measured_value
+    assert "throughput 1,000 tok/s vs best 1,200 (ChunkedPrefill@512)" in said
+    assert "chunked_prefill" not in said and "eager_cont_batch" not in said
+    best = verdicts.f13(sweep(58.6, 34.1, 1000, 900)).measured_value
+    assert "throughput 1,000 tok/s, the highest" in best and "vs best" not in best
+    tied = verdicts.f13(sweep(58.6, 34.1, 1000, 1000)).measured_value
+    assert "throughput 1,000 tok/s, the highest, tied with ChunkedPrefill@512" in tied

@@ -55,7 +55,7 @@ def test_the_page_lists_each_point_with_late_requests_and_says_nothing_without_a
     runs = RunSet("01_scheduling", tuple(Run(Path(f"r{k}"), {"repeat_index": k}) for k in (0, 1, 2)))
     text = report.not_offered_lines(report.named_repeats(late, runs))
     assert text.startswith("2 requests of 1 points' traces arrived after their run's deadline")
-    assert "repeat 1 of 3: llama-3-8b, eager_cont_batch, rate sweep at 1.00 req/s: 2 of 46" in text
+    assert "repeat 1 of 3: llama-3-8b, EagerContBatch, rate sweep at 1.00 req/s: 2 of 46" in text  # the seed's name
     assert report.not_offered_lines(late.iloc[0:0]) == ""
 
 

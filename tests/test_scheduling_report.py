@@ -228,3 +228,39 @@ def test_the_takeaways_give_each_models_verdict_over_the_repeats(tmp_path):
     # one repeat has nothing to compare across repeats: no sentence
     _write_runs(tmp_path / "single", chunked_stall_ms=60.0, repeats=1)
     assert report.report(study_runs(STUDY, tmp_path / "single")).per_model == {}
+
+
+def test_a_tie_for_the_highest_capacity_names_every_setting_in_it():
+    # the takeaway named one winner ("is eager_cont_batch's") where the table and the published row showed a tie
+    cap = pd.DataFrame(
+        {
+            "model": "config:qwen2-0.5b",
+            "scheduler": ["eager_cont_batch", "chunked_prefill", "fcfs"],
+            "budget": [8192, 2048, 8192],
+            "capacity_req_s": [15.6, 15.6, 7.8],
+            "first_miss_rate": [36.3, 36.3, 15.6],
+            "bound": "bracketed",
+            "slo_itl_ms": 20.2,
+            "lowest_rate": 7.8,
+        }
+    )
+    said = report.capacity_sentences(cap)[0]
+    assert said == (
+        "qwen2-0.5b: EagerContBatch and ChunkedPrefill@2048 tie for the highest capacity at p99 ITL ≤ 20.2 ms, "
+        "15.6 req/s (missed at 36.3 req/s)."
+    )
+    alone = report.capacity_sentences(cap.assign(capacity_req_s=[15.6, 7.8, 7.8]))[0]
+    assert alone.startswith("qwen2-0.5b: the highest capacity at p99 ITL ≤ 20.2 ms is EagerContBatch's, 15.6 req/s")
+
+
+def test_the_methods_numbers_come_from_the_runs():
+    from servelab.paths import REPO_ROOT
+    from servelab.studies.common.runs import study_runs
+
+    runs = study_runs("01_scheduling", REPO_ROOT / "data" / "results")
+    said = report.method_numbers(runs)
+    p = runs.params
+    assert f"sized for {p['min_requests']:g} completed requests (`min_requests`)" in said
+    assert f"a factor of {p['search_factor']:g} (`search_factor`)" in said
+    assert said.endswith(f"ran seeds {', '.join(str(r.params['seed']) for r in runs.per_repeat()[:-1])} and "
+                         f"{runs.per_repeat()[-1].params['seed']}.")  # fmt: skip

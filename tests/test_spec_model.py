@@ -295,8 +295,8 @@ def test_f31_weighs_the_choice_of_the_best_and_the_stronger_baseline():
 def test_loop_ratio_sentence_compares_with_the_rules_bar():
     above = verdicts.loop_ratio_sentence(1.22, 1.68, ("qwen2-0.5b", "qwen2-1.5b"))
     assert (
-        "1.68× (1/c in Study 3's table of where each pair pays), is above 1.25 × the median eager ratio (1.52×)"
-        in above
+        "1.680× (1/c, with c = 0.595 in Study 3's table of where each pair pays: the median over every γ and α at "
+        "batch 1), is above 1.25 × the median eager ratio (1.52×)" in above
     )
     assert "is below" in verdicts.loop_ratio_sentence(1.4, 1.68, ("a", "b"))
     assert verdicts.loop_ratio_sentence(float("nan"), 1.68, ("a", "b")) == ""

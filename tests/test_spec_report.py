@@ -122,6 +122,14 @@ def test_where_a_pair_pays_agrees_with_its_best_speedup_on_the_committed_runs():
     assert seed and seed in notes["F3.1"] and seed in notes["F3.3"] and seed in report.takeaways(page)
     shown = report.pays_view(pays)
     assert shown["prompts" if "prompts" in shown else "batch"].dtype.kind == "i"  # counts read as integers
+    # the audit: F3.3's interval (eager over parameters) agreed in every repeat while the repeats split on the rule's
+    # second condition, which nothing showed
+    assert "every repeat meets the first condition, so the second is what split them" in notes["F3.3"]
+    # the audit: "can differ in the second decimal" stood where F3.1's interval and the table's differed in the first
+    best = report.speedup_view(page.speedup).iloc[0]
+    quoted = page.quoted_repeat
+    assert quoted.startswith("F3.1 quotes repeat ") and quoted in report.takeaways(page)
+    assert f"read CI {best['CI low']:.2f}–{best['CI high']:.2f} at its best γ" in quoted
 
 
 def _write_eager(root, k: int, draft_ms: float, target_ms: float):
@@ -148,6 +156,9 @@ def test_cost_ratio_rows_show_the_times_of_the_median_repeat(tmp_path):
     assert page.eager_outliers in report.ratios_note(page) and page.eager_outliers in f.note
     assert f.repeat_verdicts == "changes;holds;changes" and f.verdict == "inconclusive"
     assert "that repeat says holds; the other repeats say changes, so this repeat alone makes F3.3" in f.note
+    # the rule's second condition, per repeat: the best mode over the eager ratio (engine 3.0× here)
+    assert "The best mode's ratio over the eager one was 1.20× in repeat 1 of 3 (engine), 4.50× in repeat 2" in f.note
+    assert "so the second is what split them" not in f.note  # repeats 1 and 3 are not far below the parameters
 
 
 def test_a_plausible_eager_ratio_is_not_flagged(tmp_path):

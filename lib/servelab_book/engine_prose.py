@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from servelab.studies.common.markdown import format_value, list_table, md_text
+from servelab_book.engine_bench import metric_words
 
 NOT_RUN = "The engine has not been benchmarked on the H200 yet.\n"
 
@@ -86,9 +87,9 @@ def render_goals(bench_csv: Path | None) -> str:
         goal, value, unit = Goal.parse(r["goal"]), num(r), r["unit"]
         outcome = goal.outcome(value, unit)
         left = "" if outcome == "met" else profile_of(r.get("note", ""))
-        cells = [r["metric"], f"{format_value(r['value'])} {unit}", str(goal), outcome, format_value(left)]
-        body.append([md_text(c) for c in cells])
-    head = ["metric", "measured", "goal", "outcome", "what the row's profile shows is left"]
+        cells = [f"{format_value(r['value'])} {'×' if unit == 'x' else unit}", str(goal), outcome, format_value(left)]
+        body.append([metric_words(r["metric"])] + [md_text(c) for c in cells])
+    head = ["What is measured", "Measured", "Goal", "Outcome", "What the row's profile shows is left"]
     return list_table(head, [[c or "—" for c in row] for row in body], css="servelab-engine-goals")
 
 
@@ -144,14 +145,17 @@ def render_long_context(bench_csv: Path | None) -> str:
 
 
 def render_offline(bench_csv: Path | None) -> str:
-    """Offline throughput at the default step budget and at 512 tokens a step, and the ratio against its goal."""
+    """Offline throughput at the default token budget per step (``max_num_batched_tokens``) and at 512 tokens a step,
+    and the ratio against its goal. "Step budget" is not used for it: the page gives that name to the breakdown of
+    a step's time (``servelab.bench.step_budget``)."""
     rows = bench_rows(bench_csv)
     full, small, ratio = (rows.get(k) for k in ("offline_tok_s", "offline_tok_s_budget512", "offline_budget512_ratio"))
     if full is None or small is None or ratio is None:
         return ""
     text = (
-        f"The offline workload runs at {format_value(full['value'])} tok/s with the default step budget and at "
-        f"{format_value(small['value'])} tok/s when every step holds at most 512 tokens: "
+        f"The offline workload runs at {format_value(full['value'])} tok/s with the default token budget per step "
+        f"(`max_num_batched_tokens`) and at {format_value(small['value'])} tok/s when every step holds at most 512 "
+        "tokens: "
         f"{num(ratio):.3f} of it"
     )
     goal = Goal.parse(ratio.get("goal", ""))

@@ -13,23 +13,29 @@ TABLE_CLASS = "servelab-findings"  # the browser test and `check` find the table
 # marks with inline meaning in MyST (emphasis, code, links, roles, math, tables, HTML, entities)
 _INLINE = set("\\`*_[]<>$" + "{}|~&")
 _ORDERED_ITEM = re.compile(r"^(\d+)([.)])(\s)")
-_LONG_INT = re.compile(r"(?<![\d.,])\d{4,}(?![\d.,]\d)")
+# a number of 4 or more digits before any decimals, standing on its own: not part of a decimal or an already
+# separated number, nor of an identifier or setting name ("chunked_prefill@2048", "qwen-fcfs-chunked2048", a hash
+# such as "10916fee"), nor a date's year ("2026-12-04"): a separator there read "chunked_prefill@2,048"
+_LONG_NUMBER = re.compile(r"(?<![\w@#.,])(?<![A-Za-z_]-)(\d{4,})(\.\d+)?(?![\w@]|[.,]\d|-\d\d?-\d)")
 
 
 def format_value(value: str) -> str:
     """A measured value for reading: 3 significant figures and thousands separators for a number;
-    in text (a range such as "21923–47819"), thousands separators for long integers only.
+    in text (a range such as "21923–47819"), thousands separators in numbers of 1,000 or more, their decimals kept,
+    but never inside an identifier or setting name, nor in a date.
 
     >>> format_value("7.641234"), format_value("4223.1"), format_value("0.012345"), format_value("7.80")
     ('7.64', '4,223', '0.0123', '7.8')
-    >>> format_value("21923–47819"), format_value("7.8 / 275.2"), format_value("n=2")
-    ('21,923–47,819', '7.8 / 275.2', 'n=2')
+    >>> format_value("21923–47819"), format_value("7.8 / 275.2"), format_value("n=2"), format_value("p50 36643.3 ms")
+    ('21,923–47,819', '7.8 / 275.2', 'n=2', 'p50 36,643.3 ms')
+    >>> format_value("926 vs 953 (chunked_prefill@2048)"), format_value("2026-12-04 01:04 UTC")
+    ('926 vs 953 (chunked_prefill@2048)', '2026-12-04 01:04 UTC')
     """
     text = str(value).strip()
     try:
         x = float(text.replace(",", ""))
     except ValueError:
-        return _LONG_INT.sub(lambda m: f"{int(m.group(0)):,}", text)
+        return _LONG_NUMBER.sub(lambda m: f"{int(m.group(1)):,}{m.group(2) or ''}", text)
     if not math.isfinite(x):
         return text
     if x == 0:

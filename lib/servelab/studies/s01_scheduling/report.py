@@ -246,9 +246,9 @@ def host_stall_lines(stalls: pd.DataFrame) -> str:
         gc_ms = r.get("gc_ms")
         collector = f" ({gc_ms:.0f} ms of it in Python's garbage collector)" if pd.notna(gc_ms) else ""
         lines.append(
-            f"{r['repeat_name']}: {model_name(r['model'])}, {_name(r['scheduler'], r['budget'])}, {r['sweep']} sweep"
-            f" at rate fraction {r['rate_fraction']:g}: a {kind} step ({r['prefill_tokens']:.0f} prefill and "
-            f"{r['decode_tokens']:.0f} decode tokens) took {r['step_ms']:.0f} ms, {r['host_ms']:.0f} ms of it on the "
+            f"{r['repeat_name']}: {model_name(r['model'])}, {_shown(r)}, {r['sweep']} sweep"
+            f" at rate fraction {r['rate_fraction']:g}: a {kind} step ({r['prefill_tokens']:,.0f} prefill and "
+            f"{r['decode_tokens']:,.0f} decode tokens) took {r['step_ms']:.0f} ms, {r['host_ms']:.0f} ms of it on the "
             f"host{collector}, where that setting's {kind} steps usually spend {r['usual_host_ms']:.2f} ms{sets}"
         )
     return (
@@ -325,8 +325,21 @@ def capacity_sentences(capacity: pd.DataFrame) -> list[str]:
                 f"({g['lowest_rate'].min():.3g} req/s)."
             )
             continue
+        top = g[g["capacity_req_s"] == best["capacity_req_s"]]
+        texts = [capacity_text(r) for _, r in top.iterrows()]
+        if len(top) > 1:  # a tie is a tie: every setting in it (the published row says "tied" too)
+            names = " and ".join(_shown(r) for _, r in top.iterrows())
+            each = (
+                texts[0]
+                if len(set(texts)) == 1
+                else "; ".join(f"{_shown(r)} {t}" for (_, r), t in zip(top.iterrows(), texts, strict=True))
+            )
+            out.append(
+                f"{name}: {names} tie for the highest capacity at p99 ITL ≤ {best['slo_itl_ms']:.1f} ms, {each}."
+            )
+            continue
         out.append(
-            f"{name}: the highest capacity at p99 ITL ≤ {best['slo_itl_ms']:.1f} ms is {_setting(best)}'s, "
+            f"{name}: the highest capacity at p99 ITL ≤ {best['slo_itl_ms']:.1f} ms is {_shown(best)}'s, "
             f"{capacity_text(best)}."
         )
     return out
@@ -356,6 +369,31 @@ def stall_takeaway(stalls: pd.DataFrame) -> str:
         f"{n} engine step{'s' if n != 1 else ''} waited {HOST_STALL_MS:.0f} ms or more on the host, not on the "
         f"policy's work; {sets} of them set{'s its' if sets == 1 else ' their'} point's worst stall in that "
         "repeat (listed under *Steps held up on the host*)."
+    )
+
+
+def _listing(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def method_numbers(runs: RunSet) -> str:
+    """The sizes the Method names by parameter, as these runs recorded them (their ``run.json``), and each repeat's
+    seed: the Method's prose is qualitative, and these numbers come from the runs, so that they cannot go stale."""
+    if not runs.measured:
+        return ""
+    reps = runs.per_repeat()
+
+    def value(key: str) -> str:
+        got = dict.fromkeys(f"{v:g}" for rep in reps if isinstance(v := rep.params.get(key), int | float))
+        return " or ".join(got) if got else "not recorded"
+
+    seeds = [str(rep.params.get("seed", "?")) for rep in reps]
+    names = runs.repeats_name(runs.repeats)
+    return (
+        f"In these runs a point is sized for {value('min_requests')} completed requests (`min_requests`) and a "
+        f"searched point for {value('search_min_requests')} (`search_min_requests`); the search steps the rate by a "
+        f"factor of {value('search_factor')} (`search_factor`), at most {value('search_steps')} times each way "
+        f"(`search_steps`); {names} ran seed{'s' if len(seeds) > 1 else ''} {_listing(seeds)}."
     )
 
 
@@ -473,7 +511,7 @@ def shortfall_lines(summary: pd.DataFrame) -> str:
     if s.empty:
         return f"Every one of the {len(ok)} measured points completed at least its `min_requests` requests."
     lines = [
-        f"{model_name(r['model'])}, {_setting(r)} at {r['rate']:.2f} req/s ({r['sweep']}): {r['completed']:.0f} "
+        f"{model_name(r['model'])}, {_shown(r)} at {r['rate']:.2f} req/s ({r['sweep']}): {r['completed']:.0f} "
         f"completed of {r['min_requests']:.0f} wanted"
         for _, r in s.iterrows()
     ]
@@ -487,7 +525,7 @@ def not_offered_lines(late: pd.DataFrame) -> str:
         return ""
     n = int(late["not_offered"].sum())
     lines = [
-        f"{r['repeat_name']}: {model_name(r['model'])}, {_setting(r)}, {r['sweep']} sweep at {r['rate']:.2f} req/s: "
+        f"{r['repeat_name']}: {model_name(r['model'])}, {_shown(r)}, {r['sweep']} sweep at {r['rate']:.2f} req/s: "
         f"{r['not_offered']:.0f} of {r['requests'] + r['not_offered']:.0f}"
         for _, r in late.iterrows()
     ]
@@ -506,7 +544,7 @@ def skipped_lines(skipped: pd.DataFrame) -> str:
     if skipped.empty:
         return "Every planned point was measured."
     lines = [
-        f"{r['repeat_name']}: {model_name(r['model'])}, {_setting(r)}, {r['sweep']} sweep at rate fraction "
+        f"{r['repeat_name']}: {model_name(r['model'])}, {_shown(r)}, {r['sweep']} sweep at rate fraction "
         f"{r['rate_fraction']:g}: {r['status']}"
         for _, r in skipped.iterrows()
     ]
@@ -540,13 +578,12 @@ def _best(g: pd.DataFrame):
     return g.loc[g["capacity_req_s"].fillna(-1.0).idxmax()]
 
 
-SHOWN = {"fcfs": "FCFS", "eager_cont_batch": "EagerContBatch", "chunked_prefill": "ChunkedPrefill"}
+SHOWN = verdicts.SHOWN  # the seed's names of the policies
 
 
 def _shown(r) -> str:
     """A setting as the prose names it: ChunkedPrefill@512, EagerContBatch, FCFS."""
-    name = SHOWN.get(r["scheduler"], r["scheduler"])
-    return f"{name}@{int(r['budget'])}" if r["scheduler"] == "chunked_prefill" else name
+    return verdicts.seed_setting(r["scheduler"], r["budget"])
 
 
 def published_value_from(cap: pd.DataFrame) -> tuple[str, str]:

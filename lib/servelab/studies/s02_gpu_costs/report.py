@@ -14,6 +14,7 @@ import pandas as pd
 from servelab.sim.cost_fit import fit_all, heldout_table
 from servelab.studies.common.findings import Finding, not_measured
 from servelab.studies.common.page import finding_sentence, takeaway_list
+from servelab.studies.common.page import verdict_table as page_verdict_table
 from servelab.studies.common.published import published_section
 from servelab.studies.common.runs import RunSet, pool_repeats, study_runs
 from servelab.studies.common.study_page import StudyPage
@@ -161,6 +162,7 @@ def with_pooled_decode(findings: list[Finding], runs: RunSet, steps: pd.DataFram
 
 
 OWN_DATA_F23 = " [this study's cost data alone: the book's verdict on F2.3 is decided on the simulator's page]"
+OWN_READING = "this study's own reading"  # beside F2.3's verdict on this page: the book's verdict is elsewhere
 
 
 def own_data_f23(findings: list[Finding]) -> list[Finding]:
@@ -171,6 +173,26 @@ def own_data_f23(findings: list[Finding]) -> list[Finding]:
         replace(f, measured_value=f.measured_value + OWN_DATA_F23) if f.id == "F2.3" and f.repeats else f
         for f in findings
     ]
+
+
+def verdict_table(findings: list[Finding], device: str) -> str:
+    """The page's verdict table (``own_data_f23``), with F2.3's bold verdict labelled as this study's own reading: the
+    book's verdict on F2.3 is the simulator's (``f23_elsewhere``), and a bare bold "changes" beside it read as the
+    book's."""
+    rows = page_verdict_table(own_data_f23(findings), device).split("\n")
+    f = next((f for f in findings if f.id == "F2.3" and f.repeats), None)
+    for i, row in enumerate(rows):
+        if f is not None and row.startswith("| **F2.3** "):
+            rows[i] = row.replace(f"| **{f.verdict}**", f"| **{f.verdict}** ({OWN_READING})", 1)
+    return "\n".join(rows)
+
+
+def _finding_sentence(f: Finding) -> str:
+    """A claim's takeaway; F2.3's says that its verdict is this study's own reading, not the book's."""
+    said = finding_sentence(f)
+    if f.id == "F2.3" and f.repeats:
+        said = said.replace(f"**{f.id} {f.verdict}.**", f"**{f.id} {f.verdict} ({OWN_READING}).**", 1)
+    return said
 
 
 MEDIAN_OF_STEPS = "each step's median over the {n} repeats, as the study's tables show it"
@@ -202,19 +224,17 @@ def step_model_sentence(cost_fit: pd.DataFrame) -> str:
     if fits.empty or "step_heldout_median_abs_pct" not in fits:
         return ""
     parts = [
-        f"{model_name(r.model)} {r.step_heldout_median_abs_pct:.1f}% median |error| (max "
-        f"{r.step_heldout_max_abs_pct:.0f}%, {r.step_rows:.0f} steps)"
+        f"{model_name(r.model)}'s with a median |error| of {r.step_heldout_median_abs_pct:.1f}% (max "
+        f"{r.step_heldout_max_abs_pct:.0f}%, over {r.step_rows:.0f} steps)"
         for r in fits.itertuples()
     ]
-    return (
-        "The engine's step cost model, fitted for the simulator, predicts held-out steps to " + "; ".join(parts) + "."
-    )
+    return "The engine's step cost model, fitted for the simulator, predicts held-out steps: " + "; ".join(parts) + "."
 
 
 def takeaways(r: Study2Page) -> str:
     """One sentence per claim, then what graphs save the engine and how well its step cost model predicts."""
     return takeaway_list(
-        [finding_sentence(f) for f in r.findings]
+        [_finding_sentence(f) for f in r.findings]
         + [_spread_takeaway(r.runs)]
         + [f23_elsewhere(r.runs.results_root) if any(f.id == "F2.3" for f in r.findings) else ""]
         + [launch_sentence(r.overhead), compiled_sentence(r.steps, r.bench_decode), step_model_sentence(r.cost_fit)]

@@ -14,6 +14,7 @@ from servelab.studies.s04_kv_cache.verdicts import (
     SEED_COMPACTION_GB_S,
     SEED_COMPACTION_SPEEDUP,
     SEED_DECODE_VARIATION_PCT,
+    mover_name,
 )
 
 MODE_LABELS = {"hf_eager": "HF eager", "hf_cuda_graph": "HF in a CUDA graph", "engine": "servelab engine"}
@@ -159,6 +160,7 @@ def compaction_bandwidth(comp: pd.DataFrame, ceil_gb_s: float, device_name: str)
     """GB/s moved vs block size, per mover (hue) and pool size (style), one panel per fraction moved."""
     d = comp[comp["status"] == "ok"].copy()
     d["pool"] = d["pool_mib"].map(lambda m: f"{m / 1024:g} GiB pool" if m >= 1024 else f"{m} MiB pool")
+    d["method"] = d["method"].map(mover_name)  # the movers by the section's words, as the legend shows them
     fracs = sorted(d["move_fraction"].unique())
     fig, axes = plt.subplots(1, len(fracs), figsize=(WIDTH, 3.8), squeeze=False, sharey=True)
     for ax, f in zip(axes[0], fracs, strict=True):
@@ -183,7 +185,9 @@ def overlap(runs: pd.DataFrame, batch, device_name: str):
     runs = runs if "decode_batch" in runs else runs.assign(decode_batch=batch)
     rb = runs[runs["decode_batch"] == batch]
     order = [c for c in CONDITIONS if c in set(rb["condition"])]
-    labels = {c: c.replace("concurrent_prioritised", "concurrent,\nprioritised").replace("_", " ") for c in order}
+    # as the table words them ("concurrent, decode prioritised"), on two lines
+    labels = {c: c.replace("concurrent_prioritised", "concurrent,\ndecode prioritised").replace("_", " ")
+              for c in order}  # fmt: skip
     fig, (ax_parts, ax_comp) = plt.subplots(1, 2, figsize=(WIDTH, 4.0))
     long = rb.melt(id_vars=["round", "condition"], value_vars=["compaction_ms", "decode_ms", "total_ms"],
                    var_name="part", value_name="ms").dropna()  # fmt: skip

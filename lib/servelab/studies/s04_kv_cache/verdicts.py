@@ -18,6 +18,24 @@ FLAT_PCT = 10.0  # a step time that varies by less than this over the contexts s
 NEAR_FLOOR_PCT = 50.0  # a step within 2× of its roofline floor counts as bound by that floor
 SPEEDUP_BAND = (1.15, 1.6)  # "30% faster", read as a time 23% shorter or a rate 1.3× higher, with margin
 
+# the movers and decode modes by the page's words for them (its F4.2 and F4.3 sections define each), never by the
+# identifiers the runs record: "block_loop: 18–911 GB/s" named nothing the page had defined
+MOVERS = {
+    "block_loop": "naive per-block loop",
+    "gather_scatter": "gather/scatter",
+    "gather_scatter_wide": "wide gather/scatter",
+}
+MODES = {"hf_eager": "HF eager", "hf_cuda_graph": "HF CUDA graph", "engine": "servelab engine"}
+
+
+def mover_name(method: str) -> str:
+    return MOVERS.get(str(method), str(method))
+
+
+def mode_name(mode: str) -> str:
+    return MODES.get(str(mode), str(mode))
+
+
 CLAIMS = {
     "F4.1": "bytes per token = the formula, exactly (36 KB/token for the model used)",
     "F4.2": "decode step time varies only ~3% with context length (memory-bound)",
@@ -72,8 +90,12 @@ def f41(bpt: pd.DataFrame) -> Finding:
     )
 
 
+def _regime(mode: str, batch) -> str:
+    return f"{mode_name(mode)} b={batch}"
+
+
 def _regimes(rows: pd.DataFrame) -> str:
-    return ", ".join(f"{r.mode} b={r.batch}" for r in rows.itertuples())
+    return ", ".join(_regime(r.mode, r.batch) for r in rows.itertuples())
 
 
 def _sorted_values(column: pd.Series) -> str:
@@ -81,7 +103,7 @@ def _sorted_values(column: pd.Series) -> str:
 
 
 def _modes_batches(s: pd.DataFrame) -> str:
-    return f"{', '.join(s['mode'].unique())}; batches {_sorted_values(s['batch'])}"
+    return f"{', '.join(mode_name(m) for m in s['mode'].unique())}; batches {_sorted_values(s['batch'])}"
 
 
 def _marginal_read(grows: pd.DataFrame, copy_gb_s: float) -> str:
@@ -95,12 +117,12 @@ def _marginal_read(grows: pd.DataFrame, copy_gb_s: float) -> str:
     text = (
         f"; where it grows, each extra token of context is read at up to {best['marginal_kv_gb_s']:,.0f} GB/s "
         f"(95% CI {best['marginal_kv_gb_s_low']:,.0f}–{best['marginal_kv_gb_s_high']:,.0f}; "
-        f"{best['mode']} b={best['batch']}; this repeat's copy ceiling, reads + writes, is {copy_gb_s:,.0f} GB/s)"
+        f"{_regime(best['mode'], best['batch'])}; this repeat's copy ceiling, reads + writes, is {copy_gb_s:,.0f} GB/s)"
     )
     above = mb[mb["marginal_kv_gb_s"] > copy_gb_s]
     if above.empty:
         return text
-    which = ", ".join(f"{r.mode} b={r.batch} {r.marginal_kv_gb_s:,.0f} GB/s" for r in above.itertuples())
+    which = ", ".join(f"{_regime(r.mode, r.batch)} {r.marginal_kv_gb_s:,.0f} GB/s" for r in above.itertuples())
     return (
         text + f". Above the copy ceiling measured in the same run ({which}): the step time grows by less than "
         "reading the extra context at the ceiling would take, so there the slope over-states the read bandwidth"
@@ -147,7 +169,7 @@ def f42(
     pooled = shown is not None and not shown.empty
     said = shown if pooled else s
     parts = [  # to the table's decimal: whole percents read +4% beside its 4.5
-        f"{r.mode} b={r.batch}: trend {r.trend_pct:+.1f}%, variation {r.variation_pct:.1f}%, "
+        f"{_regime(r.mode, r.batch)}: trend {r.trend_pct:+.1f}%, variation {r.variation_pct:.1f}%, "
         f"{r.pct_of_floor_at_max_context:.1f}% of floor"
         for r in said.itertuples()
     ]
@@ -156,8 +178,9 @@ def f42(
     # the statistic the rule reads first (the fitted trend, per regime), then the seed's own (max/min variation)
     top = s.loc[s["trend_pct"].abs().idxmax()]
     measured = (
-        f"flat in {len(flat)} of {len(s)} regimes; largest trend {top.trend_pct:+.0f}% ({top['mode']} b={top.batch});"
-        f" max/min variation {s['variation_pct'].min():.1f}–{s['variation_pct'].max():.0f}%"
+        f"flat in {len(flat)} of {len(s)} regimes; largest trend {top.trend_pct:+.0f}% "
+        f"({_regime(top['mode'], top.batch)}); max/min variation {s['variation_pct'].min():.1f}–"
+        f"{s['variation_pct'].max():.0f}%"
     )
     criteria = (
         f"(flat: fitted trend within ±{FLAT_PCT:g}% over the contexts swept; near the floor: at ≥ "
@@ -188,14 +211,15 @@ def f43(comp: pd.DataFrame, copy_gb_s: float, model: str = "", dtype: str | None
     inside = SEED_COMPACTION_GB_S[0] / 2 <= hi <= SEED_COMPACTION_GB_S[1] * 2
     verdict = "holds" if inside else "changes"
     note = "; ".join(
-        f"{m}: {r['min']:,.0f}–{r['max']:,.0f} GB/s (up to {100 * r['max'] / copy_gb_s:.0f}% of this repeat's "
-        f"{copy_gb_s:,.0f} GB/s copy ceiling)"
+        f"{mover_name(m)}: {r['min']:,.0f}–{r['max']:,.0f} GB/s (up to {100 * r['max'] / copy_gb_s:.0f}% of this "
+        f"repeat's {copy_gb_s:,.0f} GB/s copy ceiling)"
         for m, r in by.iterrows()
     )
     seedlike = ok[ok["gb_s"].between(*SEED_COMPACTION_GB_S)]
     if len(seedlike) and not inside:
         where = "; ".join(
-            f"{m} with {_sorted_values(g['block_size'])}-token blocks" for m, g in seedlike.groupby("method")
+            f"the {mover_name(m)} with {_sorted_values(g['block_size'])}-token blocks"
+            for m, g in seedlike.groupby("method")
         )
         note += f". The seed's 19–67 GB/s is what this GPU moves with {where}"
     pools = ", ".join(f"{m:,}" for m in sorted(ok["pool_mib"].unique()))
@@ -252,7 +276,7 @@ def f44(summary, on_cuda: bool, model: str = "", dtype: str | None = None) -> Fi
     parts = []
     for r in s.itertuples():
         batch = f"decode batch {r.decode_batch}" if hasattr(r, "decode_batch") else "decode"
-        mode = f" ({r.decode_mode})" if hasattr(r, "decode_mode") else ""
+        mode = f" ({mode_name(r.decode_mode)})" if hasattr(r, "decode_mode") else ""
         part = (
             f"{batch}{mode}: compaction {r.compaction_alone_ms:.3f} ms alone vs {r.compaction_concurrent_ms:.3f} ms "
             f"during decode (speedup {r.compaction_speedup:.2f}, 95% CI {r.compaction_speedup_ci_low:.2f}–"

@@ -143,11 +143,34 @@ def derive(rep: RunSet) -> Derived:
     return Derived(per_prompt, summary, costs, pairs, rep.table("seed_costs"), tested_on(rep), min_prompts)
 
 
-def repeat_findings(rep: RunSet) -> list[Finding]:
-    """F6.1 and F6.2 by today's rules from one repeat's per-prompt times."""
+def repeat_findings(rep: RunSet, seed_costs: pd.DataFrame | None = None) -> list[Finding]:
+    """F6.1 and F6.2 by today's rules from one repeat's per-prompt times. ``seed_costs``: the seed shapes' costs the
+    notes quote (``seed_costs_over_repeats``), else this repeat's own; neither rule reads them."""
     d = derive(rep)
-    seed = d.seed_costs if not d.seed_costs.empty else None
+    seed = seed_costs if seed_costs is not None else d.seed_costs
+    seed = seed if not seed.empty else None
     return verdicts.findings(d.pairs, d.per_prompt, seed, tested_on=d.tested_on, min_prompts=d.min_prompts)
+
+
+def seed_costs_over_repeats(runs: RunSet) -> pd.DataFrame:
+    """The seed shapes' HF costs over every repeat that timed them: each column's median per pair (``c`` the median
+    of each repeat's own c), ``c_each`` every repeat's c in repeat order ("1.15 / 0.86 / 0.86") and ``implausible``
+    the repeats whose c is not physically plausible, in words (``verdicts.implausible_seed_costs``). The notes
+    quoted the costs of the repeat nearest the median speedup, whatever their own spread: c = 1.15 for
+    qwen2-0.5b → qwen2-1.5b, a draft slower than its target, where the other repeats read 0.86."""
+    named = [(runs.repeat_name(rep.repeats[0]), rep.table("seed_costs")) for rep in runs.per_repeat()]
+    named = [(n, t) for n, t in named if not t.empty and "c" in t]
+    if not named:
+        return pd.DataFrame()
+    pooled = _pool([t for _, t in named], ["pair"])
+    each = pd.concat([t.assign(_order=i) for i, (_, t) in enumerate(named)], ignore_index=True)
+    c_each = (
+        each.sort_values("_order").groupby("pair", sort=False)["c"].agg(lambda v: " / ".join(f"{x:.2f}" for x in v))
+    )
+    flagged = verdicts.implausible_seed_costs(named)
+    return pooled.assign(
+        c_each=pooled["pair"].map(c_each).fillna(""), implausible=pooled["pair"].map(flagged).fillna("")
+    )
 
 
 def _pool(frames: list[pd.DataFrame], keys: list[str]) -> pd.DataFrame:
@@ -202,7 +225,10 @@ def report(runs: RunSet) -> Study6Page:
     """The page's record from ``runs`` (nothing measured: every claim inconclusive, every table empty)."""
     if not runs.measured:
         return Study6Page(runs, not_measured(STUDY))
-    findings = runs.combined(repeat_findings, needs=NEEDS)
+    # the seed shapes' costs in the notes are the median over the repeats, with an implausible repeat named: each
+    # repeat's note quoted its own, and the note kept (that of the median speedup) had the implausible one
+    seed_costs = seed_costs_over_repeats(runs)
+    findings = runs.combined(lambda rep: repeat_findings(rep, seed_costs), needs=NEEDS)
     # the views pool whole repeats where there are any: a repeat begun part by part times fewer prompts, and a
     # median over repeats of different prompt sets would describe neither
     reps = [rep for rep in runs.per_repeat() if rep.has_parts(PARTS)] or runs.per_repeat()
@@ -221,7 +247,7 @@ def report(runs: RunSet) -> Study6Page:
         speedups=_pool_speedups([d.speedups for d in per]),
         pairs=_pool([d.pairs for d in per], ["pair", "draft", "target", "length"]),
         costs=_pool([d.costs for d in per], ["model"]),
-        seed_costs=_pool([d.seed_costs for d in per], ["pair"]),
+        seed_costs=seed_costs,
         coverage=_pool_coverage(cover),
         own_vs_engine=_pool_speedups([analysis.own_vs_engine(t) for t in raw_times if not t.empty]),
         own_acceptance=_pool([analysis.own_acceptance(r) for r in raw_runs if "status" in r], ["pair"]),

@@ -89,18 +89,56 @@ def seed_shapes(seed_costs: pd.DataFrame | None) -> str:
     return f"cost at the seed's shapes: {pairs}; {models_words(specs, setting='HF generate')}"
 
 
+def implausible_seed_costs(per_repeat: list[tuple[str, pd.DataFrame]]) -> dict[str, str]:
+    """Per seed pair, the repeats whose c has a draft with fewer parameters than its target step slower than it
+    (c > 1 with a parameter ratio under 1), in words; pairs with none are absent. ``per_repeat``: (the repeat's name,
+    its ``seed_costs``). Study 3 flags the same pattern in its own eager timings (``s03 verdicts.implausible_eager``);
+    here one repeat's qwen2-0.5b → qwen2-1.5b read c = 1.15 where the other two read 0.86."""
+    out: dict[str, list[str]] = {}
+    for name, t in per_repeat:
+        if t is None or t.empty or not {"c", "params_ratio"} <= set(t.columns):
+            continue
+        for r in t.itertuples():
+            if r.c > 1 > r.params_ratio:
+                ms = f" (draft step {r.draft_ms:.2f} ms, target {r.target_ms:.2f} ms)" if hasattr(r, "draft_ms") else ""
+                out.setdefault(r.pair, []).append(
+                    f"{name}'s c = {r.c:.2f}{ms} has a draft with {r.params_ratio:.2f}× the target's parameters step "
+                    "slower than the target: not physically plausible, most likely host time in that repeat's eager "
+                    "timings (Study 3 flags the same in its own eager ratios), so the median over the repeats is quoted"
+                )
+    return {pair: "; ".join(said) for pair, said in out.items()}
+
+
+def _over_repeats(seed_costs: pd.DataFrame) -> str:
+    """', each c the median over 3 repeats' where the table pools several repeats, else ''."""
+    n = int(seed_costs["n_repeats"].max()) if "n_repeats" in seed_costs and seed_costs["n_repeats"].notna().any() else 1
+    return f", each c the median over {n} repeats" if n > 1 else ""
+
+
+def _each_c(r) -> str:
+    """' (repeats 1.15 / 0.86 / 0.86)' for a pair with a flagged repeat (``implausible``), else ''."""
+    return f" (repeats {r.c_each})" if getattr(r, "implausible", "") and getattr(r, "c_each", "") else ""
+
+
 def _seed_cost_text(seed_costs: pd.DataFrame | None, alpha: float) -> str:
-    """HF's c at each seed shape pair and, with the real pair's α, Leviathan's best speedup there."""
+    """HF's c at each seed shape pair and, with the real pair's α, Leviathan's best speedup there. ``seed_costs``: one
+    repeat's, or the median over the repeats (``n_repeats``, ``c_each`` and ``implausible`` then say so): a note
+    quoting the repeat nearest the median *speedup* took that repeat's costs whatever their own spread, and read
+    c = 1.15 and a prediction of 0.63× from a repeat whose draft stepped slower than its target."""
     if seed_costs is None or seed_costs.empty:
         return ""
-    parts = []
+    parts, flags = [], []
     for r in seed_costs.itertuples():
-        text = f"{r.pair}: c = {r.c:.2f}"
+        text = f"{r.pair}: c = {r.c:.2f}{_each_c(r)}"
         if np.isfinite(alpha) and 0 < alpha < 1:
             g, imp = best_gamma(alpha, r.c)
             text += f", predicted {imp:.2f}× at γ = {g}"
         parts.append(text)
-    return f"; at the seed's shapes (random weights, HF eager, α = {alpha:.2f} from the real pair): " + "; ".join(parts)
+        if getattr(r, "implausible", ""):
+            flags.append(f"for {r.pair}, {r.implausible}")
+    alpha_said = f", α = {alpha:.2f} from the real pair" if np.isfinite(alpha) else ""
+    head = f"; at the seed's shapes (random weights, HF eager{_over_repeats(seed_costs)}{alpha_said}): "
+    return head + "; ".join(parts) + "".join(f"; {f}" for f in flags)
 
 
 def _lookup_pays(per_prompt: pd.DataFrame | None, length: int) -> str:
@@ -267,9 +305,35 @@ def _f62_note(n_pairs, length, rho_c, rho_a, trends, rho_len, change, c_decides,
 def _seed_c_range(seed_costs: pd.DataFrame | None) -> str:
     if seed_costs is None or seed_costs.empty:
         return ""
-    parts = ", ".join(f"{r.pair} {r.c:.2f}" for r in seed_costs.itertuples())
+    parts = ", ".join(
+        f"{r.pair} {r.c:.2f}"
+        + (f" (repeats {r.c_each}, one not physically plausible: see F6.1's note)" if _each_c(r) else "")
+        for r in seed_costs.itertuples()
+    )
     return (
-        f"; HF's c at the seed's shapes (random weights): {parts} (the seed's F3.3: 1/1.18 = 0.85, Qwen2-0.5B → 1.5B)"
+        f"; HF's c at the seed's shapes (random weights{_over_repeats(seed_costs)}): {parts}; the seed's F3.3 "
+        "measured 1/1.18 = 0.85 for Qwen2-0.5B → 1.5B"
+    )
+
+
+def _draft_as_target(d: pd.DataFrame) -> str:
+    """Which of the ranked pairs has a draft as its target, and why it is there: one target with k drafts gives k
+    cost ratios, and the rule ranks pairs by c only from ``MIN_PAIRS``. "" where no pair does."""
+    if d.empty or not {"draft", "target", "pair"} <= set(d.columns):
+        return ""
+    drafts = set(d["draft"])
+    inner = d[d["target"].isin(drafts)]
+    if inner.empty:
+        return ""
+    main = d[~d["target"].isin(drafts)]
+    k = main["draft"].nunique()
+    names = ", ".join(inner["pair"])
+    one = len(inner) == 1
+    return (
+        f"; {'one' if one else len(inner)} of the {len(d)} pairs, {names}, {'has' if one else 'have'} a draft serving "
+        f"as the target (the smallest draft drafting for the largest): the one real target with its {k} drafts gives "
+        f"{k} cost ratio{'s' if k != 1 else ''}, and the rule ranks pairs by c only where at least {MIN_PAIRS} reached "
+        "one length"
     )
 
 
@@ -314,6 +378,7 @@ def f62_what_decides(
     len_decides = rho_len >= DECIDES_RHO and change >= MATERIAL_CHANGE
     verdict = "holds" if c_decides and len_decides else ("changes" if c_decides or len_decides else "fails")
     note = _f62_note(len(d), length, rho_c, rho_a, trends, rho_len, change, c_decides, len_decides)
+    note += _draft_as_target(d)
     return Finding(
         **common,
         measured_value=f"ρ_c = {rho_c:+.2f}, ρ_length = {rho_len:+.2f}",

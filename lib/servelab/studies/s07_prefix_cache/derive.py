@@ -34,20 +34,30 @@ def turn_speedups(mt: pd.DataFrame) -> pd.DataFrame:
     return out.join(info, on=["metric", "turn"])
 
 
-def breakeven(df: pd.DataFrame) -> pd.DataFrame:
-    """Per prefix length: the time ratio independent / shared at each n, and ``breakeven_n``, the smallest n ≥ 2
-    from which sharing is at least as fast at every larger n measured (NaN if it never is)."""
-    empty = pd.DataFrame(columns=["prefix_tokens", "breakeven_n", "max_n", "ratio_at_max_n", "ratios"])
+BREAKEVEN_COLUMNS = ["prefix_tokens", "breakeven_n", "max_n", "ratio_at_max_n", "ratios"]
+
+
+def sharing_ratios(df: pd.DataFrame) -> pd.DataFrame:
+    """Per prefix length and n: the time with every request prefilling the prefix over the time sharing it
+    (``ratio``, independent / shared median times), where both ran."""
+    cols = ["prefix_tokens", "n", "ratio"]
     ok = df[df["status"] == "ok"]
     if ok.empty:
-        return empty
+        return pd.DataFrame(columns=cols)
     t = ok.pivot_table(index=["prefix_tokens", "n"], columns="sharing", values="median_ms")
     if not {"shared", "independent"} <= set(t.columns):
-        return empty
+        return pd.DataFrame(columns=cols)
     t = t.dropna().reset_index()
     t["ratio"] = t["independent"] / t["shared"]
+    return t[cols]
+
+
+def breakeven_of(ratios: pd.DataFrame) -> pd.DataFrame:
+    """Per prefix length, from ``sharing_ratios`` (one repeat's, or each point's median over repeats): the ratio at
+    each n, and ``breakeven_n``, the smallest n ≥ 2 from which sharing is at least as fast at every larger n measured
+    (NaN if it never is)."""
     rows = []
-    for p, g in t.groupby("prefix_tokens"):
+    for p, g in ratios.groupby("prefix_tokens"):
         g = g.sort_values("n")
         cand = g[g["n"] >= 2]
         be = np.nan
@@ -64,4 +74,10 @@ def breakeven(df: pd.DataFrame) -> pd.DataFrame:
                 "ratios": ", ".join(f"n={int(n)}: {r:.2f}×" for n, r in zip(g["n"], g["ratio"], strict=True)),
             }
         )
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=BREAKEVEN_COLUMNS)
+
+
+def breakeven(df: pd.DataFrame) -> pd.DataFrame:
+    """Per prefix length: the time ratio independent / shared at each n, and ``breakeven_n``, the smallest n ≥ 2
+    from which sharing is at least as fast at every larger n measured (NaN if it never is)."""
+    return breakeven_of(sharing_ratios(df))

@@ -17,6 +17,7 @@ from servelab.studies.s07_prefix_cache.verdicts import (
     SEED_SPEEDUP_512,
     SEED_TURN_SPEEDUP,
     SEED_TURNS,
+    policy_name,
 )
 
 MODE_COLORS = {
@@ -171,7 +172,8 @@ def policy_hit_rates(sim: pd.DataFrame, title: str):
     fig, axes = plt.subplots(rows, cols, figsize=(8, 2.9 * rows + 0.5), squeeze=False, sharey=True)
     for ax, alpha in zip(axes.flat, alphas, strict=False):  # the grid may have spare axes
         d = sim[sim["alpha"] == alpha]
-        sns.lineplot(data=d, x="capacity", y="hit_rate", hue="policy", marker="o", ax=ax, legend=ax is axes.flat[0])
+        named = d.assign(policy=d["policy"].map(lambda q: "radix (blocks)" if q == "radix" else policy_name(q)))
+        sns.lineplot(data=named, x="capacity", y="hit_rate", hue="policy", marker="o", ax=ax, legend=ax is axes.flat[0])
         opt = d[d["unit"] == "prefix"].drop_duplicates("capacity").sort_values("capacity")
         ax.plot(opt["capacity"], opt["optimum"], ls="--", color="black", label="static top-k optimum")
         if alpha == SEED_ALPHA:

@@ -10,6 +10,13 @@ from matplotlib.ticker import NullFormatter
 
 from servelab.studies.s08_simulator.context_reads import excess_by_context
 
+# the routers as the page names them (the identifiers stay in the code and the CSVs)
+ROUTER_WORDS = {
+    "round_robin": "round-robin",
+    "least_outstanding": "least-outstanding",
+    "prefix_affinity": "prefix affinity",
+}
+
 GOAL_PCT = 10.0  # issue 7's goal for the median |error|
 
 
@@ -86,7 +93,8 @@ def plot_capacity(needed: pd.DataFrame, title: str = ""):
     for (router, g), (marker, ls) in zip(needed.groupby("router"), styles * 4, strict=False):
         g = g.sort_values("rate")
         # distinct markers and dashes: routers that need the same count would otherwise hide each other
-        ax.plot(g["rate"], g["replicas"], marker=marker, ls=ls, ms=7, mfc="none", label=router)
+        name = ROUTER_WORDS.get(router, router)
+        ax.plot(g["rate"], g["replicas"], marker=marker, ls=ls, ms=7, mfc="none", label=name)
     ax.set_xlabel("request rate (req/s)")
     ax.set_ylabel("replicas needed to meet the SLO")
     ax.set_title(title)
@@ -128,8 +136,9 @@ def plot_affinity(table: pd.DataFrame, title: str = ""):
         d = table[table["pool_blocks"] == pool]
         for (router, g), (marker, ls) in zip(d.groupby("router"), styles * 4, strict=False):
             g = g.sort_values("rate")
-            axes[0][j].plot(g["rate"], 100 * g["hit_rate"], marker=marker, ls=ls, mfc="none", label=router)
-            axes[1][j].plot(g["rate"], g["ttft_p99_ms"], marker=marker, ls=ls, mfc="none", label=router)
+            name = ROUTER_WORDS.get(router, router)
+            axes[0][j].plot(g["rate"], 100 * g["hit_rate"], marker=marker, ls=ls, mfc="none", label=name)
+            axes[1][j].plot(g["rate"], g["ttft_p99_ms"], marker=marker, ls=ls, mfc="none", label=name)
         axes[0][j].set_title(f"KV pool {pool:,} blocks per replica")
         axes[0][j].set_ylabel("prefix-cache hit rate (%)")
         axes[1][j].set_ylabel("p99 TTFT (ms)")

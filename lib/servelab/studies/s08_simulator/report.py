@@ -96,6 +96,11 @@ class Study8Page:
     s1_slug: str | None = None
     s1_repeat: str = ""  # how Study 1's page names the repeat calibrated and validated here ("repeat 1 of 3")
     s1_partial: dict[str, list[str]] = field(default_factory=dict)  # Study 1's repeats lacking parts: name → parts
+    s1_every: RunSet | None = None  # every repeat of Study 1, whole or not (the simulator reads the whole ones)
+    f23_models: list[str] = field(default_factory=list)  # the models F2.3 reads (Study 2's costs), as named
+    # a repeat left out for parts of other models only: F2.3's reading of its own models' runs there, name → (the
+    # median |error| with the serving overheads, that repeat's verdict); shown beside the verdict, never in it
+    s1_readings: dict[str, tuple[float, str]] = field(default_factory=dict)
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
     fitted: dict = field(default_factory=dict)  # model → {"gpu_only", "gpu+overheads"} cost models
     fitted_by_terms: dict = field(default_factory=dict)  # ablation variant → model → fitted cost models
@@ -133,17 +138,19 @@ def _with_fresh(f: Finding, fresh: dict) -> Finding:
     """F2.3 with the fresh held-out run's error beside the verdict, or why there is none: the verdict rests on Study
     1's runs held out from the fit, and the note says whether a run drawn after the freeze stands beside it."""
     if fresh.get("error"):
-        return replace(
-            f, note=f.note + f"; the held-out run drawn after the freeze was not evaluated: {fresh['error']}"
-        )
+        said = f"; the held-out run drawn after the cost model was frozen was not evaluated: {fresh['error']}"
+        return replace(f, note=f.note + said)
     if not fresh:
         # not "fresh": the Evidence cell beside this note says "fresh" of data measured by today's code
-        return replace(f, note=f.note + "; no held-out run drawn after the freeze is committed yet")
+        return replace(
+            f, note=f.note + "; no run of the real server drawn after the cost model was frozen is committed yet"
+        )
     if not fresh.get("median_abs_error_pct") or not np.isfinite(fresh["median_abs_error_pct"]):
         return f
     return replace(
         f,
-        note=f.note + f"; on the held-out runs drawn after the freeze: {fresh['median_abs_error_pct']:.1f} % "
+        note=f.note + f"; on the held-out runs drawn after the cost model was frozen: "
+        f"{fresh['median_abs_error_pct']:.1f} % "
         f"over {fresh['runs']} runs in {len(fresh['per_repeat'])} repeats" + _drift_clause(fresh.get("drift")),
     )
 
@@ -156,7 +163,7 @@ def _drift_clause(drift) -> str:
     each = ", ".join(
         f"{model_name(r.model)} p50 ITL {r.calibration:.1f} → {r.fresh_real:.1f} ms" for r in moved.itertuples()
     )
-    return f" (the server changed since the freeze's calibration runs: {each}; see the held-out section)"
+    return f" (the server changed since the frozen model's calibration runs: {each}; see the held-out section)"
 
 
 def f23_finding(page_or_runs) -> Finding:
@@ -171,7 +178,7 @@ def _real_runs(r: Study8Page, s1runs: RunSet) -> sources.Study1 | None:
     if s1 is None:
         r.notes.append("No Study 1 server runs under this results root: nothing to calibrate or validate on.")
         return None
-    r.source = f"Study 1's server runs on {s1.slug}"
+    r.source = f"Study 1's server runs on the {s1runs.device_name}"  # the device's name, not its folder's slug
     r.study1, r.s1_params, r.s1_slug = True, s1.params, s1.slug
     r.limits = study1_runs.server_limits(s1.params)
     p = s1.params
@@ -180,9 +187,7 @@ def _real_runs(r: Study8Page, s1runs: RunSet) -> sources.Study1 | None:
     named = _study1_names(s1runs, today)
     r.s1_repeat = named.repeat_name(s1.repeat)
     r.s1_partial = _partial_repeats(s1runs, today)
-    said = _repeats_note(r, s1runs, named)
-    if said:
-        r.notes.append(said)
+    r.s1_every = today if named is today else None
     if today.current and not s1runs.current:
         r.notes.append(
             f"Study 1 at today's fingerprint has no repeat with every part yet ({', '.join(today.parts)} measured): "
@@ -218,26 +223,101 @@ def _partial_repeats(whole: RunSet, every: RunSet) -> dict[str, list[str]]:
     }
 
 
+def _selector_words(selector: str) -> tuple[str, str]:
+    """One of Study 1's part selectors as the model it runs and its runs in the seed's names: "llama-3-8b/fcfs/0.7" ->
+    ("llama-3-8b", "FCFS runs at rate fraction 0.7"), "llama-3-8b/budget@128" -> ("llama-3-8b", "ChunkedPrefill@128"),
+    a budget-sweep setting, "llama-3-8b/eager_cont_batch" -> ("llama-3-8b", "EagerContBatch runs")."""
+    from servelab.studies.s01_scheduling.verdicts import SHOWN
+
+    model, what, *rate = selector.split("/")
+    name, _, budget = what.partition("@")
+    if name == "budget":
+        return model, f"{SHOWN['chunked_prefill']}@{budget}"
+    policy = SHOWN.get(name, name) + (f"@{budget}" if budget else "")
+    return model, f"{policy} runs" + (f" at rate fraction {rate[0]}" if rate else "")
+
+
+def part_models(part: str) -> set[str]:
+    """The models a part of Study 1 runs, as named (``model_name``)."""
+    from servelab.studies.s01_scheduling.measure import PART_SELECTORS
+
+    return {model_name(_selector_words(s)[0]) for s in PART_SELECTORS.get(part, [])}
+
+
+def part_words(parts: list[str]) -> str:
+    """Study 1's parts as the runs they hold, in the seed's names and model by model, not by their ids ("llama-budget-
+    small"): "llama-3-8b's budget-sweep runs (ChunkedPrefill@128, ChunkedPrefill@256) and its FCFS runs at rate
+    fraction 0.7"."""
+    from servelab.studies.s01_scheduling.measure import PART_SELECTORS
+
+    by_model: dict[str, list[str]] = {}
+    for part in parts:
+        sels = PART_SELECTORS.get(part, [])
+        if not sels:  # a part this code does not know: its id is all there is to say
+            by_model.setdefault("", []).append(part)
+            continue
+        sweep = [_selector_words(x)[1] for x in sels if x.split("/")[1].startswith("budget@")]
+        rest = [_selector_words(x)[1] for x in sels if not x.split("/")[1].startswith("budget@")]
+        said = ([f"budget-sweep runs ({', '.join(sweep)})"] if sweep else []) + rest
+        by_model.setdefault(model_name(_selector_words(sels[0])[0]), []).append(" and ".join(said))
+    out = []
+    for model, each in by_model.items():
+        out += each if not model else [f"{model}'s {each[0]}" + "".join(f" and its {w}" for w in each[1:])]
+    return "; ".join(out)
+
+
 def lacks_words(partial: dict[str, list[str]]) -> str:
-    return "; ".join(f"{name} lacks {', '.join(parts)}" for name, parts in partial.items())
+    """Study 1's repeats left out and what each lacks: "repeat 3 of 3 lacks llama-3-8b's budget-sweep runs (...)"."""
+    return "; ".join(f"{name} lacks {part_words(parts)}" for name, parts in partial.items())
+
+
+def _others_only(r: Study8Page) -> bool:
+    """Whether every part Study 1's left-out repeats lack runs models F2.3 does not read: they are left out only
+    because the simulator takes Study 1's repeats whole (``sources.study1_runs``), not for anything F2.3 reads."""
+    lacking = {m for parts in r.s1_partial.values() for p in parts for m in part_models(p)}
+    return bool(r.s1_partial) and bool(r.f23_models) and bool(lacking) and not lacking & set(r.f23_models)
+
+
+def _why_whole(r: Study8Page) -> str:
+    """Why a repeat that lacks only other models' parts is left out of F2.3, in sentences: what the fit and the replay
+    pool (nothing across models), that the whole-repeat convention alone leaves it out, and that repeat's own reading,
+    kept out of the verdict; "" where a lacking part is one F2.3 reads."""
+    if not _others_only(r):
+        return ""
+    models = ", ".join(r.f23_models)
+    read = "".join(
+        f" Read on its own, {name}'s {models} runs give {value:.1f} % ({verdict}); that reading is not part of the "
+        "verdict."
+        for name, (value, verdict) in r.s1_readings.items()
+    )
+    return (
+        f"F2.3 reads {models}'s runs alone, and nothing in the fit or the replay pools the models: each model's "
+        "serving terms are fitted on its own calibration runs (`validation.validation_table`) and each run is "
+        "replayed on its own model's costs. The repeat is left out only because the simulator takes Study 1's "
+        "repeats whole, every part or none (`sources.study1_runs`, frozen with the cost model); the GPU jobs still "
+        "pending measure those runs and complete it (make gpu-plan lists the jobs)." + read
+    )
 
 
 def _repeats_note(r: Study8Page, whole: RunSet, named: RunSet) -> str:
     """Which of Study 1's repeats the simulator reads, where it has several, and why F2.3 rests on fewer than Study
     1's page counts while a repeat lacks a part; "" where Study 1 has one repeat."""
     n = len(whole.repeats)
-    uses = f"the simulator calibrates on and validates against {r.s1_repeat}, and judges F2.3 on " + (
+    uses = f"the simulator calibrates on and checks against {r.s1_repeat}, and judges F2.3 on " + (
         f"each of {named.repeats_name(whole.repeats)}" if n > 1 else "that repeat alone"
     )
     if not r.s1_partial:
         return f"Study 1 has {n} repeats, each with every part: {uses}." if n > 1 else ""
     short = (
-        f"; F2.3's rule needs {MIN_REPEATS} repeats, so it reads inconclusive until those parts are measured"
+        f"; F2.3's rule needs {MIN_REPEATS} repeats, so it reads inconclusive until those runs are measured"
         if n < MIN_REPEATS
         else ""
     )
+    why = _why_whole(r)
     lacks = lacks_words(r.s1_partial)
-    return f"Study 1 has {len(named.repeats)} repeats, {n} of them with every part ({lacks}): {uses}{short}."
+    return f"Study 1 has {len(named.repeats)} repeats, {n} of them with every part ({lacks}): {uses}{short}." + (
+        f" {why}" if why else ""
+    )
 
 
 def _gpu_models(r: Study8Page, models, steps2, fits, *, context_reads: bool = True, notes: bool = True) -> dict:
@@ -274,6 +354,7 @@ def _validate(r: Study8Page, s1runs: RunSet, s1: sources.Study1, gpu: dict) -> N
     combined over them (``RunSet.combined``: inconclusive below three repeats or where they disagree)."""
     table, calib, r.fitted = _validation_of(r, s1, gpu)
     r.tables.update(sim_validation=table, sim_calibration=calib, sim_error_summary=validation.error_summary(table))
+    r.f23_models = [model_name(m) for m in study2_models(r)]
 
     def repeat_findings(rep: RunSet) -> list[Finding]:
         index = rep.repeats[0]
@@ -288,36 +369,99 @@ def _validate(r: Study8Page, s1runs: RunSet, s1: sources.Study1, gpu: dict) -> N
         return [f] if f is not None else []
 
     found = [f for f in s1runs.combined(repeat_findings) if f.id == "F2.3"]
+    r.s1_readings = _partial_readings(r, gpu)
     if found:
-        f = _with_fresh(found[0], r.fresh)
-        r.f23 = replace(f, note=f23_lead(f, r.s1_partial) + " " + f.note)
+        f = _with_fresh(_named_as_study1(found[0], s1runs, r.s1_every), r.fresh)
+        r.f23 = replace(f, note=f23_lead(f, r) + " " + f.note)
         r.tables["f23_evidence"] = pd.DataFrame([r.f23.row()])
 
 
+def _named_as_study1(f: Finding, whole: RunSet, every: RunSet | None) -> Finding:
+    """F2.3's note with its repeat named as Study 1's page names it: the combined note names the quoted repeat among
+    the whole repeats alone ("[from repeat 1 of 2"), the page and Study 1 among all of them ("repeat 1 of 3")."""
+    if every is None or every.repeats == whole.repeats:
+        return f
+    note = f.note
+    for k in whole.repeats:
+        note = note.replace(f"[from {whole.repeat_name(k)}", f"[from {every.repeat_name(k)}")
+    return replace(f, note=note)
+
+
+def _partial_readings(r: Study8Page, gpu: dict) -> dict[str, tuple[float, str]]:
+    """Each of Study 1's repeats left out for other models' parts only (``_others_only``), read by F2.3's rule on the
+    runs of F2.3's models alone: name → (median |error| with the serving overheads, verdict). Shown beside the
+    verdict, never in it: the verdict takes Study 1's repeats whole. Each model is fitted and replayed on its own
+    runs, so these are the numbers that repeat would give once whole."""
+    every = r.s1_every
+    if every is None or not _others_only(r):
+        return {}
+    out = {}
+    for k in every.repeats:
+        name = every.repeat_name(k)
+        if name not in r.s1_partial:
+            continue
+        one = sources.study1_repeat(every, k)
+        if one is None:
+            continue
+        mine = one.requests["model"].map(model_name).isin(r.f23_models)
+        steps = one.steps[one.steps["model"].map(model_name).isin(r.f23_models)]
+        one = replace(one, requests=one.requests[mine], steps=steps)
+        costs = {m: c for m, c in gpu.items() if model_name(m) in r.f23_models}
+        f = verdicts.f23_finding(_validation_of(r, one, costs)[0], r.source) if mine.any() else None
+        if f is not None and f.headline is not None:
+            out[name] = (float(f.headline), f.verdict)
+    return out
+
+
 def f23_span(f: Finding) -> str:
-    """F2.3's interval over its repeats ("19.7–34.8"), "" for one repeat."""
+    """F2.3's interval over its repeats ("19.7–34.8"), "" for one repeat: to the page's one decimal, as every other
+    error on the page."""
     if f.repeats <= 1 or "–" not in f.spread:
         return ""
     lo, hi = (float(x) for x in f.spread.split("–"))
     return f"{lo:.1f}–{hi:.1f}"
 
 
+def f23_value(f: Finding) -> str:
+    """F2.3's value (the median over its repeats) to the page's one decimal, "27.3"; its own text where not a
+    number."""
+    try:
+        return f"{float(f.measured_value):.1f}"
+    except ValueError:
+        return format_value(f.measured_value)
+
+
 def f23_error_words(f: Finding) -> str:
     """F2.3's error as the reader compares it with the goal: the interval over its repeats, or one repeat's value."""
     span = f23_span(f)
-    return f"{span} % over {f.repeats} repeats" if span else f"{format_value(f.measured_value)} %"
+    return f"{span} % over {f.repeats} repeats" if span else f"{f23_value(f)} %"
 
 
-def f23_lead(f: Finding, partial: dict[str, list[str]]) -> str:
+def f23_lead(f: Finding, r) -> str:
     """F2.3's note opens with its substance, in one sentence (the landing table shows only a note's first): the
     simulator's held-out error against the goal, and, where it rests on fewer repeats than a verdict needs because
-    Study 1's other repeats lack parts, why."""
+    Study 1's other repeats lack parts, why; then whether F2.3 reads those parts at all (``_why_whole``)."""
     said = f"The simulator's held-out median |error| is {f23_error_words(f)} (goal ≤ {GOAL_PCT:g} %)"
+    partial = r.s1_partial
     if f.verdict != "inconclusive" or f.repeats >= MIN_REPEATS or not partial:
         return said + "."
+    n = sum(len(parts) for parts in partial.values())
+    names = " and ".join(partial)
+    if _others_only(r):
+        models = ", ".join(sorted({m for parts in partial.values() for p in parts for m in part_models(p)}))
+        first = (
+            f"{said}, inconclusive because Study 1's {names} lacks {n} parts, all of them {models} runs, which F2.3 "
+            "does not read."
+        )
+        those = (
+            f"They are {part_words(next(iter(partial.values())))}."
+            if len(partial) == 1
+            else f"{lacks_words(partial)[:1].upper()}{lacks_words(partial)[1:]}."
+        )
+        return f"{first} {those} {_why_whole(r)}"
     lacking = " and ".join(f"{name} lacks {len(parts)} of its parts" for name, parts in partial.items())
     return (
-        f"{said}, inconclusive as Study 1's {lacking}. The simulator calibrates and validates on whole repeats "
+        f"{said}, inconclusive as Study 1's {lacking}. The simulator calibrates on and checks against whole repeats "
         f"of Study 1 (every part), so F2.3 rests on {f.repeats} repeats where a verdict needs {MIN_REPEATS}: "
         f"{lacks_words(partial)}, and F2.3 is judged on {MIN_REPEATS} repeats once those are measured (make gpu-plan "
         "lists the jobs)."
@@ -633,6 +777,10 @@ def report(runs: RunSet) -> Study8Page:
         models = sorted(s1.requests["model"].unique())
         gpu = _gpu_models(r, models, steps2, fits)
         _validate(r, s1runs, s1, gpu)
+        # after the validation: the note says which models F2.3 reads, and what a left-out repeat of them says
+        said = _repeats_note(r, s1runs, _study1_names(s1runs, s1runs if r.s1_every is None else r.s1_every))
+        if said:
+            r.notes.insert(0, said)
         _ablate(r, s1, steps2, fits)
         _context_check(r, s1, gpu, steps2, fits)
         _study7_check(r, root)
@@ -653,8 +801,8 @@ def _published_from(r: Study8Page) -> tuple[str, str] | None:
     if f.get("median_abs_error_pct") is not None and f.get("code_matches"):
         return (
             f"{f['median_abs_error_pct']:.1f} %",
-            f"median |error| of six serving metrics on held-out runs of the real server drawn after the freeze "
-            f"({f['runs']} runs, {len(f['per_repeat'])} repeats)",
+            "median |error| of six serving metrics on held-out runs of the real server drawn after the cost model was "
+            f"frozen ({f['runs']} runs, {len(f['per_repeat'])} repeats)",
         )
     f23 = r.f23
     if f23 is None or f23.headline is None:
@@ -663,10 +811,10 @@ def _published_from(r: Study8Page) -> tuple[str, str] | None:
     over = f"F2.3's value, the median over {f23.repeats} repeats ({f23_span(f23)} %) of the " if f23_span(f23) else ""
     models = ", ".join(map(model_name, study2_models(r)))
     return (
-        f"{format_value(f23.measured_value)} %",
+        f"{f23_value(f23)} %",
         f"{over}median |error| of six serving metrics on Study 1's runs held out from the fit, for {models}, whose GPU "
-        "costs are Study 2's; reported on while the model was developed: no held-out run drawn after the freeze is "
-        "measured yet",
+        "costs are Study 2's; reported on while the model was developed: no held-out run drawn after the cost model "
+        "was frozen is measured yet",
     )
 
 

@@ -154,7 +154,7 @@ def heldout_text(r) -> str:
     elif not f:
         head = (
             "**Fresh held-out run.** Not measured: no fresh run of the real server (the measuring path's `fresh_*` "
-            "parts, drawn after the freeze with a seed and rates no calibration used) is committed yet."
+            "parts, drawn after the cost model was frozen, with a seed and rates no calibration used) is committed yet."
         )
     else:
         code = (
@@ -204,17 +204,21 @@ def seeds_text(r) -> str:
         if g["measured"].any():
             lead = f"The fresh runs of `{run_id}` here ran with seed{'s' if len(g) > 1 else ''} {_listing(g['seed'])}"
         else:
-            lead = f"A campaign's repeat *r* of `{run_id}` runs the spec's seed + *r*: repeats 0–{g['repeat'].max()} "
-            lead += f"would run seeds {_listing(g['seed'])}"
+            lead = (
+                f"Each repeat of a campaign runs `{run_id}` with its spec's seed plus the repeat's index (from 0): the "
+                f"first {len(g)} repeats would run seeds {_listing(g['seed'])}"
+            )
         said = []
-        if len(reg):
+        if len(reg) == len(g):
+            said.append(f"{'all ' if len(g) > 2 else 'both ' if len(g) == 2 else ''}registered in the ledger")
+        elif len(reg):
             said.append(f"{_listing(reg['seed'])} {'is' if len(reg) == 1 else 'are'} registered in the ledger")
         if len(unreg):
             said.append(
                 f"{_listing(unreg['seed'])} {'is' if len(unreg) == 1 else 'are'} not (the ledger registered only "
                 "the spec's own seed): an error on them is not one the ledger vouches for"
             )
-        out.append(lead + "; " + "; ".join(said) + ".")
+        out.append(lead + ", " + "; ".join(said) + ".")
     return "**Seeds.** " + " ".join(out)
 
 
@@ -225,7 +229,8 @@ def show_study7(r) -> None:
     check, table = r["sim_prefill_check"], r["sim_prefix_validation"]
     err = check.assign(abs_err=check["error_pct"].abs()) if len(check) else check
     replay = table[table["cost_model"] == "gpu+overheads"]
-    slug, model = r.study7.slug, model_name(r.study7.params["model"])
+    errors = replay.pivot_table(index=["load", "caching"], columns="metric", values="error_pct", sort=False).round(1)
+    where, model = r.device, model_name(r.study7.params["model"])  # the device by name, not its folder's slug
     show(
         tk.study7_setup(r),
         "Median |error| (%) of the engine's step times of Study 7's single prompts, per cost model (rows) and prompt "
@@ -235,15 +240,20 @@ def show_study7(r) -> None:
         err.groupby(["cost_model", "mode"], sort=False)["abs_err"].median().unstack().round(1).rename_axis("cost model")
         if len(check)
         else None,
-        plots.plot_prefill_check(check, title=f"Study 7's single prompts on {slug}: engine step time")
+        plots.plot_prefill_check(check, title=f"Study 7's single prompts on the {where}: engine step time")
         if len(check)
         else None,
         "*Study 7's single prompts, whole or a 32-token suffix after a cached prefix: the engine's step time against "
         "the cost model's, with and without the two GPU terms.*"
         if len(check)
         else None,
-        replay.pivot_table(index=["load", "caching"], columns="metric", values="error_pct", sort=False).round(1),
-        plots.plot_prefix_replay(table, title=f"Study 7's server runs on {slug} ({model}), real against simulated"),
+        "Study 7's server runs replayed with the fitted serving overheads: the signed error of each number, "
+        "(simulated − real) / real in % of the real value; negative: the simulator is faster (a time) or lower (the "
+        "throughput) than the real server; — where the real value is zero or missing, so that no error is defined:",
+        errors.astype(object).where(errors.notna(), "—"),
+        plots.plot_prefix_replay(
+            table, title=f"Study 7's server runs on the {where} ({model}), real against simulated"
+        ),
         "*Study 7's server runs (Poisson and burst, caching off and on) replayed with the cost model calibrated on "
         "Study 1: nothing was fitted to these.*",
         tk.study7(r),
@@ -307,6 +317,7 @@ def show_speed(r) -> None:
 def capacity_view(needed: pd.DataFrame) -> pd.DataFrame:
     """Replicas each router needs (columns) at each rate (rows, req/s to 3 significant figures)."""
     t = needed.pivot_table(index="rate", columns="router", values="replicas").round(0).astype("Int64")
+    t = t.rename(columns=tk.router_words)
     t.index = [format_value(str(x)) for x in t.index]
     t.index.name = "rate (req/s)"
     return t
@@ -327,6 +338,7 @@ AFFINITY_COLUMNS = {
 def affinity_view(gain: pd.DataFrame) -> pd.DataFrame:
     """``prefix_routing.affinity_gain`` for reading: hit rates in %, rates in whole req/s, TTFT to 0.1 ms."""
     t = gain.assign(
+        best_other=gain["best_other"].map(tk.router_words),
         rate=gain["rate"].round(0).astype(int),
         affinity_hit_rate=(100 * gain["affinity_hit_rate"]).round(1),
         best_other_hit_rate=(100 * gain["best_other_hit_rate"]).round(1),

@@ -13,11 +13,20 @@ from servelab.studies.common.page import takeaway_list
 from servelab.studies.common.repeats import MIN_REPEATS
 from servelab.studies.common.tested_on import model_name
 from servelab.studies.s08_simulator import context_reads as cr
-from servelab.studies.s08_simulator.plots import GOAL_PCT
+from servelab.studies.s08_simulator.plots import GOAL_PCT, ROUTER_WORDS
 from servelab.studies.s08_simulator.source_words import gpu_source_words
 from servelab.studies.s08_simulator.verdicts import median_abs_error
 
 __all__ = ["takeaway_list", "headline"]
+
+
+def router_words(name: str) -> str:
+    """A router as the page's prose, tables and legends name it (``plots.ROUTER_WORDS``)."""
+    return ROUTER_WORDS.get(name, name)
+
+
+def _listing(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def _box(title: str, text: str, kind: str = "tip") -> str:
@@ -103,8 +112,10 @@ def fidelity(r) -> str:
 
 
 def _f23_words(r) -> str:
-    """What F2.3 reads of this: the repeats it is judged on, its value over them, and why too few where so."""
-    from servelab.studies.s08_simulator.report import f23_error_words, lacks_words
+    """What F2.3 reads of this: the repeats it is judged on, its value over them, and why too few where so: whether the
+    parts a left-out repeat lacks are any F2.3 reads, and, where not, what that repeat's own runs say (not part of the
+    verdict)."""
+    from servelab.studies.s08_simulator.report import _others_only, f23_error_words, f23_value, lacks_words
 
     f = r.f23
     if f is None:
@@ -113,10 +124,21 @@ def _f23_words(r) -> str:
         return f"For F2.3 (Study 2's costs) this says **{f.verdict}**."
     text = (
         f"F2.3 (Study 2's costs) is judged on each of Study 1's repeats with every part, and reads "
-        f"{format_value(f.measured_value)} % ({f23_error_words(f)}): **{f.verdict}**"
+        f"{f23_value(f)} % ({f23_error_words(f)}): **{f.verdict}**"
     )
     if f.verdict == "inconclusive" and f.repeats < MIN_REPEATS and r.s1_partial:
         text += f", as a verdict needs {MIN_REPEATS} repeats and Study 1's {lacks_words(r.s1_partial)}"
+        if _others_only(r):
+            models = ", ".join(r.f23_models)
+            text += (
+                f", runs F2.3 does not read: it reads {models}'s alone, and the simulator leaves the repeat out only "
+                "because it takes Study 1's repeats whole"
+            )
+            text += "".join(
+                f". Read on its own, {name}'s {models} runs give {value:.1f} % ({verdict}); that is not part of the "
+                "verdict"
+                for name, (value, verdict) in r.s1_readings.items()
+            )
     return text + "."
 
 
@@ -335,11 +357,29 @@ def study7(r) -> str:
 
 
 # ---- beyond one GPU --------------------------------------------------------------------------------------------
+def _fit_caveat(r, model: str) -> str:
+    """How far the cost model of ``model`` is from the real server where it was checked: its held-out median |error|
+    on Study 1's runs against the goal, so that a prediction made with it is read with that error (the simulator is
+    calibrated on and checked against the real server, not validated by it where it misses its goal)."""
+    t = r["sim_validation"].dropna(subset=["error_pct"]) if "model" in r["sim_validation"] else pd.DataFrame()
+    t = t[t["model"] == model] if len(t) else t
+    if t.empty:
+        return ""
+    err = median_abs_error(t, "gpu+overheads")
+    where = f"{r.s1_repeat}'s held-out runs" if r.s1_repeat else "its held-out runs"
+    return (
+        f" Calibrated on Study 1's server and checked against {where}, this cost model's median |error| there is "
+        f"{err:.1f} % (goal ≤ {GOAL_PCT:g} %)"
+        + (": it misses its goal, and these predictions carry that error." if err > GOAL_PCT else ".")
+    )
+
+
 def capacity_setup(r) -> str:
     c, P = r.cap, r.P
     cost = gpu_source_words(c["cost"].gpu.model, c["cost"].source)
     return (
-        f"Cost model: {cost}. SLO: p99 TTFT ≤ {c['slo'][0]:.1f} ms, p99 TPOT ≤ {c['slo'][1]:.2f} ms, set from the cost "
+        f"Cost model: {cost}.{_fit_caveat(r, c['cost'].gpu.model)} SLO: p99 TTFT ≤ {c['slo'][0]:.1f} ms, p99 TPOT "
+        f"≤ {c['slo'][1]:.2f} ms, set from the cost "
         "model's own speed at Study 1's mean lengths (a multiple of one mean prompt's prefill alone, and of one "
         f"sequence's decode step); lengths: {c['lengths'].source}; one replica sustains about {c['one']:.1f} req/s "
         f"on traces of at most {P['capacity_max_requests']:,} requests, found to a factor of "
@@ -371,11 +411,12 @@ def _one_replica_elsewhere(r) -> str:
 
 
 def _router_says(r, router: str, row) -> str:
+    name = router_words(router)
     if row.met:
-        return f"{router} needs {row.replicas:.0f} replicas"
+        return f"{name} needs {row.replicas:.0f} replicas"
     if row.status.startswith("skipped"):
-        return f"{router} was not searched (time budget)"
-    return f"{router} needs more than {r.P['max_replicas']}"
+        return f"{name} was not searched (time budget)"
+    return f"{name} needs more than {r.P['max_replicas']}"
 
 
 def _capacity_text(r) -> str:
@@ -383,11 +424,14 @@ def _capacity_text(r) -> str:
     if needed is None or needed.empty:
         return ""
     top = needed[needed["rate"] == needed["rate"].max()].set_index("router")
-    best = top["replicas"].idxmin() if top["replicas"].notna().any() else None
+    met = top[top["met"].fillna(False).astype(bool)]["replicas"].dropna()
+    fewest = [router_words(x) for x in met.index[met == met.min()]] if len(met) else []
     if top["replicas"].nunique() == 1 and top["met"].all():
         end = "; all the same."
+    elif len(fewest) > 1:  # a tie is a tie: name every router in it
+        end = f"; the fewest with {_listing(fewest)}, tied."
     else:
-        end = f"; the fewest with {best}." if best else "."
+        end = f"; the fewest with {fewest[0]}." if fewest else "."
     return (
         f"At {needed['rate'].max():,.0f} req/s ({r.P['capacity_rate_multiples'][-1]:g}× what one replica sustains) "
         + ", ".join(_router_says(r, name, row) for name, row in top.iterrows())
@@ -417,11 +461,12 @@ def capacity(r) -> str:
 
 def affinity_setup(r) -> str:
     a = r.aff
+    # the rate search runs one replica with the larger pool (``report._affinity``); its cache starts empty too
     return (
-        f"One replica with a warm-starting cache sustains about {a['one']:.0f} req/s of this workload within p99 "
-        f"TTFT ≤ {a['slo'][0]:.0f} ms and p99 TPOT ≤ {a['slo'][1]:.1f} ms (set as the capacity section's SLO, from "
-        "this workload's own mean prompt and output: hence a TTFT bound of its own); pools: "
-        f"{', '.join(f'{b:,}' for b in a['pools'])} blocks per replica."
+        f"One replica with a prefix cache (empty at the start, filling as prompts repeat) and the larger pool sustains "
+        f"about {a['one']:.0f} req/s of this workload within p99 TTFT ≤ {a['slo'][0]:.0f} ms and p99 TPOT ≤ "
+        f"{a['slo'][1]:.1f} ms (set as the capacity section's SLO, from this workload's own mean prompt and output: "
+        f"hence a TTFT bound of its own); pools: {', '.join(f'{b:,}' for b in a['pools'])} blocks per replica."
     )
 
 
@@ -435,7 +480,7 @@ def _affinity_text(r, short: bool = False) -> str:
         parts.append(
             f"pool {pool:,} blocks: hit rate {top.affinity_hit_rate:.0%} with affinity against "
             f"{top.best_other_hit_rate:.0%} at best without, p99 TTFT {top.affinity_ttft_p99_ms:.0f} against "
-            f"{top.best_other_ttft_p99_ms:.0f} ms ({top.best_other}) at {top.rate:,.0f} req/s"
+            f"{top.best_other_ttft_p99_ms:.0f} ms ({router_words(top.best_other)}) at {top.rate:,.0f} req/s"
         )
     lead = "With a prefix cache in every replica, cache-aware routing (simulated): " if short else ""
     return lead + "; ".join(parts) + "."
@@ -453,10 +498,12 @@ def _speed_text(r) -> str:
     n = s.get("repeats", 1)
     # the wall time is the first repeat's, the hour's the median over repeats (``report._speed``): say which
     first, median = (" in the first of its repeats", f" (the median over {n} repeats)") if n > 1 else ("", "")
+    # the times as the table beside it gives them (``sections.speed_view``: three significant figures)
+    wall, hour = (format_value(str(s[k])) for k in ("wall_s", "hour_wall_s"))
     return (
-        f"{s['requests']:,} requests ({s['simulated_s']:.0f} s at {s['rate']:,.0f} req/s over {s['replicas']} "
-        f"replicas) took {s['wall_s']:.1f} s{first}: **{s['sim_requests_per_s']:,.0f} simulated requests/s**. One "
-        f"hour would take {about}{s['hour_wall_s']:.0f} s{extrapolated}{median}, "
+        f"{s['requests']:,} requests ({s['simulated_s']:,.0f} s at {s['rate']:,.0f} req/s over {s['replicas']} "
+        f"replicas) took {wall} s{first}: **{s['sim_requests_per_s']:,.0f} simulated requests/s**. One "
+        f"hour would take {about}{hour} s{extrapolated}{median}, "
         f"{'within' if s['meets_goal'] else 'over'} the {s['goal_s']:.0f} s goal."
     )
 
