@@ -27,7 +27,7 @@ from servelab.studies.common.runs import Run, RunSet, study_runs
 from servelab.studies.s01_scheduling import verdicts as study1
 from servelab.studies.s06_hf_assisted import analysis
 from servelab.studies.s06_hf_assisted import verdicts as study6
-from servelab_book.rule_changes import render_rule_changes
+from servelab_book.rule_changes import reader_why, render_rule_changes
 
 RESULTS = REPO_ROOT / "data" / "results"
 
@@ -255,6 +255,9 @@ def test_the_methodology_section_lists_each_change_with_both_verdicts(rules):
     assert "the rule in force says **inconclusive** (no report judged this claim)" in md.split("### F1.1")[1]
     assert "not yet measured" not in md and "fails: not measured" not in md
     assert rule_hash("a  b\nc") == rule_hash("a b c")
+    # a change's reason reads without the tracker's issue number the recorded text opens with
+    assert "Why\n: Issue " not in md and "Why\n: A run's single maximum gap is one sample" in md
+    assert reader_why("Issue 23: a run's gap.") == "A run's gap." and reader_why("The first run.") == "The first run."
 
 
 def _study2_runs(tmp_path, repeats: int, variation: float) -> RunSet:

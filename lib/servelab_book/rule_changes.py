@@ -14,6 +14,7 @@ Missing or too-thin data reads inconclusive with the reason, for both.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -21,6 +22,14 @@ import pandas as pd
 from servelab.studies.common.markdown import list_table, md_text
 from servelab.studies.common.rules import Rule, old_verdict
 from servelab_book.findings_table import one_line
+
+
+def reader_why(why: str) -> str:
+    """A change's recorded reason as a reader gets it: without the tracker's issue number it opens with ("Issue 23:
+    a run's single maximum gap ..."), which means nothing outside this repository. The recorded text (hash-chained
+    in ``data/rules.yml``) keeps it."""
+    said = re.sub(r"^Issue \d+:\s*", "", why.strip())
+    return said[:1].upper() + said[1:]
 
 
 def _in_force(table: pd.DataFrame, claim: str) -> tuple[str, str]:
@@ -75,7 +84,7 @@ def render_rule_changes(
             out.append(
                 f"### {r.id}: changed {md_text(ch.date)} (`{ch.commit[:7]}`)\n\n"
                 f"Old rule\n: {md_text(ch.old_rule)}\n\nNew rule\n: {md_text(ch.new_rule)}\n\n"
-                f"Why\n: {md_text(ch.why)}\n\n"
+                f"Why\n: {md_text(reader_why(ch.why))}\n\n"
                 f"Verdicts on the same data\n: the old rule says {old_text}; the rule in force says "
                 f"**{md_text(now)}** ({md_text(one_line(why, 240))}).\n"
             )
