@@ -136,35 +136,40 @@ def expected_length(alpha: float, gamma: int) -> float:
     return gamma + 1 if alpha == 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
 
 
-def controlled_rows(spec, prompts, reference, args, alpha, plain_total, gamma_c_v, t_step, row) -> None:
+def controlled_rows(spec, prompts, reference, args, alpha, plain_ms, gamma_c_v, t_step, row) -> None:
     """The controlled runs at ``alpha``, one per seed's draws: each one's speed-up, acceptance and tokens per
     speculative step, and its speed-up over Leviathan's from the tokens its draws gave (what is left is time the
-    formula does not price: host work, the requests' last, shorter rounds); then their medians, low and high."""
-    speedups, lengths, rates, of_realized = [], [], [], []
+    formula does not price: host work, the requests' last, shorter rounds, and in a batch the steps it runs after its
+    luckier requests finished); then the same from the steps the batch ran (plain steps over speculative steps, each
+    priced γc + v: what is left is time per step alone), and the steps over the mean request's (the batch waits for
+    its slowest request; a server refills the places); then their medians, low and high."""
+    plain_total, plain_steps = sum(plain_ms), len(plain_ms)
+    speedups, lengths, rates, of_realized, of_steps, tails = [], [], [], [], [], []
     for seed in range(args.seeds):
         t_step.reset()  # the uncontrolled run's steps (and the last seed's) are not this run's
         spec.spec_stats = type(spec.spec_stats)(args.gamma)
         out = run(spec, prompts, args.new, alpha, reference, seed)
-        total = sum(t_step.ms()[1:])
+        spec_ms = t_step.ms()[1:]  # the first step is the prefill
+        total = sum(spec_ms)
         if out != reference:
             print(f"warning: b{len(prompts)} alpha {alpha}: tokens differ from the plain engine's (bf16 near-ties)")
         speedups.append(plain_total / total)
         rates.append(spec.spec_stats.acceptance_rate)
         lengths.append(spec.spec_stats.mean_acceptance_length)
         of_realized.append(speedups[-1] / (lengths[-1] / gamma_c_v))
-        for what, xs in (
+        of_steps.append(speedups[-1] / (plain_steps / (len(spec_ms) * gamma_c_v)))
+        tails.append(len(spec_ms) / (spec.spec_stats.num_drafts / len(prompts)))
+        series = (
             ("speed-up", speedups),
             ("acceptance", rates),
             ("tokens per speculative step", lengths),
             ("speed-up / Leviathan at these draws", of_realized),
-        ):
+            ("speed-up / Leviathan at these steps", of_steps),
+            ("steps over the mean request's", tails),
+        )
+        for what, xs in series:
             row(what, xs[-1], alpha=alpha, seed=seed)
-    for what, xs in (
-        ("speed-up", speedups),
-        ("acceptance", rates),
-        ("tokens per speculative step", lengths),
-        ("speed-up / Leviathan at these draws", of_realized),
-    ):
+    for what, xs in series:
         row(what, 0, xs, alpha=alpha, seed="median", low=min(xs), high=max(xs))
     row("expected tokens per speculative step", expected_length(alpha, args.gamma), alpha=alpha)
 
@@ -327,7 +332,6 @@ def main() -> None:
         v = quartiles(verifies)[0] / quartiles(plain_ms)[0]
         row(b, "c (draft step / target step)", c)
         row(b, "v (verify step / target step)", v)
-        plain_total = sum(plain_ms)
         for alpha in args.alpha:
             controlled_rows(
                 spec,
@@ -335,7 +339,7 @@ def main() -> None:
                 reference,
                 args,
                 alpha,
-                plain_total,
+                plain_ms,
                 gamma_c_v=args.gamma * c + v,
                 t_step=t_step,
                 row=lambda what, value, xs=None, b=b, **extra: row(b, what, value, xs, **extra),

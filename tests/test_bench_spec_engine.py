@@ -49,8 +49,12 @@ def test_a_cpu_run_writes_every_row_and_the_device_record(tmp_path):
         assert (full == 1.0).all()  # every draft overridden to the target's own token is kept, whatever the seed
         lengths = rows[(rows["what"] == "tokens per speculative step") & (rows["alpha"] == 1.0)]["value"]
         assert ((lengths > 1) & (lengths <= 5)).all()  # kept drafts + the target's token, at most γ + 1
-        ratio = rows[rows["what"] == "speed-up / Leviathan at these draws"]["value"]
-        assert len(ratio) == 6 and (ratio > 0).all()
+        for what in ("speed-up / Leviathan at these draws", "speed-up / Leviathan at these steps"):
+            ratio = rows[rows["what"] == what]["value"]
+            assert len(ratio) == 6 and (ratio > 0).all(), what
+        # a batch runs at least as many speculative steps as its mean request needs (it waits for the slowest)
+        tails = rows[rows["what"] == "steps over the mean request's"]["value"]
+        assert len(tails) == 6 and (tails >= 1).all()
     record = json.loads(out.with_suffix(".device.json").read_text())
     assert record["device"]["kind"] == "cpu" and record["args"]["gamma"] == 4
     budget = pd.read_csv(out.with_suffix(".budget.csv"))  # --profile: each phase's time, read as a step budget
