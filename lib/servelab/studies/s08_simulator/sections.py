@@ -243,7 +243,7 @@ def show_study7(r) -> None:
         plots.plot_prefill_check(check, title=f"Study 7's single prompts on the {where}: engine step time")
         if len(check)
         else None,
-        "*Study 7's single prompts, whole or a 32-token suffix after a cached prefix: the engine's step time against "
+        "*Study 7's single prompts, whole or a short suffix after a cached prefix: the engine's step time against "
         "the cost model's, with and without the two GPU terms.*"
         if len(check)
         else None,
