@@ -275,9 +275,16 @@ def pack(jobs: list[Job], max_minutes: float = MAX_MINUTES) -> list[list[Job]]:
     return both[len(smol) :] + both[: len(smol)]
 
 
+# Claims judged on another study's page that read this study's parts: the simulator judges F2.3 on whole repeats of
+# Study 1 (``s08_simulator.sources.study1_runs`` takes a repeat only with every part), so each of Study 1's parts,
+# the budget sweep's too, gates F2.3 for its repeat
+JUDGED_ELSEWHERE = {"01_scheduling": ("F2.3",)}
+
+
 def claim_needs(study: str) -> dict[str, tuple[str, ...]]:
-    """The parts each of ``study``'s seed claims reads (its report's ``NEEDS``; a study of one part reads it for
-    every claim); {} for a study without seed claims (the simulator, the engine's bench)."""
+    """The parts each seed claim reads of ``study``'s (its report's ``NEEDS``; a study of one part reads it for
+    every claim; a claim another page judges on this study's whole repeats, ``JUDGED_ELSEWHERE``, reads them all);
+    {} for a study without seed claims (the simulator, the engine's bench)."""
     import importlib
 
     if not study[:2].isdigit() or study in ("08_simulator", multi_gpu.STUDY):
@@ -288,8 +295,8 @@ def claim_needs(study: str) -> dict[str, tuple[str, ...]]:
         from servelab.studies.common.findings import not_measured
 
         parts = tuple(parts_of(study))
-        return {f.id: parts for f in not_measured(study, "")}
-    return dict(needs)
+        needs = {f.id: parts for f in not_measured(study, "")}
+    return dict(needs) | {claim: tuple(parts_of(study)) for claim in JUDGED_ELSEWHERE.get(study, ())}
 
 
 def claim_tiers(jobs: list[Job]) -> list[list[Job]]:
@@ -349,9 +356,13 @@ def sessions(
 
 
 def _carry(session: list[list[Job]], i: int, parts: int) -> str:
-    """What call ``i`` of a session names in ``carry``: the wheels with the first (they stay installed in /tmp/site
-    while the machine is warm), and where the session runs SmolLM2, part ``i`` until the last, with the hash."""
-    names = [".whl"] if i == 0 else []
+    """What call ``i`` of a session names in ``carry``: the wheels, and where the session runs SmolLM2, part ``i``
+    until the last, with the hash. The wheels go with every call but a later part's (``common.carry`` sizes those
+    parts to fill a call alone; staging relies on the machine staying warm between its calls, /tmp/stage and
+    /tmp/site with it): a machine goes back after about 30 s idle, and a fresh one lacks what the last call
+    installed in /tmp/site."""
+    staging_later_part = any(j.smollm2 for r in session for j in r) and 0 < i < parts
+    names = [] if staging_later_part else [".whl"]
     if any(j.smollm2 for r in session for j in r) and i < parts:
         names.append(f".models/smollm2/p{i}")
         if i == parts - 1:
