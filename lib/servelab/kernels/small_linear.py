@@ -267,7 +267,9 @@ def _rope_kv_finish(
 
 @triton.jit
 def _rounded(x, elem: tl.constexpr, RNE_BY_HAND: tl.constexpr):
-    """float32 ``x`` rounded to ``elem`` to nearest even (as the projection's output is stored), back in float32."""
+    """float32 ``x`` rounded to ``elem`` to nearest even (as the projection's output is stored), back in float32.
+    The rounding ``rope_kv_write._store`` does before it stores; that module is measuring code, so ``_store`` takes
+    this helper after the campaign (issue 27) rather than now."""
     if RNE_BY_HAND and elem == tl.bfloat16:  # the interpreter truncates float32 -> bfloat16: round by hand there
         bits = x.to(tl.uint32, bitcast=True)
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
