@@ -258,9 +258,22 @@ def study7_setup(r) -> str:
         if engine_in_process(s7.params)
         else "in a process of its own"
     )
+    # the server's limits and the single prompts' sizes come from the run's own parameters, so the prose follows
+    # whatever Study 7 ran with rather than its defaults at the time of writing
+    p = s7.params
+    budget = p.get("max_num_batched_tokens")
+    prefixes, suffix = p.get("prefix_lengths") or [], p.get("suffix_tokens")
+    sizes = (
+        f" Its single prompts: the whole prompt computed (caching off) or a {suffix:,}-token suffix after a cached "
+        f"prefix (caching on), at prefixes of {min(prefixes):,} to {max(prefixes):,} tokens."
+        if prefixes and suffix
+        else ""
+    )
     return (
         f"Study 7's {r.s7_repeat} (the first whose server runs all completed), run at "
-        f"{s7.commit or 'an unrecorded commit'}: the engine {where}; {len(s7.summary)} server runs."
+        f"{s7.commit or 'an unrecorded commit'}: the engine {where}; "
+        + (f"a step budget of {budget:,} tokens; " if budget else "")
+        + f"{len(s7.summary)} server runs.{sizes}"
     )
 
 
