@@ -3,9 +3,10 @@ never inside an identifier, a setting name or a date (the findings page read "ch
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 
-from servelab.studies.common.markdown import format_value
+from servelab.studies.common.markdown import format_value, separated
 
 
 @pytest.mark.parametrize(
@@ -40,3 +41,13 @@ def test_separators_never_go_inside_identifiers_or_dates(raw):
     assert format_value(raw) == raw
     # beside a long number on its own, that number is separated and the identifier is not
     assert format_value(f"{raw}; 8192 tokens") == f"{raw}; 8,192 tokens"
+
+
+def test_separated_writes_thousands_separators_and_leaves_missing_and_text_alone():
+    df = pd.DataFrame({"n": [8192.0, None, 64.0], "ms": [1137.71, 3.0, "—"], "kept": [1234.5, 1.0, 2.0]})
+    out = separated(df, ["n", "ms", "absent"], {"ms": 1})
+    assert out["n"].tolist()[::2] == ["8,192", "64"] and pd.isna(out["n"][1])
+    assert out["ms"].tolist() == ["1,137.7", "3.0", "—"]
+    assert out["kept"].tolist() == [1234.5, 1.0, 2.0]  # a column not named is untouched
+    assert separated(df, ["kept"], 2)["kept"].tolist() == ["1,234.50", "1.00", "2.00"]
+    assert pd.isna(separated(pd.DataFrame({"x": pd.array([pd.NA, 5000], dtype="Int64")}), ["x"])["x"][0])

@@ -47,6 +47,32 @@ def format_value(value: str) -> str:
     return shown.rstrip("0").rstrip(".") if "." in shown else shown
 
 
+def separated(df, columns, decimals: int | dict[str, int] = 0):
+    """A table's ``columns`` as text with thousands separators ("8,192", "1,137.7"), as the pages' prose writes
+    them; ``decimals``: every column's decimals, or a column's by name (0 for one not named). A missing value or a
+    value already text stays as it is; a column the table lacks is passed over.
+
+    >>> import pandas as pd
+    >>> separated(pd.DataFrame({"n": [8192.0, None], "ms": [1137.71, 3.0]}), ["n", "ms"], {"ms": 1}).to_dict("list")
+    {'n': ['8,192', nan], 'ms': ['1,137.7', '3.0']}
+    """
+    out = df.copy()
+    for c in columns:
+        if c not in out:
+            continue
+        d = decimals.get(c, 0) if isinstance(decimals, dict) else decimals
+        out[c] = out[c].map(lambda x, d=d: x if isinstance(x, str) or _missing(x) else f"{x:,.{d}f}")
+    return out
+
+
+def _missing(x) -> bool:
+    # None, NaN and pandas' NA (whose comparisons are NA, not False) without importing pandas here
+    try:
+        return x is None or bool(x != x)
+    except TypeError:
+        return True
+
+
 def md_text(text: str) -> str:
     """Plain text safe inside MyST, on one line: marks with a meaning are backslash-escaped."""
     text = " ".join(str(text).split())

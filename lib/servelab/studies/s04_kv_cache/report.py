@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from servelab.studies.common.findings import Finding, not_measured
+from servelab.studies.common.markdown import separated
 from servelab.studies.common.page import finding_sentence, takeaway_list
 from servelab.studies.common.published import published_section
 from servelab.studies.common.runs import RunSet, pool_repeats
@@ -318,16 +319,6 @@ def bpt_view(bpt: pd.DataFrame) -> pd.DataFrame:
 
 
 SNAPSHOTS = {"complete": "full length", "mid_decode": "mid-decode"}  # as the capacity figure names them
-
-
-def separated(df: pd.DataFrame, columns: list[str], decimals: int = 0) -> pd.DataFrame:
-    """``columns`` as text with thousands separators ("8,192", "1,776"), as the page's prose writes them; a missing
-    value stays missing."""
-    out = df.copy()
-    for c in columns:
-        if c in out:
-            out[c] = out[c].map(lambda x: x if pd.isna(x) or isinstance(x, str) else f"{x:,.{decimals}f}")
-    return out
 
 
 def capacity_view(summary: pd.DataFrame) -> pd.DataFrame:

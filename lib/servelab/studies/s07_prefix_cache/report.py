@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from servelab.studies.common.findings import Finding, not_measured
-from servelab.studies.common.markdown import format_value
+from servelab.studies.common.markdown import format_value, separated
 from servelab.studies.common.page import finding_sentence, takeaway_list
 from servelab.studies.common.published import published_section
 from servelab.studies.common.runs import RunSet, pool_repeats
@@ -417,16 +417,6 @@ def cost_fit_view(df: pd.DataFrame, per: str = "token") -> pd.DataFrame:
     out = df.assign(x=df["x"].map(FIT_X).fillna(df["x"])) if "x" in df else df
     out = out.rename(columns=names).round(4)
     return separated(out, [PREFIX]) if PREFIX in out else out
-
-
-def separated(df: pd.DataFrame, columns: list[str], decimals: dict[str, int] | None = None) -> pd.DataFrame:
-    """``columns`` as text with thousands separators ("8,192", "1,137.7"), as the page's prose writes them;
-    ``decimals``: a column's decimals (0 otherwise). A missing value stays missing."""
-    out = df.copy()
-    for c in columns:
-        d = (decimals or {}).get(c, 0)
-        out[c] = out[c].map(lambda x, d=d: x if pd.isna(x) or isinstance(x, str) else f"{x:,.{d}f}")
-    return out
 
 
 def multi_turn_view(r: Study7Page) -> pd.DataFrame:
