@@ -10,6 +10,9 @@ BUILD := _build
 REPEATS ?= 3
 # GPUS: the GPUs of the machine a plan is for; the Beyond-one-GPU page's jobs that need more are held back.
 GPUS ?= 1
+# STUDIES: plan only these studies (slugs); with REPEATS=6, a re-run of a study beside its campaign's three repeats,
+# which the methodology page's re-run check judges on their own (servelab.studies.common.rerun_check)
+STUDIES ?=
 # TEST_WORKERS: pytest-xdist processes for the CPU tests, one a core of CI's two-core machine (there the library
 # tests took 13 min in one process and 5.6 min in two). --dist loadfile keeps a file's tests in one worker: its
 # module fixtures (built engines, servers) are built once, and a notebook's cells run in order in one kernel.
@@ -42,7 +45,7 @@ book: pages
 # The GPU jobs missing at today's measurement fingerprints, with expected minutes, packed into GPU runs
 # (run each with scripts/gpu_run.sh on the GPU machine).
 gpu-plan: $(STAMP)
-	@$(PY) -m servelab.studies.common.campaign plan --repeats $(REPEATS) --gpus $(GPUS)
+	@$(PY) -m servelab.studies.common.campaign plan --repeats $(REPEATS) --gpus $(GPUS) $(STUDIES)
 
 # Take out of the tree the runs at older fingerprints that a study's complete repeats at today's supersede (git
 # history keeps them): every GPU call carries the tree within 64 MiB. Lists them; APPLY=1 removes them.

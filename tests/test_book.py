@@ -510,6 +510,7 @@ def test_prepare_writes_deterministic_includes(tmp_path, studies_dir):
             "engine_step_reading.md",
             "engine_switches.md",
             "rule_changes.md",
+            "rerun_check.md",
             "published.md",
         ]
         + [f"claims/{s.slug}.md" for s in STUDIES]

@@ -50,6 +50,7 @@ from servelab_book.mathjax import TARGET as MATHJAX_TARGET
 from servelab_book.mathjax import vendor_mathjax
 from servelab_book.published import render_all_published
 from servelab_book.reproduce import render_reproduce
+from servelab_book.rerun_check import render_rerun_check
 from servelab_book.rule_changes import render_rule_changes
 from servelab_book.runs_table import render_runs_table
 from servelab_book.seed_claims import SEED_CLAIMS_CSV, load_seed_claims
@@ -178,6 +179,7 @@ def prepare(
     files.update({f"claims/{s.slug}.md": render_seed_claims(seed, s.slug) for s in STUDIES})
     files["published.md"] = render_all_published(evidence)
     files["rule_changes.md"] = render_rule_changes(load_registry(rules_file), table, results, device)
+    files["rerun_check.md"] = render_rerun_check(evidence, results, device)
     spec_page = controlled_page(results_root, device)
     files.update(spec_page.markdown)
     files.update(beyond_page(results_root, device))
