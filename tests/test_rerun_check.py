@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -109,12 +110,35 @@ def test_without_a_rerun_the_include_says_so_and_prices_the_cheapest(monkeypatch
     from servelab.studies.common import campaign
     from servelab_book import rerun_check as page
 
-    def jobs(slug, repeats, root):
-        minutes = {"04_kv_cache": 1.5, "05_attention": 2.0}[slug]
-        return [campaign.Job(slug, "all", r, minutes, "recorded") for r in range(3, repeats)]
-
-    monkeypatch.setattr(campaign, "missing_jobs", jobs)
+    jobs = [campaign.Job("04_kv_cache", "all", r, 1.5, "recorded") for r in (3, 4, 5)]
+    monkeypatch.setattr(rerun_check, "rerun_jobs", lambda root=None: jobs)
     ev = SimpleNamespace(measured=True, current=True, repeats=3, findings=())
-    text = page.render_rerun_check({"04_kv_cache": ev, "05_attention": ev})
+    text = page.render_rerun_check({"04_kv_cache": ev})
     assert text.startswith("No study has been re-run yet")
     assert "Study 4" in text and "3 jobs, about 4.5 min" in text and "STUDIES=04_kv_cache" in text
+
+
+def test_the_plan_takes_the_cheapest_rerun_among_complete_campaigns_and_none_once_one_exists(monkeypatch):
+    from servelab.studies.common import campaign
+
+    stores = {
+        "04_kv_cache": _runs({i: ("all",) for i in range(3)}),
+        "05_attention": _runs({i: ("all",) for i in range(3)}),
+        "07_prefix_cache": _runs({i: ("all",) for i in range(2)}),  # its campaign is not complete: no re-run yet
+    }
+    minutes = {"04_kv_cache": 2.0, "05_attention": 1.5, "07_prefix_cache": 0.1}
+
+    def runs_of(study, root=None):
+        rs = stores.get(study, _runs({}))
+        return replace(rs, study=study, today=SimpleNamespace(digest="fp"))
+
+    def missing(study, repeats, root=None, runs=None):
+        have = set(runs.repeats)
+        return [campaign.Job(study, "all", r, minutes[study], "recorded") for r in range(repeats) if r not in have]
+
+    monkeypatch.setattr(rerun_check, "study_runs", runs_of)
+    monkeypatch.setattr(campaign, "missing_jobs", missing)
+    got = rerun_check.rerun_jobs()
+    assert [j.name for j in got] == ["05_attention:all:3", "05_attention:all:4", "05_attention:all:5"]
+    stores["04_kv_cache"] = _runs({i: ("all",) for i in range(6)})  # Study 4 was re-run: the check has its data
+    assert rerun_check.rerun_jobs() == []

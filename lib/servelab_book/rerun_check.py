@@ -9,9 +9,9 @@ from pathlib import Path
 
 from servelab.studies.common.markdown import list_table, md_text
 from servelab.studies.common.repeats import MIN_REPEATS
+from servelab.studies.common.rerun_check import RERUN_REPEATS
 from servelab_book.studies import STUDIES, study_by_slug
 
-RERUN_REPEATS = 2 * MIN_REPEATS  # the campaign's repeats and as many again
 CSS = "servelab-rerun"
 
 
@@ -37,30 +37,18 @@ def _study_table(slug: str, table) -> str:
     )
 
 
-def _cheapest(evidence: dict, results: Path | None) -> str:
-    """The study whose re-run the plan prices lowest, among those measured at today's fingerprint."""
-    from servelab.studies.common.campaign import missing_jobs
+def _cheapest(results: Path | None) -> str:
+    """The re-run the plan prices lowest (``rerun_check.rerun_jobs``), as a sentence with the command."""
+    from servelab.studies.common.rerun_check import rerun_jobs
 
-    cost = {}
-    for s in STUDIES:
-        ev = evidence.get(s.slug)
-        if ev is None or not ev.current or ev.repeats < MIN_REPEATS:
-            continue
-        try:
-            jobs = missing_jobs(s.slug, RERUN_REPEATS, results)
-        except Exception:  # noqa: BLE001 - a study the plan cannot price is left out of the suggestion
-            continue
-        if jobs:
-            cost[s.slug] = (sum(j.minutes for j in jobs), len(jobs))
-    if not cost:
+    jobs = rerun_jobs(results)
+    if not jobs:
         return ""
-    slug = min(cost, key=lambda k: cost[k][0])
-    minutes, jobs = cost[slug]
-    study = study_by_slug(slug)
+    study = study_by_slug(jobs[0].study)
     return (
         f" The cheapest, by the plan's estimates from its recorded runs, is Study {study.number} "
-        f"({md_text(study.title)}): {jobs} jobs, about {minutes:.1f} min of H200 time. "
-        f"`make gpu-plan REPEATS={RERUN_REPEATS} STUDIES={slug}` lists them."
+        f"({md_text(study.title)}): {len(jobs)} jobs, about {sum(j.minutes for j in jobs):.1f} min of H200 time, "
+        f"which `make gpu-plan` lists (alone: `make gpu-plan REPEATS={RERUN_REPEATS} STUDIES={study.slug}`)."
     )
 
 
@@ -82,5 +70,5 @@ def render_rerun_check(evidence: dict, results: Path | None = None, device: str 
         return "\n\n".join(parts) + "\n"
     return (
         f"No study has been re-run yet: each holds the campaign's {MIN_REPEATS} repeats at its fingerprint, so no "
-        f"second set of {MIN_REPEATS} stands beside them to judge on its own." + _cheapest(evidence, results) + "\n"
+        f"second set of {MIN_REPEATS} stands beside them to judge on its own." + _cheapest(results) + "\n"
     )

@@ -29,13 +29,13 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from servelab.bench import jobs as engine_jobs
 from servelab.errors import ParameterError
 from servelab.measure.results import results_root
-from servelab.studies.common import carry, multi_gpu, warm_drafts
+from servelab.studies.common import carry, multi_gpu, rerun_check, warm_drafts
 from servelab.studies.common.repeats import MIN_REPEATS
 from servelab.studies.common.runs import measuring_module, study_runs
 
@@ -543,6 +543,8 @@ def main(argv: list[str] | None = None) -> int:
             jobs = [job for s in studies if s not in special for job in missing_jobs(s, a.repeats, root)]
             jobs += missing_engine_jobs(root) if engine_jobs.STUDY in studies else []
             jobs += missing_multi_gpu_jobs(root, a.repeats, a.gpus) if multi_gpu.STUDY in studies else []
+            if not a.studies and a.repeats == MIN_REPEATS:  # the whole plan: with it, issue 27's re-run check
+                jobs += [replace(j, basis=f"{j.basis}; re-run check") for j in rerun_check.rerun_jobs(root)]
             ready, held = [j for j in jobs if not j.held], [j for j in jobs if j.held]
             if a.jobs_only:
                 print(" ".join(j.name for b in pack(ready, a.max_minutes) for j in b))

@@ -25,6 +25,18 @@ from servelab.studies.common.repeats import INCONCLUSIVE, MIN_REPEATS
 from servelab.studies.common.runs import RunSet, study_runs
 
 COLUMNS = ["claim", "campaign", "re-run", "page", "repeats"]
+RERUN_REPEATS = 2 * MIN_REPEATS  # the campaign's repeats and as many again
+# the seed's studies, each judged on its own runs; the simulator's page reads Study 1's runs, so a re-run of it
+# would re-measure only its fresh held-out run
+STUDIES = (
+    "01_scheduling",
+    "02_gpu_costs",
+    "03_speculative",
+    "04_kv_cache",
+    "05_attention",
+    "06_hf_assisted",
+    "07_prefix_cache",
+)
 
 
 @dataclass(frozen=True)
@@ -52,6 +64,24 @@ def halves(runs: RunSet, first: int = MIN_REPEATS) -> Halves | None:
         replace(runs, runs=tuple(r for r in runs.runs if r.repeat in a)),
         replace(runs, runs=tuple(r for r in runs.runs if r.repeat in b)),
     )
+
+
+def rerun_jobs(root: Path | None = None, studies: tuple[str, ...] = STUDIES) -> list:
+    """The GPU jobs of the cheapest re-run, by the plan's estimates, among the studies whose campaign is complete at
+    today's fingerprint; [] once any study has a re-run there, or while none has its campaign's repeats."""
+    from servelab.studies.common.campaign import missing_jobs
+
+    best: list = []
+    for study in studies:
+        runs = study_runs(study, root)
+        if not runs.current or len(whole_repeats(runs)) < MIN_REPEATS:
+            continue
+        if halves(runs) is not None:
+            return []
+        jobs = missing_jobs(study, RERUN_REPEATS, root, runs)
+        if jobs and (not best or sum(j.minutes for j in jobs) < sum(j.minutes for j in best)):
+            best = jobs
+    return best
 
 
 def consistent(campaign: str, rerun: str) -> bool:
