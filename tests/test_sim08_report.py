@@ -101,6 +101,16 @@ def test_fresh_run_error_and_seeds_come_from_the_raw_csv(tmp_path):
     seeds = page["fresh_seeds"]
     assert seeds[["fresh_run", "seed", "registered"]].values.tolist() == [["fresh_run_5", 50, True]]
     assert "ran with seed 50, registered in the ledger." in sections.seeds_text(page)
+    # only Qwen2-0.5B's fresh part ran: the page says whose runs the error is, and which model's wait
+    models = {model: model in set(req["model"]) for model in page.fresh["models"] + page.fresh["missing_models"]}
+    assert page.fresh["models"] and all(models[m] for m in page.fresh["models"])
+    assert page.fresh["missing_models"] and not any(models[m] for m in page.fresh["missing_models"])
+    waiting = [m.removeprefix("config:") for m in page.fresh["missing_models"]]
+    assert f"the fresh runs of {waiting[0]}" in sections.heldout_text(page)
+    assert (
+        "1 repeat;" in report._published_from(page)[1]
+        and f"{waiting[0]}'s not measured yet" in report._published_from(page)[1]
+    )
     # the acceptance check: slower first tokens in the raw CSV move the held-out error
     late = req.assign(first_token_s=req["first_token_s"] + 0.5)
     late.to_csv(d / "fresh_requests.csv", index=False)

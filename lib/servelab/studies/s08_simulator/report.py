@@ -151,8 +151,23 @@ def _with_fresh(f: Finding, fresh: dict) -> Finding:
         f,
         note=f.note + f"; on the held-out runs drawn after the cost model was frozen: "
         f"{fresh['median_abs_error_pct']:.1f} % "
-        f"over {fresh['runs']} runs in {len(fresh['per_repeat'])} repeats" + _drift_clause(fresh.get("drift")),
+        f"over {fresh['runs']} runs in {_count(len(fresh['per_repeat']), 'repeat')}{_of_models(fresh)}"
+        + _drift_clause(fresh.get("drift")),
     )
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _of_models(fresh: dict) -> str:
+    """ "; llama-3-8b only, qwen2-0.5b's not measured yet" where the fresh runs so far cover some frozen models."""
+    missing = fresh.get("missing_models") or []
+    if not missing:
+        return ""
+    have = ", ".join(model_name(m) for m in fresh.get("models", []))
+    waits = ", ".join(f"{model_name(m)}'s" for m in missing)
+    return f"; {have} only, {waits} not measured yet"
 
 
 def _drift_clause(drift) -> str:
@@ -572,6 +587,9 @@ def fresh_error(runs: RunSet) -> dict:
         "median_abs_error_pct": float(per.median()),
         "per_repeat": {int(k): v for k, v in per.items()},
         "runs": len(table.drop_duplicates(subset=["repeat", *validation.RUN_KEYS])),
+        # which frozen models the fresh runs replayed so far: a part not yet measured leaves its model out
+        "models": sorted(table["model"].unique()),
+        "missing_models": sorted(set(models) - set(table["model"])),
         "code_matches": measured == [frozen],
         "frozen_code": frozen,
         "measured_code": measured,
@@ -802,7 +820,7 @@ def _published_from(r: Study8Page) -> tuple[str, str] | None:
         return (
             f"{f['median_abs_error_pct']:.1f} %",
             "median |error| of six serving metrics on held-out runs of the real server drawn after the cost model was "
-            f"frozen ({f['runs']} runs, {len(f['per_repeat'])} repeats)",
+            f"frozen ({f['runs']} runs, {_count(len(f['per_repeat']), 'repeat')}{_of_models(f)})",
         )
     f23 = r.f23
     if f23 is None or f23.headline is None:

@@ -174,7 +174,7 @@ def heldout_text(r) -> str:
         head = (
             f"**Fresh held-out run.** Replayed on the frozen cost models (frozen {str(f['frozen_utc'])[:10]}, "
             f"no refit), the median |error| over six serving metrics of its {f['runs']} runs is "
-            f"**{f['median_abs_error_pct']:.1f} %**{each}. {code}"
+            f"**{f['median_abs_error_pct']:.1f} %**{each}. {_fresh_models(f)}{code}"
             + (f" {f['drift_text']}" if f.get("drift_text") else "")
         )
     seeds = seeds_text(r)
@@ -185,6 +185,18 @@ def heldout_text(r) -> str:
         + heldout.section(study1_slug=None)
         .split("\n", 1)[-1]
         .replace("The validation runs above are CPU stand-ins made by this run, not in the ledger. ", "")
+    )
+
+
+def _fresh_models(f: dict) -> str:
+    """Which models the fresh runs so far replayed, where a frozen model's fresh part is not measured yet."""
+    missing = f.get("missing_models") or []
+    if not missing:
+        return ""
+    have = _listing([model_name(m) for m in f.get("models", [])])
+    return (
+        f"These runs are {have}'s alone: the fresh runs of {_listing([model_name(m) for m in missing])} are not "
+        "measured yet, so this error is not yet the whole fresh run's. "
     )
 
 
