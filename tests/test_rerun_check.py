@@ -111,7 +111,7 @@ def test_without_a_rerun_the_include_says_so_and_prices_the_cheapest(monkeypatch
     from servelab_book import rerun_check as page
 
     jobs = [campaign.Job("04_kv_cache", "all", r, 1.5, "recorded") for r in (3, 4, 5)]
-    monkeypatch.setattr(rerun_check, "rerun_jobs", lambda root=None: jobs)
+    monkeypatch.setattr(campaign, "rerun_jobs", lambda root=None: jobs)
     ev = SimpleNamespace(measured=True, current=True, repeats=3, findings=())
     text = page.render_rerun_check({"04_kv_cache": ev})
     assert text.startswith("No study has been re-run yet")
@@ -136,9 +136,9 @@ def test_the_plan_takes_the_cheapest_rerun_among_complete_campaigns_and_none_onc
         have = set(runs.repeats)
         return [campaign.Job(study, "all", r, minutes[study], "recorded") for r in range(repeats) if r not in have]
 
-    monkeypatch.setattr(rerun_check, "study_runs", runs_of)
+    monkeypatch.setattr(campaign, "study_runs", runs_of)
     monkeypatch.setattr(campaign, "missing_jobs", missing)
-    got = rerun_check.rerun_jobs()
+    got = campaign.rerun_jobs()
     assert [j.name for j in got] == ["05_attention:all:3", "05_attention:all:4", "05_attention:all:5"]
     stores["04_kv_cache"] = _runs({i: ("all",) for i in range(6)})  # Study 4 was re-run: the check has its data
-    assert rerun_check.rerun_jobs() == []
+    assert campaign.rerun_jobs() == []

@@ -39,7 +39,7 @@ def _study_table(slug: str, table) -> str:
 
 def _cheapest(results: Path | None) -> str:
     """The re-run the plan prices lowest (``rerun_check.rerun_jobs``), as a sentence with the command."""
-    from servelab.studies.common.rerun_check import rerun_jobs
+    from servelab.studies.common.campaign import rerun_jobs
 
     jobs = rerun_jobs(results)
     if not jobs:

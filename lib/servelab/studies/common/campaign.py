@@ -237,6 +237,23 @@ def missing_jobs(study: str, repeats: int = MIN_REPEATS, root: Path | None = Non
     return jobs
 
 
+def rerun_jobs(root: Path | None = None, studies: tuple[str, ...] = rerun_check.STUDIES) -> list[Job]:
+    """Issue 27's re-run check (``rerun_check``): the GPU jobs of the cheapest re-run, by the plan's estimates,
+    among the studies whose campaign is complete at today's fingerprint; [] once any study has a re-run there, or
+    while none has its campaign's repeats."""
+    best: list[Job] = []
+    for study in studies:
+        runs = study_runs(study, root)
+        if not runs.current or len(rerun_check.whole_repeats(runs)) < MIN_REPEATS:
+            continue
+        if rerun_check.halves(runs) is not None:
+            return []
+        jobs = missing_jobs(study, rerun_check.RERUN_REPEATS, root, runs)
+        if jobs and (not best or sum(j.minutes for j in jobs) < sum(j.minutes for j in best)):
+            best = jobs
+    return best
+
+
 def _ffd(jobs: list[Job], max_minutes: float, bins: list[list[Job]] | None = None) -> list[list[Job]]:
     """First-fit decreasing of ``jobs`` into ``bins`` (given ones first, then new ones), each run's jobs in ``ORDER``
     with the warm-up first."""
@@ -544,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
             jobs += missing_engine_jobs(root) if engine_jobs.STUDY in studies else []
             jobs += missing_multi_gpu_jobs(root, a.repeats, a.gpus) if multi_gpu.STUDY in studies else []
             if not a.studies and a.repeats == MIN_REPEATS:  # the whole plan: with it, issue 27's re-run check
-                jobs += [replace(j, basis=f"{j.basis}; re-run check") for j in rerun_check.rerun_jobs(root)]
+                jobs += [replace(j, basis=f"{j.basis}; re-run check") for j in rerun_jobs(root)]
             ready, held = [j for j in jobs if not j.held], [j for j in jobs if j.held]
             if a.jobs_only:
                 print(" ".join(j.name for b in pack(ready, a.max_minutes) for j in b))

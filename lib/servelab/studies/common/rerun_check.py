@@ -66,24 +66,6 @@ def halves(runs: RunSet, first: int = MIN_REPEATS) -> Halves | None:
     )
 
 
-def rerun_jobs(root: Path | None = None, studies: tuple[str, ...] = STUDIES) -> list:
-    """The GPU jobs of the cheapest re-run, by the plan's estimates, among the studies whose campaign is complete at
-    today's fingerprint; [] once any study has a re-run there, or while none has its campaign's repeats."""
-    from servelab.studies.common.campaign import missing_jobs
-
-    best: list = []
-    for study in studies:
-        runs = study_runs(study, root)
-        if not runs.current or len(whole_repeats(runs)) < MIN_REPEATS:
-            continue
-        if halves(runs) is not None:
-            return []
-        jobs = missing_jobs(study, RERUN_REPEATS, root, runs)
-        if jobs and (not best or sum(j.minutes for j in jobs) < sum(j.minutes for j in best)):
-            best = jobs
-    return best
-
-
 def consistent(campaign: str, rerun: str) -> bool:
     """The re-run's verdict agrees with the campaign's, or the campaign's was inconclusive already."""
     return campaign in (rerun, INCONCLUSIVE)
