@@ -100,6 +100,9 @@ class Job:
 WARM_JOB = Job(WARM_STUDY, WARM_PART, 0, warm_drafts.GUESS_MIN, "bounded by the distillation recipe")
 
 
+# the studies a re-run check may re-measure: each judged on its own runs. The simulator's page reads Study 1's runs,
+# so a re-run of it would re-measure only its fresh held-out run
+RERUN_STUDIES = tuple(s for s in ORDER if s != "08_simulator")
 # the studies whose measuring path starts the OpenAI server (uvicorn + FastAPI), which the GPU machine's image lacks:
 # they travel as wheels (.whl/); without them every server fails to start and the run holds only errors
 SERVER_STUDIES = ("01_scheduling", "07_prefix_cache", "08_simulator")
@@ -237,7 +240,7 @@ def missing_jobs(study: str, repeats: int = MIN_REPEATS, root: Path | None = Non
     return jobs
 
 
-def rerun_jobs(root: Path | None = None, studies: tuple[str, ...] = rerun_check.STUDIES) -> list[Job]:
+def rerun_jobs(root: Path | None = None, studies: tuple[str, ...] = RERUN_STUDIES) -> list[Job]:
     """Issue 27's re-run check (``rerun_check``): the GPU jobs of the cheapest re-run, by the plan's estimates,
     among the studies whose campaign is complete at today's fingerprint; [] once any study has a re-run there, or
     while none has its campaign's repeats."""

@@ -26,17 +26,6 @@ from servelab.studies.common.runs import RunSet, study_runs
 
 COLUMNS = ["claim", "campaign", "re-run", "page", "repeats"]
 RERUN_REPEATS = 2 * MIN_REPEATS  # the campaign's repeats and as many again
-# the seed's studies, each judged on its own runs; the simulator's page reads Study 1's runs, so a re-run of it
-# would re-measure only its fresh held-out run
-STUDIES = (
-    "01_scheduling",
-    "02_gpu_costs",
-    "03_speculative",
-    "04_kv_cache",
-    "05_attention",
-    "06_hf_assisted",
-    "07_prefix_cache",
-)
 
 
 @dataclass(frozen=True)
