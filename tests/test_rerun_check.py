@@ -70,7 +70,11 @@ def test_a_claim_repeats_when_the_rerun_reads_the_campaigns_verdict_or_the_campa
     assert got["consistent"].tolist() == [True, True, False]
     assert got.loc["F4.1", "repeats"] == "repeats 1, 2 and 3 of 6 against repeats 4, 5 and 6 of 6"
     text = rerun_check.summary("04_kv_cache", table)
-    assert "1 of 3 claims" in text and "1 the campaign left inconclusive" in text and "F4.3 (fails → holds)" in text
+    assert (
+        "1 of 3 claims" in text
+        and "it settles 1 claim the campaign left inconclusive" in text
+        and "F4.3 (fails → holds)" in text
+    )
 
 
 def test_the_page_verdicts_are_taken_from_the_caller_where_it_has_them():

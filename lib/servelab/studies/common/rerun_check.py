@@ -109,7 +109,7 @@ def summary(study: str, table: pd.DataFrame) -> str:
     moved = table[~table["consistent"]]
     text = f"{study}: the re-run reads the campaign's verdict for {same} of {len(table)} claims"
     if settled:
-        text += f"; {settled} the campaign left inconclusive"
+        text += f"; it settles {settled} claim{'' if settled == 1 else 's'} the campaign left inconclusive"
     if len(moved):
         text += "; it differs on " + ", ".join(
             f"{r['claim']} ({r['campaign']} → {r['re-run']})" for _, r in moved.iterrows()
