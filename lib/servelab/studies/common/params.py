@@ -1,7 +1,7 @@
 """Notebook profiles and parameter validation.
 
 ``profile="auto"`` means ``full`` when a CUDA device exists and ``smoke`` otherwise; ``smoke`` uses
-tiny configs and sizes that run on two CPU cores in a minute or two (CI).
+tiny configs and sizes for CI's two CPU cores.
 """
 
 from __future__ import annotations
