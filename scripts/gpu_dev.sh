@@ -45,6 +45,11 @@
 #                  from, at 4 decode points and both model shapes, beside what the tuner picked in that process
 #   spec-syncs     scripts/diag_spec_syncs.py: the stack of every host sync PyTorch's debug mode reports in a speculative
 #                  step (two rounds of two sequences, a twin draft)
+#   host-stalls    Study 1's two Qwen2-0.5B parts (repeat 0, on any GPU) under the stall probe
+#                  (scripts/stall_probe: garbage collections, Triton and torch.compile compiles, stack samples in every
+#                  process), then scripts/host_stalls.py: what each step held >= 50 ms on the host was doing; first,
+#                  scripts/gc_pause.py: a full collection's pause in a process holding the Qwen2-0.5B engine. On the
+#                  H200 such steps (380-531 ms) set F1.2's split repeat; the engine process never freezes its heap
 #   compile-probe  scripts/probe_compile_check.py: the compile check's refusals, rounding or fault (8B and 0.5B shapes:
 #                  bf16 eager and compiled against the same weights in float32)
 #
@@ -92,6 +97,19 @@ for task in "$@"; do
     long-tiles-64) run "$task" 300 python3 scripts/bench_long_tiles.py --long-tile-tokens 64 --out "$OUT/long_tiles_64.csv" ;;
     decode-tuning) run "$task" 420 bash -c 'for i in 0 1 2; do python3 scripts/bench_decode_tuning.py --process $i --out "$OUT/decode_tuning.csv" || exit; done' ;;
     spec-syncs) run "$task" 200 python3 scripts/diag_spec_syncs.py ;;
+    host-stalls) run "$task" 560 bash -c '
+      out=$1; stamp=$(mktemp); sleep 1
+      if ls .whl/*.whl >/dev/null 2>&1; then  # the server needs fastapi and uvicorn, carried as wheels
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+      fi
+      [ -f .revision ] && export SERVELAB_REVISION=$(cat .revision)
+      mkdir -p "$out/probe"
+      PYTHONPATH=/tmp/site:$PWD/lib python3 scripts/gc_pause.py --out "$out/gc_pause.csv"
+      SERVELAB_ANY_GPU=1 SERVELAB_STALL_PROBE="$out/probe/p" PYTHONPATH="$PWD/scripts/stall_probe:/tmp/site:$PWD/lib" \
+        python3 -m servelab.studies.common.campaign run 01_scheduling:qwen-eager-chunked512:0 01_scheduling:qwen-fcfs-chunked2048:0
+      runs=$(find data/results -path "*/01_scheduling/runs/*/r0" -type d -newer "$stamp" | sort)
+      PYTHONPATH=/tmp/site:$PWD/lib python3 scripts/host_stalls.py $runs --probe "$out/probe/p" --out "$out/host_stalls.csv"
+      tar cJf "$out/host_stalls_runs.tar.xz" $runs "$out/probe" 2>/dev/null; rm -rf "$out/probe"' _ "$OUT" ;;
     compile-probe) run "$task" 300 python3 scripts/probe_compile_check.py --out "$OUT/compile_check.csv" ;;
     *) echo "unknown task '$task' (see the header of $0)" | tee -a "$OUT/summary.txt"; exit 2 ;;
   esac

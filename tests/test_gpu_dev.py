@@ -43,3 +43,14 @@ def test_an_unknown_task_ends_the_script(tmp_path):
     proc, _ = run_dev(tmp_path, "staged", "no-such-task", "decode-kernel")
     assert proc.returncode == 2
     assert "unknown task 'no-such-task'" in (tmp_path / "out" / "summary.txt").read_text()
+
+
+def test_host_stalls_runs_study_1s_qwen_parts_under_the_probe_then_reads_them(tmp_path):
+    proc, calls = run_dev(tmp_path, "host-stalls")
+    assert proc.returncode == 0, proc.stderr
+    ran = [line for line in calls.read_text().splitlines() if " pip " not in f" {line} "]
+    assert "scripts/gc_pause.py" in ran[0]
+    assert "servelab.studies.common.campaign run" in ran[1]
+    assert "01_scheduling:qwen-eager-chunked512:0" in ran[1] and "01_scheduling:qwen-fcfs-chunked2048:0" in ran[1]
+    assert "scripts/host_stalls.py" in ran[2] and "--probe" in ran[2]
+    assert "host-stalls: exit 0" in (tmp_path / "out" / "summary.txt").read_text()
