@@ -267,6 +267,20 @@ def test_f62_verdict_rules():
     assert len(findings_frame([r.row() for r in rows])) == 2
 
 
+def test_f62_short_of_pairs_says_how_many_prompts_each_pair_had():
+    # F6.2's third repeat: a budget left two of three pairs one prompt short; the note said "got 1 pair" and no more
+    table = _pairs_table([1.4, 1.2, 0.9], [0.2, 0.4, 0.7], [0.6, 0.6, 0.6])
+    table["prompts"] = [verdicts.MIN_PROMPTS, verdicts.MIN_PROMPTS - 1, verdicts.MIN_PROMPTS - 1]
+    rising = {"p0": [1.0, 1.2, 1.4], "p1": [0.9, 1.0, 1.2], "p2": [0.7, 0.8, 0.9]}
+    r = verdicts.f62_what_decides(table, _per_prompt(rising))
+    n = verdicts.MIN_PROMPTS
+    assert r.verdict == "inconclusive"
+    assert r.note.startswith(f"at 512 tokens, 1 of 3 pairs ran on ≥ {n} prompts (p0: {n}; p1: {n - 1}; p2: {n - 1}).")
+    # two pairs in all: the rule could not rank them whatever their prompts, and the note says that instead
+    two = verdicts.f62_what_decides(table.head(2), _per_prompt(rising))
+    assert two.verdict == "inconclusive" and not two.note.startswith("at 512 tokens")
+
+
 def test_length_trend_compares_the_same_prompts_at_every_length():
     """The long prompt reached 512 and speeds up with length; the short prompts (fast at 32–128) must not be
     mixed into the trend, or the median at 32–128 would come from other prompts than the one at 512."""

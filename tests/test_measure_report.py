@@ -15,6 +15,7 @@ from servelab.measure.results import StudyResults
 from servelab.studies.common import campaign
 from servelab.studies.common.findings import Finding, repeat_label, repeat_name, repeats_name
 from servelab.studies.common.runs import RunSet, combine, pool_repeats, study_runs
+from servelab_book.findings_table import inconclusive_reason
 
 MEASURING = "servelab.studies.s02_gpu_costs.measure"
 
@@ -188,6 +189,26 @@ def test_a_repeat_too_thin_for_its_rule_leaves_the_others_number_standing():
     none = combine([[worded("inconclusive", None)] for _ in range(3)])[0]
     assert none.verdict == "inconclusive" and none.measured_value == "not measured" and none.spread == ""
     assert "[repeats 1, 2 and 3 of 3: their data were too thin for their rule]" in none.note
+
+
+def test_a_thin_repeats_own_reason_is_quoted_where_another_repeats_note_is_shown():
+    # F6.2's page said only "repeat 3 of 3 had too little data for its rule", while that repeat's own note said its
+    # budget had left two of three pairs one prompt short
+    def noted(verdict, headline, note):
+        return replace(_finding("F6.2", verdict, headline), note=note)
+
+    thin = "at 512 tokens, 1 of 3 pairs ran on ≥ 8 prompts (a: 8; b: 7; c: 7). The rule needs 3 pairs"
+    got = combine(
+        [[noted("changes", -1.0, "ρ_c = -1.00 over 3 pairs")], [noted("changes", -1.0, "ρ_c = -1.00 again")],
+         [noted("inconclusive", None, thin)]]
+    )[0]  # fmt: skip
+    assert "In repeat 3 of 3, at 512 tokens, 1 of 3 pairs ran on ≥ 8 prompts (a: 8; b: 7; c: 7)." in got.note
+    assert "The rule needs 3 pairs" not in got.note  # its first sentence alone
+    assert inconclusive_reason(got.note, got.repeat_verdicts).endswith(
+        ": in repeat 3 of 3, at 512 tokens, 1 of 3 pairs ran on ≥ 8 prompts (a: 8; b: 7; c: 7)."
+    )
+    agreeing = combine([[noted("changes", -1.0, "x")] for _ in range(3)])[0]
+    assert "In repeat" not in agreeing.note  # nothing thin, nothing quoted
 
 
 def test_a_page_names_a_repeat_by_its_place_as_the_labels_do_not_by_its_data_id(tmp_path):

@@ -15,6 +15,7 @@ into the finding a page shows (``studies.common.repeats``): the median and inter
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
@@ -401,6 +402,25 @@ def _name_text_repeat(merged: Finding, slots: Sequence[Finding | None]) -> Findi
     return replace(merged, note=note, measured_value=measured)
 
 
+# a sentence's end: a period after anything but a digit (so "0.85 for" and "1.5B" do not end one), then a space
+_SENTENCE_END = re.compile(r"(?<=[^\d\s])\.\s")
+
+
+def _thin_reason(slots: Sequence[Finding | None], said: Sequence[str], note: str) -> str:
+    """ " In repeat k of n, <why its rule found too little>.": the first sentence of the one thin repeat's own note,
+    where the note shown is another repeat's. F6.2's page read "repeat 3 of 3 had too little data for its rule" and
+    no more, while that repeat's note said its budget had left two pairs one prompt short. "" otherwise."""
+    thin = [i for i, v in enumerate(said) if v == INCONCLUSIVE]
+    if len(thin) != 1 or slots[thin[0]] is None:
+        return ""
+    own = slots[thin[0]].note.strip()
+    if not own or own in note:
+        return ""
+    first = _SENTENCE_END.split(own, maxsplit=1)[0].rstrip(".;, ")
+    lead = "" if note.rstrip().endswith(".") else "."  # after a bracket too: the landing page drops brackets
+    return f"{lead} In {repeat_name(thin[0], len(said))}, {first}."
+
+
 def combine(per_repeat: Sequence[Sequence[Finding]], *, min_repeats: int = MIN_REPEATS) -> list[Finding]:
     """One finding per claim from each repeat's findings (claims in first-seen order).
 
@@ -436,7 +456,7 @@ def combine(per_repeat: Sequence[Sequence[Finding]], *, min_repeats: int = MIN_R
         if len(present) < min_repeats:
             verdict = INCONCLUSIVE
             why = f"rests on {len(present)} repeat{'s' if len(present) != 1 else ''}; a verdict needs {min_repeats}"
-        note = merged.note + (f" [{why}]" if why else "")
+        note = merged.note + _thin_reason(by_id[fid], said, merged.note) + (f" [{why}]" if why else "")
         out.append(replace(merged, verdict=verdict, note=note, repeat_verdicts=";".join(said)))
     return out
 

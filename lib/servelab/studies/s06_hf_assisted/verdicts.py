@@ -63,6 +63,22 @@ def _too_few(pairs: pd.DataFrame, min_prompts: int) -> str:
     return f" (at most {most} prompt{'s' if most != 1 else ''} per point, below the {min_prompts} a point needs)"
 
 
+def _short_of_pairs(pairs: pd.DataFrame, min_prompts: int) -> str:
+    """Where points have their prompts but no length has ``MIN_PAIRS`` pairs on them: each pair's prompts at the
+    longest length it ran ("" where fewer than ``MIN_PAIRS`` pairs ran at all, or one length qualifies). A budget
+    that cut one prompt too many reads as "8, 7 and 7", not as "1 pair"."""
+    if not len(pairs) or not {"pair", "length", "prompts"} <= set(pairs.columns):
+        return ""
+    d = pairs.dropna(subset=["speedup_median"])
+    if d["pair"].nunique() < MIN_PAIRS or ranking_length(pairs, min_prompts) is not None:
+        return ""
+    longest = int(d["length"].max())
+    at = d[d["length"] == longest].sort_values(["prompts", "pair"], ascending=[False, True])
+    enough = int((at["prompts"] >= min_prompts).sum())
+    counts = "; ".join(f"{r.pair}: {int(r.prompts)}" for r in at.itertuples())
+    return f"at {longest} tokens, {enough} of {len(at)} pairs ran on ≥ {min_prompts} prompts ({counts})"
+
+
 def _thin_value(pairs: pd.DataFrame, min_prompts: int) -> str:
     most = most_prompts(pairs)
     return f"≤ {most} prompts per point" if 0 < most < min_prompts else "not measured"
@@ -358,10 +374,11 @@ def f62_what_decides(
     trends = length_trends(per_prompt)
     if length is None or trends.empty:
         got = _measured(pairs, min_prompts)["pair"].nunique() if len(pairs) else 0
-        note = (
-            f"needs ≥{MIN_PAIRS} pairs at one length on ≥ {min_prompts} prompts and ≥3 lengths; got {got} pairs"
-            f"{_too_few(pairs, min_prompts)}"
-        )
+        short = _short_of_pairs(pairs, min_prompts)
+        need = f"needs ≥{MIN_PAIRS} pairs at one length on ≥ {min_prompts} prompts and ≥3 lengths"
+        got_text = f"got {got} pair{'s' if got != 1 else ''}{_too_few(pairs, min_prompts)}"
+        # the reason first, as a sentence of its own: the combined finding quotes a thin repeat's first sentence
+        note = f"{short}. The rule {need}" if short else f"{need}; {got_text}"
         return Finding(
             **common,
             measured_value=_thin_value(pairs, min_prompts),
