@@ -173,6 +173,25 @@ def test_f33_compares_modes_with_the_parameter_ratio():
     assert verdicts.f33(ratios(1.2, 2.6).iloc[:0], ("qwen2-0.5b", "qwen2-1.5b")).verdict == "fails"
 
 
+def test_f33_second_condition_shows_both_ratios_of_each_repeat():
+    # F3.3's repeats split on the quotient best/eager (1.17×, 2.17×, 1.06× on the H200), and only the two ratios
+    # behind it show that eager HF's moved (1.22, 0.67, 1.37) while the engine's held (1.43-1.45)
+    def ratios(eager, engine):
+        return pd.DataFrame(
+            [
+                dict(draft="d", target="t", mode=m, target_over_draft=r, param_ratio=3.1)
+                for m, r in (("hf_eager", eager), ("engine", engine))
+            ]
+        )
+
+    reps = [("repeat 1 of 3", ratios(1.22, 1.43)), ("repeat 2 of 3", ratios(0.67, 1.45))]
+    text = verdicts.second_condition(reps, ("d", "t"), ["changes", "holds"])
+    assert "1.17× in repeat 1 of 3 (engine 1.43× over eager 1.22×)" in text
+    assert "2.16× in repeat 2 of 3 (engine 1.45× over eager 0.67×)" in text
+    assert text.endswith("so the second is what split them")
+    assert verdicts.second_condition([("repeat 1 of 3", ratios(1.2, 1.4).iloc[1:])], ("d", "t"), ["changes"]) == ""
+
+
 def test_pays_map_break_even_line():
     grid = pays_map(np.array([0.0, 0.5, 0.95]), np.array([0.05, 1.0]))
     assert (grid[grid.c == 1.0].improvement < 1).all()  # a draft as costly as the target never pays
