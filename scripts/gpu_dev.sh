@@ -105,9 +105,12 @@ for task in "$@"; do
       [ -f .revision ] && export SERVELAB_REVISION=$(cat .revision)
       mkdir -p "$out/probe"
       PYTHONPATH=/tmp/site:$PWD/lib python3 scripts/gc_pause.py --out "$out/gc_pause.csv"
+      # the runs go to a results root of their own: under the probe they are no book data, and a tarball of
+      # data/results/nvidia-h200/... unpacked at the repository root would overwrite the campaign repeat 0
+      export SERVELAB_RESULTS=/tmp/stall_results
       SERVELAB_ANY_GPU=1 SERVELAB_STALL_PROBE="$out/probe/p" PYTHONPATH="$PWD/scripts/stall_probe:/tmp/site:$PWD/lib" \
         python3 -m servelab.studies.common.campaign run 01_scheduling:qwen-eager-chunked512:0 01_scheduling:qwen-fcfs-chunked2048:0
-      runs=$(find data/results -path "*/01_scheduling/runs/*/r0" -type d -newer "$stamp" | sort)
+      runs=$(find /tmp/stall_results -path "*/01_scheduling/runs/*/r0" -type d -newer "$stamp" 2>/dev/null | sort)
       PYTHONPATH=/tmp/site:$PWD/lib python3 scripts/host_stalls.py $runs --probe "$out/probe/p" --out "$out/host_stalls.csv"
       tar cJf "$out/host_stalls_runs.tar.xz" $runs "$out/probe" 2>/dev/null; rm -rf "$out/probe"' _ "$OUT" ;;
     compile-probe) run "$task" 300 python3 scripts/probe_compile_check.py --out "$OUT/compile_check.csv" ;;
