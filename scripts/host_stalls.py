@@ -60,11 +60,12 @@ def explain(steps: pd.DataFrame, ev: pd.DataFrame, sm: pd.DataFrame, stacks: dic
         hit = ev[(ev["t1"] > t0) & (ev["t0"] < t1)]
         overlap = ((hit["t1"].clip(upper=t1) - hit["t0"].clip(lower=t0)) * 1e3).round(1)
         in_window = sm[(sm["t"] >= t0) & (sm["t"] <= t1)]
-        # the engine's thread: the one whose samples in the window most often sit in servelab's engine code
+        # the engine's thread: samples with the engine's own code on the stack (a server's watcher threads sit in
+        # servelab's code too, asleep, and would otherwise win every window)
         tops = Counter()
         for pid, sid in zip(in_window["pid"], in_window["id"], strict=True):
             frames = stacks.get((pid, sid), [])
-            if any("servelab/engine" in f or "servelab/server" in f for f in frames):
+            if any("servelab/engine/" in f for f in frames):
                 tops[(pid, frames[0] if frames else "?", _servelab_frame(frames))] += 1
         top = tops.most_common(1)[0] if tops else None
         rows.append(
