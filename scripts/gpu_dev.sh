@@ -109,7 +109,8 @@ for task in "$@"; do
       # data/results/nvidia-h200/... unpacked at the repository root would overwrite the campaign repeat 0
       export SERVELAB_RESULTS=/tmp/stall_results
       SERVELAB_ANY_GPU=1 SERVELAB_STALL_PROBE="$out/probe/p" PYTHONPATH="$PWD/scripts/stall_probe:/tmp/site:$PWD/lib" \
-        python3 -m servelab.studies.common.campaign run 01_scheduling:qwen-eager-chunked512:0 01_scheduling:qwen-fcfs-chunked2048:0
+        timeout 420 python3 -m servelab.studies.common.campaign run 01_scheduling:qwen-eager-chunked512:0 \
+        01_scheduling:qwen-fcfs-chunked2048:0  # cut in time for the reading and the packing below
       runs=$(find /tmp/stall_results -path "*/01_scheduling/runs/*/r0" -type d -newer "$stamp" 2>/dev/null | sort)
       PYTHONPATH=/tmp/site:$PWD/lib python3 scripts/host_stalls.py $runs --probe "$out/probe/p" --out "$out/host_stalls.csv"
       tar cJf "$out/host_stalls_runs.tar.xz" $runs "$out/probe" 2>/dev/null; rm -rf "$out/probe"' _ "$OUT" ;;
