@@ -72,6 +72,8 @@ def _short_of_pairs(pairs: pd.DataFrame, min_prompts: int) -> str:
     d = pairs.dropna(subset=["speedup_median"])
     if d["pair"].nunique() < MIN_PAIRS or ranking_length(pairs, min_prompts) is not None:
         return ""
+    if most_prompts(pairs) < min_prompts:  # no point has its prompts at all: ``_too_few`` says that
+        return ""
     longest = int(d["length"].max())
     at = d[d["length"] == longest].sort_values(["prompts", "pair"], ascending=[False, True])
     enough = int((at["prompts"] >= min_prompts).sum())
