@@ -406,11 +406,11 @@ def _name_text_repeat(merged: Finding, slots: Sequence[Finding | None]) -> Findi
 _SENTENCE_END = re.compile(r"(?<=[^\d\s])\.\s")
 
 
-def _thin_reason(slots: Sequence[Finding | None], said: Sequence[str], note: str) -> str:
-    """ " In repeat k of n, <why its rule found too little>.": the first sentence of the one thin repeat's own note,
-    where the note shown is another repeat's. F6.2's page read "repeat 3 of 3 had too little data for its rule" and
-    no more, while that repeat's note said its budget had left two pairs one prompt short. "" otherwise."""
-    thin = [i for i, v in enumerate(said) if v == INCONCLUSIVE]
+def _thin_reason(slots: Sequence[Finding | None], thin: Sequence[int], note: str) -> str:
+    """ " In repeat k of n, <why its rule found too little>.": the first sentence of the one thin repeat's own note
+    (``thin``: the places of the repeats too thin for their rule), where the note shown is another repeat's. F6.2's
+    page read "repeat 3 of 3 had too little data for its rule" and no more, while that repeat's note said its budget
+    had left two pairs one prompt short. "" otherwise."""
     if len(thin) != 1 or slots[thin[0]] is None:
         return ""
     own = slots[thin[0]].note.strip()
@@ -418,7 +418,7 @@ def _thin_reason(slots: Sequence[Finding | None], said: Sequence[str], note: str
         return ""
     first = _SENTENCE_END.split(own, maxsplit=1)[0].rstrip(".;, ")
     lead = "" if note.rstrip().endswith(".") else "."  # after a bracket too: the landing page drops brackets
-    return f"{lead} In {repeat_name(thin[0], len(said))}, {first}."
+    return f"{lead} In {repeat_name(thin[0], len(slots))}, {first}."
 
 
 def combine(per_repeat: Sequence[Sequence[Finding]], *, min_repeats: int = MIN_REPEATS) -> list[Finding]:
@@ -442,8 +442,8 @@ def combine(per_repeat: Sequence[Sequence[Finding]], *, min_repeats: int = MIN_R
         said = [f.verdict if f is not None else MISSING for f in by_id[fid]]
         merged = _name_text_repeat(_merge(present, said), by_id[fid])
         verdict, why = merged.verdict, ""
-        if INCONCLUSIVE in said:
-            thin = [i for i, v in enumerate(said) if v == INCONCLUSIVE]
+        thin = [i for i, v in enumerate(said) if v == INCONCLUSIVE]
+        if thin:
             verdict = INCONCLUSIVE
             why = repeats_name(thin, len(said)) + (
                 ": its data was too thin for its rule"
@@ -456,7 +456,7 @@ def combine(per_repeat: Sequence[Sequence[Finding]], *, min_repeats: int = MIN_R
         if len(present) < min_repeats:
             verdict = INCONCLUSIVE
             why = f"rests on {len(present)} repeat{'s' if len(present) != 1 else ''}; a verdict needs {min_repeats}"
-        note = merged.note + _thin_reason(by_id[fid], said, merged.note) + (f" [{why}]" if why else "")
+        note = merged.note + _thin_reason(by_id[fid], thin, merged.note) + (f" [{why}]" if why else "")
         out.append(replace(merged, verdict=verdict, note=note, repeat_verdicts=";".join(said)))
     return out
 
