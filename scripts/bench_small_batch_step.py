@@ -113,20 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--context", type=int, default=128)
     p.add_argument("--repeats", type=int, default=50)
     p.add_argument("--smoke", action="store_true", help="on a CPU under TRITON_INTERPRET=1: tiny-qwen2, float32")
-    p.add_argument(
-        "--compile-check",
-        choices=["engine", "first-blocks"],
-        default="engine",
-        help="which check keeps torch.compile: the engine's on the whole model, or the staged one on the first two "
-        "blocks (engine.compile_check). Under the engine's, both non-default paths ran eager (their bf16 rounding "
-        "was refused), so their time measured the lost compile as much as their kernels",
-    )
     args = p.parse_args(argv)
-    if args.compile_check == "first-blocks":
-        from servelab.engine import engine as engine_module
-        from servelab.engine.compile_check import compile_checked
-
-        engine_module.compile_with_check = compile_checked
     if args.smoke:
         device, dtype = torch.device("cpu"), "float32"
         args.shapes, args.batch, args.context, args.repeats = ["tiny-qwen2"], [2], 16, 2

@@ -11,9 +11,8 @@ a verify step priced as one target step, and as measured). The controlled run is
 each run's speed-up is also set against Leviathan's at the acceptance its own draws gave: the part of a shortfall that
 is the draws' luck, and the part that is time the formula does not price. Each phase is timed with CUDA events around
 whole engine steps after a warm-up request; medians with the quartiles. The device record (card, clocks, versions, host
-CPU) and the engines' settings land beside the CSV (``<out>.device.json``). Both engines compile under the staged check
-on the first two blocks (``engine.compile_check``; ``--compile-check engine`` for the engine's own, which leaves the 8B
-shape uncompiled). ``--profile`` adds where a plain decode step, a draft round and a verify step spend their time
+CPU) and the engines' settings land beside the CSV (``<out>.device.json``). Both engines compile under the engine's check on
+the first two blocks (``engine.compilation``), which keeps the 8B shape compiled. ``--profile`` adds where a plain decode step, a draft round and a verify step spend their time
 (``<out>.budget.csv``: span, busy, idle gaps, host time and each kernel class, as the engine bench's step budget reads
 them). Development data, not a book figure.
 """
@@ -175,15 +174,8 @@ def controlled_rows(spec, prompts, reference, args, alpha, plain_ms, gamma_c_v, 
 
 
 def set_up(args) -> None:
-    """The staged settings the engines are built with: torch.compile kept under the check on the first two blocks
-    (what the engine will use after the campaign, issue 29), and with ``--decode-launch`` the one-pass decode
-    kernel's launch fixed (an autotuner with one candidate launches it without timing any)."""
-    if args.compile_check == "first-blocks":
-        from servelab.engine import draft_model
-        from servelab.engine import engine as engine_module
-        from servelab.engine.compile_check import compile_checked
-
-        engine_module.compile_with_check = draft_model.compile_with_check = compile_checked
+    """With ``--decode-launch`` the one-pass decode kernel's launch fixed (an autotuner with one candidate launches
+    it without timing any)."""
     if args.decode_launch:
         import triton
 
@@ -228,13 +220,6 @@ def main() -> None:
         "--profile",
         action="store_true",
         help="also profile a plain decode step, a draft round and a verify step at each batch (<out>.budget.csv)",
-    )
-    ap.add_argument(
-        "--compile-check",
-        choices=["first-blocks", "engine"],
-        default="first-blocks",
-        help="which check keeps torch.compile: the staged one on the first two blocks (engine.compile_check), or the "
-        "engine's on the whole model, which refuses the 8B shape's bf16 rounding (scripts/probe_compile_check.py)",
     )
     ap.add_argument(
         "--fused-rope-kv-write",

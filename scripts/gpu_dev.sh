@@ -78,7 +78,7 @@ for task in "$@"; do
     small-linear-split) run "$task" 300 python3 scripts/bench_small_linear.py --out "$OUT/small_linear_split.csv" --sweep split --rows 1 ;;
     small-linear-rows) run "$task" 240 python3 scripts/bench_small_linear.py --out "$OUT/small_linear_rows.csv" ;;
     decode-kernel) run "$task" 180 python3 scripts/bench_decode_kernel.py ;;
-    small-batch-step-check) run "$task" 300 python3 scripts/bench_small_batch_step.py --compile-check first-blocks --shapes qwen2-0.5b --batch 1 8 --out "$OUT/small_batch_step_check.csv" ;;
+    small-batch-step-check) run "$task" 300 python3 scripts/bench_small_batch_step.py --shapes qwen2-0.5b --batch 1 8 --out "$OUT/small_batch_step_check.csv" ;;
     small-batch-step) run "$task" 360 python3 scripts/bench_small_batch_step.py --out "$OUT/small_batch_step.csv" ;;
     spec-engine) run "$task" 300 python3 -m pytest -q -p no:cacheprovider -x tests/test_engine_speculation.py ;;
     spec-bench) run "$task" 420 python3 scripts/bench_spec_engine.py --profile --out "$OUT/spec_engine.csv" ;;

@@ -1,8 +1,8 @@
-"""``engine.compile_check``: the compile check on the first two blocks alone (staged for issue 29).
+"""``engine.compilation``: the engine's compile check, on the first two blocks alone (issue 29).
 
 A compiler that raises, or a "compiled" block that computes something else, leaves the model eager with the reason
-in the status; a faithful one is kept, and the model gets all its layers back either way. The whole-model check
-(``compilation.compile_with_check``) refuses rounding that a deep bf16 model amplifies; on two blocks the same rule
+in the status; a faithful one is kept, and the model gets all its layers back either way. The engine's first check,
+on the whole model, refused rounding that a deep bf16 model amplifies; on two blocks the same rule
 sees rounding at bf16's size (the GPU probe, ``scripts/probe_compile_check.py``, measures both on the 8B shape).
 """
 
@@ -10,8 +10,8 @@ import pytest
 import torch
 from hf_reference import varied
 
-from servelab.engine import Engine, EngineConfig, compile_check
-from servelab.engine.compile_check import compile_checked, first_blocks
+from servelab.engine import Engine, EngineConfig, compilation
+from servelab.engine.compilation import compile_with_check, first_blocks
 from servelab.models import llama
 
 
@@ -21,7 +21,7 @@ def engine():
 
 
 def check(engine) -> str:
-    return compile_checked(engine.model, engine.pool, engine.num_blocks)
+    return compile_with_check(engine.model, engine.pool, engine.num_blocks)
 
 
 def test_a_faithful_compilation_is_kept_and_every_layer_comes_back(engine, monkeypatch):
@@ -62,7 +62,7 @@ def test_a_block_that_computes_something_else_is_refused(engine, monkeypatch, fa
     assert check(engine).startswith("off: the compiled first 2 blocks' logits differ from eager by")
     assert engine.model.block_fns == (llama.attention_inputs, llama.attention_outputs)
     if fault == "whole output x2":  # why two: the first block alone passes it
-        monkeypatch.setattr(compile_check, "BLOCKS", 1)
+        monkeypatch.setattr(compilation, "BLOCKS", 1)
         assert check(engine).startswith("on (first 1 blocks")
 
 

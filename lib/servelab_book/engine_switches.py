@@ -31,7 +31,7 @@ CHECK_FAULT = {
         "their K/V to the same scratch slots. The default path never reads a prefill's K/V back from the pool, so "
         "the clash is harmless there; the fused path does read them back, so each sequence attends to keys the "
         "other overwrote, and eager and compiled runs disagree for that reason alone. A check that gives each "
-        "sequence its own slots (`engine/compile_check.py`, which the engine takes up after the evidence campaign) "
+        "sequence its own slots (`engine/compilation.py` since issue 29, on the first two blocks) "
         "keeps the fused engine compiled: on an H100 it passed in each fresh process where the whole-model check "
         "refused every time (`data/dev/nvidia-h100/2026-12-06/fused_compile_probe_170ee25.txt`)."
     ),

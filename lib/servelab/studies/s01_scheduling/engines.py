@@ -2,7 +2,8 @@
 
 Each model's servers of every repeat, with the settings that decide a step's cost: the attention backend, CUDA
 graphs, whole-step graphs and ``torch.compile``. The engine keeps ``torch.compile`` only where its check passes
-(``engine.compilation.compile_with_check``: the whole model's compiled logits within 5% of the eager ones' largest),
+(``engine.compilation.compile_with_check``: compiled logits within 5% of the eager ones' largest; the whole model's
+until issue 29, the first two blocks' since),
 and a refusal changes every step time the study reports, so the page says where it happened, with the check's own
 numbers.
 
