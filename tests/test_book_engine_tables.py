@@ -134,4 +134,7 @@ def test_the_bench_table_names_metrics_in_words_and_says_what_each_bound_is(tmp_
     assert metric_words("decode_ms_b64_ctx512_fused_rope_kv").startswith(
         "One decode step, batch 64, 512 tokens of context, fused RoPE + KV write, not the default"
     )
+    assert metric_words("decode_ms_b1_ctx128_unfused_rope_kv").startswith(
+        "One decode step, batch 1, 128 tokens of context, RoPE and the KV write apart, not the default"
+    )
     assert metric_words("something_new") == "`something_new`"

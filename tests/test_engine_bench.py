@@ -199,27 +199,28 @@ def test_cached_prefixes_must_fill_whole_blocks(tiny_llama):
         engine_step(tiny_llama, 2, 8, 24)
 
 
-def test_the_fused_rope_kv_rows_are_planned_beside_the_unchanged_default_rows(monkeypatch):
-    """Planned, not timed: on a CUDA machine with Triton, decode points (1, 128) and (64, 512) also time the default
-    engine with ``fused_rope_kv_write=True`` as labelled rows; the default rows stay the default's."""
+def test_the_unfused_rope_kv_rows_are_planned_beside_the_default_rows(monkeypatch):
+    """Planned, not timed: on a CUDA machine with Triton, decode points (1, 128) and (64, 512) also time the engine
+    with ``fused_rope_kv_write=False`` (the path the default replaced) as labelled rows; the default rows stay the
+    default's ("auto", which is the fused kernel there)."""
     from servelab.bench import decode_rows
-    from servelab.bench.decode_rows import FUSED_ROPE_KV, Variant, labelled_rows, variants
+    from servelab.bench.decode_rows import UNFUSED_ROPE_KV, Variant, labelled_rows, variants
 
     plan = bench.make_plan(bench.parse_args(["--quick", "--device", "cuda"]))
     monkeypatch.setattr(decode_rows, "fused_rope_kv_runs", lambda cuda: cuda)  # as on the H200
     assert labelled_rows(plan, cuda=True) == {
         "decode_ms_b1_ctx128": "engine_default",
-        "decode_ms_b1_ctx128_fused_rope_kv": FUSED_ROPE_KV,
+        "decode_ms_b1_ctx128_unfused_rope_kv": UNFUSED_ROPE_KV,
         "decode_ms_b64_ctx512": "engine_default",
-        "decode_ms_b64_ctx512_fused_rope_kv": FUSED_ROPE_KV,
+        "decode_ms_b64_ctx512_unfused_rope_kv": UNFUSED_ROPE_KV,
         "decode_ms_b1_ctx16384": "engine_default",
     }
     timed = variants(plan, True, 64, 512)
-    assert timed[0] == Variant("engine_default", "auto", "auto", False)  # the row's implementation, as before
-    assert Variant(FUSED_ROPE_KV, "auto", "auto", True) in timed
-    assert not any(v.fused_rope_kv_write for v in variants(plan, True, 1, 16384))
-    assert step_engine_config(1, 1, 128, fused_rope_kv_write=True).fused_rope_kv_write  # the engine it times
-    assert not step_engine_config(1, 1, 128).fused_rope_kv_write
+    assert timed[0] == Variant("engine_default", "auto", "auto", "auto")  # the row's implementation: the default
+    assert Variant(UNFUSED_ROPE_KV, "auto", "auto", False) in timed
+    assert all(v.fused_rope_kv_write == "auto" for v in variants(plan, True, 1, 16384) if v.backend is not None)
+    assert step_engine_config(1, 1, 128, fused_rope_kv_write=False).fused_rope_kv_write is False  # the engine it times
+    assert step_engine_config(1, 1, 128).fused_rope_kv_write == "auto"
     # where the kernel cannot run (no CUDA), and in the smoke run, no such row
     assert list(labelled_rows(plan, cuda=False)) == [
         "decode_ms_b1_ctx128",
@@ -227,4 +228,4 @@ def test_the_fused_rope_kv_rows_are_planned_beside_the_unchanged_default_rows(mo
         "decode_ms_b1_ctx16384",
     ]
     smoke = bench.make_plan(bench.parse_args(["--smoke"]))
-    assert not any(name.endswith("_fused_rope_kv") for name in labelled_rows(smoke, cuda=True))
+    assert not any(name.endswith("_unfused_rope_kv") for name in labelled_rows(smoke, cuda=True))

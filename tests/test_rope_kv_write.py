@@ -56,8 +56,10 @@ def unfused(qkv, cos, sin, slots, pool, layer, heads, kv_heads, head_dim, upcast
 def test_the_flag_is_validated_and_refused_where_the_kernel_cannot_run():
     with pytest.raises(ParameterError, match="fused_rope_kv_write"):
         EngineConfig(fused_rope_kv_write="yes")
-    assert EngineConfig().fused_rope_kv_write is False  # default off: not yet measured on a GPU
+    assert EngineConfig().fused_rope_kv_write == "auto"  # on where it runs (issue 29): CUDA with Triton
     hf = load_model("config:tiny-gpt2").model
+    engine = Engine.from_hf(hf, EngineConfig(block_size=4, num_blocks=16))  # "auto" on a model with no such path: off
+    assert engine.stats()["fused_rope_kv_write"] is False
     with pytest.raises(ParameterError, match="Llama/Qwen2"):
         Engine.from_hf(hf, EngineConfig(block_size=4, num_blocks=16, fused_rope_kv_write=True))
     if os.environ.get("TRITON_INTERPRET") == "1":
@@ -65,6 +67,16 @@ def test_the_flag_is_validated_and_refused_where_the_kernel_cannot_run():
     hf = load_model("config:tiny-llama").model
     with pytest.raises(ParameterError, match="CUDA device or TRITON_INTERPRET=1|needs Triton"):
         Engine.from_hf(hf, EngineConfig(block_size=4, num_blocks=16, fused_rope_kv_write=True))
+    # "auto" on a CPU: the unfused path, with no error
+    assert Engine.from_hf(hf, EngineConfig(block_size=4, num_blocks=16)).stats()["fused_rope_kv_write"] is False
+
+
+def test_auto_takes_the_fused_kernel_on_cuda_where_triton_imports():
+    from servelab.engine.engine import fused_rope_kv_runs
+    from servelab.models.llama import rope_kv_write
+
+    assert fused_rope_kv_runs(torch.device("cuda")) is (rope_kv_write is not None)
+    assert fused_rope_kv_runs(torch.device("cpu")) is False
 
 
 def test_bad_shapes_are_refused_before_launch():

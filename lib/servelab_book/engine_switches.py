@@ -2,8 +2,8 @@
 row at the same point, and whether both ran compiled.
 
 Issue 29 asks that "the default is the fastest" be a fact in the CSV: the benchmark writes a switch's row beside
-the default's (``decode_ms_b1_ctx128_fused_rope_kv`` beside ``decode_ms_b1_ctx128``). This reads those pairs. A
-switch row's note names its setting ("not the default: fused_rope_kv_write=True, ..." or "decode_steps=8 (not the
+the default's (``decode_ms_b1_ctx128_unfused_rope_kv`` beside ``decode_ms_b1_ctx128``). This reads those pairs. A
+switch row's note names its setting ("not the default: fused_rope_kv_write=False, ..." or "decode_steps=8 (not the
 default)"); its default is the longest metric name its own begins with. Where the compile check turned compilation
 off for the switch but not for the default, the two rows time an eager step against a compiled one, and the
 sentence says so with the check's reason: that, not the switch, may be what the ratio measures.

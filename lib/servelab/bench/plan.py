@@ -32,8 +32,8 @@ class BenchPlan:
     mixed_step: tuple[int, int, int] = (63, 512, 512)  # (decodes, their context, the prefill chunk's tokens)
     e2e_model: str | None = None  # model of the e2e_ms_per_token_b1 row (None: ``model``)
     e2e_tokens: tuple[int, int] = (128, 256)  # (prompt, output) tokens of its one request
-    # decode points also timed with fused_rope_kv_write=True, each a labelled row decode_ms_b{B}_ctx{C}_fused_rope_kv
-    # (CUDA with Triton only: elsewhere the setting is refused, and the row left out)
+    # decode points also timed with fused_rope_kv_write=False, each a labelled row decode_ms_b{B}_ctx{C}_unfused_rope_kv
+    # (CUDA with Triton only: elsewhere the default is already unfused, and the row left out)
     fused_rope_kv_points: tuple[tuple[int, int], ...] = ((1, 128), (64, 512))
 
 

@@ -217,7 +217,7 @@ def step_engine_config(
     attention_backend: str = "auto",
     compile: bool = False,
     graphs: bool = True,
-    fused_rope_kv_write: bool = False,
+    fused_rope_kv_write: bool | str = "auto",
 ) -> EngineConfig:
     """The smallest engine that holds the step and its preparation, with CUDA graphs for exactly this step.
 
@@ -274,7 +274,7 @@ def engine_step(
     attention_backend: str = "auto",
     compile: bool = False,
     graphs: bool = True,
-    fused_rope_kv_write: bool = False,
+    fused_rope_kv_write: bool | str = "auto",
 ):
     """``(fn, None)``: ``fn()`` runs the project's engine forward for the step (see the module docstring)."""
     cfg = step_engine_config(

@@ -32,10 +32,11 @@ class EngineConfig:
     # read a step's sampled tokens during the next step, so the host's work overlaps the GPU's (engine/inflight.py)
     async_scheduling: bool = True
     # RoPE and the KV-cache write in one Triton kernel per layer (kernels/rope_kv_write.py) instead of RoPE in the
-    # blocks' compiled code plus an index_copy_ into the pool. Needs Triton, and CUDA or TRITON_INTERPRET=1 (the
-    # engine refuses it otherwise). Off by default: exact on the CPU under the interpreter, but not yet measured on
-    # a GPU (bench row decode_ms_b1_ctx128_fused_rope_kv)
-    fused_rope_kv_write: bool = False
+    # blocks' compiled code plus an index_copy_ into the pool. "auto": on where the kernel runs (CUDA, Triton) and the
+    # model has the path (Llama/Qwen2), off elsewhere; True refuses a place it cannot run (TRITON_INTERPRET=1 runs it
+    # on a CPU). The default since issue 29: compiled under the first-blocks check it was the faster decode step at 1
+    # and 8 rows on the H100 (bench rows decode_ms_b*_unfused_rope_kv keep the other path beside it)
+    fused_rope_kv_write: bool | str = "auto"
     # split-KV inside the ragged kernel of whole-step graphs (kernels/ragged.py ``plan_splits``): a long context in a
     # mixed step is walked by several programs and merged, instead of one program the whole step waits for. Off by
     # default: exact under the interpreter and compiled for sm90 on a CPU, but its cross-program merge has not run on
@@ -95,11 +96,12 @@ class EngineConfig:
             "step_graphs",
             "prefix_caching",
             "async_scheduling",
-            "fused_rope_kv_write",
             "ragged_split_kv",
         ):
             v = getattr(self, name)
             if not isinstance(v, bool):
                 raise ParameterError(f"{name} must be True or False, got {v!r}")
-        if not (isinstance(self.compile, bool) or self.compile == "auto"):
-            raise ParameterError(f"compile must be True, False or 'auto', got {self.compile!r}")
+        for name in ("compile", "fused_rope_kv_write"):
+            v = getattr(self, name)
+            if not (isinstance(v, bool) or v == "auto"):
+                raise ParameterError(f"{name} must be True, False or 'auto', got {v!r}")

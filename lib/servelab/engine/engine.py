@@ -47,6 +47,16 @@ def resolve_backend(name: str, device: torch.device) -> str:
     return name
 
 
+def fused_rope_kv_runs(device: torch.device) -> bool:
+    """``fused_rope_kv_write="auto"``: on CUDA where Triton imports (Triton's interpreter runs it on a CPU, but far
+    slower than the path it replaces, so a CPU engine takes it only when asked)."""
+    if device.type != "cuda":
+        return False
+    from servelab.models.llama import rope_kv_write
+
+    return rope_kv_write is not None
+
+
 class StepRecord(NamedTuple):
     """What one engine step did and when (``time.perf_counter`` seconds): the batch composition timeline
     Study 1 plots, and what the simulator's cost model is validated against.
@@ -139,14 +149,19 @@ class Engine:
 
     def _set_fused_rope_kv_write(self) -> None:
         """The config's ``fused_rope_kv_write`` on the model, before compilation and capture (a ParameterError
-        where the kernel cannot run, or the model has no such path)."""
+        where it is asked for and the kernel cannot run, or the model has no such path; "auto" takes it where it
+        can run)."""
+        want = self.config.fused_rope_kv_write
         setter = getattr(self.model, "set_fused_rope_kv_write", None)
+        if want == "auto":
+            want = setter is not None and fused_rope_kv_runs(self.device)
         if setter is not None:
-            setter(self.config.fused_rope_kv_write)
-        elif self.config.fused_rope_kv_write:
+            setter(want)
+        elif want:
             raise ParameterError(
                 f"fused_rope_kv_write: {type(self.model).__name__} has no fused RoPE + KV-write path (Llama/Qwen2 do)"
             )
+        self.fused_rope_kv_write = bool(want)
 
     def _build_kv_cache(self) -> None:
         """The KV pool, sized by ``num_blocks``, the GPU's free memory, or the CPU default; its block manager."""
@@ -507,7 +522,7 @@ class Engine:
             "block_size": self.config.block_size,
             "kv_pool_gib": self.pool.nbytes / 2**30,
             "attention_backend": self.backend,
-            "fused_rope_kv_write": self.config.fused_rope_kv_write,
+            "fused_rope_kv_write": self.fused_rope_kv_write,
             "ragged_split_kv": self.config.ragged_split_kv,
             "varlen_prefill": self.varlen_status,
             "triton_tuning": self.runner.triton_tuning,
