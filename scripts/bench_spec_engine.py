@@ -11,10 +11,10 @@ a verify step priced as one target step, and as measured). The controlled run is
 each run's speed-up is also set against Leviathan's at the acceptance its own draws gave: the part of a shortfall that
 is the draws' luck, and the part that is time the formula does not price. Each phase is timed with CUDA events around
 whole engine steps after a warm-up request; medians with the quartiles. The device record (card, clocks, versions, host
-CPU) and the engines' settings land beside the CSV (``<out>.device.json``). Both engines compile under the engine's check on
-the first two blocks (``engine.compilation``), which keeps the 8B shape compiled. ``--profile`` adds where a plain decode step, a draft round and a verify step spend their time
-(``<out>.budget.csv``: span, busy, idle gaps, host time and each kernel class, as the engine bench's step budget reads
-them). Development data, not a book figure.
+CPU) and the engines' settings land beside the CSV (``<out>.device.json``). Both engines compile under the engine's
+check on the first two blocks (``engine.compilation``), which keeps the 8B shape compiled. ``--profile`` adds where a
+plain decode step, a draft round and a verify step spend their time (``<out>.budget.csv``: span, busy, idle gaps, host
+time and each kernel class, as the engine bench's step budget reads them). Development data, not a book figure.
 """
 
 from __future__ import annotations

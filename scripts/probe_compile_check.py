@@ -1,9 +1,9 @@
 """Is the engine's compile check refusing rounding or a fault? (issue 29)
 
-The engine's first compile check (``whole_model_check`` below) kept ``torch.compile`` only where the compiled
-forward's logits were within 5% of the eager forward's largest logit. On the H200, every Llama-3-8B-shape server of Study 1 ran uncompiled
-("differ from eager by 0.404 (scale 6.56)"), and on the H100 both the 8B shape and the 0.5B-shape draft were refused
-(0.344 of 6.59). Compiled steps were about 22% faster in the engine bench, so a refusal costs real time.
+The engine's first compile check (``whole_model_check`` below) kept ``torch.compile`` only where the compiled forward's
+logits were within 5% of the eager forward's largest logit. On the H200, every Llama-3-8B-shape server of Study 1 ran
+uncompiled ("differ from eager by 0.404 (scale 6.56)"), and on the H100 both the 8B shape and the 0.5B-shape draft were
+refused (0.344 of 6.59). Compiled steps were about 22% faster in the engine bench, so a refusal costs real time.
 
 Both forwards round to bf16 at different places (Inductor fuses what eager rounds between ops), and a deep random
 model amplifies rounding. This script tells the two apart on the check's own input (two 8-token prefills): it also
