@@ -240,7 +240,9 @@ def test_engine_process_behind_a_server_thread_switches_policy_between_runs(tmp_
         config=EngineConfig(num_blocks=128, max_num_batched_tokens=1024),
     )
     ep = EngineProcess(build, step_log_path=str(tmp_path / "steps.jsonl"))
-    assert ep.launch(timeout_s=180)["vocab"] == 512
+    info = ep.launch(timeout_s=180)
+    assert info["vocab"] == 512
+    assert info["gc_frozen"] > 10_000  # the built engine's heap, frozen in its process (server/heap.py)
     with ServerThread(ep) as srv:
         client = openai.OpenAI(base_url=srv.base_url + "/v1", api_key="none", max_retries=0)
         body = dict(

@@ -12,7 +12,8 @@
 - ``vllm_flags.py``: vLLM's flags without an engine setting here, accepted or refused; ``draining.py``: uvicorn
   with the two-signal shutdown (503 while draining, error events on a stop);
 - ``engine_loop.py``: the single thread that steps the engine; ``engine_process.py``: that thread in a
-  process of its own; ``supervision.py``: the engine process dies with the server;
+  process of its own; ``supervision.py``: the engine process dies with the server; ``heap.py``: the built
+  engine's heap frozen out of the garbage collector's view;
 - ``generation.py``: one HTTP request's tokens on the asyncio side; ``output_text.py``: incremental text
   and stop strings; ``tokenizer.py``: the model's tokenizer or a byte-level fallback;
 - ``metrics.py``: Prometheus (vLLM's set under ``servelab:``, and this project's own names);

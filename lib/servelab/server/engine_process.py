@@ -50,6 +50,7 @@ from servelab.server.engine_loop import (
     check_room,
     max_running,
 )
+from servelab.server.heap import freeze_heap
 from servelab.server.metrics import Observations, ServerMetrics
 from servelab.server.supervision import die_with_parent
 
@@ -164,6 +165,7 @@ def engine_process_main(
     from servelab.server.tokenizer import special_ids
 
     child = _Child(conn, engine, step_log_path)
+    frozen = freeze_heap()  # the engine is built, captured and compiled: nothing of it should be walked again
     child.send(
         (
             "ready",
@@ -176,6 +178,7 @@ def engine_process_main(
                 "stats": engine.stats(),
                 "device": str(engine.device),
                 "pid": os.getpid(),
+                "gc_frozen": frozen,
             },
         )
     )

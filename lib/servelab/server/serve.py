@@ -16,6 +16,7 @@ import sys
 import time
 
 from servelab.server.flags import parse_args
+from servelab.server.heap import freeze_heap
 
 # The engine thread and the HTTP thread of one process share the GIL. A thread that wants it waits up to
 # the switch interval (5 ms by default) for the holder to yield: longer than a decode step on a GPU.
@@ -107,8 +108,11 @@ def serve(args, log: logging.Logger) -> int:
         )
         metrics.kv_total.set(engine.num_blocks)
         specials, stats, device = special_ids(engine.model.config), engine.stats(), str(engine.device)
+    # this process serves HTTP (and, without engine_process, steps the engine): its built heap leaves the collector
+    frozen = freeze_heap()
     log.info(
-        "engine: %s on %s (%s), %s, %d KV blocks of %d tokens, max_model_len %d, CUDA graphs %d; ready in %.1f s",
+        "engine: %s on %s (%s), %s, %d KV blocks of %d tokens, max_model_len %d, CUDA graphs %d; ready in %.1f s; "
+        "%d objects frozen out of the garbage collector's view",
         args.model,
         device,
         "own process" if args.engine_process else "thread",
@@ -118,6 +122,7 @@ def serve(args, log: logging.Logger) -> int:
         backend.max_model_len,
         stats["cuda_graphs"],
         time.perf_counter() - t0,
+        info["gc_frozen"] if args.engine_process else frozen,
     )
     codec, note = load_codec(args.tokenizer or args.model, specials, backend.vocab, chat_template=args.chat_template)
     log.info(note)
