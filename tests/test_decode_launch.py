@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+import torch
 
 from servelab.kernels.decode_launch import TUNING_DIR, choose, groups_pad, kernel_key, measured_launch
 from servelab.kernels.triton_decode import _groups_pad
@@ -54,3 +55,20 @@ def test_the_h100s_committed_timings_choose_keys_128_with_4_warps_and_2_stages_f
     assert measured_launch("nvidia-h100-80gb-hbm3", 14, 2, 80, 16) is None  # a head size it did not measure
     assert measured_launch("a-device-never-measured", 14, 2, 64, 16) is None
     assert (TUNING_DIR / "nvidia-h100-80gb-hbm3.csv").exists()
+
+
+def test_the_engine_pins_a_measured_devices_launch_and_tunes_elsewhere(monkeypatch):
+    """``triton_decode`` launches the pinned launch for a measured device's kernel key; a device or shape without
+    measurements pins nothing (the per-process tuner then times the candidates, as before)."""
+    from servelab.kernels import triton_decode
+
+    monkeypatch.setattr(triton_decode, "_PINNED", {})
+    monkeypatch.setattr(triton_decode, "_TUNED", {})
+    got = triton_decode.pin_measured_launch("nvidia-h200", 14, 2, 64, 16, torch.bfloat16)
+    assert got == "KEYS=128, warps=4, stages=2 (measured: data/tuning/decode_launch/nvidia-h200.csv)"
+    key = triton_decode._key(14, 2, 64, 16, torch.bfloat16)
+    assert triton_decode._PINNED[key] == {"KEYS": 128, "num_warps": 4, "num_stages": 2}
+    assert triton_decode._TUNED[key] == got  # what the engine's stats report as its launch
+    assert triton_decode.pin_measured_launch("a-device-never-measured", 14, 2, 64, 16, torch.bfloat16) is None
+    assert triton_decode.pin_measured_launch("nvidia-h200", 14, 2, 80, 16, torch.bfloat16) is None
+    assert len(triton_decode._PINNED) == 1

@@ -12,11 +12,9 @@ keys, 8 / 1,024, 64 / 512, 128 / 1,024), in fresh processes; its rows for a devi
 ``data/tuning/decode_launch/<device slug>.csv``. ``choose`` takes, per kernel key (query heads per KV head padded,
 head_dim, block size), the launch whose time over the points' fastest has the smallest geometric mean (each
 launch's time the median over the processes); a launch that failed at any point is not chosen. ``measured_launch``
-gives a device's choice, or None where nothing was measured (the engine then tunes as today).
-
-Staged (issue 29): nothing measured imports this. After the campaign the engine's runner pins this launch for the
-one-pass kernel where the device has measurements (``triton_decode.py`` is measuring code); the H200's rows come
-from ``scripts/gpu_dev.sh decode-tuning`` on an H200.
+gives a device's choice, or None where nothing was measured: ``triton_decode.tune_triton_decode`` pins the choice
+for the one-pass kernel where the device has measurements (issue 29) and times the candidates itself elsewhere. The
+H200's rows come from ``scripts/gpu_dev.sh decode-tuning`` on an H200.
 """
 
 from __future__ import annotations
@@ -83,6 +81,15 @@ def choose(rows: pd.DataFrame) -> dict[tuple[int, int, int], Launch]:
 @functools.cache
 def _device_table(path: Path) -> dict[tuple[int, int, int], Launch]:
     return choose(pd.read_csv(path)) if path.exists() else {}
+
+
+def device_slug(device) -> str:
+    """The file name a CUDA device's rows are kept under (``measure.device.slugify`` of its name)."""
+    import torch
+
+    from servelab.measure.device import slugify
+
+    return slugify(torch.cuda.get_device_name(device))
 
 
 def measured_launch(device_slug: str, heads: int, kv_heads: int, head_dim: int, block_size: int) -> Launch | None:

@@ -176,6 +176,7 @@ _tuned_kernel = triton.autotune(
     configs=_TUNE_CONFIGS, key=["GROUPS_PAD", "HEAD_DIM", "BLOCK_SIZE", "IEEE"], do_bench=_quick_bench
 )(_paged_decode_kernel)
 _TUNED: dict[tuple, str] = {}  # kernel key -> chosen config, for keys tuned on representative inputs
+_PINNED: dict[tuple, dict] = {}  # kernel key -> the launch measured for this device (kernels/decode_launch.py)
 
 
 def _groups_pad(groups: int) -> int:
@@ -276,7 +277,13 @@ def triton_decode(
     out = torch.empty_like(q)
     if splits == 1:
         lse = out  # not read when there is one split
-        if _key(heads, kv_heads, d, block_size, q.dtype) in _TUNED:
+        key = _key(heads, kv_heads, d, block_size, q.dtype)
+        if key in _PINNED:
+            _launch(
+                _paged_decode_kernel, q, k_pool, v_pool, block_tables, context_lens, out, lse, scale, 1,
+                MIN_KEYS=1, **_PINNED[key],
+            )  # fmt: skip
+        elif key in _TUNED:
             _launch(_tuned_kernel, q, k_pool, v_pool, block_tables, context_lens, out, lse, scale, 1, MIN_KEYS=1)
         else:  # untuned: a fixed tile (tuning on whatever inputs came first, e.g. padding rows, would mislead)
             _launch(
@@ -295,10 +302,28 @@ def triton_decode(
     return out
 
 
+def pin_measured_launch(slug: str, heads: int, kv_heads: int, head_dim: int, block_size: int, dtype) -> str | None:
+    """Pin the launch measured for device ``slug`` at this kernel key, for the process; what was pinned, or None
+    where the device or the key has no measurements."""
+    from servelab.kernels.decode_launch import measured_launch
+
+    pin = measured_launch(slug, heads, kv_heads, head_dim, block_size)
+    if pin is None:
+        return None
+    key = _key(heads, kv_heads, head_dim, block_size, dtype)
+    _PINNED[key] = {"KEYS": pin.keys, "num_warps": pin.warps, "num_stages": pin.stages}
+    _TUNED[key] = (
+        f"KEYS={pin.keys}, warps={pin.warps}, stages={pin.stages} (measured: data/tuning/decode_launch/{slug}.csv)"
+    )
+    return _TUNED[key]
+
+
 def tune_triton_decode(
     heads: int, kv_heads: int, head_dim: int, block_size: int, dtype, device, *, batch: int = 128, length: int = 1024
 ) -> str:
-    """Pick the kernel's tile/warps/stages by timing every candidate on ``batch`` sequences of ``length`` keys.
+    """Pick the kernel's tile/warps/stages: the launch measured for this device and shape where there is one
+    (``kernels.decode_launch``, from ``data/tuning/decode_launch/``: the same in every process, and chosen over the
+    decode points the engine runs), else by timing every candidate on ``batch`` sequences of ``length`` keys.
 
     The keys live in a scratch pool of their own (``batch × length`` tokens, no block read twice), so the
     timing sees HBM, not an engine's small pool sitting in L2; the choice is kept for the process. Run
@@ -311,6 +336,12 @@ def tune_triton_decode(
     key = _key(heads, kv_heads, head_dim, block_size, dtype)
     if key in _TUNED:
         return _TUNED[key]
+    if dtype != torch.float32:  # the measurements are of 16-bit pools; float32 runs another kernel (IEEE dots)
+        from servelab.kernels.decode_launch import device_slug
+
+        pinned = pin_measured_launch(device_slug(device), heads, kv_heads, head_dim, block_size, dtype)
+        if pinned is not None:
+            return pinned
     per_seq = -(-length // block_size)
     g = torch.Generator(device=device).manual_seed(0)
     k = torch.randn(batch * per_seq, block_size, kv_heads, head_dim, device=device, dtype=dtype, generator=g)
