@@ -1,8 +1,8 @@
-"""The ragged paged-attention kernel in Triton: every tile of a step (``ragged.py``) in one launch.
+"""The ragged paged-attention kernel in Triton: every packed tile of a step (``ragged.py``) in one launch, its long
+tiles in a second.
 
 A packed tile's program (one per tile and KV head) has the tile's tokens × the query heads of that KV
-head as its query rows (grouped-query attention reads each K/V tile once for the whole group); a long
-tile's program (one per tile and query head) has the tile's tokens of one head. A row's position is
+head as its query rows (grouped-query attention reads each K/V tile once for the whole group). A row's position is
 its token's. It walks the sequence's keys ``KEYS`` at a time up to the tile's last position, through the
 block table, with an online softmax; a key is visible to a row when its position is at most the row's.
 Key 0 is visible to every row, so no row's running maximum stays at -inf past the first key tile.
@@ -20,6 +20,9 @@ programs that find their column empty and return. A row of a chunk may see no ke
 (its position is before it): the running maximum starts at a finite floor, not -inf, so such a row's sum stays
 0 (log-sum-exp -inf, weight 0 in the merge) instead of turning into NaN.
 
+A step's long tiles (``ragged.py``) run in a second launch, ``triton_long_tiles.long_tile_attention``
+(flash-attention-2 style, issue 29; until then this kernel ran them too, one program per tile and query head).
+
 Tests run it on the CPU under ``TRITON_INTERPRET=1`` against ``ragged_reference``.
 """
 
@@ -33,6 +36,7 @@ from servelab.kernels.ragged import POS0, Q_LEN, Q_START, ROW, SPLIT, SPLITS, Ra
 from servelab.kernels.split_kv import head_pad
 from servelab.kernels.triton_decode import INTERPRETED
 from servelab.kernels.triton_fold import fold_keys
+from servelab.kernels.triton_long_tiles import long_tile_attention
 
 KEYS_PER_ITER = 64
 
@@ -169,7 +173,6 @@ def _ragged_kernel(
     C_POS: tl.constexpr,
     C_SPLIT: tl.constexpr,
     C_SPLITS: tl.constexpr,
-    PER_HEAD: tl.constexpr,
     HAS_SPLITS: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -191,17 +194,11 @@ def _ragged_kernel(
         return
     offs_m = tl.arange(0, TILE_TOKENS * GROUPS_PAD)
     offs_d = tl.arange(0, HEAD_PAD)
-    if PER_HEAD:  # grid axis 1 is the query head; GROUPS_PAD is 1
-        kvh = tl.program_id(1) // GROUPS
-        t = offs_m
-        head = tl.program_id(1) + 0 * offs_m
-        row_ok = t < q_len
-    else:  # grid axis 1 is the KV head
-        kvh = tl.program_id(1)
-        t = offs_m // GROUPS_PAD
-        g = offs_m % GROUPS_PAD
-        row_ok = (t < q_len) & (g < GROUPS)
-        head = kvh * GROUPS + g
+    kvh = tl.program_id(1)  # grid axis 1 is the KV head
+    t = offs_m // GROUPS_PAD
+    g = offs_m % GROUPS_PAD
+    row_ok = (t < q_len) & (g < GROUPS)
+    head = kvh * GROUPS + g
     token = (q_start + t).to(tl.int64)
     qpos = pos0 + t
     row_mask = row_ok[:, None] & (offs_d[None, :] < HEAD_DIM)
@@ -276,51 +273,51 @@ def triton_ragged(q, k_pool, v_pool, rt: RaggedTiles, scale: float, *, keys: int
     q = q.contiguous()
     out = torch.zeros_like(q)  # padding tokens belong to no tile; zeros keep them finite through the MLP
     split = _split_scratch(rt, q, kv_heads, rt.tile_tokens * groups_pad, d_pad)
-    launches = [(rt.tiles, kv_heads, groups_pad, rt.tile_tokens, False, split)]
     if rt.long_tiles is not None and rt.long_tiles.shape[1]:
-        launches.append((rt.long_tiles, heads, 1, rt.long_tile_tokens, True, None))
-    for tiles, programs, pad, tokens, per_head, scratch in launches:
-        cols, part, lse, counters = scratch if scratch is not None else (tiles, out, out, out)
-        _ragged_kernel[(tiles.shape[1] + (cols.shape[1] if scratch is not None else 0), programs)](
-            q,
-            k_pool,
-            v_pool,
-            rt.block_tables,
-            tiles,
-            cols,
-            part,
-            lse,
-            counters,
-            out,
-            scale,
-            tiles.shape[1],
-            tiles.stride(0),
-            cols.stride(0),
-            q.stride(0),
-            q.stride(1),
-            k_pool.stride(0),
-            k_pool.stride(1),
-            k_pool.stride(2),
-            rt.block_tables.stride(0),
-            out.stride(0),
-            out.stride(1),
-            GROUPS=groups,
-            GROUPS_PAD=pad,
-            TILE_TOKENS=tokens,
-            HEAD_DIM=d,
-            HEAD_PAD=d_pad,
-            BLOCK_SIZE=block_size,
-            KEYS=keys,
-            IEEE=q.dtype == torch.float32,
-            INTERPRETED=INTERPRETED,
-            C_ROW=ROW,
-            C_START=Q_START,
-            C_LEN=Q_LEN,
-            C_POS=POS0,
-            C_SPLIT=SPLIT,
-            C_SPLITS=SPLITS,
-            PER_HEAD=per_head,
-            HAS_SPLITS=scratch is not None,
-            num_warps=4 if d_pad * tokens * pad <= 64 * 128 else 8,
-        )
+        # flash-attention-2's inner loop (issue 29): 1.5-2.9x this kernel's per-head launch on a long prefill or a
+        # chunk after a long context on the H100 (scripts/bench_long_tiles.py)
+        long_tile_attention(q, k_pool, v_pool, rt.long_tiles, rt.block_tables, rt.long_tile_tokens, scale, out)
+    tiles, tokens = rt.tiles, rt.tile_tokens
+    cols, part, lse, counters = split if split is not None else (tiles, out, out, out)
+    _ragged_kernel[(tiles.shape[1] + (cols.shape[1] if split is not None else 0), kv_heads)](
+        q,
+        k_pool,
+        v_pool,
+        rt.block_tables,
+        tiles,
+        cols,
+        part,
+        lse,
+        counters,
+        out,
+        scale,
+        tiles.shape[1],
+        tiles.stride(0),
+        cols.stride(0),
+        q.stride(0),
+        q.stride(1),
+        k_pool.stride(0),
+        k_pool.stride(1),
+        k_pool.stride(2),
+        rt.block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        GROUPS=groups,
+        GROUPS_PAD=groups_pad,
+        TILE_TOKENS=tokens,
+        HEAD_DIM=d,
+        HEAD_PAD=d_pad,
+        BLOCK_SIZE=block_size,
+        KEYS=keys,
+        IEEE=q.dtype == torch.float32,
+        INTERPRETED=INTERPRETED,
+        C_ROW=ROW,
+        C_START=Q_START,
+        C_LEN=Q_LEN,
+        C_POS=POS0,
+        C_SPLIT=SPLIT,
+        C_SPLITS=SPLITS,
+        HAS_SPLITS=split is not None,
+        num_warps=4 if d_pad * tokens * groups_pad <= 64 * 128 else 8,
+    )
     return out
