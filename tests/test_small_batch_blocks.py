@@ -54,6 +54,22 @@ CHECK = textwrap.dedent(
     assert fused and max(fused) <= MAX_ROWS and len(fused) % layers == 0, fused
     assert len(rows) == len(fused), (rows, fused)  # one norm_linear a layer left: the gate_up one
 
+    # the engine's own switch (EngineConfig.small_batch, "auto": on with the fused RoPE + KV write): one-row steps
+    # small (max_rows 1), the same tokens; small_batch=False keeps the model's own blocks
+    rows.clear()
+    fused.clear()
+    engine = Engine(native_from_hf(hf, max_positions=256),
+                    EngineConfig(block_size=4, num_blocks=64, max_model_len=256, fused_rope_kv_write=True))
+    assert small_batch.uses_small_linear(engine.model) and engine.stats()["small_batch"] is True
+    assert engine.generate(prompts, heads_test.GREEDY) == refs, "engine switch"
+    assert engine.generate(prompts[:1], heads_test.GREEDY) == refs[:1], "engine switch, one row"
+    assert fused and set(fused) == {1}, fused  # the rope_in_qkv launch, at one row only (a lone decode)
+    fused.clear()
+    engine = Engine(native_from_hf(hf, max_positions=256), EngineConfig(
+        block_size=4, num_blocks=64, max_model_len=256, fused_rope_kv_write=True, small_batch=False))
+    assert not small_batch.uses_small_linear(engine.model) and engine.stats()["small_batch"] is False
+    assert engine.generate(prompts, heads_test.GREEDY) == refs and not fused, "small_batch=False"
+
     # the switch survives a later compile (wrapped lazily: nothing compiles until a call) and the engine setting
     # the value it holds; another value drops it, and uses_small_linear says so
     from servelab.models import llama
@@ -73,6 +89,23 @@ CHECK = textwrap.dedent(
 
 def test_small_linear_blocks_give_hf_greedy_tokens_under_the_interpreter():
     run_interpreted(CHECK)
+
+
+def test_the_engine_refuses_small_batch_where_it_cannot_run_and_leaves_it_off_by_itself():
+    from servelab.engine import Engine, EngineConfig
+    from servelab.engine.tensor_parallel import TPLlamaModel
+    from servelab.models import load_model
+    from servelab.models.small_batch import runs_on
+
+    with pytest.raises(ParameterError, match="small_batch"):
+        EngineConfig(small_batch="yes")
+    hf = load_model("config:tiny-llama").model
+    auto = Engine.from_hf(hf, EngineConfig(block_size=4, num_blocks=16))  # a CPU: no fused path, so no small blocks
+    assert auto.stats()["small_batch"] is False and auto.stats()["fused_rope_kv_write"] is False
+    with pytest.raises(ParameterError, match="small_batch needs fused_rope_kv_write"):
+        Engine.from_hf(hf, EngineConfig(block_size=4, num_blocks=16, fused_rope_kv_write=False, small_batch=True))
+    assert runs_on(auto.model) and not runs_on(load_model("config:tiny-gpt2").model)
+    assert TPLlamaModel.sharded  # a shard's blocks all-reduce; the fused small blocks would not
 
 
 def _tiny(name="tiny-llama"):

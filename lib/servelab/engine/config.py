@@ -37,6 +37,11 @@ class EngineConfig:
     # on a CPU). The default since issue 29: compiled under the first-blocks check it was the faster decode step at 1
     # and 8 rows on the H100 (bench rows decode_ms_b*_unfused_rope_kv keep the other path beside it)
     fused_rope_kv_write: bool | str = "auto"
+    # one-row steps' blocks through kernels/small_linear (models/small_batch.py: five launches a layer, the residual
+    # add, RMSNorm, SiLU·up, RoPE and the KV write folded into the matmuls). "auto": on where fused_rope_kv_write is
+    # on and the model runs whole in this process (not a tensor-parallel shard); True refuses where it cannot run.
+    # The default since issue 29: a one-row Qwen2-0.5B step took 0.716-0.753 ms against 1.040-1.082 on the H100
+    small_batch: bool | str = "auto"
     # split-KV inside the ragged kernel of whole-step graphs (kernels/ragged.py ``plan_splits``): a long context in a
     # mixed step is walked by several programs and merged, instead of one program the whole step waits for. Off by
     # default: exact under the interpreter and compiled for sm90 on a CPU, but its cross-program merge has not run on
@@ -101,7 +106,7 @@ class EngineConfig:
             v = getattr(self, name)
             if not isinstance(v, bool):
                 raise ParameterError(f"{name} must be True or False, got {v!r}")
-        for name in ("compile", "fused_rope_kv_write"):
+        for name in ("compile", "fused_rope_kv_write", "small_batch"):
             v = getattr(self, name)
             if not (isinstance(v, bool) or v == "auto"):
                 raise ParameterError(f"{name} must be True, False or 'auto', got {v!r}")

@@ -119,6 +119,7 @@ class Engine:
         for block in model.layers:  # the model was built with some backend; the engine's choice wins
             block.attn.backend = self.backend
         self._set_fused_rope_kv_write()
+        self._set_small_batch()
         self._build_kv_cache()
         self.scheduler = self._build_scheduler(scheduler_cls, eos_token_ids)
         self.runner = ModelRunner(
@@ -162,6 +163,29 @@ class Engine:
                 f"fused_rope_kv_write: {type(self.model).__name__} has no fused RoPE + KV-write path (Llama/Qwen2 do)"
             )
         self.fused_rope_kv_write = bool(want)
+
+    def _set_small_batch(self) -> None:
+        """The config's ``small_batch``: one-row steps through ``kernels.small_linear`` (``models.small_batch``),
+        set on the model before compilation, which then compiles the wide path and keeps the small one."""
+        want = self.config.small_batch
+        self.small_batch = False
+        if want is False or (want == "auto" and not self.fused_rope_kv_write):
+            return  # the fused path is off, so Triton may not even import here
+        from servelab.models.small_batch import runs_on, use_small_linear, uses_small_linear
+
+        if uses_small_linear(self.model):  # switched by the caller already (its own max_rows): kept as it is
+            self.small_batch = True
+            return
+        if want == "auto":
+            want = self.fused_rope_kv_write and runs_on(self.model)
+        elif want and not (self.fused_rope_kv_write and runs_on(self.model)):
+            raise ParameterError(
+                "small_batch needs fused_rope_kv_write on and a Llama/Qwen2 model whole in this process, "
+                f"got fused_rope_kv_write={self.fused_rope_kv_write} and {type(self.model).__name__}"
+            )
+        if want:
+            use_small_linear(self.model)
+        self.small_batch = bool(want)
 
     def _build_kv_cache(self) -> None:
         """The KV pool, sized by ``num_blocks``, the GPU's free memory, or the CPU default; its block manager."""
@@ -523,6 +547,7 @@ class Engine:
             "kv_pool_gib": self.pool.nbytes / 2**30,
             "attention_backend": self.backend,
             "fused_rope_kv_write": self.fused_rope_kv_write,
+            "small_batch": self.small_batch,
             "ragged_split_kv": self.config.ragged_split_kv,
             "varlen_prefill": self.varlen_status,
             "triton_tuning": self.runner.triton_tuning,

@@ -52,6 +52,8 @@ def attention_outputs_tp(h, attn, o_w, norm_w, eps: float, gate_up_w, down_w):
 class TPLlamaModel(LlamaModel):
     """One rank's shard; its config is ``shard_config``'s. The all-reduce stays outside ``torch.compile``."""
 
+    sharded = True  # models.small_batch's fused blocks make no all-reduce: they stay off
+
     def __init__(self, config, **kw):
         super().__init__(config, **kw)
         self.block_fns = (self._pre_fn(), attention_outputs_tp)

@@ -16,10 +16,10 @@ because the blocks it leaves to Inductor lose the fusions RoPE was part of; here
 the rows where it pays.
 
 The rows test is on the host, per call: a CUDA graph captures one batch size, so each captured graph holds one
-path. Nothing measured imports this module: wiring it into the engine (``EngineConfig``) moves every study's
-measurement fingerprint, so it waits for the evidence campaign (issue 27). Until then
-``scripts/bench_small_batch_step.py`` times an engine built on such a model against the default engine on a GPU,
-and ``tests/test_small_batch_blocks.py`` checks HF's greedy tokens under Triton's interpreter.
+path. The engine switches a model to it where ``EngineConfig.small_batch`` says (on by default where
+``fused_rope_kv_write`` is, issue 29). ``scripts/bench_small_batch_step.py`` times an engine built on such a model
+against the engine without it on a GPU, and ``tests/test_small_batch_blocks.py`` checks HF's greedy tokens under
+Triton's interpreter.
 """
 
 from __future__ import annotations
@@ -77,6 +77,14 @@ def rope_in_qkv_forward(block, max_rows: int):
 
     forward.rope_in_qkv = True
     return types.MethodType(forward, block)
+
+
+def runs_on(model) -> bool:
+    """Whether the small blocks can run ``model``: a Llama/Qwen2 model held whole by this process (a tensor-parallel
+    shard's o_proj and down need an all-reduce that the fused blocks do not make)."""
+    from servelab.models.llama import LlamaModel
+
+    return isinstance(model, LlamaModel) and not getattr(model, "sharded", False)
 
 
 def use_small_linear(model, max_rows: int = PAYS_UP_TO, rope_in_qkv: bool = True) -> None:
