@@ -1,6 +1,6 @@
 """A decode step of the engine with its blocks through small_linear (``models.small_batch``, issue 29) against the
-default engine and the ``fused_rope_kv_write`` switch alone, on a GPU: the step's time at a small batch, its kernels
-per step, and how far its logits are from the default's.
+unfused engine (the default until issue 29) and the ``fused_rope_kv_write`` switch alone, on a GPU: the step's time
+at a small batch, its kernels per step, and how far its logits are from the unfused one's.
 
     python scripts/bench_small_batch_step.py --out small_batch_step.csv   # Qwen2-0.5B and its 128k-vocab draft shape
     TRITON_INTERPRET=1 python scripts/bench_small_batch_step.py --smoke --out x.csv   # a CPU: does it run? (a test)
@@ -9,7 +9,7 @@ Each path is one engine step as the engine bench times it (``bench.step.engine_s
 batch, the blocks compiled under the engine's check), timed with CUDA events over replays (``measure.time_fn``), with
 its kernels counted by the profiler (``bench.decode_rows.profile_step``). The floor is the step's bytes (weights and
 KV, ``ModelShape.decode_bytes``) over the copy bandwidth measured in the same run. The small path's logits are set
-beside the default's (bf16: the sums run in another order, so they differ by rounding; the argmax column counts the
+beside the unfused one's (bf16: the sums run in another order, so they differ by rounding; the argmax column counts the
 rows whose greedy token agrees). Writes one row per (shape, batch, path) and the device record beside the CSV
 (``<out>.device.json``). Development data, not a book figure.
 """
@@ -39,7 +39,7 @@ from servelab.models.small_batch import use_small_linear, uses_small_linear  # n
 
 SHAPES = ["qwen2-0.5b", "qwen2-0.5b-vocab128k"]
 PATHS = {  # name: (fused_rope_kv_write, small_linear blocks: None, "blocks", or "rope_in_qkv" too)
-    "default": (False, None),
+    "unfused": (False, None),  # the engine's default until issue 29
     "fused_rope_kv_write": (True, None),
     "small_linear": (True, "blocks"),
     # RoPE and the pool write in the qkv launch (small_linear.norm_linear_rope_kv): five launches a layer, not six
@@ -81,7 +81,10 @@ def bench_shape(name: str, batches, context: int, device, dtype, copy_gb_s: floa
             row = dict(shape=name, batch=batch, context=context, path=path, floor_ms=floor_ms, status="ok")
             try:
                 with small_blocks(small):
-                    fn, before = engine_step(hf, batch, 1, context, compile=cuda, fused_rope_kv_write=fused)
+                    # small_batch off where the path has none: the engine's own switch would add it to the fused path
+                    fn, before = engine_step(
+                        hf, batch, 1, context, compile=cuda, fused_rope_kv_write=fused, small_batch=small is not None
+                    )
                 engine = fn.engine
                 t = time_fn(fn, warmup=3, repeats=repeats, device=device, before_each=before)
                 row |= dict(ms=t.median_ms, p25_ms=t.p25_ms, p75_ms=t.p75_ms, of_floor=floor_ms / t.median_ms)

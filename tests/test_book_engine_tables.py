@@ -137,4 +137,7 @@ def test_the_bench_table_names_metrics_in_words_and_says_what_each_bound_is(tmp_
     assert metric_words("decode_ms_b1_ctx128_unfused_rope_kv").startswith(
         "One decode step, batch 1, 128 tokens of context, RoPE and the KV write apart, not the default"
     )
+    assert metric_words("decode_ms_b1_ctx128_no_small_batch").startswith(
+        "One decode step, batch 1, 128 tokens of context, the model's own blocks at one row, not the default"
+    )
     assert metric_words("something_new") == "`something_new`"

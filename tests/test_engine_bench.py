@@ -204,13 +204,14 @@ def test_the_unfused_rope_kv_rows_are_planned_beside_the_default_rows(monkeypatc
     with ``fused_rope_kv_write=False`` (the path the default replaced) as labelled rows; the default rows stay the
     default's ("auto", which is the fused kernel there)."""
     from servelab.bench import decode_rows
-    from servelab.bench.decode_rows import UNFUSED_ROPE_KV, Variant, labelled_rows, variants
+    from servelab.bench.decode_rows import NO_SMALL_BATCH, UNFUSED_ROPE_KV, Variant, labelled_rows, variants
 
     plan = bench.make_plan(bench.parse_args(["--quick", "--device", "cuda"]))
     monkeypatch.setattr(decode_rows, "fused_rope_kv_runs", lambda cuda: cuda)  # as on the H200
     assert labelled_rows(plan, cuda=True) == {
         "decode_ms_b1_ctx128": "engine_default",
         "decode_ms_b1_ctx128_unfused_rope_kv": UNFUSED_ROPE_KV,
+        "decode_ms_b1_ctx128_no_small_batch": NO_SMALL_BATCH,  # one-row points only: small_batch's
         "decode_ms_b64_ctx512": "engine_default",
         "decode_ms_b64_ctx512_unfused_rope_kv": UNFUSED_ROPE_KV,
         "decode_ms_b1_ctx16384": "engine_default",
@@ -218,6 +219,9 @@ def test_the_unfused_rope_kv_rows_are_planned_beside_the_default_rows(monkeypatc
     timed = variants(plan, True, 64, 512)
     assert timed[0] == Variant("engine_default", "auto", "auto", "auto")  # the row's implementation: the default
     assert Variant(UNFUSED_ROPE_KV, "auto", "auto", False) in timed
+    assert not any(v.impl == NO_SMALL_BATCH for v in timed)  # 64 rows: the small blocks would not run anyway
+    assert Variant(NO_SMALL_BATCH, "auto", "auto", "auto", False) in variants(plan, True, 1, 128)
+    assert step_engine_config(1, 1, 128, small_batch=False).small_batch is False
     assert all(v.fused_rope_kv_write == "auto" for v in variants(plan, True, 1, 16384) if v.backend is not None)
     assert step_engine_config(1, 1, 128, fused_rope_kv_write=False).fused_rope_kv_write is False  # the engine it times
     assert step_engine_config(1, 1, 128).fused_rope_kv_write == "auto"

@@ -50,6 +50,7 @@ _METRIC_WORDS = [
 _VARIANTS = {
     "fused_rope_kv": "fused RoPE + KV write, not the default",
     "unfused_rope_kv": "RoPE and the KV write apart, not the default",
+    "no_small_batch": "the model's own blocks at one row, not the default",
 }
 
 

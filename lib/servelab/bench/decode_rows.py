@@ -3,10 +3,12 @@
 ``decode.csv`` holds every implementation timed at each point: the engine's default configuration
 (``engine_default``: attention backend and ``torch.compile`` on "auto"), labelled other settings of the engine
 (``engine_<backend>_eager``: blocks not compiled; ``engine_unfused_rope_kv``: the default with
-``fused_rope_kv_write=False``), HF eager and HF in a CUDA graph. The row is the default's; at the plan's
+``fused_rope_kv_write=False``, which also leaves ``small_batch`` off; ``engine_no_small_batch``: the default with
+``small_batch=False``), HF eager and HF in a CUDA graph. The row is the default's; at the plan's
 ``fused_rope_kv_points`` the path the default replaced (RoPE in the compiled blocks, then the pool write) gets a
-labelled row of its own beside it, ``decode_ms_b{B}_ctx{C}_unfused_rope_kv`` (where the fused kernel runs, so that
-the default is the fused one: CUDA with Triton). Until issue 29 the default was unfused and the labelled row
+labelled row of its own beside it, ``decode_ms_b{B}_ctx{C}_unfused_rope_kv``, and at its one-row points the model's
+own blocks in place of the small ones, ``decode_ms_b1_ctx{C}_no_small_batch`` (where the fused kernel runs, so
+that the default is the fused one: CUDA with Triton). Until issue 29 the default was unfused and the labelled row
 ``_fused_rope_kv`` the fused one; older bench runs hold that row.
 """
 
@@ -19,6 +21,12 @@ from servelab.bench.session import BenchSession
 
 NAN = float("nan")
 UNFUSED_ROPE_KV = "engine_unfused_rope_kv"
+NO_SMALL_BATCH = "engine_no_small_batch"
+# a labelled row's implementation -> (its metric's suffix, the setting it changes: a sentence's words)
+SWITCH_ROWS = {
+    UNFUSED_ROPE_KV: ("unfused_rope_kv", "fused_rope_kv_write=False"),
+    NO_SMALL_BATCH: ("no_small_batch", "small_batch=False"),
+}
 
 
 class Variant(NamedTuple):
@@ -26,6 +34,7 @@ class Variant(NamedTuple):
     backend: str | None  # attention backend; None: HF's own model
     compile: object  # EngineConfig.compile
     fused_rope_kv_write: bool | str = "auto"  # EngineConfig.fused_rope_kv_write
+    small_batch: bool | str = "auto"  # EngineConfig.small_batch
 
 
 def fused_rope_kv_runs(cuda: bool) -> bool:
@@ -48,6 +57,8 @@ def variants(plan: BenchPlan, cuda: bool, batch: int, ctx: int) -> list[Variant]
     out = [Variant("engine_default", "auto", "auto")]
     if (batch, ctx) in plan.fused_rope_kv_points and fused_rope_kv_runs(cuda):
         out.append(Variant(UNFUSED_ROPE_KV, "auto", "auto", False))
+        if batch <= 1:  # small_batch takes one-row steps only (models.small_batch.PAYS_UP_TO)
+            out.append(Variant(NO_SMALL_BATCH, "auto", "auto", "auto", False))
     if plan.extra_settings:
         backends = ["triton", "gather"] if cuda and "triton" in DECODE_BACKENDS else ["gather"]
         out += [Variant(f"engine_{b}_eager", b, False) for b in backends]
@@ -64,8 +75,9 @@ def labelled_rows(plan: BenchPlan, cuda: bool) -> dict[str, str]:
     for batch, ctx in plan.decode_points:
         impls = [v.impl for v in variants(plan, cuda, batch, ctx)]
         rows[f"decode_ms_b{batch}_ctx{ctx}"] = "engine_default"
-        if UNFUSED_ROPE_KV in impls:
-            rows[f"decode_ms_b{batch}_ctx{ctx}_unfused_rope_kv"] = UNFUSED_ROPE_KV
+        for impl, (suffix, _) in SWITCH_ROWS.items():
+            if impl in impls:
+                rows[f"decode_ms_b{batch}_ctx{ctx}_{suffix}"] = impl
     return rows
 
 
@@ -101,11 +113,14 @@ def step_callable(s: BenchSession, v: Variant, batch: int, ctx: int):
             attention_backend=v.backend,
             compile=v.compile,
             fused_rope_kv_write=v.fused_rope_kv_write,
+            small_batch=v.small_batch,
         )
         st = fn.engine.stats()
         note = f"backend {st['attention_backend']}, graphs={st['cuda_graphs']}, compile {st['compile']}"
         if st["fused_rope_kv_write"]:
             note += ", fused RoPE + KV write"
+        if st["small_batch"]:
+            note += ", small-batch blocks"
         if st["attention_backend"] == "triton":
             note += f", kernel {st['triton_tuning']}"
         return fn, before, note
@@ -176,9 +191,10 @@ def decode_section(s: BenchSession) -> None:
         s.decode_rows += timed
         default = timed[0]
         s.add(f"decode_ms_b{batch}_ctx{ctx}", default["median_ms"], "ms", floor, decode_note(s, default, timed[1:]))
-        unfused = f"decode_ms_b{batch}_ctx{ctx}_unfused_rope_kv"
-        if unfused in metrics:
-            row = next(r for r in timed if r["impl"] == metrics[unfused])
-            note = decode_note(s, row, [default], "not the default: fused_rope_kv_write=False, otherwise the default")
-            s.add(unfused, row["median_ms"], "ms", floor, note)
+        for impl, (suffix, setting) in SWITCH_ROWS.items():
+            name = f"decode_ms_b{batch}_ctx{ctx}_{suffix}"
+            if name in metrics:
+                row = next(r for r in timed if r["impl"] == impl)
+                note = decode_note(s, row, [default], f"not the default: {setting}, otherwise the default")
+                s.add(name, row["median_ms"], "ms", floor, note)
     s.flush()

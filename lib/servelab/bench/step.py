@@ -218,6 +218,7 @@ def step_engine_config(
     compile: bool = False,
     graphs: bool = True,
     fused_rope_kv_write: bool | str = "auto",
+    small_batch: bool | str = "auto",
 ) -> EngineConfig:
     """The smallest engine that holds the step and its preparation, with CUDA graphs for exactly this step.
 
@@ -259,6 +260,7 @@ def step_engine_config(
         attention_backend=attention_backend,
         compile=compile,
         fused_rope_kv_write=fused_rope_kv_write,
+        small_batch=small_batch,
     )
 
 
@@ -275,6 +277,7 @@ def engine_step(
     compile: bool = False,
     graphs: bool = True,
     fused_rope_kv_write: bool | str = "auto",
+    small_batch: bool | str = "auto",
 ):
     """``(fn, None)``: ``fn()`` runs the project's engine forward for the step (see the module docstring)."""
     cfg = step_engine_config(
@@ -287,6 +290,7 @@ def engine_step(
         compile=compile,
         graphs=graphs,
         fused_rope_kv_write=fused_rope_kv_write,
+        small_batch=small_batch,
     )
     engine = Engine.from_hf(model, cfg)
     step = prepared_step(engine, batch, new_tokens, context, decodes=decodes, decode_context=decode_context, seed=seed)
