@@ -378,24 +378,6 @@ def test_assistant_settings_fall_back_to_hf_defaults(models):
     assert isinstance(s["num_assistant_tokens"], int) and s["num_assistant_tokens"] > 0
 
 
-def test_own_speculative_runner_matches_plain_greedy(models, prompts):
-    pytest.importorskip("servelab.studies.s03_speculative.pair")
-    from servelab.studies.s06_hf_assisted.own import OwnSpeculative, own_available
-
-    assert own_available()[0]
-    runner = OwnSpeculative.sized(models, [Pair("small", "target")], len(prompts[0]), 16, gamma=3)
-    assert runner.max_model_len == 48 and runner.max_model_len % 16 == 0
-    plain = timed_generate(models["target"], prompts[0], 16, pad_token_id=1)
-    spec = runner("small", "target", prompts[0], 16)
-    alone = runner(None, "target", prompts[0], 16)
-    assert spec.tokens == plain.tokens and alone.tokens == plain.tokens
-    assert spec.counts[-1] == 16 and spec.dense and not alone.dense
-    assert spec.extra["proposed"] >= spec.extra["accepted"] >= 0
-    assert list(runner._pairs) == [("small", "target")]  # the target-alone run reused the pair's engine
-    with pytest.raises(ValueError, match="no planned pair"):
-        runner(None, "mid", prompts[0], 4)
-
-
 def test_analysis_plots_and_verdicts_survive_a_sweep_where_nothing_ran(models, prompts):
     import matplotlib
 

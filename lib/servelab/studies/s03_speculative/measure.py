@@ -137,13 +137,20 @@ def _real_models(P: dict, device: str, res: StudyResults):
 
 
 def _real(P: dict, device: str, roof: Roofline | None, res: StudyResults) -> None:
-    from servelab.spec.prompt_lookup import PromptLookupProposer
-    from servelab.spec.self_draft import self_draft
+    from servelab.speculative.prompt_lookup import PromptLookupProposer
+    from servelab.speculative.self_draft import self_draft
     from servelab.studies.common.drafts.distill import eos_ids
     from servelab.studies.common.drafts.generate import continuations
     from servelab.studies.common.drafts.prompts import chat_prompts, encode_chat
-    from servelab.studies.s03_speculative.cost_ratio import hf_crop_cost, rollback_cost, step_costs, verify_cost
-    from servelab.studies.s03_speculative.pair import paged_models
+    from servelab.studies.s03_speculative.cost_ratio import (
+        hf_crop_cost,
+        rollback_cost,
+        step_costs,
+        verify_config,
+        verify_cost,
+        verify_engine,
+    )
+    from servelab.studies.s03_speculative.pair import native_models
     from servelab.studies.s03_speculative.params import max_gamma
     from servelab.studies.s03_speculative.real_acceptance import real_acceptance
     from servelab.studies.s03_speculative.sweep import generation_sweep
@@ -165,22 +172,26 @@ def _real(P: dict, device: str, roof: Roofline | None, res: StudyResults) -> Non
         prompts = encode_chat(tok, chat_prompts("heldout", P["num_prompts"], seed=P["seed"]))
     else:
         prompts = ms.prompts(P["num_prompts"], P["prompt_len"], seed=P["seed"])
-    gmax = max(max_gamma(P["gammas"]), max(P["verify_rows"]) - 1)
+    gmax = max_gamma(P["gammas"])
     longest = max(max(map(len, prompts)), P["cost_context"])
     max_len = longest + P["max_new_tokens"] + max(gmax, P["chain_steps"]) + 2
     pairs = ms.pairs(P["middle_target"])
-    lms = paged_models(ms, max_len, gmax, targets={t for _, t in pairs})
-    target = lms[ms.target]
-    res.write("verify_cost", verify_cost(target, P["cost_context"], P["verify_rows"], repeats=P["cost_repeats"]))
-    res.write("rollback_cost", rollback_cost(target, P["cost_context"], [1, 4, 8]))
+    verify = dict(warmup=3, repeats=P["cost_repeats"])
+    costs = verify_config(P["cost_context"], P["verify_rows"], **verify)
+    native = native_models(ms, max(max_len, costs.max_model_len) + 16)
+    target = verify_engine(native[ms.target], costs, P["verify_rows"])
+    res.write("verify_cost", verify_cost(target, ms.target, P["cost_context"], P["verify_rows"], **verify))
+    res.write("rollback_cost", rollback_cost(target, ms.target, P["cost_context"], [1, 4, 8]))
+    del target
     res.write("hf_crop_cost", hf_crop_cost(ms.hf[ms.target], P["cost_context"], [1, 4, 8]).assign(model=ms.target))
     sweep = generation_sweep(
-        lms,
+        native,
         pairs,
         prompts,
         P["gammas"],
         P["temperatures"],
         P["max_new_tokens"],
+        max_model_len=max_len,
         warmup=P["warmup"],
         repeats=P["repeats"],
         seed=P["seed"],
@@ -191,9 +202,7 @@ def _real(P: dict, device: str, roof: Roofline | None, res: StudyResults) -> Non
     if "output" in sweep:  # the tokens themselves are not kept: a digest says whether two generations agree
         sweep["output"] = sweep["output"].map(lambda s: _digest(s.split()) if isinstance(s, str) else s)
     res.write("generations", sweep)
-    for lm in lms.values():
-        lm.reset()
-    del lms
+    del native
     _free(device)
     # α of every proposer, teacher-forced on the target's greedy answers to the same prompts
     target_hf = ms.hf[ms.target]
@@ -216,7 +225,7 @@ def _lookup(P: dict, device: str, res: StudyResults) -> None:
 
 
 def _controlled(P: dict, device: str, res: StudyResults, part: str) -> None:
-    from servelab.studies.s03_speculative.controlled import controlled_sweep
+    from servelab.studies.s03_speculative.controlled_engine import controlled_sweep
 
     Pc = controlled_params(P, part)
     raw = controlled_sweep(Pc, device, progress=False) if Pc["controlled_pairs"] else pd.DataFrame()

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from servelab.spec import leviathan
+from servelab.speculative import leviathan
 
 
 def _spread(x: np.ndarray) -> tuple[float, float, float]:

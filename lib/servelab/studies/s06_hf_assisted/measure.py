@@ -80,8 +80,8 @@ def distill_tables(dd) -> tuple[pd.DataFrame, pd.DataFrame]:
 def alpha_hits(M, P: dict) -> pd.DataFrame:
     """Per α draft (distilled, self-drafts, prompt lookup) and held-out prompt: its greedy agreement with the
     target's answer at every position, as a string of 0/1 (``real_acceptance`` summarizes it at render time)."""
-    from servelab.spec.prompt_lookup import PromptLookupProposer
-    from servelab.spec.self_draft import self_draft
+    from servelab.speculative.prompt_lookup import PromptLookupProposer
+    from servelab.speculative.self_draft import self_draft
     from servelab.studies.common.drafts.distill import eos_ids
     from servelab.studies.common.drafts.generate import continuations
     from servelab.studies.common.drafts.prompts import chat_prompts, encode_chat
@@ -112,15 +112,15 @@ def alpha_hits(M, P: dict) -> pd.DataFrame:
 def _sweep(M, pairs, P: dict, first: int, last: int, deadline: Budget, res: StudyResults) -> None:
     """The timed sweep over prompts [first, last) of the study's held-out prompts; prompt ids stay global."""
     from servelab.studies.s06_hf_assisted.acceptance import alpha_table
-    from servelab.studies.s06_hf_assisted.own import OwnSpeculative, own_available
+    from servelab.studies.s06_hf_assisted.own_engine import OwnEngineSpeculative
     from servelab.studies.s06_hf_assisted.runs import assistant_settings, times_at_lengths
     from servelab.studies.s06_hf_assisted.sweep import sweep
 
     prompts = M.prompts(P["n_prompts"], P["prompt_tokens"], seed=P["seed"])[first:last]
     runner = None
-    if P["own"] and own_available()[0]:
+    if P["own"]:
         longest = max(len(p) for p in prompts)
-        runner = OwnSpeculative.sized(M.hf, pairs, longest, P["max_new_tokens"], gamma=P["own_gamma"])
+        runner = OwnEngineSpeculative.sized(M.hf, pairs, longest, P["max_new_tokens"], gamma=P["own_gamma"])
     res.write_json("assistant_settings", assistant_settings(M.hf[M.drafts[0]]))
     runs, gen = sweep(
         M.hf,
