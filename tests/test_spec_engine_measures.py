@@ -6,8 +6,12 @@
 - Prompt lookup's timing (``lookup_speed.lookup_sweep``): same tokens as plain decoding, rows that
   ``tables.lookup_table`` reduces.
 - Verify and rollback costs (``cost_ratio.verify_cost``, ``rollback_cost``) time the engine's steps.
+- The costs part's step timing alternates the two models, step by step (``cost_ratio.paired_step_costs``), and
+  ``tables.cost_ratios`` takes c as the median over the pairs.
 """
 
+import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -129,3 +133,49 @@ def test_verify_and_rollback_costs_time_the_engines_steps(models):
     back = cost_ratio.rollback_cost(engine, "target", 16, [1, 4, 8], repeats=5)
     assert back.dropped.tolist() == [1, 4, 8] and (back.median_us > 0).all() and (back.repeats == 5).all()
     assert engine.leaked() == [] and not engine.has_unfinished()
+
+
+def test_the_costs_part_alternates_the_two_models_steps(monkeypatch):
+    """The two models' steps run draft, target, draft, target …, warm-up included, and c is the median over pairs."""
+    calls = []
+
+    def recording_mode(model, batch, new, context):
+        def step():
+            calls.append(model.name_for_test)
+            for _ in range(model.work):
+                torch.mm(torch.ones(32, 32), torch.ones(32, 32))
+
+        return step, None
+
+    monkeypatch.setitem(cost_ratio.MODES, "recording", recording_mode)
+    draft = load_model("config:tiny-llama", seed=0).model
+    target = load_model("config:tiny-qwen2", seed=0).model
+    draft.name_for_test, draft.work = "d", 1
+    target.name_for_test, target.work = "t", 40
+    out = cost_ratio.paired_step_costs(("d", draft), ("t", target), ["recording"], context=8, warmup=2, repeats=7)
+    assert calls == ["d", "t"] * 9
+    assert (out.status == "ok").all() and out.model.tolist() == ["d", "t"] and out.paired_with.tolist() == ["t", "d"]
+    assert (out.repeats == 7).all() and out.c_paired.nunique() == 1 and 0 < out.c_paired.iloc[0] < 1
+    ratios = tables.cost_ratios(out, [("d", "t")])
+    assert ratios.c.iloc[0] == out.c_paired.iloc[0]  # the median over pairs, not the ratio of the two medians
+    # older runs timed each model alone: their c is still the ratio of the medians
+    alone = out.drop(columns=["paired_with", "c_paired"])
+    assert tables.cost_ratios(alone, [("d", "t")]).c.iloc[0] == pytest.approx(
+        out.median_ms.iloc[0] / out.median_ms.iloc[1]
+    )
+
+
+def test_a_mode_that_fails_is_a_row_per_model():
+    def broken(model, batch, new, context):
+        raise RuntimeError("no such mode here")
+
+    m = load_model("config:tiny-llama", seed=0).model
+    modes = dict(cost_ratio.MODES, broken=broken)
+    orig = cost_ratio.MODES
+    cost_ratio.MODES = modes
+    try:
+        out = cost_ratio.paired_step_costs(("d", m), ("t", m), ["broken"], context=8, warmup=0, repeats=1)
+    finally:
+        cost_ratio.MODES = orig
+    assert out.model.tolist() == ["d", "t"] and out.status.str.startswith("error: RuntimeError").all()
+    assert isinstance(out, pd.DataFrame) and np.isnan(out.get("c_paired", pd.Series([np.nan]))).all()

@@ -12,7 +12,9 @@ engine's speculative mode runs it. ``rollback_cost`` times the mode's KV rollbac
 from __future__ import annotations
 
 import gc
+import time
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -86,6 +88,78 @@ def step_costs(
                 )
             _free()
     bar.close()
+    return pd.DataFrame(rows)
+
+
+def _one_step_ms(fn, before, cuda: bool) -> float:
+    """One timed call of ``fn`` (``before`` untimed first): CUDA events on a GPU, else the host's clock."""
+    if before is not None:
+        before()
+    if cuda:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        return start.elapsed_time(end)
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def paired_step_costs(
+    draft: tuple[str, object],
+    target: tuple[str, object],
+    modes,
+    *,
+    context: int,
+    roofline=None,
+    warmup: int = 3,
+    repeats: int = 20,
+) -> pd.DataFrame:
+    """``step_costs`` of a (draft, target) pair with both models loaded and their steps alternated, draft then target,
+    ``repeats`` times per mode: each target step is timed right after its draft step, so a drift of the host
+    between the two moves both. Timed one model after the other, Study 3's HF eager ratio of Qwen2-1.5B over 0.5B
+    read 1.220, 0.666 and 1.373 in three repeats while the engine's read 1.43–1.45 in each
+    (data/dev/analysis/f33_eager_ratio.md).
+
+    ``draft``, ``target``: (name, HF model). Rows as ``step_costs``'s (each model's own median over its samples),
+    plus ``paired_with`` (the other model) and ``c_paired``: the median over the pairs of draft step / target step,
+    the same on both rows of a mode; ``tables.cost_ratios`` takes c from it."""
+    from servelab.measure import summarize
+
+    rows = []
+    for mode in modes:
+        bases = {name: _base_row(name, model, context, roofline) | dict(mode=mode) for name, model in (draft, target)}
+        try:
+            steps = [(name, *MODES[mode](model, 1, 1, context)) for name, model in (draft, target)]
+            cuda = torch.device(target[1].device).type == "cuda"
+            for _ in range(warmup):
+                for _, fn, before in steps:
+                    _one_step_ms(fn, before, cuda)
+            samples = {name: [] for name, _, _ in steps}
+            for _ in range(repeats):
+                for name, fn, before in steps:
+                    samples[name].append(_one_step_ms(fn, before, cuda))
+            d_ms, t_ms = np.asarray(samples[draft[0]]), np.asarray(samples[target[0]])
+            c_paired = float(np.median(d_ms / t_ms))
+            clock = "cuda_event" if cuda else "perf_counter"
+            for (name, _), other in ((draft, target[0]), (target, draft[0])):
+                t = summarize(samples[name], clock=clock)
+                row = bases[name] | dict(status="ok", paired_with=other, c_paired=c_paired, **t.as_row())
+                if roofline is not None:
+                    row["pct_of_floor"] = float(
+                        roofline.pct_of_floor(t.median_ms, row["step_flops"], row["step_bytes"])
+                    )
+                rows.append(row)
+            del steps
+        except Exception as e:  # noqa: BLE001 — a failed mode is a row per model, not a dead run
+            status = f"error: {type(e).__name__}: {str(e).splitlines()[0][:160]}" if str(e) else type(e).__name__
+            if isinstance(e, torch.cuda.OutOfMemoryError):
+                status = f"oom: {str(e).splitlines()[0][:120]}"
+            rows += [b | dict(status=status) for b in bases.values()]
+        _free()
     return pd.DataFrame(rows)
 
 

@@ -4,8 +4,8 @@ speedup, cost-ratio, controlled and lookup tables, the verdicts and the figures 
 
 Parts (``P["part"]``; ``"all"`` runs every one into one folder, the smoke profile's way):
 
-- ``costs``: one decode step of each of the seed's shapes (random weights, ``shape_pairs``) in each execution mode
-  (``step_costs``), F3.3's cost ratio;
+- ``costs``: one decode step of each of the seed's shapes (random weights, ``shape_pairs``) in each execution mode,
+  the two models of a pair loaded together and their steps alternated (``paired_step_costs``), F3.3's cost ratio;
 - ``real``: the trained target SmolLM2-135M-Instruct and drafts distilled from it on this GPU within the part
   (``studies.common.drafts.distill``; recipe and timings in ``distill``): their step costs, the verify and rollback
   costs, the generation sweep over ``num_prompts`` held-out chat prompts (``generations``, F3.1 and F3.2) and α of
@@ -72,20 +72,24 @@ def controlled_params(P: dict, part: str) -> dict:
 
 
 def _costs(P: dict, device: str, roof: Roofline | None, res: StudyResults) -> None:
-    from servelab.studies.s03_speculative.cost_ratio import step_costs
+    """Each shape pair's two models loaded together, their steps timed in pairs (``paired_step_costs``)."""
+    from servelab.studies.s03_speculative.cost_ratio import paired_step_costs
 
     out = []
-    for spec in dict.fromkeys(s for pair in P["shape_pairs"] for s in pair):
-        m = None
+    for pair in P["shape_pairs"]:
+        models = []
         try:
-            m = load_model(spec, dtype=P["dtype"], device=device, load_tokenizer=False).model
-            one = {spec.removeprefix("config:"): m}
-            kw = dict(context=P["cost_context"], roofline=roof, repeats=P["cost_repeats"], progress=False)
-            out.append(step_costs(one, P["cost_modes"], **kw).assign(role="shape"))
-        except Exception as e:  # noqa: BLE001 — a model that does not load is a row, not a dead run
-            out.append(pd.DataFrame([dict(model=spec, role="shape", status=f"error: {type(e).__name__}: {e}"[:200])]))
+            for spec in pair:
+                m = load_model(spec, dtype=P["dtype"], device=device, load_tokenizer=False).model
+                models.append((spec.removeprefix("config:"), m))
+            kw = dict(context=P["cost_context"], roofline=roof, repeats=P["cost_repeats"])
+            out.append(paired_step_costs(*models, P["cost_modes"], **kw).assign(role="shape"))
+        except Exception as e:  # noqa: BLE001 — a pair that does not load is a row per model, not a dead run
+            status = f"error: {type(e).__name__}: {e}"[:200]
+            out.append(pd.DataFrame([dict(model=spec, role="shape", status=status) for spec in pair]))
         finally:
-            del m
+            models.clear()
+            m = None
             _free(device)
     res.write("shape_steps", pd.concat(out, ignore_index=True))
 
