@@ -336,7 +336,12 @@ def test_parameters_are_validated():
     assert study_params("smoke", lengths=[2, 4])["lengths"] == [2, 4, p["max_new_tokens"]]
     full = study_params("full")
     assert full["max_new_tokens"] == 512 and 512 in full["lengths"] and full["hf_sdpa"] == "no_cudnn"
-    assert full["wall_budget_s"] <= 300 - 10 and full["budget_s"] is None
+    # 340-360 s a part (f62_thin_repeat.md): a slow process still times its three prompts; the job's own limit keeps a
+    # part with the drafts' distillation under 9 minutes
+    assert 340 <= full["wall_budget_s"] <= 360 and full["budget_s"] is None
+    from servelab.studies.s06_hf_assisted.params import JOB_LIMIT_S, REPORT_RESERVE_S
+
+    assert full["wall_budget_s"] + REPORT_RESERVE_S < JOB_LIMIT_S <= 9 * 60 - 30
     assert full["n_prompts"] >= verdicts.MIN_PROMPTS and full["short_new_tokens"] == full["max_new_tokens"]
     assert full["alpha_prompts"] >= 32 and full["seed_cost_pairs"][0] == ("config:distilgpt2", "config:gpt2-medium")
     with pytest.raises(ParameterError, match="drafts need a target"):

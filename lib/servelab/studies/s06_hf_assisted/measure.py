@@ -24,7 +24,7 @@ from servelab.errors import ParameterError
 from servelab.measure.results import StudyResults
 from servelab.studies.common.budget import Budget
 from servelab.studies.common.quiet import quiet_run
-from servelab.studies.s06_hf_assisted.params import REPORT_RESERVE_S, pairs_for
+from servelab.studies.s06_hf_assisted.params import JOB_LIMIT_S, REPORT_RESERVE_S, pairs_for
 
 STUDY = "06_hf_assisted"
 # minutes on the H200 per part, a first guess before a run records its own: the drafts' distillation when not cached
@@ -149,6 +149,7 @@ def _sweep(M, pairs, P: dict, first: int, last: int, deadline: Budget, res: Stud
 
 def measure(P: dict) -> Path:
     """Train (or load) the drafts, then measure this part's prompts, α and the seed's shapes; the run's folder."""
+    started = time.monotonic()
     with quiet_run():
         import torch
 
@@ -171,7 +172,8 @@ def measure(P: dict) -> Path:
             summary, loss = distill_tables(M.distilled)
             res.write("distill", summary)
             res.write("distill_loss", loss)
-        deadline = Budget(P["wall_budget_s"])
+        # the part's own budget, cut where the drafts' distillation left less of the job's limit
+        deadline = Budget(max(0.0, min(P["wall_budget_s"], JOB_LIMIT_S - (time.monotonic() - started))))
         pairs = pairs_for(M.target, M.drafts)
         if part in ALPHA_PARTS:
             res.write(
