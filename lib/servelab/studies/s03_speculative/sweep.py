@@ -34,6 +34,17 @@ from servelab.measure.call_timer import CallTimer
 from servelab.speculative.config import SpeculativeConfig
 
 BLOCK = 16
+# a plain generation's speculative columns: no step drafted
+_PLAIN_ZEROS = (
+    "rounds",
+    "accepted",
+    "proposed",
+    "rejections",
+    "draft_ms",
+    "verify_ms",
+    "rollback_ms",
+    "catch_up_rounds",
+)
 
 
 def sweep_config(max_model_len: int) -> EngineConfig:
@@ -212,7 +223,7 @@ def generation_sweep(
             except Exception as e:  # noqa: BLE001
                 rows.append(base | dict(status=_status(e)))
                 continue
-            counts = fields() if fields is not None else dict(rounds=0, accepted=0, proposed=0, rejections=0)
+            counts = fields() if fields is not None else dict.fromkeys(_PLAIN_ZEROS, 0)
             rows.append(
                 base
                 | dict(
