@@ -1,5 +1,5 @@
-"""Study 6's own speculative decoding through the engine's speculative mode (``own_engine``, staged for issue 30):
-the same runs as the ``spec`` driver's runner, greedy tokens equal to HF's, a mark after every engine step."""
+"""Study 6's own speculative decoding through the engine's speculative mode (``own_engine``): runs of the sweep's
+shape, greedy tokens equal to HF's, a mark after every engine step."""
 
 import math
 

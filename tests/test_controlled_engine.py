@@ -67,8 +67,8 @@ def test_a_point_past_the_budget_is_a_row_that_says_so():
 
 @pytest.mark.gpu
 def test_on_the_gpu_the_sweep_runs_through_the_graphs_and_its_timers_read_the_device():
-    """The staged path has run only on CPUs: on CUDA its engines capture graphs, the draft and verify timers are
-    CUDA events (``measure.call_timer``) and the sync audit counts real host syncs, none of which a CPU run reaches.
+    """On CUDA the engines capture graphs, the draft and verify timers are CUDA events (``measure.call_timer``) and
+    the sync audit counts real host syncs, none of which a CPU run reaches.
     The smoke pair in the profile's dtype, one γ and α, two batch sizes."""
     P = study_params(
         "smoke", alphas=[0.8], controlled_gammas=[2], batches=[1, 2], controlled_repeats=2, controlled_new_tokens=24
