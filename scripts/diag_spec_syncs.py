@@ -2,7 +2,7 @@
 
 Two rounds of two sequences with a twin draft, every step after the prefill: the setting of the GPU test
 ``test_on_the_gpu_a_speculative_step_waits_for_the_device_once``. The first warning a process gets is PyTorch's note
-that the debug mode is a prototype, not a sync, and ``spec.syncs.HostSyncs`` counted it
+that the debug mode is a prototype, not a sync, and ``speculative.syncs.HostSyncs`` counted it
 (data/dev/nvidia-h100/2026-12-06/spec_syncs_diag_949817b.log).
 
     PYTHONPATH=lib python3 scripts/diag_spec_syncs.py      (on a GPU)

@@ -336,7 +336,12 @@ def test_parameters_are_validated():
     assert study_params("smoke", lengths=[2, 4])["lengths"] == [2, 4, p["max_new_tokens"]]
     full = study_params("full")
     assert full["max_new_tokens"] == 512 and 512 in full["lengths"] and full["hf_sdpa"] == "no_cudnn"
-    assert full["wall_budget_s"] <= 300 - 10 and full["budget_s"] is None
+    # 340-360 s a part (f62_thin_repeat.md): a slow process still times its three prompts; the job's own limit keeps a
+    # part with the drafts' distillation under 9 minutes
+    assert 340 <= full["wall_budget_s"] <= 360 and full["budget_s"] is None
+    from servelab.studies.s06_hf_assisted.params import JOB_LIMIT_S, REPORT_RESERVE_S
+
+    assert full["wall_budget_s"] + REPORT_RESERVE_S < JOB_LIMIT_S <= 9 * 60 - 30
     assert full["n_prompts"] >= verdicts.MIN_PROMPTS and full["short_new_tokens"] == full["max_new_tokens"]
     assert full["alpha_prompts"] >= 32 and full["seed_cost_pairs"][0] == ("config:distilgpt2", "config:gpt2-medium")
     with pytest.raises(ParameterError, match="drafts need a target"):
@@ -376,24 +381,6 @@ def test_assistant_settings_fall_back_to_hf_defaults(models):
     s = assistant_settings(models["small"])
     assert set(s) == {"num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold"}
     assert isinstance(s["num_assistant_tokens"], int) and s["num_assistant_tokens"] > 0
-
-
-def test_own_speculative_runner_matches_plain_greedy(models, prompts):
-    pytest.importorskip("servelab.studies.s03_speculative.pair")
-    from servelab.studies.s06_hf_assisted.own import OwnSpeculative, own_available
-
-    assert own_available()[0]
-    runner = OwnSpeculative.sized(models, [Pair("small", "target")], len(prompts[0]), 16, gamma=3)
-    assert runner.max_model_len == 48 and runner.max_model_len % 16 == 0
-    plain = timed_generate(models["target"], prompts[0], 16, pad_token_id=1)
-    spec = runner("small", "target", prompts[0], 16)
-    alone = runner(None, "target", prompts[0], 16)
-    assert spec.tokens == plain.tokens and alone.tokens == plain.tokens
-    assert spec.counts[-1] == 16 and spec.dense and not alone.dense
-    assert spec.extra["proposed"] >= spec.extra["accepted"] >= 0
-    assert list(runner._pairs) == [("small", "target")]  # the target-alone run reused the pair's engine
-    with pytest.raises(ValueError, match="no planned pair"):
-        runner(None, "mid", prompts[0], 4)
 
 
 def test_analysis_plots_and_verdicts_survive_a_sweep_where_nothing_ran(models, prompts):

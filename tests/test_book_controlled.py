@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from servelab.paths import REPO_ROOT
-from servelab.spec import leviathan
+from servelab.speculative import leviathan
 from servelab.studies.common.runs import study_runs
 from servelab_book import controlled as page
 from servelab_book.controlled_figure import figure_svg

@@ -1,5 +1,5 @@
-"""Study 3's controlled-acceptance sweep through the engine's speculative mode (``s03_speculative/controlled_engine``,
-staged for issue 30), on a CPU in float32 with the smoke profile's tiny pair: every row is ``controlled.py``'s, so
+"""Study 3's controlled-acceptance sweep through the engine's speculative mode (``s03_speculative/controlled_engine``),
+on a CPU in float32 with the smoke profile's tiny pair: every row holds the columns the committed runs' rows hold, so
 ``tables.controlled_table`` reduces it; the controlled draws decide what is kept, and the target agrees with each of
 them (float32); acceptance comes out near the α set; the sweep over γ runs on one engine; a point past the time
 budget is a row that says so."""
@@ -7,7 +7,7 @@ budget is a row that says so."""
 import pytest
 import torch
 
-from servelab.studies.s03_speculative import controlled, controlled_engine, tables
+from servelab.studies.s03_speculative import controlled_engine, tables
 from servelab.studies.s03_speculative.params import study_params
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -31,7 +31,7 @@ def sweep():
         torch.set_num_threads(n)
 
 
-def test_every_row_is_the_separate_drivers_and_the_table_reduces_it(sweep):
+def test_every_row_has_the_committed_runs_columns_and_the_table_reduces_it(sweep):
     P, raw = sweep
     assert (raw.status == "ok").all(), raw.status.unique()
     spec = raw[raw.method == "speculative"]
@@ -59,7 +59,7 @@ def test_acceptance_follows_the_alpha_set_and_gamma_bounds_the_drafts(sweep):
 def test_a_point_past_the_budget_is_a_row_that_says_so():
     P = study_params("smoke", alphas=[0.5], controlled_gammas=[1], batches=[1], controlled_repeats=1)
     plain, spec = controlled_engine.load_engines(*P["controlled_pairs"][0], P, "cpu")
-    budget = controlled._Budget(0.0)
+    budget = controlled_engine._Budget(0.0)
     rows = controlled_engine.measure_batch(plain, spec, 1, P, budget, ("d", "t"))
     assert [r["status"] for r in rows if r["method"] == "speculative"] == ["skipped: time budget"]
     assert [r["status"] for r in rows if r["method"] == "plain"] == ["ok"]
@@ -67,8 +67,8 @@ def test_a_point_past_the_budget_is_a_row_that_says_so():
 
 @pytest.mark.gpu
 def test_on_the_gpu_the_sweep_runs_through_the_graphs_and_its_timers_read_the_device():
-    """The staged path has run only on CPUs: on CUDA its engines capture graphs, the draft and verify timers are
-    CUDA events (``measure.call_timer``) and the sync audit counts real host syncs, none of which a CPU run reaches.
+    """On CUDA the engines capture graphs, the draft and verify timers are CUDA events (``measure.call_timer``) and
+    the sync audit counts real host syncs, none of which a CPU run reaches.
     The smoke pair in the profile's dtype, one γ and α, two batch sizes."""
     P = study_params(
         "smoke", alphas=[0.8], controlled_gammas=[2], batches=[1, 2], controlled_repeats=2, controlled_new_tokens=24

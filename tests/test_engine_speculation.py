@@ -461,9 +461,9 @@ def test_on_the_gpu_speculative_steps_give_the_plain_engines_greedy_tokens(metho
 def test_on_the_gpu_a_speculative_step_waits_for_the_device_once():
     """Issue 30: one host sync per round, the step's read of its kept tokens. Each draft step used to build an index
     with a blocking copy, so the host waited for the round's earlier draft steps before it queued the next one and
-    the GPU idled between them. Counted with PyTorch's sync debug mode (``spec.syncs.HostSyncs``), every step after
-    the prefill, two sequences drafting with a twin draft."""
-    from servelab.spec.syncs import HostSyncs
+    the GPU idled between them. Counted with PyTorch's sync debug mode (``speculative.syncs.HostSyncs``), every step
+    after the prefill, two sequences drafting with a twin draft."""
+    from servelab.speculative.syncs import HostSyncs
 
     hf = varied("tiny-llama", 0).cuda()
     g = torch.Generator().manual_seed(11)

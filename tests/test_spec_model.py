@@ -5,8 +5,8 @@ import pandas as pd
 import pytest
 
 from servelab.errors import ParameterError
-from servelab.spec import leviathan
-from servelab.spec.gamma import AdaptiveGamma, FixedGamma, gamma_policy
+from servelab.speculative import leviathan
+from servelab.speculative.gamma import AdaptiveGamma, FixedGamma, gamma_policy
 from servelab.studies.s03_speculative import verdicts
 from servelab.studies.s03_speculative.params import DEFAULTS, study_params
 from servelab.studies.s03_speculative.tables import pays_map, speedup_table
@@ -201,14 +201,14 @@ def test_pays_map_break_even_line():
 def test_model_set_from_specs_and_its_errors(tmp_path):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from servelab.studies.s03_speculative.pair import load_model_set, paged_models
+    from servelab.studies.s03_speculative.pair import load_model_set, native_models
 
     ms = load_model_set("config:tiny-llama", ["config:tiny-llama"], profile="smoke", dtype="float32", device="cpu")
     assert ms.target == "tiny-llama" and ms.drafts == ["tiny-llama#0"] and ms.family is None
     prompts = ms.prompts(3, 7, seed=1)
     assert len(prompts) == 3 and all(len(p) == 7 for p in prompts)
-    lms = paged_models(ms, 64, 4)
-    assert lms["tiny-llama"].max_rows == 5 and lms["tiny-llama#0"].max_rows == 2
+    native = native_models(ms, 64)
+    assert list(native) == ["tiny-llama", "tiny-llama#0"] and all(m.shape.vocab == 512 for m in native.values())
     assert ms.pairs() == [("tiny-llama#0", "tiny-llama")]
     three = load_model_set(
         "config:tiny-llama", ["config:tiny-gpt2", "config:tiny-llama"], profile="smoke", dtype="float32", device="cpu"
@@ -216,7 +216,6 @@ def test_model_set_from_specs_and_its_errors(tmp_path):
     big, small = sorted(three.drafts, key=lambda d: -sum(p.numel() for p in three.hf[d].parameters()))
     assert three.pairs() == [(d, "tiny-llama") for d in three.drafts] + [(small, big)]  # the middle target
     assert three.pairs(middle_target=False) == [(d, "tiny-llama") for d in three.drafts]
-    assert paged_models(three, 64, 4, targets={big})[big].max_rows == 5
     LlamaForCausalLM(
         LlamaConfig(
             vocab_size=300,

@@ -14,9 +14,8 @@ import torch
 from servelab.engine import SamplingParams
 from servelab.errors import ParameterError
 from servelab.models import load_model
-from servelab.spec import PagedLM, SpeculativeDecoder
-from servelab.spec.prompt_lookup import PromptLookupProposer
-from servelab.spec.self_draft import self_draft
+from servelab.speculative.prompt_lookup import PromptLookupProposer
+from servelab.speculative.self_draft import self_draft
 from servelab.studies.common.drafts import distill
 from servelab.studies.common.drafts.generate import continuations
 from servelab.studies.common.drafts.prompts import HELDOUT_TOPICS, TRAIN_TOPICS, chat_prompts
@@ -62,7 +61,6 @@ def test_prompt_lookup_copies_after_the_latest_longest_match():
     # no 2-gram match: falls back to the 1-gram [4], latest at index 1
     assert pl.lookup([3, 4, 6, 4, 5, 9, 4], 2) == [5, 9]
     assert pl.lookup([1, 2, 3], 4) == []
-    assert pl.propose([5, 6, 5], 2).tokens == [6, 5]
 
 
 def test_prompt_lookup_refuses_bad_settings():
@@ -108,25 +106,41 @@ def test_rounds_follow_the_leading_runs_of_hits():
         ra.rounds(h, 0)
 
 
+def speculative_engine(target, draft, gamma: int):
+    """The engine's speculative mode over HF ``target`` with ``draft`` (an HF model) or, for None, prompt lookup."""
+    from servelab.engine import EngineConfig
+    from servelab.engine.speculative_engine import SpeculativeEngine
+    from servelab.models.native import native_from_hf
+    from servelab.speculative.config import SpeculativeConfig
+
+    cfg = EngineConfig(block_size=4, num_blocks=64, max_model_len=96)
+    if draft is None:
+        return SpeculativeEngine.from_hf(target, cfg, speculative=SpeculativeConfig("ngram", gamma))
+    spec = SpeculativeConfig("draft_model", gamma, model="(given)")
+    return SpeculativeEngine.from_hf(target, cfg, speculative=spec, draft=native_from_hf(draft, max_positions=96))
+
+
 @pytest.mark.parametrize("gamma", [1, 3])
-def test_agreement_predicts_the_speculative_loops_counts(target, gamma):
-    """The same draft in the real loop keeps exactly the drafts the agreement vector says."""
+def test_agreement_predicts_the_speculative_modes_counts(target, gamma):
+    """The same draft in the engine's speculative mode keeps exactly the drafts the agreement vector says."""
     draft = noisy_copy(target, 0.6)
-    t = PagedLM.from_hf(target, 96, gamma + 1, name="target", block_size=4)
-    d = PagedLM.from_hf(draft, 96, 2, name="draft", block_size=4)
-    dec = SpeculativeDecoder(t, d, gamma=gamma)
+    e = speculative_engine(target, draft, gamma)
     g = torch.Generator().manual_seed(5)
     seen = 0
     for n in (6, 17):
         prompt = torch.randint(3, 512, (n,), generator=g).tolist()
-        gen = dec.generate(prompt, SamplingParams(max_tokens=24, ignore_eos=True))
+        s = e.spec_stats
+        before = (s.num_accepted_tokens, s.num_rejections, s.num_drafts)
+        (tokens,) = e.generate([prompt], SamplingParams(max_tokens=24, ignore_eos=True))
         ref = greedy(target, prompt, 24)
-        assert gen.tokens == ref
-        # the first token is the target's prefill; rounds start at the second
+        assert tokens == ref
+        # the first token is the target's prefill; speculative steps start at the second. A step drafts at most the
+        # tokens the request may still make less one (its own token), so the last token is a plain step
         hits = ra.greedy_agreement(draft, prompt + ref[:1], ref[1:])
-        kept, rejected, count = ra.rounds(hits, gamma)
-        assert (gen.accepted, gen.rejections, len(gen.rounds)) == (kept, rejected, count)
-        seen += gen.accepted
+        kept, rejected, count = ra.rounds(hits[:-1], gamma)
+        got = (s.num_accepted_tokens - before[0], s.num_rejections - before[1], s.num_drafts - before[2])
+        assert got == (kept, rejected, count)
+        seen += got[0]
     assert seen > 0  # the noisy draft agrees sometimes, so the comparison is not all zeros
 
 

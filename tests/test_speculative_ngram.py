@@ -1,6 +1,6 @@
 """Prompt lookup for a whole batch on the device (``speculative.ngram.propose_ngram``).
 
-Every request's drafts are ``spec.prompt_lookup.PromptLookupProposer.lookup``'s on its own context, token for
+Every request's drafts are ``speculative.prompt_lookup.PromptLookupProposer.lookup``'s on its own context, token for
 token, over random contexts of ragged lengths from small vocabularies (many matches, many misses), at several γ
 and n-gram ranges; a per-request limit cuts its drafts; bad arguments are refused. On a CUDA device (skipped
 without one) the search runs with no host synchronisation and gives the CPU's drafts.
@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from servelab.errors import ParameterError
-from servelab.spec.prompt_lookup import PromptLookupProposer
 from servelab.speculative.ngram import propose_ngram
+from servelab.speculative.prompt_lookup import PromptLookupProposer
 from servelab.speculative.rejection import PLACEHOLDER
 
 

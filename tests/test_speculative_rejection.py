@@ -1,6 +1,6 @@
 """Verifying a batch of requests' drafts at once (``speculative.rejection.verify``).
 
-Greedy rows are the target's greedy output, and each equals ``spec.acceptance.greedy_accept`` on its own request.
+Greedy rows are the target's greedy output, and each equals the longest matching prefix of its own request alone.
 Sampled rows keep the target's distribution: over tens of thousands of requests verified in one call (a small
 vocabulary), the first emitted token follows the target's ``p_1`` (χ² goodness of fit, with a draft model and with
 a proposer that proposes with certainty), a draft is kept as often as ``Σ min(p, q)`` says, and a bonus token
@@ -15,7 +15,6 @@ import torch
 from scipy import stats
 
 from servelab.errors import ParameterError
-from servelab.spec.acceptance import greedy_accept
 from servelab.speculative.rejection import PLACEHOLDER, verify
 
 ALPHA = 1e-3  # a fit is rejected below this p-value; every draw is seeded, so a test gives the same answer each run
@@ -45,7 +44,15 @@ def chi2_p(tokens: torch.Tensor, p: torch.Tensor) -> float:
     return stats.chisquare(counts, p.double().numpy() * counts.sum()).pvalue
 
 
-def test_greedy_rows_are_the_targets_argmax_and_each_is_greedy_accept_alone():
+def greedy_alone(logits: torch.Tensor, drafts: torch.Tensor) -> tuple[int, int]:
+    """One request's greedy verification written out: the drafts kept (the longest prefix equal to the target's
+    argmax) and the target's token after them."""
+    best, d = logits.argmax(-1).tolist(), drafts.tolist()
+    k = next((i for i in range(len(d)) if best[i] != d[i]), len(d))
+    return k, best[k]
+
+
+def test_greedy_rows_are_the_targets_argmax_and_each_is_greedy_alone():
     g = torch.Generator().manual_seed(1)
     batch, gamma, vocab = 64, 4, 11
     logits = torch.randn(batch, gamma + 1, vocab, generator=g)
@@ -58,10 +65,10 @@ def test_greedy_rows_are_the_targets_argmax_and_each_is_greedy_accept_alone():
     out = verify(logits, drafts, num, torch.zeros(batch), all_greedy=True)
     for b in range(batch):
         k = int(num[b])
-        alone = greedy_accept(logits[b, : k + 1], drafts[b, :k])
+        kept, next_token = greedy_alone(logits[b, : k + 1], drafts[b, :k])
         emitted = int(out.emitted[b])
-        assert emitted == alone.accepted + 1
-        assert out.tokens[b, :emitted].tolist() == drafts[b, : alone.accepted].tolist() + [alone.next_token]
+        assert emitted == kept + 1
+        assert out.tokens[b, :emitted].tolist() == drafts[b, :kept].tolist() + [next_token]
         assert (out.tokens[b, emitted:] == PLACEHOLDER).all()
     assert (out.emitted == 1).any() and (out.emitted == num + 1).any()  # both ends of the range ran
 

@@ -5,9 +5,10 @@ The tree is the architecture. The system, what a user runs (none of it imports a
 - ``models``   model loading (hub id, local directory, GGUF, ``config:<name>``), shapes, the engine's model code
 - ``kernels``  attention over a paged KV cache: PyTorch references and the Triton kernels; fused small linears
 - ``kv``       the paged KV cache: block manager, pool, prefix cache, compaction
-- ``engine``   the continuous-batching engine: scheduler and its policies, model runner, CUDA graphs, sampling
-- ``spec``     speculative decoding on the engine's model code, as a driver beside the engine (Studies 3, 6)
-- ``speculative`` speculative decoding inside the engine, growing to replace ``spec`` (issue 30)
+- ``engine``   the continuous-batching engine: scheduler and its policies, model runner, CUDA graphs, sampling,
+  and its speculative mode (``engine.speculative_engine``: what the server serves and Studies 3 and 6 measure)
+- ``speculative`` the speculative mode's pieces (batched verification, prompt lookup, γ, controlled acceptance,
+  counters) and Leviathan's analytical model
 - ``server``   the OpenAI-compatible HTTP server
 - ``loadgen``  the streaming load generator and vLLM's serving metrics
 - ``sim``      the discrete-event serving simulator and its cost models

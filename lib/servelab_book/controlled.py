@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 
 from servelab.paths import REPO_ROOT
-from servelab.spec import leviathan
+from servelab.speculative import leviathan
 from servelab.studies.common.markdown import list_table, md_text
 from servelab.studies.s03_speculative import report
 from servelab.studies.s03_speculative.measure import CONTROLLED_PARTS

@@ -8,6 +8,8 @@ back (``BlockManager.truncate``), so a step that rejects drafts holds no more bl
 
 from __future__ import annotations
 
+import time
+
 from servelab.engine.block_tables import DeviceBlockTables
 from servelab.engine.sequence import Sequence
 from servelab.kv.block_manager import BlockManager
@@ -28,3 +30,14 @@ def give_back_tail(bm: BlockManager, tables: DeviceBlockTables, seq: Sequence) -
     if row is not None:
         tables.known[row] = []
     return freed
+
+
+def timed_give_back(engine, seq: Sequence, dropped: int) -> float:
+    """Host seconds of one rollback of ``dropped`` rejected drafts: ``seq``'s slots are reserved ``dropped`` past its
+    computed tokens (as a speculative step reserves its drafts'), untimed, and the give-back is timed. For the cost
+    of a rollback in Study 3; a study reaches the block manager only through here."""
+    if not engine.scheduler.reserve(seq, seq.num_computed_tokens + dropped):
+        raise RuntimeError(f"no free blocks for {dropped} more slots of sequence {seq.seq_id}")
+    t0 = time.perf_counter()
+    give_back_tail(engine.block_manager, engine.runner.tables, seq)
+    return time.perf_counter() - t0

@@ -28,10 +28,11 @@ target's graphs are captured ``max_num_seqs × (γ + 1)`` rows wide (``graph_row
 
 ``spec_stats`` counts drafts and kept drafts as vLLM's speculative metrics do (``server.spec_metrics`` exports
 them). ``override`` (``speculative.controlled``) sets the acceptance rate for cost measurements at random weights.
+``set_gamma("adaptive")`` gives each request its own γ, grown and shrunk by what it kept (``speculative.gamma``).
+``propose_s``, ``rollback_s`` and ``draft_tokens_asked`` are the host's share of the phases that have one, for the
+studies' phase tables.
 
-Staged (issue 30): nothing measured imports this module yet. After the evidence campaign it becomes the engine's
-own mode (``EngineConfig.speculative``), the server serves it with its metrics, Studies 3 and 6 measure through it,
-and ``servelab.spec`` (the separate driver) is retired.
+This is the one speculative path: the server serves through it, and Studies 3 and 6 measure through it.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from servelab.engine.step_inputs import build_step_inputs
 from servelab.errors import ParameterError
 from servelab.kv.pool import KVPool
 from servelab.speculative.config import SpeculativeConfig
+from servelab.speculative.gamma import AdaptiveGamma, gamma_policy
 from servelab.speculative.ngram import propose_ngram
 from servelab.speculative.rejection import PLACEHOLDER, Verified, verify
 from servelab.speculative.stats import SpecDecodeStats
@@ -95,6 +97,11 @@ class SpeculativeEngine(Engine):
         # proposals rewritten after the draft ran (``speculative.controlled``: acceptance set, not learned): the
         # step's costs stay the real ones; greedy requests only, since the draft's distributions are not rewritten
         self.override = None
+        self._adaptive: AdaptiveGamma | None = None  # a fresh copy per request (``set_gamma("adaptive")``), or None
+        self._request_gamma: dict[int, AdaptiveGamma] = {}
+        self.propose_s = 0.0  # host time in the proposers (prompt lookup's search; a draft model's launches)
+        self.rollback_s = 0.0  # host time giving rejected drafts' blocks back, the draft's included
+        self.draft_tokens_asked = 0  # Σ k the budget allowed, before a proposer found fewer (prompt lookup)
         super().__init__(model, cfg, **kw)
         self.draft = None
         if draft is not None:
@@ -114,15 +121,26 @@ class SpeculativeEngine(Engine):
             if round_graph and self.draft.num_graphs:
                 self.draft.capture_rounds(self.gamma - 1)
 
-    def set_gamma(self, gamma: int) -> None:
+    def set_gamma(self, gamma) -> None:
         """Draft up to ``gamma`` tokens a step from now on, at most the γ the engine was built with (its graphs and
         ``spec_stats`` positions are that wide), between requests: a sweep over γ on one engine, as Study 3's
-        controlled sweep runs it, where an engine per γ would load and capture the 8B target again for each."""
+        sweeps run it, where an engine per γ would load and capture the 8B target again for each.
+
+        ``"adaptive[:initial[:min:max]]"`` (or an ``AdaptiveGamma``): each request starts at ``initial`` and moves
+        by what it keeps (``AdaptiveGamma.update``), up to ``max`` (which must fit the engine's width)."""
         most = self.speculative.num_speculative_tokens
-        if isinstance(gamma, bool) or not isinstance(gamma, int) or not 1 <= gamma <= most:
+        adaptive = isinstance(gamma, AdaptiveGamma) or (isinstance(gamma, str) and gamma.startswith("adaptive"))
+        if adaptive:
+            policy = gamma_policy(gamma)
+            if policy.max_gamma > most:
+                raise ParameterError(f"adaptive gamma reaches {policy.max_gamma}, past the engine's width {most}")
+            gamma = policy.max_gamma
+        elif isinstance(gamma, bool) or not isinstance(gamma, int) or not 1 <= gamma <= most:
             raise ParameterError(f"gamma must be an integer from 1 to {most} (the engine's width), got {gamma!r}")
         if self.has_unfinished():
             raise ParameterError("gamma changes between requests, not while any runs")
+        self._adaptive = policy if adaptive else None
+        self._request_gamma.clear()
         self.gamma = gamma
         rounds = self.draft.rounds if self.draft is not None else None
         if rounds is not None and rounds.steps != gamma - 1:  # the round graph chains γ − 1 steps
@@ -208,10 +226,21 @@ class SpeculativeEngine(Engine):
             drafts = Drafts(self.override([it.seq for it, _ in plan], drafts.tokens), drafts.probs)
         proposals = [(it, d, row) for row, ((it, _), d) in enumerate(zip(plan, drafts.tokens, strict=True)) if d]
         events = self._verify_step(batch, proposals, drafts, t0) if proposals else self._plain_step(batch, t0)
+        t_back = time.perf_counter()
         for it, _ in plan:  # slots reserved for drafts that were not proposed (or were rejected) go back
             if not it.seq.is_finished:
                 give_back_tail(self.block_manager, self.runner.tables, it.seq)
+        self.rollback_s += time.perf_counter() - t_back
         return events
+
+    def _gamma_of(self, seq: Sequence) -> int:
+        """The most drafts ``seq`` may propose this step: the engine's γ, or its own under an adaptive γ."""
+        if self._adaptive is None:
+            return self.gamma
+        policy = self._request_gamma.get(seq.seq_id)
+        if policy is None:
+            policy = self._request_gamma[seq.seq_id] = self._adaptive.fresh()
+        return policy.gamma
 
     def _draft_budget(self, batch: ScheduledBatch) -> list[tuple[ScheduledSequence, int]]:
         """``(item, k)`` for each decode item that may draft ``k ≥ 1`` tokens this step, their slots reserved."""
@@ -223,7 +252,7 @@ class SpeculativeEngine(Engine):
             seq = it.seq
             if not (it.is_decode and it.samples) or left <= 0:
                 continue
-            k = min(self.gamma, seq.params.max_tokens - len(seq.output_token_ids) - 1, left)
+            k = min(self._gamma_of(seq), seq.params.max_tokens - len(seq.output_token_ids) - 1, left)
             if k > 0 and not self.scheduler.reserve(seq, it.start + 1 + k):
                 k = min(k, len(seq.kv_slots) - it.start - 1)  # what its blocks hold; never preempt for a draft
             if k > 0:
@@ -235,7 +264,15 @@ class SpeculativeEngine(Engine):
         """Each planned item's drafts (host lists, possibly shorter than asked, or empty), in ``plan``'s order."""
         if not plan:
             return Drafts([], None)
+        t0 = time.perf_counter()
+        try:
+            return self._proposals(plan)
+        finally:
+            self.propose_s += time.perf_counter() - t0
+
+    def _proposals(self, plan: list[tuple[ScheduledSequence, int]]) -> Drafts:
         seqs, ks = [it.seq for it, _ in plan], [k for _, k in plan]
+        self.draft_tokens_asked += sum(ks)
         if self.draft is not None:
             return self.draft.propose(seqs, ks)
         width = max(s.num_tokens for s in seqs)
@@ -311,6 +348,9 @@ class SpeculativeEngine(Engine):
             kept = [self.override.emitted(it.seq, k) for (it, _, _), k in zip(proposals, kept, strict=True)]
             emitted = [len(k) for k in kept]
         for (it, d, _), k in zip(proposals, kept, strict=True):
+            policy = self._request_gamma.get(it.seq.seq_id)
+            if policy is not None:
+                policy.update(len(k) - 1, len(d))
             events += self._accept_verified(it.seq, it.start, len(d), k)
         self.spec_stats.observe([len(d) for _, d, _ in proposals], emitted)
         self._release_finished(events)
@@ -406,23 +446,28 @@ class SpeculativeEngine(Engine):
         bm = self.block_manager
         if bm.prefix_cache is not None:
             bm.cache_blocks(seq.seq_id, seq.num_computed_tokens, seq.token_ids)
+        t0 = time.perf_counter()
         give_back_tail(bm, self.runner.tables, seq)
         if self.draft is not None:
             self.draft.roll_back(seq)
+        self.rollback_s += time.perf_counter() - t0
         return events
 
     # ---- bookkeeping --------------------------------------------------------------------------------
     def _release_finished(self, events: list[TokenEvent]) -> None:
         super()._release_finished(events)
-        if self.draft is not None:
-            for ev in events:
-                if ev.finished:
+        for ev in events:
+            if ev.finished:
+                self._request_gamma.pop(ev.seq_id, None)
+                if self.draft is not None:
                     self.draft.release(ev.seq_id)
 
     def abort(self, seq: Sequence) -> bool:
         aborted = super().abort(seq)
-        if aborted and self.draft is not None:
-            self.draft.release(seq.seq_id)
+        if aborted:
+            self._request_gamma.pop(seq.seq_id, None)
+            if self.draft is not None:
+                self.draft.release(seq.seq_id)
         return aborted
 
     def leaked(self) -> list[int]:

@@ -29,7 +29,7 @@ class SpeculativeConfig:
 
     def proposer(self):
         """The prompt-lookup proposer this config describes (ngram only)."""
-        from servelab.spec.prompt_lookup import PromptLookupProposer
+        from servelab.speculative.prompt_lookup import PromptLookupProposer
 
         return PromptLookupProposer(max_ngram=self.prompt_lookup_max, min_ngram=self.prompt_lookup_min)
 

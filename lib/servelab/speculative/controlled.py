@@ -5,11 +5,10 @@ random weights, the draft runs every step as usual (every cost in the step is re
 overridden: with probability α it is the target's own greedy token at that position (from a reference continuation
 the plain engine computed first), otherwise a token the target rejects (the reference token + 1, mod the
 vocabulary). Every draw is independent, which is the assumption of Leviathan et al.'s formula, so a greedy step
-keeps k drafts with P(k) = α^k (1 − α) for k < γ and α^γ at k = γ. (``spec.controlled`` does the same for the
-separate driver that Studies 3 and 6 measure through until the campaign ends.)
+keeps k drafts with P(k) = α^k (1 − α) for k < γ and α^γ at k = γ.
 
 The draws also decide what the step keeps: the verify step runs in full, and then its request gets the reference's
-tokens for the kept run and the one after it (``emitted``), as ``spec.controlled`` does. In float32 that is what the
+tokens for the kept run and the one after it (``emitted``). In float32 that is what the
 target chose anyway (the CPU tests check it: ``disagreed`` stays 0). In bf16 the verify step's logits round
 differently from the plain engine's, and at random weights the top two are often within rounding: left to itself
 the target leaves the reference at the first near-tie, after which every "right" proposal is wrong. On the H100 that

@@ -1,6 +1,6 @@
 """Prompt lookup (vLLM's ``"method": "ngram"``) for every request of a step at once, on the device.
 
-Each request's drafts are those of ``spec.prompt_lookup.PromptLookupProposer.lookup``, token for token: draft i is
+Each request's drafts are those of ``prompt_lookup.PromptLookupProposer.lookup``, token for token: draft i is
 the token that followed the latest earlier occurrence of the longest suffix (``max_ngram`` down to ``min_ngram``
 tokens) of the context extended by drafts 1 … i − 1, and the drafts stop at the first position with no match.
 That proposer searches one request's context on the host; here the contexts of a whole batch sit in one padded

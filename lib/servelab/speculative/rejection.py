@@ -2,7 +2,7 @@
 
 In a speculative step each running request ``b`` proposed ``num_drafts[b] ≤ γ`` tokens ``x_1 … x_k`` and the target
 scored ``k + 1`` positions in the same forward, giving logits ``[B, γ + 1, vocab]`` (rows past ``k + 1`` are
-padding). Per request, as ``spec.acceptance`` does one request at a time:
+padding). Per request:
 
 - **greedy** (temperature 0): keep the longest prefix where ``x_i = argmax``; then emit the argmax at the first
   mismatch (or, all kept, the bonus position's): the target's own greedy output, token for token;

@@ -24,6 +24,8 @@ class SpecDecodeStats:
     num_drafts: int = 0
     num_draft_tokens: int = 0
     num_accepted_tokens: int = 0
+    # request-steps that rejected a draft: with the kept drafts, α's estimate (``leviathan.alpha_mle``)
+    num_rejections: int = 0
     per_position: list[int] = field(default_factory=list)
 
     def __post_init__(self):
@@ -45,6 +47,7 @@ class SpecDecodeStats:
             self.num_drafts += 1
             self.num_draft_tokens += k
             self.num_accepted_tokens += kept
+            self.num_rejections += kept < k
             for j in range(kept):
                 self.per_position[j] += 1
 

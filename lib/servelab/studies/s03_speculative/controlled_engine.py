@@ -1,15 +1,20 @@
-"""Controlled acceptance through the engine's speculative mode (issue 30, staged): ``controlled.py``'s sweep, with
-the engine (``engine.speculative_engine``) where that one drives ``spec.batch_decoder``, and its rows in the same
-columns, so ``tables.controlled_table`` reduces either.
+"""Controlled acceptance at the seed's shapes, through the engine's speculative mode: what speculation costs and gains
+at α set by hand (issue 21). Study 3's measuring door (``measure.py``) runs this sweep as its ``controlled_*`` parts;
+the reporting path's ``tables.controlled_table`` reduces the repeats.
+
+Acceptance needs trained weights; cost needs only the shapes. Each pair is built with random weights of the exact
+architectures (``config:``), its draft really drafting, and every proposal overridden
+(``speculative.controlled.ControlledDrafts``): with probability α the target's own greedy token, otherwise one it
+rejects. Every cost is the real one; acceptance is the α set.
 
 Per pair, one target model serves two engines, each with its own KV pool and graphs: the plain engine and the
 speculative mode, built for the largest γ and swept down with ``SpeculativeEngine.set_gamma`` (an engine per γ
-would load and capture the 8B target again for each). Per batch, as ``controlled.measure_batch``: the plain
+would load and capture the 8B target again for each). Per batch: the plain
 engine's greedy continuation (the reference, and the warm-up), plain decoding ``controlled_repeats`` times, then
 every γ × α as many times, each with fresh acceptance draws (``speculative.controlled.ControlledDrafts``: the draft
 runs every round and its proposals are overridden to acceptance α).
 
-What a row holds, against ``controlled.py``'s:
+What a row holds (the columns the separate driver's rows, in the committed runs, hold; what differs is said):
 
 - ``seconds``: wall time from after the prefill step to the last token (the prefill is untimed in both);
   ``steps`` (plain): the decode steps in it.
@@ -17,21 +22,18 @@ What a row holds, against ``controlled.py``'s:
   drafts kept and drafted (``spec_stats``); ``rejections``: sequence-rounds that rejected a draft.
 - ``draft_steps``, ``draft_ms``: each draft round runs as many draft steps as its largest k, timed with CUDA events
   around ``DraftModel.propose``. The first round of a generation also runs the prompts through the draft (the engine
-  has no separate draft prefill): it is left out of both, so c is a draft decode step's, as ``controlled.py``'s
-  is; ``seconds`` keeps it, as serving pays it.
+  has no separate draft prefill): it is left out of both, so c is a draft decode step's, as the separate driver's
+  was; ``seconds`` keeps it, as serving pays it.
 - ``verify_ms``: CUDA-event time of the verify steps; ``agreed``: sequence-rounds where the target, left alone,
   emitted what the controlled draws did (``ControlledDrafts.disagreed``).
-- ``host_syncs_per_round``: the most host syncs one engine step made in an audit run (``spec.syncs.HostSyncs``;
-  the engine reads each step's tokens before it schedules the next, so this is not the one read ``controlled.py``'s
-  loop makes).
-
-Nothing measured imports this module until the campaign ends (issue 27); then ``measure.py``'s controlled parts
-switch to it, the helpers it borrows from ``controlled.py`` (its prompts, budget and status rows) move here with
-``controlled.py`` retired, ``HostSyncs`` leaves ``spec/`` with the rest of it, and Study 3 is measured again.
+- ``host_syncs_per_round``: the most host syncs one engine step made in an audit run
+  (``speculative.syncs.HostSyncs``; the engine reads each step's tokens before it schedules the next, so this is
+  not the one read a round of the separate driver made, which the committed runs hold).
 """
 
 from __future__ import annotations
 
+import gc
 import time
 
 import torch
@@ -41,10 +43,38 @@ from servelab.engine.speculative_engine import SpeculativeEngine, load_draft
 from servelab.measure.call_timer import CallTimer
 from servelab.models import load_model
 from servelab.models.native import native_from_hf
-from servelab.spec.syncs import HostSyncs
 from servelab.speculative.config import SpeculativeConfig
 from servelab.speculative.controlled import ControlledDrafts
-from servelab.studies.s03_speculative.controlled import _Budget, _free, _name, _prompts, _status
+from servelab.speculative.syncs import HostSyncs
+
+
+def _name(spec: str) -> str:
+    return spec.removeprefix("config:")
+
+
+def _free() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def _prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (batch, length), generator=g).tolist()
+
+
+def _status(e: BaseException) -> str:
+    msg = str(e).splitlines()[0][:160] if str(e) else ""
+    return f"error: {type(e).__name__}: {msg}"
+
+
+class _Budget:
+    def __init__(self, seconds):
+        self.t0, self.seconds = time.perf_counter(), seconds
+
+    @property
+    def over(self) -> bool:
+        return self.seconds is not None and time.perf_counter() - self.t0 > self.seconds
 
 
 def pair_config(P: dict) -> EngineConfig:
@@ -96,19 +126,16 @@ def _generate(engine: Engine, prompts, n: int, on_added=None) -> tuple[list[list
 
 def _speculative_run(spec: SpeculativeEngine, prompts, n: int, reference, alpha: float, seed: int) -> dict:
     """One generation's row fields with drafts controlled to acceptance ``alpha`` (see the module docstring)."""
-    before = (spec.spec_stats.num_drafts, spec.spec_stats.num_draft_tokens, spec.spec_stats.num_accepted_tokens)
-    rejections, draft_steps = [0], []
-    observe, propose = spec.spec_stats.observe, spec.draft.propose
-
-    def counted_observe(proposed, emitted):
-        rejections[0] += sum(1 for k, e in zip(proposed, emitted, strict=True) if k and e - 1 < k)
-        return observe(proposed, emitted)
+    s = spec.spec_stats
+    before = (s.num_drafts, s.num_draft_tokens, s.num_accepted_tokens, s.num_rejections)
+    draft_steps = []
+    propose = spec.draft.propose
 
     def counted_propose(seqs, ks):
         draft_steps.append(max(ks))
         return propose(seqs, ks)
 
-    spec.spec_stats.observe, spec.draft.propose = counted_observe, counted_propose
+    spec.draft.propose = counted_propose
     drafts, verifies = CallTimer(spec.draft, "propose", spec.device), CallTimer(spec, "_verify_step", spec.device)
     vocab, controlled = spec.model.shape.vocab, []
 
@@ -124,10 +151,8 @@ def _speculative_run(spec: SpeculativeEngine, prompts, n: int, reference, alpha:
         spec.override = None
         drafts.remove()
         verifies.remove()
-        del spec.spec_stats.observe
         spec.draft.__dict__.pop("propose", None)
     draft_ms, verify_ms = drafts.ms(), verifies.ms()
-    s = spec.spec_stats
     seq_rounds = s.num_drafts - before[0]
     emitted = sum(len(t) for t in tokens)
     return dict(
@@ -137,7 +162,7 @@ def _speculative_run(spec: SpeculativeEngine, prompts, n: int, reference, alpha:
         rounds=len(verify_ms),
         accepted=s.num_accepted_tokens - before[2],
         proposed=s.num_draft_tokens - before[1],
-        rejections=rejections[0],
+        rejections=s.num_rejections - before[3],
         draft_steps=sum(draft_steps[1:]),  # the first round also ran the prompts: not a draft step's cost
         draft_ms=sum(draft_ms[1:]),
         verify_ms=sum(verify_ms),
@@ -146,11 +171,14 @@ def _speculative_run(spec: SpeculativeEngine, prompts, n: int, reference, alpha:
     )
 
 
-def sync_audit(spec: SpeculativeEngine, prompts, n: int, reference, seed: int) -> int:
-    """The most host syncs one step of a controlled generation made (α = 0.8), prefill left out."""
+def sync_audit(spec: SpeculativeEngine, prompts, n: int, reference=None, seed: int = 0) -> int:
+    """The most host syncs one step of a greedy generation made, prefill left out: controlled at α = 0.8 where a
+    ``reference`` is given, else the proposer's own drafts (prompt lookup)."""
     seqs = [spec.add_request(p, SamplingParams(max_tokens=n, ignore_eos=True)) for p in prompts]
-    vocab = spec.model.shape.vocab
-    spec.override = ControlledDrafts({s.seq_id: r for s, r in zip(seqs, reference, strict=True)}, 0.8, vocab, seed)
+    if reference is not None:
+        vocab = spec.model.shape.vocab
+        refs = {s.seq_id: r for s, r in zip(seqs, reference, strict=True)}
+        spec.override = ControlledDrafts(refs, 0.8, vocab, seed)
     spec.step()
     most = 0
     try:
@@ -164,8 +192,8 @@ def sync_audit(spec: SpeculativeEngine, prompts, n: int, reference, seed: int) -
 
 
 def measure_batch(plain: Engine, spec: SpeculativeEngine, batch: int, P: dict, budget: _Budget, names) -> list[dict]:
-    """Every point of one pair at one batch size: plain decoding, then γ × α, ``controlled_repeats`` each
-    (``controlled.measure_batch``'s rows, through the engines)."""
+    """Every point of one pair at one batch size: the plain engine's greedy continuation (the reference, and its
+    warm-up), plain decoding ``controlled_repeats`` times, then every γ × α as many times, each with fresh draws."""
     n, reps, gammas = P["controlled_new_tokens"], P["controlled_repeats"], P["controlled_gammas"]
     vocab = plain.model.shape.vocab
     prompts = _prompts(batch, P["controlled_prompt_len"], vocab, P["seed"] + batch)
@@ -203,7 +231,8 @@ def measure_batch(plain: Engine, spec: SpeculativeEngine, batch: int, P: dict, b
 
 
 def controlled_sweep(P: dict, device: str, progress: bool = True):
-    """Raw rows of every pair × batch × (plain, γ × α) × repeat, as ``controlled.controlled_sweep``'s."""
+    """Raw rows of every pair × batch × (plain, γ × α) × repeat (``measure_batch``); the time budget stops new points,
+    and new pairs, after ``controlled_budget_s``."""
     import pandas as pd
     from tqdm.auto import tqdm
 

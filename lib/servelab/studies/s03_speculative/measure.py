@@ -4,8 +4,8 @@ speedup, cost-ratio, controlled and lookup tables, the verdicts and the figures 
 
 Parts (``P["part"]``; ``"all"`` runs every one into one folder, the smoke profile's way):
 
-- ``costs``: one decode step of each of the seed's shapes (random weights, ``shape_pairs``) in each execution mode
-  (``step_costs``), F3.3's cost ratio;
+- ``costs``: one decode step of each of the seed's shapes (random weights, ``shape_pairs``) in each execution mode,
+  the two models of a pair loaded together and their steps alternated (``paired_step_costs``), F3.3's cost ratio;
 - ``real``: the trained target SmolLM2-135M-Instruct and drafts distilled from it on this GPU within the part
   (``studies.common.drafts.distill``; recipe and timings in ``distill``): their step costs, the verify and rollback
   costs, the generation sweep over ``num_prompts`` held-out chat prompts (``generations``, F3.1 and F3.2) and α of
@@ -72,20 +72,24 @@ def controlled_params(P: dict, part: str) -> dict:
 
 
 def _costs(P: dict, device: str, roof: Roofline | None, res: StudyResults) -> None:
-    from servelab.studies.s03_speculative.cost_ratio import step_costs
+    """Each shape pair's two models loaded together, their steps timed in pairs (``paired_step_costs``)."""
+    from servelab.studies.s03_speculative.cost_ratio import paired_step_costs
 
     out = []
-    for spec in dict.fromkeys(s for pair in P["shape_pairs"] for s in pair):
-        m = None
+    for pair in P["shape_pairs"]:
+        models = []
         try:
-            m = load_model(spec, dtype=P["dtype"], device=device, load_tokenizer=False).model
-            one = {spec.removeprefix("config:"): m}
-            kw = dict(context=P["cost_context"], roofline=roof, repeats=P["cost_repeats"], progress=False)
-            out.append(step_costs(one, P["cost_modes"], **kw).assign(role="shape"))
-        except Exception as e:  # noqa: BLE001 — a model that does not load is a row, not a dead run
-            out.append(pd.DataFrame([dict(model=spec, role="shape", status=f"error: {type(e).__name__}: {e}"[:200])]))
+            for spec in pair:
+                m = load_model(spec, dtype=P["dtype"], device=device, load_tokenizer=False).model
+                models.append((spec.removeprefix("config:"), m))
+            kw = dict(context=P["cost_context"], roofline=roof, repeats=P["cost_repeats"])
+            out.append(paired_step_costs(*models, P["cost_modes"], **kw).assign(role="shape"))
+        except Exception as e:  # noqa: BLE001 — a pair that does not load is a row per model, not a dead run
+            status = f"error: {type(e).__name__}: {e}"[:200]
+            out.append(pd.DataFrame([dict(model=spec, role="shape", status=status) for spec in pair]))
         finally:
-            del m
+            models.clear()
+            m = None
             _free(device)
     res.write("shape_steps", pd.concat(out, ignore_index=True))
 
@@ -137,13 +141,20 @@ def _real_models(P: dict, device: str, res: StudyResults):
 
 
 def _real(P: dict, device: str, roof: Roofline | None, res: StudyResults) -> None:
-    from servelab.spec.prompt_lookup import PromptLookupProposer
-    from servelab.spec.self_draft import self_draft
+    from servelab.speculative.prompt_lookup import PromptLookupProposer
+    from servelab.speculative.self_draft import self_draft
     from servelab.studies.common.drafts.distill import eos_ids
     from servelab.studies.common.drafts.generate import continuations
     from servelab.studies.common.drafts.prompts import chat_prompts, encode_chat
-    from servelab.studies.s03_speculative.cost_ratio import hf_crop_cost, rollback_cost, step_costs, verify_cost
-    from servelab.studies.s03_speculative.pair import paged_models
+    from servelab.studies.s03_speculative.cost_ratio import (
+        hf_crop_cost,
+        rollback_cost,
+        step_costs,
+        verify_config,
+        verify_cost,
+        verify_engine,
+    )
+    from servelab.studies.s03_speculative.pair import native_models
     from servelab.studies.s03_speculative.params import max_gamma
     from servelab.studies.s03_speculative.real_acceptance import real_acceptance
     from servelab.studies.s03_speculative.sweep import generation_sweep
@@ -165,22 +176,26 @@ def _real(P: dict, device: str, roof: Roofline | None, res: StudyResults) -> Non
         prompts = encode_chat(tok, chat_prompts("heldout", P["num_prompts"], seed=P["seed"]))
     else:
         prompts = ms.prompts(P["num_prompts"], P["prompt_len"], seed=P["seed"])
-    gmax = max(max_gamma(P["gammas"]), max(P["verify_rows"]) - 1)
+    gmax = max_gamma(P["gammas"])
     longest = max(max(map(len, prompts)), P["cost_context"])
     max_len = longest + P["max_new_tokens"] + max(gmax, P["chain_steps"]) + 2
     pairs = ms.pairs(P["middle_target"])
-    lms = paged_models(ms, max_len, gmax, targets={t for _, t in pairs})
-    target = lms[ms.target]
-    res.write("verify_cost", verify_cost(target, P["cost_context"], P["verify_rows"], repeats=P["cost_repeats"]))
-    res.write("rollback_cost", rollback_cost(target, P["cost_context"], [1, 4, 8]))
+    verify = dict(warmup=3, repeats=P["cost_repeats"])
+    costs = verify_config(P["cost_context"], P["verify_rows"], **verify)
+    native = native_models(ms, max(max_len, costs.max_model_len) + 16)
+    target = verify_engine(native[ms.target], costs, P["verify_rows"])
+    res.write("verify_cost", verify_cost(target, ms.target, P["cost_context"], P["verify_rows"], **verify))
+    res.write("rollback_cost", rollback_cost(target, ms.target, P["cost_context"], [1, 4, 8]))
+    del target
     res.write("hf_crop_cost", hf_crop_cost(ms.hf[ms.target], P["cost_context"], [1, 4, 8]).assign(model=ms.target))
     sweep = generation_sweep(
-        lms,
+        native,
         pairs,
         prompts,
         P["gammas"],
         P["temperatures"],
         P["max_new_tokens"],
+        max_model_len=max_len,
         warmup=P["warmup"],
         repeats=P["repeats"],
         seed=P["seed"],
@@ -191,9 +206,7 @@ def _real(P: dict, device: str, roof: Roofline | None, res: StudyResults) -> Non
     if "output" in sweep:  # the tokens themselves are not kept: a digest says whether two generations agree
         sweep["output"] = sweep["output"].map(lambda s: _digest(s.split()) if isinstance(s, str) else s)
     res.write("generations", sweep)
-    for lm in lms.values():
-        lm.reset()
-    del lms
+    del native
     _free(device)
     # α of every proposer, teacher-forced on the target's greedy answers to the same prompts
     target_hf = ms.hf[ms.target]
@@ -216,7 +229,7 @@ def _lookup(P: dict, device: str, res: StudyResults) -> None:
 
 
 def _controlled(P: dict, device: str, res: StudyResults, part: str) -> None:
-    from servelab.studies.s03_speculative.controlled import controlled_sweep
+    from servelab.studies.s03_speculative.controlled_engine import controlled_sweep
 
     Pc = controlled_params(P, part)
     raw = controlled_sweep(Pc, device, progress=False) if Pc["controlled_pairs"] else pd.DataFrame()

@@ -1,4 +1,4 @@
-"""The models of a speculative study: a target and its drafts, as HF models and as ``PagedLM``s.
+"""The models of a speculative study: a target and its drafts, as HF models and as the engine's model code.
 
 They come from the trained family (``servelab.studies.common.family.train.train_family``: one tokenizer,
 held-out prompts), or from explicit specs (``config:<name>``, a directory or a hub id, e.g. ``Qwen/Qwen2-1.5B`` with
@@ -14,7 +14,6 @@ import torch
 from servelab.errors import ParameterError
 from servelab.models import load_model
 from servelab.models.shape import ModelShape
-from servelab.spec.paged_lm import PagedLM
 
 
 @dataclass
@@ -88,53 +87,9 @@ def load_model_set(
     return ModelSet(_name(target), hf, "specs", None, "random token ids")
 
 
-def paged_models(
-    ms: ModelSet, max_model_len: int, max_gamma: int, *, targets=None, cuda_graphs: bool = True
-) -> dict[str, PagedLM]:
-    """A ``PagedLM`` per model: a target (``ms.target`` and any in ``targets``) steps up to γ_max + 1 rows (the
-    verify), a draft only up to 2 (its catch-up)."""
-    targets = set(targets or ()) | {ms.target}
-    out = {}
-    for name, model in ms.hf.items():
-        rows = max_gamma + 1 if name in targets else 2
-        out[name] = PagedLM.from_hf(model, max_model_len, rows, name=name, cuda_graphs=cuda_graphs)
-    return out
+def native_models(ms: ModelSet, max_model_len: int) -> dict[str, object]:
+    """Each model of ``ms`` as the project's model code (``models.native``), for the engines that speculate with them
+    (``sweep.SweepEngines``); the HF models stay for what runs through HF."""
+    from servelab.models.native import native_from_hf
 
-
-class SpeculativePair:
-    """The public entry point for other studies: a draft → target pair on the engine, ready to generate.
-
-    pair = SpeculativePair.from_hf(target_hf, draft_hf, max_model_len=1024, gamma=4)
-    gen = pair.generate(prompt_ids, SamplingParams(max_tokens=128, ignore_eos=True))   # speculative
-    ref = pair.autoregressive(prompt_ids, SamplingParams(max_tokens=128, ignore_eos=True))  # target alone
-    gen.tokens, gen.accepted, gen.proposed, gen.rounds, gen.seconds
-    """
-
-    def __init__(self, target: PagedLM, draft: PagedLM, gamma=4):
-        from servelab.spec.decoder import SpeculativeDecoder
-
-        self.target, self.draft = target, draft
-        self.decoder = SpeculativeDecoder(target, draft, gamma=gamma)
-
-    @classmethod
-    def from_hf(cls, target_hf, draft_hf, *, max_model_len: int, gamma=4, cuda_graphs: bool = True) -> SpeculativePair:
-        from servelab.spec.gamma import gamma_policy
-
-        gmax = gamma_policy(gamma).max_gamma
-        target = PagedLM.from_hf(target_hf, max_model_len, gmax + 1, name="target", cuda_graphs=cuda_graphs)
-        draft = PagedLM.from_hf(draft_hf, max_model_len, 2, name="draft", cuda_graphs=cuda_graphs)
-        return cls(target, draft, gamma)
-
-    def generate(self, prompt: list[int], params=None):
-        try:
-            return self.decoder.generate(prompt, params)
-        finally:
-            self.decoder.release()
-
-    def autoregressive(self, prompt: list[int], params=None):
-        from servelab.spec.decoder import autoregressive
-
-        try:
-            return autoregressive(self.target, prompt, params)
-        finally:
-            self.target.reset()
+    return {name: native_from_hf(model, max_positions=max_model_len) for name, model in ms.hf.items()}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from servelab.models.loader import CONFIG_PREFIX, shipped_configs
-from servelab.spec.gamma import gamma_policy
+from servelab.speculative.gamma import gamma_policy
 from servelab.studies.common.params import (
     ParameterError,
     check_choice,

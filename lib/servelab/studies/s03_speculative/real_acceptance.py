@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from servelab.errors import ParameterError
-from servelab.spec.prompt_lookup import PromptLookupProposer
+from servelab.speculative.prompt_lookup import PromptLookupProposer
 
 COLUMNS = [
     "pair",
@@ -184,7 +184,7 @@ def smollm2_acceptance(
     distillation adds) and prompt lookup, on the profile's held-out chat prompts. Trains the drafts if they are
     not cached (``studies.common.drafts.distill``, their own budget)."""
     from servelab.models.loader import SMOLLM2, load_model
-    from servelab.spec.self_draft import self_draft
+    from servelab.speculative.self_draft import self_draft
     from servelab.studies.common.drafts.distill import distill_drafts, eos_ids
     from servelab.studies.common.drafts.generate import continuations
     from servelab.studies.common.drafts.prompts import chat_prompts, encode_chat

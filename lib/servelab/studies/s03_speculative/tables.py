@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from servelab.spec import leviathan
+from servelab.speculative import leviathan
 
 
 def _spread(x: np.ndarray) -> tuple[float, float, float]:
@@ -169,7 +169,8 @@ def pays_map(alphas: np.ndarray, cs: np.ndarray, max_gamma: int = 8) -> pd.DataF
 
 def cost_ratios(steps: pd.DataFrame, pairs: list[tuple[str, str]]) -> pd.DataFrame:
     """c = T_draft / T_target per (draft, target) pair and mode, with the ratios parameters, weight bytes and the
-    roofline floors suggest.
+    roofline floors suggest. Where the steps were timed in pairs, c is the median over pairs (``c_paired``), and
+    ``draft_ms``, ``target_ms`` each model's own median.
 
     The interval on c is the ratio of the two timings' interquartile ends (draft p25/target p75 … draft p75/
     target p25): a conservative band, not a confidence interval."""
@@ -189,14 +190,20 @@ def cost_ratios(steps: pd.DataFrame, pairs: list[tuple[str, str]]) -> pd.DataFra
     ]
     if steps.empty or "median_ms" not in steps:
         return pd.DataFrame(columns=cols)
-    ok = steps[steps["status"] == "ok"].set_index(["model", "mode"])
+    ok = steps[steps["status"] == "ok"]
+    paired = "c_paired" in ok
     rows = []
     for draft, target in pairs:
+        # steps timed in pairs (``cost_ratio.paired_step_costs``) are the rows of that pair; older runs timed each
+        # model once, alone
+        mine = ok[(ok.paired_with == target) | (ok.paired_with == draft)] if paired else ok
+        mine = mine.drop_duplicates(["model", "mode"]).set_index(["model", "mode"])
         for mode in steps["mode"].unique():
-            if (draft, mode) not in ok.index or (target, mode) not in ok.index:
+            if (draft, mode) not in mine.index or (target, mode) not in mine.index:
                 continue
-            d, t = ok.loc[(draft, mode)], ok.loc[(target, mode)]
-            c = d.median_ms / t.median_ms
+            d, t = mine.loc[(draft, mode)], mine.loc[(target, mode)]
+            # paired: the median over pairs of the two steps' ratio, which a drift between the models cannot split
+            c = d.c_paired if paired and np.isfinite(d.c_paired) else d.median_ms / t.median_ms
             rows.append(
                 dict(
                     draft=draft,

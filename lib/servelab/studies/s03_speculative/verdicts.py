@@ -13,7 +13,7 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
-from servelab.spec import leviathan
+from servelab.speculative import leviathan
 from servelab.studies.common.claim_finding import claim_finding, failed_to_run
 from servelab.studies.common.findings import Finding
 from servelab.studies.common.repeats import median_interval

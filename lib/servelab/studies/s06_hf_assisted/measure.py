@@ -24,7 +24,7 @@ from servelab.errors import ParameterError
 from servelab.measure.results import StudyResults
 from servelab.studies.common.budget import Budget
 from servelab.studies.common.quiet import quiet_run
-from servelab.studies.s06_hf_assisted.params import REPORT_RESERVE_S, pairs_for
+from servelab.studies.s06_hf_assisted.params import JOB_LIMIT_S, REPORT_RESERVE_S, pairs_for
 
 STUDY = "06_hf_assisted"
 # minutes on the H200 per part, a first guess before a run records its own: the drafts' distillation when not cached
@@ -80,8 +80,8 @@ def distill_tables(dd) -> tuple[pd.DataFrame, pd.DataFrame]:
 def alpha_hits(M, P: dict) -> pd.DataFrame:
     """Per α draft (distilled, self-drafts, prompt lookup) and held-out prompt: its greedy agreement with the
     target's answer at every position, as a string of 0/1 (``real_acceptance`` summarizes it at render time)."""
-    from servelab.spec.prompt_lookup import PromptLookupProposer
-    from servelab.spec.self_draft import self_draft
+    from servelab.speculative.prompt_lookup import PromptLookupProposer
+    from servelab.speculative.self_draft import self_draft
     from servelab.studies.common.drafts.distill import eos_ids
     from servelab.studies.common.drafts.generate import continuations
     from servelab.studies.common.drafts.prompts import chat_prompts, encode_chat
@@ -112,15 +112,15 @@ def alpha_hits(M, P: dict) -> pd.DataFrame:
 def _sweep(M, pairs, P: dict, first: int, last: int, deadline: Budget, res: StudyResults) -> None:
     """The timed sweep over prompts [first, last) of the study's held-out prompts; prompt ids stay global."""
     from servelab.studies.s06_hf_assisted.acceptance import alpha_table
-    from servelab.studies.s06_hf_assisted.own import OwnSpeculative, own_available
+    from servelab.studies.s06_hf_assisted.own_engine import OwnEngineSpeculative
     from servelab.studies.s06_hf_assisted.runs import assistant_settings, times_at_lengths
     from servelab.studies.s06_hf_assisted.sweep import sweep
 
     prompts = M.prompts(P["n_prompts"], P["prompt_tokens"], seed=P["seed"])[first:last]
     runner = None
-    if P["own"] and own_available()[0]:
+    if P["own"]:
         longest = max(len(p) for p in prompts)
-        runner = OwnSpeculative.sized(M.hf, pairs, longest, P["max_new_tokens"], gamma=P["own_gamma"])
+        runner = OwnEngineSpeculative.sized(M.hf, pairs, longest, P["max_new_tokens"], gamma=P["own_gamma"])
     res.write_json("assistant_settings", assistant_settings(M.hf[M.drafts[0]]))
     runs, gen = sweep(
         M.hf,
@@ -149,6 +149,7 @@ def _sweep(M, pairs, P: dict, first: int, last: int, deadline: Budget, res: Stud
 
 def measure(P: dict) -> Path:
     """Train (or load) the drafts, then measure this part's prompts, α and the seed's shapes; the run's folder."""
+    started = time.monotonic()
     with quiet_run():
         import torch
 
@@ -171,7 +172,8 @@ def measure(P: dict) -> Path:
             summary, loss = distill_tables(M.distilled)
             res.write("distill", summary)
             res.write("distill_loss", loss)
-        deadline = Budget(P["wall_budget_s"])
+        # the part's own budget, cut where the drafts' distillation left less of the job's limit
+        deadline = Budget(max(0.0, min(P["wall_budget_s"], JOB_LIMIT_S - (time.monotonic() - started))))
         pairs = pairs_for(M.target, M.drafts)
         if part in ALPHA_PARTS:
             res.write(

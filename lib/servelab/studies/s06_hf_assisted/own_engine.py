@@ -1,6 +1,6 @@
-"""Study 6's own speculative decoding through the engine's speculative mode (issue 30, staged): ``own.py``'s runner
-with ``engine.speculative_engine.SpeculativeEngine`` where that one drives ``spec``'s ``SpeculativePair``, giving the
-same ``GenerationRun``s, so the sweep and its analysis take either.
+"""The project's own speculative decoding on Study 6's pairs, as runs: the engine's speculative mode
+(``engine.speculative_engine.SpeculativeEngine``), giving ``GenerationRun``s as the HF methods do, so the sweep and
+its analysis take both.
 
 Per target, its weights converted once (``models.native.native_from_hf``) serve a plain engine, the target-alone
 baseline (``own_plain``), and per pair the speculative mode with the draft converted the same way. Each engine has
@@ -11,12 +11,9 @@ A run's marks: (tokens so far, ms since the request was added) after each engine
 (the target's prefill). The engine has no separate draft prefill: the draft catches up on the prompt inside the
 first speculative step, as serving pays it. Each speculative step reads its tokens once before it returns, so the
 wall time after a step is also the device's. Extras as ``own.py``'s: draft tokens ``accepted`` and ``proposed``, and
-``rounds`` (verify steps), from the engine's ``spec_stats``. ``rollback_ms`` is NaN: a rejected draft's KV goes back
-to the block manager inside the step (``engine.rollback.give_back_tail``), with no phase of its own to time, and
-``analysis.own_acceptance`` keeps it NaN rather than 0 ms.
-
-Nothing measured imports this module until the campaign ends (issue 27); then ``measure.py`` builds this runner in
-place of ``OwnSpeculative`` and Study 6 is measured again.
+``rounds`` (verify steps), from the engine's ``spec_stats``; ``rollback_ms`` the host time of giving rejected drafts'
+blocks back inside the steps (``SpeculativeEngine.rollback_s``; the separate driver this replaced timed its
+truncations the same way, on the host).
 """
 
 from __future__ import annotations
@@ -103,6 +100,7 @@ class OwnEngineSpeculative:
         spec = self.speculative(draft, target)
         stats = spec.spec_stats
         before = (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens)
+        rollback_s = spec.rollback_s
         sync = _sync(spec)
         t0 = time.perf_counter()
         seq = spec.add_request(list(prompt), params)
@@ -114,7 +112,8 @@ class OwnEngineSpeculative:
             ms.append((time.perf_counter() - t0) * 1e3)
         now = (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens)
         rounds, proposed, accepted = (a - b for a, b in zip(now, before, strict=True))
-        extra = dict(accepted=accepted, proposed=proposed, rounds=rounds, rollback_ms=float("nan"))
+        rollback_ms = (spec.rollback_s - rollback_s) * 1e3
+        extra = dict(accepted=accepted, proposed=proposed, rounds=rounds, rollback_ms=rollback_ms)
         return GenerationRun(list(seq.output_token_ids), np.array(counts, dtype=np.int64), np.array(ms), extra)
 
     def close(self) -> None:

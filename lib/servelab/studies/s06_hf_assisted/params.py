@@ -20,7 +20,11 @@ from servelab.studies.s06_hf_assisted.runs import Pair
 # run); a verdict needs 8 (verdicts.MIN_PROMPTS). HF generate runs without cuDNN attention (hf_sdpa, see
 # attention_backend.py). The budget: on the H200 (2026-12-04, p0 r0) a prompt's every method to 512 tokens took 54-63
 # s of generation, and 200 s let p0 time 2 of its 3 prompts (its α and seed costs took ~57 s), so that three parts
-# would have given 6 prompts, under the 8 a verdict needs; 280 s holds three prompts in every part, p0 included.
+# would have given 6 prompts, under the 8 a verdict needs. 280 s held three prompts in a part, with one prompt of margin
+# over the 8: in the campaign's third repeat a slower process lost two prompts to it (p1 and p2 stopped at 280.7 and
+# 281.0 s), and F6.2 read inconclusive (data/dev/analysis/f62_thin_repeat.md). 350 s is 1.5x the 2026-12-04 figure,
+# so a process at the slow end of that drift still times all three; JOB_LIMIT_S keeps the whole part under 9 minutes
+# where the drafts' distillation runs first (p0's 241 s in the campaign's first repeat).
 DEFAULTS = {
     "full": dict(
         target=None,
@@ -37,7 +41,7 @@ DEFAULTS = {
         cost_tokens=64,
         seed_cost_pairs=["distilgpt2>gpt2-medium", "gpt2>gpt2-medium", "qwen2-0.5b>qwen2-1.5b"],
         prompt_lookup_num_tokens=10,
-        wall_budget_s=280,
+        wall_budget_s=350,
         budget_s=None,
         own=True,
         own_gamma=4,
@@ -67,6 +71,8 @@ DEFAULTS = {
         seed=0,
     ),
 }
+# a part's process from its measure() call to its end, under a 9-minute GPU run with ~30 s for the start and the pack
+JOB_LIMIT_S = 510.0
 REPORT_RESERVE_S = 10.0  # s kept after the sweep for α, the tables, the figures and the findings
 INT_PARAMS = (
     "n_prompts",

@@ -48,9 +48,9 @@ def most_prompts(pairs: pd.DataFrame) -> int:
 
 
 def best_gamma(alpha: float, c: float):
-    """``servelab.spec.leviathan.best_gamma``, imported when called (the spec package imports torch, which the
+    """``servelab.speculative.leviathan.best_gamma``, imported when called (it imports scipy's root finder, which the
     reporting path needs only where seed costs exist)."""
-    from servelab.spec.leviathan import best_gamma as best
+    from servelab.speculative.leviathan import best_gamma as best
 
     return best(alpha, c)
 

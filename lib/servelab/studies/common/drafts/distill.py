@@ -4,7 +4,7 @@
    greedy speculative decoding must reproduce) and ``samples`` sampled ones (variety), as EAGLE and Medusa
    drafts are trained on their target's outputs rather than on the original corpus.
 2. **Drafts**: a draft of k layers starts as the target's first k layers, final norm and head (a self-draft,
-   ``servelab.spec.self_draft``) and is trained to predict the target's tokens (cross-entropy on the answer
+   ``servelab.speculative.self_draft``) and is trained to predict the target's tokens (cross-entropy on the answer
    positions). Embedding and tied head stay frozen (the target's own, as EAGLE keeps them), so a draft learns only
    what its k layers must do differently from the target's first k.
 3. **Budgets**: each draft trains for ``train_steps`` optimizer steps (learning rate: warm-up, then cosine over the
@@ -190,7 +190,7 @@ def eos_ids(model, tokenizer) -> list[int]:
 
 def init_draft(target, layers: int):
     """A stand-alone copy of the target's first ``layers`` layers, final norm and head (embedding frozen)."""
-    from servelab.spec.self_draft import self_draft
+    from servelab.speculative.self_draft import self_draft
 
     draft = copy.deepcopy(self_draft(target, layers)).float()
     draft.model.embed_tokens.weight.requires_grad_(False)  # tied to the head: both stay the target's

@@ -1,10 +1,10 @@
 """Self-speculation: the target's own first k layers, its final norm and its head, as the draft.
 
 No second model is trained or stored: the draft shares the target's parameters (no copy), so it costs k / L of
-the target's layers plus the same embedding and head. It is an ordinary HF causal LM, so the loop
-(``PagedLM.from_hf``), HF's ``assistant_model`` and the acceptance measurement take it as they take a trained
-draft. Unlike LayerSkip-style self-speculation, it keeps its own KV cache for its k layers instead of sharing the
-target's (the same compute; the target re-computes those layers when it verifies).
+the target's layers plus the same embedding and head. It is an ordinary HF causal LM, so the engine's speculative
+mode (through ``models.native.native_from_hf``), HF's ``assistant_model`` and the acceptance measurement take it as
+they take a trained draft. Unlike LayerSkip-style self-speculation, it keeps its own KV cache for its k layers
+instead of sharing the target's (the same compute; the target re-computes those layers when it verifies).
 """
 
 from __future__ import annotations

@@ -12,9 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
-from servelab.engine.sequence import SamplingParams
 from servelab.errors import ParameterError
-from servelab.spec.proposer import Proposal
 
 
 class PromptLookupProposer:
@@ -26,7 +24,7 @@ class PromptLookupProposer:
     likeliest to continue. Drafting token by token, as a draft model does, rather than copying the span after
     one match (HF, vLLM) keeps going past the end of the context (a repeating pattern is drafted to γ), and makes
     draft i exactly the first-token lookup on the target's own prefix whenever drafts 1 … i − 1 were kept, so the
-    loop keeps what ``studies.s03_speculative.real_acceptance.lookup_agreement`` counts. The two differ only
+    engine keeps what ``studies.s03_speculative.real_acceptance.lookup_agreement`` counts. The two differ only
     when a longest match of ``max_ngram`` tokens, shifted by one, occurs again later."""
 
     lm = None  # no draft model: no cache to prefill or roll back
@@ -64,8 +62,3 @@ class PromptLookupProposer:
             if starts.size:
                 return int(ids[starts[-1] + n])
         return None
-
-    def propose(self, context: list[int], gamma: int, params: SamplingParams | None = None, generator=None) -> Proposal:
-        """The drafts after ``context`` (the committed tokens). No distribution comes with them: each is drawn
-        with certainty, so sampling runs the rejection rule with a one-hot q (``decoder``), as vLLM does."""
-        return Proposal(self.lookup(context, gamma), None)
