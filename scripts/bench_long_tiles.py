@@ -1,5 +1,8 @@
-"""The staged long-tile kernel (``kernels/triton_long_tiles.py``, issue 29) against the long-tile launch it would
-replace in ``triton_ragged``, on a GPU: should the engine's long tiles move to it after the campaign?
+"""The long-tile kernel's launches (``kernels/triton_long_tiles.py``) against the engine's, on a GPU: is
+``default_launch`` still the fastest? Until issue 29 the question was whether ``triton_ragged``'s own long-tile
+launch should give way to this kernel; it did, so the ``triton_ragged`` path below is now this kernel at
+``default_launch`` (the H100 run that decided it, ``data/dev/nvidia-h100/2026-12-06/long_tiles_949817b.csv``, timed
+the old launch).
 
     python scripts/bench_long_tiles.py --out long_tiles.csv   # Qwen2-0.5B's and Llama-3-8B's attention, bf16
     TRITON_INTERPRET=1 python scripts/bench_long_tiles.py --smoke --out x.csv   # a CPU: does it run? (a test)

@@ -446,6 +446,10 @@ def test_on_the_gpu_speculative_steps_give_the_plain_engines_greedy_tokens(metho
         draft = native_from_hf(drafts[method], max_positions=256)
         e = SpeculativeEngine.from_hf(hf, cfg, speculative=DRAFT, draft=draft)
         assert e.draft.num_graphs > 0
+        # the draft takes the target's fused RoPE + KV write and small blocks (on by default on CUDA with Triton)
+        from servelab.models.small_batch import uses_small_linear
+
+        assert e.stats()["small_batch"] and uses_small_linear(e.draft.model) and e.draft.model.fused_rope_kv_write
     assert e.generate(prompts, GREEDY) == plain
     assert e.spec_stats.num_drafts > 0 and e.leaked() == []
     assert e.runner.eager_steps == 0  # verify steps replayed the target's decode graphs (or whole-step graphs)

@@ -117,6 +117,8 @@ class SpeculativeEngine(Engine):
                 step_graph_sizes=self._catch_up_sizes() if self.num_step_graphs else None,
                 prefix_caching=cfg.prefix_caching,
                 prefix_eviction=cfg.prefix_eviction,
+                fused_rope_kv_write=self.fused_rope_kv_write,
+                small_batch=self.small_batch,
             )
             if round_graph and self.draft.num_graphs:
                 self.draft.capture_rounds(self.gamma - 1)

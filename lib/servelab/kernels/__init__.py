@@ -9,7 +9,7 @@
   Triton's interpreter on a CPU); ``triton_fold.py``: the key-folding step they share.
 - ``rope_kv_write.py``: RoPE on q and k and the KV-pool write in one Triton kernel (``fused_rope_kv_write``).
 - ``small_linear.py``: a decode step's linear layers at a small batch, each one Triton launch with the residual
-  add, RMSNorm or SiLU·up fused in (not wired into the models until the evidence campaign is done).
-- ``triton_long_tiles.py``: long-tile prefill attention, flash-attention-2 style; ``decode_launch.py``: the decode
-  kernel's launch per device, chosen from committed timings (``data/tuning/``). Both staged, like ``small_linear``.
+  add, RMSNorm or SiLU·up fused in (``models/small_batch.py``, ``EngineConfig.small_batch``).
+- ``triton_long_tiles.py``: long-tile prefill attention, flash-attention-2 style (``triton_ragged``'s long tiles);
+  ``decode_launch.py``: the decode kernel's launch per device, chosen from committed timings (``data/tuning/``).
 """

@@ -1,4 +1,4 @@
-"""A Llama/Qwen2 model's decode blocks through ``kernels.small_linear`` at a small batch (issue 29, staged).
+"""A Llama/Qwen2 model's decode blocks through ``kernels.small_linear`` at a small batch (issue 29).
 
 Why: at batch 1 a decode step of Qwen2-0.5B is a chain of about 320 tiny launches (the H200 step budget: 121
 matmul-class, 121 norm and elementwise, 57 copies, 24 attention), and each costs its latency more than its bytes.
