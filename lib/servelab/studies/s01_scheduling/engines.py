@@ -126,9 +126,9 @@ def compile_lines(servers: pd.DataFrame) -> str:
         out.append(
             f"**{model_name(model)} ran without `torch.compile`** in {len(off)} of its {len(g)} servers "
             f"({off['repeat'].nunique()} of {g['repeat'].nunique()} repeats){why}. Its step times, and every latency "
-            "built on them, are the uncompiled engine's; the other settings are as the table says. A planned "
-            "engine change replaces the whole-model check, whose margin a deep model's bf16 rounding can pass, "
-            "with one on the compiled code's first blocks."
+            "built on them, are the uncompiled engine's; the other settings are as the table says. Since issue 29 "
+            "the check runs on the compiled code's first two blocks, where bf16 rounding cannot grow, in place of "
+            "the whole model, whose margin a deep model's rounding can pass."
         )
     return "\n\n".join(out)
 
