@@ -47,20 +47,26 @@ LOG2E = 1.4426950408889634
 NEG_FLOOR = tl.constexpr(-1.0e30)
 
 
-def default_launch(head_dim: int, long_tile_tokens: int) -> tuple[int, int, int]:
+def default_launch(head_dim: int, long_tile_tokens: int, elem_bytes: int = 2) -> tuple[int, int, int]:
     """(keys per iteration, warps, pipeline stages) for H100/H200: 128 keys, 8 warps (two warpgroups of 64 query
     rows each) and 3 stages of K/V in shared memory for 128-row tiles; 64 keys and 4 warps for smaller tiles.
 
     From the H100 sweep (``data/dev/nvidia-h100/2026-12-06/long_tiles_949817b.csv``): over a 4,096-token prefill
     and a 512-token chunk after 2,048 keys at both model shapes, 128 keys / 8 warps / 3 stages is the fastest at
     3 of the 4 points and 1.17x the fastest at the fourth (0.5B prefill); the first default, 64 keys / 8 warps,
-    was 1.03-1.34x the fastest (1.14x over the four, against 1.04x)."""
+    was 1.03-1.34x the fastest (1.14x over the four, against 1.04x).
+
+    The stages held in shared memory are (stages - 1) x K and V tiles of ``keys x head_pad x elem_bytes``: 3 stages
+    of 128 keys fit 232,448 bytes (sm90's limit) up to 256 bytes a key row (bf16 at head_pad 128), 2 stages up to 512
+    (bf16 at 256, float32 at 128: an H100 refused 263,168 bytes for float32 at head_dim 80 with 3), and wider rows
+    walk 64 keys."""
+    row = head_pad(head_dim) * elem_bytes  # bytes of one key's (or value's) row in a tile
+    stages = 3 if row <= 256 else 2
     if long_tile_tokens >= 128:
-        return 128, 8, 3 if head_pad(head_dim) <= 128 else 2
-    return 64, 4, 3 if head_pad(head_dim) <= 128 else 2
+        return (128 if row <= 512 else 64), 8, stages
+    return 64, 4, stages
 
 
-@triton.jit
 def _fold(
     q, K, V, BT, start, end, qpos, row, kvh, m, l_sum, acc, qk_scale, stride_kb, stride_ks, stride_kh, stride_btb,
     HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -213,7 +219,7 @@ def long_tile_attention(
     ``long_tiles`` [4, max_long_tiles] (rows ``ragged.ROW``..``POS0``, empty tiles 0 tokens) and ``block_tables``
     as in ``ragged.RaggedTiles``; ``block_n``, ``num_warps``, ``num_stages``: None takes ``default_launch``'s."""
     d = q.shape[-1]
-    default = default_launch(d, long_tile_tokens)
+    default = default_launch(d, long_tile_tokens, q.element_size())
     block_n = block_n or default[0]
     _check(q, k_pool, v_pool, long_tiles, block_tables, long_tile_tokens, block_n, out)
     heads, block_size, kv_heads = q.shape[1], k_pool.shape[1], k_pool.shape[2]
