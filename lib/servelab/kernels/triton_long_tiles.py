@@ -67,6 +67,7 @@ def default_launch(head_dim: int, long_tile_tokens: int, elem_bytes: int = 2) ->
     return 64, 4, stages
 
 
+@triton.jit
 def _fold(
     q, K, V, BT, start, end, qpos, row, kvh, m, l_sum, acc, qk_scale, stride_kb, stride_ks, stride_kh, stride_btb,
     HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
