@@ -56,15 +56,24 @@ def default_launch(head_dim: int, long_tile_tokens: int, elem_bytes: int = 2) ->
     3 of the 4 points and 1.17x the fastest at the fourth (0.5B prefill); the first default, 64 keys / 8 warps,
     was 1.03-1.34x the fastest (1.14x over the four, against 1.04x).
 
-    The stages held in shared memory are (stages - 1) x K and V tiles of ``keys x head_pad x elem_bytes``: 3 stages
-    of 128 keys fit 232,448 bytes (sm90's limit) up to 256 bytes a key row (bf16 at head_pad 128), 2 stages up to 512
-    (bf16 at 256, float32 at 128: an H100 refused 263,168 bytes for float32 at head_dim 80 with 3), and wider rows
-    walk 64 keys."""
+    Shared memory holds the q tile, the K and V tiles and the probabilities, ``elem_bytes x (tokens x head_pad +
+    2 x keys x head_pad + tokens x keys)``, which must fit 232,448 bytes (sm90's limit); the pipeline's stages add
+    little (an H100 asked 263,168 bytes with 3 and 262,144 with 2 for float32 at head_dim 80 and 128 keys, the
+    formula's 262,144). So the keys halve until the tiles fit, and rows over 256 bytes take 2 stages."""
     row = head_pad(head_dim) * elem_bytes  # bytes of one key's (or value's) row in a tile
-    stages = 3 if row <= 256 else 2
-    if long_tile_tokens >= 128:
-        return (128 if row <= 512 else 64), 8, stages
-    return 64, 4, stages
+    keys = 128 if long_tile_tokens >= 128 else 64
+    while keys > 16 and shared_bytes(head_dim, long_tile_tokens, keys, elem_bytes) > SHARED_LIMIT:
+        keys //= 2
+    return keys, (8 if long_tile_tokens >= 128 else 4), (3 if row <= 256 else 2)
+
+
+SHARED_LIMIT = 232_448  # bytes of shared memory a block may take on sm90 (H100, H200)
+
+
+def shared_bytes(head_dim: int, long_tile_tokens: int, keys: int, elem_bytes: int) -> int:
+    """The long-tile program's shared memory at a launch: its q tile, K and V tiles and probabilities."""
+    hp = head_pad(head_dim)
+    return elem_bytes * (long_tile_tokens * hp + 2 * keys * hp + long_tile_tokens * keys)
 
 
 @triton.jit
