@@ -18,6 +18,7 @@ replay, capacity and routing are the reporting path's (``report.py``), from the 
 from __future__ import annotations
 
 import hashlib
+import re
 import tempfile
 from pathlib import Path
 
@@ -50,6 +51,9 @@ def fresh_spec(run_id: str, root: Path = freeze_record.VALIDATION_DIR) -> dict:
     return spec
 
 
+STUDY1_RUN = re.compile(r"/01_scheduling/runs/([0-9a-f]+)/")  # a calibration input's folder names its fingerprint
+
+
 def freeze_check(root: Path = freeze_record.VALIDATION_DIR) -> dict:
     """The cost-model code's hash now against the freeze's: a fresh run tests the frozen model only if they match."""
     try:
@@ -67,16 +71,39 @@ def freeze_check(root: Path = freeze_record.VALIDATION_DIR) -> dict:
     }
 
 
+def engine_check(root: Path = freeze_record.VALIDATION_DIR) -> dict:
+    """Study 1's measuring fingerprint now (its server and engine) against that of the runs the freeze calibrated
+    on: a fresh run measures today's engine, and the frozen model priced the calibration runs' engine, so where the
+    two differ the run's error would hold the engine's change as well as the model's (issue 29 changed the step)."""
+    from servelab.measure.fingerprint import fingerprint
+
+    try:
+        rec = freeze_record.load_freeze(root)
+    except ParameterError:
+        rec = None
+    calibrated = sorted({m.group(1) for p in (rec or {}).get("calibration_inputs", {}) if (m := STUDY1_RUN.search(p))})
+    now = fingerprint("servelab.studies.s01_scheduling.measure").short
+    return {"study1_fingerprint": now, "calibrated_on": calibrated, "matches": calibrated == [now]}
+
+
 def held_back(part: str) -> str:
     """Why a job of ``part`` cannot give valid data yet, "" where it can (``campaign`` asks every measuring module
-    that has this): a fresh held-out run tests the frozen cost model only while the model's code is the freeze's."""
+    that has this): a fresh held-out run tests the frozen cost model only while the model's code is the freeze's,
+    and only on the engine its calibration runs measured."""
     if not part.startswith("fresh_"):
         return ""
     check = freeze_check()
-    if check["matches_freeze"]:
-        return ""
-    files = ", ".join(check["changed_files"]) or "no freeze recorded"
-    return f"the simulator's cost-model code differs from its freeze ({files}): freeze again first"
+    if not check["matches_freeze"]:
+        files = ", ".join(check["changed_files"]) or "no freeze recorded"
+        return f"the simulator's cost-model code differs from its freeze ({files}): freeze again first"
+    engine = engine_check()
+    if not engine["matches"]:
+        return (
+            f"Study 1's engine ({engine['study1_fingerprint']}) is not the one the freeze calibrated on "
+            f"({', '.join(engine['calibrated_on']) or 'none recorded'}): run the fresh repeats from a snapshot of "
+            "that code (scripts/gpu_snapshot.sh), or freeze again on Study 1's new runs and draw a new fresh run"
+        )
+    return ""
 
 
 def seed_record(P: dict, root: Path = freeze_record.VALIDATION_DIR) -> dict:
