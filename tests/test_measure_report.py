@@ -355,6 +355,11 @@ def test_the_plan_holds_back_a_fresh_simulator_run_while_the_model_differs_from_
     text = campaign.plan_text(campaign.pack([j for j in jobs if not j.held]), held=fresh)
     assert "Held back, 6 jobs" in text and "08_simulator:fresh_qwen2-0.5b:0" in text.split("Held back")[1]
     monkeypatch.setattr(sim_measure, "freeze_check", check([]))
+    engine = {"study1_fingerprint": "new", "calibrated_on": ["old"], "matches": False}
+    monkeypatch.setattr(sim_measure, "engine_check", lambda: engine)  # the freeze's, on another engine: held too
+    fresh = [j for j in campaign.missing_jobs("08_simulator", 3, tmp_path) if j.part.startswith("fresh_")]
+    assert fresh and all("Study 1's engine (new)" in j.held for j in fresh)
+    monkeypatch.setattr(sim_measure, "engine_check", lambda: {**engine, "matches": True})
     assert not any(j.held for j in campaign.missing_jobs("08_simulator", 3, tmp_path))
 
 
