@@ -148,3 +148,19 @@ def test_the_book_import_finder_sees_every_form(tmp_path):
         "servelab_book.findings",
         "servelab_book.published",
     ]
+
+
+# an engine's internals, as code outside engine/ would reach them: issue 30's "one door" (the speculative driver that
+# did so is retired; a server's gauges, a study's policy swap and the bench's logit probe go through Engine's methods)
+ENGINE_INTERNALS = (".block_manager.", ".block_manager,", "runner.tables", "runner.graphs", "engine.pool")
+
+
+def test_nothing_outside_the_engine_reaches_into_its_scheduler_state_tables_graphs_or_pool():
+    found = [
+        f"{p.relative_to(LIB)}: {needle}"
+        for p in sorted(LIB.rglob("*.py"))
+        if "engine" not in p.relative_to(LIB).parts[1:2]
+        for needle in ENGINE_INTERNALS
+        if needle in p.read_text()
+    ]
+    assert found == []

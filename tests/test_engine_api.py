@@ -223,3 +223,23 @@ def test_on_step_records_the_batch_composition(engine):
     assert records[0].prefill_context_tokens == 0  # fresh prompts: nothing cached before them
     assert records[1].decode_context_tokens == (len(PROMPT) + 1) + (2 + 1)  # each decode attends to all its tokens
     assert all(r.end_s >= r.start_s for r in records)
+
+
+def test_the_engine_swaps_its_policy_only_when_idle_and_reports_its_kv_blocks(hf):
+    engine = Engine.from_hf(hf, EngineConfig(block_size=4, num_blocks=32))
+    assert engine.kv_blocks() == (0, 32)
+    seq = engine.add_request(PROMPT, SamplingParams(max_tokens=3))
+    engine.step()
+    used, total = engine.kv_blocks()
+    assert total == 32 and used == engine.block_manager.num_used_blocks > 0
+    with pytest.raises(RuntimeError, match="not idle"):
+        engine.set_policy("fcfs", 512)
+    while engine.has_unfinished():
+        engine.step()
+    assert seq.finish_reason is not None and engine.kv_blocks() == (0, 32)
+    engine.set_policy("fcfs", 512)
+    assert type(engine.scheduler).__name__ == "FCFS" and engine.scheduler.max_num_batched_tokens == 512
+    assert (engine.config.scheduler, engine.config.max_num_batched_tokens) == ("fcfs", 512)
+    with pytest.raises(ParameterError):
+        engine.set_policy("no-such-policy")
+    assert engine.config.scheduler == "fcfs"  # a refused swap changes nothing

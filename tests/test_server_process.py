@@ -13,7 +13,6 @@ import openai
 import pytest
 
 from servelab.engine import Engine, EngineConfig
-from servelab.engine.policies import policy_class
 from servelab.server import ServerProcess, ServerStartError, ServerThread
 from servelab.server.cli import engine_config_from_args, parse_args
 from servelab.server.engine_process import EngineProcess
@@ -214,12 +213,7 @@ if sys.platform == "win32":  # pragma: no cover - signals and fork semantics dif
 def set_policy(loop, name: str, budget: int):
     """Swap the engine's scheduling policy (run in the engine process, between steps)."""
     eng = loop.engine
-    eng.scheduler = policy_class(name)(
-        eng.block_manager,
-        max_num_seqs=eng.config.max_num_seqs,
-        max_num_batched_tokens=budget,
-        eos_token_ids=eng.scheduler.eos_token_ids,
-    )
+    eng.set_policy(name, budget)
     return type(eng.scheduler).__name__, eng.scheduler.max_num_batched_tokens
 
 

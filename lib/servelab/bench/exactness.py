@@ -14,6 +14,7 @@ import pandas as pd
 import torch
 
 from servelab.engine.engine import Engine
+from servelab.engine.logit_probe import forced_logits, prefill_logits
 from servelab.engine.sequence import SamplingParams
 
 
@@ -34,43 +35,14 @@ def hf_greedy(model, prompt: list[int], steps: int) -> tuple[list[int], torch.Te
 
 
 @torch.inference_mode()
-def engine_prefill_logits(engine: Engine, prompt: list[int]) -> torch.Tensor:
-    """The engine's logits for the prompt's last position (its first step), float32 on the CPU."""
-    seq = engine.add_request(prompt, SamplingParams(max_tokens=1, ignore_eos=True))
-    batch = engine.scheduler.schedule()
-    logits, items = engine.runner.logits(batch)
-    row = [i for i, it in enumerate(items) if it.seq is seq][0]
-    out = logits[row].float().cpu()
-    events = engine.scheduler.postprocess(batch, [int(out.argmax()) if it.samples else None for it in batch.items])
-    for ev in events:  # what Engine.step does for finished sequences
-        if ev.finished:
-            engine.runner.release(ev.seq_id)
-    return out
-
-
-@torch.inference_mode()
 def teacher_forced(hf_model, engine: Engine, prompt: list[int], continuation: list[int]) -> dict:
     """Both models read ``prompt + continuation``; compare their next-token logits at every continuation step.
 
     Unlike free-running greedy decoding, one near-tie does not send the two down different paths, so
     the agreement rate and the logit error are measured over every step.
     """
-    from servelab.engine.step_inputs import build_step_inputs
-
-    ids = prompt + continuation[:-1]
-    n = len(continuation)
-    seq = engine.add_request(ids, SamplingParams(max_tokens=1, ignore_eos=True))
-    batch = engine.scheduler.schedule()
-    if len(batch.items) != 1 or batch.items[0].num_tokens != len(ids):
-        raise RuntimeError("teacher forcing needs the whole sequence in one step; raise max_num_batched_tokens")
-    x = build_step_inputs(batch, engine.runner.tables, engine.device)
-    last = torch.arange(len(ids) - n, len(ids), device=engine.device)
-    ours = engine.model(x.input_ids, x.positions, x.meta, engine.pool, last).float().cpu()
-    events = engine.scheduler.postprocess(batch, [0])
-    for ev in events:
-        if ev.finished:
-            engine.runner.release(ev.seq_id)
-    del seq
+    ids, n = prompt + continuation[:-1], len(continuation)
+    ours = forced_logits(engine, ids, n)
     ref = hf_model(input_ids=torch.tensor([ids], device=hf_model.device)).logits[0, -n:].float().cpu()
     return {
         "tf_argmax_agree_frac": float((ours.argmax(-1) == ref.argmax(-1)).float().mean()),
@@ -86,7 +58,7 @@ def greedy_agreement(hf_model, engine: Engine, prompts: list[list[int]], steps: 
     for i, (p, mine) in enumerate(zip(prompts, ours, strict=True)):
         ref, ref_logits = hf_greedy(hf_model, p, steps)
         agree = next((k for k, (a, b) in enumerate(zip(mine, ref, strict=False)) if a != b), min(len(mine), len(ref)))
-        got = engine_prefill_logits(engine, p)
+        got = prefill_logits(engine, p)
         top2 = ref_logits.topk(2).values
         rows.append(
             {

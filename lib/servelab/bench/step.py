@@ -129,7 +129,7 @@ def _prepare_chunk(engine, g, batch, new_tokens, context, decodes, decode_contex
 def _prepare_cached_prefixes(engine, g, batch, new_tokens, context, decodes, decode_context):
     """Several chunks after cached prefixes."""
     block = engine.config.block_size
-    if engine.block_manager.prefix_cache is None or context % block:
+    if not engine.config.prefix_caching or context % block:
         raise ParameterError(
             f"a prefill of {batch} sequences after cached context needs prefix caching and a "
             f"context that is a multiple of the block size ({block}), got {context}"

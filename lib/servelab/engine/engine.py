@@ -13,6 +13,7 @@ n+1 overlaps the GPU's for step n (``inflight.py``).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
@@ -324,6 +325,26 @@ class Engine:
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or self._inflight is not None
+
+    def kv_blocks(self) -> tuple[int, int]:
+        """(used, total) KV blocks: what a server's gauges and a study's idle check read, so that nothing outside
+        ``engine/`` reaches into the block manager."""
+        return self.block_manager.num_used_blocks, self.block_manager.num_blocks
+
+    def set_policy(self, name: str, max_num_batched_tokens: int | None = None) -> None:
+        """Replace the idle engine's scheduler by a fresh ``name`` scheduler (a policy in ``engine.policies``) with
+        ``max_num_batched_tokens`` per step (None: the config's); a study swaps policies between its runs."""
+        if self.has_unfinished():
+            raise RuntimeError("the engine is not idle: a policy is swapped only between runs")
+        budget = max_num_batched_tokens or self.config.max_num_batched_tokens
+        config = dataclasses.replace(self.config, scheduler=name, max_num_batched_tokens=budget)  # checked first
+        self.scheduler = policy_class(name)(
+            self.block_manager,
+            max_num_seqs=config.max_num_seqs,
+            max_num_batched_tokens=budget,
+            eos_token_ids=self.scheduler.eos_token_ids,
+        )
+        self.config = config
 
     def abort(self, seq: Sequence) -> bool:
         """Cancel a request (a client went away): its KV blocks are freed at once. Call it from the thread

@@ -137,7 +137,7 @@ class EngineLoop:
     # ---- called from any thread -------------------------------------------------------------------
     def use_metrics(self, metrics: ServerMetrics) -> None:
         self.metrics = metrics
-        metrics.kv_total.set(self.engine.block_manager.num_blocks)
+        metrics.kv_total.set(self.engine.kv_blocks()[1])
         if self.timer is None:
             self.timer = RequestTimer(metrics)
 
@@ -423,13 +423,14 @@ class EngineLoop:
         if now - self._last_hit_rate_s > HIT_RATE_PERIOD_S:
             self._last_hit_rate_s = now
             self._hit_rate = self.engine.stats().get("prefix_hit_rate")
-        scheduler, bm = self.engine.scheduler, self.engine.block_manager
+        scheduler = self.engine.scheduler
+        used, total = self.engine.kv_blocks()
         return {
             "waiting": self.num_waiting,
             "queued": len(scheduler.waiting),
             "running": len(scheduler.running),
-            "kv_used": bm.num_used_blocks,
-            "kv_total": bm.num_blocks,
+            "kv_used": used,
+            "kv_total": total,
             "preemptions": getattr(scheduler, "num_preemptions", 0),
             "hit_rate": self._hit_rate,
         }

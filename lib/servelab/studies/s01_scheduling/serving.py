@@ -22,7 +22,6 @@ a policy's budget may be smaller, never larger. Every engine step goes to a JSON
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
 from pathlib import Path
@@ -52,15 +51,7 @@ def graph_sizes(max_num_seqs: int) -> tuple[int, ...]:
 def swap_policy(loop, name: str, budget: int) -> tuple[str, int]:
     """Replace the idle engine's scheduler by a fresh ``name`` scheduler with ``budget`` tokens per step."""
     eng = loop.engine
-    if eng.has_unfinished():
-        raise RuntimeError("the engine is not idle: a policy is swapped only between runs")
-    eng.scheduler = policy_class(name)(
-        eng.block_manager,
-        max_num_seqs=eng.config.max_num_seqs,
-        max_num_batched_tokens=budget,
-        eos_token_ids=eng.scheduler.eos_token_ids,
-    )
-    eng.config = dataclasses.replace(eng.config, scheduler=name, max_num_batched_tokens=budget)
+    eng.set_policy(name, budget)
     return eng.config.scheduler, eng.scheduler.max_num_batched_tokens
 
 
@@ -71,7 +62,7 @@ def idle_state(loop) -> dict:
         "unfinished": eng.has_unfinished(),
         "waiting": len(eng.scheduler.waiting),
         "running": len(eng.scheduler.running),
-        "used_blocks": eng.block_manager.num_used_blocks,
+        "used_blocks": eng.kv_blocks()[0],
     }
 
 

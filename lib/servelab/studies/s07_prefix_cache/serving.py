@@ -87,7 +87,7 @@ def read_gauge(base_url: str, name: str) -> float:
 # ---- run in the engine's thread (this process or the engine process), between two steps ----------------
 def engine_state(loop) -> dict:
     """Whether the engine has requests left and how many KV blocks are in use."""
-    return {"unfinished": loop.engine.has_unfinished(), "used_blocks": loop.engine.block_manager.num_used_blocks}
+    return {"unfinished": loop.engine.has_unfinished(), "used_blocks": loop.engine.kv_blocks()[0]}
 
 
 def set_caching(loop, enabled: bool) -> None:
