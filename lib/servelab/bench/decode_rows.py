@@ -38,16 +38,12 @@ class Variant(NamedTuple):
 
 
 def fused_rope_kv_runs(cuda: bool) -> bool:
-    """Whether the fused RoPE + KV-write kernel can be timed here: on CUDA, where Triton imports."""
-    if not cuda:
-        return False
-    import importlib
+    """Whether the fused RoPE + KV-write kernel can be timed here: the engine's own "auto" answer on CUDA."""
+    import torch
 
-    try:
-        importlib.import_module("servelab.kernels.rope_kv_write")  # imports Triton
-    except ImportError:
-        return False
-    return True
+    from servelab.engine.engine import fused_rope_kv_runs as engine_takes_it
+
+    return cuda and engine_takes_it(torch.device("cuda"))
 
 
 def variants(plan: BenchPlan, cuda: bool, batch: int, ctx: int) -> list[Variant]:
