@@ -15,8 +15,9 @@ sequence, with its own KV pool and graphs, and no prefix cache (a prompt run aga
 A speculative row's phases, for the last timed generation: ``draft_ms`` the draft's rounds (CUDA events around
 ``DraftModel.propose``), its first round left out since it also runs the prompt through the draft (the engine has no
 separate draft prefill); ``verify_ms`` the verify steps; ``rollback_ms`` the host time of giving rejected drafts'
-blocks back (``SpeculativeEngine.rollback_s``); ``rounds`` verify steps; ``catch_up_rounds`` verify steps that kept
-every draft, after which the draft catches up two tokens.
+blocks back (``SpeculativeEngine.rollback_s``); ``draft_steps`` the draft steps of the same timed rounds (each round
+runs as many as its largest k), so that ``draft_ms / draft_steps`` is one draft step's time; ``rounds`` verify steps;
+``catch_up_rounds`` verify steps that kept every draft, after which the draft catches up two tokens.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ _PLAIN_ZEROS = (
     "accepted",
     "proposed",
     "rejections",
+    "draft_steps",
     "draft_ms",
     "verify_ms",
     "rollback_ms",
@@ -120,13 +122,21 @@ def _speculative_fields(spec: SpeculativeEngine, run) -> tuple:
     def counted():
         s = spec.spec_stats
         before = (s.num_drafts, s.num_draft_tokens, s.num_accepted_tokens, s.num_rejections, spec.rollback_s)
+        steps, propose = [], spec.draft.propose
+
+        def counted_propose(seqs, ks):
+            steps.append(max(ks))
+            return propose(seqs, ks)
+
+        spec.draft.propose = counted_propose
         drafts, verifies = CallTimer(spec.draft, "propose", spec.device), CallTimer(spec, "_verify_step", spec.device)
         try:
             out = run()
         finally:
-            drafts.remove()
+            drafts.remove()  # both wrappers sit on the instance: one pop takes them off
             verifies.remove()
-        last.update(before=before, drafts=drafts, verifies=verifies)
+            spec.draft.__dict__.pop("propose", None)
+        last.update(before=before, drafts=drafts, verifies=verifies, steps=steps)
         return out
 
     def fields() -> dict:
@@ -138,7 +148,8 @@ def _speculative_fields(spec: SpeculativeEngine, run) -> tuple:
             accepted=s.num_accepted_tokens - b[2],
             proposed=s.num_draft_tokens - b[1],
             rejections=rejections,
-            draft_ms=sum(draft_ms[1:]),  # the first round also ran the prompt through the draft
+            draft_steps=sum(last["steps"][1:]),  # the first round also ran the prompt through the draft
+            draft_ms=sum(draft_ms[1:]),
             verify_ms=sum(verify_ms),
             rollback_ms=1e3 * (spec.rollback_s - b[4]),
             catch_up_rounds=seq_rounds - rejections,

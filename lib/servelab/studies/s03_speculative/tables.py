@@ -113,9 +113,12 @@ def speedup_table(sweep: pd.DataFrame, c_by_pair: dict[tuple[str, str], float]) 
         ch = col["chained_ms"][i].astype(float)
         has = np.isfinite(ch)
         vs_chained = _median_ci(ch[has] / ms[has]) if has.any() else (float("nan"),) * 3
-        # c as the loop itself ran it: a draft step's host-synced time over a plain decode step's
+        # c as the loop itself ran it: a draft step's time over a plain decode step's. The timed draft rounds leave
+        # out the first (it also ran the prompt through the draft), so their steps are counted apart (draft_steps);
+        # runs from before that column divide by every proposed draft, the first round's included
         base_step = float(np.median(col["base_ms_per_token"][i]))
-        c_loop = (col["draft_ms"][i].sum() / prop) / base_step
+        steps = col["draft_steps"][i].astype(float).sum() if "draft_steps" in col else float("nan")
+        c_loop = (col["draft_ms"][i].sum() / (steps if steps > 0 else prop)) / base_step
         pred_loop = float(leviathan.improvement(alpha, mean_gamma, c_loop)) if np.isfinite(alpha) else float("nan")
         rows.append(
             dict(
