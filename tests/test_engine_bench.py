@@ -233,3 +233,20 @@ def test_the_unfused_rope_kv_rows_are_planned_beside_the_default_rows(monkeypatc
     ]
     smoke = bench.make_plan(bench.parse_args(["--smoke"]))
     assert not any(name.endswith("_unfused_rope_kv") for name in labelled_rows(smoke, cuda=True))
+
+
+def test_the_bench_agreement_counts_eos_as_an_ordinary_token():
+    # tiny-gpt2 drawn at std 0.1 picks its EOS (id 0) as the first token after this prompt: an HF reference that held
+    # EOS back (min_new_tokens) parted from the engine there, and the bench read it as a disagreement
+    from hf_reference import varied
+
+    from servelab.bench.exactness import greedy_agreement, hf_greedy
+    from servelab.engine import Engine, EngineConfig
+
+    hf = varied("tiny-gpt2")
+    prompt = [398, 423, 288]
+    ref, _ = hf_greedy(hf, prompt, 6)
+    engine = Engine.from_hf(hf, EngineConfig(max_num_seqs=2, num_blocks=16, max_model_len=64))
+    df = greedy_agreement(hf, engine, [prompt], 6)
+    assert ref[0] == hf.config.eos_token_id  # EOS is on the path, so the test can tell the two references apart
+    assert df.tokens_agree.tolist() == [6] and df.tf_argmax_agree_frac.tolist() == [1.0]

@@ -20,16 +20,22 @@ from servelab.engine.sequence import SamplingParams
 
 @torch.inference_mode()
 def hf_greedy(model, prompt: list[int], steps: int) -> tuple[list[int], torch.Tensor]:
-    """HF ``generate`` greedy tokens and the prefill's last-position logits (float32, CPU)."""
+    """HF ``generate`` greedy tokens and the prefill's last-position logits (float32, CPU).
+
+    EOS is turned off, not held back: ``min_new_tokens`` would mask its logit until the last step, so wherever EOS
+    is the argmax HF would pick the runner-up while the engine (``ignore_eos``, which only keeps going past EOS)
+    picks EOS, and the two would part there without either being wrong."""
     ids = torch.tensor([prompt], device=model.device)
     out = model.generate(
         input_ids=ids,
         attention_mask=torch.ones_like(ids),
         do_sample=False,
         max_new_tokens=steps,
-        min_new_tokens=steps,
+        eos_token_id=None,
         pad_token_id=0,
     )
+    if out.shape[1] != len(prompt) + steps:
+        raise RuntimeError(f"HF generate stopped after {out.shape[1] - len(prompt)} of {steps} tokens: EOS stayed on")
     logits = model(input_ids=ids).logits[0, -1].float().cpu()
     return out[0, len(prompt) :].tolist(), logits
 
