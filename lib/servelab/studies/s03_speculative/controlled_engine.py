@@ -23,7 +23,8 @@ What a row holds (the columns the separate driver's rows, in the committed runs,
 - ``draft_steps``, ``draft_ms``: each draft round runs as many draft steps as its largest k, timed with CUDA events
   around ``DraftModel.propose``. The first round of a generation also runs the prompts through the draft (the engine
   has no separate draft prefill): it is left out of both, so c is a draft decode step's, as the separate driver's
-  was; ``seconds`` keeps it, as serving pays it.
+  was; ``seconds`` keeps it, as serving pays it, and ``draft_first_ms`` holds it, so that the share of ``seconds``
+  outside the device phases does not count the draft's prefill as host time.
 - ``verify_ms``: CUDA-event time of the verify steps; ``agreed``: sequence-rounds where the target, left alone,
   emitted what the controlled draws did (``ControlledDrafts.disagreed``).
 - ``host_syncs_per_round``: the most host syncs one engine step made in an audit run
@@ -165,6 +166,7 @@ def _speculative_run(spec: SpeculativeEngine, prompts, n: int, reference, alpha:
         rejections=s.num_rejections - before[3],
         draft_steps=sum(draft_steps[1:]),  # the first round also ran the prompts: not a draft step's cost
         draft_ms=sum(draft_ms[1:]),
+        draft_first_ms=draft_ms[0] if draft_ms else 0.0,
         verify_ms=sum(verify_ms),
         agreed=seq_rounds - controlled[0].disagreed,
         seq_rounds=seq_rounds,

@@ -285,7 +285,10 @@ def controlled_table(raw: pd.DataFrame) -> pd.DataFrame:
         sp, sp_lo, sp_hi = _spread(col["tokens_per_s"][i].astype(float) / tp_plain)
         a, g = float(a), int(g)
         pred = float(leviathan.improvement(a, g, c))
-        device_ms = col["draft_ms"][i].sum() + col["verify_ms"][i].sum()
+        # the device phases inside ``seconds``: the first draft round (the draft's prefill, left out of c) is one of
+        # them; runs from before ``draft_first_ms`` counted it as loop overhead
+        first = col["draft_first_ms"][i].astype(float) if "draft_first_ms" in col else np.zeros(len(i))
+        device_ms = col["draft_ms"][i].sum() + np.nan_to_num(first).sum() + col["verify_ms"][i].sum()
         rows.append(
             dict(
                 target=t,
