@@ -29,3 +29,12 @@ def test_each_call_is_timed_in_order_and_reset_and_remove_undo_it():
     assert len(t.ms()) == 1
     t.remove()
     assert "run" not in vars(s) and s.run(0.0) == 0.0 and len(t.ms()) == 1
+
+
+def test_a_note_keeps_what_each_call_was_asked_beside_its_time():
+    s = Step()
+    t = CallTimer(s, "run", "cpu", note=lambda seconds: seconds > 0)
+    s.run(0.0), s.run(0.001)
+    assert t.notes == [False, True] and len(t.ms()) == 2
+    t.reset()
+    assert t.notes == [] and t.ms() == []

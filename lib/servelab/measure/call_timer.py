@@ -3,7 +3,8 @@
 ``CallTimer(owner, "name", device)`` wraps ``owner.name`` on the instance: every call records a pair of CUDA events
 around it (wall time on a CPU), and nothing waits for the device until ``ms()`` reads them after the run, so the
 timing never adds a host sync to what it times (a speculative round's draft phase, a verify step, an engine step).
-``remove()`` puts the class's method back.
+``remove()`` puts the class's method back. ``note(*args, **kwargs)``, if given, is kept for each call beside its time
+(``notes``): what the call was asked, e.g. how many draft steps a speculative round ran.
 """
 
 from __future__ import annotations
@@ -14,13 +15,16 @@ import torch
 
 
 class CallTimer:
-    def __init__(self, owner, name: str, device):
+    def __init__(self, owner, name: str, device, note=None):
         self.owner, self.name = owner, name
         self.cuda = torch.device(device).type == "cuda"
         self.calls: list = []
+        self.notes: list = []
         inner = getattr(owner, name)
 
         def timed(*a, **kw):
+            if note is not None:
+                self.notes.append(note(*a, **kw))
             if not self.cuda:
                 t0 = time.perf_counter()
                 out = inner(*a, **kw)
@@ -44,6 +48,7 @@ class CallTimer:
     def reset(self) -> None:
         """Forget every call so far, read or not."""
         self.calls.clear()
+        self.notes.clear()
 
     def remove(self) -> None:
         self.owner.__dict__.pop(self.name, None)

@@ -47,6 +47,7 @@ from servelab.models.native import native_from_hf
 from servelab.speculative.config import SpeculativeConfig
 from servelab.speculative.controlled import ControlledDrafts
 from servelab.speculative.syncs import HostSyncs
+from servelab.studies.s03_speculative.sweep import round_steps
 
 
 def _name(spec: str) -> str:
@@ -129,15 +130,8 @@ def _speculative_run(spec: SpeculativeEngine, prompts, n: int, reference, alpha:
     """One generation's row fields with drafts controlled to acceptance ``alpha`` (see the module docstring)."""
     s = spec.spec_stats
     before = (s.num_drafts, s.num_draft_tokens, s.num_accepted_tokens, s.num_rejections)
-    draft_steps = []
-    propose = spec.draft.propose
-
-    def counted_propose(seqs, ks):
-        draft_steps.append(max(ks))
-        return propose(seqs, ks)
-
-    spec.draft.propose = counted_propose
-    drafts, verifies = CallTimer(spec.draft, "propose", spec.device), CallTimer(spec, "_verify_step", spec.device)
+    drafts = CallTimer(spec.draft, "propose", spec.device, note=round_steps)
+    verifies = CallTimer(spec, "_verify_step", spec.device)
     vocab, controlled = spec.model.shape.vocab, []
 
     def control(seqs):
@@ -152,8 +146,7 @@ def _speculative_run(spec: SpeculativeEngine, prompts, n: int, reference, alpha:
         spec.override = None
         drafts.remove()
         verifies.remove()
-        spec.draft.__dict__.pop("propose", None)
-    draft_ms, verify_ms = drafts.ms(), verifies.ms()
+    draft_ms, verify_ms, draft_steps = drafts.ms(), verifies.ms(), drafts.notes
     seq_rounds = s.num_drafts - before[0]
     emitted = sum(len(t) for t in tokens)
     return dict(

@@ -114,6 +114,11 @@ def _status(e: BaseException) -> str:
     return f"error: {type(e).__name__}: {msg}"
 
 
+def round_steps(seqs, ks) -> int:
+    """A draft round (``DraftModel.propose(seqs, ks)``) runs as many draft steps as its largest k."""
+    return max(ks)
+
+
 def _speculative_fields(spec: SpeculativeEngine, run) -> tuple:
     """``run()`` timed by ``time_fn`` through a wrapper that records, for each generation, the speculative mode's
     counters and phases; returns (the wrapper, a function giving the last generation's fields)."""
@@ -122,21 +127,14 @@ def _speculative_fields(spec: SpeculativeEngine, run) -> tuple:
     def counted():
         s = spec.spec_stats
         before = (s.num_drafts, s.num_draft_tokens, s.num_accepted_tokens, s.num_rejections, spec.rollback_s)
-        steps, propose = [], spec.draft.propose
-
-        def counted_propose(seqs, ks):
-            steps.append(max(ks))
-            return propose(seqs, ks)
-
-        spec.draft.propose = counted_propose
-        drafts, verifies = CallTimer(spec.draft, "propose", spec.device), CallTimer(spec, "_verify_step", spec.device)
+        drafts = CallTimer(spec.draft, "propose", spec.device, note=round_steps)
+        verifies = CallTimer(spec, "_verify_step", spec.device)
         try:
             out = run()
         finally:
-            drafts.remove()  # both wrappers sit on the instance: one pop takes them off
+            drafts.remove()
             verifies.remove()
-            spec.draft.__dict__.pop("propose", None)
-        last.update(before=before, drafts=drafts, verifies=verifies, steps=steps)
+        last.update(before=before, drafts=drafts, verifies=verifies)
         return out
 
     def fields() -> dict:
@@ -148,7 +146,7 @@ def _speculative_fields(spec: SpeculativeEngine, run) -> tuple:
             accepted=s.num_accepted_tokens - b[2],
             proposed=s.num_draft_tokens - b[1],
             rejections=rejections,
-            draft_steps=sum(last["steps"][1:]),  # the first round also ran the prompt through the draft
+            draft_steps=sum(last["drafts"].notes[1:]),  # the first round also ran the prompt through the draft
             draft_ms=sum(draft_ms[1:]),
             verify_ms=sum(verify_ms),
             rollback_ms=1e3 * (spec.rollback_s - b[4]),
