@@ -2,7 +2,7 @@
 verify step against a plain decode step, and the speed-up at a controlled acceptance α, at batch 1 and 8.
 
     python scripts/bench_spec_engine.py [--target config:llama-3-8b] [--draft config:qwen2-0.5b-vocab128k]
-                                        [--gamma 4] [--batch 1 8] [--out spec_engine.csv]
+                                        [--gamma 4] [--batch 1 8] [--switches default|on|off] [--out spec_engine.csv]
 
 Random weights (``config:``) cost what trained ones cost, but a random draft agrees with a random target on almost
 nothing: c and v are measured with the draft's own proposals, and the speed-up with them overridden to acceptance α
@@ -36,7 +36,7 @@ from servelab.engine.speculative_engine import SpeculativeEngine, load_draft  # 
 from servelab.measure.call_timer import CallTimer  # noqa: E402
 from servelab.measure.device import device_record  # noqa: E402
 from servelab.models import load_model  # noqa: E402
-from servelab.models.small_batch import use_small_linear, uses_small_linear  # noqa: E402
+from servelab.models.small_batch import uses_small_linear  # noqa: E402
 from servelab.speculative.config import SpeculativeConfig  # noqa: E402
 from servelab.speculative.controlled import ControlledDrafts  # noqa: E402
 
@@ -185,15 +185,14 @@ def set_up(args) -> None:
         triton_decode._tuned_kernel.configs = [triton.Config({"KEYS": keys}, num_warps=warps, num_stages=stages)]
 
 
+SWITCHES = {"default": "auto", "on": True, "off": False}
+
+
 def build_draft(args):
-    """The draft model with the staged switches asked for. It runs on its own runner, which sets nothing on it: its
-    model takes each switch itself, before that runner compiles and captures (both keep the small path)."""
-    draft = load_draft(args.draft, dtype="bfloat16", device=args.device, seed=1)
-    if args.fused_rope_kv_write:
-        draft.set_fused_rope_kv_write(True)
-    if args.draft_small_linear:
-        use_small_linear(draft, rope_in_qkv=args.draft_rope_in_qkv)
-    return draft
+    """The draft model. It takes the target engine's switches as that engine resolved them (``DraftModel``'s
+    ``_take_switches``: fused RoPE + KV write, and its one-row steps through small_linear), before its runner compiles
+    and captures, so the bench measures the draft the engine mode runs."""
+    return load_draft(args.draft, dtype="bfloat16", device=args.device, seed=1)
 
 
 def main() -> None:
@@ -222,10 +221,11 @@ def main() -> None:
         help="also profile a plain decode step, a draft round and a verify step at each batch (<out>.budget.csv)",
     )
     ap.add_argument(
-        "--fused-rope-kv-write",
-        action="store_true",
-        help="both engines with RoPE and the KV write in one kernel (faster compiled under the staged check on the "
-        "H100: data/dev/nvidia-h100/2026-12-06/small_batch_step_check_*.csv)",
+        "--switches",
+        choices=sorted(SWITCHES),
+        default="default",
+        help="the engines' fused_rope_kv_write and small_batch (the draft takes the target's): the engine's defaults "
+        "('auto': on where CUDA and Triton run them), both on (Triton's interpreter runs them on a CPU), or both off",
     )
     ap.add_argument(
         "--decode-launch",
@@ -240,22 +240,7 @@ def main() -> None:
         help="each of a greedy round's draft steps in its own decode graph (the mode's default), or the steps after "
         "the first in one captured graph (engine.draft_rounds)",
     )
-    ap.add_argument(
-        "--draft-small-linear",
-        action="store_true",
-        help="the draft's one-row steps (every draft step at batch 1) through models.small_batch: six launches a "
-        "layer, RoPE and the KV write fused (1.02 against 1.07 ms a Qwen2-0.5B step on the H100: "
-        "data/dev/nvidia-h100/2026-12-06/small_batch_step_check_*.csv); wider steps run the draft's own blocks",
-    )
-    ap.add_argument(
-        "--draft-rope-in-qkv",
-        action="store_true",
-        help="with --draft-small-linear: the draft's one-row steps take RoPE and the pool write into the qkv launch "
-        "(small_linear.norm_linear_rope_kv), five launches a layer instead of six",
-    )
     args = ap.parse_args()
-    if args.draft_rope_in_qkv and not args.draft_small_linear:
-        ap.error("--draft-rope-in-qkv goes with --draft-small-linear")
     set_up(args)
     dev = args.device
     record = device_record(dev)
@@ -264,7 +249,8 @@ def main() -> None:
         max_model_len=1024,
         max_num_seqs=max(args.batch),
         block_size=16,
-        fused_rope_kv_write=args.fused_rope_kv_write,
+        fused_rope_kv_write=SWITCHES[args.switches],
+        small_batch=SWITCHES[args.switches],
     )
     hf = load_model(args.target, dtype="bfloat16", device=dev, load_tokenizer=False).model
     draft = build_draft(args)
@@ -349,6 +335,7 @@ def main() -> None:
         "spec_target_compile": spec.compile_status,
         "draft_compile": spec.draft.compile_status,
         "draft_graphs": spec.draft.num_graphs,
+        "target_switches": {"fused_rope_kv_write": spec.fused_rope_kv_write, "small_batch": spec.small_batch},
         "draft_small_linear": uses_small_linear(spec.draft.model),
         "draft_round_graphs": len(spec.draft.rounds.graphs) if spec.draft.rounds is not None else 0,
         "draft_rounds_in_one_graph": spec.draft.round_graph_rounds,

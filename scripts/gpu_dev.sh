@@ -25,17 +25,11 @@
 #                  draft of its vocabulary, batch 1 and 8
 #   spec-bench-launch  the same with the decode kernel's launch fixed at KEYS=128/4 warps/2 stages (the H100's
 #                  fastest at small batches, decode-tuning) instead of the tuner's per-process pick
-#   spec-bench-fused  the same with fused_rope_kv_write in the target and the draft (under the staged compile
-#                  check): how far does the faster small-batch step move c?
-#   spec-bench-staged  every staged draft-step cut at once: fused_rope_kv_write, the draft's one-row steps through
-#                  small_linear (models/small_batch) and the decode launch fixed at 128/4/2, profiled: the c they
-#                  reach together against 2x's c <= 0.155
-#   spec-bench-seeds  the staged draft-step cuts (as spec-bench-staged, unprofiled) over 256 tokens a request and 5
-#                  seeds' controlled draws: is the 11% between 1.87x and Leviathan's 2.10x at b1 the draws' luck (64
-#                  tokens gave ~19 rounds a request, one seed) or time the formula does not price?
-#   spec-bench-rope  as spec-bench-seeds with the draft's one-row steps taking RoPE and the pool write into the qkv
-#                  launch (--draft-rope-in-qkv): what the launch it saves per layer takes off c
-#   spec-bench-rounds  the same, then again with each draft step in its own graph (--draft-rounds steps): what the
+#   spec-bench-off  the same with fused_rope_kv_write and small_batch off in both engines (the default's "auto" turns
+#                  them on on a GPU): what the fused step and the draft's one-row small_linear path take off c
+#   spec-bench-seeds  the defaults, unprofiled, over 5 seeds' controlled draws: how much of the gap to Leviathan's
+#                  prediction is the draws' luck, and how much time the formula does not price
+#   spec-bench-rounds  the defaults, then again with each draft step in its own graph (--draft-rounds steps): what the
 #                  round in one graph (engine/draft_rounds.py) takes off c, on one machine
 #   long-tiles     scripts/bench_long_tiles.py: the staged long-tile kernel (kernels/triton_long_tiles.py) against
 #                  triton_ragged's long tiles, a 4096-token prefill and a 512-token chunk after 2,048 (0.5B, 8B shapes)
@@ -83,16 +77,10 @@ for task in "$@"; do
     spec-engine) run "$task" 300 python3 -m pytest -q -p no:cacheprovider -x tests/test_engine_speculation.py ;;
     spec-bench) run "$task" 420 python3 scripts/bench_spec_engine.py --profile --out "$OUT/spec_engine.csv" ;;
     spec-bench-launch) run "$task" 420 python3 scripts/bench_spec_engine.py --decode-launch 128,4,2 --out "$OUT/spec_engine_launch.csv" ;;
-    spec-bench-fused) run "$task" 420 python3 scripts/bench_spec_engine.py --fused-rope-kv-write --out "$OUT/spec_engine_fused.csv" ;;
-    spec-bench-staged) run "$task" 420 python3 scripts/bench_spec_engine.py --fused-rope-kv-write --draft-small-linear \
-      --decode-launch 128,4,2 --profile --out "$OUT/spec_engine_staged.csv" ;;
-    spec-bench-seeds) run "$task" 420 python3 scripts/bench_spec_engine.py --fused-rope-kv-write --draft-small-linear \
-      --decode-launch 128,4,2 --seeds 5 --out "$OUT/spec_engine_seeds.csv" ;;
-    spec-bench-rope) run "$task" 420 python3 scripts/bench_spec_engine.py --fused-rope-kv-write --draft-small-linear \
-      --draft-rope-in-qkv --decode-launch 128,4,2 --seeds 5 --out "$OUT/spec_engine_rope.csv" ;;
+    spec-bench-off) run "$task" 420 python3 scripts/bench_spec_engine.py --switches off --profile --out "$OUT/spec_engine_off.csv" ;;
+    spec-bench-seeds) run "$task" 420 python3 scripts/bench_spec_engine.py --seeds 5 --out "$OUT/spec_engine_seeds.csv" ;;
     spec-bench-rounds) run "$task" 420 bash -c 'for r in graph steps; do python3 scripts/bench_spec_engine.py \
-      --fused-rope-kv-write --draft-small-linear --decode-launch 128,4,2 --profile --draft-rounds $r \
-      --out "$OUT/spec_engine_rounds_$r.csv" || exit; done' ;;
+      --profile --draft-rounds $r --out "$OUT/spec_engine_rounds_$r.csv" || exit; done' ;;
     long-tiles) run "$task" 300 python3 scripts/bench_long_tiles.py --out "$OUT/long_tiles.csv" ;;
     long-tiles-64) run "$task" 300 python3 scripts/bench_long_tiles.py --long-tile-tokens 64 --out "$OUT/long_tiles_64.csv" ;;
     decode-tuning) run "$task" 420 bash -c 'for i in 0 1 2; do python3 scripts/bench_decode_tuning.py --process $i --out "$OUT/decode_tuning.csv" || exit; done' ;;

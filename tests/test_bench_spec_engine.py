@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pandas as pd
-import pytest
 
 from servelab.paths import REPO_ROOT
 
@@ -62,18 +61,29 @@ def test_a_cpu_run_writes_every_row_and_the_device_record(tmp_path):
     assert (budget["calls"] > 0).all() and (budget["wall_ms"] > 0).all() and (budget["gemm_kernels"] > 0).all()
 
 
-@pytest.mark.parametrize("rope", [[], ["--draft-rope-in-qkv"]], ids=["six-launches", "rope-in-qkv"])
-def test_a_cpu_run_with_the_draft_through_small_linear_runs_through_and_says_so(tmp_path, rope):
-    """``--draft-small-linear`` under Triton's interpreter, with RoPE and the pool write in the qkv launch
-    (``--draft-rope-in-qkv``) and without: the bench runs through with the draft's one-row steps on small_linear's
-    kernels (after its runner compiled and captured), and the record says the draft's blocks were the small path's.
-    Whether that path gives HF's tokens is ``tests/test_small_batch_blocks.py``'s question."""
+def test_a_cpu_run_with_the_switches_on_runs_the_draft_through_small_linear_and_says_so(tmp_path):
+    """``--switches on`` under Triton's interpreter: both engines take the fused RoPE + KV write and small_linear's
+    one-row steps, and the draft takes them from the target (nobody sets them on it by hand), so the bench runs
+    through with the draft's one-row steps on small_linear's kernels (after its runner compiled and captured), and the
+    record says so. Whether that path gives HF's tokens is ``tests/test_small_batch_blocks.py``'s question."""
     out = tmp_path / "spec_engine.csv"
-    args = ["--new", "4", "--gamma", "2", "--prompt", "16", "--draft-small-linear", "--batch", "1", "--alpha", "1.0"]
-    bench(out, *args, *rope, "--seeds", "1", TRITON_INTERPRET="1")
+    args = ["--new", "4", "--gamma", "2", "--prompt", "16", "--switches", "on", "--batch", "1", "--alpha", "1.0"]
+    bench(out, *args, "--seeds", "1", TRITON_INTERPRET="1")
     table = pd.read_csv(out)
     assert table[(table["what"] == "acceptance")]["value"].iloc[0] == 1.0
     record = json.loads(out.with_suffix(".device.json").read_text())
-    assert record["args"]["draft_small_linear"] and record["engine"]["draft_small_linear"]
-    assert record["args"]["draft_rope_in_qkv"] == bool(rope)
+    assert record["args"]["switches"] == "on"
+    assert record["engine"]["target_switches"] == {"fused_rope_kv_write": True, "small_batch": True}
+    assert record["engine"]["draft_small_linear"]
     assert record["engine"]["draft_round_graphs"] == 0  # a CPU captures none: its rounds go step by step
+
+
+def test_the_defaults_on_a_cpu_leave_both_switches_off(tmp_path):
+    """The bench measures the engine's defaults unless told otherwise: "auto" resolves off on a CPU (no CUDA), so the
+    draft keeps its own blocks there, as the engine mode's draft does."""
+    out = tmp_path / "spec_engine.csv"
+    bench(out, "--new", "4", "--gamma", "2", "--prompt", "16", "--batch", "1", "--alpha", "1.0", "--seeds", "1")
+    record = json.loads(out.with_suffix(".device.json").read_text())
+    assert record["args"]["switches"] == "default"
+    assert record["engine"]["target_switches"] == {"fused_rope_kv_write": False, "small_batch": False}
+    assert not record["engine"]["draft_small_linear"]
