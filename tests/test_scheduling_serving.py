@@ -132,6 +132,11 @@ def test_probe_and_point_rows(served):
     assert row["status"] == "ok" and row["requests"] == len(req) > 0 and row["completed"] == len(req)
     assert {"model", "scheduler", "budget", "rate", "token_times_s", "t0_perf_s"} <= set(req.columns)
     assert steps["start_s"].min() >= 0 and steps["prefill_tokens"].max() <= 32  # on the records' axis
+    # the step log's times as written: seconds to the microsecond, phase times to a tenth of one (ms to 4 places)
+    for col, digits in {"start_s": 6, "end_s": 6, "host_ms": 4, "wait_ms": 4}.items():
+        kept = steps[col].dropna()
+        assert len(kept) and (kept == kept.round(digits)).all(), col
+        assert (kept != kept.round(digits - 2)).any(), col  # and no coarser: some value uses the last places
     assert row["delivered_tok_s"] > 0 and row["slo_itl_ms"] == 50.0
     # the window: min_requests × 1.15 / 10 req/s = 0.575 s (under the 0.6 s cap), so 6 requests, all completed
     assert row["window_s"] == pytest.approx(0.575) and row["requests"] == 6 and row["shortfall"] == 0
