@@ -620,6 +620,34 @@ def test_older_runs_are_pruned_only_once_todays_repeats_are_complete_and_never_p
     assert pinned.is_dir()
 
 
+def test_the_trees_forecast_sizes_each_job_by_its_parts_runs_and_counts_what_pruning_takes_back(tmp_path):
+    """A job adds the median size of its part's runs on disk (any fingerprint); a part with none is counted apart;
+    pruning takes back the study's other fingerprints' folders once it is complete, never legacy or pinned ones."""
+    from servelab.studies.common.tree_growth import folder_bytes, forecast
+
+    today = fingerprint(MEASURING).digest
+    small = _run(tmp_path, "02_gpu_costs", "old" * 8, "all", 0, steps=pd.DataFrame({"v": range(10)}))
+    big = _run(tmp_path, "02_gpu_costs", "old" * 8, "all", 1, steps=pd.DataFrame({"v": range(1000)}))
+    mid = _run(tmp_path, "02_gpu_costs", today, "all", 0, steps=pd.DataFrame({"v": range(100)}))
+    pinned = _run(tmp_path, "02_gpu_costs", "pin" * 8, "all", 0, steps=pd.DataFrame({"v": range(50)}))
+    _run(tmp_path, "02_gpu_costs", "legacy", "all", 0, steps=pd.DataFrame({"v": range(50)}))
+    pins = tmp_path / "validation"
+    pins.mkdir()
+    (pins / "freeze.json").write_text('{"runs": ["data/results/nvidia-h200/02_gpu_costs/runs/pinpinpinpin/all/r0"]}')
+    jobs = [campaign.Job("02_gpu_costs", "all", r, 5.0, "guess") for r in (1, 2)]
+    jobs += [campaign.Job("02_gpu_costs", "nowhere", 0, 5.0, "guess"), campaign.WARM_JOB]
+    f = forecast(jobs, tmp_path, tree=40_000_000, pins=pins)
+    # every run of the part sizes it, legacy's and the pinned one's too (they say what such a run writes)
+    legacy = pinned.parents[2] / "legacy" / "all" / "r0"
+    sizes = [folder_bytes(d) for d in (small, big, mid, pinned, legacy)]
+    assert f.added == 2 * int(pd.Series(sizes).median())
+    assert f.unsized == 1  # the part no run has measured
+    assert f.prunable == folder_bytes(small.parents[1])  # the old folder, both its repeats; not legacy, not pinned
+    assert f.end == 40_000_000 + f.added - f.prunable
+    assert "SmolLM2's weights would take" in f.text() and "1 jobs with no earlier run" in f.text()
+    assert "no room" in forecast([], tmp_path, tree=66_000_000, pins=pins).text()
+
+
 def test_the_plan_packs_the_jobs_that_complete_a_seed_claim_first():
     """Study 1's F1.1 and F1.2 wait for llama-eager alone, F1.3 for four parts, F2.3 (judged by the simulator on
     Study 1's whole repeats) for every part, the budget sweep's too, and no claim reads the simulator's own jobs or

@@ -391,11 +391,16 @@ def _carry(session: list[list[Job]], i: int, parts: int) -> str:
 
 
 def plan_text(
-    bins: list[list[Job]], max_minutes: float = MAX_MINUTES, held: list[Job] = (), parts: int | None = None
+    bins: list[list[Job]],
+    max_minutes: float = MAX_MINUTES,
+    held: list[Job] = (),
+    parts: int | None = None,
+    growth: bool = False,
 ) -> str:
     """The plan as `make gpu-plan` prints it, session by session, each call with what it carries; ``held``: the
     jobs that must wait, listed after the runs with why; ``parts``: the calls SmolLM2's weights take (default: at
-    this checkout's tree, `carry.smollm2_parts`)."""
+    this checkout's tree, `carry.smollm2_parts`); ``growth``: with the tree's forecast over the plan
+    (``tree_growth``), which reads every run folder on disk."""
     wait = _held_text(held)
     if not bins:
         return "GPU plan: nothing to measure now; every study has its repeats at today's fingerprints.\n" + wait
@@ -420,6 +425,10 @@ def plan_text(
             " (scripts/stage_smollm2.sh cuts the parts after the last commit): a session's calls carry them in"
             " order, back to back (the machine goes back after 30 s idle), and its SmolLM2 runs come after them."
         )
+    if growth:
+        from servelab.studies.common.tree_growth import forecast
+
+        lines.append(forecast([j for b in bins for j in b]).text())
     if warm:
         lines.append(
             f"Drafts: {WARM_JOB.name} distils SmolLM2's drafts into the machine's cache (writes no data), where the"
@@ -569,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
             if a.jobs_only:
                 print(" ".join(j.name for b in pack(ready, a.max_minutes) for j in b))
             else:
-                print(plan_text(pack(ready, a.max_minutes), a.max_minutes, held), end="")
+                print(plan_text(pack(ready, a.max_minutes), a.max_minutes, held, growth=True), end="")
             return 0
         if a.cmd == "run":
             return 1 if run_jobs(a.jobs, limit_s=a.limit, profile=a.profile) else 0

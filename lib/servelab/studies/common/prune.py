@@ -29,21 +29,24 @@ from servelab.studies.common.runs import study_runs
 LEGACY = "legacy"
 
 
-def superseded(root: Path | None = None, pins: Path = DATA_DIR / "validation", studies=None) -> list[Path]:
+def superseded(root: Path | None = None, pins: Path | None = None, studies=None) -> list[Path]:
     """The fingerprint folders (``.../<study>/runs/<fp>``) that today's complete repeats supersede, less the pinned
-    ones: ``legacy`` and any folder named in a file under ``pins``."""
-    pinned = "\n".join(p.read_text(errors="replace") for p in sorted(Path(pins).rglob("*")) if p.is_file())
+    ones: ``legacy`` and any folder named in a file under ``pins`` (default: ``data/validation``)."""
     out: list[Path] = []
     for study in studies or campaign_studies():
         runs = study_runs(study, root)
         if not runs.current or missing_jobs(study, MIN_REPEATS, root, runs):
             continue
-        folders = {r.dir.parents[1] for r in runs.older}
-        for folder in sorted(folders):
-            if folder.name == LEGACY or f"/{study}/runs/{folder.name}/" in pinned:
-                continue
-            out.append(folder)
+        out += kept_out({r.dir.parents[1] for r in runs.older}, study, pins)
     return out
+
+
+def kept_out(folders, study: str, pins: Path | None = None) -> list[Path]:
+    """Of ``study``'s fingerprint ``folders``, those pruning may take: not ``legacy``, and named by no file under
+    ``pins`` (the simulator's freeze hashes the runs it was calibrated on)."""
+    pins = DATA_DIR / "validation" if pins is None else Path(pins)
+    pinned = "\n".join(p.read_text(errors="replace") for p in sorted(pins.rglob("*")) if p.is_file())
+    return [f for f in sorted(folders) if f.name != LEGACY and f"/{study}/runs/{f.name}/" not in pinned]
 
 
 def remove(folders: list[Path], repo: Path = REPO_ROOT) -> None:
