@@ -131,6 +131,107 @@ def test_prefix_trace_and_ideal_hit_rate():
     assert ideal_hit_rate(keys, 32, 40, 16) == pytest.approx((50 - distinct) * 32 / (50 * 40))
 
 
+def test_the_poisson_load_and_the_burst_serve_the_same_requests():
+    """One seed gives the same prefixes and prompts at any rate: the arrival times have a stream of their own (a
+    burst draws none, which used to shift every prompt after it), so one ideal hit rate holds for both loads."""
+    kw = dict(n_prefixes=8, alpha=1.0, prefix_tokens=32, suffix_tokens=8, output_tokens=2, vocab=512, seed=3)
+    poisson, keys = prefix_trace(64, 64.0, **kw)
+    burst, burst_keys = prefix_trace(64, float("inf"), **kw)
+    assert (keys == burst_keys).all()
+    assert poisson.frame["prompt_ids"].tolist() == burst.frame["prompt_ids"].tolist()
+    assert (burst.frame["arrival_s"] == 0).all() and poisson.frame["arrival_s"].is_monotonic_increasing
+    other, other_keys = prefix_trace(64, 64.0, **{**kw, "seed": 4})  # another repeat: other requests
+    assert other.frame["prompt_ids"].tolist() != poisson.frame["prompt_ids"].tolist()
+
+
+class _Left:
+    """A budget with ``s`` seconds left, which the stubbed runs spend."""
+
+    def __init__(self, s):
+        self.s = s
+
+    def spent(self, need_s=0.0):
+        return self.s <= need_s
+
+
+def _stub_server(monkeypatch, calls, left, run_s):
+    """serve_comparison with a recording load worker and server in place of real ones, each run spending
+    ``run_s`` of ``left``."""
+    import servelab.loadgen.worker as worker
+    from servelab.studies.s07_prefix_cache import serving
+
+    class Worker:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def run(self, base_url, trace, workdir, deadline_s, name="run"):
+            calls.append(("worker", name, len(trace)))
+            return pd.DataFrame({"ok": [True] * len(trace), "error": [""] * len(trace)}), {}
+
+    class Served:
+        base_url = "http://stub"
+
+        def __init__(self, *a):
+            calls.append(("server",))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            pass
+
+        def wait_idle(self):
+            pass
+
+    def one_run(served, worker, trace, workdir, deadline_s, load, mode, *rest):
+        calls.append(("run", load, mode))
+        left.s -= run_s
+        return {"status": "ok"}
+
+    monkeypatch.setattr(worker, "LoadWorker", Worker)
+    monkeypatch.setattr(serving, "ServedEngine", Served)
+    monkeypatch.setattr(serving, "_one_run", one_run)
+    return serving.serve_comparison
+
+
+def test_a_loads_two_server_runs_are_run_or_skipped_together_after_an_untimed_warm_up(monkeypatch, tmp_path):
+    """12 s left after the Poisson pair, 8 s a run: the old check ran the burst's caching-off run and skipped its
+    caching-on run, a comparison with one side. Now both are skipped, and the warm-up request came first."""
+    calls, left = [], _Left(28.0)
+    serve = _stub_server(monkeypatch, calls, left, run_s=8.0)
+    trace, _ = prefix_trace(4, 10.0, 2, 1.0, 16, 4, 2, vocab=512)
+    _, summ = serve(None, {"poisson": trace, "burst": trace}, tmp_path, deadline_s=5.0, build=object(),
+                    budget=left, run_estimate_s=8.0, progress=False)  # fmt: skip
+    status = summ.set_index(["load", "caching"])["status"]
+    assert list(status[("poisson",)]) == ["ok", "ok"] and list(status[("burst",)]) == [SKIPPED, SKIPPED]
+    assert calls[:2] == [("server",), ("worker", "warmup", 1)]  # one request, untimed, before any run
+    assert calls[2:] == [("run", "poisson", "off"), ("run", "poisson", "on")]
+    assert (summ["warmup_s"] >= 0).all()
+
+
+def test_no_server_starts_where_not_one_load_and_its_start_fit_the_budget(monkeypatch, tmp_path):
+    calls, left = [], _Left(20.0)
+    serve = _stub_server(monkeypatch, calls, left, run_s=8.0)
+    trace, _ = prefix_trace(4, 10.0, 2, 1.0, 16, 4, 2, vocab=512)
+    req, summ = serve(None, {"poisson": trace}, tmp_path, deadline_s=5.0, build=object(), budget=left,
+                      run_estimate_s=8.0, build_estimate_s=10.0, progress=False)  # fmt: skip
+    assert calls == [] and req.empty
+    assert list(summ["caching"]) == ["off", "on"] and (summ["status"] == SKIPPED).all()
+
+
+def test_the_engine_sweeps_leave_the_server_runs_their_reserve():
+    from servelab.studies.s07_prefix_cache.measure import _serving_reserve_s
+
+    P = study_params("full")
+    assert _serving_reserve_s(P) == P["serve_build_estimate_s"] + 4 * P["serve_run_estimate_s"]
+    assert _serving_reserve_s({**P, "serve": "skip"}) == 0.0
+    # the server runs' reserve fits the budget with room for the sweeps (repeat 0 used 122.9 s of the old 125)
+    assert P["time_budget_s"] - _serving_reserve_s(P) >= 120.0
+
+
 # ---- breakeven and verdicts ----------------------------------------------------------------------------
 
 

@@ -28,9 +28,17 @@ STUDY = "07_prefix_cache"
 PARTS = {"all": 3.0}  # one part; minutes on the H200 (the legacy run took 87 s) before a run records its own
 
 
+def _serving_reserve_s(P: dict) -> float:
+    """What the server-level runs need of the budget: the server's start and warm-up, then both loads (Poisson,
+    burst) with caching off and on."""
+    return P["serve_build_estimate_s"] + 2 * 2 * P["serve_run_estimate_s"] if P["serve"] == "http" else 0.0
+
+
 def _engine_parts(P: dict, engine, roof, budget: Budget) -> dict:
-    """F7.1–F7.3 on the engine, timed: the raw sweeps by table name."""
-    kw = dict(warmup=P["warmup"], repeats=P["repeats"], budget=budget, progress=False)
+    """F7.1–F7.3 on the engine, timed: the raw sweeps by table name. They stop where only the server runs'
+    reserve is left of ``budget``."""
+    sweeps = Budget(budget.sweep_budget_s(_serving_reserve_s(P)))
+    kw = dict(warmup=P["warmup"], repeats=P["repeats"], budget=sweeps, progress=False)
     t = {
         "prefix_length": prefix_length_sweep(
             engine, P["prefix_lengths"], P["suffix_tokens"], roof, seed=P["seed"], **kw
@@ -70,6 +78,7 @@ def _serving(P: dict, engine, kind: str, budget: Budget) -> tuple[dict, str]:
         deadline_s=P["serve_deadline_s"],
         budget=budget,
         run_estimate_s=P["serve_run_estimate_s"],
+        build_estimate_s=P["serve_build_estimate_s"],
         progress=False,
     )
     summary["ideal_hit_rate"] = ideal_hit_rate(keys, P["serve_prefix_tokens"], prompt, P["block_size"])

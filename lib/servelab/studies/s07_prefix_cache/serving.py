@@ -42,9 +42,13 @@ def prefix_trace(
     vocab: int,
     seed: int = 0,
 ) -> tuple[Trace, np.ndarray]:
-    """The workload: a ``Trace`` with prompt ids, and which prefix each request starts with (0 = most popular)."""
+    """The workload: a ``Trace`` with prompt ids, and which prefix each request starts with (0 = most popular).
+
+    The arrival times come from a stream of their own (``[seed, 1]``), so that one seed gives the same prefixes and
+    prompts at every rate: the Poisson load and the burst serve the same requests, and one ideal hit rate holds for
+    both (a burst draws no arrival times, which used to shift every prompt after it)."""
     rng = np.random.default_rng(seed)
-    arrivals = poisson_arrivals(rate, n_requests, rng)
+    arrivals = poisson_arrivals(rate, n_requests, np.random.default_rng([seed, 1]))
     keys = ZipfWorkload(alpha, n_prefixes).keys(n_requests, rng)
     prefixes = [random_tokens(rng, prefix_tokens, vocab) for _ in range(n_prefixes)]
     prompts = [prefixes[k] + random_tokens(rng, suffix_tokens, vocab) for k in keys]
@@ -190,6 +194,16 @@ def _one_run(
         return {"status": status}
 
 
+def _warm_up(served: ServedEngine, worker, trace: Trace, workdir: Path, deadline_s: float) -> float:
+    """One untimed request through the server and the load worker, then idle; its wall time (s)."""
+    t = time.perf_counter()
+    records, _ = worker.run(served.base_url, trace.head(1), workdir, deadline_s, name="warmup")
+    if not records["ok"].astype(bool).all():
+        raise RuntimeError(f"warm-up request failed: {records['error'].iloc[0]}")
+    served.wait_idle()
+    return time.perf_counter() - t
+
+
 def serve_comparison(
     engine: Engine | None,
     traces: dict[str, Trace],
@@ -200,6 +214,7 @@ def serve_comparison(
     caching=CACHING,
     budget: Budget | None = None,
     run_estimate_s: float = 0.0,
+    build_estimate_s: float = 0.0,
     progress: bool = True,
     log=print,
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -207,21 +222,38 @@ def serve_comparison(
     per-request metrics (``request_metrics`` + ``load``, ``caching``) and one summary row per (load, caching):
     ``summarize`` keys, prompt-token throughput, hit rates from ``/metrics`` and from the engine, ``status``.
     The engine is served in a process of its own when ``build`` (picklable: it builds the engine there) is
-    given, else ``engine`` in this process. A run is skipped when ``budget`` has less than ``run_estimate_s`` left."""
+    given, else ``engine`` in this process.
+
+    Before the timed runs, one request (the first trace's first) goes through the same HTTP path and load worker,
+    untimed, so that the first timed run (caching off) does not take the server's and the pipe's first-call costs
+    alone; each run then starts with the cache as ``set_caching`` leaves it, empty. ``budget``: a load's two runs
+    (off, on) are run or skipped together, as the comparison needs both, when fewer than ``run_estimate_s`` seconds
+    per run are left; where not even one load and the server's start (``build_estimate_s``) fit, no server starts."""
     from tqdm import tqdm  # not tqdm.auto: it warns (TqdmWarning) on import where ipywidgets is missing
 
     workdir = Path(workdir)
     per_request, summary = [], []
+    pair_s = len(caching) * run_estimate_s
+    if budget is not None and budget.spent(build_estimate_s + pair_s):
+        return pd.DataFrame(), pd.DataFrame(
+            [
+                {"load": load, "caching": mode, "requests": len(trace), "status": SKIPPED}
+                for load, trace in traces.items()
+                for mode in caching
+            ]
+        )
     bar = tqdm(total=len(traces) * len(caching), desc="server runs", disable=not progress)
     try:
         from servelab.loadgen.worker import LoadWorker
         from servelab.server.engine_loop import HIT_RATE_PERIOD_S
 
         with LoadWorker() as worker, ServedEngine(None if build is not None else engine, build) as served:
+            warmup_s = _warm_up(served, worker, next(iter(traces.values())), workdir, deadline_s)
             for load, trace in traces.items():
+                skip = budget is not None and budget.spent(pair_s)  # both settings of a load, or neither
                 for mode in caching:
-                    row = {"load": load, "caching": mode, "requests": len(trace)}
-                    if budget is not None and budget.spent(run_estimate_s):
+                    row = {"load": load, "caching": mode, "requests": len(trace), "warmup_s": warmup_s}
+                    if skip:
                         row["status"] = SKIPPED
                     else:
                         row.update(
