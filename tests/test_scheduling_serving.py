@@ -140,6 +140,10 @@ def test_probe_and_point_rows(served):
     assert row["delivered_tok_s"] > 0 and row["slo_itl_ms"] == 50.0
     # the window: min_requests × 1.15 / 10 req/s = 0.575 s (under the 0.6 s cap), so 6 requests, all completed
     assert row["window_s"] == pytest.approx(0.575) and row["requests"] == 6 and row["shortfall"] == 0
+    # the last of the 6 arrivals comes at 0.90 s, past the window: the deadline still leaves it the whole drain (a
+    # deadline of window + drain left it 2.67 s of 3, and a request arriving after it was never sent, yet cut)
+    last = req["arrival_s"].max()
+    assert last > row["window_s"] and row["deadline_s"] == pytest.approx(last + P["drain_s"])
     assert row["stall_requests"] == row["completed"] and row["max_itl_p99_ms"] <= row["max_itl_ms"]
     assert row["max_itl_p99_lo_ms"] <= row["max_itl_p99_ms"] <= row["max_itl_p99_hi_ms"]
 

@@ -148,6 +148,15 @@ def point_trace(pt: Point, P: dict, lengths: ShareGPTLike, window: float) -> Tra
     return full.head(min(len(full), sizing.arrivals(pt.rate, window)))
 
 
+def point_span_s(pt: Point, P: dict, lengths: ShareGPTLike, window: float) -> float:
+    """Seconds from the run's start to its point's last arrival, at least ``window``: a trace of ``rate × window``
+    Poisson arrivals ends about √n / rate either side of the window (±4 s for the 8B model at 0.3 of capacity).
+    The run's deadline is this span plus ``drain_s``, so that every request is sent and has the drain to finish;
+    a deadline of window + drain had cut the late ones, unsent or half-served, and a point where every request sent
+    met the SLO read as a miss (the capacity search then stepped the wrong way)."""
+    return max(window, point_trace(pt, P, lengths, window).duration_s)
+
+
 def run_point(
     srv: PolicyServer,
     worker,
@@ -163,7 +172,7 @@ def run_point(
     srv.use_policy(pt.scheduler, pt.budget)
     window = sizing.window_s(P, pt.rate, served_req_s)
     trace = point_trace(pt, P, lengths, window).with_prompt_ids(srv.vocab, seed=pt.seed)
-    deadline = window + P["drain_s"]
+    deadline = max(window, trace.duration_s) + P["drain_s"]  # point_span_s
     # the HTTP server (and, with engine_process off, the engine thread) shares this interpreter: a full garbage
     # collection over the notebook's objects would pause it mid-run and show up as a stall, so they are frozen
     gc.collect()
@@ -393,7 +402,7 @@ def _measure_point(sw: _Sweep, srv: PolicyServer, pt: Point, P: dict, slo: float
     key = (pt.model, pt.scheduler, pt.budget)
     served = sw.served.get(key, sw.rates_from.get(pt.model))
     window = sizing.window_s(P, pt.rate, served)
-    if time.perf_counter() + point_cost_s(P, window) > sw.budget_end:
+    if time.perf_counter() + point_cost_s(P, point_span_s(pt, P, sw.lengths, window)) > sw.budget_end:
         sw.skip([pt], "skipped: time budget")
         return None
     if not srv.alive:
@@ -404,7 +413,7 @@ def _measure_point(sw: _Sweep, srv: PolicyServer, pt: Point, P: dict, slo: float
         if row["cut"] > 0 and row["duration_s"] > 0:
             sw.served[key] = row["completed"] / row["duration_s"]
             again = sizing.window_s(P, pt.rate, sw.served[key])
-            fits = time.perf_counter() + point_cost_s(P, again) <= sw.budget_end
+            fits = time.perf_counter() + point_cost_s(P, point_span_s(pt, P, sw.lengths, again)) <= sw.budget_end
             if row["shortfall"] > 0 and again > window + 1.0 and fits:  # saturated and short: size it by itself
                 req, st, row = run_point(srv, sw.worker, pt, P, sw.lengths, sw.workdir, slo, sw.served[key])
                 row["attempts"], row["first_window_s"] = 2, window
