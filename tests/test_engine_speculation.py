@@ -159,6 +159,34 @@ def test_stops_and_max_tokens_inside_the_drafts_end_the_request_there(family):
     assert e.leaked() == []
 
 
+@pytest.mark.parametrize("method", ["twin", "random", "ngram"])
+def test_min_tokens_requests_speculate_and_keep_the_plain_engines_tokens(family, method):
+    """vLLM's ``min_tokens`` (what HF calls ``min_new_tokens``): EOS is held back until a request has that many
+    tokens. Such requests draft like plain ones (Study 6 runs its engine rows so, as HF's assisted generation runs),
+    and the verify step holds EOS back at every drafted position below the count, the draft too, so the tokens are
+    the plain engine's: with EOS set to a token greedy decoding emits early, the held requests run to their count
+    past it (a fourth, held for 2 tokens, may stop at it after them). The twin, whose draws hold EOS back as the
+    target's do, keeps every draft."""
+    hf, prompts, plain, drafts = family
+    eos = plain[0][3]  # the first prompt's fourth greedy token, made the end of sequence
+    params = [SamplingParams(max_tokens=NEW, min_tokens=NEW)] * 3 + [SamplingParams(max_tokens=NEW, min_tokens=2)]
+    want = Engine.from_hf(hf, config(), eos_token_ids=(eos,)).generate(prompts, params)
+    first = plain[0].index(eos)  # where greedy decoding emits it first (it may repeat an earlier token)
+    assert [len(w) for w in want[:3]] == [NEW] * 3 and want[0][:first] == plain[0][:first] and want[0][first] != eos
+    assert eos not in want[0][:NEW] and eos not in want[3][:2]
+    if method == "ngram":
+        e = SpeculativeEngine.from_hf(hf, config(), speculative=NGRAM, eos_token_ids=(eos,))
+    else:
+        draft = native_from_hf(drafts[method], max_positions=256)
+        e = SpeculativeEngine.from_hf(hf, config(), speculative=DRAFT, draft=draft, eos_token_ids=(eos,))
+    assert e.generate(prompts, params) == want
+    s = e.spec_stats
+    assert s.num_drafts > 0
+    if method == "twin":
+        assert s.num_accepted_tokens == s.num_draft_tokens
+    assert e.leaked() == [] and e.block_manager.num_used_blocks == 0
+
+
 def test_prompts_reach_the_draft_with_the_targets_chunks(family):
     """Under a budget of 9 tokens a step, the draft computes each prompt chunk by chunk beside the target (and the
     decodes that had no room to draft), so a speculative step's catch-up is the one or two tokens the target emitted

@@ -37,6 +37,7 @@ import torch
 from servelab.engine.compilation import compile_with_check
 from servelab.engine.cuda_graphs import power_of_two_buckets
 from servelab.engine.draft_rounds import RoundGraphs
+from servelab.engine.logits_processing import apply_min_tokens
 from servelab.engine.model_runner import ModelRunner, max_blocks_per_sequence
 from servelab.engine.policies import policy_class
 from servelab.engine.rollback import give_back_tail
@@ -123,6 +124,9 @@ class DraftModel:
         if cuda_graphs and step_graph_sizes and backend != "reference":
             self.num_graphs += self.runner.enable_step_graphs(step_graph_sizes, capture=True)
         self.mirrors: dict[int, Sequence] = {}
+        # the stops ``min_tokens`` holds back (the target engine's EOS ids, set by it): a draft that proposed EOS
+        # where the target may not emit it would have that draft, and every one after it, rejected
+        self.eos_token_ids: tuple[int, ...] = ()
         self.rounds: RoundGraphs | None = None
         self.round_graph_rounds = 0  # rounds whose steps after the first ran as one graph
 
@@ -197,7 +201,8 @@ class DraftModel:
         probs.append(q)
         for m in mirrors:
             m.num_computed_tokens = m.num_tokens
-        chained = self._rest_in_one_graph(mirrors, ks, token) if q is None else None
+        # a round graph draws argmaxes on the device, where no stop is held back
+        chained = self._rest_in_one_graph(mirrors, ks, token) if q is None and not _holding(mirrors) else None
         if chained is not None:
             tokens += chained
             return Drafts([[PENDING_TOKEN] * k for k in ks], None, torch.stack(tokens, dim=1))
@@ -319,7 +324,10 @@ class DraftModel:
             self.bm.cache_blocks(m.seq_id, end, m.token_ids)
 
     def _draw(self, logits: torch.Tensor, mirrors: list[Sequence]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One draft token per row; with any sampled request, each row's distribution too (one-hot where greedy)."""
+        """One draft token per row; with any sampled request, each row's distribution too (one-hot where greedy).
+        A row under its ``min_tokens`` draws none of its stops, as the target may not emit them there."""
+        if _holding(mirrors):
+            logits = apply_min_tokens(logits.float().clone(), mirrors, self.eos_token_ids)
         greedy = logits.argmax(dim=-1)
         sampled = [i for i, m in enumerate(mirrors) if not m.params.greedy]
         if not sampled:
@@ -392,3 +400,8 @@ def _device_index(rows: list[int], device) -> torch.Tensor:
     draft step only after the last one had finished and the GPU idled between them (3.9 ms of a profiled 8.3 ms
     round on the H100, data/dev/nvidia-h100/2026-12-06/spec_engine_cf2a53d.budget.csv)."""
     return torch.tensor(rows).to(device, non_blocking=True)
+
+
+def _holding(mirrors: list[Sequence]) -> bool:
+    """Whether any of ``mirrors`` draws under its ``min_tokens`` (its stops held back)."""
+    return any(m.params.min_tokens and len(m.output_token_ids) < m.params.min_tokens for m in mirrors)

@@ -122,6 +122,16 @@ class SamplingParams:
         """Nothing beyond temperature, top-p and a seed: what every engine path (speculative included) runs."""
         return not self.processed and self.prompt_logprobs is None
 
+    @property
+    def draftable(self) -> bool:
+        """What the speculative mode drafts for: a plain request, or one whose only processor is ``min_tokens`` (its
+        verify step and its draft hold the stops back at each position, as the sampler would at that output)."""
+        return (
+            self.logprobs is None
+            and self.prompt_logprobs is None
+            and not (self._penalized or self.logit_bias or self.min_p or self.top_k > 0)
+        )
+
 
 def _number(v) -> bool:
     return not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v)

@@ -120,6 +120,7 @@ class SpeculativeEngine(Engine):
                 fused_rope_kv_write=self.fused_rope_kv_write,
                 small_batch=self.small_batch,
             )
+            self.draft.eos_token_ids = self.runner.eos_token_ids  # min_tokens holds them back in the draft's draws too
             if round_graph and self.draft.num_graphs:
                 self.draft.capture_rounds(self.gamma - 1)
 
@@ -221,7 +222,7 @@ class SpeculativeEngine(Engine):
         plan = self._draft_budget(batch)
         if self.draft is not None:  # what the target computes without drafting, the draft computes beside it
             drafting = {id(it) for it, _ in plan}
-            rest = [it for it in batch.items if id(it) not in drafting and it.seq.params.plain]
+            rest = [it for it in batch.items if id(it) not in drafting and it.seq.params.draftable]
             self.draft.follow([it.seq for it in rest], [it.start + it.num_tokens for it in rest])
         drafts = self._propose(plan)
         if self.override is not None and plan:  # host tokens replace the draft's (its costs were paid all the same)
@@ -246,8 +247,8 @@ class SpeculativeEngine(Engine):
 
     def _draft_budget(self, batch: ScheduledBatch) -> list[tuple[ScheduledSequence, int]]:
         """``(item, k)`` for each decode item that may draft ``k ≥ 1`` tokens this step, their slots reserved."""
-        if any(it.seq.needs_prompt_logprobs or not it.seq.params.plain for it in batch.items):
-            return []  # logprobs and logits processors run in plain steps
+        if any(it.seq.needs_prompt_logprobs or not it.seq.params.draftable for it in batch.items):
+            return []  # logprobs and logits processors (but min_tokens) run in plain steps
         left = self.scheduler.max_num_batched_tokens - batch.num_tokens
         out = []
         for it in batch.items:
@@ -332,7 +333,9 @@ class SpeculativeEngine(Engine):
         parts = []
         if plain:
             chosen = logits[_on([r for _, r in plain], self.device)]
-            parts.append(sample_step(chosen, [it.seq for it, _ in plain], self.runner.race)[0])
+            parts.append(
+                sample_step(chosen, [it.seq for it, _ in plain], self.runner.race, self.runner.eos_token_ids)[0]
+            )
         ordered = [(it, d, r, [row[id(x)] for x in scored[id(it)]]) for it, d, r in proposals]
         verified = self._verify(logits, ordered, drafts)
         parts += [verified.tokens.flatten(), verified.emitted]
@@ -403,6 +406,7 @@ class SpeculativeEngine(Engine):
         # one gather: each request's logits rows, padded with its last row (never read past its drafts + 1)
         rows = [r + [r[-1]] * (gamma + 1 - len(r)) for _, _, _, r in ordered]
         target = logits[_on([x for r in rows for x in r], dev)].view(n, gamma + 1, -1)
+        target = _hold_stops(target, seqs, [len(d) for _, d, _, _ in ordered], self.runner.eos_token_ids)
         target = _filter_top_p(target, seqs)
         if drafts.device is None:  # host drafts (prompt lookup, controlled), PLACEHOLDER past each count
             tokens = torch.tensor([d + [PLACEHOLDER] * (gamma - len(d)) for _, d, _, _ in ordered], dtype=torch.long)
@@ -535,6 +539,27 @@ def _share_memory(model, draft, cfg: EngineConfig) -> EngineConfig:
     target = KVPool.block_bytes(model.shape, cfg.block_size, dtype)
     mine = KVPool.block_bytes(draft.shape, cfg.block_size, dtype)
     return replace(cfg, num_blocks=max(1, plan.num_blocks * target // (target + mine)))
+
+
+def _hold_stops(target: torch.Tensor, seqs: list[Sequence], drafted: list[int], eos: tuple[int, ...]) -> torch.Tensor:
+    """``min_tokens`` on each request's rows of ``target`` [n, γ + 1, vocab]: ``-inf`` on its stops (its stop ids,
+    EOS unless ignored) at each position whose token would be an output before its ``min_tokens``-th. Row j of a
+    request that drafted ``drafted[i]`` tokens (appended to its outputs, provisionally) picks output number
+    ``len(output_token_ids) - drafted[i] + j``, as ``logits_processing.apply_min_tokens`` counts a plain step's."""
+    vocab, width = target.shape[-1], target.shape[1]
+    hits = []
+    for i, (s, k) in enumerate(zip(seqs, drafted, strict=True)):
+        p = s.params
+        before = len(s.output_token_ids) - k
+        if not p.min_tokens or before >= p.min_tokens:
+            continue
+        stops = sorted(t for t in set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos)) if 0 <= t < vocab)
+        hits += [(i, j, t) for j in range(min(width, p.min_tokens - before)) for t in stops]
+    if hits:
+        dev = target.device
+        r, j, t = (torch.tensor(x).to(dev, non_blocking=True) for x in zip(*hits, strict=True))
+        target.index_put_((r, j, t), torch.tensor(float("-inf"), dtype=target.dtype, device=dev))
+    return target
 
 
 def _filter_top_p(target: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
