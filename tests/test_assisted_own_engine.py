@@ -57,3 +57,40 @@ def test_a_draft_the_target_agrees_with_is_accepted_whole(models, prompts):
     spec = runner("target", "target", prompts[0], 16)
     assert spec.extra["accepted"] == spec.extra["proposed"] > 0
     assert (np.diff(spec.counts)[:-1] == 4).all()
+
+
+def test_the_engine_rows_hold_eos_back_to_the_length_as_hf_does(prompts):
+    """HF's timed runs make exactly n tokens with ``min_new_tokens = n``: EOS may not be chosen before the end, so
+    the runner-up is. The engine rows run the same rule (``min_tokens = n`` over HF's EOS ids), with and without a
+    draft: with EOS set to a token greedy decoding picks early, their tokens are still HF's (an engine that ignored
+    EOS emitted it there and went on, and parted from HF's tokens at the first natural end)."""
+    from test_assisted import _llama
+
+    target = _llama(2, 32, 0)
+    free = timed_generate(target, prompts[0], 16, pad_token_id=1).tokens
+    eos = free[3]  # a token greedy decoding picks at the fourth position, made the end of sequence
+    target.generation_config.eos_token_id = target.config.eos_token_id = eos
+    held = timed_generate(target, prompts[0], 16, pad_token_id=1)
+    assert held.made == 16 and eos not in held.tokens
+    models = {"target": target, "small": _llama(1, 16, 1)}
+    runner = OwnEngineSpeculative.sized(models, [Pair("small", "target")], len(prompts[0]), 16, gamma=3)
+    assert runner(None, "target", prompts[0], 16).tokens == held.tokens
+    spec = runner("small", "target", prompts[0], 16)
+    assert spec.tokens == held.tokens and spec.extra["proposed"] > 0  # it drafted: min_tokens keeps speculation on
+
+
+def test_alpha_holds_eos_back_where_the_timed_run_did(prompts):
+    """The target scored against its own EOS-held output agrees with itself everywhere once α holds EOS back as the
+    run did; scored without, each position where it wanted EOS counts as a miss that assisted decoding never has."""
+    from test_assisted import _llama
+
+    from servelab.studies.s06_hf_assisted.acceptance import greedy_agreement
+    from servelab.studies.s06_hf_assisted.runs import hf_eos_ids
+
+    target = _llama(2, 32, 0)
+    eos = timed_generate(target, prompts[0], 16, pad_token_id=1).tokens[3]
+    target.generation_config.eos_token_id = target.config.eos_token_id = eos
+    held = timed_generate(target, prompts[0], 16, pad_token_id=1).tokens
+    assert hf_eos_ids(target) == (eos,)
+    assert greedy_agreement(target, prompts[0], held, hf_eos_ids(target)) == 1.0
+    assert greedy_agreement(target, prompts[0], held) < 1.0

@@ -197,6 +197,32 @@ def test_chat_prompts_keep_heldout_topics_apart():
             chat_prompts(**bad)
 
 
+def test_repeats_seeds_take_disjoint_slices_of_the_heldout_prompts():
+    """Repeat r runs with seed default + r: seeds 0, 1, 2 asking for 48 held-out prompts get 144 different ones (a
+    shuffle per seed gave 98), so an α pooled over the repeats counts no prompt twice; seed 0 is the order as it was;
+    past the end a slice wraps round."""
+    held = chat_prompts("heldout")
+    slices = [chat_prompts("heldout", 48, seed=r) for r in range(3)]
+    assert slices[0] == held[:48] and len({p for s in slices for p in s}) == 144
+    assert chat_prompts("heldout", 48, seed=3) == held[144:] + held[:32]
+    with pytest.raises(ParameterError):
+        chat_prompts("heldout", 4, seed=-1)
+
+
+def test_the_drafts_cache_is_keyed_by_the_prompts_texts_and_the_generation_batch(monkeypatch):
+    """A change of topics (or templates) gives other generations, so another cache entry; so does the batch."""
+    from dataclasses import replace
+
+    from servelab.studies.common.drafts import prompts
+    from servelab.studies.common.drafts.distill import RECIPES
+
+    recipe = RECIPES["smoke"]
+    key = recipe.gen_key("config:tiny-llama")
+    assert replace(recipe, gen_batch=recipe.gen_batch + 1).gen_key("config:tiny-llama") != key
+    monkeypatch.setattr(prompts, "TRAIN_TOPICS", tuple(reversed(prompts.TRAIN_TOPICS)))
+    assert recipe.gen_key("config:tiny-llama")["texts"] != key["texts"]
+
+
 def test_batched_continuations_equal_one_prompt_greedy_and_stop_after_eos(target):
     g = torch.Generator().manual_seed(4)
     prompts = [torch.randint(3, 512, (n,), generator=g).tolist() for n in (3, 11, 7)]

@@ -11,9 +11,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from servelab.studies.s06_hf_assisted.runs import hf_eos_ids
 
-def greedy_agreement(draft, prompt: list[int], target_tokens: list[int]) -> float:
-    """Fraction of output positions where the draft's argmax equals the target's greedy token."""
+
+def greedy_agreement(draft, prompt: list[int], target_tokens: list[int], hold=()) -> float:
+    """Fraction of output positions where the draft's argmax equals the target's greedy token. ``hold``: token ids
+    the target could not emit there (its EOS under ``min_new_tokens``), which the draft may not propose either: HF's
+    assistant inherits the same rule, so a position where the draft wanted EOS is no miss of assisted decoding."""
     import torch
 
     if not target_tokens:
@@ -22,7 +26,11 @@ def greedy_agreement(draft, prompt: list[int], target_tokens: list[int]) -> floa
     with torch.inference_mode():
         logits = draft(input_ids=ids, use_cache=False).logits[0]
     # the logit at position p predicts token p + 1: the output starts at len(prompt)
-    pred = logits[len(prompt) - 1 : -1].argmax(-1).cpu().numpy()
+    out = logits[len(prompt) - 1 : -1]
+    if len(hold):
+        out = out.clone()
+        out[:, [t for t in hold if 0 <= t < out.shape[-1]]] = float("-inf")
+    pred = out.argmax(-1).cpu().numpy()
     return float(np.mean(pred == np.asarray(target_tokens)))
 
 
@@ -50,7 +58,8 @@ def _alpha_rows(models: dict, pairs, prompts, runs) -> pd.DataFrame:
                         draft=p.draft,
                         target=p.target,
                         tokens=len(run.tokens),
-                        alpha=greedy_agreement(models[p.draft], prompts[i], run.tokens),
+                        # every timed output holds EOS back to its end (min_new_tokens = max_new_tokens)
+                        alpha=greedy_agreement(models[p.draft], prompts[i], run.tokens, hf_eos_ids(models[p.target])),
                     )
                 )
     return pd.DataFrame(rows, columns=["prompt", "pair", "draft", "target", "tokens", "alpha"])

@@ -27,7 +27,7 @@ from servelab.engine import Engine, EngineConfig, SamplingParams
 from servelab.engine.speculative_engine import SpeculativeEngine
 from servelab.models.native import native_from_hf
 from servelab.speculative.config import SpeculativeConfig
-from servelab.studies.s06_hf_assisted.runs import GenerationRun
+from servelab.studies.s06_hf_assisted.runs import GenerationRun, hf_eos_ids
 
 BLOCK = 16
 
@@ -75,7 +75,9 @@ class OwnEngineSpeculative:
         if not any(p.target == target for p in self.pairs):
             raise ValueError(f"no planned pair has target {target!r}")
         if target not in self._plain:
-            self._plain[target] = Engine(self._model(target), self.config)
+            self._plain[target] = Engine(
+                self._model(target), self.config, eos_token_ids=hf_eos_ids(self.models[target])
+            )
         return self._plain[target]
 
     def speculative(self, draft: str, target: str) -> SpeculativeEngine:
@@ -83,12 +85,18 @@ class OwnEngineSpeculative:
         if key not in self._spec:
             cfg = SpeculativeConfig("draft_model", self.gamma, model=draft)
             self._spec[key] = SpeculativeEngine(
-                self._model(target), self.config, speculative=cfg, draft=self._model(draft)
+                self._model(target),
+                self.config,
+                speculative=cfg,
+                draft=self._model(draft),
+                eos_token_ids=hf_eos_ids(self.models[target]),
             )
         return self._spec[key]
 
     def __call__(self, draft: str | None, target: str, prompt: list[int], n: int) -> GenerationRun:
-        params = SamplingParams(max_tokens=n, ignore_eos=True)
+        # exactly n tokens with EOS held back until then, as HF's min_new_tokens = max_new_tokens runs (runs.py): an
+        # engine that ignored EOS emitted it and went on, and left HF's tokens at the first natural end
+        params = SamplingParams(max_tokens=n, min_tokens=n)
         if draft is None:
             engine = self.plain(target)
             sync = _sync(engine)

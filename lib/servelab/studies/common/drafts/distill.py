@@ -56,9 +56,14 @@ class DistillRecipe:
     train_steps: int | None = None  # optimizer steps per draft (None: as many as fit in train_s)
 
     def gen_key(self, target: str) -> dict:
+        """What fixes the generations: the target, the prompts themselves (their texts, hashed: a change of templates
+        or topics must not load another prompt set's answers) and how they were generated (the batch too: bf16
+        greedy answers of left-padded batches depend on it)."""
         return dict(
             target=target,
             prompts=self.train_prompts,
+            texts=_digest(chat_prompts("train", self.train_prompts, seed=self.seed)),
+            gen_batch=self.gen_batch,
             tokens=self.gen_tokens,
             samples=self.samples,
             temperature=self.temperature,
@@ -134,7 +139,7 @@ def distill_drafts(
             raise ParameterError(f"no distillation recipe for profile {profile!r}; known: {sorted(RECIPES)}")
         recipe = RECIPES[profile]
     root = Path(cache_dir or default_cache_dir()) / "smollm2-distill"
-    out = root / f"drafts-{_digest(dict(asdict(recipe), target=target, format=DISTILL_FORMAT))}"
+    out = root / f"drafts-{_digest(dict(asdict(recipe), target=target, data=recipe.gen_key(target)))}"
     if (out / "manifest.json").exists():
         return _load(out, target, recipe, cached=True)
     from servelab.models import load_model

@@ -45,18 +45,25 @@ SPLITS = ("train", "heldout")
 
 
 def chat_prompts(split: str, n: int | None = None, seed: int = 0) -> list[str]:
-    """The user messages of ``split`` ("train" or "heldout"): every template with every topic of that split, in a
-    seeded order (the first ``n``, or all). Templates are shared; topics never are."""
+    """The user messages of ``split`` ("train" or "heldout"), in one seeded order per split: all of them, or ``n``
+    from place ``seed × n`` on (wrapping round). Templates are shared; topics never are.
+
+    A repeat's seed is the study's seed plus its index, so repeats 0, 1, 2 of a study that asks for ``n`` held-out
+    prompts get consecutive slices: disjoint while they fit (3 × 48 of the 160 held-out prompts), so that an α
+    pooled over the repeats counts each prompt once. (A shuffle per seed gave 98 distinct prompts in 144.)"""
     if split not in SPLITS:
         raise ParameterError(f"split must be one of {SPLITS}, got {split!r}")
     topics = TRAIN_TOPICS if split == "train" else HELDOUT_TOPICS
     texts = [tpl.format(t=t) for t in topics for tpl in TEMPLATES]
-    random.Random(f"{split}:{seed}").shuffle(texts)
-    if n is not None:
-        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(texts):
-            raise ParameterError(f"the {split} split has {len(texts)} prompts; asked for {n!r}")
-        texts = texts[:n]
-    return texts
+    random.Random(f"{split}:0").shuffle(texts)
+    if n is None:
+        return texts
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(texts):
+        raise ParameterError(f"the {split} split has {len(texts)} prompts; asked for {n!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ParameterError(f"seed must be a non-negative integer, got {seed!r}")
+    start = seed * n % len(texts)
+    return (texts + texts)[start : start + n]
 
 
 def encode_chat(tokenizer, messages: list[str]) -> list[list[int]]:
