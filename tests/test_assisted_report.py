@@ -117,7 +117,9 @@ def test_real_alpha_has_study3s_columns_and_follows_the_hits(tmp_path):
     runs = _write(tmp_path, n_prompts=9)
     a = report.real_alpha(runs)
     assert set(REAL_ALPHA_COLUMNS) <= set(a.columns) and list(a["pair"]) == ["d1 → T", "d2 → T"]
-    assert a.loc[0, "alpha"] == pytest.approx(0.5) and a.loc[0, "prompts"] == 27  # 3 repeats × 9 prompts
+    # d1's hits are 11110000: α counts the positions a draft can propose, all but the first (the target's prefill
+    # emits it), so 3 of 7
+    assert a.loc[0, "alpha"] == pytest.approx(3 / 7) and a.loc[0, "prompts"] == 27  # 3 repeats × 9 prompts
     assert a.loc[0, "ci_low"] <= a.loc[0, "alpha"] <= a.loc[0, "ci_high"]
     assert report.real_alpha(runs).equals(a)  # the interval is a function of the data
     d = next(runs.runs[0].dir.glob("alpha_hits.csv"))

@@ -148,6 +148,19 @@ def test_tiny_sweep_end_to_end():
     assert t.tokens_per_s_plain.iloc[0] > 0 and t.c.iloc[0] > 0
 
 
+def test_the_batch_8_goal_is_checked_beside_batch_1s():
+    """Issue 30 asks ≥ 1.3× at batch 8 too (α = 0.8, best γ): the page says whether it is met, with the number."""
+    raw = [_raw({0.8: 2.3}, gamma=4), _raw({0.8: 1.2}, gamma=2, batch=8), _raw({0.8: 1.25}, gamma=4, batch=8)]
+    t = tables.controlled_table(pd.concat(raw)).assign(target="llama-3-8b")
+    (g,) = report.batch_goals(t)
+    assert (g["batch"], g["gamma"], g["goal"], g["met"]) == (8, 4, 1.3, False)
+    assert g["speedup"] == pytest.approx(1.25)
+    assert "At batch 8 (goal ≥ 1.3×), best γ = 4: 1.25×" in report.batch_goal_sentence([g])
+    assert "misses it" in report.batch_goal_sentence([g])
+    faster = tables.controlled_table(pd.concat([*raw, _raw({0.8: 1.4}, gamma=6, batch=8)])).assign(target="llama-3-8b")
+    assert report.batch_goals(faster)[0]["met"] and report.batch_goals(t[t.batch == 1]) == []
+
+
 def test_the_goal_sentence_says_which_side_of_the_prediction_the_speedup_lies():
     # 2026-12-04: a speedup 4% above its prediction read "(-4% below it)", and the spread of one run's timed rounds
     # read as "repeats"

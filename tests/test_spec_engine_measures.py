@@ -165,6 +165,11 @@ def test_the_costs_part_alternates_the_two_models_steps(monkeypatch):
     assert tables.cost_ratios(alone, [("d", "t")]).c.iloc[0] == pytest.approx(
         out.median_ms.iloc[0] / out.median_ms.iloc[1]
     )
+    # a page reads both together: the real part's steps, timed alone, beside the costs part's paired shape steps
+    real = alone.assign(model=["rd", "rt"])
+    both = tables.cost_ratios(pd.concat([out, real], ignore_index=True), [("d", "t"), ("rd", "rt")])
+    assert both.draft.tolist() == ["d", "rd"] and both.c.iloc[0] == out.c_paired.iloc[0]
+    assert both.c.iloc[1] == pytest.approx(out.median_ms.iloc[0] / out.median_ms.iloc[1])
 
 
 def test_a_mode_that_fails_is_a_row_per_model():

@@ -178,9 +178,11 @@ def test_real_acceptance_scores_the_target_as_one_and_a_noisy_draft_in_between(t
     )
     assert list(df.columns[:5]) == ["pair", "alpha", "ci_low", "ci_high", "prompts"]
     row = df.set_index("draft")
-    assert row.at["self", "alpha"] == 1.0 and row.at["self", "tokens_per_round"] == 4.0
+    # 11 of each answer's 12 positions count (the first is the prefill's): the target's rounds keep 3 drafts and
+    # add its token, 4 + 4 + 3 tokens over 3 rounds
+    assert row.at["self", "alpha"] == 1.0 and row.at["self", "tokens_per_round"] == pytest.approx(11 / 3)
     assert 0 < row.at["noisy", "alpha"] < 1
-    assert (df["prompts"] == 3).all() and (df["positions"] == 36).all()
+    assert (df["prompts"] == 3).all() and (df["positions"] == 33).all()
     assert row.at["lookup", "kind"] == "lookup" and row.at["noisy", "kind"] == "draft"
     with pytest.raises(ParameterError):
         ra.real_acceptance({"x": target}, prompts, refs[:1], target_name="tiny")

@@ -391,7 +391,8 @@ def render_goal(table: pd.DataFrame, gammas, run: ControlledRun | None = None) -
             f"c = {goal['c']:.3f}, {goal['c'] / c_need:.2f}× that. What is missing is a cheaper draft step, not a "
             "better match to the formula.\n"
         )
-    return text
+    wider = report.batch_goal_sentence(report.batch_goals(table))
+    return text + (f"\n{wider}\n" if wider else "")
 
 
 def _span(values: pd.Series, fmt: str) -> str:

@@ -105,10 +105,12 @@ def summarize(
     n_boot: int = 2000,
     seed: int = 0,
 ) -> pd.DataFrame:
-    """One row per draft from its per-prompt agreement vectors (see ``COLUMNS``)."""
+    """One row per draft from its per-prompt agreement vectors (see ``COLUMNS``), over the positions a draft can
+    propose: every answer position but the first, which the target's prefill emits before any round (the engine
+    drafts from its first decode step on, and HF's assistant from its first round after the prefill)."""
     rows = []
     for name, per_prompt in hits.items():
-        per_prompt = [h for h in per_prompt if len(h)]
+        per_prompt = [np.asarray(h)[1:] for h in per_prompt if len(h) > 1]
         positions = int(sum(len(h) for h in per_prompt))
         kept, rejected, count = np.sum([rounds(h, gamma) for h in per_prompt], axis=0) if per_prompt else (0, 0, 0)
         lo, hi = bootstrap_ci(per_prompt, n_boot=n_boot, seed=seed)

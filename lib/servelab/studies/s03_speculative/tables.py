@@ -197,9 +197,10 @@ def cost_ratios(steps: pd.DataFrame, pairs: list[tuple[str, str]]) -> pd.DataFra
     paired = "c_paired" in ok
     rows = []
     for draft, target in pairs:
-        # steps timed in pairs (``cost_ratio.paired_step_costs``) are the rows of that pair; older runs timed each
-        # model once, alone
-        mine = ok[(ok.paired_with == target) | (ok.paired_with == draft)] if paired else ok
+        # steps timed in pairs (``cost_ratio.paired_step_costs``, the costs part) are the rows of that pair; the rest
+        # were timed alone (older runs, and the real part's step costs, which a page reads beside the paired shape
+        # rows: keeping only paired rows there lost every real pair's c)
+        mine = ok[ok.paired_with.isin([draft, target]) | ok.paired_with.isna()] if paired else ok
         mine = mine.drop_duplicates(["model", "mode"]).set_index(["model", "mode"])
         for mode in steps["mode"].unique():
             if (draft, mode) not in mine.index or (target, mode) not in mine.index:
@@ -376,7 +377,9 @@ LOOKUP_COLUMNS = [
     "speedup_high",
     "tokens_per_s_plain_low",
     "tokens_per_s_plain_high",
-    "alpha_realised",  # per-proposal acceptance, a search that ran out counting as a miss (real_acceptance's α)
+    # acceptance given a proposal: a round whose search found nothing proposed nothing and is not counted here
+    # (``proposed_share`` says how often one did), where real_acceptance's lookup α counts it as a miss
+    "alpha_realised",
     "proposed_share",  # drafts proposed over drafts asked: how often the search found something to copy
     "tokens_per_round",  # tokens per sequence-round: what one verify of a sequence bought
     "propose_ms_per_round",  # the host's search, per round of the whole batch
