@@ -6,7 +6,7 @@ import pytest
 
 from servelab.bench import run as bench
 from servelab.bench.offline import offline_floor_s
-from servelab.bench.step import engine_step, prepared_step, step_engine_config, timed_tokens
+from servelab.bench.step import engine_eager_step, engine_step, prepared_step, step_engine_config, timed_tokens
 from servelab.bench.workload import offline_workload
 from servelab.engine.engine import Engine
 from servelab.errors import ParameterError
@@ -163,6 +163,26 @@ def test_the_step_fits_exactly_one_whole_step_graph(tiny_llama, name):
     fn.engine.runner.enable_step_graphs(cfg.step_graph_sizes, capture=False)
     assert (fn() - eager).abs().max() < 1e-4
     assert fn.engine.runner.step_graph_steps == 1 and fn.path() == "step graph, eager"
+
+
+@pytest.mark.parametrize("name", [n for n in STEPS if n != "decode"])
+def test_the_eager_mode_runs_the_graphs_kernels_uncaptured(tiny_llama, name, monkeypatch):
+    """Study 2's ``engine_eager`` against ``engine`` is launch overhead only if both run the same kernels: the eager
+    prefill or mixed step goes through the ragged step its whole-step graph replays (the ragged attention), not the
+    unbucketed path, and gives the same logits."""
+    from servelab.kernels import attention
+
+    (b, n, c, d, dc), _ = STEPS[name]
+    graphed, _ = engine_step(tiny_llama, b, n, c, decodes=d, decode_context=dc)
+    graphed.engine.runner.enable_step_graphs(graphed.engine.config.step_graph_sizes, capture=False)
+    want = graphed().clone()
+    fn, _ = engine_eager_step(tiny_llama, b, n, c, decodes=d, decode_context=dc)
+    calls = []
+    ragged = attention.ragged_attention
+    monkeypatch.setattr(attention, "ragged_attention", lambda *a, **k: calls.append(1) or ragged(*a, **k))
+    got = fn()
+    assert calls and fn.path() == "ragged step, uncaptured" and not fn.engine.config.step_graphs
+    assert (got - want).abs().max() < 1e-4
 
 
 def test_engine_configs_by_kind_and_mode():

@@ -48,7 +48,7 @@ _RULES = tuple(
         ("sampling", r"argmax|argmin|arg_max|topk|top_k|multinomial|exponential|sampl|cumsum|sort"),
         (
             "attention",
-            r"attention|attn|flash|fmha|sdpa|_mha|paged_decode|merge_splits|ragged|split_kv|softmax",
+            r"attention|attn|flash|fmha|sdpa|_mha|paged_decode|merge_splits|ragged|split_kv|long_tile|softmax",
         ),
         ("gemm", r"gemm|gemv|nvjet|xmma|cutlass|cublas|splitkreduce|(?<![a-z])(add|b|baddb)?mm(?![a-z])|linear|matmul"),
         # Inductor names a fused kernel after every aten op in it: one that writes through an index is the KV-cache

@@ -315,5 +315,17 @@ def engine_step(
 
 
 def engine_eager_step(model, batch: int, new_tokens: int, context: int, **kw):
-    """The same engine step with no CUDA graph: each kernel launched from Python (the ``engine_eager`` mode)."""
-    return engine_step(model, batch, new_tokens, context, graphs=False, **kw)
+    """The same engine step with no CUDA graph: each kernel launched from Python (the ``engine_eager`` mode).
+
+    A prefill or mixed step runs the padded ragged step that its whole-step graph replays, uncaptured
+    (``enable_step_graphs(capture=False)``), so that the kernels are the graph's and the difference from the
+    ``engine`` mode is the launches alone: without it the step took the unbucketed path's prefill attention and a
+    gather, other kernels (a 4096-token prefill ran 8% faster so on the H200 than in its graph, which read as a
+    negative launch overhead). Its ``path()`` says ``ragged step, uncaptured``."""
+    fn, extra = engine_step(model, batch, new_tokens, context, graphs=False, **kw)
+    decodes = kw.get("decodes", 0)
+    if step_kind(batch, new_tokens, context, decodes, kw.get("decode_context", 0)) != "decode":
+        fn.engine.runner.enable_step_graphs((timed_tokens(batch, new_tokens, decodes),), capture=False)
+        counted = fn.path
+        fn.path = lambda: counted().replace("step graph", "ragged step, uncaptured")
+    return fn, extra

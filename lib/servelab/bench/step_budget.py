@@ -170,6 +170,7 @@ def run_budget(plan: BudgetPlan, out: Path | None = None, log=print) -> pd.DataF
             log(f"{kind.name}: {type(e).__name__}: {e}")
         session.free()
         pd.DataFrame(rows).to_csv(out / CSV, index=False)
+    session.dev.close()  # the clocks at the end, beside those at the start (a study's StudyResults.finish does it)
     write_sidecar(out, session, started, t0, complete=True)
     log(f"wrote {CSV} and {SIDECAR} under {out}")
     return pd.DataFrame(rows)
