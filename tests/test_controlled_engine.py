@@ -39,9 +39,10 @@ def test_every_row_has_the_committed_runs_columns_and_the_table_reduces_it(sweep
     theirs = {"tokens", "seconds", "tokens_per_s", "rounds", "accepted", "proposed", "rejections", "draft_steps"}
     assert theirs | {"draft_ms", "verify_ms", "agreed", "seq_rounds", "host_syncs_per_round"} <= set(spec.columns)
     assert (spec.tokens == 2 * P["controlled_new_tokens"]).all() and (spec.draft_ms > 0).all()
-    # the first round's draft (it also runs the prompts) is timed apart from c's rounds, and within the wall time
-    assert (spec.draft_first_ms > 0).all()
-    assert (spec.draft_ms + spec.draft_first_ms + spec.verify_ms < 1e3 * spec.seconds).all()
+    # every draft round is one of c's (the draft followed the prompts in the prefill step): none is held apart, and
+    # the device phases lie within the wall time
+    assert (spec.draft_first_ms == 0).all() and (spec.draft_steps >= spec.rounds).all()
+    assert (spec.draft_ms + spec.verify_ms < 1e3 * spec.seconds).all()
     t = tables.controlled_table(raw)
     assert len(t) == 4 and (t.agreement == 1.0).all()  # float32: the target keeps what the draws keep
     assert ((t.loop_overhead_pct > 0) & (t.loop_overhead_pct < 100)).all()

@@ -79,8 +79,9 @@ def test_the_sweep_is_plain_decoding_token_for_token_at_fixed_and_adaptive_gamma
     # tokens leave room for; a fixed γ = 2 never proposes more than 2 a step
     adaptive = twin[twin.gamma == "adaptive:1:1:4"]
     assert adaptive.proposed.tolist() == [1 + 2 + 3 + 1] * 2 and adaptive.rounds.tolist() == [4, 4]
-    # the timed draft rounds leave out the first (it also ran the prompt): their steps are 2 + 3 + 1, not 7
-    assert adaptive.draft_steps.tolist() == [2 + 3 + 1] * 2
+    # every timed round counts (the draft followed the prompt in the prefill step, so the first round catches up one
+    # token as the others do): each runs as many steps as its largest k, 1 + 2 + 3 + 1
+    assert adaptive.draft_steps.tolist() == [1 + 2 + 3 + 1] * 2
     assert (spec[spec.gamma == "2"].proposed <= 2 * spec[spec.gamma == "2"].rounds).all()
     speed = tables.speedup_table(raw, {})
     assert len(speed) == 4 and (speed.greedy_exact_match == 1).all()

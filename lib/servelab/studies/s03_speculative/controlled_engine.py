@@ -21,10 +21,10 @@ What a row holds (the columns the separate driver's rows, in the committed runs,
 - ``rounds``: verify steps; ``seq_rounds``: (sequence, verify step) pairs that drafted; ``accepted``, ``proposed``:
   drafts kept and drafted (``spec_stats``); ``rejections``: sequence-rounds that rejected a draft.
 - ``draft_steps``, ``draft_ms``: each draft round runs as many draft steps as its largest k, timed with CUDA events
-  around ``DraftModel.propose``. The first round of a generation also runs the prompts through the draft (the engine
-  has no separate draft prefill): it is left out of both, so c is a draft decode step's, as the separate driver's
-  was; ``seconds`` keeps it, as serving pays it, and ``draft_first_ms`` holds it, so that the share of ``seconds``
-  outside the device phases does not count the draft's prefill as host time.
+  around ``DraftModel.propose``; every round, the first included: the draft follows the prompts inside the target's
+  prefill step (``DraftModel.follow``, untimed here as the prefill is), so a first round catches up one token as any
+  round does. ``draft_first_ms`` is 0 (rows of an earlier commit left the first round out of both, as if it ran the
+  prompts, and held it there).
 - ``verify_ms``: CUDA-event time of the verify steps; ``agreed``: sequence-rounds where the target, left alone,
   emitted what the controlled draws did (``ControlledDrafts.disagreed``).
 - ``host_syncs_per_round``: the most host syncs one engine step made in an audit run
@@ -157,9 +157,9 @@ def _speculative_run(spec: SpeculativeEngine, prompts, n: int, reference, alpha:
         accepted=s.num_accepted_tokens - before[2],
         proposed=s.num_draft_tokens - before[1],
         rejections=s.num_rejections - before[3],
-        draft_steps=sum(draft_steps[1:]),  # the first round also ran the prompts: not a draft step's cost
-        draft_ms=sum(draft_ms[1:]),
-        draft_first_ms=draft_ms[0] if draft_ms else 0.0,
+        draft_steps=sum(draft_steps),
+        draft_ms=sum(draft_ms),
+        draft_first_ms=0.0,  # every round is in draft_ms
         verify_ms=sum(verify_ms),
         agreed=seq_rounds - controlled[0].disagreed,
         seq_rounds=seq_rounds,

@@ -13,8 +13,8 @@ as wide as the largest γ, set per point (``SpeculativeEngine.set_gamma``, adapt
 sequence, with its own KV pool and graphs, and no prefix cache (a prompt run again would skip its prefill).
 
 A speculative row's phases, for the last timed generation: ``draft_ms`` the draft's rounds (CUDA events around
-``DraftModel.propose``), its first round left out since it also runs the prompt through the draft (the engine has no
-separate draft prefill); ``verify_ms`` the verify steps; ``rollback_ms`` the host time of giving rejected drafts'
+``DraftModel.propose``), every one of them: the draft follows the prompt inside the target's prefill step
+(``DraftModel.follow``), so a first round catches up one token, as any round does; ``verify_ms`` the verify steps; ``rollback_ms`` the host time of giving rejected drafts'
 blocks back (``SpeculativeEngine.rollback_s``); ``draft_steps`` the draft steps of the same timed rounds (each round
 runs as many as its largest k), so that ``draft_ms / draft_steps`` is one draft step's time; ``rounds`` verify steps;
 ``catch_up_rounds`` verify steps that kept every draft, after which the draft catches up two tokens.
@@ -146,8 +146,8 @@ def _speculative_fields(spec: SpeculativeEngine, run) -> tuple:
             accepted=s.num_accepted_tokens - b[2],
             proposed=s.num_draft_tokens - b[1],
             rejections=rejections,
-            draft_steps=sum(last["drafts"].notes[1:]),  # the first round also ran the prompt through the draft
-            draft_ms=sum(draft_ms[1:]),
+            draft_steps=sum(last["drafts"].notes),
+            draft_ms=sum(draft_ms),
             verify_ms=sum(verify_ms),
             rollback_ms=1e3 * (spec.rollback_s - b[4]),
             catch_up_rounds=seq_rounds - rejections,

@@ -113,9 +113,8 @@ def speedup_table(sweep: pd.DataFrame, c_by_pair: dict[tuple[str, str], float]) 
         ch = col["chained_ms"][i].astype(float)
         has = np.isfinite(ch)
         vs_chained = _median_ci(ch[has] / ms[has]) if has.any() else (float("nan"),) * 3
-        # c as the loop itself ran it: a draft step's time over a plain decode step's. The timed draft rounds leave
-        # out the first (it also ran the prompt through the draft), so their steps are counted apart (draft_steps);
-        # runs from before that column divide by every proposed draft, the first round's included
+        # c as the loop itself ran it: a draft step's time over a plain decode step's, the timed rounds' time over
+        # their steps (draft_steps); runs from before that column divide by every proposed draft
         base_step = float(np.median(col["base_ms_per_token"][i]))
         steps = col["draft_steps"][i].astype(float).sum() if "draft_steps" in col else float("nan")
         c_loop = (col["draft_ms"][i].sum() / (steps if steps > 0 else prop)) / base_step
@@ -286,8 +285,8 @@ def controlled_table(raw: pd.DataFrame) -> pd.DataFrame:
         sp, sp_lo, sp_hi = _spread(col["tokens_per_s"][i].astype(float) / tp_plain)
         a, g = float(a), int(g)
         pred = float(leviathan.improvement(a, g, c))
-        # the device phases inside ``seconds``: the first draft round (the draft's prefill, left out of c) is one of
-        # them; runs from before ``draft_first_ms`` counted it as loop overhead
+        # the device phases inside ``seconds``: the draft rounds (rows of one earlier commit held their first round
+        # apart, in ``draft_first_ms``; today's hold every round in ``draft_ms`` and 0 there), the verify steps
         first = col["draft_first_ms"][i].astype(float) if "draft_first_ms" in col else np.zeros(len(i))
         device_ms = col["draft_ms"][i].sum() + np.nan_to_num(first).sum() + col["verify_ms"][i].sum()
         rows.append(
