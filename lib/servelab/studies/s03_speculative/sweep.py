@@ -14,10 +14,11 @@ sequence, with its own KV pool and graphs, and no prefix cache (a prompt run aga
 
 A speculative row's phases, for the last timed generation: ``draft_ms`` the draft's rounds (CUDA events around
 ``DraftModel.propose``), every one of them: the draft follows the prompt inside the target's prefill step
-(``DraftModel.follow``), so a first round catches up one token, as any round does; ``verify_ms`` the verify steps; ``rollback_ms`` the host time of giving rejected drafts'
-blocks back (``SpeculativeEngine.rollback_s``); ``draft_steps`` the draft steps of the same timed rounds (each round
-runs as many as its largest k), so that ``draft_ms / draft_steps`` is one draft step's time; ``rounds`` verify steps;
-``catch_up_rounds`` verify steps that kept every draft, after which the draft catches up two tokens.
+(``DraftModel.follow``), so a first round catches up one token, as any round does; ``verify_ms`` the verify steps;
+``rollback_ms`` the host time of giving rejected drafts' blocks back (``SpeculativeEngine.rollback_s``);
+``draft_steps`` the draft steps of the same timed rounds (each round runs as many as its largest k), so that
+``draft_ms / draft_steps`` is one draft step's time; ``rounds`` verify steps; ``catch_up_rounds`` verify steps that
+kept every draft, after which the draft catches up two tokens.
 """
 
 from __future__ import annotations
