@@ -75,6 +75,13 @@ def apply_logit_bias(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor
     return logits
 
 
+def held_stops(params, eos_token_ids: tuple[int, ...], vocab: int) -> list[int]:
+    """The tokens ``min_tokens`` holds back for a request with ``params``: its stop ids, and EOS unless ignored
+    (sorted, within the vocabulary). The speculative mode's verify step and its draft hold back the same."""
+    stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
+    return [t for t in sorted(stops) if 0 <= t < vocab]
+
+
 def apply_min_tokens(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: tuple[int, ...]) -> torch.Tensor:
     """``-inf`` on the tokens that would stop a row (its stop ids, EOS unless ignored) while it has fewer than
     ``min_tokens`` outputs (the token sampled now would be output number ``len(output_token_ids)``)."""
@@ -83,8 +90,7 @@ def apply_min_tokens(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: 
     for i, s in enumerate(seqs):
         p = s.params
         if p.min_tokens and len(s.output_token_ids) < p.min_tokens:
-            stops = set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos_token_ids))
-            hits += [(i, t) for t in sorted(stops) if 0 <= t < vocab]
+            hits += [(i, t) for t in held_stops(p, eos_token_ids, vocab)]
     if hits:
         r, t = zip(*hits, strict=True)
         dev = logits.device

@@ -46,6 +46,7 @@ import torch
 from servelab.engine.config import EngineConfig
 from servelab.engine.draft_model import DraftModel, Drafts
 from servelab.engine.engine import Engine, _Launch, _record, resolve_backend
+from servelab.engine.logits_processing import held_stops
 from servelab.engine.rollback import give_back_tail
 from servelab.engine.sampling import sample_step, top_p_filter
 from servelab.engine.scheduler import ScheduledBatch, ScheduledSequence, TokenEvent
@@ -553,7 +554,7 @@ def _hold_stops(target: torch.Tensor, seqs: list[Sequence], drafted: list[int], 
         before = len(s.output_token_ids) - k
         if not p.min_tokens or before >= p.min_tokens:
             continue
-        stops = sorted(t for t in set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos)) if 0 <= t < vocab)
+        stops = held_stops(p, eos, vocab)
         hits += [(i, j, t) for j in range(min(width, p.min_tokens - before)) for t in stops]
     if hits:
         dev = target.device
