@@ -73,3 +73,16 @@ def test_without_switch_rows_there_is_no_include_text(tmp_path):
     bench = _bench(tmp_path, [dict(metric="decode_ms_b1_ctx128", value=0.96, unit="ms", note=DEFAULT_NOTE)])
     assert render_switches(bench) == ""
     assert render_switches(None) == ""
+
+
+def test_the_benchs_own_switch_labels_are_read_as_switches():
+    """The sync row's note said "async scheduling off (not the default)", which names no key=value, so the page left
+    it out of the switches; it and the offline ragged_split_kv row now name their settings."""
+    from servelab.bench.latency_rows import SYNC_SETTING
+    from servelab.bench.offline_rows import SPLIT_SETTING
+
+    assert setting_of(f"{SYNC_SETTING}; 12 steps") == "async_scheduling=False"
+    assert setting_of(f"256 requests; {SPLIT_SETTING}: 40,000 tok/s") == "ragged_split_kv=True"
+    metrics = ["e2e_ms_per_token_b1", "e2e_ms_per_token_b1_sync", "offline_tok_s", "offline_tok_s_ragged_split_kv"]
+    assert default_of("e2e_ms_per_token_b1_sync", metrics) == "e2e_ms_per_token_b1"
+    assert default_of("offline_tok_s_ragged_split_kv", metrics) == "offline_tok_s"

@@ -23,6 +23,10 @@ from servelab.bench.session import BenchSession
 NAN = float("nan")
 
 
+# the sync row's setting as a switch row names it (the engine page reads key=value before "(not the default)")
+SYNC_SETTING = "async_scheduling=False (not the default)"
+
+
 def host_ms(s: BenchSession, fn, repeats: int) -> float:
     """Median ms until ``fn()`` returns, the device idle at each call: the host's share of a step."""
     samples = []
@@ -154,7 +158,7 @@ def e2e_section(s: BenchSession) -> None:
             sync, records = generate_ms_per_token(s, engine, prompt, out, repeats)
         finally:
             engine.config = dataclasses.replace(engine.config, async_scheduling=True)
-        note = "async scheduling off (not the default); " + step_log_summary(records)
+        note = f"{SYNC_SETTING}; " + step_log_summary(records)
         s.add("e2e_ms_per_token_b1_sync", sync, "ms/token", forward, note)
     engine = model = None
     s.free()
