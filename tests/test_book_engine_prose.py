@@ -149,3 +149,16 @@ def test_the_token_budget_per_step_is_not_called_the_step_budget(tmp_path):
     goals = render_goals(bench)
     assert "Offline throughput at a token budget per step of 512 tokens, over the default's" in goals
     assert "  - 0.795 ×\n" in goals  # a ratio's unit as a sign, not "x"
+
+
+def test_the_trained_exactness_sentence_counts_the_prompts_decoded_alone_where_the_run_has_them(tmp_path):
+    model = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    head = dict(model=model, engine="triton, compile on", steps=32, tf_argmax_agree_frac=1.0)
+    rows = [dict(head, all_agree=a, alone_agree=b) for a, b in ((True, 32), (True, 12), (False, 32))]
+    text = render_exactness_trained(write_bench(tmp_path, [dict(metric="m", value=1, unit="ms")], exactness=rows))
+    assert "2 of 3 prompts agree with HF for all 32 greedy steps (2 of 3 decoded alone, at batch 1)" in text
+    older = [{k: v for k, v in r.items() if k != "alone_agree"} for r in rows]  # runs from before the column
+    text = render_exactness_trained(
+        write_bench(tmp_path / "old", [dict(metric="m", value=1, unit="ms")], exactness=older)
+    )
+    assert "for all 32 greedy steps and" in text and "alone" not in text

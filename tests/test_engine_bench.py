@@ -49,6 +49,7 @@ def test_smoke_bench_writes_every_row(scratch_results, capsys):
     assert (latency["status"] == "ok").all() and latency["host_ms"].gt(0).all()
     exact = pd.read_csv(next(scratch_results.glob("*/engine/exactness.csv")))
     assert exact["all_agree"].all() and exact["logit_max_abs_err"].max() < 1e-3  # float32: identical tokens
+    assert (exact["alone_agree"] == exact["steps"]).all()  # each prompt alone too: the engine's batch-1 path
     assert (exact["tf_argmax_agree_frac"] == 1).all() and exact["tf_logit_max_abs_err"].max() < 1e-3
     decode = pd.read_csv(next(scratch_results.glob("*/engine/decode.csv")))
     assert set(decode["impl"]) == {"engine_default", "hf_eager"} and (decode["status"] == "ok").all()

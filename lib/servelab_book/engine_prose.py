@@ -231,9 +231,13 @@ def render_exactness_trained(bench_csv: Path | None, model: str = "HuggingFaceTB
         return ""
     parts = []
     for engine, g in d.groupby("engine", sort=False):
+        steps = int(g["steps"].iloc[0])
+        alone = ""
+        if "alone_agree" in g:  # runs since the bench decodes each prompt alone too (the batch-1 path)
+            alone = f" ({int((g['alone_agree'] == steps).sum())} of {len(g)} decoded alone, at batch 1)"
         parts.append(
             f"with the engine's {code(engine)}, {int(g['all_agree'].sum())} of {len(g)} prompts agree with HF "
-            f"for all {int(g['steps'].iloc[0])} greedy steps and the teacher-forced argmax agrees on "
+            f"for all {steps} greedy steps{alone} and the teacher-forced argmax agrees on "
             f"{g['tf_argmax_agree_frac'].mean():.3f} of the positions"
         )
     return f"On {code(model)}'s trained weights in bf16, " + "; ".join(parts) + ".\n"

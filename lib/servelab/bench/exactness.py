@@ -56,14 +56,23 @@ def teacher_forced(hf_model, engine: Engine, prompt: list[int], continuation: li
     }
 
 
+def _agreeing(mine: list[int], ref: list[int]) -> int:
+    """Tokens of ``mine`` that agree with ``ref`` before the first difference."""
+    return next((k for k, (a, b) in enumerate(zip(mine, ref, strict=False)) if a != b), min(len(mine), len(ref)))
+
+
 def greedy_agreement(hf_model, engine: Engine, prompts: list[list[int]], steps: int) -> pd.DataFrame:
     """One row per prompt: tokens agreeing before the first difference, logit errors at the prefill, and the
-    teacher-forced agreement over HF's greedy continuation."""
-    ours = engine.generate(prompts, SamplingParams(max_tokens=steps, ignore_eos=True))
+    teacher-forced agreement over HF's greedy continuation. The prompts decode together (batch ``len(prompts)``),
+    and each once more alone (``alone_agree``): a one-row step takes the engine's own batch-1 path (small_linear's
+    blocks, where ``small_batch`` is on), which the batched run never reaches."""
+    params = SamplingParams(max_tokens=steps, ignore_eos=True)
+    ours = engine.generate(prompts, params)
+    alone = [engine.generate([p], params)[0] for p in prompts]
     rows = []
     for i, (p, mine) in enumerate(zip(prompts, ours, strict=True)):
         ref, ref_logits = hf_greedy(hf_model, p, steps)
-        agree = next((k for k, (a, b) in enumerate(zip(mine, ref, strict=False)) if a != b), min(len(mine), len(ref)))
+        agree = _agreeing(mine, ref)
         got = prefill_logits(engine, p)
         top2 = ref_logits.topk(2).values
         rows.append(
@@ -73,6 +82,7 @@ def greedy_agreement(hf_model, engine: Engine, prompts: list[list[int]], steps: 
                 "steps": steps,
                 "tokens_agree": agree,
                 "all_agree": agree == steps,
+                "alone_agree": _agreeing(alone[i], ref),
                 "logit_max_abs_err": float((got - ref_logits).abs().max()),
                 "logit_ref_abs_max": float(ref_logits.abs().max()),
                 "ref_top1_top2_gap": float(top2[0] - top2[1]),
