@@ -187,6 +187,9 @@ def _stub_server(monkeypatch, calls, left, run_s):
             pass
 
     def one_run(served, worker, trace, workdir, deadline_s, load, mode, *rest):
+        import gc
+
+        assert gc.get_freeze_count() > 0  # the notebook's heap is frozen while runs are timed
         calls.append(("run", load, mode))
         left.s -= run_s
         return {"status": "ok"}
@@ -210,6 +213,9 @@ def test_a_loads_two_server_runs_are_run_or_skipped_together_after_an_untimed_wa
     assert calls[:2] == [("server",), ("worker", "warmup", 1)]  # one request, untimed, before any run
     assert calls[2:] == [("run", "poisson", "off"), ("run", "poisson", "on")]
     assert (summ["warmup_s"] >= 0).all()
+    import gc
+
+    assert gc.get_freeze_count() == 0  # and thawed after
 
 
 def test_no_server_starts_where_not_one_load_and_its_start_fit_the_budget(monkeypatch, tmp_path):

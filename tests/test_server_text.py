@@ -163,6 +163,23 @@ def test_unknown_fields_are_kept_aside_not_refused():
     assert unknown_fields(chat) == ["tools", "messages.tool_calls"]
 
 
+def test_unknown_fields_never_walks_a_prompts_token_ids():
+    """A list of token ids holds no model to look into: it is not walked (150 µs a 2,112-id prompt, once per request
+    of a burst the server takes in before it writes a first token), while a list of models still is."""
+
+    class Untouchable(list):
+        def __iter__(self):
+            raise AssertionError("a list of token ids was walked")
+
+    req = CompletionRequest.model_validate_json(json.dumps({"prompt": [5] * 2112, "frobnicate": 1}))
+    object.__setattr__(req, "prompt", Untouchable(req.prompt))
+    assert unknown_fields(req) == ["frobnicate"]
+    chat = ChatCompletionRequest.model_validate_json(
+        json.dumps({"messages": [{"role": "user", "content": "x", "z": 1}]})
+    )
+    assert unknown_fields(chat) == ["messages.z"]
+
+
 def test_unsupported_options_are_listed():
     req = CompletionRequest.model_validate_json(
         json.dumps({"prompt": "x", "n": 2, "logprobs": 3, "echo": True, "best_of": 3, "suffix": "y"})

@@ -13,6 +13,7 @@ process's GIL. Between the two runs, with the engine idle, ``Engine.set_prefix_c
 
 from __future__ import annotations
 
+import gc
 import time
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from servelab.engine import Engine
 from servelab.loadgen.arrivals import poisson_arrivals
 from servelab.loadgen.metrics import request_metrics, summarize
 from servelab.loadgen.workload import Trace
+from servelab.server.heap import freeze_heap
 from servelab.studies.common.budget import SKIPPED, Budget
 from servelab.studies.s07_prefix_cache.first_token import random_tokens
 from servelab.studies.s07_prefix_cache.workload import ZipfWorkload
@@ -249,6 +251,10 @@ def serve_comparison(
 
         with LoadWorker() as worker, ServedEngine(None if build is not None else engine, build) as served:
             warmup_s = _warm_up(served, worker, next(iter(traces.values())), workdir, deadline_s)
+            # the HTTP server shares this interpreter with the notebook's objects (an engine, its model): a full
+            # collection over them paused its intake of a burst for 0.17-0.26 s on a CPU, so they are frozen while
+            # the runs are timed, as Study 1's points and the `servelab serve` command do (server.heap)
+            freeze_heap()
             for load, trace in traces.items():
                 skip = budget is not None and budget.spent(pair_s)  # both settings of a load, or neither
                 for mode in caching:
@@ -283,4 +289,5 @@ def serve_comparison(
             if (load, mode) not in done
         ]
     bar.close()
+    gc.unfreeze()  # (the runs' failures are caught above, so this is reached)
     return (pd.concat(per_request, ignore_index=True) if per_request else pd.DataFrame()), pd.DataFrame(summary)
