@@ -156,7 +156,10 @@ def test_the_batch_8_goal_is_checked_beside_batch_1s():
     assert (g["batch"], g["gamma"], g["goal"], g["met"]) == (8, 4, 1.3, False)
     assert g["speedup"] == pytest.approx(1.25)
     assert "At batch 8 (goal ≥ 1.3×), best γ = 4: 1.25×" in report.batch_goal_sentence([g])
-    assert "misses it" in report.batch_goal_sentence([g])
+    assert "misses it, against" in report.batch_goal_sentence([g])
+    # the straggler tail: 5 verify steps where the mean of the 8 requests drafted in 32 / 8 = 4
+    tailed = report.batch_goals(t.assign(batch_tail=np.where(t.batch == 8, 1.25, 1.0)))[0]
+    assert "ran 1.25× the verify steps its mean request needed" in report.batch_goal_sentence([tailed])
     faster = tables.controlled_table(pd.concat([*raw, _raw({0.8: 1.4}, gamma=6, batch=8)])).assign(target="llama-3-8b")
     assert report.batch_goals(faster)[0]["met"] and report.batch_goals(t[t.batch == 1]) == []
 
@@ -181,3 +184,11 @@ def test_the_goal_sentence_says_which_side_of_the_prediction_the_speedup_lies():
     assert report.goal_parts(g | dict(speedup=2.1, met=True)).startswith("it meets the goal")
     assert ", measured in 1 of the 3 repeats:" in report.goal_sentence(g, "measured in 1 of the 3 repeats")
     assert "6% below it" in report.goal_sentence(g | dict(speedup=1.69, gap_pct=6.1))
+
+
+def test_the_batch_tail_is_verify_steps_over_the_mean_requests():
+    raw = _raw({0.8: 1.2}, batch=8)
+    raw.loc[raw.method == "speculative", "seq_rounds"] = 32  # 8 requests drafted in 32 (step, request) pairs
+    t = tables.controlled_table(raw)
+    assert t.batch_tail.iloc[0] == pytest.approx(5 * 8 / 32)  # 5 steps run, 4 for the mean request
+    assert tables.controlled_table(_raw({0.8: 1.2})).batch_tail.iloc[0] == pytest.approx(1.0)  # batch 1: no tail

@@ -449,6 +449,8 @@ def batch_goals(table: pd.DataFrame, target: str = "llama-3-8b") -> list[dict]:
                 speedup=float(best.speedup),
                 speedup_low=float(best.speedup_low),
                 speedup_high=float(best.speedup_high),
+                predicted=float(best.predicted_speedup),
+                batch_tail=float(best.batch_tail) if "batch_tail" in best else float("nan"),
                 met=bool(best.speedup >= want),
             )
         )
@@ -456,12 +458,22 @@ def batch_goals(table: pd.DataFrame, target: str = "llama-3-8b") -> list[dict]:
 
 
 def batch_goal_sentence(goals: list[dict]) -> str:
-    """The wider batches' goals in words ("" where none ran)."""
-    return " ".join(
-        f"At batch {g['batch']} (goal ≥ {g['goal']:g}×), best γ = {g['gamma']}: {g['speedup']:.2f}× (its timed rounds "
-        f"{g['speedup_low']:.2f}–{g['speedup_high']:.2f}), which {'meets' if g['met'] else 'misses'} it."
-        for g in goals
-    )
+    """The wider batches' goals in words, with the prediction and the batch's straggler tail ("" where none ran)."""
+    out = []
+    for g in goals:
+        text = (
+            f"At batch {g['batch']} (goal ≥ {g['goal']:g}×), best γ = {g['gamma']}: {g['speedup']:.2f}× (its timed "
+            f"rounds {g['speedup_low']:.2f}–{g['speedup_high']:.2f}), which {'meets' if g['met'] else 'misses'} it, "
+            f"against {g['predicted']:.2f}× predicted"
+        )
+        if g["batch_tail"] == g["batch_tail"] and g["batch_tail"] > 1:
+            text += (
+                f"; the batch ran {g['batch_tail']:.2f}× the verify steps its mean request needed (a closed batch "
+                "waits for the request whose draws kept fewest, a cost the formula, a mean request's, does not "
+                "price; a server refills the places)"
+            )
+        out.append(text + ".")
+    return " ".join(out)
 
 
 def goal_sentence(goal: dict | None, repeats: str = "") -> str:

@@ -252,6 +252,9 @@ CONTROLLED_COLUMNS = [
     "loop_overhead_pct",
     "agreement",
     "host_syncs_per_round",
+    # verify steps the batch ran over those its mean request needed (1 at batch 1): a closed batch waits for its
+    # slowest request, whose draws kept fewest, which Leviathan's formula (a mean request's) does not price
+    "batch_tail",
 ]
 
 
@@ -314,6 +317,7 @@ def controlled_table(raw: pd.DataFrame) -> pd.DataFrame:
                 loop_overhead_pct=float(100 * (1 - device_ms / (1e3 * col["seconds"][i].sum()))),
                 agreement=float(col["agreed"][i].sum() / col["seq_rounds"][i].sum()),
                 host_syncs_per_round=int(col["host_syncs_per_round"][i].max()),
+                batch_tail=float(np.median(col["rounds"][i] * int(b) / col["seq_rounds"][i])),
             )
         )
     return pd.DataFrame(rows, columns=CONTROLLED_COLUMNS)
