@@ -209,6 +209,9 @@ def test_repeats_seeds_take_disjoint_slices_of_the_heldout_prompts():
     assert chat_prompts("heldout", 48, seed=3) == held[144:] + held[:32]
     with pytest.raises(ParameterError):
         chat_prompts("heldout", 4, seed=-1)
+    import numpy as np
+
+    assert chat_prompts("heldout", 48, seed=np.int64(1)) == slices[1]  # a seed read from a table is numpy's
 
 
 def test_the_drafts_cache_is_keyed_by_the_prompts_texts_and_the_generation_batch(monkeypatch):

@@ -6,6 +6,7 @@ draft is never scored on a request it was trained to imitate, and nothing on the
 
 from __future__ import annotations
 
+import numbers
 import random
 
 from servelab.errors import ParameterError
@@ -60,9 +61,9 @@ def chat_prompts(split: str, n: int | None = None, seed: int = 0) -> list[str]:
         return texts
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= len(texts):
         raise ParameterError(f"the {split} split has {len(texts)} prompts; asked for {n!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
         raise ParameterError(f"seed must be a non-negative integer, got {seed!r}")
-    start = seed * n % len(texts)
+    start = int(seed) * n % len(texts)
     return (texts + texts)[start : start + n]
 
 
