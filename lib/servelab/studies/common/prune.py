@@ -21,12 +21,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from servelab.paths import DATA_DIR, REPO_ROOT
+from servelab.paths import REPO_ROOT
 from servelab.studies.common.campaign import campaign_studies, missing_jobs
+from servelab.studies.common.pins import kept_out
 from servelab.studies.common.repeats import MIN_REPEATS
 from servelab.studies.common.runs import study_runs
-
-LEGACY = "legacy"
 
 
 def superseded(root: Path | None = None, pins: Path | None = None, studies=None) -> list[Path]:
@@ -39,14 +38,6 @@ def superseded(root: Path | None = None, pins: Path | None = None, studies=None)
             continue
         out += kept_out({r.dir.parents[1] for r in runs.older}, study, pins)
     return out
-
-
-def kept_out(folders, study: str, pins: Path | None = None) -> list[Path]:
-    """Of ``study``'s fingerprint ``folders``, those pruning may take: not ``legacy``, and named by no file under
-    ``pins`` (the simulator's freeze hashes the runs it was calibrated on)."""
-    pins = DATA_DIR / "validation" if pins is None else Path(pins)
-    pinned = "\n".join(p.read_text(errors="replace") for p in sorted(pins.rglob("*")) if p.is_file())
-    return [f for f in sorted(folders) if f.name != LEGACY and f"/{study}/runs/{f.name}/" not in pinned]
 
 
 def remove(folders: list[Path], repo: Path = REPO_ROOT) -> None:

@@ -6,7 +6,7 @@ which no call carries it, and long before that SmolLM2's weights take a call for
 plan prints this forecast: the bytes its jobs add (each sized by the runs its part already has on disk, at any
 fingerprint, compressed as committed), and the bytes that ``make prune-runs`` takes back once each of the plan's
 studies has its repeats at today's fingerprint (its older fingerprints' folders, less ``legacy`` and the simulator
-freeze's pins: ``prune.superseded``'s rule, applied ahead of time).
+freeze's pins: ``pins.kept_out``, the rule ``prune.superseded`` applies, ahead of time).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from servelab.studies.common import carry
+from servelab.studies.common.pins import kept_out
 from servelab.studies.common.runs import study_runs
 
 
@@ -53,8 +54,6 @@ class Forecast:
 def forecast(jobs: Iterable, root: Path | None = None, tree: int | None = None, pins: Path | None = None) -> Forecast:
     """The tree's growth over ``jobs`` (``campaign.Job``s; engine and warm-up jobs write no run folder that stays:
     the engine page's files are rewritten in place)."""
-    from servelab.studies.common import prune
-
     jobs = [j for j in jobs if not j.warm_up]
     added = unsized = prunable = 0
     sizes: dict[tuple[str, str], int | None] = {}
@@ -68,7 +67,7 @@ def forecast(jobs: Iterable, root: Path | None = None, tree: int | None = None, 
             sizes[study, part] = int(statistics.median(found)) if found else None
         today = runs.today.digest if runs.today is not None else None
         folders = {r.dir.parents[1] for r in (*runs.runs, *runs.older) if r.fingerprint != today}
-        prunable += sum(folder_bytes(f) for f in prune.kept_out(folders, study, pins))
+        prunable += sum(folder_bytes(f) for f in kept_out(folders, study, pins))
     for j in jobs:
         size = sizes.get((j.study, j.part), 0)
         added += size or 0
