@@ -37,7 +37,7 @@ import torch
 from servelab.engine.compilation import compile_with_check
 from servelab.engine.cuda_graphs import power_of_two_buckets
 from servelab.engine.draft_rounds import RoundGraphs
-from servelab.engine.logits_processing import apply_min_tokens
+from servelab.engine.logits_processing import apply_min_tokens, under_min_tokens
 from servelab.engine.model_runner import ModelRunner, max_blocks_per_sequence
 from servelab.engine.policies import policy_class
 from servelab.engine.rollback import give_back_tail
@@ -404,4 +404,4 @@ def _device_index(rows: list[int], device) -> torch.Tensor:
 
 def _holding(mirrors: list[Sequence]) -> bool:
     """Whether any of ``mirrors`` draws under its ``min_tokens`` (its stops held back)."""
-    return any(m.params.min_tokens and len(m.output_token_ids) < m.params.min_tokens for m in mirrors)
+    return any(under_min_tokens(m) for m in mirrors)

@@ -75,6 +75,11 @@ def apply_logit_bias(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor
     return logits
 
 
+def under_min_tokens(seq: Sequence) -> bool:
+    """Whether the token ``seq`` samples now comes before its ``min_tokens``-th output (its stops held back)."""
+    return bool(seq.params.min_tokens) and len(seq.output_token_ids) < seq.params.min_tokens
+
+
 def held_stops(params, eos_token_ids: tuple[int, ...], vocab: int) -> list[int]:
     """The tokens ``min_tokens`` holds back for a request with ``params``: its stop ids, and EOS unless ignored
     (sorted, within the vocabulary). The speculative mode's verify step and its draft hold back the same."""
@@ -88,9 +93,8 @@ def apply_min_tokens(logits: torch.Tensor, seqs: list[Sequence], eos_token_ids: 
     vocab = logits.shape[1]
     hits = []
     for i, s in enumerate(seqs):
-        p = s.params
-        if p.min_tokens and len(s.output_token_ids) < p.min_tokens:
-            hits += [(i, t) for t in held_stops(p, eos_token_ids, vocab)]
+        if under_min_tokens(s):
+            hits += [(i, t) for t in held_stops(s.params, eos_token_ids, vocab)]
     if hits:
         r, t = zip(*hits, strict=True)
         dev = logits.device

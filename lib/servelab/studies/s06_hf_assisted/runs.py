@@ -52,12 +52,9 @@ class GenerationRun:
 def hf_eos_ids(model) -> tuple[int, ...]:
     """The ids HF's ``min_new_tokens`` holds back for ``model``: its generation config's EOS (an id or a list), else
     its config's. The engine rows and α hold back the same ones, so that all three run one semantics."""
-    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    if eos is None:
-        eos = getattr(model.config, "eos_token_id", None)
-    if eos is None:
-        return ()
-    return tuple(int(t) for t in (eos if isinstance(eos, (list, tuple)) else [eos]))
+    from servelab.engine.engine import eos_ids
+
+    return eos_ids(getattr(model, "generation_config", None)) or eos_ids(model.config)
 
 
 def timed_generate(

@@ -206,6 +206,16 @@ def _warm_up(served: ServedEngine, worker, trace: Trace, workdir: Path, deadline
     return time.perf_counter() - t
 
 
+def _status_rows(traces: dict[str, Trace], caching, status: str, done=frozenset()) -> list[dict]:
+    """A summary row with ``status`` for every (load, caching) not in ``done``: runs that did not happen."""
+    return [
+        {"load": load, "caching": mode, "requests": len(trace), "status": status}
+        for load, trace in traces.items()
+        for mode in caching
+        if (load, mode) not in done
+    ]
+
+
 def serve_comparison(
     engine: Engine | None,
     traces: dict[str, Trace],
@@ -237,13 +247,7 @@ def serve_comparison(
     per_request, summary = [], []
     pair_s = len(caching) * run_estimate_s
     if budget is not None and budget.spent(build_estimate_s + pair_s):
-        return pd.DataFrame(), pd.DataFrame(
-            [
-                {"load": load, "caching": mode, "requests": len(trace), "status": SKIPPED}
-                for load, trace in traces.items()
-                for mode in caching
-            ]
-        )
+        return pd.DataFrame(), pd.DataFrame(_status_rows(traces, caching, SKIPPED))
     bar = tqdm(total=len(traces) * len(caching), desc="server runs", disable=not progress)
     try:
         from servelab.loadgen.worker import LoadWorker
@@ -281,13 +285,7 @@ def serve_comparison(
     except Exception as e:  # noqa: BLE001 - the server or the load generator did not start: say so, go on
         status = f"error: {type(e).__name__}: {e}"[:300]
         log(f"server-level runs: {status}")
-        done = {(r["load"], r["caching"]) for r in summary}
-        summary += [
-            {"load": load, "caching": mode, "requests": len(trace), "status": status}
-            for load, trace in traces.items()
-            for mode in caching
-            if (load, mode) not in done
-        ]
+        summary += _status_rows(traces, caching, status, done={(r["load"], r["caching"]) for r in summary})
     bar.close()
     gc.unfreeze()  # (the runs' failures are caught above, so this is reached)
     return (pd.concat(per_request, ignore_index=True) if per_request else pd.DataFrame()), pd.DataFrame(summary)
