@@ -440,3 +440,27 @@ def f12_single_max(rep: RunSet) -> OldVerdict:
         per[name] = "fails" if not cut > 0.05 else "changes" if ratio > 1.10 else "holds"
         parts.append(f"{name}: cut in the maximum {cut:.0%}, throughput ×{ratio:.2f} at the top served rate")
     return OldVerdict(_combine(per), "; ".join(parts))
+
+
+@_register
+def f33_any_mode_above_eager(rep: RunSet) -> OldVerdict:
+    """F3.3 as its registered text reads: eager HF's target/draft step-time ratio far below the parameter ratio
+    (under half) "while another mode reaches further", read literally as any other mode's ratio above eager HF's,
+    with no bar; the code has asked ``FURTHER`` × the eager ratio since the rule's registration (d506ce2)."""
+    from servelab.studies.s03_speculative.report import cost_ratio_table, shape_pair
+    from servelab.studies.s03_speculative.verdicts import FAR_BELOW
+
+    draft, target = shape_pair(rep)
+    r = cost_ratio_table(rep)
+    r = r[(r["draft"] == draft) & (r["target"] == target)].set_index("mode")
+    if "hf_eager" not in r.index:
+        return OldVerdict("inconclusive", "no eager HF ratio for the Qwen2 shapes")
+    eager, param = float(r.loc["hf_eager", "target_over_draft"]), float(r["param_ratio"].iloc[0])
+    others = r.drop(index="hf_eager")["target_over_draft"]
+    best = float(others.max()) if len(others) else float("nan")
+    far, further = eager < FAR_BELOW * param, bool(best > eager)
+    return OldVerdict(
+        "holds" if far and further else "changes",
+        f"eager {eager:.2f}× against parameters {param:.2f}× ({'far below' if far else 'not far below'}); the best "
+        f"other mode {best:.2f}× ({'above' if further else 'not above'} eager's)",
+    )
