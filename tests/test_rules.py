@@ -18,12 +18,11 @@ from servelab.studies.common.rules import (
     RuleChange,
     check_registry,
     load_registry,
-    near_threshold,
     old_verdict,
     rule_hash,
-    thresholds_near,
 )
 from servelab.studies.common.runs import Run, RunSet, study_runs
+from servelab.studies.common.thresholds import near_threshold, thresholds_near
 from servelab.studies.s01_scheduling import verdicts as study1
 from servelab.studies.s06_hf_assisted import analysis
 from servelab.studies.s06_hf_assisted import verdicts as study6
@@ -289,3 +288,30 @@ def test_an_old_rule_is_applied_to_every_repeat_of_the_same_runs(rules, tmp_path
     assert old_verdict(rule, ch, _study2_runs(tmp_path / "c", 3, 0.50)).verdict == "changes"
     none = old_verdict(rule, ch, study_runs("02_gpu_costs", tmp_path / "empty"))
     assert none.verdict == "inconclusive" and "not measured" in none.detail
+
+
+def test_f33s_text_states_its_bar_and_the_literal_old_reading_asks_none(rules, monkeypatch):
+    """F3.3's registered text said another mode must "reach further" with no bar; the verdict has asked 1.25 × the
+    eager ratio since registration. The change entry puts the bar in the text, and ``f33_any_mode_above_eager``
+    reads the old text literally: a best mode 1.10 × eager's holds there and changes under the bar."""
+    from servelab.studies.s03_speculative import report
+    from servelab.studies.s03_speculative import verdicts as study3
+
+    ch = rules["F3.3"].changes[-1]
+    assert ch.old_verdict == "f33_any_mode_above_eager" and ch.new_rule == rules["F3.3"].rule
+    assert f"{study3.FURTHER:g}" in ch.new_rule and f"{study3.FURTHER:g}" not in ch.old_rule
+    pair = ("qwen2-0.5b", "qwen2-1.5b")
+    ratios = pd.DataFrame(
+        [
+            dict(draft=pair[0], target=pair[1], mode=m, target_over_draft=x, param_ratio=3.12, c=1 / x)
+            for m, x in (("hf_eager", 1.2), ("hf_cuda_graph", 1.32), ("engine", 1.30))
+        ]
+    )
+    monkeypatch.setattr(report, "cost_ratio_table", lambda rep: ratios)
+    monkeypatch.setattr(report, "shape_pair", lambda rep: pair)
+    old = OLD_RULES["f33_any_mode_above_eager"](None)
+    assert old.verdict == "holds" and "eager 1.20×" in old.detail and "1.32×" in old.detail
+    assert study3.f33(ratios, pair).verdict == "changes"  # 1.32 < 1.25 × 1.2
+    below = ratios.assign(target_over_draft=[1.2, 1.1, 1.0])
+    monkeypatch.setattr(report, "cost_ratio_table", lambda rep: below)
+    assert OLD_RULES["f33_any_mode_above_eager"](None).verdict == "changes"

@@ -7,9 +7,6 @@ the *old* rule to today's committed H200 data. The texts are chained by hash: ``
 rule as first registered; each change's ``old_rule`` must hash to the rule before it; the current ``rule`` must be
 the last change's ``new_rule``. Editing a rule's text without adding a change entry breaks the chain, and
 ``check_registry`` (run by the tests) says which claim.
-
-``near_threshold`` (and ``thresholds_near``, over a rule's thresholds) is the studies' test of a verdict decided
-within one noise width of its threshold.
 """
 
 from __future__ import annotations
@@ -23,7 +20,6 @@ from typing import TYPE_CHECKING
 
 import yaml
 
-from servelab.errors import ParameterError
 from servelab.paths import DATA_DIR
 
 if TYPE_CHECKING:
@@ -94,25 +90,6 @@ def check_registry(rules: dict[str, Rule]) -> list[str]:
                 f"registered chain ends at {expected}): add a change with the old rule, the new one and why"
             )
     return problems
-
-
-def near_threshold(value: float, threshold: float, noise: float) -> bool:
-    """True when ``value`` lies within one noise width of ``threshold`` (|value − threshold| ≤ noise): a verdict
-    decided there must say so. ``noise`` is in the value's unit (a CI half-width, the repeats' spread)."""
-    for name, x in (("value", value), ("threshold", threshold), ("noise", noise)):
-        if isinstance(x, bool) or not isinstance(x, int | float) or not math.isfinite(x):
-            raise ParameterError(f"near_threshold: {name} must be a finite number, got {x!r}")
-    if noise < 0:
-        raise ParameterError(f"near_threshold: noise must be ≥ 0, got {noise!r}")
-    return abs(value - threshold) <= noise
-
-
-def thresholds_near(value: float, thresholds, noise: float) -> list[float]:
-    """The thresholds of a rule that ``value`` lies within one ``noise`` width of (``near_threshold``), in the
-    order given; none where the value or the noise is not a finite number (nothing measured, no noise estimate)."""
-    if not all(isinstance(x, int | float) and math.isfinite(x) for x in (value, noise)):
-        return []
-    return [t for t in thresholds if near_threshold(float(value), float(t), float(noise))]
 
 
 # ---- the old rules, each applied to one repeat of today's committed H200 runs ----------------------------------

@@ -32,8 +32,8 @@ import numpy as np
 import pandas as pd
 
 from servelab.studies.common.findings import Finding, seed_value
-from servelab.studies.common.rules import thresholds_near
 from servelab.studies.common.tested_on import tested_on
+from servelab.studies.common.thresholds import thresholds_near
 
 # the policies as the seed named them, for the prose (the identifiers stay in the code and the CSVs)
 SHOWN = {"fcfs": "FCFS", "eager_cont_batch": "EagerContBatch", "chunked_prefill": "ChunkedPrefill"}

@@ -17,7 +17,7 @@ from servelab.speculative import leviathan
 from servelab.studies.common.claim_finding import claim_finding, failed_to_run
 from servelab.studies.common.findings import Finding
 from servelab.studies.common.repeats import median_interval
-from servelab.studies.common.rules import near_threshold
+from servelab.studies.common.thresholds import near_threshold
 
 SEED_TARGET_OVER_DRAFT = 1.18  # F3.3: measured cost ratio target/draft on the RTX 2070 (eager HF)
 SEED_PARAM_RATIO = 3.1  # F3.3: Qwen2-1.5B / Qwen2-0.5B parameters, as the seed put it
