@@ -86,3 +86,28 @@ def test_the_benchs_own_switch_labels_are_read_as_switches():
     metrics = ["e2e_ms_per_token_b1", "e2e_ms_per_token_b1_sync", "offline_tok_s", "offline_tok_s_ragged_split_kv"]
     assert default_of("e2e_ms_per_token_b1_sync", metrics) == "e2e_ms_per_token_b1"
     assert default_of("offline_tok_s_ragged_split_kv", metrics) == "offline_tok_s"
+
+
+def test_a_switch_inside_the_defaults_spread_is_neither_better_nor_worse(tmp_path):
+    """One offline run read ragged_split_kv 3% above the default on an H100; the bench now times each setting three
+    times and writes the range beside the median, and a switch whose range overlaps the default's is said to lie
+    within the spread. Ranges apart keep the better/worse reading."""
+    split = "ragged_split_kv=True (not the default): 50,707 tok/s"
+    rows = [
+        dict(metric="offline_tok_s", value=49284, unit="tok/s", note="default", low=48100, high=50300),
+        dict(metric="offline_tok_s_ragged_split_kv", value=50707, unit="tok/s", note=split, low=49900, high=51000),
+        dict(metric="decode_ms_b1_ctx128", value=0.71, unit="ms", note=DEFAULT_NOTE, low=0.70, high=0.72),
+        dict(metric="decode_ms_b1_ctx128_fused_rope_kv", value=1.02, unit="ms", note=FUSED_NOTE, low=1.0, high=1.05),
+    ]
+    text = render_switches(_bench(tmp_path, rows))
+    bullets = {b.split("`")[1]: b for b in text.splitlines() if b.startswith("- ")}
+    assert (
+        "1.03× the default: within the spread, 49,900–51,000 against the default's 48,100–50,300"
+        in (bullets["ragged_split_kv=True"])
+    )
+    assert "the default: worse" in bullets["fused_rope_kv_write=True"]
+    assert "1 measures worse than the default, and 1 within the spread of the default's own timings" in text
+    apart = [dict(r, low=r["value"], high=r["value"]) for r in rows]  # no overlap: the reading by value returns
+    assert "1.03× the default: better" in render_switches(_bench(tmp_path, apart))
+    unspread = [{k: v for k, v in r.items() if k not in ("low", "high")} for r in rows]
+    assert "within the spread" not in render_switches(_bench(tmp_path, unspread))  # an older CSV has no spread

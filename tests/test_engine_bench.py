@@ -38,6 +38,16 @@ def test_smoke_bench_writes_every_row(scratch_results, capsys):
     offline = pd.read_csv(next(scratch_results.glob("*/engine/offline.csv"))).set_index("setting")
     multi = offline.loc["decode_steps=8 (not the default)"]
     assert multi["decode_steps"] == 8 and multi["decode_groups"] > 0  # the row ran multi-step groups
+    # each setting timed 3 times on its engine: the median run, with the runs' range in offline.csv and bench.csv
+    engine = offline[offline["impl"] == "engine"]
+    assert len(engine) == 3 and (engine["runs"] == 3).all() and (engine["tok_s_min"] <= engine["tok_s"]).all()
+    assert (engine["tok_s"] <= engine["tok_s_max"]).all()
+    assert rows.loc["offline_tok_s", "low"] == offline.loc["default", "tok_s_min"]
+    assert rows.loc["offline_tok_s", "high"] == offline.loc["default", "tok_s_max"]
+    assert "median of 3 runs" in rows.loc["offline_tok_s", "note"]
+    assert rows.loc["decode_ms_b1_ctx16", "low"] <= rows.loc["decode_ms_b1_ctx16", "value"]  # the steps' quartiles
+    assert rows.loc["decode_ms_b1_ctx16", "value"] <= rows.loc["decode_ms_b1_ctx16", "high"]
+    assert rows.loc["offline_budget32_ratio", ["low", "high"]].isna().all()  # a ratio of medians has no spread here
     for metric in ("mixed_step_ms", "e2e_ms_per_token_b1", "offline_tok_s_budget32", "decode_ms_b1_ctx256"):
         assert rows.loc[metric, "roofline_bound"] > 0, metric  # each beside its bound
     assert rows.loc["e2e_over_forward_b1", "value"] == pytest.approx(

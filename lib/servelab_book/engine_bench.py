@@ -21,6 +21,7 @@ from servelab.studies.common.markdown import format_value, list_table, md_text
 from servelab_book.findings import BOOK_DEVICE
 
 REQUIRED = ["metric", "value", "unit"]
+SPREAD = ["low", "high"]  # a row's spread, where it has one (``servelab.bench.rows.bench_row``)
 
 
 def find_bench(root: Path | None = None, device: str = BOOK_DEVICE) -> Path | None:
@@ -112,6 +113,8 @@ def bound_kind(metric: str) -> tuple[str, str]:
 
 _HEADERS = {
     "value": "Value",
+    "low": "Spread, low",
+    "high": "Spread, high",
     "unit": "Unit",
     "roofline_bound": "Bound",
     "pct_of_roofline": "Value against its bound (%)",
@@ -141,7 +144,8 @@ def render_engine_bench(path: Path | None) -> str:
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
         raise ValueError(f"{path}: missing columns {missing}; expected at least {REQUIRED}")
-    cols = REQUIRED + [c for c in df.columns if c not in REQUIRED]
+    spread = [c for c in SPREAD if c in df.columns]  # beside the value they bound (bench.csv writes them last)
+    cols = REQUIRED[:2] + spread + REQUIRED[2:] + [c for c in df.columns if c not in REQUIRED + spread]
     bounded = "roofline_bound" in cols
     header, rows, kinds = ["What is measured"], [], {}
     for c in cols[1:]:
@@ -159,15 +163,26 @@ def render_engine_bench(path: Path | None) -> str:
                     kinds.setdefault(label, what)
         rows.append(row)
     table = list_table(header, rows, css="servelab-engine-bench")
+    legend = _legend(kinds if bounded else {}, spread and (df[spread] != "").any().any())
+    return f"From `{md_text(path.parent.parent.name)}`{_provenance(path)}:\n\n" + table + legend
+
+
+def _legend(kinds: dict[str, str], spread: bool) -> str:
+    """What the table's kinds of bound mean, and its spread columns where any row has one."""
     legend = ""
-    if bounded and kinds:
+    if kinds:
         legend = (
             "\n*Value against its bound* is 100% where the value reaches its bound: the bound over the value for a "
             "time, the value over the bound for a rate. The kinds of bound:\n\n"
             + "\n".join(f"- **{md_text(label)}**: {md_text(what)}." for label, what in kinds.items())
             + "\n"
         )
-    return f"From `{md_text(path.parent.parent.name)}`{_provenance(path)}:\n\n" + table + legend
+    if spread:
+        legend += (
+            "\nThe *spread* is the step time's quartiles over a decode row's timed steps, and the range of an "
+            "offline row's timed runs (the median run's rate is the value).\n"
+        )
+    return legend
 
 
 @dataclass(frozen=True)

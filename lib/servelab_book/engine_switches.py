@@ -6,7 +6,9 @@ the default's (``decode_ms_b1_ctx128_unfused_rope_kv`` beside ``decode_ms_b1_ctx
 switch row's note names its setting ("not the default: fused_rope_kv_write=False, ..." or "decode_steps=8 (not the
 default)"); its default is the longest metric name its own begins with. Where the compile check turned compilation
 off for the switch but not for the default, the two rows time an eager step against a compiled one, and the
-sentence says so with the check's reason: that, not the switch, may be what the ratio measures.
+sentence says so with the check's reason: that, not the switch, may be what the ratio measures. Where both rows
+carry their spread (``low``, ``high``: a decode step's quartiles, the offline runs' range) and the two spreads
+overlap, the switch is neither better nor worse on this run: the bullet says it lies within the spread.
 """
 
 from __future__ import annotations
@@ -61,6 +63,15 @@ def compile_off(note: str) -> str | None:
     return m.group(1).strip() if m else None
 
 
+def spreads_overlap(r: pd.Series, d: pd.Series) -> bool | None:
+    """Whether the switch row's spread and the default's overlap; None where either row has none."""
+    ends = [num(row, col) for row in (r, d) for col in ("low", "high")]
+    if any(v is None or v != v for v in ends):
+        return None
+    r_low, r_high, d_low, d_high = ends
+    return r_low <= d_high and d_low <= r_high
+
+
 def switch_pairs(rows: dict[str, pd.Series]) -> list[tuple[str, pd.Series, pd.Series]]:
     """(setting, switch row, default row) for each switch row with a value and a default row with one."""
     pairs = []
@@ -83,10 +94,15 @@ def render_switches(bench_csv: Path | None) -> str:
     for setting, r, d in pairs:
         value, base, unit = num(r), num(d), str(r["unit"])
         better = value > base if unit in HIGHER_IS_BETTER else value < base
+        reading = "better" if better else "worse"
+        if spreads_overlap(r, d):
+            reading = (
+                f"within the spread, {format_value(r['low'])}–{format_value(r['high'])} against the default's "
+                f"{format_value(d['low'])}–{format_value(d['high'])}"
+            )
         line = (
             f"- {code(setting)} at {code(d['metric'])}: {format_value(r['value'])} {md_text(unit)} against the "
-            f"default's {format_value(d['value'])} ({value / base:.2f}× the default: "
-            f"{'better' if better else 'worse'})"
+            f"default's {format_value(d['value'])} ({value / base:.2f}× the default: {reading})"
         )
         off, default_off = compile_off(str(r["note"])), compile_off(str(d["note"]))
         if off is not None and default_off is None:
@@ -99,8 +115,11 @@ def render_switches(bench_csv: Path | None) -> str:
                 faults.append(CHECK_FAULT[name])
         lines.append(line + ".")
     worse = sum("worse)" in line for line in lines)
+    tied = sum(": within the spread," in line for line in lines)
     head = (
         f"The benchmark times {len(lines)} switch row{'s' if len(lines) != 1 else ''} beside the default's; "
-        f"{worse} measure{'s' if worse == 1 else ''} worse than the default:\n\n"
+        f"{worse} measure{'s' if worse == 1 else ''} worse than the default"
+        + (f", and {tied} within the spread of the default's own timings" if tied else "")
+        + ":\n\n"
     )
     return head + "\n".join(lines) + "\n" + "".join(f"\n{why}\n" for why in faults)

@@ -186,11 +186,17 @@ def decode_section(s: BenchSession) -> None:
         timed = [time_variant(s, v, batch, ctx, floor) for v in variants(s.plan, s.cuda, batch, ctx)]
         s.decode_rows += timed
         default = timed[0]
-        s.add(f"decode_ms_b{batch}_ctx{ctx}", default["median_ms"], "ms", floor, decode_note(s, default, timed[1:]))
+        note = decode_note(s, default, timed[1:])
+        s.add(f"decode_ms_b{batch}_ctx{ctx}", default["median_ms"], "ms", floor, note, *quartiles(default))
         for impl, (suffix, setting) in SWITCH_ROWS.items():
             name = f"decode_ms_b{batch}_ctx{ctx}_{suffix}"
             if name in metrics:
                 row = next(r for r in timed if r["impl"] == impl)
                 note = decode_note(s, row, [default], f"not the default: {setting}, otherwise the default")
-                s.add(name, row["median_ms"], "ms", floor, note)
+                s.add(name, row["median_ms"], "ms", floor, note, *quartiles(row))
     s.flush()
+
+
+def quartiles(row: dict) -> tuple[float, float]:
+    """A decode row's step-time quartiles (ms), NaN where it did not run."""
+    return row.get("p25_ms", NAN), row.get("p75_ms", NAN)

@@ -46,16 +46,24 @@ def default_engine(s: BenchSession):
 
 
 def timed_run(s: BenchSession, engine, work, label: str, build_s: float) -> dict:
-    """One offline run of ``work`` (after a small warm-up outside the timing), recorded in ``offline.csv``."""
+    """``plan.offline_repeats`` timed runs of ``work`` on one engine (after a small warm-up outside the timing),
+    recorded in ``offline.csv`` as the median run with the runs' range (``tok_s_min``, ``tok_s_max``): one run's
+    rate moves by a few percent from run to run, as much as a switch was found to change it."""
     from servelab.bench.offline import run_offline
     from servelab.bench.workload import offline_workload
 
     warm = offline_workload(min(16, s.plan.num_requests), 8, 32, vocab=s.shape.vocab, seed=s.plan.seed + 1)
     run_offline(engine, warm)  # first-use costs (Triton compiles, allocator growth) outside the timing
-    st0 = engine.stats()
-    res = run_offline(engine, work, progress=s.progress)
-    st = engine.stats()
-    steps = {k: st[k] - st0[k] for k in ("graph_steps", "step_graph_steps", "eager_steps", "decode_groups")}
+    runs = []
+    for i in range(max(1, s.plan.offline_repeats)):
+        st0 = engine.stats()
+        res = run_offline(engine, work, progress=s.progress and i == 0)
+        st = engine.stats()
+        steps = {k: st[k] - st0[k] for k in ("graph_steps", "step_graph_steps", "eager_steps", "decode_groups")}
+        runs.append((res, steps))
+    rates = sorted(r["tok_s"] for r, _ in runs)
+    res, steps = next(run for run in runs if run[0]["tok_s"] == rates[(len(rates) - 1) // 2])  # the median run
+    low, high = rates[0], rates[-1]
     cfg = engine.config
     s.offline_rows.append(
         {
@@ -64,19 +72,28 @@ def timed_run(s: BenchSession, engine, work, label: str, build_s: float) -> dict
             "decode_steps": cfg.decode_steps,
             "max_num_batched_tokens": cfg.max_num_batched_tokens,
             **res,
+            "runs": len(rates),
+            "tok_s_min": low,
+            "tok_s_max": high,
             "build_s": build_s,
             **{k: st[k] for k in STATS},
             **steps,
         }
     )
+    spread = f"median of {len(rates)} runs, {low:,.0f}–{high:,.0f}; " if len(rates) > 1 else ""
     note = (
-        f"{label}: {res['tok_s']:,.0f} tok/s ({res['output_tokens']} tokens in {res['elapsed_s']:.2f} s; "
+        f"{label}: {res['tok_s']:,.0f} tok/s ({spread}{res['output_tokens']} tokens in {res['elapsed_s']:.2f} s; "
         f"{steps['graph_steps']} decode-graph / {steps['step_graph_steps']} step-graph / {steps['eager_steps']} eager "
         f"steps, {res['preemptions']} preemptions; backend {st['attention_backend']}, compile {st['compile']}, "
         f"async {st['async_scheduling']}, {st['num_blocks']} KV blocks)"
     )
     s.log(f"offline {note}")
-    return {"tok_s": res["tok_s"], "note": note}
+    return {"tok_s": res["tok_s"], "low": low, "high": high, "note": note}
+
+
+def spread(row: dict) -> tuple[float | None, float | None]:
+    """A timed setting's range over its runs (None where it failed or was skipped)."""
+    return row.get("low"), row.get("high")
 
 
 def measure(s: BenchSession, label: str, run) -> dict:
@@ -100,7 +117,7 @@ def offline_section(s: BenchSession) -> None:
     what = f"{work.num_requests} requests, lengths U[{p.min_len}, {p.max_len}], temperature 0.6, EOS ignored; "
 
     default = measure(s, "default", lambda: timed_run(s, default_engine(s), work, "default", s.default_build_s))
-    s.add("offline_tok_s", default["tok_s"], "tok/s", bound, what + default["note"])
+    s.add("offline_tok_s", default["tok_s"], "tok/s", bound, what + default["note"], *spread(default))
     s.flush()
 
     def budget_run():
@@ -112,7 +129,14 @@ def offline_section(s: BenchSession) -> None:
         return timed_run(s, engine, work, f"max_num_batched_tokens={p.offline_budget}", build_s)
 
     budget = measure(s, "budget", budget_run) if s.clock.left() > 90 else {"tok_s": float("nan"), "note": "skipped"}
-    s.add(f"offline_tok_s_budget{p.offline_budget}", budget["tok_s"], "tok/s", bound, what + budget["note"])
+    s.add(
+        f"offline_tok_s_budget{p.offline_budget}",
+        budget["tok_s"],
+        "tok/s",
+        bound,
+        what + budget["note"],
+        *spread(budget),
+    )
     s.add(
         f"offline_budget{p.offline_budget}_ratio",
         ratio(budget["tok_s"], default["tok_s"]),
@@ -131,7 +155,7 @@ def offline_section(s: BenchSession) -> None:
                 engine.config = dataclasses.replace(engine.config, decode_steps=1)
 
         steps8 = measure(s, "decode_steps=8", multi_step)
-        s.add("offline_tok_s_decode_steps8", steps8["tok_s"], "tok/s", bound, what + steps8["note"])
+        s.add("offline_tok_s_decode_steps8", steps8["tok_s"], "tok/s", bound, what + steps8["note"], *spread(steps8))
     if s.cuda and p.extra_settings and s.clock.left() > 90:
         # issue 29's switch left off by default (its cross-program merge had not run on a GPU): its row beside the
         # default's, so that whether the default is the faster is read from the CSV (whole-step graphs run only on
@@ -141,7 +165,7 @@ def offline_section(s: BenchSession) -> None:
             return timed_run(s, engine, work, SPLIT_SETTING, build_s)
 
         split = measure(s, "ragged_split_kv=True", split_run)
-        s.add("offline_tok_s_ragged_split_kv", split["tok_s"], "tok/s", bound, what + split["note"])
+        s.add("offline_tok_s_ragged_split_kv", split["tok_s"], "tok/s", bound, what + split["note"], *spread(split))
     s.flush()
     hf_section(s, work, bound, default["tok_s"])
 

@@ -15,8 +15,10 @@ GOALS = {
 TIME_UNITS = ("ms", "ms/token")  # a bound on a time is a floor: pct_of_roofline = bound / value
 
 
-def bench_row(metric: str, value, unit: str, bound=None, note: str = "") -> dict:
-    """A bench row; ``pct_of_roofline`` is 100 at the bound (floor/measured for times, measured/bound for rates)."""
+def bench_row(metric: str, value, unit: str, bound=None, note: str = "", low=None, high=None) -> dict:
+    """A bench row; ``pct_of_roofline`` is 100 at the bound (floor/measured for times, measured/bound for rates).
+    ``low``, ``high``: the value's spread where it has one (a decode step's quartiles, the offline runs' range),
+    so that a switch row is read against the default's spread, not its value alone."""
     if bound is None or value is None or value != value:
         pct = float("nan")
     elif unit in TIME_UNITS:
@@ -34,6 +36,8 @@ def bench_row(metric: str, value, unit: str, bound=None, note: str = "") -> dict
         "goal": f"{op} {goal:g}" if op else "",
         "meets_goal": meets,
         "note": note,
+        "low": float("nan") if low is None else low,
+        "high": float("nan") if high is None else high,
     }
 
 

@@ -45,8 +45,8 @@ class BenchSession:
         p = self.plan
         return load_model(spec, dtype=p.dtype, device=p.device, seed=p.seed, load_tokenizer=False).model
 
-    def add(self, metric: str, value, unit: str, bound=None, note: str = "") -> None:
-        self.rows.append(bench_row(metric, value, unit, bound, note))
+    def add(self, metric: str, value, unit: str, bound=None, note: str = "", low=None, high=None) -> None:
+        self.rows.append(bench_row(metric, value, unit, bound, note, low, high))
 
     def free(self) -> None:
         """Give cached GPU memory back between measurements."""
