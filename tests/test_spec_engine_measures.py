@@ -187,3 +187,41 @@ def test_a_mode_that_fails_is_a_row_per_model():
         cost_ratio.MODES = orig
     assert out.model.tolist() == ["d", "t"] and out.status.str.startswith("error: RuntimeError").all()
     assert isinstance(out, pd.DataFrame) and np.isnan(out.get("c_paired", pd.Series([np.nan]))).all()
+
+
+def test_the_engine_modes_step_is_compiled_as_the_sweeps_engines_are(monkeypatch):
+    """F3.2 predicts the sweep's speed-ups from c, and the sweep's engines compile their blocks (EngineConfig's
+    "auto"); bench.step's engine step does not unless asked. Study 3 asks it (``cost_engine_compile``), the HF modes
+    take no such argument, and each row says how its step ran (``compile``)."""
+    seen = {}
+
+    def engine(model, batch, new, context, compile=False):
+        seen["engine"] = compile
+
+        def step():
+            torch.mm(torch.ones(8, 8), torch.ones(8, 8))
+
+        step.engine = type("E", (), {"stats": lambda self: {"compile": f"stub {compile}"}})()
+        return step, None
+
+    def hf(model, batch, new, context):
+        return (lambda: torch.mm(torch.ones(8, 8), torch.ones(8, 8))), None
+
+    monkeypatch.setitem(cost_ratio.MODES, "engine", engine)
+    monkeypatch.setitem(cost_ratio.MODES, "hf_eager", hf)
+    m = load_model("config:tiny-llama", seed=0).model
+    kw = dict(context=8, warmup=0, repeats=2, engine_compile="auto")
+    out = cost_ratio.paired_step_costs(("d", m), ("t", m), ["hf_eager", "engine"], **kw)
+    assert seen["engine"] == "auto" and (out.status == "ok").all()
+    assert out.set_index("mode").loc["engine", "compile"].tolist() == ["stub auto", "stub auto"]
+    assert out.set_index("mode").loc["hf_eager", "compile"].tolist() == ["", ""]
+    alone = cost_ratio.step_costs({"m": m}, ["engine"], context=8, warmup=0, repeats=1, progress=False)
+    assert seen["engine"] is False and alone["compile"].tolist() == ["stub False"]  # the default stays off
+
+
+def test_study3_asks_the_engine_step_compiled_and_refuses_other_values():
+    from servelab.studies.s03_speculative.params import study_params
+
+    assert study_params("smoke")["cost_engine_compile"] == "auto"
+    with pytest.raises(ParameterError, match="cost_engine_compile"):
+        study_params("smoke", cost_engine_compile="yes")

@@ -23,6 +23,21 @@ from servelab.measure import summarize, time_fn
 from servelab.models.shape import ModelShape
 
 
+def mode_step(mode: str, model, context: int, engine_compile: bool | str = False):
+    """``MODES[mode]``'s batch-1 decode step after ``context`` cached tokens; the ``engine`` mode compiled as
+    ``engine_compile`` says (``EngineConfig.compile``: "auto" is the engine's default, as Study 3's speculative
+    engines run it), the others as they are."""
+    if mode == "engine":
+        return MODES[mode](model, 1, 1, context, compile=engine_compile)
+    return MODES[mode](model, 1, 1, context)
+
+
+def compile_of(fn) -> str:
+    """How the timed step's engine compiled its blocks, as its stats say ("" for an HF mode)."""
+    engine = getattr(fn, "engine", None)
+    return str(engine.stats().get("compile", "")) if engine is not None else ""
+
+
 def _free():
     gc.collect()
     if torch.cuda.is_available():
@@ -50,9 +65,18 @@ def _base_row(name: str, model, context: int, roofline=None) -> dict:
 
 
 def step_costs(
-    models: dict, modes, *, context: int, roofline=None, warmup: int = 3, repeats: int = 20, progress: bool = True
+    models: dict,
+    modes,
+    *,
+    context: int,
+    roofline=None,
+    warmup: int = 3,
+    repeats: int = 20,
+    progress: bool = True,
+    engine_compile: bool | str = False,
 ) -> pd.DataFrame:
-    """One decode step (batch 1, one new token after ``context`` cached) of every model in every mode.
+    """One decode step (batch 1, one new token after ``context`` cached) of every model in every mode (the engine's
+    compiled as ``engine_compile`` says, its ``compile`` column how it ran).
 
     ``models``: name → HF model. One row per (model, mode): ms (median, p25, p75, CI), params, weight bytes,
     the roofline floor (ms) and the step's % of it where a ``Roofline`` is given, status ("ok" or the error).
@@ -67,9 +91,9 @@ def step_costs(
         for mode in modes:
             bar.update(1)
             try:
-                fn, before = MODES[mode](model, 1, 1, context)
+                fn, before = mode_step(mode, model, context, engine_compile)
                 t = time_fn(fn, warmup=warmup, repeats=repeats, device=model.device, before_each=before)
-                row = base | dict(mode=mode, status="ok", **t.as_row())
+                row = base | dict(mode=mode, status="ok", compile=compile_of(fn), **t.as_row())
                 if roofline is not None:
                     row["pct_of_floor"] = float(roofline.pct_of_floor(t.median_ms, flops, nbytes))
                 rows.append(row)
@@ -117,6 +141,7 @@ def paired_step_costs(
     roofline=None,
     warmup: int = 3,
     repeats: int = 20,
+    engine_compile: bool | str = False,
 ) -> pd.DataFrame:
     """``step_costs`` of a (draft, target) pair with both models loaded and their steps alternated, draft then target,
     ``repeats`` times per mode: each target step is timed right after its draft step, so a drift of the host
@@ -133,7 +158,8 @@ def paired_step_costs(
     for mode in modes:
         bases = {name: _base_row(name, model, context, roofline) | dict(mode=mode) for name, model in (draft, target)}
         try:
-            steps = [(name, *MODES[mode](model, 1, 1, context)) for name, model in (draft, target)]
+            steps = [(name, *mode_step(mode, model, context, engine_compile)) for name, model in (draft, target)]
+            compiled = {name: compile_of(fn) for name, fn, _ in steps}
             cuda = torch.device(target[1].device).type == "cuda"
             for _ in range(warmup):
                 for _, fn, before in steps:
@@ -147,7 +173,9 @@ def paired_step_costs(
             clock = "cuda_event" if cuda else "perf_counter"
             for (name, _), other in ((draft, target[0]), (target, draft[0])):
                 t = summarize(samples[name], clock=clock)
-                row = bases[name] | dict(status="ok", paired_with=other, c_paired=c_paired, **t.as_row())
+                row = bases[name] | dict(
+                    status="ok", paired_with=other, c_paired=c_paired, compile=compiled[name], **t.as_row()
+                )
                 if roofline is not None:
                     row["pct_of_floor"] = float(
                         roofline.pct_of_floor(t.median_ms, row["step_flops"], row["step_bytes"])

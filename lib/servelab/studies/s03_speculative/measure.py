@@ -82,7 +82,12 @@ def _costs(P: dict, device: str, roof: Roofline | None, res: StudyResults) -> No
             for spec in pair:
                 m = load_model(spec, dtype=P["dtype"], device=device, load_tokenizer=False).model
                 models.append((spec.removeprefix("config:"), m))
-            kw = dict(context=P["cost_context"], roofline=roof, repeats=P["cost_repeats"])
+            kw = dict(
+                context=P["cost_context"],
+                roofline=roof,
+                repeats=P["cost_repeats"],
+                engine_compile=P["cost_engine_compile"],
+            )
             out.append(paired_step_costs(*models, P["cost_modes"], **kw).assign(role="shape"))
         except Exception as e:  # noqa: BLE001 — a pair that does not load is a row per model, not a dead run
             status = f"error: {type(e).__name__}: {e}"[:200]
@@ -170,7 +175,13 @@ def _real(P: dict, device: str, roof: Roofline | None, res: StudyResults) -> Non
             ]
         ),
     )
-    kw = dict(context=P["cost_context"], roofline=roof, repeats=P["cost_repeats"], progress=False)
+    kw = dict(
+        context=P["cost_context"],
+        roofline=roof,
+        repeats=P["cost_repeats"],
+        progress=False,
+        engine_compile=P["cost_engine_compile"],
+    )
     res.write("step_costs", step_costs(ms.hf, P["cost_modes"], **kw).assign(role="real"))
     if tok is not None:
         prompts = encode_chat(tok, chat_prompts("heldout", P["num_prompts"], seed=P["seed"]))

@@ -36,6 +36,9 @@ DEFAULTS = {
         time_budget_s=150,
         shape_pairs=[["config:qwen2-0.5b", "config:qwen2-1.5b"]],
         cost_modes=["hf_eager", "hf_cuda_graph", "engine"],
+        # the engine mode's step compiled as the speculative engines of the sweep are (EngineConfig's default), so
+        # that F3.2's prediction reads c of the steps whose speed-up it predicts; bench.step's own default is off
+        cost_engine_compile="auto",
         cost_context=128,
         cost_repeats=15,
         verify_rows=[1, 2, 3, 4, 5, 6, 7, 8, 9],
@@ -74,6 +77,7 @@ DEFAULTS = {
         time_budget_s=None,
         shape_pairs=[["config:tiny-llama", "config:tiny-qwen2"]],
         cost_modes=["hf_eager", "engine"],
+        cost_engine_compile="auto",
         cost_context=16,
         cost_repeats=2,
         verify_rows=[1, 3],
@@ -174,6 +178,8 @@ def _check_costs(p: dict) -> None:
 
     if "hf_cuda_graph" in p["cost_modes"] and not torch.cuda.is_available():
         raise ParameterError("cost mode 'hf_cuda_graph' needs a CUDA device; drop it from cost_modes on the CPU")
+    if p["cost_engine_compile"] not in (True, False, "auto"):
+        raise ParameterError(f"cost_engine_compile must be True, False or 'auto', got {p['cost_engine_compile']!r}")
     check_int_range("cost_context", p["cost_context"], 1, 1 << 16)
     check_int_range("cost_repeats", p["cost_repeats"], 1, 1000)
     p["verify_rows"] = check_positive_ints("verify_rows", p["verify_rows"], maximum=64)
