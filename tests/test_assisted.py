@@ -502,3 +502,15 @@ def test_f62s_note_says_how_often_chance_alone_lets_c_decide():
     rising = {"p0": [1.0, 1.2, 1.4], "p1": [0.9, 1.0, 1.2], "p2": [0.7, 0.8, 0.9]}
     note = verdicts.f62_what_decides(falls_with_c, _per_prompt(rising)).note
     assert "over 3 pairs, 3 of the 6 possible orderings give ρ ≤ −0.5 by chance alone" in note
+
+
+def test_clock_marks_what_an_engine_step_made():
+    """``mark`` books new tokens as ``put`` does, without a prompt to skip: the engine rows' steps."""
+    clock = TokenClock(cuda=False)
+    with pytest.raises(RuntimeError, match="start"):
+        clock.mark(1)
+    clock.start()
+    for k in (1, 4, 0, 2):
+        clock.mark(k)
+    counts, ms = clock.marks()
+    assert counts.tolist() == [1, 5, 5, 7] and np.all(np.diff(ms) >= 0)

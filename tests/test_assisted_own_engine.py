@@ -94,3 +94,25 @@ def test_alpha_holds_eos_back_where_the_timed_run_did(prompts):
     assert hf_eos_ids(target) == (eos,)
     assert greedy_agreement(target, prompts[0], held, hf_eos_ids(target)) == 1.0
     assert greedy_agreement(target, prompts[0], held) < 1.0
+
+
+def test_the_engine_rows_are_timed_on_the_hf_runs_clock(models, prompts, monkeypatch):
+    """The methodology times with CUDA events: the engine rows take the HF runs' ``TokenClock`` (events on a GPU,
+    the host clock here) and mark it after every step, where they read ``perf_counter`` after a sync before."""
+    from servelab.studies.s06_hf_assisted import clock, own_engine
+
+    made = []
+
+    class Recording(clock.TokenClock):
+        def __init__(self, cuda):
+            super().__init__(cuda)
+            made.append(self)
+
+    monkeypatch.setattr(own_engine, "TokenClock", Recording)
+    runner = OwnEngineSpeculative.sized(models, [Pair("small", "target")], len(prompts[0]), 16, gamma=3)
+    spec = runner("small", "target", prompts[0], 16)
+    alone = runner(None, "target", prompts[0], 16)
+    assert len(made) == 2 and not any(c.cuda for c in made)  # one clock a run; on this CPU, no events
+    counts, ms = made[0].marks()
+    assert counts.tolist() == spec.counts.tolist() and ms.tolist() == spec.ms.tolist()
+    assert made[1].marks()[0].tolist() == [16] == alone.counts.tolist()

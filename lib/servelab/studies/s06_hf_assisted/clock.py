@@ -1,4 +1,5 @@
-"""A streamer that timestamps each batch of new tokens as ``generate`` hands it out.
+"""A streamer that timestamps each batch of new tokens as ``generate`` hands it out (and, through ``mark``, the
+engine's steps, so that Study 6's HF and engine runs share one clock).
 
 HF ``generate`` calls ``streamer.put`` first with the prompt, then with every batch of new tokens:
 one token per step in plain decoding, the accepted tokens plus one in assisted decoding. Each ``put``
@@ -55,7 +56,14 @@ class TokenClock(BaseStreamer):
         if not self._prompt_seen:  # generate streams the prompt first
             self._prompt_seen = True
             return
-        self._counts.append(int(value.numel()))
+        self.mark(int(value.numel()))
+
+    def mark(self, new_tokens: int) -> None:
+        """A mark now: ``new_tokens`` more tokens exist (the engine's runs call it after each step, as ``put`` does
+        for HF's, so both methods are timed on one clock)."""
+        if self._start is None:
+            raise RuntimeError("TokenClock.start() must be called before the first mark")
+        self._counts.append(int(new_tokens))
         self._marks.append(self._now())
 
     def end(self) -> None:

@@ -7,26 +7,23 @@ baseline (``own_plain``), and per pair the speculative mode with the draft conve
 its own KV pool and graphs, sized for one sequence of the study's longest prompt and output, and a step budget that
 prefills the whole prompt in one step.
 
-A run's marks: (tokens so far, ms since the request was added) after each engine step; the first is the first token
-(the target's prefill). The engine has no separate draft prefill: the draft catches up on the prompt inside the
-first speculative step, as serving pays it. Each speculative step reads its tokens once before it returns, so the
-wall time after a step is also the device's. Extras as ``own.py``'s: draft tokens ``accepted`` and ``proposed``, and
-``rounds`` (verify steps), from the engine's ``spec_stats``; ``rollback_ms`` the host time of giving rejected drafts'
-blocks back inside the steps (``SpeculativeEngine.rollback_s``; the separate driver this replaced timed its
-truncations the same way, on the host).
+A run's marks: (tokens so far, ms since the request was added) after each engine step, on the HF runs' clock
+(``clock.TokenClock``: CUDA events on a GPU); the first is the first token (the target's prefill). The engine has
+no separate draft prefill: the draft catches up on the prompt inside the first speculative step, as serving pays
+it. Each speculative step reads its tokens once before it returns, so an event recorded after a step follows its
+work. Extras as ``own.py``'s: draft tokens ``accepted`` and ``proposed``, and ``rounds`` (verify steps), from the
+engine's ``spec_stats``; ``rollback_ms`` the host time of giving rejected drafts' blocks back inside the steps
+(``SpeculativeEngine.rollback_s``; the separate driver this replaced timed its truncations the same way, on the
+host).
 """
 
 from __future__ import annotations
-
-import time
-
-import numpy as np
-import torch
 
 from servelab.engine import Engine, EngineConfig, SamplingParams
 from servelab.engine.speculative_engine import SpeculativeEngine
 from servelab.models.native import native_from_hf
 from servelab.speculative.config import SpeculativeConfig
+from servelab.studies.s06_hf_assisted.clock import TokenClock
 from servelab.studies.s06_hf_assisted.runs import GenerationRun, hf_eos_ids
 
 BLOCK = 16
@@ -99,36 +96,32 @@ class OwnEngineSpeculative:
         params = SamplingParams(max_tokens=n, min_tokens=n)
         if draft is None:
             engine = self.plain(target)
-            sync = _sync(engine)
-            t0 = time.perf_counter()
+            clock = TokenClock(cuda=engine.device.type == "cuda")
+            clock.start()
             (tokens,) = engine.generate([list(prompt)], params)
-            sync()
-            ms = (time.perf_counter() - t0) * 1e3
-            return GenerationRun(list(tokens), np.array([len(tokens)]), np.array([ms]), dense=False)
+            clock.mark(len(tokens))
+            counts, ms = clock.marks()
+            return GenerationRun(list(tokens), counts, ms, dense=False)
         spec = self.speculative(draft, target)
         stats = spec.spec_stats
         before = (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens)
         rollback_s = spec.rollback_s
-        sync = _sync(spec)
-        t0 = time.perf_counter()
+        clock = TokenClock(cuda=spec.device.type == "cuda")
+        clock.start()
         seq = spec.add_request(list(prompt), params)
-        counts, ms = [], []
+        made = 0
         while spec.has_unfinished():
-            spec.step()
-            sync()
-            counts.append(len(seq.output_token_ids))
-            ms.append((time.perf_counter() - t0) * 1e3)
+            spec.step()  # reads its tokens before it returns: the event below follows the step's work
+            clock.mark(len(seq.output_token_ids) - made)
+            made = len(seq.output_token_ids)
+        counts, ms = clock.marks()
         now = (stats.num_drafts, stats.num_draft_tokens, stats.num_accepted_tokens)
         rounds, proposed, accepted = (a - b for a, b in zip(now, before, strict=True))
         rollback_ms = (spec.rollback_s - rollback_s) * 1e3
         extra = dict(accepted=accepted, proposed=proposed, rounds=rounds, rollback_ms=rollback_ms)
-        return GenerationRun(list(seq.output_token_ids), np.array(counts, dtype=np.int64), np.array(ms), extra)
+        return GenerationRun(list(seq.output_token_ids), counts, ms, extra)
 
     def close(self) -> None:
         self._spec.clear()
         self._plain.clear()
         self._native.clear()
-
-
-def _sync(engine: Engine):
-    return torch.cuda.synchronize if engine.device.type == "cuda" else (lambda: None)
