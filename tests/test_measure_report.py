@@ -318,6 +318,10 @@ def test_plan_lists_missing_jobs_with_recorded_minutes_and_packs_them(tmp_path, 
         campaign.pack(jobs, 1.0)
     assert "scripts/gpu_run.sh 02_gpu_costs:all:0" in campaign.plan_text(campaign.pack(jobs))
     assert "nothing to measure" in campaign.plan_text([])
+    # an H100 the device tool lends instead: the exactness tests, or a dry run of the jobs kept out of data/results
+    header = campaign.plan_text(campaign.pack(jobs)).splitlines()[1]
+    assert "make gpu-test-quick" in header and "SERVELAB_ANY_GPU=1 scripts/gpu_run.sh JOBS" in header
+    assert "never in data/results" in header
 
 
 def test_a_job_name_is_study_part_repeat():

@@ -417,7 +417,9 @@ def plan_text(
     ]
     lines.append(
         "Each call refuses at once on a GPU other than the H200 (scripts/gpu_run.sh exits 3; the device tool lends"
-        " H100s too): append `|| [ $? -ne 3 ] || make gpu-test-quick` to spend such a machine on the exactness tests."
+        " H100s too): append `|| [ $? -ne 3 ] || make gpu-test-quick` to spend such a machine on the exactness tests,"
+        " or `|| [ $? -ne 3 ] || SERVELAB_ANY_GPU=1 scripts/gpu_run.sh JOBS` to dry-run the same jobs at today's code"
+        " there (their runs name that card, so keep what they show in data/dev, never in data/results)."
     )
     if smol:
         lines.append(
