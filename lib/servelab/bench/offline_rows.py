@@ -61,9 +61,9 @@ def timed_run(s: BenchSession, engine, work, label: str, build_s: float) -> dict
         st = engine.stats()
         steps = {k: st[k] - st0[k] for k in ("graph_steps", "step_graph_steps", "eager_steps", "decode_groups")}
         runs.append((res, steps))
-    rates = sorted(r["tok_s"] for r, _ in runs)
-    res, steps = next(run for run in runs if run[0]["tok_s"] == rates[(len(rates) - 1) // 2])  # the median run
-    low, high = rates[0], rates[-1]
+    runs.sort(key=lambda run: run[0]["tok_s"])
+    res, steps = runs[(len(runs) - 1) // 2]  # the median run
+    low, high = runs[0][0]["tok_s"], runs[-1][0]["tok_s"]
     cfg = engine.config
     s.offline_rows.append(
         {
@@ -72,7 +72,7 @@ def timed_run(s: BenchSession, engine, work, label: str, build_s: float) -> dict
             "decode_steps": cfg.decode_steps,
             "max_num_batched_tokens": cfg.max_num_batched_tokens,
             **res,
-            "runs": len(rates),
+            "runs": len(runs),
             "tok_s_min": low,
             "tok_s_max": high,
             "build_s": build_s,
@@ -80,7 +80,7 @@ def timed_run(s: BenchSession, engine, work, label: str, build_s: float) -> dict
             **steps,
         }
     )
-    spread = f"median of {len(rates)} runs, {low:,.0f}–{high:,.0f}; " if len(rates) > 1 else ""
+    spread = f"median of {len(runs)} runs, {low:,.0f}–{high:,.0f}; " if len(runs) > 1 else ""
     note = (
         f"{label}: {res['tok_s']:,.0f} tok/s ({spread}{res['output_tokens']} tokens in {res['elapsed_s']:.2f} s; "
         f"{steps['graph_steps']} decode-graph / {steps['step_graph_steps']} step-graph / {steps['eager_steps']} eager "
