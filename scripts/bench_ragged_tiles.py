@@ -1,0 +1,173 @@
+"""How many tokens a packed tile of the ragged kernel should hold, on the GPU: mixed steps' attention at several
+``tile_tokens``, and with the short runs (decodes) in packed tiles of their own.
+
+Why: the H100 step budget (``data/dev/nvidia-h100/2026-12-07/smoke_5eff602/engine_step_budget.csv``) has a mixed
+step of 63 decodes at 512 keys plus a 512-token chunk spend 1.21 ms of its 3.01 ms in attention, about 50 µs a
+layer, while the decode graph's kernel takes the same 64 decodes in about 14 µs a layer. A packed tile of
+Qwen2-0.5B holds 16 tokens × 8 padded query heads = 128 rows (``ragged.ragged_tile_tokens``), and a decode fills 7
+of them: every key tile it reads costs a 128-row product for 7 rows' worth of work.
+
+Qwen2-0.5B's attention (14 heads, 2 KV heads, head_dim 64), bf16, block size 16. Each case is one step's tiles
+(``ragged.plan_tiles``, no split columns, as the engine's default plans them). Paths:
+
+- ``packed@N``: every run shorter than a long tile in packed tiles of N tokens, one ``triton_ragged`` call (N = 16
+  is the engine today);
+- ``apart@N``: runs of at most ``--short`` tokens in packed tiles of N tokens, in a call of their own, and the rest
+  (packed tiles of 16 and the long tiles) in a second call.
+
+Ten calls are captured in one CUDA graph so Python's launch cost is out of the timing, timed with CUDA events: the
+median of 30 replays (after warm-up), in µs per call, with the quartiles. ``max_abs_diff`` is each output's largest
+difference from ``packed@16``'s (the kernels' sums run in the same order per row, so it should be 0 or rounding).
+
+    python scripts/bench_ragged_tiles.py --out ragged_tiles.csv
+    TRITON_INTERPRET=1 python scripts/bench_ragged_tiles.py --smoke --out x.csv   # a CPU: does it run?
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
+
+from servelab.kernels.ragged import (  # noqa: E402
+    RaggedTiles,
+    max_long_tiles,
+    max_tiles,
+    plan_tiles,
+    ragged_long_tile_tokens,
+    ragged_tile_tokens,
+)
+from servelab.kernels.triton_ragged import triton_ragged  # noqa: E402
+
+HEADS, KV_HEADS, HEAD_DIM, BLOCK = 14, 2, 64, 16
+CASES = {  # (tokens, first position) per sequence
+    "63 decodes at 512 + a 512 chunk": [(1, 511)] * 63 + [(512, 0)],
+    "3 decodes at 2432 + a 512 chunk": [(1, 2431)] * 3 + [(512, 0)],
+    "24 decodes at 2304 + a 512 chunk": [(1, 2303)] * 24 + [(512, 0)],
+    "63 decodes at 128 + a 512 chunk": [(1, 127)] * 63 + [(512, 0)],
+    "255 decodes at 600 + a 256 chunk": [(1, 599)] * 255 + [(256, 0)],
+    "64 decodes at 512 alone": [(1, 511)] * 64,
+    "8 runs of 5 at 512 (verification)": [(5, 511)] * 8,
+    "a 100-token chunk after 2048 + 31 decodes": [(100, 2048)] + [(1, 511)] * 31,
+}
+TILE_TOKENS = (16, 8, 4, 2)
+
+
+def table(cols: list, width: int, device) -> torch.Tensor:
+    t = torch.zeros(4, max(width, 1), dtype=torch.long)
+    if cols:
+        t[:, : len(cols)] = torch.tensor(cols).t()
+    return t.to(device)
+
+
+def step(runs, device, dtype):
+    width = -(-max(n + p for n, p in runs) // BLOCK)
+    blocks = width * len(runs)
+    kp = torch.randn(blocks, BLOCK, KV_HEADS, HEAD_DIM, device=device, dtype=dtype)
+    vp = torch.randn_like(kp)
+    tables = torch.randperm(blocks, device=device).view(len(runs), width)
+    spans, start = [], 0
+    for row, (n, pos) in enumerate(runs):
+        spans.append((row, start, n, pos))
+        start += n
+    q = torch.randn(start, HEADS, HEAD_DIM, device=device, dtype=dtype)
+    return q, kp, vp, tables, spans
+
+
+def tiles_for(spans, tables, tt: int, lt: int, device, total: int) -> RaggedTiles:
+    packed, long = plan_tiles(spans, tt, lt)
+    return RaggedTiles(
+        table(packed, max_tiles(total, len(spans), tt), device), tables, tt,
+        table(long, max_long_tiles(total, lt), device) if lt else None, lt,
+    )  # fmt: skip
+
+
+def calls(path: str, spans, tables, total: int, short: int, device):
+    """The ``triton_ragged`` tile sets one step of ``path`` launches."""
+    lt = ragged_long_tile_tokens(HEAD_DIM)
+    kind, n = path.split("@")
+    n = int(n)
+    if kind == "packed":
+        return [tiles_for(spans, tables, n, lt, device, total)]
+    small = [s for s in spans if s[2] <= short]
+    rest = [s for s in spans if s[2] > short]
+    sets = []
+    if small:
+        sets.append(tiles_for(small, tables, n, 0, device, sum(s[2] for s in small)))
+    if rest:
+        sets.append(tiles_for(rest, tables, ragged_tile_tokens(HEADS, KV_HEADS, HEAD_DIM), lt, device, total))
+    return sets
+
+
+def run_all(q, kp, vp, sets, scale):
+    out = None
+    for rt in sets:
+        o = triton_ragged(q, kp, vp, rt, scale)
+        out = o if out is None else out + o  # each call writes its own rows and zeros elsewhere
+    return out
+
+
+def time_us(q, kp, vp, sets, scale, repeats: int, graph: bool) -> tuple[float, float, float]:
+    for _ in range(3):
+        run_all(q, kp, vp, sets, scale)
+    if not graph:  # the interpreter: one timed call, wall clock (a smoke run, not a measurement)
+        return 0.0, 0.0, 0.0
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(10):
+            run_all(q, kp, vp, sets, scale)
+    times = []
+    for _ in range(repeats):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 100)  # ms per 10 calls -> µs per call
+    q1, med, q3 = statistics.quantiles(times, n=4)
+    return med, q1, q3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--short", type=int, default=8, help="apart@N: runs of at most this many tokens go apart")
+    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--smoke", action="store_true", help="one small case on the CPU under TRITON_INTERPRET=1")
+    args = ap.parse_args()
+    device = "cpu" if args.smoke else "cuda"
+    dtype = torch.float32 if args.smoke else torch.bfloat16
+    cases = {"2 decodes at 40 + a 20 chunk": [(1, 39), (1, 39), (20, 0)]} if args.smoke else CASES
+    paths = [f"packed@{n}" for n in TILE_TOKENS] + [f"apart@{n}" for n in TILE_TOKENS[1:]]
+    if args.smoke:
+        paths = ["packed@16", "packed@2", "apart@2"]
+    rows = []
+    name = "cpu (interpreter)" if args.smoke else torch.cuda.get_device_name()
+    print(f"{name}: Qwen2-0.5B attention, bf16; µs per layer call, median of {args.repeats} (quartiles)")
+    for case, runs in cases.items():
+        torch.manual_seed(0)
+        q, kp, vp, tables, spans = step(runs, device, dtype)
+        total = q.shape[0]
+        ref = None
+        for path in paths:
+            sets = calls(path, spans, tables, total, args.short, device)
+            out = run_all(q, kp, vp, sets, HEAD_DIM**-0.5)
+            ref = out if ref is None else ref
+            med, q1, q3 = time_us(q, kp, vp, sets, HEAD_DIM**-0.5, args.repeats, not args.smoke)
+            diff = (out.float() - ref.float()).abs().max().item()
+            rows.append(dict(device=name, case=case, path=path, launches=len(sets), us=med, us_p25=q1, us_p75=q3,
+                             max_abs_diff=diff))  # fmt: skip
+            print(f"{case:45s} {path:10s} {med:8.1f} ({q1:.1f}-{q3:.1f})  diff {diff:.3g}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_csv(args.out, index=False)
+
+
+if __name__ == "__main__":
+    main()
