@@ -7,13 +7,16 @@ layer, while the decode graph's kernel takes the same 64 decodes in about 14 µs
 Qwen2-0.5B holds 16 tokens × 8 padded query heads = 128 rows (``ragged.ragged_tile_tokens``), and a decode fills 7
 of them: every key tile it reads costs a 128-row product for 7 rows' worth of work.
 
-Qwen2-0.5B's attention (14 heads, 2 KV heads, head_dim 64), bf16, block size 16. Each case is one step's tiles
+Qwen2-0.5B's attention (14 heads, 2 KV heads, head_dim 64) and Llama-3-8B's (32, 8, 128; a packed tile of 16 tokens
+× 4 query heads, 64 rows), bf16, block size 16. Each case is one step's tiles
 (``ragged.plan_tiles``, no split columns, as the engine's default plans them). Paths:
 
 - ``packed@N``: every run shorter than a long tile in packed tiles of N tokens, one ``triton_ragged`` call (N = 16
   is the engine today);
 - ``apart@N``: runs of at most ``--short`` tokens in packed tiles of N tokens, in a call of their own, and the rest
-  (packed tiles of 16 and the long tiles) in a second call.
+  (packed tiles of 16 and the long tiles) in a second call;
+- a suffix ``/kK`` walks K keys an iteration (64 by default), ``/wW`` launches W warps a program (by default 4, or 8
+  for the largest tiles).
 
 Ten calls are captured in one CUDA graph so Python's launch cost is out of the timing, timed with CUDA events: the
 median of 30 replays (after warm-up), in µs per call, with the quartiles. ``max_abs_diff`` is each output's largest
@@ -26,6 +29,7 @@ difference from ``packed@16``'s (the kernels' sums run in the same order per row
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 from pathlib import Path
@@ -45,7 +49,8 @@ from servelab.kernels.ragged import (  # noqa: E402
 )
 from servelab.kernels.triton_ragged import triton_ragged  # noqa: E402
 
-HEADS, KV_HEADS, HEAD_DIM, BLOCK = 14, 2, 64, 16
+SHAPES = {"qwen2-0.5b": (14, 2, 64), "llama-3-8b": (32, 8, 128)}  # query heads, KV heads, head_dim
+BLOCK = 16
 CASES = {  # (tokens, first position) per sequence
     "63 decodes at 512 + a 512 chunk": [(1, 511)] * 63 + [(512, 0)],
     "3 decodes at 2432 + a 512 chunk": [(1, 2431)] * 3 + [(512, 0)],
@@ -66,17 +71,18 @@ def table(cols: list, width: int, device) -> torch.Tensor:
     return t.to(device)
 
 
-def step(runs, device, dtype):
+def step(runs, shape, device, dtype):
+    heads, kv_heads, head_dim = shape
     width = -(-max(n + p for n, p in runs) // BLOCK)
     blocks = width * len(runs)
-    kp = torch.randn(blocks, BLOCK, KV_HEADS, HEAD_DIM, device=device, dtype=dtype)
+    kp = torch.randn(blocks, BLOCK, kv_heads, head_dim, device=device, dtype=dtype)
     vp = torch.randn_like(kp)
     tables = torch.randperm(blocks, device=device).view(len(runs), width)
     spans, start = [], 0
     for row, (n, pos) in enumerate(runs):
         spans.append((row, start, n, pos))
         start += n
-    q = torch.randn(start, HEADS, HEAD_DIM, device=device, dtype=dtype)
+    q = torch.randn(start, heads, head_dim, device=device, dtype=dtype)
     return q, kp, vp, tables, spans
 
 
@@ -88,11 +94,20 @@ def tiles_for(spans, tables, tt: int, lt: int, device, total: int) -> RaggedTile
     )  # fmt: skip
 
 
-def calls(path: str, spans, tables, total: int, short: int, device):
+def launch(path: str) -> dict:
+    """``triton_ragged``'s keyword arguments of ``path``'s suffixes."""
+    opts = {}
+    for part in path.split("/")[1:]:
+        opts["keys" if part[0] == "k" else "num_warps"] = int(part[1:])
+    return opts
+
+
+def calls(path: str, shape, spans, tables, total: int, short: int, device):
     """The ``triton_ragged`` tile sets one step of ``path`` launches."""
-    lt = ragged_long_tile_tokens(HEAD_DIM)
-    kind, n = path.split("@")
-    n = int(n)
+    lt = ragged_long_tile_tokens(shape[2])
+    kind, n = path.split("/")[0].split("@")
+    groups_pad = 1 << (shape[0] // shape[1] - 1).bit_length()
+    n = max(int(n), 16 // groups_pad)  # a tile has at least 16 query rows (tl.dot's smallest)
     if kind == "packed":
         return [tiles_for(spans, tables, n, lt, device, total)]
     small = [s for s in spans if s[2] <= short]
@@ -101,28 +116,28 @@ def calls(path: str, spans, tables, total: int, short: int, device):
     if small:
         sets.append(tiles_for(small, tables, n, 0, device, sum(s[2] for s in small)))
     if rest:
-        sets.append(tiles_for(rest, tables, ragged_tile_tokens(HEADS, KV_HEADS, HEAD_DIM), lt, device, total))
+        sets.append(tiles_for(rest, tables, ragged_tile_tokens(*shape), lt, device, total))
     return sets
 
 
-def run_all(q, kp, vp, sets, scale):
+def run_all(q, kp, vp, sets, scale, opts=None):
     out = None
     for rt in sets:
-        o = triton_ragged(q, kp, vp, rt, scale)
+        o = triton_ragged(q, kp, vp, rt, scale, **(opts or {}))
         out = o if out is None else out + o  # each call writes its own rows and zeros elsewhere
     return out
 
 
-def time_us(q, kp, vp, sets, scale, repeats: int, graph: bool) -> tuple[float, float, float]:
+def time_us(q, kp, vp, sets, scale, opts, repeats: int, graph: bool) -> tuple[float, float, float]:
     for _ in range(3):
-        run_all(q, kp, vp, sets, scale)
+        run_all(q, kp, vp, sets, scale, opts)
     if not graph:  # the interpreter: one timed call, wall clock (a smoke run, not a measurement)
         return 0.0, 0.0, 0.0
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         for _ in range(10):
-            run_all(q, kp, vp, sets, scale)
+            run_all(q, kp, vp, sets, scale, opts)
     times = []
     for _ in range(repeats):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -145,26 +160,31 @@ def main() -> None:
     device = "cpu" if args.smoke else "cuda"
     dtype = torch.float32 if args.smoke else torch.bfloat16
     cases = {"2 decodes at 40 + a 20 chunk": [(1, 39), (1, 39), (20, 0)]} if args.smoke else CASES
+    shapes = {"tiny": (4, 2, 16)} if args.smoke else SHAPES
     paths = [f"packed@{n}" for n in TILE_TOKENS] + [f"apart@{n}" for n in TILE_TOKENS[1:]]
+    paths += ["packed@16/w8", "packed@2/w2", "packed@2/k128", "packed@2/k32", "apart@2/w2", "packed@4/w2"]
     if args.smoke:
-        paths = ["packed@16", "packed@2", "apart@2"]
+        paths = ["packed@16", "packed@2", "apart@2", "packed@2/k32/w2"]
     rows = []
     name = "cpu (interpreter)" if args.smoke else torch.cuda.get_device_name()
-    print(f"{name}: Qwen2-0.5B attention, bf16; µs per layer call, median of {args.repeats} (quartiles)")
-    for case, runs in cases.items():
+    print(f"{name}: one layer's attention, bf16; µs per call, median of {args.repeats} (quartiles)")
+    for (model, shape), (case, runs) in itertools.product(shapes.items(), cases.items()):
         torch.manual_seed(0)
-        q, kp, vp, tables, spans = step(runs, device, dtype)
+        scale = shape[2] ** -0.5
+        q, kp, vp, tables, spans = step(runs, shape, device, dtype)
         total = q.shape[0]
         ref = None
         for path in paths:
-            sets = calls(path, spans, tables, total, args.short, device)
-            out = run_all(q, kp, vp, sets, HEAD_DIM**-0.5)
+            sets, opts = calls(path, shape, spans, tables, total, args.short, device), launch(path)
+            if args.smoke:
+                opts.pop("keys", None)  # the interpreter's 16-token smoke blocks
+            out = run_all(q, kp, vp, sets, scale, opts)
             ref = out if ref is None else ref
-            med, q1, q3 = time_us(q, kp, vp, sets, HEAD_DIM**-0.5, args.repeats, not args.smoke)
+            med, q1, q3 = time_us(q, kp, vp, sets, scale, opts, args.repeats, not args.smoke)
             diff = (out.float() - ref.float()).abs().max().item()
-            rows.append(dict(device=name, case=case, path=path, launches=len(sets), us=med, us_p25=q1, us_p75=q3,
-                             max_abs_diff=diff))  # fmt: skip
-            print(f"{case:45s} {path:10s} {med:8.1f} ({q1:.1f}-{q3:.1f})  diff {diff:.3g}")
+            rows.append(dict(device=name, model=model, case=case, path=path, launches=len(sets), us=med,
+                             us_p25=q1, us_p75=q3, max_abs_diff=diff))  # fmt: skip
+            print(f"{model:10s} {case:45s} {path:14s} {med:8.1f} ({q1:.1f}-{q3:.1f})  diff {diff:.3g}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     pd.DataFrame(rows).to_csv(args.out, index=False)
 

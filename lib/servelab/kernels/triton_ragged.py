@@ -260,8 +260,11 @@ def _split_scratch(rt: RaggedTiles, q, kv_heads: int, rows: int, d_pad: int):
     return cols, part, lse, counters
 
 
-def triton_ragged(q, k_pool, v_pool, rt: RaggedTiles, scale: float, *, keys: int = KEYS_PER_ITER) -> torch.Tensor:
-    """Same contract as ``ragged.ragged_reference``: q [T, H, D] -> [T, H, D], rows of no tile 0."""
+def triton_ragged(
+    q, k_pool, v_pool, rt: RaggedTiles, scale: float, *, keys: int = KEYS_PER_ITER, num_warps: int | None = None
+) -> torch.Tensor:
+    """Same contract as ``ragged.ragged_reference``: q [T, H, D] -> [T, H, D], rows of no tile 0. ``keys`` and
+    ``num_warps`` (None: by the tile's size) set the packed launch, for benchmarks."""
     t, heads, d = q.shape
     _, block_size, kv_heads, d_k = k_pool.shape
     if d != d_k:
@@ -318,6 +321,6 @@ def triton_ragged(q, k_pool, v_pool, rt: RaggedTiles, scale: float, *, keys: int
         C_SPLIT=SPLIT,
         C_SPLITS=SPLITS,
         HAS_SPLITS=split is not None,
-        num_warps=4 if d_pad * tokens * groups_pad <= 64 * 128 else 8,
+        num_warps=num_warps or (4 if d_pad * tokens * groups_pad <= 64 * 128 else 8),
     )
     return out
