@@ -46,6 +46,8 @@
 #                  H200 such steps (380-531 ms) set F1.2's split repeat; the engine process never freezes its heap
 #   ragged-tiles   scripts/bench_ragged_tiles.py: mixed steps' attention at packed tiles of 16, 8, 4 and 2 tokens, and
 #                  with the decodes in packed tiles of their own (Qwen2-0.5B, bf16)
+#   ragged-tiles-offline  scripts/bench_ragged_tiles_offline.py: the bench's offline workload (default budget and 512)
+#                  with the step graphs' packed tiles of 16 and of 2 tokens, 3 interleaved runs each (Qwen2-0.5B)
 #   compile-probe  scripts/probe_compile_check.py: the compile check's refusals, rounding or fault (8B and 0.5B shapes:
 #                  bf16 eager and compiled against the same weights in float32)
 #
@@ -105,6 +107,7 @@ for task in "$@"; do
       PYTHONPATH=/tmp/site:$PWD/lib python3 scripts/host_stalls.py $runs --probe "$out/probe/p" --out "$out/host_stalls.csv"
       tar cJf "$out/host_stalls_runs.tar.xz" $runs "$out/probe" 2>/dev/null; rm -rf "$out/probe"' _ "$OUT" ;;
     ragged-tiles) run "$task" 300 python3 scripts/bench_ragged_tiles.py --out "$OUT/ragged_tiles.csv" ;;
+    ragged-tiles-offline) run "$task" 420 python3 scripts/bench_ragged_tiles_offline.py --out "$OUT/offline_tiles.csv" ;;
     compile-probe) run "$task" 300 python3 scripts/probe_compile_check.py --out "$OUT/compile_check.csv" ;;
     *) echo "unknown task '$task' (see the header of $0)" | tee -a "$OUT/summary.txt"; exit 2 ;;
   esac
