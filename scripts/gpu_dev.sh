@@ -106,7 +106,7 @@ for task in "$@"; do
       runs=$(find /tmp/stall_results -path "*/01_scheduling/runs/*/r0" -type d -newer "$stamp" 2>/dev/null | sort)
       PYTHONPATH=/tmp/site:$PWD/lib python3 scripts/host_stalls.py $runs --probe "$out/probe/p" --out "$out/host_stalls.csv"
       tar cJf "$out/host_stalls_runs.tar.xz" $runs "$out/probe" 2>/dev/null; rm -rf "$out/probe"' _ "$OUT" ;;
-    ragged-tiles) run "$task" 300 python3 scripts/bench_ragged_tiles.py --out "$OUT/ragged_tiles.csv" ;;
+    ragged-tiles) run "$task" 420 python3 scripts/bench_ragged_tiles.py --out "$OUT/ragged_tiles.csv" ;;
     ragged-tiles-offline) run "$task" 420 python3 scripts/bench_ragged_tiles_offline.py --out "$OUT/offline_tiles.csv" ;;
     compile-probe) run "$task" 300 python3 scripts/probe_compile_check.py --out "$OUT/compile_check.csv" ;;
     *) echo "unknown task '$task' (see the header of $0)" | tee -a "$OUT/summary.txt"; exit 2 ;;
