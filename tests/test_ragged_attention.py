@@ -88,9 +88,10 @@ def test_tiles_split_runs_and_fit_the_fixed_width():
     packed, long = plan_tiles([(3, 0, 1, 99), (5, 1, 40, 8), (6, 41, 20, 0)], 16, long_tile_tokens=32)
     assert packed == [(3, 0, 1, 99), (6, 41, 16, 0), (6, 57, 4, 16)] and long == [(5, 1, 32, 8), (5, 33, 8, 40)]
     assert len(long) <= max_long_tiles(61, 32)
-    # tile rows = tokens x padded query-head group, at least 16 for the matrix units
-    assert ragged_tile_tokens(14, 2, 64) == 16 and ragged_tile_tokens(32, 8, 128) == 16
-    assert ragged_tile_tokens(12, 12, 64) * 1 >= 16
+    # tile rows = tokens x padded query-head group: 16, the fewest the matrix units take (a decode fills one token's)
+    assert ragged_tile_tokens(14, 2, 64) == 2 and ragged_tile_tokens(32, 8, 128) == 4
+    assert ragged_tile_tokens(4, 4, 64) == 16 and ragged_tile_tokens(12, 12, 80) == 16  # one head a KV head
+    assert ragged_tile_tokens(32, 1, 64) == 1  # a group of 32 padded rows: one token a tile
 
 
 def test_step_buckets_and_bad_sizes():

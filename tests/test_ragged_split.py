@@ -26,10 +26,12 @@ from servelab.kernels.ragged import (
 )
 from servelab.kernels.split_kv import MAX_SPLITS, MIN_SPLIT_KEYS, decode_splits
 
-# (tokens, first position) per sequence: a decode over 2,048 keys, short decodes, a chunk after 20 cached tokens
-# (with 16-key splits, its rows at positions 20-31 see no key of its second split, 32-39), a chunk after 900 keys
+# (tokens, first position) per sequence: a decode over 2,048 keys, short decodes, a chunk after 20 cached tokens, a
+# chunk after 900 keys
 LONG_RUNS = [(1, 2047), (1, 5), (20, 20), (1, 300), (3, 900)]
-SHORT_RUNS = [(1, 150), (1, 5), (20, 20), (3, 60)]  # the same mix at a tenth of the length, for 16-key splits
+# the same mix at a tenth of the length, for 16-key splits; its chunk starts at 21, so that with one KV head (4-token
+# tiles) the tile at positions 29-32 splits 2 ways at key 32 and its rows at 29-31 see no key of its second split
+SHORT_RUNS = [(1, 150), (1, 5), (20, 21), (3, 60)]
 
 
 def split_case(

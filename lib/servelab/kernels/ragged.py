@@ -10,12 +10,11 @@ hit a run from position ``c > 0``. So the step's tokens are cut into *tiles* of 
 
 and one kernel runs every tile (``triton_ragged.py``; ``ragged_reference`` here is the same arithmetic
 in PyTorch, for the CPU and for tests). Short runs (decodes, small chunks) go into *packed* tiles, whose
-rows are tokens × the query heads sharing a KV head, so a decode's one token still fills the matrix
-units; runs of at least ``long_tile_tokens`` tokens go into *long* tiles of that many tokens of one
-query head each, as a flash-attention kernel lays out a prompt: many query rows per K/V tile read. The tile
-table has a fixed width, padded with empty tiles, and nothing about the step's mix changes any tensor's
-shape, so a whole step, whatever its mix of
-decodes and chunks, can be captured in one CUDA graph per token count (``engine/step_graphs.py``).
+rows are tokens × the query heads sharing a KV head, 16 rows a tile (``ragged_tile_tokens``); runs of at
+least ``long_tile_tokens`` tokens go into *long* tiles of that many tokens of one query head each, as a
+flash-attention kernel lays out a prompt: many query rows per K/V tile read. The tile table has a fixed width,
+padded with empty tiles, and nothing about the step's mix changes any tensor's shape, so a whole step, whatever
+its mix of decodes and chunks, can be captured in one CUDA graph per token count (``engine/step_graphs.py``).
 
 Split-KV for long contexts: one program walking a 16K-token context holds up the whole step while the rest
 of the GPU idles. ``plan_splits`` moves the packed tiles that read the most keys (at least ``2 × min_keys``)
@@ -57,11 +56,23 @@ class RaggedTiles:
 
 
 def ragged_tile_tokens(heads: int, kv_heads: int, head_dim: int) -> int:
-    """Tokens per tile: a tile's query rows are (token, query head of one KV head) pairs, and about 128 of them
-    (64 for wide heads, which need more registers per row) keep the kernel's matrix products full."""
+    """Tokens per packed tile: a tile's query rows are (token, query head of one KV head) pairs, 16 of them (the
+    fewest a ``tl.dot`` takes), or one token where the padded group alone is wider.
+
+    A packed tile holds the short runs, decodes above all, and a decode fills one token's rows whatever the tile's
+    size: the rest are padding its program computes with. Until 2026-12-07 a tile held about 128 rows (64 for heads
+    over 64 wide), 16 tokens at both Qwen2-0.5B's and Llama-3-8B's shapes. With 16-row tiles, one layer's attention
+    of a mixed step took 27.5 against 44.5 µs on an H100 (Qwen2-0.5B: 63 decodes at 512 keys and a 512-token chunk),
+    61.8 against 120.5 (3 decodes at 2,432 and the chunk), 53.0 against 95.2 (a 100-token chunk after 2,048 and 31
+    decodes), 99.0 against 125.0 at Llama-3-8B's shape (3 decodes at 2,432): less or the same in every case timed
+    (``data/dev/nvidia-h100/2026-12-07/ragged_tiles_f55c138.csv``). The 128-row launch also spilled 416 bytes a
+    thread at Qwen2-0.5B's shape compiled for sm90 (``data/dev/cpu/2026-12-07/ragged_registers.csv``). The bench's
+    offline workload under a 512-token budget ran at 41.4k against 37.6k tok/s, and at 51.0k against 51.1k under the
+    default budget (``offline_tiles_f55c138.csv``). ``head_dim`` is kept for the callers: the rows no longer depend
+    on it."""
+    del head_dim
     groups = 1 << (heads // kv_heads - 1).bit_length()
-    rows = 64 if head_dim > 64 else 128
-    return max(rows // groups, 1, 16 // groups)
+    return max(1, 16 // groups)
 
 
 def ragged_long_tile_tokens(head_dim: int) -> int:
