@@ -11,16 +11,18 @@ Qwen2-0.5B's attention (14 heads, 2 KV heads, head_dim 64) and Llama-3-8B's (32,
 × 4 query heads, 64 rows), bf16, block size 16. Each case is one step's tiles
 (``ragged.plan_tiles``, no split columns, as the engine's default plans them). Paths:
 
-- ``packed@N``: every run shorter than a long tile in packed tiles of N tokens, one ``triton_ragged`` call (N = 16
-  is the engine today);
+- ``packed@N``: every run shorter than a long tile in packed tiles of N tokens (at least 16 rows), one
+  ``triton_ragged`` call (N = 16 was the engine's until 2026-12-07; since, ``ragged_tile_tokens`` gives 16 rows:
+  N = 2 at Qwen2-0.5B's shape, 4 at Llama-3-8B's);
 - ``apart@N``: runs of at most ``--short`` tokens in packed tiles of N tokens, in a call of their own, and the rest
   (packed tiles of 16 and the long tiles) in a second call;
 - a suffix ``/kK`` walks K keys an iteration (64 by default), ``/wW`` launches W warps a program (by default 4, or 8
   for the largest tiles).
 
-Ten calls are captured in one CUDA graph so Python's launch cost is out of the timing, timed with CUDA events: the
-median of 30 replays (after warm-up), in µs per call, with the quartiles. ``max_abs_diff`` is each output's largest
-difference from ``packed@16``'s (the kernels' sums run in the same order per row, so it should be 0 or rounding).
+Ten calls are captured in one CUDA graph so Python's launch cost is out of the timing, its replays timed with CUDA
+events (``measure.time_fn``): the median of 30 replays after warm-up, in µs per call, with the quartiles.
+``max_abs_diff`` is each output's largest difference from ``packed@16``'s (the same sums per row, so 0 or
+rounding).
 
     python scripts/bench_ragged_tiles.py --out ragged_tiles.csv
     TRITON_INTERPRET=1 python scripts/bench_ragged_tiles.py --smoke --out x.csv   # a CPU: does it run?
@@ -30,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import statistics
 import sys
 from pathlib import Path
 
@@ -45,9 +46,9 @@ from servelab.kernels.ragged import (  # noqa: E402
     max_tiles,
     plan_tiles,
     ragged_long_tile_tokens,
-    ragged_tile_tokens,
 )
 from servelab.kernels.triton_ragged import triton_ragged  # noqa: E402
+from servelab.measure import time_fn  # noqa: E402
 
 SHAPES = {"qwen2-0.5b": (14, 2, 64), "llama-3-8b": (32, 8, 128)}  # query heads, KV heads, head_dim
 BLOCK = 16
@@ -62,6 +63,7 @@ CASES = {  # (tokens, first position) per sequence
     "a 100-token chunk after 2048 + 31 decodes": [(100, 2048)] + [(1, 511)] * 31,
 }
 TILE_TOKENS = (16, 8, 4, 2)
+OLD_TILE_TOKENS = 16  # the engine's packed tiles before 2026-12-07 at both shapes: ``apart@N``'s other call
 
 
 def table(cols: list, width: int, device) -> torch.Tensor:
@@ -116,7 +118,7 @@ def calls(path: str, shape, spans, tables, total: int, short: int, device):
     if small:
         sets.append(tiles_for(small, tables, n, 0, device, sum(s[2] for s in small)))
     if rest:
-        sets.append(tiles_for(rest, tables, ragged_tile_tokens(*shape), lt, device, total))
+        sets.append(tiles_for(rest, tables, OLD_TILE_TOKENS, lt, device, total))
     return sets
 
 
@@ -129,25 +131,19 @@ def run_all(q, kp, vp, sets, scale, opts=None):
 
 
 def time_us(q, kp, vp, sets, scale, opts, repeats: int, graph: bool) -> tuple[float, float, float]:
+    """(median, p25, p75) µs of one call: ten calls captured in a CUDA graph, its replays timed by
+    ``measure.time_fn`` (CUDA events, after warm-up); on the interpreter (no graph) nothing is timed."""
     for _ in range(3):
         run_all(q, kp, vp, sets, scale, opts)
-    if not graph:  # the interpreter: one timed call, wall clock (a smoke run, not a measurement)
+    if not graph:
         return 0.0, 0.0, 0.0
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         for _ in range(10):
             run_all(q, kp, vp, sets, scale, opts)
-    times = []
-    for _ in range(repeats):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 100)  # ms per 10 calls -> µs per call
-    q1, med, q3 = statistics.quantiles(times, n=4)
-    return med, q1, q3
+    t = time_fn(g.replay, warmup=3, repeats=repeats, device=q.device)
+    return t.median_ms * 100, t.p25_ms * 100, t.p75_ms * 100  # ms per 10 calls -> µs per call
 
 
 def main() -> None:
