@@ -12,6 +12,7 @@ Why: a packed tile of Qwen2-0.5B holds 16 tokens × 8 padded query heads = 128 r
 attention shapes, so a GPU run need only time the launches that do not spill.
 
     python scripts/kernel_registers.py --out registers.csv
+    python scripts/kernel_registers.py --quick --out x.csv   # two launches (a test)
 """
 
 from __future__ import annotations
@@ -97,9 +98,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--splits", action="store_true", help="the launch with split columns (HAS_SPLITS)")
+    ap.add_argument("--quick", action="store_true", help="Qwen2-0.5B's shape at 16 and 2 tokens, 4 warps, 64 keys")
     args = ap.parse_args()
+    shapes = {"qwen2-0.5b": SHAPES["qwen2-0.5b"]} if args.quick else SHAPES
+    sweep = ((16, 2), (4,), (64,)) if args.quick else (TILE_TOKENS, WARPS, KEYS)
     rows = []
-    for (model, shape), tokens, warps, keys in itertools.product(SHAPES.items(), TILE_TOKENS, WARPS, KEYS):
+    for (model, shape), tokens, warps, keys in itertools.product(shapes.items(), *sweep):
         groups_pad = 1 << (shape[0] // shape[1] - 1).bit_length()
         if tokens * groups_pad < 16:  # tl.dot needs 16 rows
             continue
