@@ -16,6 +16,9 @@ Qwen2-0.5B's attention (14 heads, 2 KV heads, head_dim 64) and Llama-3-8B's (32,
   N = 2 at Qwen2-0.5B's shape, 4 at Llama-3-8B's);
 - ``apart@N``: runs of at most ``--short`` tokens in packed tiles of N tokens, in a call of their own, and the rest
   (packed tiles of 16 and the long tiles) in a second call;
+- ``decode``: in steps of decodes alone, the decode graph's kernel (``triton_decode``, split as it chooses, at
+  the launch the engine takes: ``tune_triton_decode``, the device's measured one where there is one), so a pure
+  decode step's two kernels are timed on the same inputs;
 - a suffix ``/kK`` walks K keys an iteration (64 by default), ``/wW`` launches W warps a program (by default 4, or 8
   for the largest tiles).
 
@@ -33,6 +36,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -47,6 +51,7 @@ from servelab.kernels.ragged import (  # noqa: E402
     plan_tiles,
     ragged_long_tile_tokens,
 )
+from servelab.kernels.triton_decode import triton_decode, tune_triton_decode  # noqa: E402
 from servelab.kernels.triton_ragged import triton_ragged  # noqa: E402
 from servelab.measure import time_fn  # noqa: E402
 
@@ -61,6 +66,8 @@ CASES = {  # (tokens, first position) per sequence
     "64 decodes at 512 alone": [(1, 511)] * 64,
     "8 runs of 5 at 512 (verification)": [(5, 511)] * 8,
     "a 100-token chunk after 2048 + 31 decodes": [(100, 2048)] + [(1, 511)] * 31,
+    "256 decodes at 600 alone": [(1, 599)] * 256,
+    "a decode at 16K alone": [(1, 16383)],
 }
 TILE_TOKENS = (16, 8, 4, 2)
 OLD_TILE_TOKENS = 16  # the engine's packed tiles before 2026-12-07 at both shapes: ``apart@N``'s other call
@@ -104,8 +111,22 @@ def launch(path: str) -> dict:
     return opts
 
 
+@dataclass
+class DecodeCall:
+    """A step of decodes alone through the decode graph's kernel: each row's block table and context length."""
+
+    block_tables: torch.Tensor
+    context_lens: torch.Tensor
+
+
 def calls(path: str, shape, spans, tables, total: int, short: int, device):
-    """The ``triton_ragged`` tile sets one step of ``path`` launches."""
+    """The kernel calls one step of ``path`` makes (``triton_ragged`` tile sets, or a ``DecodeCall``); None where
+    the path does not apply (``decode`` on a step with more than decodes)."""
+    if path == "decode":
+        if any(n != 1 for _, _, n, _ in spans):
+            return None
+        lens = torch.tensor([pos + 1 for _, _, _, pos in spans], dtype=torch.long, device=device)
+        return [DecodeCall(tables[[row for row, _, _, _ in spans]], lens)]
     lt = ragged_long_tile_tokens(shape[2])
     kind, n = path.split("/")[0].split("@")
     groups_pad = 1 << (shape[0] // shape[1] - 1).bit_length()
@@ -125,7 +146,10 @@ def calls(path: str, shape, spans, tables, total: int, short: int, device):
 def run_all(q, kp, vp, sets, scale, opts=None):
     out = None
     for rt in sets:
-        o = triton_ragged(q, kp, vp, rt, scale, **(opts or {}))
+        if isinstance(rt, DecodeCall):
+            o = triton_decode(q, kp, vp, rt.block_tables, rt.context_lens, scale)
+        else:
+            o = triton_ragged(q, kp, vp, rt, scale, **(opts or {}))
         out = o if out is None else out + o  # each call writes its own rows and zeros elsewhere
     return out
 
@@ -155,14 +179,16 @@ def main() -> None:
     args = ap.parse_args()
     device = "cpu" if args.smoke else "cuda"
     dtype = torch.float32 if args.smoke else torch.bfloat16
-    cases = {"2 decodes at 40 + a 20 chunk": [(1, 39), (1, 39), (20, 0)]} if args.smoke else CASES
+    smoke_cases = {"2 decodes at 40 + a 20 chunk": [(1, 39), (1, 39), (20, 0)], "3 decodes alone": [(1, 39)] * 3}
+    cases = smoke_cases if args.smoke else CASES
     shapes = {"tiny": (4, 2, 16)} if args.smoke else SHAPES
     # ``scripts/kernel_registers.py``: the engine's launch (16 tokens, 4 warps, 64 keys) spills at both shapes on
     # sm90, and 8 warps does not at Qwen2-0.5B's; so each size runs at its default warps and at 8
     paths = [f"{kind}@{n}{w}" for kind in ("packed", "apart") for n in TILE_TOKENS for w in ("", "/w8")]
     paths = [p for p in paths if not p.startswith("apart@16")] + ["packed@2/w2", "packed@16/k32/w8", "packed@2/k32"]
+    paths.append("decode")
     if args.smoke:
-        paths = ["packed@16", "packed@2", "apart@2", "packed@2/k32/w2"]
+        paths = ["packed@16", "packed@2", "apart@2", "packed@2/k32/w2", "decode"]
     rows = []
     name = "cpu (interpreter)" if args.smoke else torch.cuda.get_device_name()
     print(f"{name}: one layer's attention, bf16; µs per call, median of {args.repeats} (quartiles)")
@@ -170,10 +196,13 @@ def main() -> None:
         torch.manual_seed(0)
         scale = shape[2] ** -0.5
         q, kp, vp, tables, spans = step(runs, shape, device, dtype)
+        tune_triton_decode(*shape, BLOCK, dtype, device)  # the engine's launch, before any graph is captured
         total = q.shape[0]
         ref = None
         for path in paths:
             sets, opts = calls(path, shape, spans, tables, total, args.short, device), launch(path)
+            if sets is None:
+                continue
             if args.smoke:
                 opts.pop("keys", None)  # the interpreter's 16-token smoke blocks
             out = run_all(q, kp, vp, sets, scale, opts)

@@ -20,8 +20,11 @@ def test_every_tile_size_and_launch_gives_the_same_attention(tmp_path):
     out = tmp_path / "tiles.csv"
     run_script_interpreted("bench_ragged_tiles.py", "--smoke", "--out", str(out))
     table = pd.read_csv(out)
-    assert set(table["path"]) >= {"packed@16", "packed@2", "apart@2"}
-    assert (table.loc[table["path"].str.startswith("apart"), "launches"] == 2).all()
+    assert set(table["path"]) >= {"packed@16", "packed@2", "apart@2", "decode"}
+    # the decode graph's kernel runs on the steps of decodes alone, and only there
+    assert set(table.loc[table["path"] == "decode", "case"]) == {"3 decodes alone"}
+    apart = table[table["path"].str.startswith("apart")].set_index("case")["launches"]
+    assert apart["2 decodes at 40 + a 20 chunk"] == 2 and apart["3 decodes alone"] == 1  # the decodes, then the chunk
     assert (table["max_abs_diff"] < 1e-4).all(), table  # float32: the same sums, rounded in another order at most
 
 
