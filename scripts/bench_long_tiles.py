@@ -76,7 +76,7 @@ def build_case(heads, kv_heads, d, tokens, pos0, long_tokens, dtype, device, see
     vp = torch.randn(blocks, BLOCK_SIZE, kv_heads, d, generator=g, device=device).to(dtype)
     tables = torch.randperm(blocks, generator=g, device=device)[None, :]
     q = torch.randn(tokens, heads, d, generator=g, device=device).to(dtype)
-    _, long = plan_tiles([(0, 0, tokens, pos0)], ragged_tile_tokens(heads, kv_heads, d), long_tokens)
+    _, long = plan_tiles([(0, 0, tokens, pos0)], ragged_tile_tokens(heads, kv_heads), long_tokens)
     tiles = torch.zeros(4, max_long_tiles(tokens, long_tokens), dtype=torch.long)
     tiles[:, : len(long)] = torch.tensor(long).t()
     return q, kp, vp, tables, tiles.to(device)
@@ -100,7 +100,7 @@ def bench_case(shape: str, case: str, args, device, dtype, tflop_s: float) -> li
     long_tokens = args.long_tile_tokens or ragged_long_tile_tokens(d)
     q, kp, vp, tables, tiles = build_case(heads, kv_heads, d, tokens, pos0, long_tokens, dtype, device)
     packed = torch.zeros(4, 0, dtype=torch.long, device=device)  # no packed tile: the long-tile launch alone
-    rt = RaggedTiles(packed, tables, ragged_tile_tokens(heads, kv_heads, d), tiles, long_tokens)
+    rt = RaggedTiles(packed, tables, ragged_tile_tokens(heads, kv_heads), tiles, long_tokens)
     scale = d**-0.5
     want = ragged_reference(q.float(), kp.float(), vp.float(), rt, scale)
     flops = causal_flops(heads, d, tokens, pos0)

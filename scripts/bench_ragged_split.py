@@ -57,7 +57,7 @@ def step(runs, budget: int):
     for row, (n, pos) in enumerate(runs):
         spans.append((row, start, n, pos))
         start += n
-    tt, lt = ragged_tile_tokens(HEADS, KV_HEADS, HEAD_DIM), ragged_long_tile_tokens(HEAD_DIM)
+    tt, lt = ragged_tile_tokens(HEADS, KV_HEADS), ragged_long_tile_tokens(HEAD_DIM)
     packed, long = plan_tiles(spans, tt, lt)
     packed, split = plan_splits(packed, budget, KV_HEADS, sm_count("cuda"))
     rt = RaggedTiles(

@@ -50,6 +50,7 @@ from servelab.kernels.ragged import (  # noqa: E402
     max_tiles,
     plan_tiles,
     ragged_long_tile_tokens,
+    ragged_tile_tokens,
 )
 from servelab.kernels.triton_decode import triton_decode, tune_triton_decode  # noqa: E402
 from servelab.kernels.triton_ragged import triton_ragged  # noqa: E402
@@ -129,8 +130,7 @@ def calls(path: str, shape, spans, tables, total: int, short: int, device):
         return [DecodeCall(tables[[row for row, _, _, _ in spans]], lens)]
     lt = ragged_long_tile_tokens(shape[2])
     kind, n = path.split("/")[0].split("@")
-    groups_pad = 1 << (shape[0] // shape[1] - 1).bit_length()
-    n = max(int(n), 16 // groups_pad)  # a tile has at least 16 query rows (tl.dot's smallest)
+    n = max(int(n), ragged_tile_tokens(*shape[:2]))  # a tile has at least 16 query rows (tl.dot's smallest)
     if kind == "packed":
         return [tiles_for(spans, tables, n, lt, device, total)]
     small = [s for s in spans if s[2] <= short]

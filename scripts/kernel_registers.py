@@ -33,7 +33,7 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lib"))
 
-from servelab.kernels.ragged import POS0, Q_LEN, Q_START, ROW, SPLIT, SPLITS  # noqa: E402
+from servelab.kernels.ragged import POS0, Q_LEN, Q_START, ROW, SPLIT, SPLITS, ragged_tile_tokens  # noqa: E402
 from servelab.kernels.split_kv import head_pad  # noqa: E402
 from servelab.kernels.triton_ragged import _ragged_kernel  # noqa: E402
 
@@ -43,6 +43,11 @@ WARPS = (1, 2, 4, 8)
 KEYS = (32, 64, 128)
 STAGES = 3  # Triton's default for a loop
 USAGE = re.compile(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)")
+
+
+def padded_group(heads: int, kv_heads: int) -> int:
+    """Query heads per KV head, padded to a power of two as ``triton_ragged`` pads them."""
+    return triton.next_power_of_2(heads // kv_heads)
 
 
 def signature(kernel, const: dict, elem: str) -> dict:
@@ -65,7 +70,7 @@ def usage(heads: int, kv_heads: int, head_dim: int, tokens: int, warps: int, key
     """The compiled launch's resource usage, or ``error`` where it does not compile (e.g. shared memory)."""
     groups = heads // kv_heads
     const = dict(
-        GROUPS=groups, GROUPS_PAD=1 << (groups - 1).bit_length(), TILE_TOKENS=tokens, HEAD_DIM=head_dim,
+        GROUPS=groups, GROUPS_PAD=padded_group(heads, kv_heads), TILE_TOKENS=tokens, HEAD_DIM=head_dim,
         HEAD_PAD=head_pad(head_dim), BLOCK_SIZE=16, KEYS=keys, IEEE=False, INTERPRETED=False, C_ROW=ROW,
         C_START=Q_START, C_LEN=Q_LEN, C_POS=POS0, C_SPLIT=SPLIT, C_SPLITS=SPLITS, HAS_SPLITS=splits,
     )  # fmt: skip
@@ -104,10 +109,9 @@ def main() -> None:
     sweep = ((16, 2), (4,), (64,)) if args.quick else (TILE_TOKENS, WARPS, KEYS)
     rows = []
     for (model, shape), tokens, warps, keys in itertools.product(shapes.items(), *sweep):
-        groups_pad = 1 << (shape[0] // shape[1] - 1).bit_length()
-        if tokens * groups_pad < 16:  # tl.dot needs 16 rows
+        if tokens < ragged_tile_tokens(*shape[:2]):  # fewer than 16 rows: tl.dot needs 16
             continue
-        row = dict(model=model, tile_tokens=tokens, rows=tokens * groups_pad, warps=warps, keys=keys,
+        row = dict(model=model, tile_tokens=tokens, rows=tokens * padded_group(*shape[:2]), warps=warps, keys=keys,
                    splits=args.splits, **usage(*shape, tokens, warps, keys, args.splits))  # fmt: skip
         rows.append(row)
         print({k: v for k, v in row.items() if k != "splits"})

@@ -38,7 +38,7 @@ def paged_case(heads, kv_heads, d, bs, *, seed=0, padding=5, long_tile_tokens=0)
     for row, (n, pos) in enumerate(RUNS):
         runs.append((row, start, n, pos))
         start += n
-    tt = ragged_tile_tokens(heads, kv_heads, d)
+    tt = ragged_tile_tokens(heads, kv_heads)
     packed, long = plan_tiles(runs, tt, long_tile_tokens)
     n_tiles, n_long = max_tiles(start + padding, 8, tt), max_long_tiles(start + padding, long_tile_tokens)
     tables_ = []
@@ -89,9 +89,9 @@ def test_tiles_split_runs_and_fit_the_fixed_width():
     assert packed == [(3, 0, 1, 99), (6, 41, 16, 0), (6, 57, 4, 16)] and long == [(5, 1, 32, 8), (5, 33, 8, 40)]
     assert len(long) <= max_long_tiles(61, 32)
     # tile rows = tokens x padded query-head group: 16, the fewest the matrix units take (a decode fills one token's)
-    assert ragged_tile_tokens(14, 2, 64) == 2 and ragged_tile_tokens(32, 8, 128) == 4
-    assert ragged_tile_tokens(4, 4, 64) == 16 and ragged_tile_tokens(12, 12, 80) == 16  # one head a KV head
-    assert ragged_tile_tokens(32, 1, 64) == 1  # a group of 32 padded rows: one token a tile
+    assert ragged_tile_tokens(14, 2) == 2 and ragged_tile_tokens(32, 8) == 4
+    assert ragged_tile_tokens(4, 4) == 16 and ragged_tile_tokens(12, 12) == 16  # one head a KV head
+    assert ragged_tile_tokens(32, 1) == 1  # a group of 32 padded rows: one token a tile
 
 
 def test_step_buckets_and_bad_sizes():

@@ -50,7 +50,7 @@ def split_case(
     for row, (n, pos) in enumerate(runs):
         spans.append((row, start, n, pos))
         start += n
-    tt = ragged_tile_tokens(heads, kv_heads, d)
+    tt = ragged_tile_tokens(heads, kv_heads)
     packed, long = plan_tiles(spans, tt, long_tile_tokens)
     packed, columns = plan_splits(packed, budget, kv_heads, sms, min_keys=min_keys)
     tiles = torch.zeros(4, max_tiles(start + 3, len(runs), tt), dtype=torch.long)

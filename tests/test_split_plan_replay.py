@@ -38,7 +38,7 @@ def planned_columns(model, lengths) -> list[list[tuple]]:
     engine.generate(prompts, SamplingParams(max_tokens=STEPS, ignore_eos=True))
     head_dim = c.hidden_size // c.num_attention_heads
     tile, long_tile = (
-        ragged_tile_tokens(c.num_attention_heads, c.num_key_value_heads, head_dim),
+        ragged_tile_tokens(c.num_attention_heads, c.num_key_value_heads),
         ragged_long_tile_tokens(head_dim),
     )
     budget = split_budget(c.num_key_value_heads, engine.max_model_len, SMS)

@@ -71,7 +71,7 @@ class StepGraphs:
         self.model, self.pool, self.tables = model, pool, tables
         self.sizes = sorted(set(sizes))
         self.max_seqs = max_seqs
-        self.tile_tokens = ragged_tile_tokens(s.heads, s.kv_heads, s.head_dim)
+        self.tile_tokens = ragged_tile_tokens(s.heads, s.kv_heads)
         self.long_tile_tokens = ragged_long_tile_tokens(s.head_dim)
         self.scratch_slot = scratch_block * pool.block_size
         self.kv_heads, self.min_split_keys = s.kv_heads, min_split_keys

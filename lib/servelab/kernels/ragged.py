@@ -55,7 +55,7 @@ class RaggedTiles:
     split_counters: torch.Tensor | None = None
 
 
-def ragged_tile_tokens(heads: int, kv_heads: int, head_dim: int) -> int:
+def ragged_tile_tokens(heads: int, kv_heads: int) -> int:
     """Tokens per packed tile: a tile's query rows are (token, query head of one KV head) pairs, 16 of them (the
     fewest a ``tl.dot`` takes), or one token where the padded group alone is wider.
 
@@ -68,9 +68,7 @@ def ragged_tile_tokens(heads: int, kv_heads: int, head_dim: int) -> int:
     (``data/dev/nvidia-h100/2026-12-07/ragged_tiles_f55c138.csv``). The 128-row launch also spilled 416 bytes a
     thread at Qwen2-0.5B's shape compiled for sm90 (``data/dev/cpu/2026-12-07/ragged_registers.csv``). The bench's
     offline workload under a 512-token budget ran at 41.4k against 37.6k tok/s, and at 51.0k against 51.1k under the
-    default budget (``offline_tiles_f55c138.csv``). ``head_dim`` is kept for the callers: the rows no longer depend
-    on it."""
-    del head_dim
+    default budget (``offline_tiles_f55c138.csv``). The head's width no longer enters."""
     groups = 1 << (heads // kv_heads - 1).bit_length()
     return max(1, 16 // groups)
 
