@@ -2,6 +2,8 @@
 run, read through its RunSet, against the old single-maximum rule), points sized to complete min_requests, the
 capacities a run's probes give."""
 
+import time
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -70,6 +72,48 @@ def test_points_are_sized_to_complete_min_requests():
     short, long = point_trace(pt, P, lengths, 2.0).frame, point_trace(pt, P, lengths, 9.0).frame
     assert len(short) == 40 and len(long) == 180
     pd.testing.assert_frame_equal(short, long.head(40))
+
+
+def test_policies_at_one_rate_replay_the_same_window_after_one_saturates(monkeypatch):
+    """The first window at a rate is the model's, never a policy's carried completion rate: a policy that saturated
+    at a higher rate (and served the lower one in full) replays the same requests as the others there; only a point
+    that falls short runs again, sized by its own completion rate."""
+    from servelab.studies.s01_scheduling import sweep
+
+    P = study_params("full")
+    capacity = 50.0
+    windows: dict = {}
+
+    def fake_run_point(srv, worker, pt, P, lengths, workdir, slo, served_req_s=None):
+        window = sizing.window_s(P, pt.rate, served_req_s)
+        windows.setdefault((pt.scheduler, pt.rate_fraction), []).append(window)
+        # chunked_prefill saturates at the highest rate only (completes 10 req/s there)
+        done = 10.0 if (pt.scheduler == "chunked_prefill" and pt.rate > capacity) else pt.rate
+        completed = int(min(pt.rate * window, done * (window + P["drain_s"])))
+        arrived = int(pt.rate * window)
+        row = {"status": "ok", "attempts": 1, "completed": completed, "cut": arrived - completed,
+               "shortfall": max(0, P["min_requests"] - completed), "duration_s": window + P["drain_s"]}  # fmt: skip
+        return pd.DataFrame(), pd.DataFrame(), row
+
+    monkeypatch.setattr(sweep, "run_point", fake_run_point)
+    monkeypatch.setattr(sweep, "point_span_s", lambda pt, P, lengths, window: window)
+    srv = type("Srv", (), {"alive": True})()
+    sw = sweep._Sweep(P, None, None, None, sweep.StudyData(), time.perf_counter() + 1e6, _NoBar(), print)
+    sw.rates_from["m"] = capacity
+    for fraction in (1.2, 0.7):  # the most loaded rate runs first, as in the sweep
+        for scheduler, budget in (("chunked_prefill", 512), ("eager_cont_batch", 8192)):
+            pt = Point("m", scheduler, budget, fraction, "rate", seed=0, rate=fraction * capacity)
+            sweep._measure_point(sw, srv, pt, P, slo=None)
+    first = sizing.window_s(P, 60.0, capacity)
+    own = int(10.0 * (first + P["drain_s"])) / (first + P["drain_s"])  # what it completed per second of the run
+    assert windows[("chunked_prefill", 1.2)] == [first, sizing.window_s(P, 60.0, own)]  # short: again, by itself
+    assert windows[("eager_cont_batch", 1.2)] == [first]
+    assert windows[("chunked_prefill", 0.7)] == windows[("eager_cont_batch", 0.7)] == [sizing.window_s(P, 35.0, 50)]
+
+
+class _NoBar:
+    def update(self, n):
+        pass
 
 
 def test_capacities_from_a_results_folder():

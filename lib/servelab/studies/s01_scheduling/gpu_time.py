@@ -2,12 +2,12 @@
 
 Each point's seconds follow ``sizing.window_s`` at the rate the part offers and the rate the committed run completed
 at that rate fraction (``served_req_s``, from its requests: completed per second of the run where requests were
-cut, else the offered rate), capped at ``point_cap_s``, plus ``drain_s`` and the per-point overhead. A saturated
-point's first attempt is sized from the last completion rate known (the model's capacity for the most loaded rate,
-which runs first); where that falls short it runs again sized by itself (``sweep._measure_point``): the estimate
-counts both. The capacity search adds, per setting whose lowest measured rate missed the SLO (by the committed
-run's requests), ``SEARCH_GUESS`` steps down at ``search_min_requests`` each, and one step up where the highest met
-it. A part adds the model's server start (the committed run's ``load_s``), its probe and the ceilings.
+cut, else the offered rate), capped at ``point_cap_s``, plus ``drain_s`` and the per-point overhead. A point's first
+attempt is sized from the model's capacity, the same for every policy; where a saturated point falls short it runs
+again sized by itself (``sweep._measure_point``): the estimate counts both. The capacity search adds, per setting
+whose lowest measured rate missed the SLO (by the committed run's requests), ``SEARCH_GUESS`` steps down at
+``search_min_requests`` each, and one step up where the highest met it. A part adds the model's server start (the
+committed run's ``load_s``), its probe and the ceilings.
 
     python -m servelab.studies.s01_scheduling.gpu_time [RUN_FOLDER]
 """
@@ -40,7 +40,6 @@ def point_table(summary: pd.DataFrame, P: dict, parts: list[str] | None = None) 
     for model in P["models"]:
         m = ok[ok["model"] == model]
         cap = (P.get("capacities") or {}).get(model)
-        known: dict = {}
         for pt in plan_points({**P, "parts": parts}, model):
             same = m[(m["scheduler"] == pt.scheduler) & (m["rate_fraction"] == pt.rate_fraction)]
             if same.empty:
@@ -50,14 +49,11 @@ def point_table(summary: pd.DataFrame, P: dict, parts: list[str] | None = None) 
             r = same.iloc[(same["budget"] - pt.budget).abs().argsort()[:1]].iloc[0]
             rate = pt.rate_fraction * cap if cap else float(r["rate"])
             served = min(rate, _served(r)) if r["cut"] > 0 else rate  # saturated: what it completed
-            key = (pt.scheduler, pt.budget)
-            first = window_s(P, rate, known.get(key, cap))
+            first = window_s(P, rate, cap)
             final = window_s(P, rate, served)
             expected = min(rate * first, served * (first + P["drain_s"]))
             retry = expected < P["min_requests"] and final > first + 1.0
             seconds = point_cost_s(P, final) + (point_cost_s(P, first) if retry else 0.0)
-            if r["cut"] > 0:
-                known[key] = served
             rows.append(
                 {
                     "model": model,

@@ -2,9 +2,10 @@
 
 A point is sized to complete ``min_requests`` requests: it offers arrivals for ``window_s = min(point_cap_s,
 min_requests × (1 + ARRIVAL_SLACK) / served)`` seconds, with ``served`` (req/s) the rate it can complete: the
-offered rate, or less where the policy saturates (the probe's capacity estimate for the model, replaced by a policy
-setting's own completion rate once one of its points saturated). A point capped by ``point_cap_s`` may complete
-fewer; ``sweep.run_point`` records the ``shortfall`` (``min_requests`` − completed, at least 0), never hides it.
+offered rate, or the model's capacity where that is lower. The window is the same for every policy at one rate, so
+that they replay the same requests; a policy that saturates there and falls short runs the point again, sized by its
+own completion rate (``sweep._measure_point``). A point capped by ``point_cap_s`` may complete fewer;
+``sweep.run_point`` records the ``shortfall`` (``min_requests`` − completed, at least 0), never hides it.
 
 The full profile holds more GPU time than one run: ``parts`` selects the points of one run, by model
 (``"llama-3-8b"``), by model and policy setting (``"llama-3-8b/fcfs"``, ``"llama-3-8b/chunked_prefill@512"``,
