@@ -48,6 +48,8 @@
 #                  with the decodes in packed tiles of their own (Qwen2-0.5B, bf16)
 #   ragged-tiles-offline  scripts/bench_ragged_tiles_offline.py: the bench's offline workload (default budget and 512)
 #                  with the step graphs' packed tiles of 16 and of 2 tokens, 3 interleaved runs each (Qwen2-0.5B)
+#   step-budget    python -m servelab.bench.step_budget (Qwen2-0.5B): the engine:step_budget job's step kinds on this
+#                  card, with each step kind's kernels (step_kernels.csv), into $OUT/step_budget
 #   compile-probe  scripts/probe_compile_check.py: the compile check's refusals, rounding or fault (8B and 0.5B shapes:
 #                  bf16 eager and compiled against the same weights in float32)
 #
@@ -108,6 +110,8 @@ for task in "$@"; do
       tar cJf "$out/host_stalls_runs.tar.xz" $runs "$out/probe" 2>/dev/null; rm -rf "$out/probe"' _ "$OUT" ;;
     ragged-tiles) run "$task" 420 python3 scripts/bench_ragged_tiles.py --out "$OUT/ragged_tiles.csv" ;;
     ragged-tiles-offline) run "$task" 420 python3 scripts/bench_ragged_tiles_offline.py --out "$OUT/offline_tiles.csv" ;;
+    step-budget) run "$task" 300 python3 -m servelab.bench.step_budget --model config:qwen2-0.5b --time-budget 240 \
+      --out "$OUT/step_budget" ;;
     compile-probe) run "$task" 300 python3 scripts/probe_compile_check.py --out "$OUT/compile_check.csv" ;;
     *) echo "unknown task '$task' (see the header of $0)" | tee -a "$OUT/summary.txt"; exit 2 ;;
   esac

@@ -111,6 +111,35 @@ def test_a_measured_budget_gives_a_figure_and_a_table(tmp_path):
     assert not re.search(r"\d{4}-\d{2}-\d{2}", svg)  # no date in it
 
 
+def test_the_busiest_kernels_of_each_step_kind_follow_the_table_where_the_run_wrote_them(tmp_path):
+    csv = write_budget(tmp_path, budget_rows())
+    assert "busiest kernels" not in step_budget_page(csv).markdown  # a run from before step_kernels.csv
+    kernels = [
+        ("decode_b1_ctx128", "gemm", "nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNN", 97, 0.3),
+        ("decode_b1_ctx128", "attention", "_paged_decode_kernel", 24, 0.1),
+        ("decode_b1_ctx128", "norm_elementwise", "void at::native::elementwise_kernel<128, 2, Fn>(int, Fn)", 2, 0.05),
+        ("decode_b1_ctx128", "copies", "Memcpy DtoH (Device -> Pinned)", 1, 0.05),
+        ("prefill_b1_4096", "attention", "_long_tile_kernel", 24, 2.0),
+        ("dropped_step", "gemm", "not_on_the_page", 1, 9.0),  # a step kind the budget does not hold
+    ]
+    rows = [
+        {"step": st, "kind": "x", "rank": 0, "class": c, "kernel": k, "launches": n, "busy_ms": ms}
+        for st, c, k, n, ms in kernels
+    ]
+    pd.DataFrame(rows).to_csv(csv.parent / "step_kernels.csv", index=False)
+    md = step_budget_page(csv).markdown
+    table = md[md.index("The 3 busiest kernels") :]
+    # the decode's three busiest of four, in order, with their share of its 0.5 ms of kernel time
+    assert (
+        "* - decode, batch 1, context 128\n  - `nvjet_sm90_tst_64x8_64x16_4x1_v_bz_TNN`\n  - GEMM\n"
+        "  - 97\n  - 300.0\n  - 60%" in table
+    )
+    assert "  - `_paged_decode_kernel`\n  - attention\n  - 24\n  - 100.0\n  - 20%" in table
+    assert "  - `at::native::elementwise_kernel`\n  - norm \\& elementwise\n" in table  # no C++ around it
+    assert "Memcpy" not in table and "not_on_the_page" not in table
+    assert "* - prefill of 4,096 tokens\n  - `_long_tile_kernel`\n  - attention\n  - 24\n  - 2000.0\n  - 100%" in table
+
+
 def test_the_bars_add_up_to_the_profiled_call_and_to_the_floors(tmp_path):
     t = pd.DataFrame(budget_rows())
     decode = t[t.step == "decode_b1_ctx128"]

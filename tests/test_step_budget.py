@@ -13,7 +13,17 @@ import pytest
 
 from servelab.bench import step_budget, step_budget_kind
 from servelab.bench.kernel_classes import CLASSES, SAMPLING_PHASE, classify
-from servelab.bench.step_budget import CPU_KINDS, CSV, GPU_KINDS, SIDECAR, BudgetPlan, BudgetSession, main, run_budget
+from servelab.bench.step_budget import (
+    CPU_KINDS,
+    CSV,
+    GPU_KINDS,
+    KERNELS_CSV,
+    SIDECAR,
+    BudgetPlan,
+    BudgetSession,
+    main,
+    run_budget,
+)
 from servelab.bench.step_budget_kind import EAGER, budget_call, measure_kind
 from servelab.bench.step_floors import class_floors, class_work, elementwise_elems_per_token, linear_dims
 from servelab.bench.step_timeline import CALL, SAMPLING, StepBudget, union_us
@@ -207,6 +217,16 @@ def test_budget_of_a_synthetic_trace():
     }
     # the parts add up: busy + idle + host is the call's wall time
     assert b.busy_ms + b.idle_gap_ms + b.host_ms == pytest.approx(b.wall_ms)
+    # per kernel, per call: the two GEMMs are two names, each launched in one call of two; the memset in one
+    k = b.kernels.set_index("kernel")
+    assert k.busy_ms.sum() == pytest.approx(b.classes.busy_ms.sum())
+    assert list(b.kernels.busy_ms) == sorted(b.kernels.busy_ms, reverse=True)
+    gemm = k.loc["nvjet_sm90_tst_128x8_64x12_4x1_v_bz_TNT"]
+    assert gemm["class"] == "gemm" and gemm.launches == 0.5 and gemm.busy_ms == pytest.approx(5e-3)
+    assert gemm.launch_us == pytest.approx(10)
+    assert k.loc["Memset (Device)", "launches"] == 0.5  # the one before the first call belongs to none
+    assert "nvjet_sm90_warm" not in k.index  # the warm-up call's
+    assert k.loc["_paged_decode_kernel", "class"] == "attention"
 
 
 def test_a_graph_whose_kernels_the_profiler_did_not_see_is_flagged():
@@ -380,7 +400,8 @@ def test_a_failing_step_kind_is_recorded_and_the_others_run(tmp_path, monkeypatc
         free=lambda: None,
     )
 
-    def measure(session, kind):
+    def measure(session, kind, kernels_out=None):
+        kernels_out.append({"step": kind.name, "kernel": "k", "class": "gemm", "busy_ms": 1.0})
         if kind.batch == 4:
             raise RuntimeError("out of memory")
         return [
@@ -398,6 +419,7 @@ def test_a_failing_step_kind_is_recorded_and_the_others_run(tmp_path, monkeypatc
     assert status.isna().tolist() == [True, False, True]  # measured rows carry their own status
     assert status.iloc[1] == "error: RuntimeError: out of memory"
     assert len(pd.read_csv(tmp_path / CSV)) == 3 * len(CLASSES)
+    assert len(pd.read_csv(tmp_path / KERNELS_CSV)) == 3  # what each kind gave before it failed or returned
     late = run_budget(
         dataclasses.replace(CPU_PLAN, kinds=CPU_KINDS[:2], time_budget_s=-1), tmp_path, log=lambda *a: None
     )
@@ -432,9 +454,25 @@ def test_the_cpu_run_writes_every_step_kind_and_class(cpu_run):
     assert gemm["prefill_b1_128"] > gemm["decode_b1_ctx16"]
 
 
+def test_the_cpu_run_writes_each_step_kinds_kernels(cpu_run):
+    k = pd.read_csv(cpu_run / KERNELS_CSV)
+    t = pd.read_csv(cpu_run / CSV)
+    assert list(k.step.unique()) == [kind.name for kind in CPU_KINDS]
+    assert set(k["class"]) <= set(CLASSES) and (k.launches > 0).all() and (k.launch_us >= 0).all()
+    for step, g in k.groupby("step", sort=False):
+        assert list(g["rank"]) == list(range(len(g))) and g.busy_ms.is_monotonic_decreasing
+        # the kernels add up to their classes (on a CPU, the outermost operators)
+        classes = t[t.step == step].set_index("class")
+        per_class = g.groupby("class").agg(launches=("launches", "sum"), busy_ms=("busy_ms", "sum"))
+        for cls, r in per_class.iterrows():
+            assert r.launches == pytest.approx(classes.at[cls, "kernels"])
+            assert r.busy_ms == pytest.approx(classes.at[cls, "busy_ms"])
+    assert k.kernel.str.len().max() <= 200
+
+
 def test_the_cpu_run_records_where_and_how_it_ran(cpu_run):
     side = json.loads((cpu_run / SIDECAR).read_text())
-    assert side["complete"] is True and side["files"] == [CSV] and side["what"] == "step_budget"
+    assert side["complete"] is True and side["files"] == [CSV, KERNELS_CSV] and side["what"] == "step_budget"
     assert side["device"]["kind"] == "cpu" and side["device"]["torch"] and "triton" in side["versions"]
     assert side["ceilings"]["copy_gb_s"] > 0 and side["git_commit"]
     assert side["params"]["kinds"] == [k.name for k in CPU_KINDS] and side["params"]["repeats"] == 3

@@ -1,6 +1,7 @@
 """The engine page's step budget, from ``data/results/<h200 slug>/engine/step_budget.csv``
 (``python -m servelab.bench.step_budget``): per step kind, its kernels' time by class, the GPU's idle gaps and the
-host's time beside each class's floor, as a figure (``engine_step_budget_figure``) and a table.
+host's time beside each class's floor, as a figure (``engine_step_budget_figure``) and a table; and, from
+``step_kernels.csv`` beside it where the run wrote one, the busiest kernels of each step kind.
 
 Nothing here is typed: without the CSV the include is one sentence saying the budget has not been measured on the
 H200 yet, with the command that measures it, and there is no figure.
@@ -16,7 +17,7 @@ import pandas as pd
 
 from servelab.bench.kernel_classes import CLASSES, LABELS
 from servelab.measure.results import results_root
-from servelab.studies.common.markdown import format_value, md_text
+from servelab.studies.common.markdown import format_value, list_table, md_text
 from servelab_book.engine_freshness import freshness
 from servelab_book.engine_step_budget_figure import figure_svg
 from servelab_book.engine_tables import frame_table
@@ -25,6 +26,8 @@ from servelab_book.findings import BOOK_DEVICE
 INCLUDE = "engine_step_budget.md"
 FIGURE = "engine_step_budget.svg"
 CSV = "step_budget.csv"
+KERNELS_CSV = "step_kernels.csv"  # servelab.bench.step_budget's per-kernel rows (runs since 2026-12-07)
+TOP_KERNELS = 3
 SIDECAR = "step_budget.run.json"  # servelab.bench.step_budget's, beside the benchmark's own run.json
 COMMAND = "python -m servelab.bench.step_budget --model config:qwen2-0.5b --out data/results/nvidia-h200/engine"
 REQUIRED = ["step", "kind", "batch", "new_tokens", "context", "decodes", "decode_context", "class", "status"]
@@ -107,6 +110,43 @@ def budget_table(ok: pd.DataFrame, labels: dict[str, str]) -> str:
     return frame_table(pd.DataFrame(columns).rename_axis("per step kind").reset_index(), "servelab-engine-step-budget")
 
 
+def kernel_name(name: str) -> str:
+    """A kernel's name without the C++ around it: ``void at::native::reduce_kernel<512, 1, …>(…)`` reads
+    ``at::native::reduce_kernel``; Triton's and cuBLAS's names are short already."""
+    name = name.removeprefix("void ").strip()
+    for cut in ("<", "("):
+        name = name.split(cut, 1)[0]
+    return name.strip() or "(unnamed)"
+
+
+def kernels_table(kernels: pd.DataFrame, labels: dict[str, str], top: int = TOP_KERNELS) -> str:
+    """The ``top`` busiest kernels of each step kind: class, name, launches and busy µs per step, and share of the
+    step's kernel time ("" where the CSV holds none of the steps)."""
+    header = ["step kind", "kernel", "class", "launches per step", "busy per step (µs)", "share of kernel time"]
+    rows = []
+    for step, label in labels.items():
+        k = kernels[kernels.step == step].sort_values("busy_ms", ascending=False, kind="stable")
+        total = k.busy_ms.sum()
+        for r in k.head(top).to_dict("records"):
+            rows.append(
+                [
+                    md_text(label),
+                    f"`{kernel_name(str(r['kernel'])).replace('`', '')}`",
+                    md_text(LABELS.get(r["class"], str(r["class"]))),
+                    f"{r['launches']:.0f}",
+                    f"{r['busy_ms'] * 1e3:.1f}",
+                    f"{r['busy_ms'] / total:.0%}" if total > 0 else "—",
+                ]
+            )
+    if not rows:
+        return ""
+    return (
+        f"The {top} busiest kernels of each step kind, from `{KERNELS_CSV}` beside it (each kernel's launches and "
+        "time per step, averaged over the profiled calls):\n\n"
+        + list_table(header, rows, css="servelab-engine-step-kernels")
+    )
+
+
 def figure_block(ok: pd.DataFrame, labels: dict[str, str]) -> str:
     """The figure directive, with a caption that says what each bar holds and how busy the kernels kept the GPU."""
     steps = ok.groupby("step", sort=False).first()
@@ -149,4 +189,7 @@ def step_budget_page(csv: Path | None) -> BudgetPage:
     fresh = freshness("step_budget", side, "The step budget")
     text = f"{_source(csv, side)}:\n\n" + (fresh + "\n" if fresh else "")
     text += figure_block(ok, labels) + "\n" + budget_table(ok, labels) + not_run
+    kernels_csv = csv.parent / KERNELS_CSV
+    if kernels_csv.exists():
+        text += "\n\n" + kernels_table(pd.read_csv(kernels_csv), labels)
     return BudgetPage(text.rstrip("\n") + "\n", figure_svg(ok, labels, device_name))

@@ -12,8 +12,10 @@ elementwise, sampling, copies, other) beside each class's floor at the ceilings 
 
 Written into ``--out`` (default ``<results>/<device>/engine``): ``step_budget.csv``, one row per step kind and class,
 the step's own figures (step, wall, span, idle gaps, host time, floors) repeated on each of its rows, rewritten after
-every step kind so a run cut short keeps what it measured; and ``step_budget.run.json`` (commit, device and versions,
-ceilings, parameters, ``complete`` once every kind ran or was skipped). Not ``run.json``: the benchmark's own
+every step kind so a run cut short keeps what it measured; ``step_kernels.csv``, one row per step kind and distinct
+kernel (class, launches and busy ms per step, one launch's mean µs), rewritten with it; and
+``step_budget.run.json`` (commit, device and versions, ceilings, parameters, ``complete`` once every kind ran or was
+skipped). Not ``run.json``: the benchmark's own
 sidecar sits in the same folder.
 
 ``--device cpu`` is for the tests: the step kinds shrink (``CPU_KINDS``), and with no GPU the "kernels" are the
@@ -35,10 +37,11 @@ from pathlib import Path
 import pandas as pd
 
 from servelab.bench.cli_args import bench_parser
-from servelab.bench.step_budget_kind import StepKind, failed_rows, measure_kind
+from servelab.bench.step_budget_kind import KERNEL_COLUMNS, StepKind, failed_rows, measure_kind
 from servelab.errors import ParameterError
 
 CSV = "step_budget.csv"
+KERNELS_CSV = "step_kernels.csv"
 SIDECAR = "step_budget.run.json"
 GPU_KINDS = (
     StepKind(1, 1, 128),
@@ -137,7 +140,7 @@ def write_sidecar(out: Path, session: BudgetSession, started: str, t0: float, co
         "versions": versions(),
         "ceilings": session.ceilings.as_dict(),
         "params": asdict(session.plan) | {"kinds": [k.name for k in session.plan.kinds]},
-        "files": [CSV],
+        "files": [CSV, KERNELS_CSV],
         "complete": complete,
         **stamp("servelab.bench.step_budget"),  # `make gpu-plan` lists the job again once this moves
     }
@@ -156,20 +159,21 @@ def run_budget(plan: BudgetPlan, out: Path | None = None, log=print) -> pd.DataF
         out = results_root() / session.dev.slug / "engine"
     out.mkdir(parents=True, exist_ok=True)
     write_sidecar(out, session, started, t0, complete=False)
-    rows = []
+    rows, kernels = [], []
     for kind in plan.kinds:
         if time.monotonic() - t0 > plan.time_budget_s:
             rows += failed_rows(kind, "skipped: time budget")
             log(f"{kind.name}: skipped (time budget)")
             continue
         try:
-            rows += measure_kind(session, kind)
+            rows += measure_kind(session, kind, kernels)
             log(f"{kind.name}: step {rows[-1]['step_ms']:.3f} ms ({rows[-1]['path']}, {rows[-1]['profile_source']})")
         except Exception as e:  # record and go on: one step kind that fails must not cost the others
             rows += failed_rows(kind, f"error: {type(e).__name__}: {e}"[:300])
             log(f"{kind.name}: {type(e).__name__}: {e}")
         session.free()
         pd.DataFrame(rows).to_csv(out / CSV, index=False)
+        pd.DataFrame(kernels, columns=KERNEL_COLUMNS).to_csv(out / KERNELS_CSV, index=False)
     session.dev.close()  # the clocks at the end, beside those at the start (a study's StudyResults.finish does it)
     write_sidecar(out, session, started, t0, complete=True)
     log(f"wrote {CSV} and {SIDECAR} under {out}")

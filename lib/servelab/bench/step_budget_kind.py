@@ -18,6 +18,9 @@ Per step kind (``measure_kind``), each a column of its rows:
 - each class's floor (``step_floors``) at the ceilings measured in the same run; ``step_floor_ms`` is their sum,
   ``roofline_floor_ms`` the whole step's ``max(FLOPs / peak, bytes / bandwidth)``.
 
+Per kernel (``kernel_rows``, ``step_kernels.csv``): each distinct kernel name of the profiled calls with its class,
+launches and busy ms per step and one launch's mean µs (``step_timeline.kernel_table``).
+
 Where the profiler sees no kernel inside a CUDA graph, the classes come from the same step built without graphs
 (the same kernels, launched one by one; ``profile_source`` says so), its idle gap is the step time less their busy
 time, and its host time the wall time less the step time: the parts then add up to ``wall_ms``, which
@@ -37,6 +40,7 @@ from servelab.bench.step_floors import class_floors, class_work
 from servelab.bench.step_timeline import CALL, SAMPLING, StepBudget, read_trace, step_budget
 
 NAN = float("nan")
+KERNEL_COLUMNS = ["step", "kind", "rank", "class", "kernel", "launches", "busy_ms", "launch_us", "profile_source"]
 AS_RUN = "as run"
 EAGER = "the same step built without CUDA graphs: the profiler saw no kernel inside the graph"
 
@@ -156,8 +160,19 @@ def eager_budget(session, kind: StepKind, step_ms: float, wall_ms: float) -> Ste
     )
 
 
-def measure_kind(session, kind: StepKind) -> list[dict]:
-    """One row per class of ``kind``'s step (``CLASSES``), each carrying the step's own figures."""
+def kernel_rows(kind: StepKind, budget: StepBudget, source: str) -> list[dict]:
+    """One row per distinct kernel of ``kind``'s profiled step, the busiest first (``step_kernels.csv``)."""
+    if budget.kernels is None:
+        return []
+    return [
+        {"step": kind.name, "kind": kind.kind, "rank": i, **r, "profile_source": source}
+        for i, r in enumerate(budget.kernels.to_dict("records"))
+    ]
+
+
+def measure_kind(session, kind: StepKind, kernels_out: list | None = None) -> list[dict]:
+    """One row per class of ``kind``'s step (``CLASSES``), each carrying the step's own figures; with ``kernels_out``,
+    its kernels' rows (``kernel_rows``) are appended there."""
     from servelab.measure import time_fn
 
     p, sync = session.plan, session.sync
@@ -178,6 +193,8 @@ def measure_kind(session, kind: StepKind) -> list[dict]:
     session.free()
     if budget.graph_kernels_hidden:
         budget, source = eager_budget(session, kind, whole.median_ms, wall), EAGER
+    if kernels_out is not None:
+        kernels_out += kernel_rows(kind, budget, source)
     work = class_work(session.shape, spans, sampled, session.dtype_bytes, logits_bytes)
     floors = class_floors(work, session.roof)
     total_flops = sum(w.flops for w in work.values())

@@ -19,6 +19,9 @@ kernels (**graph idle**: idle gaps inside the captured graph); **host** = the ra
 synchronised call's time with nothing of it on the GPU (building inputs, launching, returning from the sync).
 Each class's busy time is the sum of its events' durations, so classes that overlap would add to more than the
 union; on one stream they do not. The calls' values are averaged, so the parts still add up.
+
+Per kernel (``kernel_table``): each distinct kernel name of the calls, its class, launches and busy time per call
+and one launch's mean time, so the classes can be read down to the kernels that fill them.
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
 GRAPH_LAUNCH = re.compile(r"^cu(da)?GraphLaunch")
 KERNEL_COLUMNS = ["call", "name", "start_us", "end_us", "cls", "in_graph", "launched"]
+# a kernel's name as the CSV keeps it: C++ template arguments make torch's own kernels' names run to 1,000 characters
+KERNEL_NAME_CHARS = 200
 
 
 def read_trace(prof) -> list[dict]:
@@ -171,6 +176,24 @@ class StepBudget:
     host_ms: float  # wall - gpu_span
     graph_launches: float  # per call
     graph_kernels_hidden: bool  # a graph ran but none of its kernels is in the trace
+    kernels: pd.DataFrame | None = None  # kernel_table: per kernel name, launches and busy time per call
+
+
+def kernel_table(kernels: pd.DataFrame, calls: int) -> pd.DataFrame:
+    """Per distinct kernel (its name cut to ``KERNEL_NAME_CHARS``) of ``calls`` profiled calls: its class, launches
+    and busy ms per call, one launch's mean µs; the busiest first."""
+    k = kernels.assign(kernel=kernels.name.str.slice(0, KERNEL_NAME_CHARS), us=kernels.end_us - kernels.start_us)
+    g = k.groupby(["cls", "kernel"], sort=False).us.agg(["count", "sum"]).reset_index()
+    out = pd.DataFrame(
+        {
+            "class": g.cls,
+            "kernel": g.kernel,
+            "launches": g["count"] / calls,
+            "busy_ms": g["sum"] / calls / 1e3,
+            "launch_us": g["sum"] / g["count"],
+        }
+    )
+    return out.sort_values(["busy_ms", "kernel"], ascending=[False, True], kind="stable").reset_index(drop=True)
 
 
 def call_budget(kernels: pd.DataFrame, window) -> dict:
@@ -228,4 +251,5 @@ def step_budget(events: list[dict]) -> StepBudget:
         host_ms=(mean.wall - mean.span) / 1e3,
         graph_launches=float(mean.graph_launches),
         graph_kernels_hidden=hidden,
+        kernels=kernel_table(kernels, len(calls)),
     )
