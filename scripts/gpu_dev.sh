@@ -15,6 +15,8 @@
 #                  4/16/64): does Qwen2-0.5B's down (896 outputs, 4,864 inputs) come nearer its floor?
 #   small-linear-rows  the same at 1, 4 and 8 rows, default launch
 #   decode-kernel  scripts/bench_decode_kernel.py: decode attention, one pass vs split-KV vs gather
+#   decode-splits  the same at forced splits 1-8 over batches 1-128 and contexts 512-4,096, beside the splits the
+#                  engine's decode graphs pick (decode_splits.csv): is the engine's split choice the fastest?
 #   small-batch-step  scripts/bench_small_batch_step.py: an engine decode step at batch 1, 4 and 8 with its blocks
 #                  through small_linear (models/small_batch.py) against the default and fused_rope_kv_write alone
 #   spec-engine    the engine's speculative mode on the device (tests/test_engine_speculation.py, CPU and GPU tests)
@@ -78,6 +80,7 @@ for task in "$@"; do
     small-linear-split) run "$task" 300 python3 scripts/bench_small_linear.py --out "$OUT/small_linear_split.csv" --sweep split --rows 1 ;;
     small-linear-rows) run "$task" 240 python3 scripts/bench_small_linear.py --out "$OUT/small_linear_rows.csv" ;;
     decode-kernel) run "$task" 180 python3 scripts/bench_decode_kernel.py ;;
+    decode-splits) run "$task" 240 python3 scripts/bench_decode_kernel.py --sweep-splits --out "$OUT/decode_splits.csv" ;;
     small-batch-step-check) run "$task" 300 python3 scripts/bench_small_batch_step.py --shapes qwen2-0.5b --batch 1 8 --out "$OUT/small_batch_step_check.csv" ;;
     small-batch-step) run "$task" 360 python3 scripts/bench_small_batch_step.py --out "$OUT/small_batch_step.csv" ;;
     spec-engine) run "$task" 300 python3 -m pytest -q -p no:cacheprovider -x tests/test_engine_speculation.py ;;
