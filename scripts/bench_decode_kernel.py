@@ -14,8 +14,9 @@ Prints one line per (batch, context, path): ms per step, the splits the kernel c
 
 times the one-pass and split-KV kernel at forced splits (1, 2, 3, 4, 8) over a grid of batches and contexts, beside
 the splits ``decode_splits`` gives a decode graph captured at the engine's full block-table width (``--engine-width``
-keys) and at the context itself: whether the engine's split choice is the fastest where decode graphs run (at batch
-64 and 512 keys one pass took 0.301 ms and 2 splits 0.329 on an H100, 2026-12-06).
+keys, 4,096 by default: the engine's default max_model_len) and at the context itself: whether the engine's split
+choice is the fastest where decode graphs run (at batch 64 and 512 keys one pass took 0.301 ms and 2 splits 0.329 on
+an H100, 2026-12-06).
 """
 
 from __future__ import annotations
@@ -148,7 +149,7 @@ def main() -> None:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--layers", type=int, default=24)
     p.add_argument("--sweep-splits", action="store_true", help="the forced-splits grid instead of the three points")
-    p.add_argument("--engine-width", type=int, default=32768, help="keys of the engine's widest decode graph")
+    p.add_argument("--engine-width", type=int, default=4096, help="keys of the widest decode graph (max_model_len)")
     p.add_argument("--out", default=None, help="CSV of the --sweep-splits rows")
     args = p.parse_args()
     device = torch.device("cuda")
