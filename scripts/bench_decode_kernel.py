@@ -113,6 +113,22 @@ def bench_point(args, batch: int, context: int, device, gb_s: float) -> None:
         )
 
 
+def flash_attention_splits(programs: int, sms: int, key_blocks: int, max_splits: int = 64) -> int:
+    """FlashAttention-2's ``num_splits_heuristic`` (``flash_api.cpp``), for comparison: no split once the programs
+    nearly fill the SMs (80%); else the fewest splits whose wave efficiency is within 85% of the best."""
+    if programs >= 0.8 * sms:
+        return 1
+    max_splits = min(max_splits, sms, key_blocks)
+    ceil_div = lambda a, b: -(-a // b)  # noqa: E731
+
+    def eligible(s: int) -> bool:  # a split count that leaves the blocks per split the same as one fewer is not
+        return s == 1 or ceil_div(key_blocks, s) != ceil_div(key_blocks, s - 1)
+
+    eff = {s: (programs * s / sms) / ceil_div(programs * s, sms) for s in range(1, max_splits + 1) if eligible(s)}
+    best = max(eff.values())
+    return min(s for s, e in eff.items() if e >= 0.85 * best)
+
+
 def _step(layers, lens, q, scale: float, splits: int) -> list:
     return [triton_decode(q, k, v, t, lens, scale, splits=splits) for k, v, t in layers]
 
@@ -129,6 +145,7 @@ def sweep_splits(args, device, gb_s: float) -> list[dict]:
             picks = {
                 "engine_full_width": decode_splits(batch, args.kv_heads, args.engine_width, sms),
                 "exact_width": decode_splits(batch, args.kv_heads, layers[0][2].shape[1] * args.block_size, sms),
+                "flash_attention_2": flash_attention_splits(batch * args.kv_heads, sms, -(-context // 64)),
             }
             for splits in SWEEP_SPLITS:
                 ms = step_ms(functools.partial(_step, layers, lens, q, args.head_dim**-0.5, splits))
