@@ -399,8 +399,9 @@ def _measure_point(sw: _Sweep, srv: PolicyServer, pt: Point, P: dict, slo: float
     # The first window is the model's, the same for every policy at this rate, so that policies are compared on the
     # same requests. It used to take a policy's completion rate from a saturated higher rate: ChunkedPrefill@512
     # then replayed 9.6 s of arrivals at 36 req/s against EagerContBatch's 4.7 s (qwen2-0.5b, the H200 runs at
-    # 94c0bf13c028) although it served that rate in full. Only a policy that saturates here, and so falls short of
-    # min_requests, replays a longer prefix, sized by its own completion rate.
+    # 94c0bf13c028). It completed 16.2-16.7 req/s there (a third of its requests cut), so the shorter window and its
+    # drain would still have given it about 160 completed requests, past min_requests. Only a point that falls short
+    # of min_requests replays a longer prefix, sized by its own completion rate.
     served = sw.rates_from.get(pt.model)
     window = sizing.window_s(P, pt.rate, served)
     if time.perf_counter() + point_cost_s(P, point_span_s(pt, P, sw.lengths, window)) > sw.budget_end:
