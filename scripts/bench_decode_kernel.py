@@ -25,6 +25,7 @@ import argparse
 import functools
 import statistics
 
+import pandas as pd
 import torch
 
 from servelab.kernels.decode import gather_decode
@@ -129,6 +130,21 @@ def flash_attention_splits(programs: int, sms: int, key_blocks: int, max_splits:
     return min(s for s, e in eff.items() if e >= 0.85 * best)
 
 
+def pick_losses(rows: pd.DataFrame, picks=("engine_full_width", "exact_width", "flash_attention_2")) -> pd.DataFrame:
+    """Per (batch, context) of a sweep: the fastest forced split count and its ms, and each rule's pick with its time
+    over the fastest (a pick the grid did not time, e.g. 16 splits, reads NaN: the nearest timed count is not it)."""
+    out = []
+    for (batch, context), g in rows.groupby(["batch", "context"], sort=True):
+        ms = g.set_index("splits")["ms"]
+        row = {"batch": batch, "context": context, "fastest": int(ms.idxmin()), "fastest_ms": float(ms.min())}
+        for pick in picks:
+            s = int(g[pick].iloc[0])
+            row[pick] = s
+            row[f"{pick}_loss"] = float(ms[s] / ms.min()) if s in ms.index else float("nan")
+        out.append(row)
+    return pd.DataFrame(out)
+
+
 def _step(layers, lens, q, scale: float, splits: int) -> list:
     return [triton_decode(q, k, v, t, lens, scale, splits=splits) for k, v, t in layers]
 
@@ -175,11 +191,11 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}, {sm_count(device)} SMs, copy {gb_s:,.0f} GB/s; one pass: {tuning}")
     print(f"attention {args.heads}/{args.kv_heads} heads, head_dim {args.head_dim}, bf16, {args.layers} layers")
     if args.sweep_splits:
-        import pandas as pd
-
-        rows = sweep_splits(args, device, gb_s)
+        rows = pd.DataFrame(sweep_splits(args, device, gb_s))
         if args.out:
-            pd.DataFrame(rows).assign(gpu=torch.cuda.get_device_name(), copy_gb_s=gb_s).to_csv(args.out, index=False)
+            rows.assign(gpu=torch.cuda.get_device_name(), copy_gb_s=gb_s).to_csv(args.out, index=False)
+        with pd.option_context("display.width", 200):
+            print(pick_losses(rows).to_string(index=False, float_format="{:.3f}".format))
         return
     for batch, context in POINTS:
         bench_point(args, batch, context, device, gb_s)
