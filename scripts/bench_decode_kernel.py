@@ -76,6 +76,12 @@ def step_ms(call, replays: int = 50, repeats: int = 5) -> float:
     return statistics.median(times)
 
 
+def floor_ms(args, batch: int, context: int, gb_s: float) -> float:
+    """A step's K and V bytes (bf16, every layer) over the measured copy bandwidth, ms."""
+    kv_bytes = args.layers * 2 * batch * context * args.kv_heads * args.head_dim * 2
+    return kv_bytes / (gb_s * 1e9) * 1e3
+
+
 def case(args, batch: int, context: int, device):
     """Per layer: a pool holding exactly the batch's keys (blocks in random order), tables and lengths."""
     g = torch.Generator(device=device).manual_seed(0)
@@ -103,14 +109,13 @@ def paths(layers, lens, q, scale: float, splits: int) -> dict:
 
 def bench_point(args, batch: int, context: int, device, gb_s: float) -> None:
     layers, lens, q = case(args, batch, context, device)
-    kv_bytes = args.layers * 2 * batch * context * args.kv_heads * args.head_dim * 2
-    floor_ms = kv_bytes / (gb_s * 1e9) * 1e3
+    floor = floor_ms(args, batch, context, gb_s)
     splits = decode_splits(batch, args.kv_heads, layers[0][2].shape[1] * args.block_size, sm_count(device))
     for name, call in paths(layers, lens, q, args.head_dim**-0.5, splits).items():
         ms = step_ms(call)
         print(
             f"batch {batch:>3} ctx {context:>6} {name:<22} {ms:8.3f} ms/step "
-            f"(floor {floor_ms:.3f} ms, {floor_ms / ms:5.1%} of it)"
+            f"(floor {floor:.3f} ms, {floor / ms:5.1%} of it)"
         )
 
 
@@ -156,8 +161,7 @@ def sweep_splits(args, device, gb_s: float) -> list[dict]:
     for batch in SWEEP_BATCHES:
         for context in SWEEP_CONTEXTS:
             layers, lens, q = case(args, batch, context, device)
-            kv_bytes = args.layers * 2 * batch * context * args.kv_heads * args.head_dim * 2
-            floor_ms = kv_bytes / (gb_s * 1e9) * 1e3
+            floor = floor_ms(args, batch, context, gb_s)
             picks = {
                 "engine_full_width": decode_splits(batch, args.kv_heads, args.engine_width, sms),
                 "exact_width": decode_splits(batch, args.kv_heads, layers[0][2].shape[1] * args.block_size, sms),
@@ -165,9 +169,9 @@ def sweep_splits(args, device, gb_s: float) -> list[dict]:
             }
             for splits in SWEEP_SPLITS:
                 ms = step_ms(functools.partial(_step, layers, lens, q, args.head_dim**-0.5, splits))
-                rows.append({"batch": batch, "context": context, "splits": splits, "ms": ms, "floor_ms": floor_ms,
+                rows.append({"batch": batch, "context": context, "splits": splits, "ms": ms, "floor_ms": floor,
                              "sms": sms, **picks})  # fmt: skip
-                print(f"batch {batch:>3} ctx {context:>5} splits {splits}: {ms:.3f} ms (floor {floor_ms:.3f}; "
+                print(f"batch {batch:>3} ctx {context:>5} splits {splits}: {ms:.3f} ms (floor {floor:.3f}; "
                       f"engine picks {picks['engine_full_width']} at full width)")  # fmt: skip
             layers = lens = q = None
             torch.cuda.empty_cache()

@@ -15,8 +15,7 @@ the step's own figures (step, wall, span, idle gaps, host time, floors) repeated
 every step kind so a run cut short keeps what it measured; ``step_kernels.csv``, one row per step kind and distinct
 kernel (class, launches and busy ms per step, one launch's mean µs), rewritten with it; and
 ``step_budget.run.json`` (commit, device and versions, ceilings, parameters, ``complete`` once every kind ran or was
-skipped). Not ``run.json``: the benchmark's own
-sidecar sits in the same folder.
+skipped). Not ``run.json``: the benchmark's own sidecar sits in the same folder.
 
 ``--device cpu`` is for the tests: the step kinds shrink (``CPU_KINDS``), and with no GPU the "kernels" are the
 outermost aten operators, so its numbers say nothing about a GPU. On the H200 its five first kinds took 50 s
@@ -176,7 +175,7 @@ def run_budget(plan: BudgetPlan, out: Path | None = None, log=print) -> pd.DataF
         pd.DataFrame(kernels, columns=KERNEL_COLUMNS).to_csv(out / KERNELS_CSV, index=False)
     session.dev.close()  # the clocks at the end, beside those at the start (a study's StudyResults.finish does it)
     write_sidecar(out, session, started, t0, complete=True)
-    log(f"wrote {CSV} and {SIDECAR} under {out}")
+    log(f"wrote {CSV}, {KERNELS_CSV} and {SIDECAR} under {out}")
     return pd.DataFrame(rows)
 
 
