@@ -15,6 +15,7 @@ import pandas as pd
 from servelab.loadgen.metrics import SUMMARY_KEYS, run_span_s, summarize_metrics
 from servelab.loadgen.run import DEADLINE_ERROR
 from servelab.studies.common.runs import RunSet
+from servelab.studies.s01_scheduling.common_ttft import with_common_ttft
 from servelab.studies.s01_scheduling.stall import p99_of_max_itl
 
 KEYS = ["model", "scheduler", "budget", "rate_fraction", "sweep"]  # one load point
@@ -93,8 +94,8 @@ METRIC_COLUMNS = [
 def request_table(requests: pd.DataFrame) -> pd.DataFrame:
     """``loadgen.metrics.request_metrics`` of every request at once (the same columns and numbers, vectorised), beside
     each request's point columns (``repeat``, the keys, ``rate``), its ``cut`` flag, its token count and span
-    (``tokens``, ``last_token_s``), and ``sent_s``/``finish_s``: one parse of ``token_times_s`` serves the summaries,
-    the verdicts and the figures."""
+    (``tokens``, ``last_token_s``), and ``sent_s``/``first_token_s``/``finish_s``: one parse of ``token_times_s``
+    serves the summaries, the verdicts and the figures."""
     if requests.empty:
         return pd.DataFrame(columns=METRIC_COLUMNS)
     n = len(requests)
@@ -144,6 +145,7 @@ def request_table(requests: pd.DataFrame) -> pd.DataFrame:
         tokens=counts,
         last_token_s=last,
         sent_s=sent,
+        first_token_s=first,
         finish_s=finish,
     )
     return m
@@ -200,23 +202,24 @@ def summary_table(points: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
     """Every point of ``points`` with its statistics recomputed from ``requests`` (raw records, or their
     ``request_table``; a point none of whose requests are there keeps its raw columns, statistics NaN), over the
     requests that arrived by its deadline (``offered``; ``not_offered`` counts the others); ``shortfall``: requests
-    short of ``min_requests``."""
+    short of ``min_requests``; ``common_ttft.COLUMNS``: the mean TTFT every setting at a rate is compared on."""
     if points.empty:
         return points
     m = request_table(requests) if "token_times_s" in requests.columns else requests
     group = [c for c in ("repeat", *KEYS) if c in points.columns and c in m.columns]
     by = {k: g for k, g in m.groupby(group, sort=False)} if not m.empty else {}
-    rows = []
-    for p in points.to_dict("records"):
+    rows, sent = [], {}
+    for i, p in enumerate(points.to_dict("records")):
         g = by.get(tuple(p[c] for c in group))
         if p["status"] == "ok" and g is not None and len(g):
             g, p["not_offered"] = offered(g, p.get("deadline_s"))
             p.update(point_summary(g, p.get("slo_itl_ms")))
+            sent[i] = g
         rows.append(p)
     out = pd.DataFrame(rows)
     if "completed" in out and "min_requests" in out:
         out["shortfall"] = (out["min_requests"] - out["completed"]).clip(lower=0)
-    return out
+    return with_common_ttft(out, sent)
 
 
 def repeat_summary(rep: RunSet) -> pd.DataFrame:
