@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pandas as pd
 
+from servelab.studies.common.rules import OLD_RULES, load_registry
 from servelab.studies.s01_scheduling import verdicts
 from servelab.studies.s01_scheduling.summary import summary_table
 
@@ -80,3 +81,10 @@ def test_nothing_cut_gives_the_plain_mean():
     s = _sweep([0.3] * 6, [0.2] * 6)
     ok = s.dropna(subset=["common_ttft_ms"])
     assert np.allclose(ok["common_ttft_ms"], ok["mean_ttft_ms"]) and (ok["common_censored"] == 0).all()
+
+
+def test_the_change_is_registered_with_its_old_rule():
+    rule = load_registry()["F1.3"]
+    last = rule.changes[-1]
+    assert last.old_verdict == "f13_completed_requests_only" and last.old_verdict in OLD_RULES
+    assert "completed" not in rule.rule and "no first token by the earliest deadline" in rule.rule

@@ -441,3 +441,13 @@ def f33_any_mode_above_eager(rep: RunSet) -> OldVerdict:
         f"eager {eager:.2f}× against parameters {param:.2f}× ({'far below' if far else 'not far below'}); the best "
         f"other mode {best:.2f}× ({'above' if further else 'not above'} eager's)",
     )
+
+
+@_register
+def f13_completed_requests_only(rep: RunSet) -> OldVerdict:
+    """F1.3 before 2026-12-07: each setting's mean TTFT over its own completed requests, so a setting that cut its
+    slowest requests at the deadline (FCFS past capacity) averaged only the ones it served; the same 5% and 3% ties."""
+    from servelab.studies.s01_scheduling.verdicts import COMPLETED_TTFT, f13
+
+    found = f13(_study1_summary(rep), rep.params.get("dtype"), ttft=COMPLETED_TTFT)
+    return OldVerdict(found.verdict, found.measured_value)
