@@ -66,6 +66,23 @@ def split_case(
     return q, kp, vp, rt, columns
 
 
+# the GPU test's mixed step (test_gpu_engine): a decode over 16K keys, short decodes, a 40-token chunk after 4K
+# cached keys, a 300-token prompt (long tiles), in (tokens, cached keys)
+LONG_CONTEXT_RUNS = [(1, 16383), (1, 100), (1, 5000), (40, 4000), (300, 0), (1, 700)]
+
+
+def test_the_gpu_tests_long_context_step_splits_its_16k_decode_at_132_sms():
+    """What the GPU test takes as given, checked here at the H100's and H200's SM count: with 16-row packed tiles
+    the 40-token chunk is 20 tiles of 4K keys, so the 64 split columns go 6 to each of the longest tiles (the 16K
+    decode first), where the 128-row tiles gave the 16K decode more than 8 (the GPU test asked > 8 and failed in
+    3 of 3 runs on an H100, 2026-12-07)."""
+    budget = split_budget(2, 16384, 132)
+    *_, cols = split_case(14, 2, 64, 16, LONG_CONTEXT_RUNS, budget=budget, long_tile_tokens=128, sms=132)
+    first = [c for c in cols if c[SPLIT] == 0]
+    assert first[0][:4] == (0, 0, 1, 16383) and first[0][SPLITS] == 6
+    assert len(cols) == budget == 64 and len(first) == 11  # the 5K decode and nine chunk tiles split too
+
+
 def test_the_longest_tiles_split_within_the_budget():
     packed = [(0, 0, 1, 8000), (1, 1, 1, 100), (2, 2, 16, 3000), (3, 18, 1, 600), (4, 19, 1, 400)]
     left, cols = plan_splits(packed, 64, kv_heads=2, sms=132)
