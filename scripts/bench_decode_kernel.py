@@ -12,7 +12,7 @@ Prints one line per (batch, context, path): ms per step, the splits the kernel c
 
     python scripts/bench_decode_kernel.py --sweep-splits --out decode_splits.csv
 
-times the one-pass and split-KV kernel at forced splits (1, 2, 3, 4, 8) over a grid of batches and contexts, beside
+times the one-pass and split-KV kernel at forced splits (1, 2, 3, 4, 6, 8, 16, and each rule's pick) over a grid of batches and contexts, beside
 the splits ``decode_splits`` gives a decode graph captured at the engine's full block-table width (``--engine-width``
 keys, 4,096 by default: the engine's default max_model_len) and at the context itself: whether the engine's split
 choice is the fastest where decode graphs run (at batch 64 and 512 keys one pass took 0.301 ms and 2 splits 0.329 on
@@ -35,7 +35,7 @@ from servelab.kernels.triton_decode import sm_count, triton_decode, tune_triton_
 POINTS = ((1, 128), (1, 16384), (64, 512))
 SWEEP_BATCHES = (1, 8, 16, 32, 64, 128)
 SWEEP_CONTEXTS = (512, 1024, 2048, 4096)
-SWEEP_SPLITS = (1, 2, 3, 4, 8)
+SWEEP_SPLITS = (1, 2, 3, 4, 6, 8, 16)
 
 
 def copy_gb_s(device) -> float:
@@ -167,7 +167,9 @@ def sweep_splits(args, device, gb_s: float) -> list[dict]:
                 "exact_width": decode_splits(batch, args.kv_heads, layers[0][2].shape[1] * args.block_size, sms),
                 "flash_attention_2": flash_attention_splits(batch * args.kv_heads, sms, -(-context // 64)),
             }
-            for splits in SWEEP_SPLITS:
+            # each rule's pick is timed too: on an H100 (2026-12-07) the engine's picks at full width (16, 9, 5)
+            # fell between the grid's counts, so their loss read NaN at batches 1-32
+            for splits in sorted(set(SWEEP_SPLITS) | set(picks.values())):
                 ms = step_ms(functools.partial(_step, layers, lens, q, args.head_dim**-0.5, splits))
                 rows.append({"batch": batch, "context": context, "splits": splits, "ms": ms, "floor_ms": floor,
                              "sms": sms, **picks})  # fmt: skip
