@@ -119,3 +119,10 @@ for task in "$@"; do
     *) echo "unknown task '$task' (see the header of $0)" | tee -a "$OUT/summary.txt"; exit 2 ;;
   esac
 done
+# The device tool brings back at most 8 files from $OUT (two folders down): past that, every file but the summary
+# and gpu.txt travels in one tarball (on 2026-12-07 step_kernels.csv stayed behind so, the 9th of 10 files).
+if [ "$(find "$OUT" -type f | wc -l)" -gt 8 ]; then
+  (cd "$OUT" && find . -type f ! -name summary.txt ! -name gpu.txt ! -name dev.tgz | sort >/tmp/dev_files.txt &&
+    tar czf dev.tgz -T /tmp/dev_files.txt && xargs -a /tmp/dev_files.txt rm -f && find . -mindepth 1 -type d -empty -delete)
+  echo "packed $(wc -l </tmp/dev_files.txt) files into \$OUT/dev.tgz (the device tool returns 8 at most)" | tee -a "$OUT/summary.txt"
+fi
