@@ -12,11 +12,11 @@ Prints one line per (batch, context, path): ms per step, the splits the kernel c
 
     python scripts/bench_decode_kernel.py --sweep-splits --out decode_splits.csv
 
-times the one-pass and split-KV kernel at forced splits (1, 2, 3, 4, 6, 8, 16, and each rule's pick) over a grid of batches and contexts, beside
-the splits ``decode_splits`` gives a decode graph captured at the engine's full block-table width (``--engine-width``
-keys, 4,096 by default: the engine's default max_model_len) and at the context itself: whether the engine's split
-choice is the fastest where decode graphs run (at batch 64 and 512 keys one pass took 0.301 ms and 2 splits 0.329 on
-an H100, 2026-12-06).
+times the one-pass and split-KV kernel at forced splits (1, 2, 3, 4, 6, 8, 16, and each rule's pick) over a grid
+of batches and contexts, beside the splits ``decode_splits`` gives a decode graph captured at the engine's full
+block-table width (``--engine-width`` keys, 4,096 by default: the engine's default max_model_len) and at the context
+itself: whether the engine's split choice is the fastest where decode graphs run (at batch 64 and 512 keys one pass
+took 0.301 ms and 2 splits 0.329 on an H100, 2026-12-06).
 """
 
 from __future__ import annotations
