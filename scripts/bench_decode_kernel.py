@@ -137,7 +137,8 @@ def flash_attention_splits(programs: int, sms: int, key_blocks: int, max_splits:
 
 def pick_losses(rows: pd.DataFrame, picks=("engine_full_width", "exact_width", "flash_attention_2")) -> pd.DataFrame:
     """Per (batch, context) of a sweep: the fastest forced split count and its ms, and each rule's pick with its time
-    over the fastest (a pick the grid did not time, e.g. 16 splits, reads NaN: the nearest timed count is not it)."""
+    over the fastest (the sweep times every pick; a CSV from before it did, at 4c42555, lacks the engine's full-width
+    picks at batches 1-32, and their loss reads NaN: the nearest timed count is not it)."""
     out = []
     for (batch, context), g in rows.groupby(["batch", "context"], sort=True):
         ms = g.set_index("splits")["ms"]

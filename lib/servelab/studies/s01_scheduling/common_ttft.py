@@ -31,7 +31,8 @@ def _request_ids(g: pd.DataFrame) -> set:
 
 
 def _restricted(g: pd.DataFrame, ids: set, horizon_s: float) -> tuple[float, int]:
-    """The mean of each common request's TTFT capped at the horizon (ms) and how many were capped."""
+    """The mean of each common request's TTFT capped at the horizon (ms) and how many were capped. A request sent
+    after the horizon (client lag past the earliest deadline) counts 0: by the horizon it had waited nothing."""
     g = g[g["request_id"].isin(ids)]
     origin = g["sent_s"].to_numpy(dtype=float)
     origin = np.where(np.isnan(origin), g["arrival_s"].to_numpy(dtype=float), origin)
