@@ -3,9 +3,12 @@ draw: the launch with the smallest geometric-mean loss over the decode points, n
 
 from __future__ import annotations
 
+import textwrap
+
 import pandas as pd
 import pytest
 import torch
+from interpreted import run_interpreted
 
 from servelab.kernels.decode_launch import TUNING_DIR, choose, groups_pad, kernel_key, measured_launch
 from servelab.kernels.triton_decode import _groups_pad
@@ -72,3 +75,51 @@ def test_the_engine_pins_a_measured_devices_launch_and_tunes_elsewhere(monkeypat
     assert triton_decode.pin_measured_launch("a-device-never-measured", 14, 2, 64, 16, torch.bfloat16) is None
     assert triton_decode.pin_measured_launch("nvidia-h200", 14, 2, 80, 16, torch.bfloat16) is None
     assert len(triton_decode._PINNED) == 1
+
+
+def test_split_programs_take_the_pinned_launch_with_their_tile_cut_to_the_shortest_chunk(monkeypatch):
+    """A split program runs the same kernel over its chunk, so it takes the launch measured for the device; until
+    2026-12-07 it kept the fixed 64-key tile at Triton's default warps and stages, which the committed timings put
+    at 1.2-1.6x the measured launch's time on both cards."""
+    from servelab.kernels import triton_decode
+
+    monkeypatch.setattr(triton_decode, "_PINNED", {})
+    monkeypatch.setattr(triton_decode, "_TUNED", {})
+    key = triton_decode._key(14, 2, 64, 16, torch.bfloat16)
+    assert triton_decode.split_launch(key, 256) == {"KEYS": 64}  # nothing pinned: the fixed tile
+    assert triton_decode.split_launch(key, 16) == {"KEYS": 16}
+    triton_decode.pin_measured_launch("nvidia-h200", 14, 2, 64, 16, torch.bfloat16)
+    assert triton_decode.split_launch(key, 256) == {"KEYS": 128, "num_warps": 4, "num_stages": 2}
+    # a chunk shorter than the pinned tile (tests lower min_split_keys) cuts the tile, never below tl.dot's 16 rows
+    assert triton_decode.split_launch(key, 40) == {"KEYS": 64, "num_warps": 4, "num_stages": 2}
+    assert triton_decode.split_launch(key, 8) == {"KEYS": 16, "num_warps": 4, "num_stages": 2}
+    f32 = triton_decode._key(14, 2, 64, 16, torch.float32)  # float32 pools are never pinned: their IEEE dots differ
+    assert triton_decode.split_launch(f32, 256) == {"KEYS": 64}
+
+
+PINNED_SPLIT_CHECK = textwrap.dedent("""
+    import torch
+    from servelab.kernels import triton_decode
+    from servelab.kernels.split_kv import split_decode_reference
+    heads, kv, d, bs = 4, 2, 16, 16
+    key = triton_decode._key(heads, kv, d, bs, torch.float16)
+    triton_decode._PINNED[key] = {"KEYS": 128, "num_warps": 4, "num_stages": 2}
+    g = torch.Generator().manual_seed(0)
+    lens = torch.tensor([700, 300, 1000])
+    kp = torch.randn(3 * 64, bs, kv, d, generator=g).half()
+    vp = torch.randn(3 * 64, bs, kv, d, generator=g).half()
+    tables = torch.randperm(3 * 64, generator=g).view(3, 64)
+    q = torch.randn(3, heads, d, generator=g).half()
+    assert triton_decode.split_launch(key, 256)["KEYS"] == 128
+    got = triton_decode.triton_decode(q, kp, vp, tables, lens, d**-0.5, splits=4, min_split_keys=256)
+    want = split_decode_reference(q, kp, vp, tables, lens, d**-0.5, 4, keys=128, min_keys=256)
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-3, rtol=2e-3)
+    print("ok")
+""")
+
+
+def test_on_the_cpu_a_split_decode_under_the_pinned_launch_equals_the_reference():
+    """The pinned tile (128 keys) over chunks of 256 keys (700 keys: two full chunks and a short one; the fourth split
+    of 300 keys empty), under Triton's interpreter: the split-by-split reference's output (the interpreter ignores
+    warps and stages; the tile and the chunking are what it checks)."""
+    run_interpreted(PINNED_SPLIT_CHECK)

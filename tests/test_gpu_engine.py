@@ -132,12 +132,27 @@ def test_captured_steps_with_prefix_hits_match_the_uncached_engine():
     assert engine.stats()["prefix_hit_tokens"] > 0 and engine.stats()["step_graph_steps"] > 0
 
 
-@pytest.mark.parametrize("head_dim,dtype", [(64, torch.float32), (80, torch.float32), (128, torch.bfloat16)])
-def test_compiled_split_kv_decode_matches_gather_at_long_contexts(head_dim, dtype):
+@pytest.mark.parametrize(
+    "head_dim,dtype,pinned",
+    [
+        (64, torch.float32, False),
+        (80, torch.float32, False),
+        (128, torch.bfloat16, False),
+        # the engine's bf16 launch: the device's measured tile, warps and stages, which split programs take too
+        (64, torch.bfloat16, True),
+    ],
+)
+def test_compiled_split_kv_decode_matches_gather_at_long_contexts(head_dim, dtype, pinned, monkeypatch):
+    from servelab.kernels import triton_decode as td
     from servelab.kernels.decode import gather_decode
+    from servelab.kernels.decode_launch import device_slug
     from servelab.kernels.split_kv import decode_splits
     from servelab.kernels.triton_decode import sm_count, triton_decode
 
+    monkeypatch.setattr(td, "_PINNED", {})
+    monkeypatch.setattr(td, "_TUNED", {})
+    if pinned and td.pin_measured_launch(device_slug("cuda"), 14, 2, head_dim, 16, dtype) is None:
+        pytest.skip(f"no measured decode launch for {device_slug('cuda')}")
     g = torch.Generator(device="cuda").manual_seed(0)
     heads, kv_heads, block_size = 14, 2, 16
     lens = torch.tensor([1, 300, 4097, 16384], device="cuda")

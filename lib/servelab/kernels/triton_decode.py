@@ -291,15 +291,31 @@ def triton_decode(
                 KEYS=KEYS_PER_ITER, MIN_KEYS=1,
             )  # fmt: skip
         return out
-    keys = max(16, min(KEYS_PER_ITER, triton.next_power_of_2(min_keys)))  # tl.dot needs 16 rows
     part = torch.empty(b, heads, splits, d, dtype=torch.float32, device=q.device)
     lse = torch.empty(b, heads, splits, dtype=torch.float32, device=q.device)
     _launch(
         _paged_decode_kernel, q, k_pool, v_pool, block_tables, context_lens, part, lse, scale, splits,
-        KEYS=keys, MIN_KEYS=min_keys,
+        MIN_KEYS=min_keys, **split_launch(_key(heads, kv_heads, d, block_size, q.dtype), min_keys),
     )  # fmt: skip
     _merge(part, lse, out)
     return out
+
+
+def split_launch(key: tuple, min_keys: int) -> dict:
+    """The split program's launch: the one measured for this device and kernel key where one is pinned, its tile cut
+    to the shortest chunk (a chunk is a whole number of tiles, at least ``min_keys`` long); else the fixed 64-key
+    tile at Triton's default warps and stages.
+
+    Why the pinned launch: a split program runs the one-pass kernel over its chunk, and on the H100 and the H200
+    alike (data/tuning/decode_launch/, 3 processes each) the fixed tile at the default warps and stages took
+    1.2-1.6x the measured launch's time over the same keys in one pass. The split path kept that tile until
+    2026-12-07, when an H100's forced-splits sweep timed a 256-key split program at about 1.6x the one-pass
+    kernel's time per key (data/dev/nvidia-h100/2026-12-07/decode_splits_9d76b56.csv)."""
+    cap = max(16, triton.next_power_of_2(min_keys))  # tl.dot needs 16 rows
+    pin = _PINNED.get(key)
+    if pin is None:
+        return {"KEYS": min(KEYS_PER_ITER, cap)}
+    return {**pin, "KEYS": min(pin["KEYS"], cap)}
 
 
 def pin_measured_launch(slug: str, heads: int, kv_heads: int, head_dim: int, block_size: int, dtype) -> str | None:
