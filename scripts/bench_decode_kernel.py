@@ -151,8 +151,13 @@ def pick_losses(rows: pd.DataFrame, picks=("engine_full_width", "exact_width", "
     return pd.DataFrame(out)
 
 
-def _step(layers, lens, q, scale: float, splits: int) -> list:
-    return [triton_decode(q, k, v, t, lens, scale, splits=splits) for k, v, t in layers]
+# the split programs' launch before 5f422f8: a fixed 64-key tile at Triton's default warps and stages, timed beside
+# the device's measured launch that they take since (split_launch), so one sweep shows what the change bought
+FIXED_SPLIT_LAUNCH = {"KEYS": 64}
+
+
+def _step(layers, lens, q, scale: float, splits: int, launch: dict | None = None) -> list:
+    return [triton_decode(q, k, v, t, lens, scale, splits=splits, split_launch_kw=launch) for k, v, t in layers]
 
 
 def sweep_splits(args, device, gb_s: float) -> list[dict]:
@@ -172,9 +177,15 @@ def sweep_splits(args, device, gb_s: float) -> list[dict]:
             # fell between the grid's counts, so their loss read NaN at batches 1-32
             for splits in sorted(set(SWEEP_SPLITS) | set(picks.values())):
                 ms = step_ms(functools.partial(_step, layers, lens, q, args.head_dim**-0.5, splits))
-                rows.append({"batch": batch, "context": context, "splits": splits, "ms": ms, "floor_ms": floor,
-                             "sms": sms, **picks})  # fmt: skip
-                print(f"batch {batch:>3} ctx {context:>5} splits {splits}: {ms:.3f} ms (floor {floor:.3f}; "
+                fixed = (
+                    step_ms(functools.partial(_step, layers, lens, q, args.head_dim**-0.5, splits, FIXED_SPLIT_LAUNCH))
+                    if splits > 1
+                    else ms  # one pass never took the split launch
+                )
+                rows.append({"batch": batch, "context": context, "splits": splits, "ms": ms, "fixed_tile_ms": fixed,
+                             "floor_ms": floor, "sms": sms, **picks})  # fmt: skip
+                print(f"batch {batch:>3} ctx {context:>5} splits {splits}: {ms:.3f} ms, fixed tile {fixed:.3f} "
+                      f"(floor {floor:.3f}; "
                       f"engine picks {picks['engine_full_width']} at full width)")  # fmt: skip
             layers = lens = q = None
             torch.cuda.empty_cache()

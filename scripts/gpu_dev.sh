@@ -15,8 +15,9 @@
 #                  4/16/64): does Qwen2-0.5B's down (896 outputs, 4,864 inputs) come nearer its floor?
 #   small-linear-rows  the same at 1, 4 and 8 rows, default launch
 #   decode-kernel  scripts/bench_decode_kernel.py: decode attention, one pass vs split-KV vs gather
-#   decode-splits  the same at forced splits 1-8 over batches 1-128 and contexts 512-4,096, beside the splits the
-#                  engine's decode graphs pick (decode_splits.csv): is the engine's split choice the fastest?
+#   decode-splits  the same at forced splits 1-16 over batches 1-128 and contexts 512-4,096, beside the splits the
+#                  engine's decode graphs pick (decode_splits.csv): is the engine's split choice the fastest? Each
+#                  split count runs under the device's measured launch and the fixed 64-key tile it replaced (5f422f8)
 #   small-batch-step  scripts/bench_small_batch_step.py: an engine decode step at batch 1, 4 and 8 with its blocks
 #                  through small_linear (models/small_batch.py) against the default and fused_rope_kv_write alone
 #   spec-engine    the engine's speculative mode on the device (tests/test_engine_speculation.py, CPU and GPU tests)

@@ -259,13 +259,24 @@ def sm_count(device) -> int | None:
 
 
 def triton_decode(
-    q, k_pool, v_pool, block_tables, context_lens, scale: float, *, splits: int | None = None, min_split_keys=None
+    q,
+    k_pool,
+    v_pool,
+    block_tables,
+    context_lens,
+    scale: float,
+    *,
+    splits: int | None = None,
+    min_split_keys=None,
+    split_launch_kw: dict | None = None,
 ) -> torch.Tensor:
     """Same contract as ``decode.gather_decode``: q [B, H, D] -> [B, H, D].
 
     ``splits``: programs per (sequence, KV head); None chooses from the batch, the KV heads, the block-table
     width (the longest context the step can hold) and the GPU's SM count (``split_kv.decode_splits``).
-    ``min_split_keys``: the shortest chunk one split walks (tests set it small to split short contexts)."""
+    ``min_split_keys``: the shortest chunk one split walks (tests set it small to split short contexts).
+    ``split_launch_kw``: the split programs' launch (KEYS and Triton's num_warps / num_stages) instead of
+    ``split_launch``'s, for a bench that times two launches in one process."""
     b, heads, d = q.shape
     _, block_size, kv_heads, d_k = k_pool.shape
     if d != d_k:
@@ -295,7 +306,7 @@ def triton_decode(
     lse = torch.empty(b, heads, splits, dtype=torch.float32, device=q.device)
     _launch(
         _paged_decode_kernel, q, k_pool, v_pool, block_tables, context_lens, part, lse, scale, splits,
-        MIN_KEYS=min_keys, **split_launch(_key(heads, kv_heads, d, block_size, q.dtype), min_keys),
+        MIN_KEYS=min_keys, **(split_launch_kw or split_launch(_key(heads, kv_heads, d, block_size, q.dtype), min_keys)),
     )  # fmt: skip
     _merge(part, lse, out)
     return out
