@@ -287,3 +287,27 @@ def test_cli_exit_status_follows_the_failure_rate(tmp_path, capsys):
         assert main(["--base-url", url, *args, "--max-failure-rate", "2"]) == 2
     assert main(["--base-url", "http://127.0.0.1:9", *args]) == 1  # nothing completed
     assert "no request completed" in capsys.readouterr().err
+
+
+def test_the_records_cut_exactly_at_the_deadline_however_late_the_client_cancelled():
+    """The client cancels when its event loop reaches the deadline, which a busy loop reaches late: the records
+    drop every token after the deadline and count a request that finished after it as cut, with the tokens it had."""
+    from servelab.loadgen.client import StreamResult
+    from servelab.loadgen.run import records_from_results
+
+    trace = Trace.synthetic(rate=float("inf"), lengths=FixedLengths(4, 5), n=4).with_prompt_ids(50)
+    t0 = 100.0
+    results = [
+        StreamResult(sent=t0, token_times=[t0 + x for x in (0.1, 0.2, 0.3)], finish=t0 + 0.3, ok=True),  # in time
+        StreamResult(sent=t0, token_times=[t0 + x for x in (0.4, 0.9, 1.05)], finish=t0 + 1.05, ok=True),  # late
+        StreamResult(sent=t0 + 0.5, token_times=[t0 + 1.02], finish=float("nan"), ok=False),  # first token late
+        StreamResult(sent=t0, error="HTTP 500: boom"),  # an error keeps its own message
+    ]
+    rec = records_from_results(trace, results, t0, deadline_s=1.0)
+    assert rec["ok"].tolist() == [True, False, False, False]
+    assert rec["output_tokens"].tolist() == [3, 2, 0, 0]
+    assert rec["error"].tolist()[1:] == [DEADLINE_ERROR, DEADLINE_ERROR, "HTTP 500: boom"]
+    assert rec["finish_s"].iloc[1] == pytest.approx(0.9) and pd.isna(rec["first_token_s"].iloc[2])
+    assert max(max(t) for t in rec["token_times_s"] if t) <= 1.0
+    # without a deadline nothing is cut
+    assert records_from_results(trace, results, t0)["ok"].tolist() == [True, True, False, False]
