@@ -34,13 +34,19 @@ COMPILE_OPTIONS = {"enable_fp_fusion": False}
 
 
 @triton.jit
+def _bf16_rne(x):
+    """float32 ``x`` rounded to bfloat16's nearest even value, still in float32 (exact in bfloat16): by hand, since
+    the interpreter truncates float32 -> bfloat16 (whatever fp_downcast_rounding says)."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _store(ptr, x, mask, elem: tl.constexpr, RNE_BY_HAND: tl.constexpr):
     """Store float32 ``x`` as ``elem``, rounded to nearest even (as ``Tensor.to`` and a GPU's cast round)."""
-    # the interpreter truncates float32 -> bfloat16 (whatever fp_downcast_rounding says): round by hand there
     if RNE_BY_HAND and elem == tl.bfloat16:
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        x = bits.to(tl.float32, bitcast=True)  # now exact in bfloat16: the cast below drops zeros
+        x = _bf16_rne(x)  # the cast below then drops zeros
     tl.store(ptr, x.to(elem), mask=mask)
 
 

@@ -49,7 +49,7 @@ import triton
 import triton.language as tl
 
 from servelab.errors import ParameterError
-from servelab.kernels.rope_kv_write import INTERPRETED, _check_caches, _check_step, _store
+from servelab.kernels.rope_kv_write import INTERPRETED, _bf16_rne, _check_caches, _check_step, _store
 from servelab.kernels.triton_decode import sm_count
 
 MAX_ROWS = 8  # rows (tokens) one launch takes; beyond it the matmul's weight reuse favours a real GEMM
@@ -267,13 +267,10 @@ def _rope_kv_finish(
 
 @triton.jit
 def _rounded(x, elem: tl.constexpr, RNE_BY_HAND: tl.constexpr):
-    """float32 ``x`` rounded to ``elem`` to nearest even (as the projection's output is stored), back in float32.
-    The rounding ``rope_kv_write._store`` does before it stores; that module is measuring code, so ``_store`` takes
-    this helper after the campaign (issue 27) rather than now."""
-    if RNE_BY_HAND and elem == tl.bfloat16:  # the interpreter truncates float32 -> bfloat16: round by hand there
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        return bits.to(tl.float32, bitcast=True)
+    """float32 ``x`` rounded to ``elem`` to nearest even (as the projection's output is stored), back in float32:
+    the rounding ``rope_kv_write._store`` does before it stores."""
+    if RNE_BY_HAND and elem == tl.bfloat16:
+        return _bf16_rne(x)
     return x.to(elem).to(tl.float32)
 
 
