@@ -30,7 +30,7 @@ import torch
 
 from servelab.kernels.decode import gather_decode
 from servelab.kernels.split_kv import decode_splits
-from servelab.kernels.triton_decode import sm_count, triton_decode, tune_triton_decode
+from servelab.kernels.triton_decode import KEYS_PER_ITER, sm_count, triton_decode, tune_triton_decode
 
 POINTS = ((1, 128), (1, 16384), (64, 512))
 SWEEP_BATCHES = (1, 8, 16, 32, 64, 128)
@@ -153,7 +153,7 @@ def pick_losses(rows: pd.DataFrame, picks=("engine_full_width", "exact_width", "
 
 # the split programs' launch before 5f422f8: a fixed 64-key tile at Triton's default warps and stages, timed beside
 # the device's measured launch that they take since (split_launch), so one sweep shows what the change bought
-FIXED_SPLIT_LAUNCH = {"KEYS": 64}
+FIXED_SPLIT_LAUNCH = {"KEYS": KEYS_PER_ITER}
 
 
 def _step(layers, lens, q, scale: float, splits: int, launch: dict | None = None) -> list:
@@ -185,8 +185,7 @@ def sweep_splits(args, device, gb_s: float) -> list[dict]:
                 rows.append({"batch": batch, "context": context, "splits": splits, "ms": ms, "fixed_tile_ms": fixed,
                              "floor_ms": floor, "sms": sms, **picks})  # fmt: skip
                 print(f"batch {batch:>3} ctx {context:>5} splits {splits}: {ms:.3f} ms, fixed tile {fixed:.3f} "
-                      f"(floor {floor:.3f}; "
-                      f"engine picks {picks['engine_full_width']} at full width)")  # fmt: skip
+                      f"(floor {floor:.3f}; engine picks {picks['engine_full_width']} at full width)")  # fmt: skip
             layers = lens = q = None
             torch.cuda.empty_cache()
     return rows
