@@ -32,12 +32,11 @@ row is a few KiB and sits in L2. Every intermediate rounds to the activation dty
 (``h + delta``; RMSNorm's normalised row before the weight multiplies, as ``layers.norm.rms_norm``; SiLU(gate)
 before ``· up``), so the result differs from the unfused chain only in the order of the sums.
 
-Not in the engine yet. Wiring it in (``models.llama``'s block functions) moves every study's measurement
-fingerprint, so it waits for the evidence campaign (issue 27) to finish. The block functions that call these
-kernels need no ``torch.compile``: the kernels are the fusion Inductor would do, and the step's CUDA graph captures
-them as it captures ``rope_kv_write``, which the blocks also call outside their compiled functions. Until then
-``scripts/bench_small_linear.py`` times it against the engine's chain on a GPU, and the tests check it under
-Triton's interpreter on a CPU.
+In the engine since issue 29's item 5: ``models.small_batch`` runs a Llama/Qwen2 block through these kernels at
+one row, where ``EngineConfig.small_batch`` says (on by default where ``fused_rope_kv_write`` is). The block
+functions that call them need no ``torch.compile``: the kernels are the fusion Inductor would do, and the step's
+CUDA graph captures them as it captures ``rope_kv_write``. ``scripts/bench_small_linear.py`` times them against the
+engine's unfused chain on a GPU, and the tests check them under Triton's interpreter on a CPU.
 """
 
 from __future__ import annotations
