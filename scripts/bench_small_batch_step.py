@@ -17,6 +17,7 @@ rows whose greedy token agrees). Writes one row per (shape, batch, path) and the
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from contextlib import contextmanager
@@ -38,13 +39,29 @@ from servelab.models import ModelShape, load_model  # noqa: E402
 from servelab.models.small_batch import use_small_linear, uses_small_linear  # noqa: E402
 
 SHAPES = ["qwen2-0.5b", "qwen2-0.5b-vocab128k"]
-PATHS = {  # name: (fused_rope_kv_write, small_linear blocks: None, "blocks", or "rope_in_qkv" too)
-    "unfused": (False, None),  # the engine's default until issue 29
-    "fused_rope_kv_write": (True, None),
-    "small_linear": (True, "blocks"),
+PATHS = {  # name: (fused_rope_kv_write, small_linear blocks: None, "blocks", or "rope_in_qkv" too; PDL)
+    "unfused": (False, None, False),  # the engine's default until issue 29
+    "fused_rope_kv_write": (True, None, False),
+    "small_linear": (True, "blocks", False),
     # RoPE and the pool write in the qkv launch (small_linear.norm_linear_rope_kv): five launches a layer, not six
-    "small_linear_rope_in_qkv": (True, "rope_in_qkv"),
+    "small_linear_rope_in_qkv": (True, "rope_in_qkv", False),
+    # the same with programmatic dependent launch: each small_linear launch reads its first weight tile while the
+    # launch before it drains (Hopper or later; a CPU has none, so the smoke run leaves it out)
+    "small_linear_rope_in_qkv_pdl": (True, "rope_in_qkv", True),
 }
+
+
+@contextmanager
+def pdl_launches(on: bool):
+    """While on, every small_linear launch that names no ``pdl`` of its own takes it (the module's default)."""
+    import servelab.kernels.small_linear as small_linear
+
+    real = small_linear.default_pdl
+    small_linear.default_pdl = (lambda device: True) if on else real
+    try:
+        yield
+    finally:
+        small_linear.default_pdl = real
 
 
 @contextmanager
@@ -77,8 +94,12 @@ def bench_shape(name: str, batches, context: int, device, dtype, copy_gb_s: floa
     for batch in batches:
         floor_ms = shape.decode_bytes(batch, context) / (copy_gb_s * 1e9) * 1e3
         reference = None
-        for path, (fused, small) in PATHS.items():
+        for path, (fused, small, pdl) in PATHS.items():
+            if pdl and not cuda:
+                continue
             row = dict(shape=name, batch=batch, context=context, path=path, floor_ms=floor_ms, status="ok")
+            stack = contextlib.ExitStack()
+            stack.enter_context(pdl_launches(pdl))  # for the build's capture and any eager launch after it
             try:
                 with small_blocks(small):
                     # small_batch off where the path has none: the engine's own switch would add it to the fused path
@@ -100,6 +121,7 @@ def bench_shape(name: str, batches, context: int, device, dtype, copy_gb_s: floa
             except Exception as e:  # noqa: BLE001 - a path that fails is a row, and the others still run
                 row |= error_fields(e)
             finally:
+                stack.close()
                 fn = engine = None
                 if cuda:
                     torch.cuda.empty_cache()

@@ -154,6 +154,7 @@ def _small_linear(
     KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     RNE_BY_HAND: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -165,28 +166,30 @@ def _small_linear(
         cols = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     ks = tl.arange(0, BLOCK_K)
+    # split s walks reduction steps [s·STEPS, (s + 1)·STEPS) (a constexpr count: the interpreter and the compiler
+    # both take it); with one split that is the whole reduction. Its first weight tile is read before anything the
+    # previous launch writes: with PDL this launch starts while the previous one drains, and the weights are the
+    # bytes it costs (the pattern of CUTLASS's weight-prefetch example, at a GEMV's scale).
+    kk_first = split * STEPS * BLOCK_K + ks
+    w_first = _weight_tile(W, cols, col_ok, kk_first, K, stride_w)
+    if PDL:
+        tl.extra.cuda.gdc_wait()  # the previous launch has finished and its writes are visible
+        tl.extra.cuda.gdc_launch_dependents()  # the next may start its own weight reads once every program is here
     if PROLOGUE == 1:  # RMSNorm needs each row's mean square before the first product
         inv_rms = _inv_rms(X, D, M, K, stride_x, stride_d, eps, HAS_DELTA, BLOCK_M, BLOCK_K)
     else:
         inv_rms = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    # split s walks reduction steps [s·STEPS, (s + 1)·STEPS) (a constexpr count: the interpreter and the compiler
-    # both take it); with one split that is the whole reduction
-    for step in range(0, STEPS):
+    acc = _accumulate(
+        acc, w_first, X, D, H, NW, inv_rms, rows, pid, M, K, kk_first, stride_x, stride_d, stride_h, elem,
+        PROLOGUE, HAS_DELTA, BLOCK_M, BLOCK_K,
+    )  # fmt: skip
+    for step in range(1, STEPS):
         kk = (split * STEPS + step) * BLOCK_K + ks
-        k_ok = kk < K
-        # the weight tile is read once per step of the reduction, whatever the rows: at a few rows the launch
-        # costs its weight bytes, as at one (a [rows, outputs, inputs] product tile would shrink BLOCK_K instead)
-        w = tl.load(W + cols[:, None] * stride_w + kk[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        wf = w.to(tl.float32)
-        nw = tl.load(NW + kk, mask=k_ok, other=0.0).to(tl.float32) if PROLOGUE == 1 else wf
-        for m in tl.static_range(BLOCK_M):
-            a = _input_row(
-                X, D, H, nw, inv_rms, m, rows, pid, M, K, kk, k_ok, stride_x, stride_d, stride_h, elem,
-                PROLOGUE, HAS_DELTA, BLOCK_K,
-            )  # fmt: skip
-            part = tl.sum(wf * a.to(tl.float32)[None, :], axis=1)
-            acc = tl.where(rows[:, None] == m, acc + part[None, :], acc)
+        acc = _accumulate(
+            acc, _weight_tile(W, cols, col_ok, kk, K, stride_w), X, D, H, NW, inv_rms, rows, pid, M, K, kk,
+            stride_x, stride_d, stride_h, elem, PROLOGUE, HAS_DELTA, BLOCK_M, BLOCK_K,
+        )  # fmt: skip
     out_ok = (rows < M)[:, None] & col_ok[None, :]
     if SPLIT_K != 1:  # the tile's last split to finish sums every split's partial, in split order: the same sums
         last, acc = _merge_splits(PART, COUNT, acc, pid, split, rows, cols, out_ok, N, SPLIT_K, BLOCK_M)
@@ -203,6 +206,33 @@ def _small_linear(
             _finish(B, Y, acc, rows, cols, col_ok, out_ok, stride_y, HAS_BIAS)
         if SPLIT_K != 1:
             tl.store(COUNT + pid, 0)  # ready for the next launch, and the next graph replay
+
+
+@triton.jit
+def _weight_tile(W, cols, col_ok, kk, K, stride_w):
+    """The weight tile of outputs ``cols`` at inputs ``kk``: read once per step of the reduction, whatever the rows,
+    so at a few rows the launch costs its weight bytes, as at one (a [rows, outputs, inputs] product tile would
+    shrink BLOCK_K instead)."""
+    return tl.load(W + cols[:, None] * stride_w + kk[None, :], mask=col_ok[:, None] & (kk < K)[None, :], other=0.0)
+
+
+@triton.jit
+def _accumulate(
+    acc, w, X, D, H, NW, inv_rms, rows, pid, M, K, kk, stride_x, stride_d, stride_h, elem: tl.constexpr,
+    PROLOGUE: tl.constexpr, HAS_DELTA: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    """``acc`` plus every row's product with weight tile ``w`` at inputs ``kk``, the prologue applied to the rows."""
+    k_ok = kk < K
+    wf = w.to(tl.float32)
+    nw = tl.load(NW + kk, mask=k_ok, other=0.0).to(tl.float32) if PROLOGUE == 1 else wf
+    for m in tl.static_range(BLOCK_M):
+        a = _input_row(
+            X, D, H, nw, inv_rms, m, rows, pid, M, K, kk, k_ok, stride_x, stride_d, stride_h, elem,
+            PROLOGUE, HAS_DELTA, BLOCK_K,
+        )  # fmt: skip
+        part = tl.sum(wf * a.to(tl.float32)[None, :], axis=1)
+        acc = tl.where(rows[:, None] == m, acc + part[None, :], acc)
+    return acc
 
 
 @triton.jit
@@ -332,6 +362,17 @@ def default_split(tiles: int, steps: int, device) -> int:
     return steps if sms is not None and steps > 1 and tiles < 2 * sms else 1
 
 
+def supports_pdl(device) -> bool:
+    """Programmatic dependent launch (a launch that may start while the one before it drains): Hopper and later."""
+    device = torch.device(device)
+    return not INTERPRETED and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def default_pdl(device) -> bool:
+    """Off until measured (issue 29): ``scripts/bench_small_linear.py --pdl`` times the chain both ways."""
+    return False
+
+
 def _check(x: torch.Tensor, w: torch.Tensor, k: int, what: str) -> None:
     if x.dim() != 2 or w.dim() != 2:
         raise ParameterError(f"{what}: input and weight must be 2-D, got {tuple(x.shape)} and {tuple(w.shape)}")
@@ -361,9 +402,14 @@ class RopeKV(NamedTuple):
 
 def _run(
     prologue, x, w, bias=None, delta=None, h_out=None, norm_w=None, eps=0.0, k=None, block_n=None, num_warps=4,
-    split_k=None, rope: RopeKV | None = None,
+    split_k=None, rope: RopeKV | None = None, pdl=None,
 ):  # fmt: skip
     m, n, k = x.shape[0], w.shape[0], k or x.shape[1]
+    pdl = default_pdl(x.device) if pdl is None else pdl
+    if not isinstance(pdl, bool):
+        raise ParameterError(f"pdl must be True or False, got {pdl!r}")
+    if pdl and not supports_pdl(x.device):
+        raise ParameterError(f"pdl needs a CUDA GPU of compute capability 9.0 or later, got {x.device}")
     if rope is None:
         y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     else:  # the rotated q only: k and v go to the pool
@@ -422,7 +468,9 @@ def _run(
         KV_HEADS=heads[1],
         HEAD_DIM=heads[2],
         RNE_BY_HAND=INTERPRETED,
+        PDL=pdl,
         num_warps=num_warps,
+        **({"launch_pdl": True} if pdl else {}),
     )
     return y
 
