@@ -61,7 +61,7 @@
 # Use it when scripts/gpu_run.sh refuses the card (exit 3):
 #   scripts/gpu_run.sh JOBS || { rc=$?; [ $rc -ne 3 ] && exit $rc; scripts/gpu_dev.sh staged small-linear; }
 set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"  # exported: a task may run its commands in a child shell
 export PYTHONPATH=$PWD/lib PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 run() {  # run TASK SECONDS COMMAND...: the command under a time limit, its output in $OUT/TASK.log
