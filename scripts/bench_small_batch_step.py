@@ -46,22 +46,24 @@ PATHS = {  # name: (fused_rope_kv_write, small_linear blocks: None, "blocks", or
     # RoPE and the pool write in the qkv launch (small_linear.norm_linear_rope_kv): five launches a layer, not six
     "small_linear_rope_in_qkv": (True, "rope_in_qkv", False),
     # the same with programmatic dependent launch: each small_linear launch reads its first weight tile while the
-    # launch before it drains (Hopper or later; a CPU has none, so the smoke run leaves it out)
+    # launch before it drains, and decode attention starts while the qkv launch drains (Hopper or later; a CPU has
+    # none, so the smoke run leaves it out)
     "small_linear_rope_in_qkv_pdl": (True, "rope_in_qkv", True),
 }
 
 
 @contextmanager
 def pdl_launches(on: bool):
-    """While on, every small_linear launch that names no ``pdl`` of its own takes it (the module's default)."""
-    import servelab.kernels.small_linear as small_linear
+    """While on, every launch that takes PDL (``kernels.pdl``: small_linear's, decode attention's) and names no
+    ``pdl`` of its own takes it."""
+    from servelab.kernels import pdl
 
-    real = small_linear.default_pdl
-    small_linear.default_pdl = (lambda device: True) if on else real
+    real = pdl.ON
+    pdl.ON = on
     try:
         yield
     finally:
-        small_linear.default_pdl = real
+        pdl.ON = real
 
 
 @contextmanager

@@ -170,9 +170,10 @@ def test_the_reduction_splits_by_default_only_where_output_tiles_are_few(monkeyp
 PDL_CHECK = textwrap.dedent(
     """
     import torch
-    from servelab.kernels.small_linear import linear, norm_linear, silu_mul_linear, supports_pdl
+    from servelab.kernels import pdl
+    from servelab.kernels.small_linear import linear, norm_linear, silu_mul_linear
 
-    assert supports_pdl("cuda"), torch.cuda.get_device_name()
+    assert pdl.supported("cuda"), torch.cuda.get_device_name()
     g = torch.Generator(device="cuda").manual_seed(0)
     r = lambda *s: torch.randn(*s, generator=g, device="cuda", dtype=torch.bfloat16) * 0.1
     layers = [dict(nw=1 + r(896), qkv=r(1152, 896), b=r(1152), o=r(896, 896), gu=r(9728, 896), down=r(896, 4864))

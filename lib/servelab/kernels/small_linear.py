@@ -48,6 +48,7 @@ import triton
 import triton.language as tl
 
 from servelab.errors import ParameterError
+from servelab.kernels import pdl as pdl_launch
 from servelab.kernels.rope_kv_write import INTERPRETED, _bf16_rne, _check_caches, _check_step, _store
 from servelab.kernels.triton_decode import sm_count
 
@@ -362,17 +363,6 @@ def default_split(tiles: int, steps: int, device) -> int:
     return steps if sms is not None and steps > 1 and tiles < 2 * sms else 1
 
 
-def supports_pdl(device) -> bool:
-    """Programmatic dependent launch (a launch that may start while the one before it drains): Hopper and later."""
-    device = torch.device(device)
-    return not INTERPRETED and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
-
-
-def default_pdl(device) -> bool:
-    """Off until measured (issue 29): ``scripts/bench_small_linear.py --pdl`` times the chain both ways."""
-    return False
-
-
 def _check(x: torch.Tensor, w: torch.Tensor, k: int, what: str) -> None:
     if x.dim() != 2 or w.dim() != 2:
         raise ParameterError(f"{what}: input and weight must be 2-D, got {tuple(x.shape)} and {tuple(w.shape)}")
@@ -405,11 +395,7 @@ def _run(
     split_k=None, rope: RopeKV | None = None, pdl=None,
 ):  # fmt: skip
     m, n, k = x.shape[0], w.shape[0], k or x.shape[1]
-    pdl = default_pdl(x.device) if pdl is None else pdl
-    if not isinstance(pdl, bool):
-        raise ParameterError(f"pdl must be True or False, got {pdl!r}")
-    if pdl and not supports_pdl(x.device):
-        raise ParameterError(f"pdl needs a CUDA GPU of compute capability 9.0 or later, got {x.device}")
+    pdl = pdl_launch.wanted(x.device, pdl)
     if rope is None:
         y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     else:  # the rotated q only: k and v go to the pool
@@ -470,7 +456,7 @@ def _run(
         RNE_BY_HAND=INTERPRETED,
         PDL=pdl,
         num_warps=num_warps,
-        **({"launch_pdl": True} if pdl else {}),
+        **pdl_launch.launch_kw(pdl),
     )
     return y
 
@@ -481,7 +467,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
     (``default_split``'s choice by default):
     programs per output tile, each over its share of the reduction, for a matrix with few outputs and many inputs
     (Qwen2-0.5B's down, 896 × 4,864, ran at 2.6× its floor on an H100 with the outputs alone split); the tile's
-    last split to finish adds the partials in split order, so the result is the same every run."""
+    last split to finish adds the partials in split order, so the result is the same every run; and ``pdl``
+    (programmatic dependent launch, ``kernels.pdl``: its ``ON`` by default)."""
     _check(x, w, x.shape[-1], "linear")
     return _run(PLAIN, x, w, bias, **launch_kw)
 

@@ -1,0 +1,47 @@
+"""Programmatic dependent launch (PDL): a launch that may start while the one before it on the stream drains.
+
+Why: in a batch-1 decode step every launch is short (a few µs), and each pays its start-up and its first reads
+after the launch before it has finished. With PDL (Hopper and later) a kernel launched with ``launch_pdl=True`` may
+start once every program of the one before has called ``gdc_launch_dependents`` (or exited); it reads what does not
+depend on that launch (a linear layer's weights) and then calls ``gdc_wait``, which returns when the launch before
+has finished and its writes are visible. A kernel must write nothing before its wait: a buffer it writes may be one
+the launch before is still reading. CUDA graphs capture the dependency as a programmatic edge.
+
+The kernels that take it (``small_linear``, ``triton_decode``) have a ``PDL`` constexpr and take ``pdl=`` per call;
+``None`` means this module's ``ON``, off until measured on the H200 (issue 29: ``scripts/gpu_dev.sh pdl``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from servelab.errors import ParameterError
+
+ON = False  # the default of every launch that names none; benches switch it
+
+
+def supported(device) -> bool:
+    """Hopper (compute capability 9.0) or later, compiled (Triton's interpreter has no such launch)."""
+    import os
+
+    device = torch.device(device)
+    if os.environ.get("TRITON_INTERPRET") == "1" or device.type != "cuda":
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def wanted(device, pdl: bool | None) -> bool:
+    """Whether a launch on ``device`` takes PDL: ``pdl`` as given (refused where the device has none), or ``ON`` where
+    the device has it."""
+    if pdl is None:
+        return ON and supported(device)
+    if not isinstance(pdl, bool):
+        raise ParameterError(f"pdl must be True or False, got {pdl!r}")
+    if pdl and not supported(device):
+        raise ParameterError(f"pdl needs a CUDA GPU of compute capability 9.0 or later, compiled, got {device}")
+    return pdl
+
+
+def launch_kw(pdl: bool) -> dict:
+    """The launch option that asks for PDL (none without it, so older Triton builds see no new option)."""
+    return {"launch_pdl": True} if pdl else {}
