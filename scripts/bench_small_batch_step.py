@@ -17,7 +17,6 @@ rows whose greedy token agrees). Writes one row per (shape, batch, path) and the
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 from contextlib import contextmanager
@@ -39,7 +38,7 @@ from servelab.models import ModelShape, load_model  # noqa: E402
 from servelab.models.small_batch import use_small_linear, uses_small_linear  # noqa: E402
 
 SHAPES = ["qwen2-0.5b", "qwen2-0.5b-vocab128k"]
-PATHS = {  # name: (fused_rope_kv_write, small_linear blocks: None, "blocks", or "rope_in_qkv" too; PDL)
+PATHS = {  # name: (fused_rope_kv_write, small_linear blocks: None, "blocks", or "rope_in_qkv" too; EngineConfig.pdl)
     "unfused": (False, None, False),  # the engine's default until issue 29
     "fused_rope_kv_write": (True, None, False),
     "small_linear": (True, "blocks", False),
@@ -50,20 +49,6 @@ PATHS = {  # name: (fused_rope_kv_write, small_linear blocks: None, "blocks", or
     # none, so the smoke run leaves it out)
     "small_linear_rope_in_qkv_pdl": (True, "rope_in_qkv", True),
 }
-
-
-@contextmanager
-def pdl_launches(on: bool):
-    """While on, every launch that takes PDL (``kernels.pdl``: small_linear's, decode attention's) and names no
-    ``pdl`` of its own takes it."""
-    from servelab.kernels import pdl
-
-    real = pdl.ON
-    pdl.ON = on
-    try:
-        yield
-    finally:
-        pdl.ON = real
 
 
 @contextmanager
@@ -100,14 +85,13 @@ def bench_shape(name: str, batches, context: int, device, dtype, copy_gb_s: floa
             if pdl and not cuda:
                 continue
             row = dict(shape=name, batch=batch, context=context, path=path, floor_ms=floor_ms, status="ok")
-            stack = contextlib.ExitStack()
-            stack.enter_context(pdl_launches(pdl))  # for the build's capture and any eager launch after it
             try:
                 with small_blocks(small):
                     # small_batch off where the path has none: the engine's own switch would add it to the fused path
                     fn, before = engine_step(
-                        hf, batch, 1, context, compile=cuda, fused_rope_kv_write=fused, small_batch=small is not None
-                    )
+                        hf, batch, 1, context, compile=cuda, fused_rope_kv_write=fused, small_batch=small is not None,
+                        pdl=pdl,
+                    )  # fmt: skip
                 engine = fn.engine
                 t = time_fn(fn, warmup=3, repeats=repeats, device=device, before_each=before)
                 row |= dict(ms=t.median_ms, p25_ms=t.p25_ms, p75_ms=t.p75_ms, of_floor=floor_ms / t.median_ms)
@@ -123,7 +107,6 @@ def bench_shape(name: str, batches, context: int, device, dtype, copy_gb_s: floa
             except Exception as e:  # noqa: BLE001 - a path that fails is a row, and the others still run
                 row |= error_fields(e)
             finally:
-                stack.close()
                 fn = engine = None
                 if cuda:
                     torch.cuda.empty_cache()
