@@ -37,6 +37,10 @@ one row, where ``EngineConfig.small_batch`` says (on by default where ``fused_ro
 functions that call them need no ``torch.compile``: the kernels are the fusion Inductor would do, and the step's
 CUDA graph captures them as it captures ``rope_kv_write``. ``scripts/bench_small_linear.py`` times them against the
 engine's unfused chain on a GPU, and the tests check them under Triton's interpreter on a CPU.
+
+With programmatic dependent launch (``kernels.pdl``, ``EngineConfig.pdl``) a launch reads its first weight tile
+before it waits on the launch before it, so a layer's weights stream in while the previous launch drains: on an H100
+it took Qwen2-0.5B's 24 layers of linear work at one row from 0.503 to 0.424 ms, the same bits.
 """
 
 from __future__ import annotations
@@ -468,7 +472,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None, *
     programs per output tile, each over its share of the reduction, for a matrix with few outputs and many inputs
     (Qwen2-0.5B's down, 896 × 4,864, ran at 2.6× its floor on an H100 with the outputs alone split); the tile's
     last split to finish adds the partials in split order, so the result is the same every run; and ``pdl``
-    (programmatic dependent launch, ``kernels.pdl``: its ``ON`` by default)."""
+    (programmatic dependent launch, ``kernels.pdl``: the calling context's choice by default)."""
     _check(x, w, x.shape[-1], "linear")
     return _run(PLAIN, x, w, bias, **launch_kw)
 

@@ -288,7 +288,8 @@ def triton_decode(
     ``min_split_keys``: the shortest chunk one split walks (tests set it small to split short contexts).
     ``split_launch_kw``: the split programs' launch (KEYS and Triton's num_warps / num_stages) instead of
     ``split_launch``'s, for a bench that times two launches in one process.
-    ``pdl``: the attention launch takes programmatic dependent launch (``kernels.pdl``; its ``ON`` when None)."""
+    ``pdl``: the attention launch takes programmatic dependent launch (``kernels.pdl``; the calling context's
+    choice when None)."""
     b, heads, d = q.shape
     _, block_size, kv_heads, d_k = k_pool.shape
     if d != d_k:
