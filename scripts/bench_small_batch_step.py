@@ -38,12 +38,16 @@ from servelab.models import ModelShape, load_model  # noqa: E402
 from servelab.models.small_batch import use_small_linear, uses_small_linear  # noqa: E402
 
 SHAPES = ["qwen2-0.5b", "qwen2-0.5b-vocab128k"]
-PATHS = {  # name: (fused_rope_kv_write, small_linear blocks: None, "blocks", or "rope_in_qkv" too)
-    "unfused": (False, None),  # the engine's default until issue 29
-    "fused_rope_kv_write": (True, None),
-    "small_linear": (True, "blocks"),
+PATHS = {  # name: (fused_rope_kv_write, small_linear blocks: None, "blocks", or "rope_in_qkv" too; EngineConfig.pdl)
+    "unfused": (False, None, False),  # the engine's default until issue 29
+    "fused_rope_kv_write": (True, None, False),
+    "small_linear": (True, "blocks", False),
     # RoPE and the pool write in the qkv launch (small_linear.norm_linear_rope_kv): five launches a layer, not six
-    "small_linear_rope_in_qkv": (True, "rope_in_qkv"),
+    "small_linear_rope_in_qkv": (True, "rope_in_qkv", False),
+    # the same with programmatic dependent launch: each small_linear launch reads its first weight tile while the
+    # launch before it drains, and decode attention starts while the qkv launch drains (Hopper or later; a CPU has
+    # none, so the smoke run leaves it out)
+    "small_linear_rope_in_qkv_pdl": (True, "rope_in_qkv", True),
 }
 
 
@@ -77,14 +81,17 @@ def bench_shape(name: str, batches, context: int, device, dtype, copy_gb_s: floa
     for batch in batches:
         floor_ms = shape.decode_bytes(batch, context) / (copy_gb_s * 1e9) * 1e3
         reference = None
-        for path, (fused, small) in PATHS.items():
+        for path, (fused, small, pdl) in PATHS.items():
+            if pdl and not cuda:
+                continue
             row = dict(shape=name, batch=batch, context=context, path=path, floor_ms=floor_ms, status="ok")
             try:
                 with small_blocks(small):
                     # small_batch off where the path has none: the engine's own switch would add it to the fused path
                     fn, before = engine_step(
-                        hf, batch, 1, context, compile=cuda, fused_rope_kv_write=fused, small_batch=small is not None
-                    )
+                        hf, batch, 1, context, compile=cuda, fused_rope_kv_write=fused, small_batch=small is not None,
+                        pdl=pdl,
+                    )  # fmt: skip
                 engine = fn.engine
                 t = time_fn(fn, warmup=3, repeats=repeats, device=device, before_each=before)
                 row |= dict(ms=t.median_ms, p25_ms=t.p25_ms, p75_ms=t.p75_ms, of_floor=floor_ms / t.median_ms)

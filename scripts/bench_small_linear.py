@@ -14,6 +14,7 @@ device-to-device copy bandwidth measured in the same run (``measure.ceilings``).
 
     python scripts/bench_small_linear.py --out small_linear.csv              # Qwen2-0.5B and Llama-3-8B shapes
     python scripts/bench_small_linear.py --out sweep.csv --sweep --rows 1   # + every launch of SWEEP
+    python scripts/bench_small_linear.py --out pdl.csv --pdl --rows 1       # + the default launch with PDL
     TRITON_INTERPRET=1 python scripts/bench_small_linear.py --smoke --out x.csv   # on a CPU: does it run? (a test)
 
 Writes one CSV row per (shape, rows, path) and the device record beside it (``<out>.device.json``); a
@@ -111,13 +112,15 @@ SWEEPS = {None: [], "launches": SWEEP, "split": SPLIT_SWEEP, "all": SWEEP + SPLI
 
 
 def label(kw: dict) -> str:
+    if kw == {"pdl": True}:
+        return " (pdl)"
     if not kw:
         return ""
     split = f", split_k {kw['split_k']}" if kw.get("split_k", 1) > 1 else ""
     return f" (block_n {kw['block_n']}, {kw['num_warps']} warps{split})"
 
 
-def bench_shape(name, rows, device, dtype, copy_gb_s, ops, sweep):
+def bench_shape(name, rows, device, dtype, copy_gb_s, ops, sweep, pdl=False):
     hidden, inter, q_dim, kv_dim, bias, n_layers = (SHAPES | TINY)[name]
     layers = layer_weights(hidden, inter, q_dim, kv_dim, bias, n_layers, device, dtype)
     weight_bytes = sum(t.numel() * t.element_size() for w in layers for t in w.values() if t is not None)
@@ -129,7 +132,8 @@ def bench_shape(name, rows, device, dtype, copy_gb_s, ops, sweep):
     paths = {"engine eager": lambda: engine_step(layers, h, delta, attn)}
     if device.type == "cuda":  # Inductor on a CPU would build C++ for minutes: the smoke test leaves it out
         paths["engine compiled"] = lambda: engine_step(layers, h, delta, attn, pre, post)
-    for kw in [{}] + SWEEPS[sweep]:
+    launches = [{}] + ([{"pdl": True}] if pdl else []) + SWEEPS[sweep]
+    for kw in launches:
         paths["fused" + label(kw)] = lambda kw=kw: fused_step(layers, h, delta, attn, **kw)
     want = paths["engine eager"]()
     where = dict(shape=name, rows=rows, layers=n_layers)
@@ -144,7 +148,7 @@ def bench_shape(name, rows, device, dtype, copy_gb_s, ops, sweep):
             wts = [w[key] for w in layers]
             key_floor_ms = sum(t.numel() * t.element_size() for t in wts) / (copy_gb_s * 1e9) * 1e3
             calls = {"F.linear": F.linear} | {
-                "small_linear" + label(kw): lambda x, w, kw=kw: linear(x, w, **kw) for kw in [{}] + SWEEPS[sweep]
+                "small_linear" + label(kw): lambda x, w, kw=kw: linear(x, w, **kw) for kw in launches
             }
             out += [
                 timed_row(
@@ -174,6 +178,12 @@ def main(argv: list[str] | None = None) -> None:
         "too: 'split'), or both (the flag alone)",
     )
     p.add_argument(
+        "--pdl",
+        action="store_true",
+        help="also the default launch with programmatic dependent launch (Hopper or later): each launch reads its "
+        "first weight tile while the one before it drains",
+    )
+    p.add_argument(
         "--smoke", action="store_true", help="on a CPU under TRITON_INTERPRET=1: the tiny shape, float32, no timing"
     )
     args = p.parse_args(argv)
@@ -186,7 +196,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for name in args.shapes:
         for r in args.rows:
-            rows += bench_shape(name, r, device, dtype, ceilings.copy_gb_s, not args.no_ops, args.sweep)
+            rows += bench_shape(name, r, device, dtype, ceilings.copy_gb_s, not args.no_ops, args.sweep, args.pdl)
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     table = pd.DataFrame(rows)

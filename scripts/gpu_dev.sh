@@ -14,6 +14,8 @@
 #   small-linear-split  the same at 1 row with the reduction split over programs too (split_k 2/4/8 at block_n
 #                  4/16/64): does Qwen2-0.5B's down (896 outputs, 4,864 inputs) come nearer its floor?
 #   small-linear-rows  the same at 1, 4 and 8 rows, default launch
+#   pdl            small_linear with programmatic dependent launch: its GPU test (the same bits in a CUDA graph), the
+#                  24-layer chain at 1 row with and without it, and an engine decode step at batch 1 and 4 both ways
 #   decode-kernel  scripts/bench_decode_kernel.py: decode attention, one pass vs split-KV vs gather
 #   decode-splits  the same at forced splits 1-16 over batches 1-128 and contexts 512-4,096, beside the splits the
 #                  engine's decode graphs pick (decode_splits.csv): is the engine's split choice the fastest? Each
@@ -59,7 +61,7 @@
 # Use it when scripts/gpu_run.sh refuses the card (exit 3):
 #   scripts/gpu_run.sh JOBS || { rc=$?; [ $rc -ne 3 ] && exit $rc; scripts/gpu_dev.sh staged small-linear; }
 set -uo pipefail
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"  # exported: a task may run its commands in a child shell
 export PYTHONPATH=$PWD/lib PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 nvidia-smi --query-gpu=name,clocks.max.sm,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 run() {  # run TASK SECONDS COMMAND...: the command under a time limit, its output in $OUT/TASK.log
@@ -80,6 +82,9 @@ for task in "$@"; do
     small-linear) run "$task" 420 python3 scripts/bench_small_linear.py --out "$OUT/small_linear.csv" --sweep --rows 1 ;;
     small-linear-split) run "$task" 300 python3 scripts/bench_small_linear.py --out "$OUT/small_linear_split.csv" --sweep split --rows 1 ;;
     small-linear-rows) run "$task" 240 python3 scripts/bench_small_linear.py --out "$OUT/small_linear_rows.csv" ;;
+    pdl) run "$task" 420 bash -c 'python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_small_linear.py -k pdl \
+      && python3 scripts/bench_small_linear.py --out "$OUT/small_linear_pdl.csv" --pdl --rows 1 \
+      && python3 scripts/bench_small_batch_step.py --out "$OUT/small_batch_step_pdl.csv" --shapes qwen2-0.5b --batch 1 4' ;;
     decode-kernel) run "$task" 180 python3 scripts/bench_decode_kernel.py ;;
     decode-splits) run "$task" 240 python3 scripts/bench_decode_kernel.py --sweep-splits --out "$OUT/decode_splits.csv" ;;
     small-batch-step-check) run "$task" 300 python3 scripts/bench_small_batch_step.py --shapes qwen2-0.5b --batch 1 8 --out "$OUT/small_batch_step_check.csv" ;;

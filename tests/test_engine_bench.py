@@ -235,18 +235,23 @@ def test_the_unfused_rope_kv_rows_are_planned_beside_the_default_rows(monkeypatc
     with ``fused_rope_kv_write=False`` (the path the default replaced) as labelled rows; the default rows stay the
     default's ("auto", which is the fused kernel there)."""
     from servelab.bench import decode_rows
-    from servelab.bench.decode_rows import NO_SMALL_BATCH, UNFUSED_ROPE_KV, Variant, labelled_rows, variants
+    from servelab.bench.decode_rows import NO_PDL, NO_SMALL_BATCH, UNFUSED_ROPE_KV, Variant, labelled_rows, variants
 
     plan = bench.make_plan(bench.parse_args(["--quick", "--device", "cuda"]))
     monkeypatch.setattr(decode_rows, "fused_rope_kv_runs", lambda cuda: cuda)  # as on the H200
+    monkeypatch.setattr(decode_rows, "pdl_runs", lambda cuda: cuda)  # a Hopper GPU
     assert labelled_rows(plan, cuda=True) == {
         "decode_ms_b1_ctx128": "engine_default",
         "decode_ms_b1_ctx128_unfused_rope_kv": UNFUSED_ROPE_KV,
         "decode_ms_b1_ctx128_no_small_batch": NO_SMALL_BATCH,  # one-row points only: small_batch's
+        "decode_ms_b1_ctx128_no_pdl": NO_PDL,
         "decode_ms_b64_ctx512": "engine_default",
         "decode_ms_b64_ctx512_unfused_rope_kv": UNFUSED_ROPE_KV,
+        "decode_ms_b64_ctx512_no_pdl": NO_PDL,
         "decode_ms_b1_ctx16384": "engine_default",
     }
+    assert Variant(NO_PDL, "auto", "auto", pdl=False) in variants(plan, True, 64, 512)
+    assert step_engine_config(1, 1, 128, pdl=False).pdl is False and step_engine_config(1, 1, 128).pdl == "auto"
     timed = variants(plan, True, 64, 512)
     assert timed[0] == Variant("engine_default", "auto", "auto", "auto")  # the row's implementation: the default
     assert Variant(UNFUSED_ROPE_KV, "auto", "auto", False) in timed

@@ -52,6 +52,7 @@ _VARIANTS = {
     "fused_rope_kv": "fused RoPE + KV write, not the default",
     "unfused_rope_kv": "RoPE and the KV write apart, not the default",
     "no_small_batch": "the model's own blocks at one row, not the default",
+    "no_pdl": "launches without programmatic dependent launch, not the default",
 }
 
 

@@ -4,12 +4,14 @@
 (``engine_default``: attention backend and ``torch.compile`` on "auto"), labelled other settings of the engine
 (``engine_<backend>_eager``: blocks not compiled; ``engine_unfused_rope_kv``: the default with
 ``fused_rope_kv_write=False``, which also leaves ``small_batch`` off; ``engine_no_small_batch``: the default with
-``small_batch=False``), HF eager and HF in a CUDA graph. The row is the default's; at the plan's
-``fused_rope_kv_points`` the path the default replaced (RoPE in the compiled blocks, then the pool write) gets a
-labelled row of its own beside it, ``decode_ms_b{B}_ctx{C}_unfused_rope_kv``, and at its one-row points the model's
-own blocks in place of the small ones, ``decode_ms_b1_ctx{C}_no_small_batch`` (where the fused kernel runs, so
-that the default is the fused one: CUDA with Triton). Until issue 29 the default was unfused and the labelled row
-``_fused_rope_kv`` the fused one; older bench runs hold that row.
+``small_batch=False``; ``engine_no_pdl``: the default with ``pdl=False``), HF eager and HF in a CUDA graph. The
+row is the default's; at the plan's ``fused_rope_kv_points`` the path the default replaced (RoPE in the compiled
+blocks, then the pool write) gets a labelled row of its own beside it, ``decode_ms_b{B}_ctx{C}_unfused_rope_kv``,
+at its one-row points the model's own blocks in place of the small ones, ``decode_ms_b1_ctx{C}_no_small_batch``
+(where the fused kernel runs, so that the default is the fused one: CUDA with Triton), and where programmatic
+dependent launch runs (a Hopper GPU) the default's launches without it, ``decode_ms_b{B}_ctx{C}_no_pdl``. Until
+issue 29 the default was unfused and the labelled row ``_fused_rope_kv`` the fused one; older bench runs hold that
+row.
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ from servelab.bench.session import BenchSession
 NAN = float("nan")
 UNFUSED_ROPE_KV = "engine_unfused_rope_kv"
 NO_SMALL_BATCH = "engine_no_small_batch"
+NO_PDL = "engine_no_pdl"
 # a labelled row's implementation -> (its metric's suffix, the setting it changes: a sentence's words)
 SWITCH_ROWS = {
     UNFUSED_ROPE_KV: ("unfused_rope_kv", "fused_rope_kv_write=False"),
     NO_SMALL_BATCH: ("no_small_batch", "small_batch=False"),
+    NO_PDL: ("no_pdl", "pdl=False"),
 }
 
 
@@ -35,6 +39,7 @@ class Variant(NamedTuple):
     compile: object  # EngineConfig.compile
     fused_rope_kv_write: bool | str = "auto"  # EngineConfig.fused_rope_kv_write
     small_batch: bool | str = "auto"  # EngineConfig.small_batch
+    pdl: bool | str = "auto"  # EngineConfig.pdl
 
 
 def fused_rope_kv_runs(cuda: bool) -> bool:
@@ -46,6 +51,17 @@ def fused_rope_kv_runs(cuda: bool) -> bool:
     return cuda and engine_takes_it(torch.device("cuda"))
 
 
+def pdl_runs(cuda: bool) -> bool:
+    """Whether programmatic dependent launch can be timed here: the engine's own "auto" answer on CUDA."""
+    if not cuda:
+        return False
+    import torch
+
+    from servelab.kernels import pdl
+
+    return pdl.supported(torch.device("cuda"))
+
+
 def variants(plan: BenchPlan, cuda: bool, batch: int, ctx: int) -> list[Variant]:
     """Each implementation timed at one decode point; the first is the default configuration (the row's)."""
     from servelab.kernels.decode import DECODE_BACKENDS
@@ -55,6 +71,8 @@ def variants(plan: BenchPlan, cuda: bool, batch: int, ctx: int) -> list[Variant]
         out.append(Variant(UNFUSED_ROPE_KV, "auto", "auto", False))
         if batch <= 1:  # small_batch takes one-row steps only (models.small_batch.PAYS_UP_TO)
             out.append(Variant(NO_SMALL_BATCH, "auto", "auto", "auto", False))
+        if pdl_runs(cuda):
+            out.append(Variant(NO_PDL, "auto", "auto", pdl=False))
     if plan.extra_settings:
         backends = ["triton", "gather"] if cuda and "triton" in DECODE_BACKENDS else ["gather"]
         out += [Variant(f"engine_{b}_eager", b, False) for b in backends]
@@ -110,6 +128,7 @@ def step_callable(s: BenchSession, v: Variant, batch: int, ctx: int):
             compile=v.compile,
             fused_rope_kv_write=v.fused_rope_kv_write,
             small_batch=v.small_batch,
+            pdl=v.pdl,
         )
         st = fn.engine.stats()
         note = f"backend {st['attention_backend']}, graphs={st['cuda_graphs']}, compile {st['compile']}"
@@ -117,6 +136,8 @@ def step_callable(s: BenchSession, v: Variant, batch: int, ctx: int):
             note += ", fused RoPE + KV write"
         if st["small_batch"]:
             note += ", small-batch blocks"
+        if st["pdl"]:
+            note += ", PDL"
         if st["attention_backend"] == "triton":
             note += f", kernel {st['triton_tuning']}"
         return fn, before, note

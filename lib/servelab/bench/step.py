@@ -219,6 +219,7 @@ def step_engine_config(
     graphs: bool = True,
     fused_rope_kv_write: bool | str = "auto",
     small_batch: bool | str = "auto",
+    pdl: bool | str = "auto",
 ) -> EngineConfig:
     """The smallest engine that holds the step and its preparation, with CUDA graphs for exactly this step.
 
@@ -261,6 +262,7 @@ def step_engine_config(
         compile=compile,
         fused_rope_kv_write=fused_rope_kv_write,
         small_batch=small_batch,
+        pdl=pdl,
     )
 
 
@@ -278,6 +280,7 @@ def engine_step(
     graphs: bool = True,
     fused_rope_kv_write: bool | str = "auto",
     small_batch: bool | str = "auto",
+    pdl: bool | str = "auto",
 ):
     """``(fn, None)``: ``fn()`` runs the project's engine forward for the step (see the module docstring)."""
     cfg = step_engine_config(
@@ -291,6 +294,7 @@ def engine_step(
         graphs=graphs,
         fused_rope_kv_write=fused_rope_kv_write,
         small_batch=small_batch,
+        pdl=pdl,
     )
     engine = Engine.from_hf(model, cfg)
     step = prepared_step(engine, batch, new_tokens, context, decodes=decodes, decode_context=decode_context, seed=seed)

@@ -42,6 +42,12 @@ class EngineConfig:
     # on and the model runs whole in this process (not a tensor-parallel shard); True refuses where it cannot run.
     # The default since issue 29: a one-row Qwen2-0.5B step took 0.716-0.753 ms against 1.040-1.082 on the H100
     small_batch: bool | str = "auto"
+    # programmatic dependent launch for the Triton kernels of a step (kernels/pdl.py: small_linear's and decode
+    # attention's): each may start while the launch before it drains, reading its weights before it waits. "auto": on
+    # where it runs (a Hopper or later GPU, compiled Triton), off elsewhere; True refuses a place it cannot run. The
+    # default since issue 29: on the H100 a one-row Qwen2-0.5B decode step took 0.658 ms with it, 0.728 without
+    # (the same bits; data/dev/nvidia-h100/2026-12-08/small_batch_step_pdl_*.csv)
+    pdl: bool | str = "auto"
     # split-KV inside the ragged kernel of whole-step graphs (kernels/ragged.py ``plan_splits``): a long context in a
     # mixed step is walked by several programs and merged, instead of one program the whole step waits for. Off by
     # default: exact under the interpreter and compiled for sm90 on a CPU, but its cross-program merge has not run on
@@ -106,7 +112,7 @@ class EngineConfig:
             v = getattr(self, name)
             if not isinstance(v, bool):
                 raise ParameterError(f"{name} must be True or False, got {v!r}")
-        for name in ("compile", "fused_rope_kv_write", "small_batch"):
+        for name in ("compile", "fused_rope_kv_write", "small_batch", "pdl"):
             v = getattr(self, name)
             if not (isinstance(v, bool) or v == "auto"):
                 raise ParameterError(f"{name} must be True, False or 'auto', got {v!r}")

@@ -45,6 +45,7 @@ from servelab.engine.sampling import top_p_filter, valid_rows
 from servelab.engine.scheduler import ScheduledBatch, ScheduledSequence, Scheduler
 from servelab.engine.sequence import PENDING_TOKEN, Sequence
 from servelab.errors import ParameterError
+from servelab.kernels import pdl as pdl_launch
 from servelab.kv.block_manager import BlockManager
 from servelab.kv.pool import KVPool
 from servelab.kv.prefix_cache import PrefixCache
@@ -86,6 +87,7 @@ class DraftModel:
         prefix_eviction: str = "lru",
         fused_rope_kv_write: bool = False,
         small_batch: bool = False,
+        pdl: bool = False,
     ):
         """``backend``: the target engine's attention backend (the draft's layers take it); ``cuda_graphs``: capture
         the draft's decode steps, and with ``step_graph_sizes`` its catch-up steps as whole-step graphs (the ragged
@@ -93,7 +95,8 @@ class DraftModel:
         from Python, which costs more than the graph-replayed decode steps of the round together).
         ``fused_rope_kv_write``, ``small_batch``: the target engine's settings as it resolved them, taken by the
         draft where its model has the path: a draft step is all small launches, so these cut c most (on the H100
-        from 0.20 to 0.14)."""
+        from 0.20 to 0.14). ``pdl``: the target engine's programmatic dependent launch, as it resolved it
+        (``kernels.pdl.bind``)."""
         if model.max_positions < max_model_len:
             raise ParameterError(
                 f"the draft model holds {model.max_positions} positions, under max_model_len={max_model_len}"
@@ -103,6 +106,7 @@ class DraftModel:
         for block in model.layers:
             block.attn.backend = backend
         self._take_switches(fused_rope_kv_write, small_batch)
+        pdl_launch.bind(model, pdl)
         self.pool = KVPool.for_model(model.shape, num_blocks + 1, block_size, p.dtype, p.device)
         self.pool.kv.zero_()  # masked-out keys enter P·V as 0·value: never 0·NaN
         cache = PrefixCache(block_size, prefix_eviction) if prefix_caching else None

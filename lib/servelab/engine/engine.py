@@ -121,6 +121,7 @@ class Engine:
             block.attn.backend = self.backend
         self._set_fused_rope_kv_write()
         self._set_small_batch()
+        self._set_pdl()
         self._build_kv_cache()
         self.scheduler = self._build_scheduler(scheduler_cls, eos_token_ids)
         self.runner = ModelRunner(
@@ -187,6 +188,21 @@ class Engine:
         if want:
             use_small_linear(self.model)
         self.small_batch = bool(want)
+
+    def _set_pdl(self) -> None:
+        """The config's ``pdl`` on the model (``kernels.pdl.bind``), before compilation and capture: "auto" takes it
+        where it runs, True refuses a place it cannot."""
+        from servelab.kernels import pdl
+
+        want = self.config.pdl
+        if want == "auto":
+            want = pdl.supported(self.device)
+        elif want and not pdl.supported(self.device):
+            raise ParameterError(
+                f"pdl needs a CUDA GPU of compute capability 9.0 or later, compiled; got {self.device}"
+            )
+        self.pdl = bool(want)
+        pdl.bind(self.model, self.pdl)
 
     def _build_kv_cache(self) -> None:
         """The KV pool, sized by ``num_blocks``, the GPU's free memory, or the CPU default; its block manager."""
@@ -569,6 +585,7 @@ class Engine:
             "attention_backend": self.backend,
             "fused_rope_kv_write": self.fused_rope_kv_write,
             "small_batch": self.small_batch,
+            "pdl": self.pdl,
             "ragged_split_kv": self.config.ragged_split_kv,
             "varlen_prefill": self.varlen_status,
             "triton_tuning": self.runner.triton_tuning,

@@ -120,6 +120,7 @@ class SpeculativeEngine(Engine):
                 prefix_eviction=cfg.prefix_eviction,
                 fused_rope_kv_write=self.fused_rope_kv_write,
                 small_batch=self.small_batch,
+                pdl=self.pdl,
             )
             self.draft.eos_token_ids = self.runner.eos_token_ids  # min_tokens holds them back in the draft's draws too
             if round_graph and self.draft.num_graphs:

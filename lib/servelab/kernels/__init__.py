@@ -12,4 +12,5 @@
   add, RMSNorm or SiLU·up fused in (``models/small_batch.py``, ``EngineConfig.small_batch``).
 - ``triton_long_tiles.py``: long-tile prefill attention, flash-attention-2 style (``triton_ragged``'s long tiles);
   ``decode_launch.py``: the decode kernel's launch per device, chosen from committed timings (``data/tuning/``).
+- ``pdl.py``: programmatic dependent launch for the Triton kernels of a step (``EngineConfig.pdl``).
 """

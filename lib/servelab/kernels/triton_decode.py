@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from servelab.kernels import pdl as pdl_launch
 from servelab.kernels.split_kv import MIN_SPLIT_KEYS, decode_splits, head_pad
 from servelab.kernels.triton_fold import fold_keys
 
@@ -82,7 +83,11 @@ def _paged_decode_kernel(
     INTERPRETED: tl.constexpr,
     SPLITS: tl.constexpr,
     MIN_KEYS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    if PDL:  # everything this kernel reads (q, the new token's K/V, the lengths) the launch before may have written
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()  # the next (o_proj) may start reading its weights
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -187,8 +192,11 @@ def _key(heads: int, kv_heads: int, head_dim: int, block_size: int, dtype) -> tu
     return (_groups_pad(heads // kv_heads), head_dim, block_size, dtype == torch.float32)
 
 
-def _launch(kernel, q, k_pool, v_pool, block_tables, context_lens, out, lse, scale, splits: int, **extra):
-    """``out`` is [B, H, D] (one split) or the partials [B, H, splits, D] with ``lse`` [B, H, splits]."""
+def _launch(
+    kernel, q, k_pool, v_pool, block_tables, context_lens, out, lse, scale, splits: int, pdl: bool = False, **extra
+):  # fmt: skip
+    """``out`` is [B, H, D] (one split) or the partials [B, H, splits, D] with ``lse`` [B, H, splits]; ``pdl``:
+    programmatic dependent launch (``kernels.pdl``)."""
     b, heads, d = q.shape
     _, block_size, kv_heads, _ = k_pool.shape
     split_stride = out.stride(2) if splits > 1 else 0
@@ -220,6 +228,8 @@ def _launch(kernel, q, k_pool, v_pool, block_tables, context_lens, out, lse, sca
         IEEE=q.dtype == torch.float32,
         INTERPRETED=INTERPRETED,
         SPLITS=splits,
+        PDL=pdl,
+        **pdl_launch.launch_kw(pdl),
         **extra,
     )
 
@@ -269,6 +279,7 @@ def triton_decode(
     splits: int | None = None,
     min_split_keys=None,
     split_launch_kw: dict | None = None,
+    pdl: bool | None = None,
 ) -> torch.Tensor:
     """Same contract as ``decode.gather_decode``: q [B, H, D] -> [B, H, D].
 
@@ -276,7 +287,9 @@ def triton_decode(
     width (the longest context the step can hold) and the GPU's SM count (``split_kv.decode_splits``).
     ``min_split_keys``: the shortest chunk one split walks (tests set it small to split short contexts).
     ``split_launch_kw``: the split programs' launch (KEYS and Triton's num_warps / num_stages) instead of
-    ``split_launch``'s, for a bench that times two launches in one process."""
+    ``split_launch``'s, for a bench that times two launches in one process.
+    ``pdl``: the attention launch takes programmatic dependent launch (``kernels.pdl``; the calling context's
+    choice when None)."""
     b, heads, d = q.shape
     _, block_size, kv_heads, d_k = k_pool.shape
     if d != d_k:
@@ -284,6 +297,7 @@ def triton_decode(
     if splits is None:
         splits = decode_splits(b, kv_heads, block_tables.shape[1] * block_size, sm_count(q.device))
     min_keys = MIN_SPLIT_KEYS if min_split_keys is None else min_split_keys
+    pdl = pdl_launch.wanted(q.device, pdl)
     q = q.contiguous()
     out = torch.empty_like(q)
     if splits == 1:
@@ -291,21 +305,21 @@ def triton_decode(
         key = _key(heads, kv_heads, d, block_size, q.dtype)
         if key in _PINNED:
             _launch(
-                _paged_decode_kernel, q, k_pool, v_pool, block_tables, context_lens, out, lse, scale, 1,
+                _paged_decode_kernel, q, k_pool, v_pool, block_tables, context_lens, out, lse, scale, 1, pdl,
                 MIN_KEYS=1, **_PINNED[key],
             )  # fmt: skip
         elif key in _TUNED:
-            _launch(_tuned_kernel, q, k_pool, v_pool, block_tables, context_lens, out, lse, scale, 1, MIN_KEYS=1)
+            _launch(_tuned_kernel, q, k_pool, v_pool, block_tables, context_lens, out, lse, scale, 1, pdl, MIN_KEYS=1)
         else:  # untuned: a fixed tile (tuning on whatever inputs came first, e.g. padding rows, would mislead)
             _launch(
-                _paged_decode_kernel, q, k_pool, v_pool, block_tables, context_lens, out, lse, scale, 1,
+                _paged_decode_kernel, q, k_pool, v_pool, block_tables, context_lens, out, lse, scale, 1, pdl,
                 KEYS=KEYS_PER_ITER, MIN_KEYS=1,
             )  # fmt: skip
         return out
     part = torch.empty(b, heads, splits, d, dtype=torch.float32, device=q.device)
     lse = torch.empty(b, heads, splits, dtype=torch.float32, device=q.device)
     _launch(
-        _paged_decode_kernel, q, k_pool, v_pool, block_tables, context_lens, part, lse, scale, splits,
+        _paged_decode_kernel, q, k_pool, v_pool, block_tables, context_lens, part, lse, scale, splits, pdl,
         MIN_KEYS=min_keys, **(split_launch_kw or split_launch(_key(heads, kv_heads, d, block_size, q.dtype), min_keys)),
     )  # fmt: skip
     _merge(part, lse, out)
