@@ -8,6 +8,8 @@ same bits with it on, inside a CUDA graph) is ``test_small_linear``'s GPU test, 
 the GPU runs with it on, its default there.
 """
 
+import copy
+
 import pytest
 import torch
 
@@ -64,6 +66,11 @@ def test_a_bound_model_launches_inside_its_setting_and_binding_again_replaces_it
     pdl.bind(model, True)
     model(torch.zeros(1))
     assert seen == [True, False, True]  # one wrapper, not three: the last setting holds
+    twin = copy.deepcopy(model)
+    pdl.bind(model, False)
+    twin(torch.zeros(1))
+    assert seen == [True, False, True, True]  # the copy keeps its own setting and calls its own forward
+    assert twin.forward.__self__ is twin and twin._pdl_inner_forward.__self__ is twin
 
 
 def test_the_launch_option_appears_only_when_on():

@@ -17,8 +17,8 @@ each launch as their own setting says, and a CUDA graph keeps the launches its c
 from __future__ import annotations
 
 import contextvars
-import functools
 import os
+import types
 from contextlib import contextmanager
 
 import torch
@@ -60,16 +60,17 @@ def launches(on: bool):
 
 def bind(model, on: bool) -> None:
     """Every call of ``model`` (eager, or captured into a CUDA graph) launches inside ``launches(on)``; binding again
-    replaces the setting rather than wrapping twice."""
-    inner = getattr(model, "_pdl_inner_forward", None) or model.forward
+    replaces the setting rather than wrapping twice. Bound methods, not closures, so a deep copy of the model calls
+    its own forward under its own setting."""
+    if "_pdl_inner_forward" not in vars(model):
+        model._pdl_inner_forward = model.forward
+    model._pdl_on = bool(on)
+    model.forward = types.MethodType(_bound_forward, model)
 
-    @functools.wraps(inner)
-    def forward(*args, **kwargs):
-        with launches(on):
-            return inner(*args, **kwargs)
 
-    model._pdl_inner_forward = inner
-    model.forward = forward
+def _bound_forward(model, *args, **kwargs):
+    with launches(model._pdl_on):
+        return model._pdl_inner_forward(*args, **kwargs)
 
 
 def launch_kw(pdl: bool) -> dict:
