@@ -204,9 +204,12 @@ def test_budget_of_a_synthetic_trace():
     assert b.graph_idle_ms == pytest.approx((5 + 0) / 2e3)
     assert b.host_ms == pytest.approx((39 + 44) / 2e3)
     busy = b.classes.busy_ms * 2e3  # µs summed over the two calls
+    # the attention kernel (24-30) starts before the GEMM (15-25) ends, as a dependent launch does: it is given
+    # the 5 µs it adds to the union, not its 6, so the classes add up to the busy union
     assert busy.to_dict() == pytest.approx(
-        {"gemm": 20, "attention": 6, "norm_elementwise": 5, "sampling": 3, "copies": 2 + 1 + 1, "other": 0}
+        {"gemm": 20, "attention": 5, "norm_elementwise": 5, "sampling": 3, "copies": 2 + 1 + 1, "other": 0}
     )
+    assert b.classes.busy_ms.sum() == pytest.approx(b.busy_ms)
     assert (b.classes.kernels * 2).to_dict() == {
         "gemm": 2,
         "attention": 1,
@@ -227,6 +230,18 @@ def test_budget_of_a_synthetic_trace():
     assert k.loc["Memset (Device)", "launches"] == 0.5  # the one before the first call belongs to none
     assert "nvjet_sm90_warm" not in k.index  # the warm-up call's
     assert k.loc["_paged_decode_kernel", "class"] == "attention"
+
+
+def test_overlapping_kernels_are_each_given_what_they_add_to_the_union():
+    """Launches that start while the one before drains (programmatic dependent launch) and then wait: each is given
+    the time past every earlier one's end, so a chain's times add up to its busy union, never more."""
+    from servelab.bench.step_timeline import exclusive_us, union_us
+
+    starts, ends = [0, 8, 9, 30, 30, 31], [10, 20, 15, 40, 35, 33]
+    assert list(exclusive_us(starts, ends)) == [10, 10, 0, 10, 0, 0]  # 9-15 and 30-35 inside others; ties: longer
+    assert union_us(starts, ends) == 30 == exclusive_us(starts, ends).sum()
+    assert list(exclusive_us([5, 0], [7, 2])) == [2, 2]  # in the given order, walked in start order
+    assert list(exclusive_us([], [])) == []
 
 
 def test_a_graph_whose_kernels_the_profiler_did_not_see_is_flagged():

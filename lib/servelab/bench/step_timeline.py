@@ -17,8 +17,12 @@ Per call: **GPU span**, first device event start to last end; **busy**, the unio
 intervals (overlapping kernels counted once); **idle gap** = span − busy; the same inside the graph's own
 kernels (**graph idle**: idle gaps inside the captured graph); **host** = the range's wall time − span: the
 synchronised call's time with nothing of it on the GPU (building inputs, launching, returning from the sync).
-Each class's busy time is the sum of its events' durations, so classes that overlap would add to more than the
-union; on one stream they do not. The calls' values are averaged, so the parts still add up.
+Each event's **busy time** is what it adds to that union, walked in start order (``exclusive_us``): its duration
+where events run one after another, and only the part past every earlier event's end where they overlap. With
+programmatic dependent launch (``kernels/pdl.py``) they do, on one stream: a launch starts while the one before it
+drains, and waits; its raw duration would count that wait and the overlap twice, and the classes would add to
+more than the step. So the classes' busy times add up to the busy union. The calls' values are averaged, so the
+parts still add up.
 
 Per kernel (``kernel_table``): each distinct kernel name of the calls, its class, launches and busy time per call
 and one launch's mean time, so the classes can be read down to the kernels that fill them.
@@ -144,15 +148,21 @@ def outermost_ops(ev: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=KERNEL_COLUMNS)
 
 
+def exclusive_us(starts, ends) -> np.ndarray:
+    """What each interval [start, end) adds to the union of those before it in start order (ties: the longer
+    first), in the given order: its length where none overlaps it, 0 where an earlier one covers it."""
+    starts, ends = np.asarray(starts, dtype=float), np.asarray(ends, dtype=float)
+    out = np.zeros(len(starts))
+    reach = -np.inf
+    for i in np.lexsort((-ends, starts)):
+        out[i] = max(0.0, ends[i] - max(starts[i], reach))
+        reach = max(reach, ends[i])
+    return out
+
+
 def union_us(starts, ends) -> float:
     """The length of the union of intervals [start, end): overlapping intervals counted once."""
-    total, reach = 0.0, -np.inf
-    for s, e in sorted(zip(starts, ends, strict=True)):
-        if e <= reach:
-            continue
-        total += e - max(s, reach)
-        reach = e
-    return total
+    return float(exclusive_us(starts, ends).sum())
 
 
 def _span_and_busy(k: pd.DataFrame) -> tuple[float, float]:
@@ -182,7 +192,7 @@ class StepBudget:
 def kernel_table(kernels: pd.DataFrame, calls: int) -> pd.DataFrame:
     """Per distinct kernel (its name cut to ``KERNEL_NAME_CHARS``) of ``calls`` profiled calls: its class, launches
     and busy ms per call, one launch's mean µs; the busiest first."""
-    k = kernels.assign(kernel=kernels.name.str.slice(0, KERNEL_NAME_CHARS), us=kernels.end_us - kernels.start_us)
+    k = kernels.assign(kernel=kernels.name.str.slice(0, KERNEL_NAME_CHARS), us=_exclusive(kernels))
     g = k.groupby(["cls", "kernel"], sort=False).us.agg(["count", "sum"]).reset_index()
     out = pd.DataFrame(
         {
@@ -210,11 +220,22 @@ def call_budget(kernels: pd.DataFrame, window) -> dict:
         "graph_kernels": len(graph),
         "unlaunched": int((~kernels.launched).sum()),
     }
+    busy_us = _exclusive(kernels)
     for cls in CLASSES:
-        mine = kernels[kernels.cls == cls]
-        row[f"n_{cls}"] = len(mine)
-        row[f"busy_{cls}"] = float((mine.end_us - mine.start_us).sum())
+        mine = (kernels.cls == cls).to_numpy()
+        row[f"n_{cls}"] = int(mine.sum())
+        row[f"busy_{cls}"] = float(busy_us[mine].sum())
     return row
+
+
+def _exclusive(kernels: pd.DataFrame) -> np.ndarray:
+    """Each event's busy time (``exclusive_us``) within its own call: calls never share a union."""
+    out = np.zeros(len(kernels))
+    calls = kernels.call.to_numpy()
+    for call in np.unique(calls):
+        at = calls == call
+        out[at] = exclusive_us(kernels.start_us.to_numpy()[at], kernels.end_us.to_numpy()[at])
+    return out
 
 
 def step_budget(events: list[dict]) -> StepBudget:
