@@ -17,6 +17,7 @@ each launch as their own setting says, and a CUDA graph keeps the launches its c
 from __future__ import annotations
 
 import contextvars
+import functools
 import os
 import types
 from contextlib import contextmanager
@@ -31,9 +32,18 @@ _ON: contextvars.ContextVar[bool] = contextvars.ContextVar("servelab_pdl", defau
 def supported(device) -> bool:
     """Hopper (compute capability 9.0) or later, compiled (Triton's interpreter has no such launch)."""
     device = torch.device(device)
-    if os.environ.get("TRITON_INTERPRET") == "1" or device.type != "cuda" or not torch.cuda.is_available():
+    if device.type != "cuda":
         return False
-    return torch.cuda.get_device_capability(device)[0] >= 9
+    return _cuda_supported(device.index)
+
+
+# asked at every launch that names no ``pdl`` (an eager step's hundred small launches): the answer is the device's and
+# the process's (Triton's interpreter is chosen at start), so it is looked up once
+@functools.cache
+def _cuda_supported(index: int | None) -> bool:
+    if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
+        return False
+    return torch.cuda.get_device_capability(index)[0] >= 9
 
 
 def wanted(device, pdl: bool | None) -> bool:
