@@ -207,7 +207,7 @@ PDL_CHECK = textwrap.dedent(
 def test_launches_with_pdl_give_the_same_bits_inside_a_cuda_graph():
     """Programmatic dependent launch lets each launch read its first weight tile while the one before drains, and
     wait for it before reading anything it wrote: three layers' chain, captured and replayed, equals the chain
-    launched without it, bit for bit (a launch that read its input before the wait would not)."""
+    launched without it, bit for bit (a race on an input would show as a difference, though not in every run)."""
     import subprocess
     import sys
 

@@ -191,8 +191,8 @@ class StepBudget:
 
 def kernel_table(kernels: pd.DataFrame, calls: int) -> pd.DataFrame:
     """Per distinct kernel (its name cut to ``KERNEL_NAME_CHARS``) of ``calls`` profiled calls: its class, launches
-    and busy ms per call, one launch's mean µs; the busiest first."""
-    k = kernels.assign(kernel=kernels.name.str.slice(0, KERNEL_NAME_CHARS), us=_exclusive(kernels))
+    and busy ms per call (from ``busy_us``), one launch's mean µs; the busiest first."""
+    k = kernels.assign(kernel=kernels.name.str.slice(0, KERNEL_NAME_CHARS), us=kernels.busy_us)
     g = k.groupby(["cls", "kernel"], sort=False).us.agg(["count", "sum"]).reset_index()
     out = pd.DataFrame(
         {
@@ -207,7 +207,8 @@ def kernel_table(kernels: pd.DataFrame, calls: int) -> pd.DataFrame:
 
 
 def call_budget(kernels: pd.DataFrame, window) -> dict:
-    """One call's span, busy, idle and graph figures in µs, and each class's kernel count and busy time."""
+    """One call's span, busy, idle and graph figures in µs, and each class's kernel count and busy time (``kernels``
+    with their ``busy_us``)."""
     span, busy = _span_and_busy(kernels)
     graph = kernels[kernels.in_graph]
     g_span, g_busy = _span_and_busy(graph)
@@ -220,11 +221,10 @@ def call_budget(kernels: pd.DataFrame, window) -> dict:
         "graph_kernels": len(graph),
         "unlaunched": int((~kernels.launched).sum()),
     }
-    busy_us = _exclusive(kernels)
     for cls in CLASSES:
-        mine = (kernels.cls == cls).to_numpy()
-        row[f"n_{cls}"] = int(mine.sum())
-        row[f"busy_{cls}"] = float(busy_us[mine].sum())
+        mine = kernels[kernels.cls == cls]
+        row[f"n_{cls}"] = len(mine)
+        row[f"busy_{cls}"] = float(mine.busy_us.sum())
     return row
 
 
@@ -246,6 +246,7 @@ def step_budget(events: list[dict]) -> StepBudget:
         raise ValueError(f"no profiled call in the trace: expected user annotations named {CALL}<i>")
     device = ev.cat.isin(DEVICE_CATS).any()
     kernels = device_kernels(ev, windows) if device else outermost_ops(ev, windows)
+    kernels = kernels.assign(busy_us=_exclusive(kernels))  # each event's share of its call's busy union
     graph_launches = ev[ev.cat.isin(LAUNCH_CATS) & ev.name.str.match(GRAPH_LAUNCH)]
     launch_call = _call_of(graph_launches.start_us.to_numpy(), windows, within=True)
     calls = pd.DataFrame(

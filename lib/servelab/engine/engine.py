@@ -195,13 +195,7 @@ class Engine:
         from servelab.kernels import pdl
 
         want = self.config.pdl
-        if want == "auto":
-            want = pdl.supported(self.device)
-        elif want and not pdl.supported(self.device):
-            raise ParameterError(
-                f"pdl needs a CUDA GPU of compute capability 9.0 or later, compiled; got {self.device}"
-            )
-        self.pdl = bool(want)
+        self.pdl = pdl.supported(self.device) if want == "auto" else pdl.wanted(self.device, want)
         pdl.bind(self.model, self.pdl)
 
     def _build_kv_cache(self) -> None:
